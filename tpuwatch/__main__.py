@@ -1,0 +1,3 @@
+from tpuwatch.cli import main
+
+raise SystemExit(main())

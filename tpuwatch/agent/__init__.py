@@ -1,0 +1,1 @@
+"""The in-process agent: runs inside the training process (TensorFlow allowed, Textual never)."""

@@ -1,0 +1,266 @@
+"""The agent's core: the message buffer, the writer thread, probes that fail once, safe points.
+
+The training thread only ever appends to an in-memory deque (``Agent.emit``); a daemon thread
+encodes, appends to ``events.jsonl`` and flushes at the sample rate, and runs the periodic
+samplers. Nothing here blocks the training thread on I/O, and nothing raises into user code:
+a probe that fails is disabled and reported once (``Agent.probe_failed``).
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Iterable
+
+from tpuwatch import protocol, rundir
+from tpuwatch.protocol import Command, CommandState, Event, Message, Result
+
+Sampler = Callable[[], Iterable[Message]]
+# A command handler runs on the training thread at a step boundary (or on the server thread for
+# "anytime" handlers) and returns (message, details) for an ok Result, or raises to fail it.
+Handler = Callable[[Command], "tuple[str, dict]"]
+
+_current: "Agent | None" = None
+
+
+def current() -> "Agent | None":
+    """The agent of this process, if one is running."""
+    return _current
+
+
+class CommandRefused(Exception):
+    """Raised by a handler (or its validator) to refuse a command with a one-line reason."""
+
+
+class Agent:
+    def __init__(
+        self,
+        run_dir: Path,
+        run_id: str,
+        sample_hz: float = 4.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.sample_interval_s = 1.0 / max(0.5, min(sample_hz, 20.0))
+        self.clock = clock
+        self._buf: collections.deque[Message] = collections.deque()
+        self._samplers: list[tuple[str, Sampler]] = []
+        self._disabled: dict[str, str] = {}
+        self._handlers: dict[str, tuple[Handler, bool, Callable[[Command], None] | None]] = {}
+        self._pending: collections.deque[Command] = collections.deque()
+        self._busy: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._flushed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._events_path = run_dir / rundir.EVENTS
+        self._file = open(self._events_path, "ab", buffering=1 << 16)
+        self.global_step = 0
+        self.server = None  # transport.Server, set by the runner
+
+    # --- producing messages (any thread, never blocks) --------------------------------------
+
+    def emit(self, msg: Message) -> None:
+        self._buf.append(msg)
+
+    def event(self, level: str, source: str, message: str) -> None:
+        self.emit(Event(t=self.clock(), level=level, source=source, message=message))
+
+    def probe_failed(self, probe: str, exc: BaseException | str) -> None:
+        """Disables ``probe`` and records one warning. Safe to call repeatedly."""
+        if probe in self._disabled:
+            return
+        reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        reason = reason.splitlines()[0][:300] if reason else "unknown error"
+        self._disabled[probe] = reason
+        self.event("warning", f"probe:{probe}", f"probe {probe} disabled: {reason}")
+
+    def enabled(self, probe: str) -> bool:
+        return probe not in self._disabled
+
+    @property
+    def disabled_probes(self) -> dict[str, str]:
+        return dict(self._disabled)
+
+    def add_sampler(self, name: str, sampler: Sampler) -> None:
+        """``sampler`` runs on the agent thread at the sample rate; it fails once, then stops."""
+        self._samplers.append((name, sampler))
+
+    # --- commands ---------------------------------------------------------------------------
+
+    def register(
+        self,
+        action: str,
+        handler: Handler,
+        *,
+        at_step_boundary: bool = True,
+        validate: Callable[[Command], None] | None = None,
+    ) -> None:
+        """Registers a command handler. ``validate`` runs on receipt and may raise CommandRefused."""
+        self._handlers[action] = (handler, at_step_boundary, validate)
+
+    def submit(self, cmd: Command) -> None:
+        """Called by the transport when a viewer sends a command (any thread)."""
+        entry = self._handlers.get(cmd.action)
+        if entry is None:
+            known = ", ".join(sorted(self._handlers)) or "none"
+            self._result(cmd, False, f"unknown action {cmd.action!r} (known: {known})")
+            return
+        handler, at_boundary, validate = entry
+        try:
+            if validate is not None:
+                validate(cmd)
+        except CommandRefused as e:
+            self._result(cmd, False, str(e))
+            return
+        except Exception as e:  # a validator bug must not kill the server thread
+            self._result(cmd, False, f"could not validate {cmd.action}: {type(e).__name__}: {e}")
+            return
+        with self._lock:
+            if cmd.action in self._busy:
+                self._result(cmd, False, f"a {cmd.action} is already queued or running; wait for its result")
+                return
+            self._busy.add(cmd.action)
+        if at_boundary:
+            self.emit(CommandState(t=self.clock(), id=cmd.id, action=cmd.action, state="queued", step=self.global_step))
+            self._pending.append(cmd)
+        else:
+            self._execute(cmd, handler)
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def safe_point(self) -> None:
+        """Runs queued commands. Called on the training thread between two steps."""
+        while self._pending:
+            try:
+                cmd = self._pending.popleft()
+            except IndexError:
+                return
+            self._execute(cmd, self._handlers[cmd.action][0])
+
+    def _execute(self, cmd: Command, handler: Handler) -> None:
+        self.emit(CommandState(t=self.clock(), id=cmd.id, action=cmd.action, state="running", step=self.global_step))
+        try:
+            message, details = handler(cmd)
+            ok = True
+        except CommandRefused as e:
+            message, details, ok = str(e), {}, False
+        except Exception as e:
+            message, details, ok = f"{cmd.action} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", {}, False
+        # A handler may finish asynchronously (a profile spans steps): it then returns None.
+        if message is not None:
+            self.finish(cmd, ok, message, details)
+
+    def finish(self, cmd: Command, ok: bool, message: str, details: dict | None = None) -> None:
+        """Sends the one Result for ``cmd`` and frees its action."""
+        with self._lock:
+            self._busy.discard(cmd.action)
+        self._result(cmd, ok, message, details or {})
+
+    def _result(self, cmd: Command, ok: bool, message: str, details: dict | None = None) -> None:
+        plain = {k: v for k, v in (details or {}).items() if v is None or isinstance(v, (int, float, str, bool))}
+        self.emit(Result(t=self.clock(), id=cmd.id, action=cmd.action, ok=ok, message=message, details=plain))
+
+    def fail_pending(self, reason: str) -> None:
+        while self._pending:
+            cmd = self._pending.popleft()
+            self.finish(cmd, False, reason)
+
+    # --- the agent thread -------------------------------------------------------------------
+
+    def start(self) -> None:
+        global _current
+        _current = self
+        self._thread = threading.Thread(target=self._loop, name="tpuwatch-agent", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        next_sample = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_sample:
+                self._sample()
+                next_sample = now + self.sample_interval_s
+            self._drain()
+            self._stop.wait(min(self.sample_interval_s, 0.1))
+        self._drain()
+
+    def _sample(self) -> None:
+        for name, sampler in self._samplers:
+            if name in self._disabled:
+                continue
+            try:
+                for msg in sampler():
+                    self._buf.append(msg)
+            except Exception as e:
+                self.probe_failed(name, e)
+
+    def _drain(self) -> None:
+        wrote = False
+        buf = self._buf
+        out = self._file
+        while buf:
+            try:
+                msg = buf.popleft()
+            except IndexError:
+                break
+            try:
+                out.write(protocol.encode(msg))
+            except Exception as e:  # a bad value must never stop the recording
+                try:
+                    out.write(protocol.encode(Event(t=self.clock(), level="error", source="agent",
+                                                    message=f"could not encode {msg.kind}: {e}")))
+                except Exception:
+                    pass
+            wrote = True
+        if wrote:
+            try:
+                out.flush()
+            except OSError as e:
+                # Disk full or similar: say so on stderr once (the script's output.log) and go on.
+                if "recording" not in self._disabled:
+                    self._disabled["recording"] = str(e)
+                    print(f"tpuwatch: cannot write {self._events_path}: {e}", file=sys.stderr)
+            with self._flushed:
+                self._flushed.notify_all()
+
+    @property
+    def events_path(self) -> Path:
+        return self._events_path
+
+    def flush(self, timeout: float = 2.0) -> None:
+        """Waits until everything emitted so far is on disk (used at exit)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._drain()
+            return
+        deadline = time.monotonic() + timeout
+        with self._flushed:
+            while self._buf and time.monotonic() < deadline:
+                self._flushed.wait(0.05)
+
+    def stop(self) -> None:
+        global _current
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._drain()
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        if self.server is not None:
+            self.server.close()
+        if _current is self:
+            _current = None
+
+
+def format_exception(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+

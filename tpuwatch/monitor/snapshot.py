@@ -1,0 +1,173 @@
+"""The immutable view of a run that every consumer reads: the dashboard's panels, the headless
+progress line, ``tpuwatch report``. Built by :class:`tpuwatch.monitor.state.RunState`.
+
+Plain frozen dataclasses with units in the field names; no TensorFlow, no Textual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+from tpuwatch.protocol import Finding
+
+RunStatus = Literal["waiting", "starting", "running", "stalled", "finished", "crashed", "lost"]
+CommandStatus = Literal["pending", "queued", "running", "done", "failed"]
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One point of the step history (possibly a downsampled bucket of several records)."""
+
+    step: int
+    t: float
+    step_time_s: float
+    input_wait_s: float | None
+    loss: float | None
+    loss_min: float | None = None  # over replicas
+    loss_max: float | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaLoss:
+    index: int  # global replica index
+    device: str
+    worker: str
+    loss: float  # last value (may be nan/inf)
+    deviation: float  # loss - mean of finite replica losses at that step
+    finite: bool
+    step: int
+
+
+@dataclass(frozen=True)
+class FunctionTraces:
+    name: str
+    traces: int
+    instances: int
+    last_change: str
+    last_signature: str
+    last_step: int | None
+    t: float
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    device: str
+    worker: str
+    current_bytes: int
+    peak_bytes: int
+    limit_bytes: int | None
+    source: str
+    limit_source: str
+    duty_cycle_pct: float | None
+    t: float
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    worker: str
+    rss_bytes: int
+    available_bytes: int
+    total_bytes: int
+    cpu_percent: float
+    t: float
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    t: float
+    level: str  # debug | info | warning | error
+    source: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CommandView:
+    id: str
+    action: str
+    status: CommandStatus
+    message: str
+    details: Mapping[str, object]
+    t: float  # time of the last change
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One agent process (one host in a multi-worker job)."""
+
+    name: str
+    host: str
+    pid: int
+    status: RunStatus
+    step: int
+    last_step_t: float | None
+    step_p50_s: float | None
+    input_wait_frac: float | None
+    rss_bytes: int | None
+    connected: bool
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    # identity
+    run_id: str = ""
+    script: str = ""
+    argv: tuple[str, ...] = ()
+    host: str = ""
+    pid: int | None = None
+    tf_version: str = ""
+    keras_version: str = ""
+    # topology and configuration
+    strategy: str = ""
+    replicas: int | None = None
+    device_kind: str = ""
+    devices: tuple[str, ...] = ()
+    is_tpu: bool = False
+    num_workers: int = 1
+    mixed_precision: str | None = None
+    global_batch_size: int | None = None
+    per_replica_batch_size: int | None = None
+    steps_per_execution: int | None = None
+    total_steps: int | None = None
+    epochs: int | None = None
+    # lifecycle
+    status: RunStatus = "waiting"
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    exception: str | None = None  # "Type: message"
+    started_t: float | None = None
+    ended_t: float | None = None
+    now: float = 0.0
+    # progress and speed
+    step: int = 0
+    epoch: int | None = None
+    last_step_t: float | None = None
+    step_time_s: float | None = None  # last record
+    step_p50_s: float | None = None  # rolling window
+    step_p95_s: float | None = None
+    steps_per_s: float | None = None
+    examples_per_s: float | None = None
+    eta_s: float | None = None
+    input_wait_frac: float | None = None  # share of step time waiting for input, rolling window
+    input_wait_p50_s: float | None = None
+    # losses
+    loss: float | None = None
+    replica_losses: tuple[ReplicaLoss, ...] = ()
+    history: tuple[StepPoint, ...] = ()  # bounded, downsampled, oldest first
+    # functions, memory
+    functions: tuple[FunctionTraces, ...] = ()
+    device_memory: tuple[DeviceMemory, ...] = ()
+    host_memory: tuple[HostMemory, ...] = ()
+    host_rss_history: tuple[tuple[float, int], ...] = ()  # (t, rss_bytes), bounded
+    tpu_metrics_note: str = ""  # why TPU runtime metrics are absent, when they are
+    # events, commands, findings
+    events: tuple[LogEntry, ...] = ()  # most recent last, bounded
+    commands: tuple[CommandView, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    workers: tuple[WorkerView, ...] = ()
+    disabled_probes: Mapping[str, str] = field(default_factory=dict)
+    # recording health
+    messages: int = 0
+    malformed: int = 0
+    unknown: int = 0
+    truncated_tail: bool = False

@@ -1,0 +1,525 @@
+"""The tpuwatch wire format: typed, versioned messages as JSON lines.
+
+Every message the agent produces (and every command a viewer sends) is one of the frozen
+dataclasses below, encoded as one compact JSON object per line with its ``kind`` first.
+The same lines go to ``events.jsonl`` in the run directory and over the agent's socket.
+
+Rules (DESIGN §4):
+- field names carry units (``step_time_s``, ``current_bytes``);
+- values are plain numbers, strings, booleans, ``None``, tuples of those, or flat
+  string-keyed mappings of those; non-finite floats travel as the strings
+  ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so every line is strict JSON;
+- a line with an unknown ``kind`` is skipped and counted, a malformed one is rejected and
+  counted: decoding never raises on bad input (see :class:`Decoder`);
+- extra fields from a newer agent are ignored; a missing required field makes the line
+  malformed.
+
+This module imports nothing outside the standard library.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Mapping, Union
+
+PROTOCOL_VERSION = 1
+
+#: Longest line accepted from the wire or a recording (bytes, newline excluded).
+MAX_LINE_BYTES = 1 << 20
+
+Scalar = Union[int, float, str, bool, None]
+Level = Literal["debug", "info", "warning", "error"]
+Severity = Literal["info", "warning", "critical"]
+
+_NONFINITE_OUT = {math.inf: "Infinity", -math.inf: "-Infinity"}
+_NONFINITE_IN = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid message of this protocol."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of all messages. ``kind`` is a class constant written on the wire."""
+
+    kind: ClassVar[str] = ""
+
+
+# --- run lifecycle -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """First message of every agent: who is running what."""
+
+    kind: ClassVar[str] = "hello"
+    protocol_version: int
+    agent_version: str
+    run_id: str
+    t: float  # unix time, seconds
+    pid: int
+    host: str
+    worker: str  # stable name of this process in a multi-worker job ("host:pid" by default)
+    python_version: str
+    tf_version: str
+    keras_version: str
+    script: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Topology(Message):
+    """The distribution strategy, as soon as the script has made one (or first trains)."""
+
+    kind: ClassVar[str] = "topology"
+    t: float
+    strategy: str  # class name, e.g. "MirroredStrategy", "TPUStrategyV2", "_DefaultDistributionStrategy"
+    replicas: int  # replicas in sync, across all workers
+    local_replicas: int  # replicas driven by this process
+    num_workers: int
+    worker_index: int
+    device_kind: str  # "TPU v4", "GPU", "CPU", ...
+    devices: tuple[str, ...]  # this worker's replica devices, in replica order
+    is_tpu: bool
+
+
+@dataclass(frozen=True)
+class Config(Message):
+    """Training configuration learned while the script runs. ``None`` fields are unknown/unchanged."""
+
+    kind: ClassVar[str] = "config"
+    t: float
+    mixed_precision: str | None = None  # Keras global dtype policy name, e.g. "mixed_bfloat16"
+    global_batch_size: int | None = None
+    per_replica_batch_size: int | None = None
+    steps_per_execution: int | None = None
+    total_steps: int | None = None  # when known (Keras: epochs x steps per epoch)
+    epochs: int | None = None
+
+
+@dataclass(frozen=True)
+class Step(Message):
+    """One call of the step function: ``steps`` training steps (k with steps_per_execution=k).
+
+    Times are per training step (the call's time divided by ``steps``).
+    """
+
+    kind: ClassVar[str] = "step"
+    step: int  # global step count after this record (1-based)
+    t: float  # unix time at the end of the call
+    step_time_s: float
+    input_wait_s: float | None  # host time waiting for input, per step; None if not measured
+    loss: float | None  # mean over this worker's replicas (what strategy.reduce(MEAN) gives)
+    replica_losses: tuple[float, ...] = ()  # one per local replica, in replica order
+    steps: int = 1
+    examples: int | None = None  # examples per training step across this worker's replicas
+    function: str = ""  # name of the step function
+    epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class HostSample(Message):
+    """Periodic host-side sample."""
+
+    kind: ClassVar[str] = "host_sample"
+    t: float
+    rss_bytes: int
+    available_bytes: int
+    total_bytes: int
+    cpu_percent: float  # of one core (may exceed 100 on several cores)
+
+
+@dataclass(frozen=True)
+class DeviceSample(Message):
+    """Periodic device memory sample for one device (one TPU core, one GPU, the CPU allocator)."""
+
+    kind: ClassVar[str] = "device_sample"
+    t: float
+    device: str
+    current_bytes: int
+    peak_bytes: int
+    limit_bytes: int | None = None
+    source: str = "tf"  # "tf" (get_memory_info), "tpu-info", "nvml", ...
+    limit_source: str = ""  # where the limit came from ("chip table v4", "memory_limit", ...)
+    duty_cycle_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class Retrace(Message):
+    """A tf.function was traced (again). ``change`` says what differed from its previous trace."""
+
+    kind: ClassVar[str] = "retrace"
+    t: float
+    function: str
+    traces: int  # traces of functions with this name so far (all instances)
+    instances: int  # distinct tf.function objects with this name created so far
+    signature: str  # the new trace's input signature, short form
+    change: str  # e.g. "x: shape (96, 28, 28, 1) -> (64, 28, 28, 1)"; "" for the first trace
+    step: int | None = None  # global step when it happened
+
+
+@dataclass(frozen=True)
+class Epoch(Message):
+    kind: ClassVar[str] = "epoch"
+    t: float
+    epoch: int  # 0-based, as Keras counts
+    phase: Literal["begin", "end"]
+    step: int | None = None
+    logs: Mapping[str, Scalar] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Event(Message):
+    """A run event worth a line in the event log (probe disabled, strategy detected, ...)."""
+
+    kind: ClassVar[str] = "event"
+    t: float
+    level: Level
+    source: str  # "agent", "probe:<name>", "launcher", "keras", ...
+    message: str
+
+
+@dataclass(frozen=True)
+class ExceptionRaised(Message):
+    """The script raised out of ``__main__``."""
+
+    kind: ClassVar[str] = "exception"
+    t: float
+    type: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class Exit(Message):
+    """The end of the run. The launcher writes one if the agent could not (killed by a signal)."""
+
+    kind: ClassVar[str] = "exit"
+    t: float
+    exit_code: int  # shell convention: 128+N for signal N
+    signal: int | None = None
+    source: Literal["agent", "launcher"] = "agent"
+    reason: str = ""
+
+
+# --- commands ------------------------------------------------------------------------------
+
+Action = Literal["profile", "checkpoint", "stack_dump"]
+
+
+@dataclass(frozen=True)
+class Command(Message):
+    """A viewer asks the agent to act. Gets exactly one :class:`Result` with the same ``id``."""
+
+    kind: ClassVar[str] = "command"
+    id: str
+    action: str
+    args: Mapping[str, Scalar] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommandState(Message):
+    """Progress of an accepted command: "queued" -> "running" (then its Result)."""
+
+    kind: ClassVar[str] = "command_state"
+    t: float
+    id: str
+    action: str
+    state: Literal["queued", "running"]
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class Result(Message):
+    kind: ClassVar[str] = "result"
+    t: float
+    id: str
+    action: str
+    ok: bool
+    message: str  # one line: what happened, or what is wrong and what to do
+    details: Mapping[str, Scalar] = field(default_factory=dict)  # path, bytes, seconds, step, ...
+
+
+@dataclass(frozen=True)
+class StackDump(Message):
+    kind: ClassVar[str] = "stack_dump"
+    t: float
+    text: str
+    path: str = ""
+
+
+# --- diagnostics -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding(Message):
+    kind: ClassVar[str] = "finding"
+    t: float
+    rule: str
+    severity: Severity
+    message: str
+    advice: str
+    evidence: Mapping[str, Scalar] = field(default_factory=dict)
+    first_step: int | None = None
+    last_step: int | None = None
+    worker: str = ""
+
+
+# --- transport handshake ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attach(Message):
+    """First line a viewer sends on the agent socket.
+
+    ``offset`` is the byte offset in events.jsonl to stream from (0: everything; -1: nothing,
+    commands only). ``token`` is required on TCP.
+    """
+
+    kind: ClassVar[str] = "attach"
+    protocol_version: int
+    offset: int = 0
+    token: str = ""
+    viewer: str = ""
+
+
+MESSAGE_TYPES: tuple[type[Message], ...] = (
+    Hello,
+    Topology,
+    Config,
+    Step,
+    HostSample,
+    DeviceSample,
+    Retrace,
+    Epoch,
+    Event,
+    ExceptionRaised,
+    Exit,
+    Command,
+    CommandState,
+    Result,
+    StackDump,
+    Finding,
+    Attach,
+)
+BY_KIND: dict[str, type[Message]] = {cls.kind: cls for cls in MESSAGE_TYPES}
+AnyMessage = Union[
+    Hello, Topology, Config, Step, HostSample, DeviceSample, Retrace, Epoch, Event,
+    ExceptionRaised, Exit, Command, CommandState, Result, StackDump, Finding, Attach,
+]
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        return _NONFINITE_OUT.get(value, value)
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def to_dict(msg: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": msg.kind}
+    for f in dataclasses.fields(msg):
+        out[f.name] = _plain(getattr(msg, f.name))
+    return out
+
+
+def encode(msg: Message) -> bytes:
+    """One message as one JSON line (with the trailing newline)."""
+    return (json.dumps(to_dict(msg), separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+
+def _checker(tp: Any):
+    """Builds a function that validates/converts one decoded JSON value for type ``tp``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return lambda v: v
+    if origin in (Union, types.UnionType):
+        checks = [_checker(a) for a in args]
+
+        def check_union(v):
+            for c in checks:
+                try:
+                    return c(v)
+                except ProtocolError:
+                    pass
+            raise ProtocolError(f"{v!r} is not {tp}")
+
+        return check_union
+    if origin is Literal:
+        allowed = set(args)
+
+        def check_literal(v):
+            if v not in allowed:
+                raise ProtocolError(f"{v!r} not one of {sorted(map(str, allowed))}")
+            return v
+
+        return check_literal
+    if origin is tuple:
+        item = _checker(args[0])
+
+        def check_tuple(v):
+            if not isinstance(v, list):
+                raise ProtocolError(f"expected a list, got {type(v).__name__}")
+            return tuple(item(x) for x in v)
+
+        return check_tuple
+    if origin in (collections.abc.Mapping, dict):
+        val = _checker(args[1]) if args else (lambda v: v)
+
+        def check_mapping(v):
+            if not isinstance(v, dict):
+                raise ProtocolError(f"expected an object, got {type(v).__name__}")
+            return {str(k): val(x) for k, x in v.items()}
+
+        return check_mapping
+    if tp is type(None):
+
+        def check_none(v):
+            if v is not None:
+                raise ProtocolError("expected null")
+            return None
+
+        return check_none
+    if tp is bool:
+
+        def check_bool(v):
+            if not isinstance(v, bool):
+                raise ProtocolError("expected a boolean")
+            return v
+
+        return check_bool
+    if tp is int:
+
+        def check_int(v):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ProtocolError(f"expected an integer, got {v!r}")
+            return v
+
+        return check_int
+    if tp is float:
+
+        def check_float(v):
+            if isinstance(v, bool):
+                raise ProtocolError("expected a number")
+            if isinstance(v, (int, float)):
+                return float(v)
+            if isinstance(v, str) and v in _NONFINITE_IN:
+                return _NONFINITE_IN[v]
+            raise ProtocolError(f"expected a number, got {v!r}")
+
+        return check_float
+    if tp is str:
+
+        def check_str(v):
+            if not isinstance(v, str):
+                raise ProtocolError(f"expected a string, got {type(v).__name__}")
+            return v
+
+        return check_str
+    raise TypeError(f"unsupported protocol field type {tp!r}")
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, str) and v in _NONFINITE_IN:
+        return _NONFINITE_IN[v]
+    if v is None or isinstance(v, (int, float, str, bool)):
+        return v
+    raise ProtocolError(f"expected a plain value, got {type(v).__name__}")
+
+
+def _schema(cls: type[Message]):
+    hints = typing.get_type_hints(cls, globalns={**globals(), "Scalar": Any})
+    fields = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        check = _checker(tp)
+        if typing.get_origin(tp) in (collections.abc.Mapping, dict):
+            inner = check
+
+            def check(v, inner=inner):  # mapping values must be plain scalars
+                return {k: _scalar(x) for k, x in inner(v).items()}
+
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        fields.append((f.name, check, required))
+    return fields
+
+
+_SCHEMAS = {kind: (cls, _schema(cls)) for kind, cls in BY_KIND.items()}
+
+
+def from_dict(obj: Any) -> Message | None:
+    """Validates a decoded JSON object. Returns ``None`` for an unknown kind.
+
+    Raises :class:`ProtocolError` for anything malformed.
+    """
+    if not isinstance(obj, dict):
+        raise ProtocolError("a message must be a JSON object")
+    kind = obj.get("kind")
+    if not isinstance(kind, str):
+        raise ProtocolError("a message needs a string 'kind'")
+    entry = _SCHEMAS.get(kind)
+    if entry is None:
+        return None
+    cls, fields = entry
+    kwargs = {}
+    for name, check, required in fields:
+        if name in obj:
+            try:
+                kwargs[name] = check(obj[name])
+            except ProtocolError as e:
+                raise ProtocolError(f"{kind}.{name}: {e}") from None
+        elif required:
+            raise ProtocolError(f"{kind}: missing field {name!r}")
+    return cls(**kwargs)
+
+
+def decode(line: bytes | str) -> Message | None:
+    """Decodes one line. ``None`` for an unknown kind; :class:`ProtocolError` if malformed."""
+    if len(line) > MAX_LINE_BYTES:
+        raise ProtocolError(f"line of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"not JSON: {e}") from None
+    except RecursionError:
+        raise ProtocolError("JSON nested too deeply") from None
+    return from_dict(obj)
+
+
+@dataclass
+class Decoder:
+    """Decodes lines and counts what it had to skip; never raises on bad input."""
+
+    unknown: int = 0
+    malformed: int = 0
+    last_error: str = ""
+
+    def decode(self, line: bytes | str) -> Message | None:
+        try:
+            msg = decode(line)
+        except ProtocolError as e:
+            self.malformed += 1
+            self.last_error = str(e)
+            return None
+        if msg is None:
+            self.unknown += 1
+        return msg
