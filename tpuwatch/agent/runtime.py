@@ -62,6 +62,7 @@ class Agent:
         self._file = open(self._events_path, "ab", buffering=1 << 16)
         self.global_step = 0
         self.server = None  # transport.Server, set by the runner
+        self.step_probe = None  # steps.StepProbe, set by probes.install_all
 
     # --- producing messages (any thread, never blocks) --------------------------------------
 

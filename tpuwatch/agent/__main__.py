@@ -1,0 +1,170 @@
+"""``python -m tpuwatch.agent [options] SCRIPT [ARGS...]`` (or ``-m MODULE [ARGS...]``).
+
+Installs the probes, starts the agent thread and socket, then runs the user's script as
+``__main__`` with the user's ``sys.argv``, unmodified. The exit code is the script's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tpuwatch import rundir
+
+EXIT_USAGE = 2
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m tpuwatch.agent",
+        description="Run a TensorFlow training script under the tpuwatch agent.",
+    )
+    p.add_argument("--run-dir", type=Path, help="run directory (default: $TPUWATCH_RUN_DIR or a new one)")
+    p.add_argument("--sample-hz", type=float, default=float(os.environ.get("TPUWATCH_SAMPLE_HZ", "4")),
+                   help="periodic sampling rate, 0.5-20 Hz (default 4)")
+    p.add_argument("--listen", default=os.environ.get("TPUWATCH_LISTEN", ""),
+                   help="also serve viewers over TCP at HOST:PORT (token in the run directory)")
+    p.add_argument("--disable", default=os.environ.get("TPUWATCH_DISABLE", ""),
+                   help="comma-separated probes to leave out")
+    p.add_argument("-m", dest="module", help="run a module (like python -m)")
+    p.add_argument("script", nargs="?", help="the training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    ns = p.parse_args(argv)
+    if ns.module and ns.script:
+        ns.args = [ns.script] + ns.args
+        ns.script = None
+    if not ns.module and not ns.script:
+        p.error("name a training script (or -m MODULE)")
+    return ns
+
+
+def parse_listen(value: str) -> tuple[str, int] | None:
+    if not value:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:7711")
+    return (host.strip("[]") or "127.0.0.1", int(port))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parse(sys.argv[1:] if argv is None else argv)
+    target = ns.module or ns.script
+    if ns.script:
+        script = Path(ns.script)
+        if not script.is_file():
+            print(f"tpuwatch: script not found: {ns.script} (give the path of a Python training script)", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        listen = parse_listen(ns.listen)
+    except ValueError as e:
+        print(f"tpuwatch: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+    run_dir = ns.run_dir or (Path(os.environ[rundir.ENV_RUN_DIR]) if os.environ.get(rundir.ENV_RUN_DIR) else None)
+    run_id = os.environ.get(rundir.ENV_RUN_ID) or rundir.new_run_id(target)
+    if run_dir is None:
+        run_dir = rundir.runs_root() / run_id
+    try:
+        rundir.create(run_dir)
+    except OSError as e:
+        print(f"tpuwatch: run directory {run_dir} is not writable ({e.strerror}); set TPUWATCH_HOME or pass --run-dir", file=sys.stderr)
+        return EXIT_USAGE
+    if not rundir.read_meta(run_dir):
+        # Started on its own (not by `tpuwatch run`): leave the metadata `ls`/`attach` need.
+        rundir.write_meta(run_dir, {"run_id": run_id, "script": target, "argv": [target, *ns.args],
+                                    "child_pid": os.getpid(), "started": time.time(), "host": rundir.hostname(),
+                                    "cwd": os.getcwd(), "state": "running"})
+
+    from tpuwatch.agent.runtime import Agent
+
+    agent = Agent(run_dir, run_id, sample_hz=ns.sample_hz)
+    try:
+        import tensorflow  # noqa: F401  (the probes need it; the script would import it anyway)
+    except Exception as e:
+        print(f"tpuwatch: TensorFlow is not importable in {sys.executable} ({type(e).__name__}: {e}); "
+              "install it with `pip install 'tpuwatch[tf]'` (or tensorflow-tpu on a TPU VM)", file=sys.stderr)
+        return EXIT_USAGE
+
+    from tpuwatch.agent import probes
+
+    disabled = {name.strip() for name in ns.disable.split(",") if name.strip()}
+    installed = probes.install_all(agent, target, [target, *ns.args], disabled)
+    _start_server(agent, run_dir, listen)
+    agent.start()
+    code = _run_script(agent, ns, target)
+    agent.fail_pending("the script ended before the next step boundary")
+    installed.restore()
+    agent.flush()
+    agent.stop()
+    if code is not None and code < 0:  # die by the signal, like Python does for SIGINT
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code or 0
+
+
+def _start_server(agent, run_dir: Path, listen: tuple[str, int] | None) -> None:
+    from tpuwatch.agent.transport import Server
+
+    token = rundir.write_token(run_dir) if listen else None
+    try:
+        agent.server = Server(agent, rundir.socket_path(run_dir), listen, token)
+        agent.server.start()
+    except OSError as e:
+        agent.event("error", "transport", f"viewers cannot attach: {e} (the recording still works)")
+        return
+    meta = rundir.read_meta(run_dir)
+    meta["socket"] = str(agent.server.unix_path)
+    if agent.server.tcp_address:
+        meta["tcp"] = "%s:%d" % agent.server.tcp_address
+    rundir.write_meta(run_dir, meta)
+
+
+def _run_script(agent, ns: argparse.Namespace, target: str) -> int | None:
+    """Runs the script; returns its exit code (negative: die by that signal)."""
+    from tpuwatch.protocol import ExceptionRaised, Exit
+    from tpuwatch.agent.runtime import format_exception
+
+    sys.argv = [target, *ns.args]
+    code: int | None = 0
+    sig: int | None = None
+    reason = ""
+    try:
+        if ns.module:
+            runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, str(Path(ns.script).resolve().parent))
+            runpy.run_path(ns.script, run_name="__main__")
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except KeyboardInterrupt:
+        sig = signal.SIGINT
+        code = 128 + sig
+        reason = "interrupted (SIGINT)"
+    except BaseException as e:  # the script's own exception: record it, then behave like Python
+        agent.emit(ExceptionRaised(t=time.time(), type=type(e).__name__, message=str(e)[:2000],
+                                   traceback=format_exception(e)[-20000:]))
+        sys.stderr.write(format_exception(e))
+        sys.stderr.flush()
+        code = 1
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    agent.emit(Exit(t=time.time(), exit_code=code, signal=sig, source="agent", reason=reason))
+    return -sig if sig else code
+
+
+def _exit_code(value) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    sys.stderr.write(f"{value}\n")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

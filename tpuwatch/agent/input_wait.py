@@ -1,0 +1,193 @@
+"""Input wait: how long each step waits for its next batch.
+
+Keras 3 ``fit`` fetches input *inside* the compiled step (``iterator.get_next()`` /
+``get_next_as_optional()`` in ``multi_step_on_iterator``), so the fetch is timed in-graph:
+``tf.timestamp()`` before and after it, with control dependencies, and the difference added into
+the step probe's host-CPU accumulator (together with the examples fetched). Eager fetches
+(``for x in dist_dataset``, ``next(iterator)``) are timed with ``perf_counter`` and charged to the
+next step. Only the outermost fetch is timed: a distributed iterator's ``get_next`` calls the
+per-worker iterators' ``get_next`` underneath.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+from tpuwatch.agent.steps import EXAMPLES, FETCHES, RUNS, WAIT_S
+
+if TYPE_CHECKING:
+    from tpuwatch.agent.runtime import Agent
+    from tpuwatch.agent.steps import StepProbe
+
+PROBE = "input_wait"
+
+
+def ensure_accumulator(probe: "StepProbe"):
+    """The float64[4] host variable ``[wait_s, fetches, examples, runs]`` (created once).
+
+    Built as a plain ``ResourceVariable`` under ``init_scope`` on the host CPU so that no
+    distribution strategy mirrors it and every replica-free part of any step graph can add to it.
+    """
+    if probe.accumulator is None:
+        import numpy as np
+        import tensorflow as tf
+        from tensorflow.python.ops import resource_variable_ops
+
+        with tf.init_scope(), tf.device("/device:CPU:0"):
+            probe.accumulator = resource_variable_ops.ResourceVariable(
+                tf.zeros([4], tf.float64), trainable=False, name="tpuwatch_step_accumulator"
+            )
+        probe.acc_last = np.zeros(4)
+    return probe.accumulator
+
+
+def add_in_graph(probe: "StepProbe", slot: int, value) -> None:
+    """Adds ``value`` to one accumulator slot from inside a traced function."""
+    import tensorflow as tf
+
+    acc = ensure_accumulator(probe)
+    delta = tf.one_hot(slot, 4, dtype=tf.float64) * tf.cast(value, tf.float64)
+    with tf.device("/device:CPU:0"):
+        acc.assign_add(delta)
+    probe.mark("acc")
+
+
+def _examples_in(value) -> Any:
+    """Batch size of a fetched element, as a tensor (summed over replicas); None if unknown."""
+    import tensorflow as tf
+
+    flat = tf.nest.flatten(value)
+    if not flat:
+        return None
+    first = flat[0]
+    parts = getattr(first, "values", None)
+    tensors = list(parts) if isinstance(parts, tuple) else [first]
+    sizes = []
+    for t in tensors:
+        if not isinstance(t, (tf.Tensor, tf.Variable)) or t.shape.rank in (None, 0):
+            return None
+        dim = t.shape[0]
+        sizes.append(tf.constant(dim, tf.float64) if dim is not None else tf.cast(tf.shape(t)[0], tf.float64))
+    return tf.add_n(sizes)
+
+
+def _static_examples(value) -> int | None:
+    import tensorflow as tf
+
+    flat = tf.nest.flatten(value)
+    if not flat:
+        return None
+    parts = getattr(flat[0], "values", None)
+    tensors = list(parts) if isinstance(parts, tuple) else [flat[0]]
+    total = 0
+    for t in tensors:
+        shape = getattr(t, "shape", None)
+        if shape is None or shape.rank in (None, 0) or shape[0] is None:
+            return None
+        total += int(shape[0])
+    return total
+
+
+class InputWaitProbe:
+    def __init__(self, agent: "Agent", probe: "StepProbe") -> None:
+        self.agent = agent
+        self.probe = probe
+        self._depth = threading.local()
+
+    def make_wrapper(self, optional: bool) -> Callable[[Callable], Callable]:
+        def make(original: Callable) -> Callable:
+            from tensorflow.python.eager import context
+
+            executing_eagerly = context.executing_eagerly
+            this = self
+
+            def fetch(it, *args, **kwargs):
+                depth = getattr(this._depth, "n", 0)
+                if depth or not this.agent.enabled(PROBE):
+                    return original(it, *args, **kwargs)
+                this._depth.n = 1
+                try:
+                    if executing_eagerly():
+                        return this._eager(original, optional, it, args, kwargs)
+                    return this._traced(original, optional, it, args, kwargs)
+                finally:
+                    this._depth.n = 0
+
+            return fetch
+
+        return make
+
+    def _eager(self, original, optional, it, args, kwargs):
+        probe = self.probe
+        start = probe.perf()
+        result = original(it, *args, **kwargs)
+        probe.eager_wait_s += probe.perf() - start
+        if not optional:
+            try:
+                examples = _static_examples(result)
+                if examples is not None:
+                    probe.eager_examples = (probe.eager_examples or 0) + examples
+            except Exception as e:
+                self.agent.probe_failed("examples", e)
+        return result
+
+    def _traced(self, original, optional, it, args, kwargs):
+        try:
+            import tensorflow as tf
+
+            with tf.device("/device:CPU:0"):
+                t0 = tf.timestamp()
+        except Exception as e:
+            self.agent.probe_failed(PROBE, e)
+            return original(it, *args, **kwargs)
+        with tf.control_dependencies([t0]):
+            result = original(it, *args, **kwargs)
+        try:
+            self._account(result, optional, t0)
+        except Exception as e:
+            self.agent.probe_failed(PROBE, e)
+        return result
+
+    def _account(self, result, optional: bool, t0) -> None:
+        import tensorflow as tf
+
+        outputs = [t for t in tf.nest.flatten(result, expand_composites=True) if isinstance(t, tf.Tensor)]
+        with tf.control_dependencies(outputs), tf.device("/device:CPU:0"):
+            t1 = tf.timestamp()
+        values = [t1 - t0, tf.constant(1.0, tf.float64), tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)]
+        if self.agent.enabled("examples"):
+            try:
+                if optional:
+                    examples = tf.cond(
+                        result.has_value(),
+                        lambda: _examples_in(result.get_value()) or tf.constant(0.0, tf.float64),
+                        lambda: tf.constant(0.0, tf.float64),
+                    )
+                else:
+                    examples = _examples_in(result)
+                if examples is not None:
+                    values[EXAMPLES] = tf.cast(examples, tf.float64)
+            except Exception as e:
+                self.agent.probe_failed("examples", e)
+        acc = ensure_accumulator(self.probe)
+        with tf.device("/device:CPU:0"):
+            acc.assign_add(tf.stack(values))
+        self.probe.mark("acc")
+
+
+def install(agent: "Agent", patches, probe: "StepProbe") -> InputWaitProbe:
+    from tensorflow.python.data.ops import iterator_ops
+    from tensorflow.python.distribute import input_lib
+
+    iw = InputWaitProbe(agent, probe)
+    # Distributed iterators (experimental_distribute_dataset / distribute_datasets_from_function).
+    patches.wrap(input_lib.DistributedIteratorBase, "get_next", iw.make_wrapper(optional=False))
+    patches.wrap(input_lib.DistributedIteratorBase, "get_next_as_optional", iw.make_wrapper(optional=True))
+    # Plain tf.data iterators (iter(dataset), the default strategy, per-worker iterators).
+    patches.wrap(iterator_ops.OwnedIterator, "_next_internal", iw.make_wrapper(optional=False))
+    patches.wrap(iterator_ops.OwnedIterator, "get_next_as_optional", iw.make_wrapper(optional=True))
+    return iw
+
+
+__all__ = ["install", "ensure_accumulator", "add_in_graph", "WAIT_S", "FETCHES", "RUNS"]

@@ -1,0 +1,249 @@
+"""Training steps: which tf.function is the step, how long each call takes, and safe points.
+
+A *step function* is a tf.function whose trace computes gradients (``GradientTape.gradient``),
+directly or through a nested tf.function that does. Keras' ``multi_step_on_iterator`` is one, and
+so is a custom ``@tf.function train_step`` around ``strategy.run``; evaluation and prediction
+functions are not. A top-level eager call of a step function is one record (``steps`` > 1 when
+the call runs several training steps: Keras ``steps_per_execution`` or a ``tf.range`` loop, counted
+in-graph). An eager ``strategy.run`` whose replicas compute gradients is a step too.
+
+Per-step figures that live inside the compiled function (input wait, steps run, examples) are
+accumulated in-graph into one host-CPU float64 variable, read once after each step call;
+per-replica losses come from :mod:`tpuwatch.agent.replica_loss`.
+
+Commands run at *safe points*: on the training thread just before a step call, never from
+another thread (DESIGN §3: checkpoints taken from another thread were inconsistent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
+
+from tpuwatch.protocol import Config, Step
+
+if TYPE_CHECKING:
+    from tpuwatch.agent.runtime import Agent
+
+# Slots of the in-graph accumulator variable.
+WAIT_S, FETCHES, EXAMPLES, RUNS = range(4)
+
+
+class StepProbe:
+    """State shared by the step, input-wait and replica-loss probes."""
+
+    def __init__(self, agent: "Agent") -> None:
+        self.agent = agent
+        self.perf = time.perf_counter
+        # What each tf.function's trace did: {"training": True, "acc": True, "loss": slot}.
+        # Weak keys: Keras recreates its functions on recompile. A nested function's flags
+        # propagate to every function being traced around it, so an outer function that calls an
+        # inner one traced earlier is flagged too.
+        self.flags: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # Functions being traced right now (outermost first). Only the training thread traces
+        # top-level functions; MirroredStrategy's replica threads run while it waits, so a plain
+        # list read from those threads is accurate.
+        self.tracing: list[Any] = []
+        self.current_top: Any = None  # the top-level Function being called now
+        self.in_eager_run = 0  # depth of top-level eager strategy.run calls
+        self.eager_run_trained = False
+        self.eager_wait_s = 0.0  # eager input fetch time since the last step ended
+        self.eager_examples: int | None = None
+        self.accumulator = None  # tf ResourceVariable float64[4], created on first in-graph use
+        self.acc_last: Any = None
+        self.loss_reader: Callable[[Any], tuple[float, ...] | None] | None = None
+        self.eager_losses: dict[int, float] = {}
+        self.step_context: Callable[[int], ContextManager] | None = None  # set by the profiler
+        self.epoch: int | None = None
+        self._config_batch: int | None = None
+
+    # --- flags ------------------------------------------------------------------------------
+
+    def mark(self, key: str, value: Any = True) -> None:
+        """Flags every function being traced (and the top-level one being called)."""
+        for fn in self.tracing:
+            self._flag(fn, key, value)
+        if self.current_top is not None:
+            self._flag(self.current_top, key, value)
+        if key == "training" and self.in_eager_run:
+            self.eager_run_trained = True
+
+    def _flag(self, fn: Any, key: str, value: Any) -> None:
+        try:
+            flags = self.flags.get(fn)
+            if flags is None:
+                flags = self.flags[fn] = {}
+            flags[key] = value
+        except TypeError:  # not weak-referenceable: never a step function
+            pass
+
+    def flags_of(self, fn: Any) -> dict:
+        try:
+            return self.flags.get(fn) or {}
+        except TypeError:
+            return {}
+
+    def is_step_function(self, fn: Any) -> bool:
+        return "training" in self.flags_of(fn)
+
+    # --- the wrapper of Function.__call__ -------------------------------------------------------
+
+    def make_call_wrapper(self, original: Callable) -> Callable:
+        probe = self
+        agent = self.agent
+        from tensorflow.python.eager import context
+
+        executing_eagerly = context.executing_eagerly
+
+        def __call__(fn, *args, **kwargs):
+            if probe.current_top is not None or probe.in_eager_run or not executing_eagerly():
+                # A nested call, a call while tracing, or one inside an eager strategy.run.
+                flags = probe.flags_of(fn)
+                for key, value in flags.items():
+                    probe.mark(key, value)
+                if executing_eagerly():
+                    return original(fn, *args, **kwargs)
+                probe.tracing.append(fn)
+                try:
+                    return original(fn, *args, **kwargs)
+                finally:
+                    probe.tracing.pop()
+            if not agent.enabled("steps"):
+                return original(fn, *args, **kwargs)
+            # A top-level eager call: a step boundary if this is a step function.
+            was_step = probe.is_step_function(fn)
+            if was_step and agent.has_pending:
+                agent.safe_point()
+            ctx = probe.step_context
+            probe.current_top = fn
+            start = probe.perf()
+            try:
+                if ctx is not None and was_step:
+                    with ctx(agent.global_step + 1):
+                        result = original(fn, *args, **kwargs)
+                else:
+                    result = original(fn, *args, **kwargs)
+            finally:
+                probe.current_top = None
+            end = probe.perf()
+            if was_step or probe.is_step_function(fn):
+                try:
+                    probe.record(fn, end - start, fn_name=_name_of(fn))
+                except Exception as e:
+                    agent.probe_failed("steps", e)
+            else:
+                # Time outside step functions (evaluation, setup) is not input wait of a step.
+                probe.eager_wait_s = 0.0
+            return result
+
+        return __call__
+
+    # --- records --------------------------------------------------------------------------------
+
+    def record(self, fn: Any, call_s: float, fn_name: str) -> None:
+        """Emits one Step for a finished step call (on the training thread; no I/O)."""
+        agent = self.agent
+        steps = 1
+        wait_s = self.eager_wait_s
+        measured_wait = wait_s > 0.0
+        examples = self.eager_examples
+        flags = self.flags_of(fn)
+        if self.accumulator is not None and "acc" in flags:
+            now = self.accumulator.numpy()
+            last = self.acc_last
+            self.acc_last = now
+            if last is not None:
+                d_runs = int(round(now[RUNS] - last[RUNS]))
+                d_fetch = now[FETCHES] - last[FETCHES]
+                if d_runs > 0:
+                    steps = d_runs
+                if d_fetch > 0:
+                    wait_s += float(now[WAIT_S] - last[WAIT_S])
+                    measured_wait = True
+                    d_ex = now[EXAMPLES] - last[EXAMPLES]
+                    if d_ex > 0:
+                        examples = int(round(d_ex / max(1, steps)))
+        step_time_s = (call_s + self.eager_wait_s) / steps
+        losses = self.loss_reader(fn) if self.loss_reader is not None else None
+        self._emit(fn_name, steps, step_time_s, wait_s / steps if measured_wait else None, losses, examples)
+
+    def record_eager_run(self, call_s: float, losses: tuple[float, ...] | None) -> None:
+        wait = self.eager_wait_s
+        self._emit("strategy.run", 1, call_s + wait, wait if wait > 0 else None, losses, self.eager_examples)
+
+    def _emit(
+        self,
+        fn_name: str,
+        steps: int,
+        step_time_s: float,
+        wait_s: float | None,
+        losses: tuple[float, ...] | None,
+        examples: int | None,
+    ) -> None:
+        agent = self.agent
+        agent.global_step += steps
+        self.eager_wait_s = 0.0
+        self.eager_examples = None
+        loss = sum(losses) / len(losses) if losses else None
+        agent.emit(
+            Step(
+                step=agent.global_step,
+                t=agent.clock(),
+                step_time_s=step_time_s,
+                input_wait_s=wait_s,
+                loss=loss,
+                replica_losses=losses or (),
+                steps=steps,
+                examples=examples,
+                function=fn_name,
+                epoch=self.epoch,
+            )
+        )
+        if examples and self._config_batch is None:
+            self._config_batch = examples
+            agent.emit(Config(t=agent.clock(), global_batch_size=examples))
+
+    # --- eager strategy.run ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def eager_run(self):
+        """Wraps a top-level eager strategy.run: it is a step if its replicas computed gradients."""
+        if self.agent.has_pending:
+            self.agent.safe_point()
+        self.in_eager_run += 1
+        self.eager_run_trained = False
+        self.eager_losses = {}
+        try:
+            yield
+        finally:
+            self.in_eager_run -= 1
+
+
+def _name_of(fn: Any) -> str:
+    try:
+        return str(fn.__name__)
+    except Exception:
+        return "tf.function"
+
+
+def install(agent: "Agent", patches) -> StepProbe:
+    from tensorflow.python.eager import backprop
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    probe = StepProbe(agent)
+    patches.wrap(polymorphic_function.Function, "__call__", probe.make_call_wrapper)
+
+    def make_gradient(original):
+        def gradient(tape, *args, **kwargs):
+            try:
+                probe.mark("training")
+            except Exception as e:
+                agent.probe_failed("steps", e)
+            return original(tape, *args, **kwargs)
+
+        return gradient
+
+    patches.wrap(backprop.GradientTape, "gradient", make_gradient)
+    return probe
