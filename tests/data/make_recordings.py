@@ -9,7 +9,7 @@ file regenerates the checked-in recordings next to it::
     healthy_4replica.jsonl   MirroredStrategy, 4 replicas, 300 steps, retrace, checkpoint, exit 0
     input_bound.jsonl        same model, ~80% of each step waiting for input, exit 0
     crashed.jsonl            replica 2 goes NaN at step 120, exception, exit 1
-    waiting.jsonl            only the agent's hello (the script has not made a strategy yet)
+    waiting.jsonl            only the agent's hello (status "starting": no strategy, no step yet)
     running_truncated.jsonl  still running (no exit), last line cut in the middle
 
 Other tests import the functions (``sys.path`` insert of this folder, or
@@ -136,16 +136,18 @@ def merge_by_time(*streams: Iterable[Message]) -> list[Message]:
 
 def _training(n_steps: int, *, input_wait_frac: float, step_time_s: float, seed: int,
               nan_replica_from: tuple[int, int] | None = None, epochs: int = 3,
-              rss_growth_per_s: int = 0) -> tuple[list[Message], float]:
+              rss_growth_per_s: int = 0, total_steps: int | None = None
+              ) -> tuple[list[Message], float]:
     """Hello .. last step (no end). Returns the messages and the time of the last step."""
     t = T0
-    epoch_len = max(1, n_steps // epochs)
+    total_steps = total_steps or n_steps
+    epoch_len = max(1, total_steps // epochs)
     head: list[Message] = [
         hello(t),
         Event(t=t + 0.4, level="info", source="agent", message="agent started, sampling at 2 Hz"),
         topology(t + 1.0),
         Config(t=t + 1.0, mixed_precision="float32", global_batch_size=64,
-               per_replica_batch_size=16, steps_per_execution=1, total_steps=epoch_len * epochs,
+               per_replica_batch_size=16, steps_per_execution=1, total_steps=total_steps,
                epochs=epochs),
         Retrace(t=t + 1.2, function="train_step", traces=1, instances=1,
                 signature="(x: float32[16, 28, 28, 1], y: int64[16])", change="", step=0),
@@ -157,7 +159,9 @@ def _training(n_steps: int, *, input_wait_frac: float, step_time_s: float, seed:
     end_t = body[-1].t
     epochs_msgs: list[Message] = []
     for e in range(epochs):
-        b = body[min(e * epoch_len, len(body) - 1)]
+        if e * epoch_len >= len(body):
+            break  # the run has not got there (yet)
+        b = body[e * epoch_len]
         last = body[min((e + 1) * epoch_len, len(body)) - 1]
         epochs_msgs.append(Epoch(t=round(b.t - b.step_time_s, 6), epoch=e, phase="begin",
                                  step=b.step - 1))
@@ -235,9 +239,10 @@ RECORDINGS = {
     "input_bound.jsonl": lambda p: write(p, input_bound_messages()),
     "crashed.jsonl": lambda p: write(p, crashed_messages()),
     "waiting.jsonl": lambda p: write(p, waiting_messages()),
-    # no exit record, and the last step line is cut 40 bytes short
+    # 200 of 600 steps, no exit record, and the last step line is cut 40 bytes short
     "running_truncated.jsonl": lambda p: write(p, _training(200, input_wait_frac=0.02,
-                                                            step_time_s=0.05, seed=4)[0],
+                                                            step_time_s=0.05, seed=4,
+                                                            total_steps=600)[0],
                                                cut_last_bytes=40),
 }
 

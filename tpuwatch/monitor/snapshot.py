@@ -79,6 +79,7 @@ class LogEntry:
     level: str  # debug | info | warning | error
     source: str
     message: str
+    worker: str = ""  # the agent that reported it ("" when the run has one)
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,12 @@ class RunSnapshot:
     exit_code: int | None = None
     exit_signal: int | None = None
     exception: str | None = None  # "Type: message"
-    started_t: float | None = None
-    ended_t: float | None = None
-    now: float = 0.0
+    exception_traceback: str = ""
+    lost_reason: str | None = None  # why the launcher declared the run lost
+    started_t: float | None = None  # the first hello
+    ended_t: float | None = None  # the exit record (or the last message of a lost run)
+    now: float = 0.0  # the time this snapshot describes
+    last_message_t: float | None = None  # newest message time (use as ``now`` in a replay)
     # progress and speed
     step: int = 0
     epoch: int | None = None
@@ -150,14 +154,19 @@ class RunSnapshot:
     eta_s: float | None = None
     input_wait_frac: float | None = None  # share of step time waiting for input, rolling window
     input_wait_p50_s: float | None = None
+    input_wait_frac_total: float | None = None  # over the whole run
+    steps_total: int = 0  # training steps recorded (sum over step records)
     # losses
     loss: float | None = None
     replica_losses: tuple[ReplicaLoss, ...] = ()
     history: tuple[StepPoint, ...] = ()  # bounded, downsampled, oldest first
+    history_records_per_point: int = 1  # step records merged into each history point
     # functions, memory
     functions: tuple[FunctionTraces, ...] = ()
     device_memory: tuple[DeviceMemory, ...] = ()
+    device_peaks: tuple[tuple[str, str, int], ...] = ()  # (worker, device, peak bytes) over the run
     host_memory: tuple[HostMemory, ...] = ()
+    host_rss_peak_bytes: int | None = None  # largest RSS sampled on any worker
     host_rss_history: tuple[tuple[float, int], ...] = ()  # (t, rss_bytes), bounded
     tpu_metrics_note: str = ""  # why TPU runtime metrics are absent, when they are
     # events, commands, findings

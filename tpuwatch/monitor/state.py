@@ -1,0 +1,581 @@
+"""Run state built from protocol messages, and the immutable snapshots everything renders.
+
+:class:`RunState` takes every message of a run (``apply``), from one or several agents (one per
+worker of a multi-host job), and answers :meth:`RunState.snapshot` — a
+:class:`~tpuwatch.monitor.snapshot.RunSnapshot` that the dashboard, the headless progress line
+and ``tpuwatch report`` read.
+
+Workers: each message is attributed to a worker name. With one stream, call ``apply(msg)``: the
+name comes from the stream's :class:`~tpuwatch.protocol.Hello`. When merging several streams,
+call ``apply(msg, worker=name)`` with the name from that stream's Hello. Run-level progress
+(step, speed, history) follows the *primary* worker (the one with ``worker_index`` 0, else the
+first to say hello): in synchronous training every worker runs the same global steps.
+
+Cost: ``apply`` of a step record is O(1) (~2-4 us); ``snapshot()`` is O(window + events +
+history points), well under a millisecond to a few, at any run length (see the tests).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from tpuwatch.monitor.snapshot import (
+    CommandView,
+    DeviceMemory,
+    FunctionTraces,
+    HostMemory,
+    LogEntry,
+    ReplicaLoss,
+    RunSnapshot,
+    RunStatus,
+    WorkerView,
+)
+from tpuwatch.monitor.stats import Rolling, SeriesHistory, StepStats
+from tpuwatch.protocol import (
+    Command,
+    CommandState,
+    Config,
+    DeviceSample,
+    Epoch,
+    Event,
+    ExceptionRaised,
+    Exit,
+    Finding,
+    Hello,
+    HostSample,
+    Message,
+    Result,
+    Retrace,
+    StackDump,
+    Step,
+    Topology,
+)
+
+#: A run is stalled after no step for max(STALL_MIN_S, STALL_MEDIANS x median step time).
+STALL_MIN_S = 60.0
+STALL_MEDIANS = 20.0
+
+_SEVERITY_LEVEL = {"info": "info", "warning": "warning", "critical": "error"}
+
+
+def finding_key(f: Finding, worker: str = "") -> tuple[str, str, str]:
+    """Identity of a finding: (rule, worker, subject). A rule that reports about several things
+    at once (functions, devices) names the thing in ``evidence["subject"]``."""
+    return (f.rule, f.worker or worker, str(f.evidence.get("subject", "")))
+
+
+@dataclass
+class _Worker:
+    """Everything known about one agent process."""
+
+    name: str
+    order: int  # order of first appearance
+    hello: Hello | None = None
+    topology: Topology | None = None
+    stats: StepStats = field(default_factory=StepStats)
+    last_step: Step | None = None
+    last_losses: Step | None = None  # last step record that carried replica losses
+    exit: Exit | None = None
+    exception: ExceptionRaised | None = None
+    lost_reason: str | None = None
+    connected: bool = True
+    host: HostSample | None = None
+    rss_peak: int = 0
+    rss_history: SeriesHistory = field(default_factory=SeriesHistory)
+    last_t: float | None = None
+
+
+class RunState:
+    """Mutable state of one run; feed it messages, read snapshots.
+
+    ``clock`` gives unix time (seconds) for status ages; ``stall_after_s`` is the minimum silence
+    before a running run counts as stalled (the threshold is
+    ``max(stall_after_s, 20 x median step time)``). Not thread-safe: apply and snapshot from
+    one thread (the UI's, or the headless loop's).
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        stall_after_s: float = STALL_MIN_S,
+        *,
+        max_events: int = 500,
+        max_commands: int = 100,
+        window: int = 200,
+        rate_window_s: float = 30.0,
+        history_points: int = 2000,
+    ) -> None:
+        if stall_after_s <= 0:
+            raise ValueError(f"stall_after_s must be > 0, got {stall_after_s}")
+        self.clock = clock
+        self.stall_after_s = stall_after_s
+        self._window = window
+        self._rate_window_s = rate_window_s
+        self._history_points = history_points
+        self._workers: dict[str, _Worker] = {}
+        self._default_worker: str | None = None
+        self._config: dict[str, object] = {}
+        self._events: deque[LogEntry] = deque(maxlen=max_events)
+        self._commands: dict[str, CommandView] = {}
+        self._max_commands = max_commands
+        self._findings: dict[tuple[str, str, str], Finding] = {}
+        self._functions: dict[str, FunctionTraces] = {}
+        self._devices: dict[tuple[str, str], DeviceMemory] = {}
+        self._device_peaks: dict[tuple[str, str], int] = {}
+        self._disabled: dict[str, str] = {}
+        self._epoch: int | None = None
+        self._stack_dumps: deque[StackDump] = deque(maxlen=10)
+        self._last_t: float | None = None  # latest message time seen
+        self._started_t: float | None = None
+        self.messages = 0
+        self.malformed = 0
+        self.unknown = 0
+        self.truncated_tail = False
+        self._tpu_note = ""
+        self._handlers: dict[type, Callable[[Message, _Worker], None]] = {
+            Hello: self._hello,
+            Topology: self._topology,
+            Config: self._config_msg,
+            Step: self._step,
+            HostSample: self._host,
+            DeviceSample: self._device,
+            Retrace: self._retrace,
+            Epoch: self._epoch_msg,
+            Event: self._event,
+            ExceptionRaised: self._exception,
+            Exit: self._exit,
+            Command: self._command,
+            CommandState: self._command_state,
+            Result: self._result,
+            StackDump: self._stack_dump,
+            Finding: self._finding,
+        }
+
+    # --- input ----------------------------------------------------------------------------------
+
+    def apply(self, msg: Message, worker: str | None = None) -> None:
+        """Takes one message. ``worker``: the name from that stream's Hello (default: the last
+        Hello seen without an explicit worker). Messages of kinds a viewer never receives
+        (Attach) are ignored."""
+        self.messages += 1
+        if type(msg) is Step:  # the hot path: most messages of a run
+            w = self._workers.get(worker or self._default_worker or "")  # type: ignore[arg-type]
+            if w is None:
+                w = self._worker(worker)
+            self._step(msg, w)
+            return
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            return
+        if type(msg) is Hello and worker is None:
+            worker = msg.worker  # type: ignore[attr-defined]
+            self._default_worker = worker
+        w = self._worker(worker)
+        t = getattr(msg, "t", None)
+        if t is not None:
+            w.last_t = t
+            if self._last_t is None or t > self._last_t:
+                self._last_t = t
+        handler(msg, w)
+
+    def apply_all(self, messages: Iterable[Message], worker: str | None = None) -> None:
+        for m in messages:
+            self.apply(m, worker)
+
+    def note_read_stats(self, *, malformed: int, unknown: int, truncated_tail: bool) -> None:
+        """Recording health, from :class:`~tpuwatch.monitor.recording.ReadStats` (totals)."""
+        self.malformed = malformed
+        self.unknown = unknown
+        self.truncated_tail = truncated_tail
+
+    def set_lost(self, reason: str = "the process vanished without an exit record",
+                 worker: str | None = None) -> None:
+        """The launcher saw the process gone without an Exit: the run (or ``worker``) is lost.
+
+        Ignored for a worker that has already exited."""
+        targets = [self._worker(worker)] if worker is not None else list(self._workers.values())
+        if not targets:
+            targets = [self._worker(None)]
+        for w in targets:
+            if w.exit is None and w.lost_reason is None:
+                w.lost_reason = reason
+                w.connected = False
+                self._log(self._now_t(), "error", "launcher", f"run lost: {reason}", w.name)
+
+    def set_connected(self, connected: bool, worker: str | None = None) -> None:
+        """Whether a live connection to the worker's agent is held (for ``WorkerView``)."""
+        self._worker(worker).connected = connected
+
+    def set_tpu_metrics_note(self, note: str) -> None:
+        self._tpu_note = note
+
+    # --- handlers ------------------------------------------------------------------------------
+
+    def _worker(self, name: str | None) -> _Worker:
+        if name is None:
+            name = self._default_worker or ""
+        w = self._workers.get(name)
+        if w is None:
+            w = _Worker(name=name, order=len(self._workers),
+                        stats=StepStats(self._window, self._rate_window_s,
+                                        history_points=self._history_points))
+            self._workers[name] = w
+            if self._default_worker is None:
+                self._default_worker = name
+        return w
+
+    def _now_t(self) -> float:
+        return self._last_t if self._last_t is not None else self.clock()
+
+    def _log(self, t: float, level: str, source: str, message: str, worker: str = "") -> None:
+        self._events.append(LogEntry(t=t, level=level, source=source, message=message,
+                                     worker=worker))
+
+    def _hello(self, msg: Hello, w: _Worker) -> None:
+        w.hello = msg
+        if self._started_t is None or msg.t < self._started_t:
+            self._started_t = msg.t
+        self._log(msg.t, "info", "agent",
+                  f"{msg.script} started on {msg.host} (pid {msg.pid}, TF {msg.tf_version})",
+                  w.name)
+
+    def _topology(self, msg: Topology, w: _Worker) -> None:
+        first = w.topology is None
+        w.topology = msg
+        if first:
+            self._log(msg.t, "info", "agent",
+                      f"{msg.strategy} with {msg.replicas} replica(s) on {msg.device_kind}", w.name)
+
+    def _config_msg(self, msg: Config, w: _Worker) -> None:
+        for name in ("mixed_precision", "global_batch_size", "per_replica_batch_size",
+                     "steps_per_execution", "total_steps", "epochs"):
+            v = getattr(msg, name)
+            if v is not None:
+                self._config[name] = v
+
+    def _step(self, msg: Step, w: _Worker) -> None:
+        w.stats.add(msg)
+        w.last_step = msg
+        if msg.replica_losses:
+            w.last_losses = msg
+        t = msg.t
+        w.last_t = t
+        if self._last_t is None or t > self._last_t:
+            self._last_t = t
+        if msg.epoch is not None:
+            self._epoch = msg.epoch
+
+    def _host(self, msg: HostSample, w: _Worker) -> None:
+        w.host = msg
+        if msg.rss_bytes > w.rss_peak:
+            w.rss_peak = msg.rss_bytes
+        w.rss_history.add(msg.t, msg.rss_bytes)
+
+    def _device(self, msg: DeviceSample, w: _Worker) -> None:
+        key = (w.name, msg.device)
+        self._devices[key] = DeviceMemory(
+            device=msg.device, worker=w.name, current_bytes=msg.current_bytes,
+            peak_bytes=msg.peak_bytes, limit_bytes=msg.limit_bytes, source=msg.source,
+            limit_source=msg.limit_source, duty_cycle_pct=msg.duty_cycle_pct, t=msg.t)
+        peak = max(msg.peak_bytes, msg.current_bytes)
+        if peak > self._device_peaks.get(key, 0):
+            self._device_peaks[key] = peak
+
+    def _retrace(self, msg: Retrace, w: _Worker) -> None:
+        prev = self._functions.get(msg.function)
+        if prev is None:
+            self._log(msg.t, "info", "retrace", f"traced {msg.function} {msg.signature}", w.name)
+        # Several workers trace the same function: keep the largest counts seen.
+        traces = max(msg.traces, prev.traces if prev else 0)
+        instances = max(msg.instances, prev.instances if prev else 0)
+        self._functions[msg.function] = FunctionTraces(
+            name=msg.function, traces=traces, instances=instances,
+            last_change=msg.change or (prev.last_change if prev else ""),
+            last_signature=msg.signature, last_step=msg.step, t=msg.t)
+
+    def _epoch_msg(self, msg: Epoch, w: _Worker) -> None:
+        if msg.phase == "begin":
+            self._epoch = msg.epoch
+            self._log(msg.t, "info", "keras", f"epoch {msg.epoch + 1} began", w.name)
+        else:
+            logs = ", ".join(f"{k}={_fmt_scalar(v)}" for k, v in msg.logs.items())
+            self._log(msg.t, "info", "keras",
+                      f"epoch {msg.epoch + 1} ended" + (f": {logs}" if logs else ""), w.name)
+
+    def _event(self, msg: Event, w: _Worker) -> None:
+        self._log(msg.t, msg.level, msg.source, msg.message, w.name)
+        # The agent reports a disabled probe as: source "probe:<name>", "probe <name> disabled: why"
+        if msg.source.startswith("probe:") and "disabled" in msg.message:
+            name = msg.source[len("probe:"):]
+            _, _, reason = msg.message.partition("disabled: ")
+            self._disabled[name] = reason or msg.message
+
+    def _exception(self, msg: ExceptionRaised, w: _Worker) -> None:
+        w.exception = msg
+        self._log(msg.t, "error", "script", f"{msg.type}: {msg.message}", w.name)
+
+    def _exit(self, msg: Exit, w: _Worker) -> None:
+        w.exit = msg
+        w.connected = False
+        text = f"exited with code {msg.exit_code}"
+        if msg.signal is not None:
+            text += f" (signal {msg.signal})"
+        if msg.reason:
+            text += f": {msg.reason}"
+        self._log(msg.t, "info" if msg.exit_code == 0 else "error", msg.source, text, w.name)
+
+    def _set_command(self, id_: str, action: str, status, message: str, details, t: float) -> None:
+        self._commands.pop(id_, None)  # re-insert: most recently changed last
+        self._commands[id_] = CommandView(id=id_, action=action, status=status, message=message,
+                                          details=dict(details), t=t)
+        while len(self._commands) > self._max_commands:
+            oldest = next(iter(self._commands))
+            del self._commands[oldest]
+
+    def _command(self, msg: Command, w: _Worker) -> None:
+        if msg.id in self._commands:  # a duplicate request never resets progress
+            return
+        self._set_command(msg.id, msg.action, "pending", "", msg.args, self._now_t())
+
+    def _command_state(self, msg: CommandState, w: _Worker) -> None:
+        prev = self._commands.get(msg.id)
+        if prev is not None and prev.status in ("done", "failed"):
+            return
+        details = dict(prev.details) if prev else {}
+        if msg.step is not None:
+            details["step"] = msg.step
+        self._set_command(msg.id, msg.action, msg.state, "", details, msg.t)
+
+    def _result(self, msg: Result, w: _Worker) -> None:
+        self._set_command(msg.id, msg.action, "done" if msg.ok else "failed", msg.message,
+                          msg.details, msg.t)
+        self._log(msg.t, "info" if msg.ok else "error", f"command:{msg.action}", msg.message,
+                  w.name)
+
+    def _stack_dump(self, msg: StackDump, w: _Worker) -> None:
+        self._stack_dumps.append(msg)
+        where = f" ({msg.path})" if msg.path else ""
+        self._log(msg.t, "info", "command:stack_dump", f"stack dump taken{where}", w.name)
+
+    def _finding(self, msg: Finding, w: _Worker) -> None:
+        self.add_finding(msg, worker=w.name)
+
+    def add_finding(self, f: Finding, worker: str = "") -> bool:
+        """Keeps ``f`` as the latest finding for its (rule, worker, subject); logs it when it is
+        new or its severity changed. Returns True in that case. Used for Finding messages and by
+        the diagnostics engine's results."""
+        key = finding_key(f, worker)
+        prev = self._findings.get(key)
+        self._findings[key] = f
+        if prev is None or prev.severity != f.severity:
+            self._log(f.t, _SEVERITY_LEVEL.get(f.severity, "warning"), f"diagnostics:{f.rule}",
+                      f.message, key[1])
+            return True
+        return False
+
+    # --- output ----------------------------------------------------------------------------------
+
+    @property
+    def stack_dumps(self) -> tuple[StackDump, ...]:
+        return tuple(self._stack_dumps)
+
+    @property
+    def last_message_t(self) -> float | None:
+        """Time of the newest message (use as ``now`` when replaying a recording)."""
+        return self._last_t
+
+    def _primary(self) -> _Worker | None:
+        if not self._workers:
+            return None
+        best = None
+        for w in self._workers.values():
+            if w.hello is None and w.last_step is None and w.topology is None:
+                continue
+            if best is None:
+                best = w
+            elif w.topology is not None and w.topology.worker_index == 0 and (
+                    best.topology is None or best.topology.worker_index != 0):
+                best = w
+        return best or next(iter(self._workers.values()))
+
+    def _worker_status(self, w: _Worker, now: float) -> RunStatus:
+        if w.exit is not None:
+            return "finished" if w.exit.exit_code == 0 and w.exception is None else "crashed"
+        if w.exception is not None:
+            return "crashed"
+        if w.lost_reason is not None:
+            return "lost"
+        if w.last_step is None:
+            return "starting" if (w.hello is not None or w.topology is not None) else "waiting"
+        median = w.stats.median_step_s() or 0.0
+        limit = max(self.stall_after_s, STALL_MEDIANS * median)
+        if now - w.last_step.t > limit:
+            return "stalled"
+        return "running"
+
+    @staticmethod
+    def _run_status(statuses: list[RunStatus]) -> RunStatus:
+        """One status for several workers: the most alarming wins; finished only when all are."""
+        for s in ("crashed", "lost", "stalled", "running", "starting"):
+            if s in statuses:
+                return s  # type: ignore[return-value]
+        if statuses and all(s == "finished" for s in statuses):
+            return "finished"
+        return "waiting"
+
+    def snapshot(self, now: float | None = None) -> RunSnapshot:
+        """An immutable view of the run at ``now`` (unix seconds; default: the clock)."""
+        if now is None:
+            now = self.clock()
+        p = self._primary()
+        if p is None:
+            return RunSnapshot(now=now, status="waiting", messages=self.messages,
+                               malformed=self.malformed, unknown=self.unknown,
+                               truncated_tail=self.truncated_tail, events=tuple(self._events),
+                               commands=tuple(self._commands.values()))
+        workers = sorted(self._workers.values(),
+                         key=lambda w: (w.topology.worker_index if w.topology else 1 << 30,
+                                        w.order))
+        statuses = {w.name: self._worker_status(w, now) for w in workers}
+        status = self._run_status(list(statuses.values()))
+        hello, topo, stats, last = p.hello, p.topology, p.stats, p.last_step
+        roll = stats.rolling()
+        cfg = self._config
+
+        total = cfg.get("total_steps")
+        eta = None
+        step = last.step if last else 0
+        if isinstance(total, int) and roll.steps_per_s and status in ("running", "stalled"):
+            eta = max(0, total - step) / roll.steps_per_s if roll.steps_per_s > 0 else None
+
+        exit_msg = next((w.exit for w in workers if w.exit and w.exit.exit_code != 0), None) \
+            or p.exit
+        exc = next((w.exception for w in workers if w.exception), None)
+        ended = None
+        if status in ("finished", "crashed") and any(w.exit for w in workers):
+            ended = max(w.exit.t for w in workers if w.exit)
+        elif status == "crashed" and exc is not None:
+            ended = exc.t
+        elif status == "lost":
+            ended = max((w.last_t for w in workers if w.last_t is not None), default=None)
+
+        devices: tuple[str, ...] = ()
+        for w in workers:
+            if w.topology:
+                devices += w.topology.devices
+        wait_frac = roll.input_wait_frac
+
+        return RunSnapshot(
+            run_id=hello.run_id if hello else "",
+            script=hello.script if hello else "",
+            argv=hello.argv if hello else (),
+            host=hello.host if hello else "",
+            pid=hello.pid if hello else None,
+            tf_version=hello.tf_version if hello else "",
+            keras_version=hello.keras_version if hello else "",
+            strategy=topo.strategy if topo else "",
+            replicas=topo.replicas if topo else None,
+            device_kind=topo.device_kind if topo else "",
+            devices=devices,
+            is_tpu=topo.is_tpu if topo else False,
+            num_workers=max(topo.num_workers if topo else 1, len(workers)),
+            mixed_precision=cfg.get("mixed_precision"),  # type: ignore[arg-type]
+            global_batch_size=cfg.get("global_batch_size"),  # type: ignore[arg-type]
+            per_replica_batch_size=cfg.get("per_replica_batch_size"),  # type: ignore[arg-type]
+            steps_per_execution=cfg.get("steps_per_execution"),  # type: ignore[arg-type]
+            total_steps=total,  # type: ignore[arg-type]
+            epochs=cfg.get("epochs"),  # type: ignore[arg-type]
+            status=status,
+            exit_code=exit_msg.exit_code if exit_msg else None,
+            exit_signal=exit_msg.signal if exit_msg else None,
+            exception=f"{exc.type}: {exc.message}" if exc else None,
+            exception_traceback=exc.traceback if exc else "",
+            lost_reason=next((w.lost_reason for w in workers if w.lost_reason), None),
+            started_t=self._started_t,
+            ended_t=ended,
+            now=now,
+            last_message_t=self._last_t,
+            step=step,
+            epoch=self._epoch,
+            last_step_t=last.t if last else None,
+            step_time_s=last.step_time_s if last else None,
+            step_p50_s=roll.step_p50_s,
+            step_p95_s=roll.step_p95_s,
+            steps_per_s=roll.steps_per_s,
+            examples_per_s=roll.examples_per_s,
+            eta_s=eta,
+            input_wait_frac=wait_frac,
+            input_wait_p50_s=roll.input_wait_p50_s,
+            input_wait_frac_total=stats.input_wait_frac_total(),
+            steps_total=stats.steps_total,
+            loss=last.loss if last else None,
+            replica_losses=self._replica_losses(workers),
+            history=stats.history.points(),
+            history_records_per_point=stats.history.records_per_point,
+            functions=tuple(sorted(self._functions.values(), key=lambda f: (-f.traces, f.name))),
+            device_memory=tuple(self._devices[k] for k in sorted(self._devices)),
+            device_peaks=tuple((k[0], k[1], v) for k, v in sorted(self._device_peaks.items())),
+            host_memory=tuple(HostMemory(worker=w.name, rss_bytes=w.host.rss_bytes,
+                             available_bytes=w.host.available_bytes,
+                             total_bytes=w.host.total_bytes, cpu_percent=w.host.cpu_percent,
+                             t=w.host.t) for w in workers if w.host is not None),
+            host_rss_peak_bytes=max((w.rss_peak for w in workers), default=0) or None,
+            host_rss_history=p.rss_history.points(),
+            tpu_metrics_note=self._tpu_note,
+            events=tuple(self._events),
+            commands=tuple(self._commands.values()),
+            findings=tuple(self._findings.values()),
+            workers=tuple(self._worker_view(w, statuses[w.name], roll if w is p else None)
+                          for w in workers),
+            disabled_probes=dict(self._disabled),
+            messages=self.messages,
+            malformed=self.malformed,
+            unknown=self.unknown,
+            truncated_tail=self.truncated_tail,
+        )
+
+    def _replica_losses(self, workers: list[_Worker]) -> tuple[ReplicaLoss, ...]:
+        rows: list[tuple[int, str, str, float, int]] = []
+        for w in workers:
+            m = w.last_losses
+            if m is None:
+                continue
+            topo = w.topology
+            base = topo.worker_index * topo.local_replicas if topo else 0
+            devs = topo.devices if topo else ()
+            for i, v in enumerate(m.replica_losses):
+                rows.append((base + i, devs[i] if i < len(devs) else "", w.name, v, m.step))
+        finite = [r[3] for r in rows if math.isfinite(r[3])]
+        mean = sum(finite) / len(finite) if finite else math.nan
+        return tuple(
+            ReplicaLoss(index=i, device=d, worker=wn, loss=v,
+                        deviation=(v - mean) if math.isfinite(v) else math.nan,
+                        finite=math.isfinite(v), step=s)
+            for i, d, wn, v, s in sorted(rows))
+
+    def _worker_view(self, w: _Worker, status: RunStatus, roll: Rolling | None) -> WorkerView:
+        if roll is None:
+            roll = w.stats.rolling()
+        hello = w.hello
+        return WorkerView(
+            name=w.name,
+            host=hello.host if hello else "",
+            pid=hello.pid if hello else 0,
+            status=status,
+            step=w.last_step.step if w.last_step else 0,
+            last_step_t=w.last_step.t if w.last_step else None,
+            step_p50_s=roll.step_p50_s,
+            input_wait_frac=roll.input_wait_frac,
+            rss_bytes=w.host.rss_bytes if w.host else None,
+            connected=w.connected,
+        )
+
+
+def _fmt_scalar(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)

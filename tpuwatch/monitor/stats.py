@@ -1,0 +1,327 @@
+"""Bounded, incremental statistics over step records.
+
+Everything here is O(1) amortised per record and O(1) in memory over a run of any length, so
+a viewer can follow a million-step run (or load its recording) without growing:
+
+- :func:`percentile` on a small sorted sample (linear interpolation, like numpy's default);
+- :class:`StepStats`: a ring of the last ``window`` records for rolling p50/p95 and input-wait
+  share, a time window for steps/s and examples/s, and a :class:`History` for plots;
+- :class:`History`: at most ``max_points`` buckets; when full, neighbouring buckets are merged
+  pairwise and each new bucket covers twice as many records;
+- :class:`SeriesHistory`: the same for a plain ``(t, value)`` series (host RSS).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+from tpuwatch.monitor.snapshot import StepPoint
+from tpuwatch.protocol import Step
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of already sorted values, linearly interpolated.
+
+    ``percentile(v, 50)`` is the median. Raises ``ValueError`` on an empty sequence.
+    """
+    n = len(sorted_values)
+    if n == 0:
+        raise ValueError("percentile of no values")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile q must be within 0..100, got {q}")
+    pos = (n - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    frac = pos - lo
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+
+
+class _Bucket:
+    """Running aggregate of consecutive step records (mutable while it is the open bucket)."""
+
+    __slots__ = ("step", "t", "records", "steps", "time_sum", "wait_sum", "wait_steps",
+                 "loss_sum", "loss_n", "loss_min", "loss_max")
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.t = 0.0
+        self.records = 0
+        self.steps = 0  # training steps covered (a record may be k steps)
+        self.time_sum = 0.0  # sum of per-step time x steps
+        self.wait_sum = 0.0
+        self.wait_steps = 0  # steps whose input wait was measured
+        self.loss_sum = 0.0
+        self.loss_n = 0  # records with a finite loss
+        self.loss_min = math.inf
+        self.loss_max = -math.inf
+
+    def add(self, step: int, t: float, steps: int, step_time_s: float, input_wait_s: float | None,
+            loss: float | None, lo: float | None, hi: float | None) -> None:
+        self.step = step
+        self.t = t
+        self.records += 1
+        self.steps += steps
+        self.time_sum += step_time_s * steps
+        if input_wait_s is not None:
+            self.wait_sum += input_wait_s * steps
+            self.wait_steps += steps
+        if loss is not None and math.isfinite(loss):
+            self.loss_sum += loss
+            self.loss_n += 1
+        if lo is not None and lo < self.loss_min:
+            self.loss_min = lo
+        if hi is not None and hi > self.loss_max:
+            self.loss_max = hi
+
+    def merge(self, later: _Bucket) -> None:
+        self.step = later.step
+        self.t = later.t
+        self.records += later.records
+        self.steps += later.steps
+        self.time_sum += later.time_sum
+        self.wait_sum += later.wait_sum
+        self.wait_steps += later.wait_steps
+        self.loss_sum += later.loss_sum
+        self.loss_n += later.loss_n
+        self.loss_min = min(self.loss_min, later.loss_min)
+        self.loss_max = max(self.loss_max, later.loss_max)
+
+    def point(self) -> StepPoint:
+        return StepPoint(
+            step=self.step,
+            t=self.t,
+            step_time_s=self.time_sum / self.steps if self.steps else 0.0,
+            input_wait_s=self.wait_sum / self.wait_steps if self.wait_steps else None,
+            loss=self.loss_sum / self.loss_n if self.loss_n else None,
+            loss_min=self.loss_min if self.loss_min != math.inf else None,
+            loss_max=self.loss_max if self.loss_max != -math.inf else None,
+        )
+
+
+def _loss_range(msg: Step) -> tuple[float | None, float | None]:
+    """Min and max over the replicas' finite losses (or the loss itself), for the plot band.
+
+    A non-finite replica loss would make the band useless; it is flagged elsewhere
+    (``ReplicaLoss.finite``)."""
+    rl = msg.replica_losses
+    if rl:
+        if math.isfinite(sum(rl)):  # the common case, without a per-value check
+            return min(rl), max(rl)
+        values = [v for v in rl if math.isfinite(v)]
+        if values:
+            return min(values), max(values)
+    loss = msg.loss
+    if loss is not None and math.isfinite(loss):
+        return loss, loss
+    return None, None
+
+
+def _bucket_of(records: list[Step]) -> _Bucket:
+    b = _Bucket()
+    for m in records:
+        lo, hi = _loss_range(m)
+        b.add(m.step, m.t, m.steps, m.step_time_s, m.input_wait_s, m.loss, lo, hi)
+    return b
+
+
+class History:
+    """Downsampled step history: at most ``max_points`` points, oldest first.
+
+    Each point is a bucket of ``records_per_point`` consecutive records (the last, open bucket may
+    hold fewer); when ``max_points`` buckets are closed, pairs are merged and the bucket width
+    doubles. Memory stays O(max_points + records_per_point) = O(max_points) for any run length
+    (a run of R records keeps at most ~2R/max_points open records), and work is O(1) amortised
+    per record: the open bucket only collects records, which are aggregated once when it closes.
+    """
+
+    def __init__(self, max_points: int = 2000) -> None:
+        if max_points < 4 or max_points % 2:
+            raise ValueError(f"max_points must be an even number >= 4, got {max_points}")
+        self.max_points = max_points
+        self.records_per_point = 1
+        self._closed: list[_Bucket] = []
+        self._points: list[StepPoint] = []  # cached StepPoint of each closed bucket
+        self._open: list[Step] = []
+        self._cache: tuple[StepPoint, ...] | None = ()
+
+    def add(self, msg: Step) -> None:
+        open_ = self._open
+        open_.append(msg)
+        self._cache = None
+        if len(open_) >= self.records_per_point:
+            b = _bucket_of(open_)
+            self._open = []
+            self._closed.append(b)
+            self._points.append(b.point())
+            if len(self._closed) >= self.max_points:
+                self._halve()
+
+    def _halve(self) -> None:
+        merged: list[_Bucket] = []
+        for i in range(0, len(self._closed) - 1, 2):
+            a = self._closed[i]
+            a.merge(self._closed[i + 1])
+            merged.append(a)
+        self._closed = merged
+        self._points = [b.point() for b in merged]
+        self.records_per_point *= 2
+
+    def __len__(self) -> int:
+        return len(self._closed) + (1 if self._open else 0)
+
+    def points(self) -> tuple[StepPoint, ...]:
+        """The history as points, oldest first (cached until the next record)."""
+        if self._cache is None:
+            tail = (_bucket_of(self._open).point(),) if self._open else ()
+            self._cache = tuple(self._points) + tail
+        return self._cache
+
+
+class SeriesHistory:
+    """A bounded ``(t, value)`` series: when full, neighbouring pairs merge keeping the later time
+    and the larger value (peaks stay visible)."""
+
+    def __init__(self, max_points: int = 600) -> None:
+        if max_points < 4 or max_points % 2:
+            raise ValueError(f"max_points must be an even number >= 4, got {max_points}")
+        self.max_points = max_points
+        self.samples_per_point = 1
+        self._points: list[tuple[float, int]] = []
+        self._open: tuple[float, int] | None = None
+        self._open_n = 0
+
+    def add(self, t: float, value: int) -> None:
+        self._open = (t, value if self._open is None else max(value, self._open[1]))
+        self._open_n += 1
+        if self._open_n >= self.samples_per_point:
+            self._points.append(self._open)
+            self._open, self._open_n = None, 0
+            if len(self._points) >= self.max_points:
+                p = self._points
+                self._points = [(p[i + 1][0], max(p[i][1], p[i + 1][1]))
+                                for i in range(0, len(p) - 1, 2)]
+                self.samples_per_point *= 2
+
+    def points(self) -> tuple[tuple[float, int], ...]:
+        return tuple(self._points) + ((self._open,) if self._open is not None else ())
+
+
+@dataclass(frozen=True)
+class Rolling:
+    """Rolling figures over the recent window (``None`` where not measurable yet)."""
+
+    step_p50_s: float | None
+    step_p95_s: float | None
+    input_wait_frac: float | None  # share of step time spent waiting for input
+    input_wait_p50_s: float | None
+    steps_per_s: float | None
+    examples_per_s: float | None
+
+
+class StepStats:
+    """Statistics of one stream of step records (one worker).
+
+    ``window`` records feed the percentiles; ``rate_window_s`` seconds of wall time feed steps/s
+    and examples/s (at most ``rate_max_records`` records are kept for that, so at very high
+    rates the rate window is shorter, never the memory larger).
+    """
+
+    def __init__(self, window: int = 200, rate_window_s: float = 30.0,
+                 rate_max_records: int = 4096, history_points: int = 2000) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if rate_window_s <= 0:
+            raise ValueError(f"rate_window_s must be > 0, got {rate_window_s}")
+        self.rate_window_s = rate_window_s
+        self._recent: deque[Step] = deque(maxlen=window)
+        # (t, global step, cumulative examples) for rates
+        self._rate: deque[tuple[float, int, int]] = deque(maxlen=rate_max_records)
+        self._examples = 0
+        self.history = History(history_points)
+        self.records = 0
+        self.steps_total = 0  # training steps seen (sum of Step.steps)
+        self.time_total_s = 0.0  # sum of step time (per-step time x steps)
+        self.wait_total_s = 0.0
+        self.wait_steps_total = 0
+        self.first: Step | None = None
+        self.last: Step | None = None
+
+    def add(self, msg: Step) -> None:
+        """Adds one record. O(1) amortised (~1-2 us)."""
+        if self.first is None:
+            self.first = msg
+        self.last = msg
+        self.records += 1
+        k = msg.steps
+        self.steps_total += k
+        self.time_total_s += msg.step_time_s * k
+        wait = msg.input_wait_s
+        if wait is not None:
+            self.wait_total_s += wait * k
+            self.wait_steps_total += k
+        if msg.examples is not None:
+            self._examples += msg.examples * k
+        self._recent.append(msg)
+        self._rate.append((msg.t, msg.step, self._examples))
+        self.history.add(msg)
+
+    def recent(self) -> tuple[Step, ...]:
+        return tuple(self._recent)
+
+    def median_step_s(self) -> float | None:
+        if not self._recent:
+            return None
+        return percentile(sorted(s.step_time_s for s in self._recent), 50)
+
+    def rolling(self) -> Rolling:
+        """Rolling figures; O(window) (a sort of ``window`` floats), meant for a few calls a
+        second."""
+        recent = self._recent
+        if not recent:
+            return Rolling(None, None, None, None, None, None)
+        times = sorted(s.step_time_s for s in recent)
+        waits = sorted(s.input_wait_s for s in recent if s.input_wait_s is not None)
+        wait_sum = sum(s.input_wait_s * s.steps for s in recent if s.input_wait_s is not None)
+        wait_time = sum(s.step_time_s * s.steps for s in recent if s.input_wait_s is not None)
+        frac = None  # the share is over the records that measured their wait
+        if waits and wait_time > 0:
+            frac = min(1.0, wait_sum / wait_time)
+        steps_per_s, examples_per_s = self._rates()
+        return Rolling(
+            step_p50_s=percentile(times, 50),
+            step_p95_s=percentile(times, 95),
+            input_wait_frac=frac,
+            input_wait_p50_s=percentile(waits, 50) if waits else None,
+            steps_per_s=steps_per_s,
+            examples_per_s=examples_per_s,
+        )
+
+    def _rates(self) -> tuple[float | None, float | None]:
+        rate = self._rate
+        if len(rate) < 2:
+            # One record: its own step time is the best estimate of the rate.
+            last = self.last
+            if last is not None and last.step_time_s > 0:
+                sps = 1.0 / last.step_time_s
+                return sps, (sps * last.examples if last.examples is not None else None)
+            return None, None
+        t_end, step_end, ex_end = rate[-1]
+        # Drop records older than the window, but keep two to measure between.
+        while len(rate) > 2 and rate[0][0] < t_end - self.rate_window_s:
+            rate.popleft()
+        t0, step0, ex0 = rate[0]
+        dt = t_end - t0
+        if dt <= 0:
+            return None, None
+        sps = (step_end - step0) / dt
+        eps = (ex_end - ex0) / dt if self._examples else None
+        return sps, eps
+
+    def input_wait_frac_total(self) -> float | None:
+        """Share of step time waiting for input over the whole run (steps that measured it)."""
+        if not self.wait_steps_total or self.time_total_s <= 0:
+            return None
+        return min(1.0, self.wait_total_s / self.time_total_s)
