@@ -1,0 +1,168 @@
+"""The diagnostics engine: protocol messages in, :class:`~tpuwatch.protocol.Finding` s out.
+
+Usage (live, about once a second, and once at the end of ``tpuwatch report``)::
+
+    eng = Engine(clock=time.time)
+    for msg, worker in messages:
+        eng.apply(msg, worker=worker)      # every message, in order; cheap for Step
+    new = eng.evaluate()                   # findings that are new or changed
+    eng.findings()                         # the current set, worst first
+
+``apply`` costs a few microseconds per Step (bounded windows, no allocation beyond one tuple);
+windowed rules are re-checked every ``check_every_records`` step records so a replayed
+recording finds the same episodes a live viewer would have seen. Memory is bounded whatever
+the length of the run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from tpuwatch.protocol import (
+    Config,
+    DeviceSample,
+    Epoch,
+    ExceptionRaised,
+    Exit,
+    Finding,
+    HostSample,
+    Message,
+    Retrace,
+    Step,
+    Topology,
+)
+
+from .input_pipeline import InputBound
+from .loss import LossNonfinite, ReplicaLossSkew
+from .memory import DeviceMemoryHeadroom, HostMemoryGrowth
+from .progress import Stall, StepTimeJitter
+from .rule import SEVERITY_RANK, Rule
+from .telemetry import Telemetry, WorkerTelemetry
+from .thresholds import Thresholds
+from .tpu_config import BatchSizeAlignment, Float32OnTpu
+from .tracing import FunctionRecreated, RetraceStorm
+from .workers import StragglerHost
+
+#: Every rule, in the order findings of equal severity are listed.
+RULES: tuple[type[Rule], ...] = (
+    LossNonfinite,
+    Stall,
+    InputBound,
+    RetraceStorm,
+    FunctionRecreated,
+    HostMemoryGrowth,
+    DeviceMemoryHeadroom,
+    ReplicaLossSkew,
+    StragglerHost,
+    StepTimeJitter,
+    BatchSizeAlignment,
+    Float32OnTpu,
+)
+RULE_IDS: tuple[str, ...] = tuple(r.id for r in RULES)
+
+Observer = Callable[[Message, WorkerTelemetry, Telemetry], None]
+
+
+class Engine:
+    """Runs every diagnostics rule over a run's messages.
+
+    ``clock`` gives ``now`` (unix seconds) when :meth:`evaluate` is called without one.
+    ``thresholds`` and/or keyword overrides (``Engine(stall_min_s=120)``) change the
+    defaults documented in :class:`Thresholds`; an unknown name is a ``TypeError``.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time,
+                 thresholds: Thresholds | None = None, **overrides: float) -> None:
+        self.thresholds = Thresholds.with_overrides(thresholds, **overrides)
+        if self.thresholds.check_every_records < 1:
+            raise ValueError("check_every_records must be at least 1")
+        self._clock = clock
+        self.telemetry = Telemetry(self.thresholds)
+        self.rules: tuple[Rule, ...] = tuple(cls(self.thresholds) for cls in RULES)
+        observers: dict[type, list[Observer]] = {}
+        for rule in self.rules:
+            for tp in rule.observes:
+                observers.setdefault(tp, []).append(rule.observe)
+        self._observers = {tp: tuple(fns) for tp, fns in observers.items()}
+        self._step_observers = self._observers.get(Step, ())
+        self._countdown = self.thresholds.check_every_records
+        self._current: dict[tuple[str, str], Finding] = {}
+        self._shown: dict[tuple[str, str], tuple[str, str]] = {}
+
+    # --- input ---------------------------------------------------------------------------
+
+    def apply(self, msg: Message, worker: str = "") -> None:
+        """Takes one protocol message from agent ``worker`` (messages in order)."""
+        tel = self.telemetry
+        w = tel.workers.get(worker)
+        if w is None:
+            w = tel.worker(worker)
+        if type(msg) is Step:  # the hot path: one record per training-step call
+            for observe in self._step_observers:
+                observe(msg, w, tel)  # before the telemetry moves on: they see the previous step
+            w.on_step(msg)
+            tel.steps_seen = True
+            self._countdown -= 1
+            if self._countdown <= 0:
+                self._countdown = self.thresholds.check_every_records
+                for rule in self.rules:
+                    rule.check(tel)
+            return
+        for observe in self._observers.get(type(msg), ()):
+            observe(msg, w, tel)
+        t = getattr(msg, "t", None)
+        if isinstance(t, (int, float)) and not isinstance(msg, Exit) and t > (w.last_alive_t or 0.0):
+            w.last_alive_t = float(t)
+        if isinstance(msg, HostSample):
+            w.on_host(msg)
+        elif isinstance(msg, DeviceSample):
+            w.on_device(msg)
+        elif isinstance(msg, Retrace):
+            w.on_retrace()
+        elif isinstance(msg, Epoch):
+            w.on_epoch(msg)
+        elif isinstance(msg, Topology):
+            tel.on_topology(w, msg)
+        elif isinstance(msg, Config):
+            tel.on_config(msg)
+        elif isinstance(msg, ExceptionRaised):
+            w.exception_seen = True
+        elif isinstance(msg, Exit):
+            if w.records == 0:
+                # the launcher speaks for the processes it started: it may not use their names
+                for other in tel.workers.values():
+                    if other.exit is None:
+                        other.exit = msg
+            w.exit = msg
+
+    # --- output --------------------------------------------------------------------------
+
+    def evaluate(self, now: float | None = None) -> list[Finding]:
+        """Runs every rule; returns the findings that are new, or whose severity or message
+        (which carries the key numbers, rounded for display) changed since the last call.
+
+        ``now`` defaults to ``clock()``. For a report over a finished recording it only
+        matters to ``stall`` when the recording has neither samples nor an exit.
+        """
+        now = self._clock() if now is None else now
+        new: list[Finding] = []
+        for rule in self.rules:
+            for subject, f in rule.current(self.telemetry, now).items():
+                key = (rule.id, subject)
+                self._current[key] = f
+                shown = (f.severity, f.message)
+                if self._shown.get(key) != shown:
+                    self._shown[key] = shown
+                    new.append(f)
+        return _worst_first(new)
+
+    def findings(self) -> list[Finding]:
+        """The current findings (latest per rule and subject, as of the last
+        :meth:`evaluate`), worst first."""
+        return _worst_first(list(self._current.values()))
+
+
+def _worst_first(fs: list[Finding]) -> list[Finding]:
+    order = {rid: i for i, rid in enumerate(RULE_IDS)}
+    return sorted(fs, key=lambda f: (-SEVERITY_RANK[f.severity], order.get(f.rule, 99)))

@@ -1,0 +1,199 @@
+"""``stall`` and ``step-time-jitter``: whether steps keep coming, and how regularly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpuwatch.protocol import Finding, Message, Step
+
+from .robust_stats import median, quantile, sig
+from .rule import Rule
+from .units import duration, ms
+from .telemetry import Telemetry, WorkerTelemetry
+
+
+@dataclass(frozen=True)
+class StallLimit:
+    seconds: float
+    why: str  # which bound set it
+
+
+class Stall(Rule):
+    """No step record for max(60 s, 20 x median interval) while the process provably lives.
+
+    "Lives": the agent's sampler keeps sending samples (then the gap is measured up to the
+    latest message, on the agent's clock, so a replay or a remote viewer with a skewed clock
+    sees the same gap), or, without samples, no exit was seen (measured up to ``now``).
+    Gaps at epoch boundaries (validation, checkpoints) get a larger, learned allowance; after
+    the last planned step (Config.total_steps) the script is finishing, not stalled. A run
+    killed by a signal while stalled keeps its stall.
+    """
+
+    id = "stall"
+    observes = (Step,)
+
+    def limit(self, w: WorkerTelemetry, tel: Telemetry) -> StallLimit | None:
+        """The stall threshold for a gap after ``w``'s latest step record (None: no stall)."""
+        th = self.th
+        total = tel.config.get("total_steps")
+        if isinstance(total, int) and total > 0 and w.last_step >= total:
+            return None
+        limit = StallLimit(th.stall_min_s, "minimum")
+        if len(w.intervals) >= 5:
+            med = median(w.intervals)
+            if th.stall_median_factor * med > limit.seconds:
+                limit = StallLimit(th.stall_median_factor * med,
+                                   f"{th.stall_median_factor:g} x median step interval")
+        spe = tel.steps_per_epoch()
+        if w.boundary_since_step or (spe and w.last_step % spe == 0):
+            if w.longest_boundary_gap_s > 0:
+                b = StallLimit(th.stall_boundary_factor * w.longest_boundary_gap_s,
+                               f"{th.stall_boundary_factor:g} x longest epoch-boundary gap")
+            else:
+                b = StallLimit(th.stall_boundary_min_s, "epoch boundary allowance")
+            if b.seconds > limit.seconds:
+                limit = b
+        return limit
+
+    def observe(self, msg: Message, w: WorkerTelemetry, tel: Telemetry) -> None:
+        # called before the telemetry takes the step in: w.last_step_t is the previous record
+        if w.last_step_t is None:
+            return
+        gap = msg.t - w.last_step_t  # type: ignore[attr-defined]
+        if gap <= self.th.stall_min_s:
+            return  # the fast path: below the smallest possible limit
+        limit = self.limit(w, tel)
+        if limit is not None and gap >= limit.seconds:
+            self._record(w, gap, limit, ongoing=False, resumed_at=msg.step)  # type: ignore
+
+    def current(self, tel: Telemetry, now: float) -> dict[str, Finding]:
+        for w in tel.step_workers():
+            if w.last_step_t is None:
+                continue
+            if w.ended:
+                ex = w.exit
+                killed = ex is not None and (ex.signal is not None or ex.exit_code >= 128)
+                if not killed:
+                    continue
+                end = ex.t
+            else:
+                end = w.last_alive_t if w.samples_seen and w.last_alive_t else now
+            gap = end - w.last_step_t
+            if gap <= self.th.stall_min_s:
+                continue
+            limit = self.limit(w, tel)
+            if limit is not None and gap >= limit.seconds:
+                self._record(w, gap, limit, ongoing=not w.ended, resumed_at=None)
+        return self._found
+
+    def _record(self, w: WorkerTelemetry, gap: float, limit: StallLimit, *, ongoing: bool,
+                resumed_at: int | None) -> None:
+        th = self.th
+        severity = "critical" if gap >= th.stall_critical_factor * limit.seconds else "warning"
+        if ongoing:
+            state = "still no step (the process is alive)"
+        elif resumed_at is not None:
+            state = f"resumed at step {resumed_at}"
+        else:
+            state = "then the process was killed"
+        self._keep(w.name, Finding(
+            t=(w.last_step_t or 0.0) + gap, rule=self.id, severity=severity,
+            message=(f"stall: no step for {duration(gap)} after step {w.last_step} "
+                     f"(limit {duration(limit.seconds)}); {state}"),
+            advice=(f"Training stopped making progress after step {w.last_step}: take a stack "
+                    "dump (the dashboard's stack-dump key, or the stack_dump command) to see where "
+                    "every thread waits - a hung collective or a dead worker in multi-worker "
+                    "runs, a blocked input pipeline (a generator waiting on I/O or a lock), or "
+                    "a deadlock in user code"),
+            evidence={
+                "last_step": w.last_step,
+                "gap_s": round(gap),
+                "limit_s": round(limit.seconds),
+                "limit_reason": limit.why,
+                "ongoing": int(ongoing),
+            },
+            first_step=w.last_step, last_step=resumed_at if resumed_at is not None else w.last_step,
+            worker=w.name,
+        ))
+
+
+class StepTimeJitter(Rule):
+    """Irregular (p95/p50) or rising (latest vs first window) step times, per step function.
+
+    Only eligible records count: warm-up, the records right after a retrace and the first
+    records of an epoch are left out, so tracing and iterator restarts are not jitter.
+    """
+
+    id = "step-time-jitter"
+
+    def __init__(self, th) -> None:
+        super().__init__(th)
+        self._baseline: dict[tuple[str, str], float] = {}  # (worker, function) -> median s
+
+    def check(self, tel: Telemetry) -> None:
+        for w in tel.step_workers():
+            by_fn: dict[str, list] = {}
+            for r in w.window:
+                by_fn.setdefault(r[5], []).append(r)
+            for fn, recs in by_fn.items():
+                self._check_fn(w, fn, recs)
+
+    def _check_fn(self, w: WorkerTelemetry, fn: str, recs: list) -> None:
+        th = self.th
+        key = (w.name, fn)
+        if len(recs) < th.jitter_min_records:
+            return
+        times = sorted(r[2] for r in recs)
+        if sum(times) < th.jitter_min_window_s:
+            return
+        p50, p95 = quantile(times, 0.5), quantile(times, 0.95)
+        base = self._baseline.get(key)
+        if base is None:
+            # the first full window after warm-up is the reference for the trend
+            base = self._baseline[key] = p50
+        label = f"'{fn}'" if fn else "the step function"
+        advice = ("Find what makes some steps slow: input waits (see input-bound; prefetch), "
+                  "host contention (other processes, too few CPU cores for tf.data), retraces "
+                  "(see retrace-storm), Python garbage collection (gc.freeze() after setup), "
+                  "or periodic work in callbacks (logging, checkpoints) every few steps")
+        ratio = p95 / p50 if p50 > 0 else 0.0
+        if ratio >= th.jitter_info_ratio and p95 - p50 >= th.jitter_min_spread_s:
+            severity = "warning" if ratio >= th.jitter_warning_ratio else "info"
+            self._keep(f"{w.name}|{fn}|jitter", Finding(
+                t=recs[-1][1], rule=self.id, severity=severity,
+                message=(f"irregular step time in {label}: p95 {ms(p95)} is "
+                         f"{ratio:.2g}x the median {ms(p50)}"),
+                advice=advice,
+                evidence={
+                    "function": fn,
+                    "p50_ms": sig(p50 * 1000, 2),
+                    "p95_ms": sig(p95 * 1000, 2),
+                    "p95_over_p50": sig(ratio, 2),
+                    "records": len(recs),
+                    "info_threshold_ratio": th.jitter_info_ratio,
+                },
+                first_step=recs[0][0], last_step=recs[-1][0], worker=w.name,
+            ))
+        # rising trend: needs a latest window that does not overlap the baseline window
+        if w.eligible < 3 * th.jitter_min_records:
+            return
+        latest = sorted(r[2] for r in recs[-th.jitter_min_records:])
+        cur = quantile(latest, 0.5)
+        rise = cur / base if base > 0 else 0.0
+        if rise >= th.trend_info_ratio and cur - base >= th.trend_min_rise_s:
+            severity = "warning" if rise >= th.trend_warning_ratio else "info"
+            self._keep(f"{w.name}|{fn}|trend", Finding(
+                t=recs[-1][1], rule=self.id, severity=severity,
+                message=(f"step time of {label} is rising: median {ms(cur)} now vs "
+                         f"{ms(base)} after warm-up ({rise:.2g}x)"),
+                advice=advice + "; a steady rise often means growing Python state per step "
+                                "(see host-memory-growth) or a filling cache/queue",
+                evidence={
+                    "function": fn,
+                    "median_now_ms": sig(cur * 1000, 2),
+                    "median_start_ms": sig(base * 1000, 2),
+                    "rise_ratio": sig(rise, 2),
+                    "info_threshold_ratio": th.trend_info_ratio,
+                },
+                first_step=recs[-th.jitter_min_records][0], last_step=recs[-1][0], worker=w.name,
+            ))

@@ -1,0 +1,209 @@
+"""What the rules read: per-worker bounded windows and run-wide facts, built from messages.
+
+:class:`Telemetry` is updated by the engine for every message (``Step`` on the fast path: a few
+attribute writes and one ``deque.append``); rules read it and keep only their own verdicts.
+Every container is bounded, so memory does not grow with the length of the run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from tpuwatch.protocol import Config, DeviceSample, Epoch, Exit, HostSample, Step, Topology
+
+from .thresholds import Thresholds
+
+#: One eligible step record in a window:
+#: (step, t, step_time_s, input_wait_s or None, steps, function name).
+Rec = tuple[int, float, float, "float | None", int, str]
+
+_MAX_EXAMPLE_SIZES = 16  # distinct Step.examples values remembered (batch sizes seen)
+
+
+@dataclass
+class DevicePeak:
+    device: str
+    peak_bytes: int
+    limit_bytes: int | None
+    source: str
+    limit_source: str
+    t: float
+
+
+@dataclass
+class WorkerTelemetry:
+    """One agent process, keyed by the ``worker`` name given to ``Engine.apply``."""
+
+    name: str
+    th: Thresholds
+    topology: Topology | None = None
+    records: int = 0  # Step messages seen
+    last_step: int = 0  # highest step number seen
+    last_step_t: float | None = None
+    first_step_t: float | None = None
+    #: Eligible records only (warm-up and boundary records left out).
+    window: deque = field(default_factory=deque)
+    eligible: int = 0  # eligible records ever (the window keeps the latest)
+    skip_left: int = 0
+    #: Wall time between consecutive step records: the stall baseline.
+    intervals: deque = field(default_factory=lambda: deque(maxlen=101))
+    # liveness
+    last_alive_t: float | None = None  # latest t of any message from this worker
+    samples_seen: bool = False  # the agent's sampler thread reports, so silence means no steps
+    exit: Exit | None = None
+    exception_seen: bool = False
+    # epochs
+    epoch: int | None = None
+    boundary_since_step: bool = False  # an Epoch message arrived after the last step record
+    epoch_end_steps: list[int] = field(default_factory=list)  # first few only
+    first_epoch_end_t: float | None = None
+    epoch_begin_seen: bool = False
+    longest_boundary_gap_s: float = 0.0
+    # host memory: one point per bucket (latest RSS in it), bounded
+    rss_points: deque = field(default_factory=deque)
+    rss_first_t: float | None = None
+    rss_bucket_start_t: float = -math.inf
+    available_bytes: int | None = None
+    total_bytes: int | None = None
+    devices: dict[str, DevicePeak] = field(default_factory=dict)
+    examples: Counter = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.window = deque(maxlen=self.th.window_records)
+        self.rss_points = deque(maxlen=self.th.rss_window_points)
+        self.skip_left = self.th.warmup_records
+
+    # --- updates (called by the engine) ------------------------------------------------------
+
+    def on_step(self, m: Step) -> None:
+        self.records += 1
+        prev_t = self.last_step_t
+        if prev_t is not None:
+            gap = m.t - prev_t
+            if gap > 0:
+                self.intervals.append(gap)
+                if self.boundary_since_step and gap > self.longest_boundary_gap_s:
+                    self.longest_boundary_gap_s = gap
+        else:
+            self.first_step_t = m.t
+        if m.step > self.last_step:
+            self.last_step = m.step
+        self.last_step_t = m.t
+        if m.t > (self.last_alive_t or 0.0):
+            self.last_alive_t = m.t
+        if m.epoch is not None and m.epoch != self.epoch:
+            if self.epoch is not None:
+                self.skip_left = max(self.skip_left, self.th.boundary_skip_records)
+            self.epoch = m.epoch
+        if self.boundary_since_step:
+            self.boundary_since_step = False
+        if m.examples is not None and (m.examples in self.examples
+                                       or len(self.examples) < _MAX_EXAMPLE_SIZES):
+            self.examples[m.examples] += 1
+        if self.skip_left > 0:
+            self.skip_left -= 1
+            return
+        st = m.step_time_s
+        if not (st > 0 and math.isfinite(st)):
+            return
+        wait = m.input_wait_s
+        if wait is not None and not math.isfinite(wait):
+            wait = None
+        self.window.append((m.step, m.t, st, wait, m.steps if m.steps > 0 else 1, m.function))
+        self.eligible += 1
+
+    def on_retrace(self) -> None:
+        # the step that traced (and the one after) compiled: not steady state
+        self.skip_left = max(self.skip_left, self.th.boundary_skip_records)
+
+    def on_epoch(self, m: Epoch) -> None:
+        self.boundary_since_step = True
+        self.skip_left = max(self.skip_left, self.th.boundary_skip_records)
+        if m.phase == "begin":
+            self.epoch_begin_seen = True
+        elif m.phase == "end":
+            if self.first_epoch_end_t is None:
+                self.first_epoch_end_t = m.t
+            if m.step is not None and len(self.epoch_end_steps) < 4:
+                self.epoch_end_steps.append(m.step)
+
+    def on_host(self, m: HostSample) -> None:
+        self.samples_seen = True
+        self.available_bytes = m.available_bytes
+        self.total_bytes = m.total_bytes
+        if self.rss_first_t is None:
+            self.rss_first_t = m.t
+        if self.rss_points and m.t - self.rss_bucket_start_t < self.th.rss_bucket_s:
+            self.rss_points[-1] = (m.t, m.rss_bytes)  # same bucket: keep its latest sample
+        else:
+            self.rss_bucket_start_t = m.t
+            self.rss_points.append((m.t, m.rss_bytes))
+
+    def on_device(self, m: DeviceSample) -> None:
+        self.samples_seen = True
+        old = self.devices.get(m.device)
+        peak = max(m.peak_bytes, m.current_bytes, old.peak_bytes if old else 0)
+        limit = m.limit_bytes if m.limit_bytes else (old.limit_bytes if old else None)
+        lsrc = m.limit_source if m.limit_bytes else (old.limit_source if old else "")
+        self.devices[m.device] = DevicePeak(m.device, peak, limit, m.source, lsrc, m.t)
+
+    # --- derived -------------------------------------------------------------------------
+
+    @property
+    def ended(self) -> bool:
+        return self.exit is not None or self.exception_seen
+
+    def replica_offset(self) -> int:
+        """Global index of this worker's first replica (0 without a topology)."""
+        topo = self.topology
+        return topo.worker_index * topo.local_replicas if topo else 0
+
+    def device_of(self, local_index: int) -> str:
+        topo = self.topology
+        if topo and local_index < len(topo.devices):
+            return topo.devices[local_index]
+        return ""
+
+
+@dataclass
+class Telemetry:
+    """All workers plus run-wide facts (configuration, topology)."""
+
+    th: Thresholds
+    workers: dict[str, WorkerTelemetry] = field(default_factory=dict)
+    config: dict[str, object] = field(default_factory=dict)  # latest non-None Config fields
+    topology: Topology | None = None  # the latest from any worker
+    is_tpu: bool = False
+    steps_seen: bool = False
+
+    def worker(self, name: str) -> WorkerTelemetry:
+        w = self.workers.get(name)
+        if w is None:
+            w = self.workers[name] = WorkerTelemetry(name, self.th)
+        return w
+
+    def on_config(self, m: Config) -> None:
+        for f in ("mixed_precision", "global_batch_size", "per_replica_batch_size",
+                  "steps_per_execution", "total_steps", "epochs"):
+            v = getattr(m, f)
+            if v is not None:
+                self.config[f] = v
+
+    def on_topology(self, w: WorkerTelemetry, m: Topology) -> None:
+        w.topology = m
+        self.topology = m
+        self.is_tpu = self.is_tpu or m.is_tpu
+
+    def step_workers(self) -> list[WorkerTelemetry]:
+        return [w for w in self.workers.values() if w.records > 0]
+
+    def steps_per_epoch(self) -> int | None:
+        total, epochs = self.config.get("total_steps"), self.config.get("epochs")
+        if isinstance(total, int) and isinstance(epochs, int) and epochs > 0 and total % epochs == 0:
+            return total // epochs
+        for w in self.workers.values():
+            if w.epoch_end_steps and w.epoch_end_steps[0] > 0:
+                return w.epoch_end_steps[0]
+        return None

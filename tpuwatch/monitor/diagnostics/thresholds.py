@@ -1,0 +1,137 @@
+"""Every number the diagnostics rules decide with, with its default and the reason for it.
+
+Pass overrides to :class:`~tpuwatch.monitor.diagnostics.Engine` as keyword arguments
+(``Engine(input_warning_frac=0.3)``) or as a whole ``Thresholds(...)``. The rationale for each
+default is also in ``docs/diagnostics.md``; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # --- shared step windows -------------------------------------------------------------
+    #: Step records kept per worker for windowed statistics (bounded memory: ~100 B each).
+    window_records: int = 1024
+    #: Records at the start of each worker that never count: the first calls trace and compile
+    #: (seconds each) and Keras may trace a second time for the first evaluation.
+    warmup_records: int = 5
+    #: Records skipped after a retrace or an epoch boundary (a new iterator fills its shuffle
+    #: buffer, a retrace compiles): one-off slow steps that are not the steady state.
+    boundary_skip_records: int = 2
+    #: Windowed rules are re-checked every this many step records, inside ``apply``, so a
+    #: replayed recording finds the same episodes that a live viewer would have.
+    check_every_records: int = 128
+
+    # --- input-bound ---------------------------------------------------------------------
+    #: xprof's input-pipeline verdict: >= 5 % of step time waiting is "moderately", >= 20 %
+    #: "highly" input-bound.
+    input_info_frac: float = 0.05
+    input_warning_frac: float = 0.20
+    #: Mean wait per step below this is not starvation: an eager fetch of a distributed batch
+    #: costs 2-3 ms even from a cached, prefetched pipeline (DESIGN §3).
+    input_min_wait_s: float = 0.005
+    #: Minimum evidence: eligible steps and seconds of step time in the window.
+    input_min_records: int = 30
+    input_min_window_s: float = 5.0
+
+    # --- retrace-storm / function-recreated ------------------------------------------------
+    #: Re-traces of existing objects allowed per object (``traces - instances`` up to
+    #: ``instances``): Keras and custom loops retrace once for the last partial batch; with
+    #: ``reduce_retracing`` the relaxed trace then covers every later shape.
+    retrace_allowed_per_instance: int = 1
+    #: Extra traces beyond that allowance that make a storm (warning) / a severe one (critical).
+    retrace_warning_excess: int = 3
+    retrace_critical_excess: int = 30
+    #: Keras makes two objects named ``multi_step_on_iterator`` (train, test) per compile, so
+    #: re-compiling a few times is legitimate; a tf.function built inside a loop passes 10
+    #: within 10 iterations, so a higher bar costs almost no detection delay.
+    recreated_warning_instances: int = 10
+    recreated_critical_instances: int = 100
+
+    # --- host-memory-growth --------------------------------------------------------------
+    #: RSS samples are reduced to one point per bucket; the window is the latest points.
+    rss_bucket_s: float = 5.0
+    rss_window_points: int = 120  # 10 minutes of 5 s buckets
+    #: Ignored at the start: imports, graph building, allocator pools, shuffle buffers.
+    rss_warmup_s: float = 60.0
+    #: With Keras epochs, memory that only grows during the first epoch is dataset.cache()
+    #: filling; wait for the first epoch to end unless it lasts longer than this.
+    rss_first_epoch_wait_s: float = 600.0
+    #: The trend must span this long ("over minutes", not a burst).
+    rss_min_span_s: float = 120.0
+    rss_min_points: int = 12
+    #: Theil-Sen slope and total growth over the window that count as a leak.
+    rss_warning_mb_per_min: float = 10.0
+    rss_min_growth_mb: float = 50.0
+    #: Share of point pairs that increase (Kendall-like): a steady climb, not a step up.
+    rss_min_increasing_pairs: float = 0.7
+    #: Critical when at this slope the available host memory is gone within this long.
+    rss_critical_exhaust_s: float = 1800.0
+
+    # --- device-memory-headroom ----------------------------------------------------------
+    device_warning_frac: float = 0.90
+    device_critical_frac: float = 0.98
+
+    # --- replica-loss-skew ---------------------------------------------------------------
+    #: Steps (aligned across all replicas) kept and required.
+    skew_window_steps: int = 256
+    skew_min_steps: int = 50
+    #: The mean gap to the other replicas' median must beat all three: absolute, relative to
+    #: the loss scale, and its own standard error (a z-score over time, not over 3 peers).
+    skew_min_abs_gap: float = 0.01
+    skew_min_rel_gap: float = 0.10
+    skew_min_z: float = 5.0
+    #: Share of steps on which the gap has the same sign: persistent, not a few outliers.
+    skew_min_same_sign: float = 0.8
+
+    # --- stall ---------------------------------------------------------------------------
+    stall_min_s: float = 60.0
+    stall_median_factor: float = 20.0
+    #: A gap at an epoch boundary (validation, checkpoints) gets this much before the first
+    #: boundary gap was measured, then 3x the longest boundary gap seen.
+    stall_boundary_min_s: float = 300.0
+    stall_boundary_factor: float = 3.0
+    #: A stall this many times the threshold is critical.
+    stall_critical_factor: float = 10.0
+
+    # --- step-time-jitter ----------------------------------------------------------------
+    jitter_min_records: int = 100
+    jitter_min_window_s: float = 5.0
+    jitter_info_ratio: float = 2.0  # p95 / p50
+    jitter_warning_ratio: float = 4.0
+    #: p95 - p50 must also exceed this: a few ms of OS noise on a 5 ms CPU step is not jitter.
+    jitter_min_spread_s: float = 0.020
+    #: Rising trend: latest window median vs the first post-warm-up window median.
+    trend_info_ratio: float = 1.5
+    trend_warning_ratio: float = 3.0
+    trend_min_rise_s: float = 0.020
+
+    # --- TPU configuration ---------------------------------------------------------------
+    #: The MXU is 128 wide; XLA pads the batch dimension to a multiple of 8 at least.
+    tpu_batch_multiple: int = 128
+    tpu_batch_min_multiple: int = 8
+
+    # --- straggler-host ------------------------------------------------------------------
+    straggler_min_records: int = 30
+    straggler_mad_factor: float = 3.0
+    #: MAD is floored at this share of the median so identical workers do not make any
+    #: difference an outlier.
+    straggler_min_mad_frac: float = 0.05
+    #: The excess over the others must be at least this, absolute and relative to step time.
+    straggler_min_excess_s: float = 0.005
+    straggler_min_excess_frac: float = 0.10
+    #: With exactly two workers there is no median to stand out from: the slower one must be
+    #: this many times the faster.
+    straggler_pair_ratio: float = 1.5
+
+    @classmethod
+    def with_overrides(cls, base: "Thresholds | None" = None, **overrides: float) -> "Thresholds":
+        base = base or cls()
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise TypeError(f"unknown diagnostics threshold(s): {', '.join(unknown)}")
+        return cls(**{**{n: getattr(base, n) for n in names}, **overrides})
