@@ -1,0 +1,62 @@
+"""A source that tails a run directory's events.jsonl (``tpuwatch run`` and local attach)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+from tpuwatch import rundir
+from tpuwatch.protocol import Command, Message
+
+
+class _Reader(Protocol):
+    def read_new(self) -> list[Message]: ...
+
+
+class FileSource:
+    """Tails ``events.jsonl`` with a ``RecordingReader``; commands go through ``send``.
+
+    ``send`` is the lead's command sender (socket to the agent); without one, profile and
+    checkpoint stay disabled in the dashboard.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        send: Callable[[Command], None] | None = None,
+        live: bool = True,
+        reader: _Reader | None = None,
+    ) -> None:
+        if reader is None:
+            from tpuwatch.monitor.recording import RecordingReader
+
+            reader = RecordingReader(Path(run_dir) / rundir.EVENTS)
+        self._reader = reader
+        self._send = send
+        self.run_dir = Path(run_dir)
+        self.live = live
+        self.can_send = send is not None
+
+    def poll(self) -> Sequence[Message]:
+        return self._reader.read_new()
+
+    def send(self, command: Command) -> None:
+        if self._send is None:
+            raise OSError("this viewer cannot send commands to the run")
+        self._send(command)
+
+    def now(self) -> float | None:
+        return None
+
+    def close(self) -> None:
+        close = getattr(self._reader, "close", None)
+        if callable(close):
+            close()
+
+
+def make_file_source(
+    run_dir: Path, *, send: Callable[[Command], None] | None = None, live: bool = True
+) -> FileSource:
+    """The source ``tpuwatch run`` and ``tpuwatch attach`` (same host) give the dashboard."""
+    return FileSource(Path(run_dir), send=send, live=live)

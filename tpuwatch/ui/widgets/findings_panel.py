@@ -1,0 +1,45 @@
+"""Findings from the diagnostics rules (and the crash, if there was one), worst first."""
+
+from __future__ import annotations
+
+from textual.content import Content
+
+from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.ui.widgets.panel import Panel
+
+_RANK = {"critical": 0, "warning": 1, "info": 2}
+_MARK = {"critical": ("!!", "$error bold"), "warning": ("! ", "$warning bold"), "info": ("i ", "$primary")}
+
+
+def findings_text(s: RunSnapshot, rows: int) -> Content:
+    lines: list[Content] = []
+    if s.exception:
+        lines.append(Content.assemble(("!! ", "$error bold"), ("crashed: ", "$error bold"), s.exception))
+    findings = sorted(s.findings, key=lambda f: (_RANK.get(f.severity, 3), -f.t))
+    for f in findings:
+        mark, style = _MARK.get(f.severity, ("  ", ""))
+        lines.append(Content.assemble((mark + " ", style), f.message))
+        if f.advice:
+            lines.append(Content.styled("   " + f.advice, "dim"))
+    for probe, reason in sorted(s.disabled_probes.items()):
+        lines.append(Content.styled(f"-  probe {probe} off: {reason}", "dim"))
+    if not lines:
+        return Content.styled("No findings", "dim")
+    if len(lines) > rows:
+        lines = lines[: max(0, rows - 1)] + [Content.styled(f"… {len(lines) - rows + 1} more lines", "dim")]
+    return Content("\n").join(lines)
+
+
+class FindingsPanel(Panel):
+    TITLE = "Findings"
+
+    def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
+        return findings_text(snapshot, rows)
+
+    def state(self, snapshot: RunSnapshot) -> str | None:
+        severities = {f.severity for f in snapshot.findings}
+        if snapshot.exception or "critical" in severities:
+            return "-critical"
+        if "warning" in severities:
+            return "-warning"
+        return None

@@ -1,0 +1,136 @@
+"""A bar-chart history plot: one column per time bucket, newest on the right.
+
+Drawn with the eight block glyphs every terminal font has (no braille), so it reads the same
+over SSH, in 16 colours and with NO_COLOR. The scale is fixed by the caller (``lo``/``hi``):
+step time starts at zero so noise does not look like a cliff; a share runs 0..1.
+
+Cost per refresh is O(points + width × height): the history in a snapshot is bounded and
+already downsampled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+from textual.content import Content
+from textual.reactive import reactive
+from textual.widget import Widget
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+NONFINITE_MARK = "×"
+GUTTER = 7  # columns left of the bars for the scale and the series name
+
+Reduce = Literal["max", "mean", "last"]
+
+
+@dataclass(frozen=True)
+class BarSeries:
+    """What to plot. ``values`` oldest first; ``None`` = not measured, nan/inf = non-finite."""
+
+    values: tuple[float | None, ...]
+    lo: float
+    hi: float
+    name: str = ""
+    top_label: str = ""  # what the top of the scale means, e.g. "40ms"
+    reduce: Reduce = "max"
+
+
+_REDUCERS: dict[str, Callable[[list[float]], float]] = {
+    "max": max,
+    "mean": lambda xs: sum(xs) / len(xs),
+    "last": lambda xs: xs[-1],
+}
+
+
+def bucket(values: Sequence[float | None], width: int, reduce: Reduce = "max") -> list[float | None]:
+    """``width`` columns from ``values``: right-aligned when they fit, else equal index buckets.
+
+    Two series of the same length bucket identically, so plots of them share a time axis. A
+    bucket holding a non-finite value becomes nan (shown, never averaged away).
+    """
+    n = len(values)
+    if width <= 0:
+        return []
+    if n <= width:
+        return [None] * (width - n) + list(values)
+    fn = _REDUCERS[reduce]
+    out: list[float | None] = []
+    for i in range(width):
+        part = values[i * n // width : (i + 1) * n // width]
+        present = [v for v in part if v is not None]
+        if not present:
+            out.append(None)
+        elif any(not math.isfinite(v) for v in present):
+            out.append(math.nan)
+        else:
+            out.append(fn(present))
+    return out
+
+
+def bar_rows(columns: Sequence[float | None], height: int, lo: float, hi: float) -> list[str]:
+    """Rows of glyphs, top row first. Non-finite columns get a mark on the bottom row."""
+    height = max(1, height)
+    levels = height * 8
+    span = hi - lo if hi > lo else 1.0
+    heights: list[int | None] = []
+    for v in columns:
+        if v is None:
+            heights.append(0)
+        elif not math.isfinite(v):
+            heights.append(None)
+        else:
+            frac = min(1.0, max(0.0, (v - lo) / span))
+            # Any measured value shows at least a sliver, so "tiny" differs from "absent".
+            heights.append(max(1, round(frac * levels)))
+    rows = []
+    for r in range(height - 1, -1, -1):  # r = 0 is the bottom row
+        chars = []
+        for h in heights:
+            if h is None:
+                chars.append(NONFINITE_MARK if r == 0 else " ")
+            else:
+                chars.append(BLOCKS[min(8, max(0, h - r * 8))])
+        rows.append("".join(chars))
+    return rows
+
+
+def render_series(series: BarSeries | None, width: int, height: int) -> Content:
+    """The plot with its gutter: scale on the top row, series name on the bottom row."""
+    if width <= GUTTER or height <= 0:
+        return Content("")
+    plot_width = width - GUTTER
+    if series is None or not any(v is not None for v in series.values):
+        name = (series.name if series else "").ljust(GUTTER)[:GUTTER]
+        return Content.assemble(*(["\n"] * (height - 1)), (name, "dim"), ("no data yet", "dim"))
+    cols = bucket(series.values, plot_width, series.reduce)
+    rows = bar_rows(cols, height, series.lo, series.hi)
+    lines: list[Content] = []
+    for i, row in enumerate(rows):
+        if i == 0 and height > 1:
+            label = series.top_label
+        elif i == len(rows) - 1:
+            label = series.name
+        else:
+            label = ""
+        line = Content.assemble((label.rjust(GUTTER - 1)[: GUTTER - 1] + " ", "dim"), row)
+        if NONFINITE_MARK in row:
+            for j, ch in enumerate(row):
+                if ch == NONFINITE_MARK:
+                    line = line.stylize("$error bold", GUTTER + j, GUTTER + j + 1)
+        lines.append(line)
+    return Content("\n").join(lines)
+
+
+class HistoryBars(Widget):
+    """Plots one :class:`BarSeries`; its height is the CSS height."""
+
+    DEFAULT_CSS = """
+    HistoryBars { height: 3; color: $primary; }
+    """
+
+    series: reactive[BarSeries | None] = reactive(None)
+
+    def render(self) -> Content:
+        return render_series(self.series, self.size.width, self.size.height)

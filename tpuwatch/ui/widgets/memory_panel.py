@@ -1,0 +1,78 @@
+"""Memory: each device's current/peak against its limit when known; host RSS and headroom."""
+
+from __future__ import annotations
+
+from textual.content import Content
+
+from tpuwatch.monitor.snapshot import DeviceMemory, RunSnapshot
+from tpuwatch.ui import units
+from tpuwatch.ui.widgets.panel import Panel
+from tpuwatch.ui.widgets.replica_loss_panel import short_device
+
+WARN_FRAC = 0.85
+CRITICAL_FRAC = 0.95
+#: Host memory left (available / total) below which the panel warns.
+HOST_WARN_FREE = 0.10
+HOST_CRITICAL_FREE = 0.05
+
+
+def _use(d: DeviceMemory) -> float | None:
+    return d.peak_bytes / d.limit_bytes if d.limit_bytes else None
+
+
+def _style(frac: float | None) -> str:
+    if frac is None:
+        return ""
+    return "$error bold" if frac >= CRITICAL_FRAC else "$warning bold" if frac >= WARN_FRAC else ""
+
+
+def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
+    lines: list[Content] = []
+    for h in s.host_memory:
+        free = h.available_bytes / h.total_bytes if h.total_bytes else None
+        style = "" if free is None else "$error bold" if free < HOST_CRITICAL_FREE else "$warning bold" if free < HOST_WARN_FREE else ""
+        who = "host" if len(s.host_memory) == 1 else h.worker[:10]
+        line = Content.assemble(
+            (f"{who:<10}", "bold"), units.size(h.rss_bytes), (" RSS ", "dim"),
+            (units.size(h.available_bytes), style), (" free", "dim"),
+        )
+        total = Content.assemble((" of ", "dim"), units.size(h.total_bytes))
+        lines.append(line + total if line.cell_length + total.cell_length <= width else line)
+    devices = sorted(s.device_memory, key=lambda d: -(_use(d) or 0.0))
+    room = max(0, rows - len(lines) - (1 if s.tpu_metrics_note else 0))
+    hidden = 0
+    if len(devices) > room:
+        hidden = len(devices) - max(0, room - 1)
+        devices = devices[: max(0, room - 1)]
+    for d in sorted(devices, key=lambda d: d.device):
+        frac = _use(d)
+        parts: list[Content | tuple[str, str] | str] = [
+            f"{short_device(d.device)[:10]:<10}", units.size(d.current_bytes),
+            ("  peak ", "dim"), (units.size(d.peak_bytes), _style(frac)),
+        ]
+        if d.limit_bytes:
+            parts += [("/", "dim"), units.size(d.limit_bytes), (f" {units.percent(frac)}", _style(frac) or "dim")]
+        lines.append(Content.assemble(*parts))
+    if hidden:
+        lines.append(Content.styled(f"… {hidden} more devices", "dim"))
+    if s.tpu_metrics_note:
+        lines.append(Content.styled(s.tpu_metrics_note, "dim italic"))
+    if not lines:
+        return Content.styled("no memory samples yet", "dim")
+    return Content("\n").join(lines)
+
+
+class MemoryPanel(Panel):
+    TITLE = "Memory"
+
+    def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
+        return memory_text(snapshot, rows, width)
+
+    def state(self, snapshot: RunSnapshot) -> str | None:
+        fracs = [f for f in map(_use, snapshot.device_memory) if f is not None]
+        free = [h.available_bytes / h.total_bytes for h in snapshot.host_memory if h.total_bytes]
+        if any(f >= CRITICAL_FRAC for f in fracs) or any(f < HOST_CRITICAL_FREE for f in free):
+            return "-critical"
+        if any(f >= WARN_FRAC for f in fracs) or any(f < HOST_WARN_FREE for f in free):
+            return "-warning"
+        return None

@@ -1,0 +1,114 @@
+"""The script's output (output.log): a scrollable log view with search highlighting."""
+
+from __future__ import annotations
+
+from rich.highlighter import Highlighter
+from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import Log
+
+#: Lines kept in memory; older ones scroll away (output.log on disk keeps everything).
+MAX_LINES = 20_000
+
+
+class _TermHighlighter(Highlighter):
+    def __init__(self) -> None:
+        self.term = ""
+        self.style = None
+
+    def highlight(self, text: Text) -> None:
+        if not self.term or self.style is None:
+            return
+        plain = text.plain.lower()
+        start = plain.find(self.term)
+        while start >= 0:
+            text.stylize(self.style, start, start + len(self.term))
+            start = plain.find(self.term, start + len(self.term))
+
+
+class OutputLog(Log):
+    """A :class:`textual.widgets.Log` that follows new output only while scrolled to the end,
+    and highlights a search term (case-insensitive) with the ``output-log--match`` style."""
+
+    COMPONENT_CLASSES = {"output-log--match"}
+    DEFAULT_CSS = """
+    OutputLog > .output-log--match { text-style: reverse bold; }
+    """
+    BINDINGS = [
+        Binding("n", "next_match", "Next match", id="output.next_match", show=False),
+        Binding("N", "previous_match", "Previous match", id="output.previous_match", show=False),
+    ]
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(highlight=True, max_lines=MAX_LINES, auto_scroll=True, **kwargs)
+        self.highlighter = _TermHighlighter()
+        self.term = ""
+        self.matches: list[int] = []
+        self.current: int | None = None  # index into matches
+
+    def append(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        follow = self.is_vertical_scroll_end or self.max_scroll_y == 0
+        self.write_lines(lines, scroll_end=follow)
+        if self.term:
+            self._find_matches()
+
+    def search(self, term: str) -> int:
+        """Highlights ``term`` and jumps to its last occurrence above the bottom of the view.
+        Returns the number of matching lines."""
+        self.term = term.lower()
+        self.highlighter.term = self.term
+        self.highlighter.style = self.get_component_rich_style("output-log--match")
+        self._find_matches()
+        bottom = self.scroll_offset.y + self.size.height
+        before = [i for i, y in enumerate(self.matches) if y < bottom]
+        self.current = before[-1] if before else (0 if self.matches else None)
+        self._show_current()
+        return len(self.matches)
+
+    def clear_search(self) -> None:
+        self.term = ""
+        self.highlighter.term = ""
+        self.matches = []
+        self.current = None
+        self._render_line_cache.clear()
+        self.refresh()
+
+    def action_next_match(self) -> None:
+        if self.matches:
+            self.current = 0 if self.current is None else (self.current + 1) % len(self.matches)
+            self._show_current()
+
+    def action_previous_match(self) -> None:
+        if self.matches:
+            self.current = len(self.matches) - 1 if self.current is None else (self.current - 1) % len(self.matches)
+            self._show_current()
+
+    def match_status(self) -> str:
+        if not self.term:
+            return ""
+        if not self.matches:
+            return f"/{self.term}: no match"
+        pos = (self.current or 0) + 1
+        return f"/{self.term}: {pos}/{len(self.matches)} (n/N)"
+
+    def _find_matches(self) -> None:
+        term = self.term
+        self.matches = [y for y, line in enumerate(self.lines) if term in line.lower()]
+        if self.current is not None and self.current >= len(self.matches):
+            self.current = len(self.matches) - 1 if self.matches else None
+        self._render_line_cache.clear()
+        self.refresh()
+
+    def _show_current(self) -> None:
+        self._render_line_cache.clear()
+        if self.current is not None:
+            y = self.matches[self.current]
+            self.scroll_to(y=max(0, y - self.size.height // 2), animate=False, immediate=True)
+        self.refresh()
+        self.post_message(self.SearchChanged())
+
+    class SearchChanged(Message):
+        """The search term or the current match changed (the panel updates its subtitle)."""

@@ -1,0 +1,58 @@
+"""The base of every dashboard panel: a bordered, focusable box that renders from a snapshot."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.content import Content
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Static
+
+from tpuwatch.monitor.snapshot import RunSnapshot
+
+#: State classes a panel may carry; the stylesheet colours borders and titles from them.
+STATE_CLASSES = ("-stale", "-warning", "-critical")
+
+
+class Panel(Widget, can_focus=True):
+    """Subclasses set ``TITLE`` and implement :meth:`body` (a pure function of the snapshot)
+    and optionally :meth:`state` and :meth:`update_extra` for child widgets such as plots.
+
+    The app binds its one ``snapshot`` reactive to every panel (``data_bind``); a panel never
+    reads anything else.
+    """
+
+    TITLE = ""
+    #: Snapshots are compared by identity, not by value: comparing long histories per refresh
+    #: would cost more than drawing them.
+    snapshot: reactive[RunSnapshot] = reactive(RunSnapshot, always_update=True)
+
+    def compose(self) -> ComposeResult:
+        yield Static(classes="body", markup=False)
+
+    def on_mount(self) -> None:
+        self.border_title = self.TITLE
+        self.watch_snapshot(self.snapshot)
+
+    def on_resize(self) -> None:
+        self.watch_snapshot(self.snapshot)
+
+    def watch_snapshot(self, snapshot: RunSnapshot) -> None:
+        if not self.is_mounted:
+            return
+        body = self.query_one(".body", Static)
+        body.update(self.body(snapshot, max(1, body.size.height), max(1, body.size.width)))
+        wanted = self.state(snapshot)
+        for cls in STATE_CLASSES:
+            self.set_class(cls == wanted, cls)
+        self.update_extra(snapshot)
+
+    def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
+        raise NotImplementedError
+
+    def state(self, snapshot: RunSnapshot) -> str | None:
+        """One of :data:`STATE_CLASSES`, or ``None`` for calm."""
+        return None
+
+    def update_extra(self, snapshot: RunSnapshot) -> None:
+        """Hook for panels with children other than the body."""

@@ -1,0 +1,104 @@
+"""Per-replica loss: one row per replica with its deviation from the replica mean."""
+
+from __future__ import annotations
+
+import math
+
+from textual.app import ComposeResult
+from textual.content import Content
+from textual.widgets import Static
+
+from tpuwatch.monitor.snapshot import ReplicaLoss, RunSnapshot
+from tpuwatch.ui import units
+from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
+from tpuwatch.ui.widgets.panel import Panel
+
+#: A replica whose loss is this far from the mean (relative) is highlighted.
+DEVIATION_WARN = 0.10
+
+
+def short_device(device: str) -> str:
+    """``/job:worker/replica:0/task:1/device:TPU:3`` -> ``t1/TPU:3`` (``TPU:3`` on task 0)."""
+    name = device.rsplit("device:", 1)[-1] if "device:" in device else device
+    task = ""
+    for part in device.split("/"):
+        if part.startswith("task:") and part != "task:0":
+            task = "t" + part[5:] + "/"
+    return task + name
+
+
+def _mean(s: RunSnapshot) -> float | None:
+    finite = [r.loss for r in s.replica_losses if r.finite]
+    return sum(finite) / len(finite) if finite else None
+
+
+def _outlying(r: ReplicaLoss, mean: float | None) -> bool:
+    if not r.finite:
+        return True
+    return mean is not None and abs(r.deviation) > DEVIATION_WARN * max(abs(mean), 1e-12)
+
+
+def pick_rows(replicas: tuple[ReplicaLoss, ...], room: int) -> tuple[list[ReplicaLoss], int]:
+    """The replicas to list when not all fit: non-finite first, then the largest deviations;
+    shown in replica order. Returns (rows, how many were left out)."""
+    if len(replicas) <= room:
+        return list(replicas), 0
+    keep = max(0, room - 1)  # one row says how many are hidden
+    ranked = sorted(replicas, key=lambda r: (r.finite, -abs(r.deviation) if r.finite else 0))
+    chosen = sorted(ranked[:keep], key=lambda r: r.index)
+    return chosen, len(replicas) - keep
+
+
+def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
+    if not s.replica_losses:
+        if s.loss is not None:
+            return Content.assemble(("loss ", "dim"), units.loss(s.loss), ("  (no per-replica values)", "dim"))
+        return Content.styled("no losses yet", "dim")
+    mean = _mean(s)
+    lines = [
+        Content.assemble(
+            ("mean ", "dim"), (units.loss(mean), "bold"),
+            (f"  step {units.integer(s.replica_losses[0].step)}", "dim"),
+        )
+    ]
+    shown, hidden = pick_rows(s.replica_losses, max(1, rows - 1))
+    for r in shown:
+        # r<index> <device> <loss> <deviation>: 33 columns, fits a panel at 80x24.
+        label = f"r{r.index:<3}{short_device(r.device)[:9]:<9}"
+        if not r.finite:
+            lines.append(Content.assemble(label, (f"{units.loss(r.loss):>9}  NON-FINITE", "$error bold")))
+            continue
+        dev_style = "$warning bold" if _outlying(r, mean) else "dim"
+        lines.append(Content.assemble(label, f"{units.loss(r.loss):>9}", "  ", (units.signed(r.deviation), dev_style)))
+    if hidden:
+        lines.append(Content.styled(f"… {hidden} more replicas within range", "dim"))
+    return Content("\n").join(lines)
+
+
+def loss_series(s: RunSnapshot) -> BarSeries:
+    values = tuple(p.loss for p in s.history)
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    return BarSeries(values, lo, hi, name="loss", top_label=units.loss(hi), reduce="mean")
+
+
+class ReplicaLossPanel(Panel):
+    TITLE = "Loss per replica"
+
+    def compose(self) -> ComposeResult:
+        yield Static(classes="body", markup=False)
+        yield HistoryBars(id="loss-bars")
+
+    def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
+        return replica_loss_text(snapshot, rows)
+
+    def state(self, snapshot: RunSnapshot) -> str | None:
+        if any(not r.finite for r in snapshot.replica_losses):
+            return "-critical"
+        mean = _mean(snapshot)
+        if any(_outlying(r, mean) for r in snapshot.replica_losses):
+            return "-warning"
+        return None
+
+    def update_extra(self, snapshot: RunSnapshot) -> None:
+        self.query_one("#loss-bars", HistoryBars).series = loss_series(snapshot)

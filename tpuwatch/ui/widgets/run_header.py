@@ -1,0 +1,109 @@
+"""The two header lines: what runs where, and how far along it is."""
+
+from __future__ import annotations
+
+from textual.content import Content
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.ui import units
+
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+
+
+def elapsed_s(s: RunSnapshot) -> float | None:
+    if s.started_t is None:
+        return None
+    end = s.ended_t if s.ended_t is not None else s.now
+    return max(0.0, end - s.started_t)
+
+
+def status_text(s: RunSnapshot) -> tuple[str, str]:
+    """(badge text, style) for the run status; the words carry the meaning without colour."""
+    if s.status == "crashed":
+        if s.exit_signal:
+            name = _SIGNALS.get(s.exit_signal, f"signal {s.exit_signal}")
+            return f" CRASHED {name} ", "$error reverse bold"
+        code = f" exit {s.exit_code}" if s.exit_code is not None else ""
+        return f" CRASHED{code} ", "$error reverse bold"
+    if s.status == "finished":
+        return " FINISHED ", "$success reverse bold"
+    if s.status == "stalled":
+        since = s.now - s.last_step_t if s.last_step_t is not None else None
+        return f" STALLED {units.clock(since)} ", "$warning reverse bold"
+    if s.status == "lost":
+        return " LOST CONTACT ", "$warning reverse bold"
+    if s.status == "running":
+        return " RUNNING ", "$success bold"
+    if s.status == "starting":
+        return " STARTING ", "$primary bold"
+    return " WAITING ", "$text-muted bold"
+
+
+def identity_text(s: RunSnapshot) -> str:
+    parts = [s.script or "(no run yet)"]
+    if s.strategy:
+        parts.append(s.strategy)
+    if s.replicas:
+        parts.append(f"{s.replicas}× {s.device_kind or 'device'}")
+    if s.num_workers > 1:
+        parts.append(f"{s.num_workers} workers")
+    if s.host:
+        parts.append(s.host)
+    return " · ".join(parts)
+
+
+def progress_parts(s: RunSnapshot) -> list[str]:
+    """Progress facts, most important first (the header drops from the end when narrow)."""
+    if s.status == "waiting":
+        return ["waiting for the agent's first message"]
+    if s.step == 0 and s.status == "starting":
+        starting = ["waiting for the first step"]
+        if s.started_t is not None:
+            starting.append(units.clock(elapsed_s(s)))
+        return starting
+    if s.total_steps:
+        pct = min(100, int(100 * s.step / s.total_steps))
+        parts = [f"step {units.integer(s.step)}/{units.integer(s.total_steps)} ({pct}%)"]
+    else:
+        parts = [f"step {units.integer(s.step)}"]
+    if s.epoch is not None:
+        parts.append(f"epoch {s.epoch + 1}/{s.epochs}" if s.epochs else f"epoch {s.epoch + 1}")
+    parts.append(units.clock(elapsed_s(s)))
+    if s.steps_per_s is not None and s.status in ("running", "stalled"):
+        parts.append(f"{units.count(s.steps_per_s)} steps/s")
+    if s.examples_per_s is not None and s.status in ("running", "stalled"):
+        parts.append(f"{units.count(s.examples_per_s)} ex/s")
+    if s.eta_s is not None and s.status == "running":
+        parts.append(f"ETA {units.clock(s.eta_s)}")
+    return parts
+
+
+def header_text(s: RunSnapshot, width: int) -> Content:
+    badge, badge_style = status_text(s)
+    ident = identity_text(s)
+    room = max(0, width - len(badge) - 1)
+    if len(ident) > room:
+        ident = ident[: max(0, room - 1)] + "…"
+    line1 = Content.assemble((ident, "bold"), " " * (width - len(ident) - len(badge)), (badge, badge_style))
+    shown: list[str] = []
+    for part in progress_parts(s):
+        if len(" · ".join([*shown, part])) > width:
+            break
+        shown.append(part)
+    return Content.assemble(line1, "\n", " · ".join(shown))
+
+
+class RunHeader(Widget):
+    """Script, strategy, replicas × device, host, status; step, epoch, elapsed, speeds, ETA."""
+
+    DEFAULT_CSS = "RunHeader { height: 2; }"
+    snapshot: reactive[RunSnapshot] = reactive(RunSnapshot, always_update=True)
+
+    def render(self) -> Content:
+        return header_text(self.snapshot, self.size.width)
+
+    def watch_snapshot(self, s: RunSnapshot) -> None:
+        self.set_class(s.status in ("stalled", "lost"), "-stale")
+        self.set_class(s.status == "crashed", "-critical")

@@ -1,0 +1,69 @@
+"""Step time: current value, p50/p95, a history plot, and input-wait share on the same axis."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.content import Content
+from textual.widgets import Static
+
+from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.ui import units
+from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
+from tpuwatch.ui.widgets.input_panel import wait_level, wait_series, wait_style
+from tpuwatch.ui.widgets.panel import Panel
+
+
+def step_time_text(s: RunSnapshot, width: int = 80) -> Content:
+    if s.step_time_s is None:
+        return Content.styled("no steps yet", "dim")
+    wait = s.input_wait_frac
+
+    def d(x: float | None) -> str:
+        return units.duration(x).replace(" ", "")
+
+    # Compact on purpose: the times fit the 36 columns of a panel at 80x24; the wait share
+    # is also the label of the wait plot, so it may drop off here.
+    line = Content.assemble(
+        (d(s.step_time_s), "bold"),
+        (" p50 ", "dim"), d(s.step_p50_s),
+        (" p95 ", "dim"), d(s.step_p95_s),
+    )
+    extra = Content.assemble((" wait ", "dim"), (units.percent(wait), wait_style(wait)))
+    return line + extra if line.cell_length + extra.cell_length <= width else line
+
+
+def step_series(s: RunSnapshot) -> BarSeries:
+    values = tuple(p.step_time_s for p in s.history)
+    finite = [v for v in values if v == v]
+    top = max(finite, default=0.0)
+    # The first steps include tracing/compilation (often 100x a normal step): clip at 2x p95
+    # so they do not flatten the rest of the plot. Headroom over the median keeps a steady
+    # run at two thirds of the height, so a slowdown has somewhere to show.
+    if s.step_p95_s and top > 2 * s.step_p95_s:
+        top = 2 * s.step_p95_s
+    if s.step_p50_s:
+        top = max(top, 1.5 * s.step_p50_s)
+    return BarSeries(values, 0.0, top or 1.0, name="step", top_label=units.duration(top).replace(" ", ""))
+
+
+class StepTimePanel(Panel):
+    TITLE = "Step time"
+
+    def compose(self) -> ComposeResult:
+        yield Static(classes="body", markup=False)
+        yield HistoryBars(id="step-bars")
+        yield HistoryBars(id="wait-bars")
+
+    def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
+        return step_time_text(snapshot, width)
+
+    def state(self, snapshot: RunSnapshot) -> str | None:
+        return "-stale" if snapshot.status == "stalled" else None
+
+    def update_extra(self, snapshot: RunSnapshot) -> None:
+        self.query_one("#step-bars", HistoryBars).series = step_series(snapshot)
+        wait = self.query_one("#wait-bars", HistoryBars)
+        wait.series = wait_series(snapshot)
+        level = wait_level(snapshot.input_wait_frac)
+        wait.set_class(level == "high", "-critical")
+        wait.set_class(level == "moderate", "-warning")
