@@ -64,8 +64,15 @@ _SEVERITY_LEVEL = {"info": "info", "warning": "warning", "critical": "error"}
 
 def finding_key(f: Finding, worker: str = "") -> tuple[str, str, str]:
     """Identity of a finding: (rule, worker, subject). A rule that reports about several things
-    at once (functions, devices) names the thing in ``evidence["subject"]``."""
-    return (f.rule, f.worker or worker, str(f.evidence.get("subject", "")))
+    at once names the thing in ``evidence["subject"]``; failing that, its ``function`` or
+    ``replica`` evidence (what the diagnostics rules report per function / per replica)."""
+    ev = f.evidence
+    subject = ev.get("subject")
+    if subject is None:
+        subject = ev.get("function")
+    if subject is None:
+        subject = ev.get("replica", "")
+    return (f.rule, f.worker or worker, str(subject))
 
 
 @dataclass
@@ -123,6 +130,7 @@ class RunState:
         self._commands: dict[str, CommandView] = {}
         self._max_commands = max_commands
         self._findings: dict[tuple[str, str, str], Finding] = {}
+        self._new_findings: deque[Finding] = deque(maxlen=100)
         self._functions: dict[str, FunctionTraces] = {}
         self._devices: dict[tuple[str, str], DeviceMemory] = {}
         self._device_peaks: dict[tuple[str, str], int] = {}
@@ -372,12 +380,25 @@ class RunState:
         prev = self._findings.get(key)
         self._findings[key] = f
         if prev is None or prev.severity != f.severity:
+            self._new_findings.append(f)
             self._log(f.t, _SEVERITY_LEVEL.get(f.severity, "warning"), f"diagnostics:{f.rule}",
                       f.message, key[1])
             return True
         return False
 
+    def drain_new_findings(self) -> list[Finding]:
+        """Findings that were new (or changed severity) since the last call, oldest first."""
+        out = list(self._new_findings)
+        self._new_findings.clear()
+        return out
+
     # --- output ----------------------------------------------------------------------------------
+
+    @property
+    def ended(self) -> bool:
+        """True when every worker seen has an exit record."""
+        return bool(self._workers) and all(
+            w.exit is not None for w in self._workers.values() if w.hello or w.last_step or w.exit)
 
     @property
     def stack_dumps(self) -> tuple[StackDump, ...]:

@@ -1,0 +1,260 @@
+"""What ``tpuwatch run --headless`` prints: a progress line every few seconds, one line per new
+diagnostics finding, and a summary at the end.
+
+``follow`` tails the run's recording (it never talks to the agent's socket), so it shows the same
+numbers a dashboard or ``tpuwatch report`` would. Output goes to stderr by default, leaving the
+terminal's stdout to the script's own output when the launcher mirrors it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable, TextIO
+
+from tpuwatch.monitor.recording import RecordingReader
+from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.monitor.state import RunState
+from tpuwatch.monitor.units import (
+    NA,
+    fmt_bytes,
+    fmt_duration,
+    fmt_loss,
+    fmt_pct,
+    fmt_rate,
+    fmt_seconds,
+)
+from tpuwatch.protocol import Finding, Hello, Message
+
+#: How often ``follow`` asks the diagnostics engine for findings (seconds of ``clock``).
+EVALUATE_EVERY_S = 1.0
+
+
+def _loss_range(snap: RunSnapshot) -> str:
+    rows = snap.replica_losses
+    if not rows:
+        return f"loss {fmt_loss(snap.loss)}"
+    bad = [r.index for r in rows if not r.finite]
+    finite = [r.loss for r in rows if r.finite]
+    text = (f"loss {fmt_loss(min(finite))}..{fmt_loss(max(finite))} ({len(rows)} replicas)"
+            if finite else "loss")
+    if bad:
+        text += f" NON-FINITE on replica{'s' if len(bad) > 1 else ''} {','.join(map(str, bad))}"
+    return text
+
+
+def progress_line(snap: RunSnapshot) -> str:
+    """One compact line: step, speed, step p50, input-wait share, replica loss range, retraces,
+    device and host memory, ETA; the status when it is not "running"."""
+    step = f"step {snap.step:,}"
+    if snap.total_steps:
+        step += f"/{snap.total_steps:,} ({100 * min(1.0, snap.step / snap.total_steps):.0f}%)"
+    parts = [step, fmt_rate(snap.steps_per_s), f"p50 {fmt_seconds(snap.step_p50_s)}",
+             f"input {fmt_pct(snap.input_wait_frac)}", _loss_range(snap)]
+    retraces = sum(max(0, f.traces - 1) for f in snap.functions)
+    parts.append(f"retraces {retraces}")
+    if snap.device_memory:
+        worst = max(snap.device_memory, key=lambda d: d.current_bytes)
+        dev = f"dev {fmt_bytes(worst.current_bytes)}"
+        if worst.limit_bytes:
+            dev += f"/{fmt_bytes(worst.limit_bytes)}"
+        parts.append(dev)
+    if snap.host_memory:
+        parts.append(f"host {fmt_bytes(max(h.rss_bytes for h in snap.host_memory))}")
+    if snap.eta_s is not None:
+        parts.append(f"ETA {fmt_duration(snap.eta_s)}")
+    if snap.status != "running":
+        parts.append(f"[{snap.status}]")
+    return "  ".join(parts)
+
+
+def finding_line(f: Finding) -> str:
+    """``[severity] rule: message`` (the rule is not repeated when the message starts with it)."""
+    text = f.message if f.message.startswith(f.rule) else f"{f.rule}: {f.message}"
+    return f"[{f.severity}] {text}"
+
+
+def summary(snap: RunSnapshot) -> str:
+    """The end-of-run summary, several lines."""
+    name = snap.script or "run"
+    if snap.status == "finished":
+        head = f"{name} finished (exit 0)"
+    elif snap.status == "crashed":
+        head = f"{name} crashed" + (f" (exit {snap.exit_code})" if snap.exit_code is not None else "")
+    elif snap.status == "lost":
+        head = f"{name} lost: {snap.lost_reason or 'no exit record'}"
+    else:
+        head = f"{name} {snap.status}"
+    if snap.started_t is not None:
+        end = snap.ended_t if snap.ended_t is not None else snap.last_message_t
+        if end is not None:
+            head += f" after {fmt_duration(end - snap.started_t)}"
+    lines = [f"tpuwatch: {head}"]
+
+    def row(label: str, text: str) -> None:
+        lines.append(f"  {label:<10}{text}")
+
+    ident = snap.run_id or NA
+    if snap.strategy:
+        ident += f"  {snap.strategy}, {snap.replicas} replica(s) on {snap.device_kind or '?'}"
+    if snap.tf_version:
+        ident += f"  TF {snap.tf_version}"
+    row("run", ident)
+    if snap.step:
+        row("steps", f"{snap.step:,}  {fmt_rate(snap.steps_per_s)}  step p50 "
+                     f"{fmt_seconds(snap.step_p50_s)}  p95 {fmt_seconds(snap.step_p95_s)}")
+        if snap.input_wait_frac_total is not None:
+            row("input", f"{fmt_pct(snap.input_wait_frac_total)} of step time waiting for input "
+                         f"(last {fmt_pct(snap.input_wait_frac)})")
+        row("loss", f"{fmt_loss(snap.loss)} (mean of the last step); replicas "
+                    + _loss_range(snap).removeprefix("loss "))
+    else:
+        row("steps", "no training step recorded")
+    if snap.functions:
+        fn = ", ".join(f"{f.name} {f.traces} trace{'s' if f.traces != 1 else ''}"
+                       + (f"/{f.instances} objects" if f.instances > 1 else "")
+                       for f in snap.functions[:4])
+        row("traces", fn)
+    mem = []
+    if snap.device_peaks:
+        w, dev, peak = max(snap.device_peaks, key=lambda x: x[2])
+        mem.append(f"device peak {fmt_bytes(peak)} ({dev.rsplit('/', 1)[-1]})")
+    if snap.host_rss_peak_bytes:
+        mem.append(f"host RSS peak {fmt_bytes(snap.host_rss_peak_bytes)}")
+    if mem:
+        row("memory", "  ".join(mem))
+    for f in snap.findings:
+        row("finding", finding_line(f))
+    if snap.disabled_probes:
+        row("probes", "disabled: " + ", ".join(f"{k} ({v})" for k, v in
+                                               sorted(snap.disabled_probes.items())))
+    if snap.exception:
+        row("error", snap.exception)
+    health = []
+    if snap.truncated_tail:
+        health.append("last line cut (truncated tail)")
+    if snap.malformed:
+        health.append(f"{snap.malformed} malformed line(s)")
+    if snap.unknown:
+        health.append(f"{snap.unknown} line(s) of unknown kind")
+    if health:
+        row("recording", "; ".join(health))
+    return "\n".join(lines)
+
+
+class _Diagnostics:
+    """The diagnostics engine when this build has one; its findings go into the RunState."""
+
+    def __init__(self, out: TextIO | None, clock: Callable[[], float] = time.time) -> None:
+        self.engine = None
+        self.note = ""
+        self.worker = ""  # the stream's agent, from its Hello
+        try:
+            mod = importlib.import_module("tpuwatch.monitor.diagnostics")
+            self.engine = mod.Engine(clock=clock)
+        except ModuleNotFoundError as e:
+            if e.name not in ("tpuwatch.monitor.diagnostics",):
+                raise
+            self.note = "diagnostics are not part of this build"
+        except AttributeError as e:
+            self.note = f"diagnostics unavailable: {e}"
+        if self.note and out is not None:
+            print(f"tpuwatch: {self.note}", file=out)
+
+    def apply(self, msg: Message) -> None:
+        if isinstance(msg, Hello):
+            self.worker = msg.worker
+        if self.engine is not None:
+            self.engine.apply(msg, self.worker)
+
+    def evaluate(self, state: RunState, now: float) -> None:
+        """Feeds the engine's current findings into ``state``."""
+        if self.engine is not None:
+            for f in self.engine.evaluate(now):
+                state.add_finding(f, f.worker)
+
+
+def feed(state: RunState, messages: Iterable[Message], diag: _Diagnostics) -> None:
+    """Applies messages to the state and to the diagnostics engine."""
+    for m in messages:
+        state.apply(m)
+        if not isinstance(m, Finding):  # the engine makes its own
+            diag.apply(m)
+
+
+def follow(
+    events_path: str | Path,
+    is_alive: Callable[[], bool],
+    out: TextIO = sys.stderr,
+    every_s: float = 5.0,
+    clock: Callable[[], float] = time.time,
+    *,
+    on_end: Callable[[], object] | None = None,
+    exit_grace_s: float = 3.0,
+    poll_s: float = 0.2,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RunSnapshot:
+    """Tails ``events_path`` until the process is gone and the recording is drained; prints a
+    progress line every ``every_s`` seconds, each new finding once, and the summary at the end.
+
+    ``is_alive()`` says whether the training process still runs. When it turns False,
+    ``on_end()`` is called once if given (the launcher's ``finish``, which writes an exit record
+    when the agent could not); then the recording is read to its end. Without ``on_end``,
+    follow waits up to ``exit_grace_s`` for the exit record. A run that ends with no exit record
+    is reported "lost". Returns the final snapshot.
+    """
+    reader = RecordingReader(events_path)
+    state = RunState(clock=clock)
+    diag = _Diagnostics(out, clock)
+    next_print = clock() + every_s
+    next_eval = clock() + EVALUATE_EVERY_S
+
+    def take(messages: list[Message]) -> None:
+        feed(state, messages, diag)
+        print_findings()
+
+    def print_findings() -> None:
+        for f in state.drain_new_findings():
+            print(finding_line(f), file=out, flush=True)
+
+    while True:
+        alive = is_alive()  # asked before reading: after a False, one more read drains it all
+        while True:
+            take(reader.read_new())
+            if reader.caught_up:
+                break
+        if not alive:
+            break
+        now = clock()
+        if now >= next_eval:
+            diag.evaluate(state, now)
+            print_findings()
+            next_eval = now + EVALUATE_EVERY_S
+        if now >= next_print:
+            print(progress_line(state.snapshot(now)), file=out, flush=True)
+            next_print = now + every_s
+        sleep(poll_s)
+
+    if on_end is not None:
+        on_end()
+    deadline = clock() + (0.0 if on_end is not None else exit_grace_s)
+    while True:
+        take(reader.read_new())
+        if reader.caught_up and (state.ended or clock() >= deadline):
+            break
+        if reader.caught_up:
+            sleep(poll_s)
+    take(reader.finish())
+    stats = reader.stats
+    state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
+                          truncated_tail=stats.truncated_tail)
+    if not state.ended:
+        state.set_lost("the process ended without an exit record")
+    end_t = state.last_message_t if state.last_message_t is not None else clock()
+    diag.evaluate(state, end_t)
+    print_findings()
+    snap = state.snapshot(end_t)
+    print(summary(snap), file=out, flush=True)
+    return snap
