@@ -144,8 +144,9 @@ def summary(snap: RunSnapshot) -> str:
     return "\n".join(lines)
 
 
-class _Diagnostics:
-    """The diagnostics engine when this build has one; its findings go into the RunState."""
+class Diagnostics:
+    """The diagnostics engine when this build has one (else ``engine`` is None and ``note`` says
+    why); its findings go into a RunState. ``out``: where to print that note (None: nowhere)."""
 
     def __init__(self, out: TextIO | None, clock: Callable[[], float] = time.time) -> None:
         self.engine = None
@@ -176,7 +177,7 @@ class _Diagnostics:
                 state.add_finding(f, f.worker)
 
 
-def feed(state: RunState, messages: Iterable[Message], diag: _Diagnostics) -> None:
+def feed(state: RunState, messages: Iterable[Message], diag: Diagnostics) -> None:
     """Applies messages to the state and to the diagnostics engine."""
     for m in messages:
         state.apply(m)
@@ -207,7 +208,7 @@ def follow(
     """
     reader = RecordingReader(events_path)
     state = RunState(clock=clock)
-    diag = _Diagnostics(out, clock)
+    diag = Diagnostics(out, clock)
     next_print = clock() + every_s
     next_eval = clock() + EVALUATE_EVERY_S
 

@@ -1,0 +1,499 @@
+"""``tpuwatch report RUN`` and ``tpuwatch ls``: what a run did, from its run directory.
+
+:func:`build_report` reads ``run.json`` and streams the whole recording through
+:class:`~tpuwatch.monitor.state.RunState` and the diagnostics engine (when this build has one),
+merging the engine's findings with any Finding messages recorded live. The result is a plain,
+JSON-ready dict (non-finite floats become the strings "NaN"/"Infinity", as on the wire)::
+
+    {"run": {...}, "summary": {...}, "findings": [...]}
+
+:func:`render_text` and :func:`render_markdown` format it; ``json.dumps(report)`` is the JSON
+form. :func:`list_runs` lists run directories cheaply (it reads only the tail of each
+recording).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpuwatch import protocol, rundir
+from tpuwatch.monitor.headless import Diagnostics, feed
+from tpuwatch.monitor.recording import iter_recording
+from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.monitor.state import RunState
+from tpuwatch.monitor.stats import percentile
+from tpuwatch.monitor.units import (
+    NA,
+    fmt_bytes,
+    fmt_duration,
+    fmt_loss,
+    fmt_pct,
+    fmt_rate,
+    fmt_seconds,
+)
+from tpuwatch.protocol import Exit, Finding, Hello, Message, Step
+
+#: Bytes of a recording's end that ``list_runs`` reads per run.
+TAIL_BYTES = 64 * 1024
+
+_SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+
+
+class ReportError(ValueError):
+    """The run directory cannot be reported on (one line: what is wrong)."""
+
+
+def _json_safe(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+    if isinstance(v, dict):
+        return {str(k): _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether a process with this pid exists (and is not a zombie we could see)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    try:  # a zombie is gone for our purposes; /proc tells on Linux
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().split(b") ", 1)[-1][:1] != b"Z"
+    except OSError:
+        return True
+
+
+class _StepTimes:
+    """Every step time of the run, for exact whole-run percentiles (8 bytes a record)."""
+
+    def __init__(self) -> None:
+        self.values = array("d")
+
+    def percentiles(self) -> tuple[float | None, float | None]:
+        if not self.values:
+            return None, None
+        s = sorted(self.values)
+        return percentile(s, 50), percentile(s, 95)
+
+
+def _finding_dict(f: Finding) -> dict[str, Any]:
+    return {
+        "rule": f.rule,
+        "severity": f.severity,
+        "message": f.message,
+        "evidence": dict(f.evidence),
+        "advice": f.advice,
+        "first_step": f.first_step,
+        "last_step": f.last_step,
+        "worker": f.worker,
+        "t": f.t,
+    }
+
+
+def build_report(run_dir: str | Path) -> dict[str, Any]:
+    """The report of one run directory. Raises :class:`ReportError` when it holds no run."""
+    run_dir = Path(run_dir)
+    events = run_dir / rundir.EVENTS
+    if not run_dir.is_dir():
+        raise ReportError(f"no run directory at {run_dir}")
+    meta = rundir.read_meta(run_dir)
+    if not events.is_file() and not meta:
+        raise ReportError(f"{run_dir} is not a tpuwatch run (no {rundir.EVENTS}, no {rundir.META})")
+
+    state = RunState()
+    diag = Diagnostics(out=None, clock=lambda: state.last_message_t or 0.0)
+    times = _StepTimes()
+    first_step: Step | None = None
+    last_step: Step | None = None
+    stats = None
+    if events.is_file():
+        messages, reader = iter_recording(events)
+
+        def tap(it):
+            nonlocal first_step, last_step
+            append = times.values.append
+            for m in it:
+                if type(m) is Step:
+                    append(m.step_time_s)
+                    if first_step is None:
+                        first_step = m
+                    last_step = m
+                yield m
+
+        feed(state, tap(messages), diag)
+        stats = reader.stats
+        state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
+                              truncated_tail=stats.truncated_tail)
+
+    running = not state.ended and pid_alive(meta.get("child_pid"))
+    if not state.ended and not running and state.last_message_t is not None:
+        state.set_lost("the process is gone and left no exit record")
+    # A finished run is described as of its last message; a live one as of now.
+    now = time.time() if running or state.last_message_t is None else state.last_message_t
+    end_t = state.last_message_t or 0.0
+    diag.evaluate(state, end_t)
+    if diag.engine is not None:
+        for f in diag.engine.findings():  # current ones too, not only those new at the end
+            state.add_finding(f, f.worker)
+    snap = state.snapshot(now)
+
+    p50, p95 = times.percentiles()
+    steps_per_s = None
+    if first_step is not None and last_step is not None and last_step is not first_step:
+        span = last_step.t - (first_step.t - first_step.step_time_s * first_step.steps)
+        if span > 0:
+            steps_per_s = (last_step.step - first_step.step + first_step.steps) / span
+
+    findings = sorted(snap.findings, key=lambda f: (_SEVERITY_RANK.get(f.severity, 3),
+                                                    f.first_step if f.first_step is not None
+                                                    else 1 << 62, f.rule))
+    report = {
+        "run": _run_section(snap, meta, run_dir, running),
+        "summary": _summary_section(snap, p50, p95, steps_per_s, stats),
+        "findings": [_finding_dict(f) for f in findings],
+    }
+    if diag.note:
+        report["summary"]["diagnostics_note"] = diag.note
+    return _json_safe(report)
+
+
+def _run_section(snap: RunSnapshot, meta: dict[str, Any], run_dir: Path,
+                 running: bool) -> dict[str, Any]:
+    start = snap.started_t if snap.started_t is not None else meta.get("started")
+    end = snap.ended_t
+    if end is None and not running:
+        end = meta.get("ended") if isinstance(meta.get("ended"), (int, float)) else snap.last_message_t
+    duration = (end - start) if isinstance(start, (int, float)) and end is not None else None
+    status = snap.status
+    if not running and status == "waiting" and meta.get("state") in ("finished", "crashed"):
+        status = meta["state"]  # no recording, but the launcher saw the end
+    exit_code = snap.exit_code if snap.exit_code is not None else meta.get("exit_code")
+    return {
+        "id": snap.run_id or meta.get("run_id") or run_dir.name,
+        "dir": str(run_dir),
+        "script": snap.script or meta.get("script", ""),
+        "argv": list(snap.argv) or list(meta.get("argv", [])),
+        "host": snap.host or meta.get("host", ""),
+        "status": status,
+        "strategy": snap.strategy,
+        "replicas": snap.replicas,
+        "device_kind": snap.device_kind,
+        "devices": list(snap.devices),
+        "num_workers": snap.num_workers,
+        "tf_version": snap.tf_version,
+        "keras_version": snap.keras_version,
+        "mixed_precision": snap.mixed_precision,
+        "global_batch_size": snap.global_batch_size,
+        "start": start,
+        "end": end,
+        "duration_s": duration,
+        "exit_code": exit_code,
+        "exit_signal": snap.exit_signal,
+        "exception": snap.exception,
+        "lost_reason": snap.lost_reason,
+    }
+
+
+def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
+                     steps_per_s: float | None, stats: Any) -> dict[str, Any]:
+    return {
+        "steps": snap.step,
+        "step_records": snap.steps_total,
+        "total_steps": snap.total_steps,
+        "step_time_p50_s": p50,
+        "step_time_p95_s": p95,
+        "steps_per_s": steps_per_s,
+        "input_wait_share": snap.input_wait_frac_total,
+        "last_loss": snap.loss,
+        "retraces": [
+            {"name": f.name, "traces": f.traces, "instances": f.instances,
+             "last_change": f.last_change, "last_step": f.last_step}
+            for f in snap.functions
+        ],
+        "memory": {
+            "devices": [
+                {"worker": w, "device": d, "peak_bytes": peak,
+                 "limit_bytes": next((m.limit_bytes for m in snap.device_memory
+                                      if m.worker == w and m.device == d), None)}
+                for w, d, peak in snap.device_peaks
+            ],
+            "host_rss_peak_bytes": snap.host_rss_peak_bytes,
+        },
+        "replica_losses": [
+            {"index": r.index, "device": r.device, "worker": r.worker, "loss": r.loss,
+             "deviation": r.deviation, "finite": r.finite, "step": r.step}
+            for r in snap.replica_losses
+        ],
+        "commands": [
+            {"id": c.id, "action": c.action, "status": c.status, "message": c.message}
+            for c in snap.commands
+        ],
+        "truncated_tail": snap.truncated_tail,
+        "dropped_bytes": stats.dropped_bytes if stats else 0,
+        "malformed_lines": snap.malformed,
+        "unknown_lines": snap.unknown,
+        "messages": snap.messages,
+        "disabled_probes": dict(snap.disabled_probes),
+    }
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str) and v in ("NaN", "Infinity", "-Infinity"):
+        return float(v.lower().replace("infinity", "inf"))
+    return None
+
+
+def _when(t: Any) -> str:
+    if not isinstance(t, (int, float)):
+        return NA
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
+    """(section title, key/value rows as "key\tvalue", extra lines) shared by both renderers."""
+    run, s, findings = report["run"], report["summary"], report["findings"]
+    outcome = run["status"]
+    if run.get("exit_code") is not None:
+        outcome += f" (exit {run['exit_code']})"
+    rows_run = [
+        f"run\t{run['id']}",
+        f"script\t{' '.join(run['argv']) or run['script']}",
+        f"host\t{run['host'] or NA}",
+        f"status\t{outcome}",
+        f"strategy\t{run['strategy'] or NA}"
+        + (f", {run['replicas']} replicas on {run['device_kind']}" if run.get("replicas") else ""),
+        f"TensorFlow\t{run['tf_version'] or NA}",
+        f"started\t{_when(run['start'])}",
+        f"ended\t{_when(run['end'])}",
+        f"duration\t{fmt_duration(_num(run['duration_s']))}",
+    ]
+    if run.get("exception"):
+        rows_run.append(f"exception\t{run['exception']}")
+    if run.get("lost_reason"):
+        rows_run.append(f"lost\t{run['lost_reason']}")
+    rows_sum = [
+        f"steps\t{s['steps']:,}" + (f" of {s['total_steps']:,}" if s.get("total_steps") else ""),
+        f"step time\tp50 {fmt_seconds(_num(s['step_time_p50_s']))}, "
+        f"p95 {fmt_seconds(_num(s['step_time_p95_s']))}",
+        f"speed\t{fmt_rate(_num(s['steps_per_s']))}",
+        f"input wait\t{fmt_pct(_num(s['input_wait_share']))} of step time",
+        f"last loss\t{fmt_loss(_num(s['last_loss']))}",
+    ]
+    mem = s["memory"]
+    if mem["devices"]:
+        top = max(mem["devices"], key=lambda d: d["peak_bytes"])
+        rows_sum.append(f"device peak\t{fmt_bytes(top['peak_bytes'])} on {top['device']}"
+                        + (f" of {fmt_bytes(top['limit_bytes'])}" if top["limit_bytes"] else ""))
+    rows_sum.append(f"host RSS peak\t{fmt_bytes(mem['host_rss_peak_bytes'])}")
+    health = []
+    if s["truncated_tail"]:
+        health.append(f"last line cut ({s['dropped_bytes']} bytes dropped)")
+    if s["malformed_lines"]:
+        health.append(f"{s['malformed_lines']} malformed lines")
+    if s["unknown_lines"]:
+        health.append(f"{s['unknown_lines']} lines of unknown kind")
+    rows_sum.append(f"recording\t{'; '.join(health) or 'complete'}")
+    if s["disabled_probes"]:
+        rows_sum.append("disabled probes\t" + ", ".join(
+            f"{k} ({v})" for k, v in sorted(s["disabled_probes"].items())))
+    traces = [f"{r['name']}: {r['traces']} trace(s), {r['instances']} object(s)"
+              + (f"; last change {r['last_change']}" if r["last_change"] else "")
+              for r in s["retraces"]]
+    losses = [f"replica {r['index']} ({r['device'] or '?'}): {fmt_loss(_num(r['loss']))}"
+              + ("" if r["finite"] else "  NON-FINITE")
+              for r in s["replica_losses"]]
+    out = [("Run", "\n".join(rows_run), []), ("Summary", "\n".join(rows_sum), [])]
+    if traces:
+        out.append(("Functions", "", traces))
+    if losses:
+        out.append(("Replica losses (last step)", "", losses))
+    out.append(("Findings", "", [] if findings else ["none"]))
+    return out
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """Plain text for a terminal."""
+    parts: list[str] = []
+    for title, rows, extra in _lines(report):
+        parts.append(title)
+        for row in rows.splitlines():
+            k, _, v = row.partition("\t")
+            parts.append(f"  {k:<16}{v}")
+        for line in extra:
+            parts.append(f"  {line}")
+        if title == "Findings":
+            for f in report["findings"]:
+                where = ""
+                if f["first_step"] is not None:
+                    where = f" (steps {f['first_step']}..{f['last_step']})" \
+                        if f["last_step"] not in (None, f["first_step"]) else f" (step {f['first_step']})"
+                parts.append(f"  [{f['severity']}] {f['rule']}{where}")
+                parts.append(f"      {f['message']}")
+                if f["advice"]:
+                    parts.append(f"      advice: {f['advice']}")
+        parts.append("")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """GitHub-flavoured Markdown (tables), e.g. for an issue or a pull request."""
+    run = report["run"]
+    parts = [f"# tpuwatch report: {run['id']}", ""]
+    for title, rows, extra in _lines(report):
+        parts.append(f"## {title}")
+        parts.append("")
+        if rows:
+            parts += ["| | |", "|---|---|"]
+            for row in rows.splitlines():
+                k, _, v = row.partition("\t")
+                parts.append(f"| {_md_escape(k)} | {_md_escape(v)} |")
+            parts.append("")
+        for line in extra:
+            parts.append(f"- {line}" if line != "none" else "None.")
+        if title == "Findings":
+            for f in report["findings"]:
+                steps = ""
+                if f["first_step"] is not None:
+                    steps = f" — from step {f['first_step']}"
+                parts.append(f"### {f['severity'].upper()}: {f['rule']}{steps}")
+                parts.append("")
+                parts.append(f["message"])
+                parts.append("")
+                if f["advice"]:
+                    parts.append(f"**Advice:** {f['advice']}")
+                    parts.append("")
+                if f["evidence"]:
+                    parts.append("Evidence: " + ", ".join(
+                        f"`{k}={v}`" for k, v in f["evidence"].items()))
+                    parts.append("")
+        if extra:
+            parts.append("")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def render_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, allow_nan=False)
+
+
+# --- tpuwatch ls --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One line of ``tpuwatch ls``."""
+
+    id: str
+    path: Path
+    script: str
+    state: str  # running | finished | crashed | lost | unknown
+    start: float | None
+    steps: int | None  # last recorded global step
+    exit_code: int | None
+    end: float | None = None
+    last_t: float | None = None  # newest message time in the recording's tail
+
+
+def _tail_messages(path: Path, nbytes: int = TAIL_BYTES) -> list[Message]:
+    """Decodes the complete lines in the last ``nbytes`` of a recording."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            start = max(0, size - nbytes)
+            f.seek(start)
+            data = f.read(nbytes)
+    except OSError:
+        return []
+    lines = data.split(b"\n")
+    if start > 0:
+        lines = lines[1:]  # the first one is (probably) cut
+    dec = protocol.Decoder()
+    out = []
+    for line in lines:
+        if line.strip():
+            m = dec.decode(line)
+            if m is not None:
+                out.append(m)
+    return out
+
+
+def _first_hello(path: Path) -> Hello | None:
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(protocol.MAX_LINE_BYTES)
+    except OSError:
+        return None
+    m = protocol.Decoder().decode(line) if line.endswith(b"\n") else None
+    return m if isinstance(m, Hello) else None
+
+
+def run_info(run_dir: Path) -> RunInfo:
+    """What ``ls`` shows for one run directory, reading run.json and the recording's ends."""
+    meta = rundir.read_meta(run_dir)
+    events = run_dir / rundir.EVENTS
+    tail = _tail_messages(events)
+    hello = _first_hello(events)
+    last_step = next((m for m in reversed(tail) if isinstance(m, Step)), None)
+    exit_msg = next((m for m in reversed(tail) if isinstance(m, Exit)), None)
+    last_t = next((getattr(m, "t") for m in reversed(tail) if hasattr(m, "t")), None)
+    exit_code = exit_msg.exit_code if exit_msg else meta.get("exit_code")
+    if exit_msg is not None:
+        state = "finished" if exit_msg.exit_code == 0 else "crashed"
+    elif pid_alive(meta.get("child_pid")):
+        state = "running"
+    elif isinstance(meta.get("exit_code"), int):
+        state = "finished" if meta["exit_code"] == 0 else "crashed"
+    elif meta or hello:
+        state = "lost"
+    else:
+        state = "unknown"
+    start = meta.get("started") if isinstance(meta.get("started"), (int, float)) else (
+        hello.t if hello else None)
+    return RunInfo(
+        id=str(meta.get("run_id") or (hello.run_id if hello else "") or run_dir.name),
+        path=run_dir,
+        script=str(meta.get("script") or (hello.script if hello else "")),
+        state=state,
+        start=start,
+        steps=last_step.step if last_step else None,
+        exit_code=exit_code if isinstance(exit_code, int) else None,
+        end=exit_msg.t if exit_msg else (meta.get("ended") if isinstance(meta.get("ended"),
+                                                                         (int, float)) else None),
+        last_t=last_t,
+    )
+
+
+def list_runs(root: str | Path | None = None) -> list[RunInfo]:
+    """Runs under ``root`` (default ``$TPUWATCH_HOME/runs``), newest first. A missing root is an
+    empty list."""
+    root = Path(root) if root is not None else rundir.runs_root()
+    try:
+        dirs = [d for d in root.iterdir() if d.is_dir()]
+    except FileNotFoundError:
+        return []
+    runs = [run_info(d) for d in dirs
+            if (d / rundir.META).exists() or (d / rundir.EVENTS).exists()]
+    runs.sort(key=lambda r: (r.start or 0.0, r.id), reverse=True)
+    return runs
