@@ -340,7 +340,10 @@ class PolicyWatcher:
 
     def sample(self) -> list[protocol.Message]:
         # Only tf_keras's policy is visible from the agent thread (see the class docstring).
-        if "tf_keras" in sys.modules and (_legacy_keras() or "keras" not in sys.modules):
+        legacy = sys.modules.get("tf_keras")
+        if legacy is None or getattr(getattr(legacy, "__spec__", None), "_initializing", False):
+            return []  # absent, or being imported right now on the script's thread
+        if _legacy_keras() or "keras" not in sys.modules:
             self.check()
         return []
 

@@ -1,0 +1,103 @@
+"""Memory sampler: host figures, the CPU allocator, and never initialising TF early."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tpuwatch import protocol
+from tpuwatch.agent import memory
+from tpuwatch.agent.runtime import Agent
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_host_sample_is_sane_and_rate_limited(tmp_path):
+    agent = Agent(run_dir=tmp_path, run_id="t")
+    now = [100.0]
+    sampler = memory.MemorySampler(agent, host_interval_s=0.5, clock=lambda: now[0])
+    first = [m for m in sampler() if isinstance(m, protocol.HostSample)]
+    assert len(first) == 1
+    host = first[0]
+    vm = psutil.virtual_memory()
+    assert 10 * (1 << 20) < host.rss_bytes < vm.total
+    assert host.total_bytes == vm.total
+    assert 0 < host.available_bytes <= host.total_bytes
+    assert host.cpu_percent >= 0.0
+    now[0] += 0.25
+    assert [m for m in sampler() if isinstance(m, protocol.HostSample)] == []
+    now[0] += 0.3
+    assert len([m for m in sampler() if isinstance(m, protocol.HostSample)]) == 1
+    agent.stop()
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, pathlib, sys, time
+    from tpuwatch import protocol
+    from tpuwatch.agent import memory
+    from tpuwatch.agent.patches import Patches
+    from tpuwatch.agent.runtime import Agent
+
+    run_dir = pathlib.Path(sys.argv[1])
+    agent = Agent(run_dir=run_dir, run_id="t", sample_hz=20)
+    memory.install(agent, Patches())
+    agent.start()
+    import tensorflow as tf          # the script imports TF while the sampler runs...
+    time.sleep(0.6)                  # ...and several samples pass before it configures devices
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+    before = len(tf.config.list_logical_devices("CPU"))
+    big = tf.ones((64, 1024, 1024))  # 256 MiB
+    time.sleep(0.6)
+    timed = memory.MemorySampler(agent)
+    timed()  # discovery
+    t0 = time.perf_counter()
+    for _ in range(200):
+        timed.device_samples()
+    per_call_us = (time.perf_counter() - t0) / 200 * 1e6
+    agent.stop()
+    msgs = [protocol.to_dict(protocol.decode(l)) for l in (run_dir / "events.jsonl").read_bytes().splitlines()]
+    print("RESULT " + json.dumps({"cpus": before, "messages": msgs, "device_sample_us": per_call_us,
+                                  "big": float(tf.reduce_sum(big[0, 0, :2]))}))
+    """
+)
+
+
+@pytest.mark.tf
+def test_device_samples_start_after_the_script_configures_devices(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(tmp_path)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert out["cpus"] == 4  # set_logical_device_configuration did not fail
+    msgs = out["messages"]
+    hosts = [m for m in msgs if m["kind"] == "host_sample"]
+    devices = [m for m in msgs if m["kind"] == "device_sample"]
+    assert len(hosts) >= 2
+    assert devices, "no device samples after TF initialised"
+    assert {d["device"] for d in devices} == {"CPU:0"}  # one sample for the shared allocator
+    assert all(d["limit_bytes"] is None for d in devices)
+    assert max(d["current_bytes"] for d in devices) >= 256 * (1 << 20)
+    assert max(d["peak_bytes"] for d in devices) >= max(d["current_bytes"] for d in devices)
+    assert [m for m in msgs if m["kind"] == "event"] == []
+    assert out["device_sample_us"] < 2000
+    print(f"device sample: {out['device_sample_us']:.0f} us per call")
+
+
+def test_no_runtime_means_no_device_samples(tmp_path, monkeypatch):
+    monkeypatch.setattr(memory, "tf_runtime", lambda: None)
+    agent = Agent(run_dir=tmp_path, run_id="t")
+    sampler = memory.MemorySampler(agent)
+    assert [type(m) for m in sampler()] == [protocol.HostSample]
+    agent.stop()
