@@ -6,8 +6,6 @@ from __future__ import annotations
 def ms(seconds: float) -> str:
     """``0.0834`` -> ``"83 ms"``, ``0.00432`` -> ``"4.3 ms"``, ``1.5`` -> ``"1500 ms"``."""
     v = seconds * 1000
-    if v >= 100:
-        return f"{v:.0f} ms"
     if v >= 10:
         return f"{v:.0f} ms"
     return f"{v:.2g} ms"

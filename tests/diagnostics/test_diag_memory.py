@@ -1,0 +1,85 @@
+"""host-memory-growth and device-memory-headroom."""
+
+from diag_synthetic import GiB, MiB, SyntheticRun, findings
+
+
+def leaking(mb_per_min: float, minutes: float = 8.0, **kw) -> SyntheticRun:
+    # warm-up: +300 MB in the first 30 s, then a steady climb with sampling noise
+    def rss(dt: float) -> int:
+        warm = 300 * MiB * min(dt / 30.0, 1.0)
+        noise = ((int(dt * 2) * 7919) % 11 - 5) * 0.3 * MiB
+        return int(2 * GiB + warm + mb_per_min * MiB * max(dt - 30.0, 0.0) / 60.0 + noise)
+
+    run = SyntheticRun(step_time_s=0.5, rss_bytes=rss, **kw)
+    run.steps(int(minutes * 120))
+    return run
+
+
+def test_growth_just_below_slope_is_silent():
+    assert findings(leaking(9.0).engine(), "host-memory-growth") == []
+
+
+def test_growth_just_above_slope_fires():
+    (f,) = findings(leaking(11.0).engine(), "host-memory-growth")
+    assert f.severity == "warning"
+    assert 10.0 <= f.evidence["slope_mb_per_min"] <= 12.0
+    assert f.evidence["window_min"] >= 2
+    assert f.worker == "host0:100"
+    assert ".numpy()" in f.advice and "per step" in f.advice
+
+
+def test_short_run_is_silent():
+    # 2 minutes in all: one minute after warm-up is not "over minutes"
+    assert findings(leaking(100.0, minutes=2.0).engine(), "host-memory-growth") == []
+
+
+def test_leak_that_exhausts_memory_soon_is_critical():
+    (f,) = findings(leaking(200.0, available_bytes=2 * GiB).engine(), "host-memory-growth")
+    assert f.severity == "critical"
+    assert f.evidence["minutes_to_exhaustion"] < 30
+
+
+def test_cache_filling_during_first_epoch_then_flat_is_silent():
+    # dataset.cache() fills for the whole first epoch (4 min, +800 MB), then stays flat
+    def rss(dt: float) -> int:
+        return int(2 * GiB + 800 * MiB * min(dt / 240.0, 1.0))
+
+    run = SyntheticRun(step_time_s=0.5, rss_bytes=rss)
+    for epoch in range(3):
+        run.epoch_begin(epoch)
+        run.steps(480, epoch=epoch)
+        run.epoch_end(epoch)
+    assert findings(run.engine(), "host-memory-growth") == []
+
+
+
+
+def test_one_step_up_then_flat_is_silent():
+    def rss(dt: float) -> int:
+        return int(2 * GiB + (500 * MiB if dt > 200 else 0))
+
+    run = SyntheticRun(step_time_s=0.5, rss_bytes=rss)
+    run.steps(960)
+    assert findings(run.engine(), "host-memory-growth") == []
+
+
+def headroom(frac: float | None):
+    limit = 16 * GiB
+    run = SyntheticRun(device_limit_bytes=limit if frac is not None else None,
+                       device_peak_bytes=int(limit * (frac or 5.0)))
+    run.steps(20)
+    return run.engine()
+
+
+def test_device_headroom_thresholds():
+    assert findings(headroom(0.89), "device-memory-headroom") == []
+    (f,) = findings(headroom(0.91), "device-memory-headroom")
+    assert f.severity == "warning" and f.evidence["peak_pct"] == 91
+    assert f.evidence["device"] == "/job:worker/task:0/device:0"
+    assert "batch size" in f.advice and "bfloat16" in f.advice and "rematerialise" in f.advice
+    (f,) = findings(headroom(0.99), "device-memory-headroom")
+    assert f.severity == "critical"
+
+
+def test_device_without_limit_is_silent():
+    assert findings(headroom(None), "device-memory-headroom") == []
