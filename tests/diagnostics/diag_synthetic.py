@@ -43,7 +43,7 @@ class SyntheticRun:
     time_noise: float = 0.05  # relative sd of step time (lognormal)
     input_wait_frac: float = 0.01
     loss_noise: float = 0.02  # relative sd of each replica's loss around the clean loss
-    sample_every_s: float = 0.5
+    sample_every_s: float | None = 0.5  # None: the agent sends no samples
     rss_bytes: Callable[[float], int] = lambda dt: 2 * GiB  # dt: seconds since start
     available_bytes: int = 12 * GiB
     device_peak_bytes: int = 400 * MiB
@@ -89,7 +89,7 @@ class SyntheticRun:
     def advance(self, dt: float) -> None:
         """Time passes (no steps); the agents' samplers keep reporting."""
         end = self.t + dt
-        while self.next_sample_t <= end:
+        while self.sample_every_s is not None and self.next_sample_t <= end:
             self._samples(self.next_sample_t)
             self.next_sample_t += self.sample_every_s
         self.t = end

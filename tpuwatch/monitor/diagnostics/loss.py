@@ -70,8 +70,8 @@ class LossNonfinite(Rule):
                 advice=(f"Look at step {nf.first_step} on {where}: lower the learning rate or add "
                         "gradient clipping (clipnorm); check that batch's data for NaN/Inf or "
                         "empty inputs (tf.debugging.check_numerics, "
-                        "tf.debugging.enable_check_numerics()); with float16 use a "
-                        "LossScaleOptimizer (or bfloat16); guard log/div/sqrt with epsilons"),
+                        "tf.debugging.enable_check_numerics()); with float16 use loss "
+                        "scaling (LossScaleOptimizer) or bfloat16; guard log/div/sqrt with epsilons"),
                 evidence={
                     "first_step": nf.first_step,
                     "replica": nf.replica if nf.replica is not None else "mean",
@@ -87,7 +87,7 @@ class LossNonfinite(Rule):
 class ReplicaLossSkew(Rule):
     """One replica's loss persistently above or below the others at the same steps.
 
-    Per step, each replica's gap to the median of the *other* replicas; over the window, the
+    Per step, each replica's gap to the median of all replicas; over the window, the
     mean gap must be large in absolute terms, relative to the loss, and relative to its own
     standard error over time (a z-score over many steps), with a consistent sign. Needs three
     or more replicas (with two there is no telling which one is off) and finite losses.
@@ -148,12 +148,12 @@ class ReplicaLossSkew(Rule):
         gaps = [[0.0] * n for _ in range(n_rep)]
         scales = []
         for si, row in enumerate(rows):
-            srt = sorted(row)
-            scales.append(abs(_median_sorted(srt)))
+            # the reference is the median of all replicas: with three, the median of the
+            # "other two" would be dragged half way by the odd one and flag the healthy ones
+            center = _median_sorted(sorted(row))
+            scales.append(abs(center))
             for r, v in enumerate(row):
-                others = list(srt)
-                others.remove(v)
-                gaps[r][si] = v - _median_sorted(others)
+                gaps[r][si] = v - center
         scale = sorted(scales)[n // 2]
         for r in range(n_rep):
             d = gaps[r]
@@ -173,7 +173,7 @@ class ReplicaLossSkew(Rule):
             self._keep(f"replica{rep}", Finding(
                 t=w.last_step_t or 0.0, rule=self.id, severity="warning",
                 message=(f"replica {rep}{' (' + dev + ')' if dev else ''} loss is "
-                         f"{round(100 * rel)}% {direction} than the other replicas' median, "
+                         f"{round(100 * rel)}% {direction} than the replicas' median, "
                          "persistently"),
                 advice=(f"Replica {rep} sees different data: check the input sharding "
                         "(tf.data.experimental.AutoShardPolicy: DATA vs FILE - with FILE, uneven "

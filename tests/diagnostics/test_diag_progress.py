@@ -1,0 +1,173 @@
+"""stall and step-time-jitter."""
+
+from diag_synthetic import SyntheticRun, findings
+
+from tpuwatch.protocol import Config
+
+
+def stalled(gap_s: float, **kw) -> SyntheticRun:
+    run = SyntheticRun(**kw)
+    run.steps(200)
+    run.advance(gap_s)  # samples keep coming: the process lives
+    return run
+
+
+def test_stall_just_below_limit_is_silent():
+    run = stalled(59.0)
+    assert findings(run.engine(), "stall") == []
+
+
+def test_stall_just_above_limit_fires_with_last_step():
+    run = stalled(61.0)
+    (f,) = findings(run.engine(), "stall")
+    assert f.severity == "warning"
+    assert f.evidence["last_step"] == 200 and f.evidence["ongoing"] == 1
+    assert 60 <= f.evidence["gap_s"] <= 62
+    assert "stack dump" in f.advice and "200" in f.advice
+    assert f.worker == "host0:100"
+
+
+def test_long_stall_is_critical():
+    (f,) = findings(stalled(700.0).engine(), "stall")
+    assert f.severity == "critical"
+
+
+def test_limit_scales_with_slow_steps():
+    # 5 s steps: 20 x median = 100 s
+    run = SyntheticRun(step_time_s=5.0)
+    run.steps(20)
+    run.advance(95.0)
+    eng = run.engine()
+    assert findings(eng, "stall") == []
+    run.advance(10.0)
+    run.feed(eng)
+    (f,) = findings(eng, "stall")
+    assert 99 <= f.evidence["limit_s"] <= 101
+
+
+def test_gap_measured_on_agent_clock_not_viewer_clock():
+    # a report long after the run: samples show the process lived 30 s past the last step
+    run = stalled(30.0)
+    eng = run.engine()
+    assert findings(eng, "stall", now=run.t + 86400) == []
+
+
+def test_no_samples_falls_back_to_now():
+    run = SyntheticRun(sample_every_s=None)
+    run.steps(100)
+    eng = run.engine()
+    assert findings(eng, "stall", now=run.t + 30) == []
+    (f,) = findings(eng, "stall", now=run.t + 65)
+    assert f.evidence["ongoing"] == 1
+
+
+def test_clean_exit_after_a_gap_is_not_a_stall():
+    run = stalled(120.0)  # saving the model at the end
+    run.exit(0)
+    assert findings(run.engine(), "stall") == []
+
+
+def test_killed_while_stalled_keeps_the_stall():
+    run = stalled(120.0)
+    run.exit(143, signal=15, source="launcher")
+    (f,) = findings(run.engine(), "stall")
+    assert f.evidence["ongoing"] == 0 and "killed" in f.message
+
+
+def test_resumed_stall_is_reported_in_a_replay():
+    run = stalled(90.0)
+    run.steps(50)
+    (f,) = findings(run.engine(), "stall")
+    assert f.evidence["ongoing"] == 0 and "resumed at step 201" in f.message
+
+
+def test_validation_at_epoch_boundary_is_not_a_stall():
+    run = SyntheticRun()
+    run.epoch_begin(0)
+    run.steps(200, epoch=0)
+    run.advance(150.0)  # a long validation pass
+    run.epoch_end(0)
+    run.epoch_begin(1)
+    run.steps(200, epoch=1)
+    eng = run.engine()
+    assert findings(eng, "stall") == []
+    # after a measured 150 s boundary gap, the next boundary may take 3 x 150 s
+    run.advance(400.0)
+    run.feed(eng)
+    assert findings(eng, "stall") == []
+
+
+def test_validation_before_epoch_end_message_uses_steps_per_epoch():
+    run = SyntheticRun(config=Config(t=0.0, total_steps=600, epochs=3))
+    run.steps(200, epoch=0)
+    run.advance(200.0)  # validating: Keras sends epoch end after it
+    assert findings(run.engine(), "stall") == []
+
+
+def test_after_last_planned_step_is_not_a_stall():
+    run = SyntheticRun(config=Config(t=0.0, total_steps=200))
+    run.steps(200)
+    run.advance(300.0)
+    assert findings(run.engine(), "stall") == []
+
+
+def test_mid_epoch_gap_with_known_epochs_still_stalls():
+    run = SyntheticRun(config=Config(t=0.0, total_steps=600, epochs=3))
+    run.steps(150, epoch=0)
+    run.advance(70.0)
+    assert [f.rule for f in findings(run.engine(), "stall")] == ["stall"]
+
+
+def jittery(slow_factor: float, base: float = 0.05, every: int = 10, n: int = 400):
+    run = SyntheticRun(step_time_s=base, time_noise=0.01)
+    run.steps(5, step_time_s=3.0)  # warm-up
+    run.steps(n, step_time_s=lambda s: base * slow_factor if s % every == 0 else base)
+    return run.engine()
+
+
+def test_jitter_just_below_ratio_is_silent():
+    assert findings(jittery(1.9), "step-time-jitter") == []
+
+
+def test_jitter_just_above_ratio_fires_info():
+    (f,) = findings(jittery(2.15), "step-time-jitter")
+    assert f.severity == "info"
+    assert 2.0 <= f.evidence["p95_over_p50"] <= 2.3
+    assert f.evidence["function"] == "train_step"
+    assert "input" in f.advice and "retrace" in f.advice and "garbage" in f.advice
+
+
+def test_strong_jitter_is_warning():
+    (f,) = findings(jittery(5.0), "step-time-jitter")
+    assert f.severity == "warning"
+
+
+def test_jitter_of_a_few_ms_is_silent():
+    assert findings(jittery(3.0, base=0.005, n=2000), "step-time-jitter") == []
+
+
+def test_retraces_and_epoch_starts_are_not_jitter():
+    run = SyntheticRun(step_time_s=0.05, time_noise=0.05)
+    run.steps(5, step_time_s=3.0)
+    for epoch in range(4):
+        run.epoch_begin(epoch)
+        run.steps(1, step_time_s=1.5, epoch=epoch)  # iterator start
+        run.steps(149, epoch=epoch)
+        run.retrace("train_step", 2 + epoch, 1 + epoch, "")  # each partial batch traces
+        run.steps(1, step_time_s=2.0, epoch=epoch)
+        run.epoch_end(epoch)
+    assert findings(run.engine(), "step-time-jitter") == []
+
+
+def trend(final: float):
+    run = SyntheticRun(step_time_s=0.05, time_noise=0.03)
+    run.steps(5, step_time_s=3.0)
+    run.steps(1200, step_time_s=lambda s: 0.05 + (final - 0.05) * min(max(s - 400, 0) / 600, 1))
+    return run.engine()
+
+
+def test_rising_trend_threshold():
+    assert findings(trend(0.07), "step-time-jitter") == []
+    (f,) = findings(trend(0.08), "step-time-jitter")
+    assert f.severity == "info" and "rising" in f.message
+    assert 1.5 <= f.evidence["rise_ratio"] <= 1.7
