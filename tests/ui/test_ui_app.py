@@ -1,0 +1,351 @@
+"""The dashboard driven by recorded runs through Textual's Pilot: numbers shown, keys, dialogs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from textual.widgets import Button, Input, Static
+
+from tpuwatch.monitor.state import RunState
+from tpuwatch.protocol import CommandState, Result
+from tpuwatch.ui import units
+from tpuwatch.ui.app import TpuwatchApp
+from tpuwatch.ui.replay_source import ReplaySource
+from tpuwatch.ui.screens.help_screen import HelpScreen
+from tpuwatch.ui.screens.quit_screen import QuitScreen
+from tpuwatch.ui.widgets.output_log import OutputLog
+
+from ui_support import FakeClock, ended_replay, last_t, recording, screen_text, sync
+
+
+def body(app: TpuwatchApp, panel_id: str) -> str:
+    return str(app.query_one(f"#{panel_id} > .body", Static).render())
+
+
+def final_state(name: str) -> RunState:
+    state = RunState()
+    for msg in recording(name):
+        state.apply(msg)
+    return state
+
+
+@sync
+async def test_healthy_run_shows_its_numbers() -> None:
+    messages = recording("healthy_4replica")
+    expected = final_state("healthy_4replica").snapshot(now=last_t(messages))
+    app = TpuwatchApp(ended_replay("healthy_4replica"), refresh_hz=0)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        text = screen_text(app)
+        assert "FINISHED" in text
+        assert "step 300/300 (100%)" in text
+        assert "train.py · MirroredStrategy · 4× CPU · tpu-vm-0" in text
+        step = body(app, "step-time")
+        assert units.duration(expected.step_p50_s).replace(" ", "") in step
+        assert units.duration(expected.step_p95_s).replace(" ", "") in step
+        loss = body(app, "loss")
+        assert len(expected.replica_losses) == 4
+        for r in expected.replica_losses:
+            assert f"r{r.index}" in loss and units.loss(r.loss) in loss
+        assert "No findings" in body(app, "findings")
+        assert "train_step" in body(app, "retraces")
+        assert "checkpoint done" in text  # the recorded checkpoint command's result
+
+
+@sync
+async def test_input_bound_run_is_flagged_high() -> None:
+    app = TpuwatchApp(ended_replay("input_bound"), refresh_hz=0)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        frac = app.snapshot.input_wait_frac
+        assert frac is not None and frac >= 0.2
+        text = body(app, "input")
+        assert units.percent(frac) in text and "highly input-bound" in text
+        assert app.query_one("#input").has_class("-critical")
+        assert not app.query_one("#loss").has_class("-critical")
+
+
+@sync
+async def test_crashed_run_marks_nan_replica_and_exit_code() -> None:
+    app = TpuwatchApp(ended_replay("crashed"), refresh_hz=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        text = screen_text(app)
+        assert "CRASHED exit 1" in text
+        assert "NON-FINITE" in body(app, "loss")
+        assert app.query_one("#loss").has_class("-critical")
+        assert "FloatingPointError" in body(app, "findings")
+        assert app.query_one("#findings").has_class("-critical")
+
+
+@sync
+async def test_narrow_layout_keeps_the_essentials() -> None:
+    app = TpuwatchApp(ended_replay("healthy_4replica"), refresh_hz=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.screen.has_class("-narrow")
+        # content rows (inside the border), even with the replay bar and the command line
+        # taking a row each
+        for shown, rows in (("#step-time", 6), ("#loss", 6), ("#memory", 4), ("#findings", 4), ("#output", 3)):
+            assert app.query_one(shown).display and app.query_one(shown).size.height >= rows, shown
+        for hidden in ("#input", "#retraces", "#events"):
+            assert not app.query_one(hidden).display, hidden
+        text = screen_text(app).splitlines()
+        assert len(text) == 24 and all(len(line) <= 80 for line in text)
+
+
+@sync
+async def test_help_lists_keys_and_closes() -> None:
+    app = TpuwatchApp(ended_replay("healthy_4replica"), refresh_hz=0)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = screen_text(app)
+        for key_help in ("Capture a profile", "Save a checkpoint", "Search the output log", "Quit"):
+            assert key_help in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+@sync
+async def test_remapped_key_works_and_shows_in_help() -> None:
+    app = TpuwatchApp(ended_replay("healthy_4replica"), refresh_hz=0, keymap={"help": "f1"})
+    async with app.run_test(size=(100, 40)) as pilot:
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        assert "f1" in screen_text(app)
+
+
+@pytest.mark.parametrize(("key", "expected"), [("s", "stop"), ("d", "detach")])
+@sync
+async def test_quit_on_live_run_asks_and_returns_choice(live_app, key: str, expected: str) -> None:
+    app = live_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.snapshot.status == "running"
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        text = screen_text(app)
+        assert "Stop training" in text and "Detach" in text and "Cancel" in text
+        await pilot.press(key)
+    assert app.return_value == expected
+
+
+@sync
+async def test_quit_dialog_cancel_keeps_running_and_buttons_work(live_app) -> None:
+    app = live_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        assert app.focused is app.screen.query_one("#cancel", Button)  # enter never stops training
+        await pilot.press("enter")
+        assert not isinstance(app.screen, QuitScreen) and app.is_running
+        await pilot.press("q")
+        await pilot.click("#stop")
+    assert app.return_value == "stop"
+
+
+@sync
+async def test_q_on_finished_run_just_quits() -> None:
+    app = TpuwatchApp(ended_replay("healthy_4replica"), refresh_hz=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("q")
+    assert app.return_value == "quit"
+
+
+@sync
+async def test_detach_key_on_live_run(live_app) -> None:
+    app = live_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("d")
+    assert app.return_value == "detach"
+
+
+@sync
+async def test_profile_and_checkpoint_disabled_when_not_live() -> None:
+    app = TpuwatchApp(ended_replay("healthy_4replica"), refresh_hz=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert app.check_action("profile", ()) is None
+        assert app.check_action("checkpoint", ()) is None
+        assert app.check_action("detach", ()) is False
+        await pilot.press("p", "c")
+        assert not app.snapshot.commands or all(c.id.startswith("c") for c in app.snapshot.commands)
+
+
+@sync
+async def test_profile_disabled_without_sender(live_app, sent) -> None:
+    app = live_app(can_send=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("p")
+        assert app.check_action("profile", ()) is None
+    assert sent == []
+
+
+@sync
+async def test_profile_sends_command_and_shows_progress(live_app, sent) -> None:
+    app = live_app(upto=150)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.check_action("profile", ()) is True
+        await pilot.press("p")
+        assert [c.action for c in sent] == ["profile"]
+        cid = sent[0].id
+        assert "profile sent" in screen_text(app)
+        assert app.check_action("profile", ()) is None  # busy: no second profile
+        assert app.check_action("checkpoint", ()) is True  # the other action stays available
+        await pilot.press("p")
+        assert len(sent) == 1
+        # The agent answers through the recording, as it would live.
+        t = app.snapshot.now
+        app._state.apply(CommandState(t=t, id=cid, action="profile", state="running", step=160))
+        app.pull()
+        await pilot.pause()
+        assert "profile running" in screen_text(app)
+        app._state.apply(Result(t=t, id=cid, action="profile", ok=True, message="profile saved",
+                                details={"path": "/r/profiles/1", "bytes": 3 << 20, "seconds": 2.5}))
+        app.pull()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "profile done: /r/profiles/1 · 3.00 MiB · 2.50 s" in text
+        assert app.check_action("profile", ()) is True
+
+
+@sync
+async def test_failed_send_is_reported_not_raised(live_app) -> None:
+    app = live_app()
+
+    def broken(command) -> None:
+        raise OSError("agent socket closed")
+
+    app.source._send = broken
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("c")
+        await pilot.pause()
+        assert any("agent socket closed" in n.message for n in app._notifications)
+        assert app.check_action("checkpoint", ()) is True
+
+
+@sync
+async def test_live_tail_follows_new_messages_and_output(live_app, tmp_path) -> None:
+    app = live_app(upto=100, output="epoch 1\n")
+    run = app.run_dir
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        before = app.snapshot.step
+        from ui_support import DATA
+
+        more = (DATA / "healthy_4replica.jsonl").read_bytes().splitlines(keepends=True)[100:160]
+        with open(run / "events.jsonl", "ab") as f:
+            f.write(b"".join(more))
+        with open(run / "output.log", "a") as f:
+            f.write("\x1b[32mloss: 0.5\x1b[0m\nprogress 1/3\rprogress 3/3\n")
+        app._clock.t += 5
+        app.pull()
+        await pilot.pause()
+        assert app.snapshot.step > before
+        assert f"step {units.integer(app.snapshot.step)}/300" in screen_text(app)
+        log = app.query_one(OutputLog)
+        assert list(log.lines[-3:]) == ["epoch 1", "loss: 0.5", "progress 3/3"]
+
+
+@sync
+async def test_output_search_and_maximise(live_app) -> None:
+    output = "".join(f"line {i}\n" for i in range(200)) + "needle here\n" + "".join(f"tail {i}\n" for i in range(50))
+    app = live_app(output=output)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("o")
+        assert app.screen.has_class("-output-max")
+        assert not app.query_one("#panels").display
+        await pilot.press("slash")
+        assert isinstance(app.focused, Input)
+        await pilot.press(*"needle", "enter")
+        log = app.query_one(OutputLog)
+        assert log.matches == [200]
+        assert "needle here" in screen_text(app)
+        assert "1/1" in str(app.query_one("#output").border_subtitle)
+        await pilot.press("o")
+        assert app.query_one("#panels").display
+
+
+@sync
+async def test_number_keys_focus_panels() -> None:
+    app = TpuwatchApp(ended_replay("healthy_4replica"), refresh_hz=0)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.press("2")
+        assert app.focused is app.query_one("#loss")
+        await pilot.press("6")
+        assert app.focused is app.query_one("#retraces")
+        await pilot.press("tab")
+        assert app.focused is not app.query_one("#retraces")
+
+
+@sync
+async def test_palette_offers_the_same_actions(live_app) -> None:
+    app = live_app()
+    async with app.run_test(size=(100, 30)):
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert "Profile" in titles and "Checkpoint" in titles and "Detach" in titles
+
+
+@sync
+async def test_replay_pause_speed_and_seek() -> None:
+    messages = recording("healthy_4replica")
+    clock = FakeClock(100.0)
+    source = ReplaySource(messages, speed=1.0, clock=clock)
+    app = TpuwatchApp(source, refresh_hz=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.snapshot.step == 0
+        clock.t += 5.0
+        app.pull()
+        mid = app.snapshot.step
+        assert 0 < mid < 300
+        await pilot.press("space")  # pause
+        assert source.paused
+        clock.t += 100.0
+        app.pull()
+        assert app.snapshot.step == mid  # paused: nothing moves
+        await pilot.press("plus", "plus")
+        assert source.speed == 4.0
+        await pilot.press("minus")
+        assert source.speed == 2.0
+        await pilot.press("end")
+        assert app.snapshot.status == "finished" and app.snapshot.step == 300
+        await pilot.press("home")
+        assert app.snapshot.step == 0 and source.generation >= 1  # state rebuilt from the start
+        await pilot.press("right", "right", "right")
+        after_seek = app.snapshot.step
+        assert after_seek > 0
+        await pilot.press("left")
+        assert app.snapshot.step < after_seek
+        assert "REPLAY" in screen_text(app) and "paused 2×" in screen_text(app)
+
+
+@sync
+async def test_replay_keys_do_not_steal_typing_in_search() -> None:
+    app = TpuwatchApp(ended_replay("healthy_4replica"), refresh_hz=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("slash", "a", "space", "b", "left", "c")
+        assert app.query_one("#output-search", Input).value == "a cb"
+
+
+@sync
+async def test_timer_refreshes_without_manual_pull(tmp_path) -> None:
+    from ui_support import make_live_run
+    from tpuwatch.ui.file_source import FileSource
+
+    run = make_live_run(tmp_path, "healthy_4replica", upto=50)
+    app = TpuwatchApp(FileSource(run), run_dir=run, clock=FakeClock(1_750_000_003.0), refresh_hz=20)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        first = app.snapshot.messages
+        from ui_support import DATA
+
+        more = (DATA / "healthy_4replica.jsonl").read_bytes().splitlines(keepends=True)[50:80]
+        with open(run / "events.jsonl", "ab") as f:
+            f.write(b"".join(more))
+        await pilot.pause(0.3)
+        assert app.snapshot.messages == first + 30
+        assert not math.isnan(app.snapshot.now)
