@@ -1,0 +1,105 @@
+"""Keras hooks on a real model.fit, and the post-import mechanism they rely on."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tpuwatch import protocol
+from tpuwatch.agent import keras_hooks, post_import
+from tpuwatch.agent.patches import Patches
+from tpuwatch.agent.runtime import Agent
+
+
+@pytest.fixture
+def run(tmp_path):
+    agent = Agent(run_dir=tmp_path, run_id="t")
+    patches = Patches()
+    state = {}
+
+    def finish() -> list[protocol.Message]:
+        agent.stop()
+        patches.restore()
+        state["done"] = True
+        return [protocol.decode(line) for line in (tmp_path / "events.jsonl").read_bytes().splitlines()]
+
+    yield agent, patches, finish
+    post_import.cancel_all()
+    patches.restore()
+    if "done" not in state:
+        agent.stop()
+
+
+@pytest.mark.tf
+def test_fit_reports_epochs_and_config(run):
+    agent, patches, finish = run
+    import keras
+    import numpy as np
+
+    hooks = keras_hooks.install(agent, patches)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", metrics=["mae"], steps_per_execution=1)
+    x = np.zeros((12, 4), "float32")
+    y = np.ones((12, 1), "float32")
+    history = model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2  # the user's fit is unchanged
+    messages = finish()
+
+    configs = [m for m in messages if isinstance(m, protocol.Config) and m.epochs is not None]
+    assert len(configs) == 1
+    assert (configs[0].epochs, configs[0].total_steps, configs[0].steps_per_execution) == (2, 6, 1)
+    policies = [m.mixed_precision for m in messages if isinstance(m, protocol.Config) and m.mixed_precision]
+    assert policies == ["float32"]
+
+    epochs = [m for m in messages if isinstance(m, protocol.Epoch)]
+    assert [(e.epoch, e.phase) for e in epochs] == [(0, "begin"), (0, "end"), (1, "begin"), (1, "end")]
+    end = epochs[-1]
+    assert set(end.logs) >= {"loss", "mae"}
+    assert all(type(v) is float for v in end.logs.values())
+    assert end.logs["loss"] == pytest.approx(history.history["loss"][-1])
+    assert hooks.epoch == 1
+    assert [m for m in messages if isinstance(m, protocol.Event)] == []
+
+
+@pytest.mark.tf
+def test_user_callback_errors_pass_through(run):
+    agent, patches, finish = run
+    import keras
+    import numpy as np
+
+    keras_hooks.install(agent, patches)
+
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise KeyError("user callback")
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.raises(KeyError, match="user callback"):
+        model.fit(np.zeros((4, 2)), np.zeros((4, 1)), epochs=1, verbose=0, callbacks=[Boom()])
+    messages = finish()
+    assert [m for m in messages if isinstance(m, protocol.Event)] == []
+
+
+def test_plain_logs():
+    np = pytest.importorskip("numpy")
+    logs = {"loss": np.float32(0.5), "acc": 1, "flag": True, "name": "x", "vec": np.zeros(3), "lr": np.array(0.1)}
+    assert keras_hooks.plain_logs(logs) == {"loss": 0.5, "acc": 1.0, "lr": pytest.approx(0.1)}
+    assert keras_hooks.plain_logs(None) == {}
+
+
+def test_patches_a_module_when_it_is_imported_later(tmp_path, monkeypatch):
+    (tmp_path / "late_mod_tw.py").write_text("VALUE = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen, errors = [], []
+    post_import.when_imported("late_mod_tw", lambda m: seen.append(m.VALUE + 1), errors.append)
+    assert seen == []
+    import late_mod_tw  # noqa: F401
+
+    assert seen == [42] and errors == []
+    # Already imported: the callback runs at once; a failing callback reports, the import is fine.
+    post_import.when_imported("late_mod_tw", lambda m: 1 / 0, errors.append)
+    assert len(errors) == 1 and isinstance(errors[0], ZeroDivisionError)
+    post_import.cancel_all()
+    sys.modules.pop("late_mod_tw", None)

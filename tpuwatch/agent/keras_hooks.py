@@ -1,0 +1,149 @@
+"""Epochs and ``fit`` configuration from Keras, without changing the script.
+
+``model.fit`` drives every callback through one ``CallbackList``; wrapping its
+``on_train_begin``/``on_epoch_begin``/``on_epoch_end`` at class level sees every fit, whatever
+callbacks the script passes. Keras 3 (``keras.src.callbacks.callback_list.CallbackList``) and
+legacy tf_keras (``tf_keras.src.callbacks.CallbackList``, used with ``TF_USE_LEGACY_KERAS=1``)
+are both covered.
+
+Choice: the patches go in when the script imports the module (:mod:`tpuwatch.agent.post_import`),
+never by importing Keras ourselves; if it is already imported, they go in at once. (In TF 2.21
+``import tensorflow`` itself imports Keras 3, so in practice that is at TF import.)
+
+Everything runs on the training thread at epoch boundaries: no per-step cost.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import TYPE_CHECKING, Any, Mapping
+
+from tpuwatch.protocol import Config, Epoch
+
+if TYPE_CHECKING:
+    from tpuwatch.agent.patches import Patches
+    from tpuwatch.agent.runtime import Agent
+
+PROBE = "keras"
+
+KERAS3_MODULE = "keras.src.callbacks.callback_list"
+LEGACY_MODULE = "tf_keras.src.callbacks"
+_MAX_LOGS = 32
+
+
+def plain_logs(logs: Any) -> dict[str, float]:
+    """Keras logs as plain floats; entries that are not scalars are left out."""
+    if not isinstance(logs, Mapping):
+        return {}
+    out: dict[str, float] = {}
+    for key, value in list(logs.items())[:_MAX_LOGS]:
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, numbers.Real):
+            out[str(key)] = float(value)
+            continue
+        # numpy scalars and 0-d tensors: only when they hold exactly one number.
+        size = getattr(value, "size", None)
+        shape = getattr(value, "shape", None)
+        if size == 1 or (shape is not None and len(tuple(shape)) == 0):
+            try:
+                out[str(key)] = float(value)
+            except (TypeError, ValueError):
+                continue  # a non-numeric entry (a string, a dtype): not a metric
+    return out
+
+
+def _int_or_none(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if hasattr(value, "numpy"):  # tf_keras keeps steps_per_execution in a tf.Variable
+        value = value.numpy()
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if math.isfinite(number) else None
+
+
+class KerasHooks:
+    def __init__(self, agent: "Agent") -> None:
+        self.agent = agent
+        self.epoch: int | None = None  # the epoch running now (0-based), for other probes
+
+    def train_begin(self, callbacks: Any) -> None:
+        params = getattr(callbacks, "params", None) or {}
+        epochs = _int_or_none(params.get("epochs"))
+        steps = _int_or_none(params.get("steps"))
+        model = getattr(callbacks, "model", None)
+        spe = getattr(model, "steps_per_execution", None) if model is not None else None
+        if spe is None and model is not None:
+            spe = getattr(model, "_steps_per_execution", None)
+        self.agent.emit(Config(
+            t=self.agent.clock(),
+            epochs=epochs,
+            total_steps=epochs * steps if epochs and steps else None,
+            steps_per_execution=_int_or_none(spe),
+        ))
+        # Keras 3's dtype policy is thread-local: this is the training thread, read it here.
+        from tpuwatch.agent import environment
+
+        environment.policy_watcher(self.agent).check()
+
+    def epoch_event(self, phase: str, epoch: Any, logs: Any) -> None:
+        number = _int_or_none(epoch)
+        if number is None:
+            return
+        self.epoch = number
+        self.agent.emit(Epoch(
+            t=self.agent.clock(), epoch=number, phase=phase,  # type: ignore[arg-type]
+            step=self.agent.global_step, logs=plain_logs(logs) if phase == "end" else {},
+        ))
+
+
+def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+    return args[index] if len(args) > index else kwargs.get(name)
+
+
+def patch_callback_list(agent: "Agent", patches: "Patches", hooks: KerasHooks, cls: type) -> None:
+    def make_train_begin(original):
+        def on_train_begin(self, *args, **kwargs):
+            if agent.enabled(PROBE):
+                try:
+                    hooks.train_begin(self)
+                except Exception as e:
+                    agent.probe_failed(PROBE, e)
+            return original(self, *args, **kwargs)
+
+        return on_train_begin
+
+    def make_epoch(original, phase):
+        def on_epoch(self, *args, **kwargs):
+            if agent.enabled(PROBE):
+                try:
+                    hooks.epoch_event(phase, _arg(args, kwargs, 0, "epoch"), _arg(args, kwargs, 1, "logs"))
+                except Exception as e:
+                    agent.probe_failed(PROBE, e)
+            return original(self, *args, **kwargs)
+
+        return on_epoch
+
+    patches.wrap(cls, "on_train_begin", make_train_begin)
+    patches.wrap(cls, "on_epoch_begin", lambda original: make_epoch(original, "begin"))
+    patches.wrap(cls, "on_epoch_end", lambda original: make_epoch(original, "end"))
+
+
+def install(agent: "Agent", patches: "Patches") -> KerasHooks:
+    """Patches Keras 3's and tf_keras's CallbackList when (or as soon as) they are imported."""
+    from tpuwatch.agent import post_import
+
+    hooks = KerasHooks(agent)
+
+    def on_error(e: BaseException) -> None:
+        agent.probe_failed(PROBE, e)
+
+    post_import.when_imported(
+        KERAS3_MODULE, lambda m: patch_callback_list(agent, patches, hooks, m.CallbackList), on_error)
+    post_import.when_imported(
+        LEGACY_MODULE, lambda m: patch_callback_list(agent, patches, hooks, m.CallbackList), on_error)
+    return hooks
