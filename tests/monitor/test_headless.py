@@ -1,0 +1,159 @@
+"""Headless output: the progress line, the summary, and follow() over a growing recording."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+from monitor_recordings import DATA, encode_all, mr
+
+from tpuwatch import protocol
+from tpuwatch.monitor import headless
+from tpuwatch.monitor.recording import read_all
+from tpuwatch.monitor.state import RunState
+from tpuwatch.protocol import Exit, Finding
+
+
+def snap_of(name: str):
+    messages, stats = read_all(DATA / name)
+    s = RunState()
+    s.apply_all(messages)
+    s.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
+                      truncated_tail=stats.truncated_tail)
+    return s.snapshot(s.last_message_t)
+
+
+def test_progress_line_has_the_numbers():
+    line = headless.progress_line(snap_of("healthy_4replica.jsonl"))
+    assert "\n" not in line
+    for part in ("step 300/300 (100%)", "steps/s", "p50 49.9 ms", "input 2%", "(4 replicas)",
+                 "retraces 1", "dev 332 MiB", "host 2.0 GiB", "[finished]"):
+        assert part in line, (part, line)
+    running = headless.progress_line(snap_of("running_truncated.jsonl"))
+    assert "step 200/600 (33%)" in running and "ETA 20s" in running and "[" not in running
+
+
+def test_progress_line_flags_non_finite_replica():
+    line = headless.progress_line(snap_of("crashed.jsonl"))
+    assert "NON-FINITE on replica 2" in line and "[crashed]" in line
+
+
+def test_summary_of_crashed_and_truncated_runs():
+    text = headless.summary(snap_of("crashed.jsonl"))
+    assert text.startswith("tpuwatch: train.py crashed (exit 1) after 10s")
+    assert "FloatingPointError: loss is nan at step 150" in text
+    assert "device peak 450 MiB" in text and "host RSS peak 2.0 GiB" in text
+    text = headless.summary(snap_of("running_truncated.jsonl"))
+    assert "truncated tail" in text
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.t = mr.T0
+
+    def clock(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_follow_prints_progress_every_interval_and_the_summary(tmp_path):
+    """Deterministic: each is_alive() call appends the next chunk and one fake second passes."""
+    msgs = mr.input_bound_messages(300)
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"")
+    ft = FakeTime()
+    chunks = [msgs[i:i + 25] for i in range(0, len(msgs), 25)]
+
+    def is_alive() -> bool:
+        if not chunks:
+            return False
+        with open(path, "ab") as f:
+            f.write(encode_all(chunks.pop(0)))
+        ft.t += 1.0
+        return True
+
+    out = io.StringIO()
+    snap = headless.follow(path, is_alive, out=out, every_s=5.0, clock=ft.clock,
+                           sleep=ft.sleep, poll_s=0.0)
+    lines = out.getvalue().splitlines()
+    progress = [ln for ln in lines if ln.startswith("step ")]
+    n_chunks = -(-len(msgs) // 25)
+    assert n_chunks // 5 - 1 <= len(progress) <= n_chunks // 5 + 1
+    assert snap.status == "finished" and snap.step == 300
+    findings = [ln for ln in lines if ln.startswith("[warning] input-bound")]
+    assert len(findings) == 1  # printed once, when it first appeared
+    assert lines.index(findings[0]) < len(lines) - 8  # ... during the run, not only at the end
+    assert any(ln.startswith("tpuwatch: train.py finished (exit 0)") for ln in lines)
+    assert any(ln.startswith("  finding   [warning] input-bound") for ln in lines)
+
+
+def test_follow_a_real_writer_thread(tmp_path):
+    msgs = mr.healthy_messages(120)
+    path = tmp_path / "events.jsonl"
+    done = threading.Event()
+
+    def writer() -> None:
+        with open(path, "ab") as f:
+            for i, m in enumerate(msgs):
+                line = protocol.encode(m)
+                f.write(line[:10])  # torn writes: the reader must hold partial lines back
+                f.flush()
+                f.write(line[10:])
+                if i % 40 == 0:
+                    f.flush()
+                    time.sleep(0.02)
+        done.set()
+
+    th = threading.Thread(target=writer)
+    th.start()
+    out = io.StringIO()
+    snap = headless.follow(path, lambda: not done.is_set(), out=out, every_s=0.01, poll_s=0.005)
+    th.join()
+    assert snap.status == "finished" and snap.step == 120 and snap.malformed == 0
+    assert not snap.truncated_tail
+    assert "train.py finished (exit 0)" in out.getvalue()
+
+
+def test_follow_calls_on_end_which_writes_the_exit_record(tmp_path):
+    msgs = [m for m in mr.healthy_messages(30) if not isinstance(m, Exit)]
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(encode_all(msgs))
+    calls = []
+
+    def on_end() -> None:  # what the launcher's finish() does when the agent was killed
+        calls.append(1)
+        with open(path, "ab") as f:
+            f.write(protocol.encode(Exit(t=msgs[-1].t + 1, exit_code=137, signal=9,
+                                         source="launcher", reason="killed by SIGKILL")))
+
+    out = io.StringIO()
+    snap = headless.follow(path, lambda: False, out=out, on_end=on_end)
+    assert calls == [1]
+    assert snap.status == "crashed" and snap.exit_code == 137 and snap.exit_signal == 9
+    assert "crashed (exit 137)" in out.getvalue()
+
+
+def test_follow_reports_lost_and_truncated_without_exit(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_bytes((DATA / "running_truncated.jsonl").read_bytes())
+    out = io.StringIO()
+    t0 = time.monotonic()
+    snap = headless.follow(path, lambda: False, out=out, exit_grace_s=0.2, poll_s=0.02)
+    assert time.monotonic() - t0 < 5
+    assert snap.status == "lost" and snap.truncated_tail
+    assert "lost: the process ended without an exit record" in out.getvalue()
+
+
+def test_recorded_finding_is_printed_once(tmp_path):
+    f = Finding(t=mr.T0 + 1, rule="custom-rule", severity="warning", message="custom thing",
+                advice="do x")
+    msgs = [mr.hello(), f, f, Exit(t=mr.T0 + 2, exit_code=0)]
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(encode_all(msgs))
+    out = io.StringIO()
+    snap = headless.follow(path, lambda: False, out=out)
+    assert out.getvalue().count("[warning] custom-rule: custom thing") == 1 + 1  # line + summary
+    assert [x.rule for x in snap.findings] == ["custom-rule"]
