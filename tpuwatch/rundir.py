@@ -114,3 +114,26 @@ def read_token(path: Path) -> str:
 
 def hostname() -> str:
     return socket.gethostname()
+
+
+def find_run(ref: str | None) -> Path:
+    """A run directory from a reference: a path, a run id (or unique prefix), or None for the latest.
+
+    Raises FileNotFoundError with a one-line message naming what to do.
+    """
+    root = runs_root()
+    if ref:
+        path = Path(ref).expanduser()
+        if (path / EVENTS).exists() or (path / META).exists():
+            return path
+        candidates = sorted(p for p in root.glob(f"{ref}*") if p.is_dir()) if root.is_dir() else []
+        if len(candidates) == 1:
+            return candidates[0]
+        if len(candidates) > 1:
+            names = ", ".join(p.name for p in candidates[:5])
+            raise FileNotFoundError(f"run {ref!r} is ambiguous ({names}...); give more of the id")
+        raise FileNotFoundError(f"no run {ref!r} (not a run directory, nor a run id under {root}); `tpuwatch ls` lists runs")
+    runs = [p for p in root.iterdir() if p.is_dir() and ((p / META).exists() or (p / EVENTS).exists())] if root.is_dir() else []
+    if not runs:
+        raise FileNotFoundError(f"no runs under {root}; start one with `tpuwatch run SCRIPT`")
+    return max(runs, key=lambda p: (read_meta(p).get("started") or p.stat().st_mtime, p.name))

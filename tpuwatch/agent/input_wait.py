@@ -136,6 +136,7 @@ class InputWaitProbe:
         try:
             import tensorflow as tf
 
+            self.agent.inject_fault(PROBE)
             with tf.device("/device:CPU:0"):
                 t0 = tf.timestamp()
         except Exception as e:

@@ -111,6 +111,7 @@ class ReplicaLossProbe:
         import tensorflow as tf
 
         try:
+            self.agent.inject_fault(PROBE)
             ctx = tf.distribute.get_replica_context()
             if ctx is None:
                 return

@@ -9,6 +9,7 @@ a probe that fails is disabled and reported once (``Agent.probe_failed``).
 from __future__ import annotations
 
 import collections
+import os
 import sys
 import threading
 import time
@@ -61,6 +62,8 @@ class Agent:
         self._events_path = run_dir / rundir.EVENTS
         self._file = open(self._events_path, "ab", buffering=1 << 16)
         self.global_step = 0
+        # Fault injection for tests: the named probe raises the first time it does its work.
+        self._fault = os.environ.get("TPUWATCH_TEST_FAIL_PROBE", "")
         self.server = None  # transport.Server, set by the runner
         self.step_probe = None  # steps.StepProbe, set by probes.install_all
 
@@ -80,6 +83,10 @@ class Agent:
         reason = reason.splitlines()[0][:300] if reason else "unknown error"
         self._disabled[probe] = reason
         self.event("warning", f"probe:{probe}", f"probe {probe} disabled: {reason}")
+
+    def inject_fault(self, probe: str) -> None:
+        if self._fault == probe:
+            raise RuntimeError(f"fault injected into probe {probe} (TPUWATCH_TEST_FAIL_PROBE)")
 
     def enabled(self, probe: str) -> bool:
         return probe not in self._disabled

@@ -1,0 +1,240 @@
+"""The ``tpuwatch`` command: run | attach | replay | report | ls.
+
+Imports nothing heavy at module level: ``tpuwatch --help`` must stay fast and never needs
+TensorFlow (the UI process never imports it at all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tpuwatch import __version__
+
+EXIT_USAGE = 2
+
+DESCRIPTION = """\
+Watch and diagnose TensorFlow training from the terminal.
+
+  tpuwatch run train.py [ARGS]       start a script under the agent and open the dashboard
+  tpuwatch run --headless train.py   progress lines instead of the dashboard (automatic when
+                                     stdout is not a terminal)
+  tpuwatch attach [RUN]              re-join a run (the latest by default)
+  tpuwatch replay RUN                play a recorded run back
+  tpuwatch report RUN                summary and findings of a run
+  tpuwatch ls                        list runs
+
+Runs are recorded under $TPUWATCH_HOME/runs (default ~/.tpuwatch/runs).
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tpuwatch", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"tpuwatch {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a training script under the agent",
+                         description="Run an unmodified TensorFlow training script under the tpuwatch agent. "
+                                     "Options for tpuwatch go before the script; everything after it goes to the script.")
+    run.add_argument("--headless", action="store_true",
+                     help="print progress lines instead of opening the dashboard (default when stdout is not a terminal)")
+    run.add_argument("--run-dir", type=Path, help="where to record the run (default: $TPUWATCH_HOME/runs/<id>)")
+    run.add_argument("--python", help="interpreter to run the script with (default: this one)")
+    run.add_argument("--listen", default="", metavar="HOST:PORT",
+                     help="also serve remote viewers over TCP (token in the run directory)")
+    run.add_argument("--sample-hz", type=float, default=None, help="agent sampling rate, 0.5-20 Hz (default 4)")
+    run.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
+                     help="headless: seconds between progress lines (default 5)")
+    run.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
+    run.add_argument("script", help="the training script (or module with -m)")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+    attach = sub.add_parser("attach", help="re-join a run (the latest by default)")
+    attach.add_argument("run", nargs="?", help="run id, run directory (default: the latest run)")
+
+    replay = sub.add_parser("replay", help="play a recorded run back in the dashboard")
+    replay.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
+    replay.add_argument("--speed", type=float, default=10.0, help="playback speed (default 10x)")
+
+    report = sub.add_parser("report", help="summary and findings of a run")
+    report.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
+    report.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+
+    sub.add_parser("ls", help="list recorded runs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if ns.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    handler = {"run": cmd_run, "attach": cmd_attach, "replay": cmd_replay, "report": cmd_report, "ls": cmd_ls}[ns.command]
+    try:
+        return handler(ns)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _error(message: str) -> int:
+    print(f"tpuwatch: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _find_run(ref: str | None) -> Path:
+    from tpuwatch import rundir
+
+    return rundir.find_run(ref)
+
+
+# --- run -----------------------------------------------------------------------------------------
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from tpuwatch.monitor import launcher
+
+    if ns.sample_hz is not None and not 0.5 <= ns.sample_hz <= 20:
+        return _error(f"--sample-hz {ns.sample_hz}: must be between 0.5 and 20")
+    try:
+        launch = launcher.start(ns.script, ns.args, module=ns.module, run_dir=ns.run_dir, python=ns.python,
+                                listen=ns.listen, sample_hz=ns.sample_hz)
+    except launcher.LaunchError as e:
+        return _error(str(e))
+    headless = ns.headless or not sys.stdout.isatty()
+    if headless:
+        return _run_headless(launch, ns.every)
+    return _run_dashboard(launch)
+
+
+def _run_headless(launch, every_s: float) -> int:
+    from tpuwatch import rundir
+    from tpuwatch.monitor import headless, launcher
+
+    print(f"tpuwatch: run {launch.run_id} (pid {launch.pid}), recording in {launch.run_dir}", file=sys.stderr)
+    done = threading.Event()
+    copier = threading.Thread(target=_copy_output, args=(launch.run_dir / rundir.OUTPUT, done), daemon=True)
+    copier.start()
+    interrupts = 0
+
+    def on_sigint(signum, frame):
+        nonlocal interrupts
+        interrupts += 1
+        sig = signal.SIGINT if interrupts == 1 else signal.SIGTERM if interrupts == 2 else signal.SIGKILL
+        print(f"\ntpuwatch: sending {sig.name} to the training process group"
+              + (" (Ctrl-C again to terminate)" if interrupts < 3 else ""), file=sys.stderr)
+        try:
+            os.killpg(launch.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGTERM, on_sigint)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # an SSH drop must not end the training
+    headless.follow(launch.run_dir / rundir.EVENTS, launch.alive, out=sys.stderr, every_s=every_s)
+    code = launcher.finish(launch)
+    done.set()
+    copier.join(timeout=2)
+    print(f"tpuwatch: exit code {code}; `tpuwatch report {launch.run_id}` for the full report", file=sys.stderr)
+    return code
+
+
+def _copy_output(path: Path, done: threading.Event) -> None:
+    """Copies the script's output.log to our stdout as it grows (the script's output still reaches the user)."""
+    out = sys.stdout.buffer
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(65536)
+            if chunk:
+                try:
+                    out.write(chunk)
+                    out.flush()
+                except (BrokenPipeError, ValueError):
+                    return
+                continue
+            if done.is_set():
+                return
+            time.sleep(0.1)
+
+
+def _run_dashboard(launch) -> int:
+    from tpuwatch.monitor import launcher
+
+    choice = _dashboard(launch.run_dir, live=True)
+    if choice == "stop":
+        code = launcher.stop(launch, report=lambda line: print(f"tpuwatch: {line}", file=sys.stderr))
+    elif choice == "detach" and launch.alive():
+        print(f"tpuwatch: detached; training goes on (pid {launch.pid}). Re-join with `tpuwatch attach {launch.run_id}`",
+              file=sys.stderr)
+        return 0
+    else:
+        code = launcher.finish(launch)
+    print(f"tpuwatch: exit code {code}; `tpuwatch report {launch.run_id}` for the full report", file=sys.stderr)
+    return code
+
+
+def _dashboard(run_dir: Path, live: bool, speed: float | None = None) -> str:
+    from tpuwatch.ui import app
+
+    return app.open_dashboard(run_dir, live=live, speed=speed)
+
+
+# --- attach / replay / report / ls ---------------------------------------------------------------
+
+
+def cmd_attach(ns: argparse.Namespace) -> int:
+    try:
+        run_dir = _find_run(ns.run)
+    except FileNotFoundError as e:
+        return _error(str(e))
+    _dashboard(run_dir, live=True)
+    return 0
+
+
+def cmd_replay(ns: argparse.Namespace) -> int:
+    if ns.speed <= 0:
+        return _error(f"--speed {ns.speed}: must be positive")
+    try:
+        run_dir = _find_run(ns.run)
+    except FileNotFoundError as e:
+        return _error(str(e))
+    _dashboard(run_dir, live=False, speed=ns.speed)
+    return 0
+
+
+def cmd_report(ns: argparse.Namespace) -> int:
+    import json
+
+    from tpuwatch.monitor import report
+
+    try:
+        run_dir = _find_run(ns.run)
+    except FileNotFoundError as e:
+        return _error(str(e))
+    data = report.build_report(run_dir)
+    if ns.format == "json":
+        print(json.dumps(data, indent=2, allow_nan=False, default=str))
+    elif ns.format == "markdown":
+        print(report.render_markdown(data))
+    else:
+        print(report.render_text(data))
+    return 0
+
+
+def cmd_ls(ns: argparse.Namespace) -> int:
+    from tpuwatch import rundir
+    from tpuwatch.monitor import report
+
+    runs = report.list_runs(rundir.runs_root())
+    print(report.render_runs(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

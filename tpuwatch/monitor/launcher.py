@@ -1,0 +1,194 @@
+"""Starting a training script under the agent, and stopping it.
+
+The child runs in its own session (``start_new_session=True``) with stdout/stderr going to
+``output.log`` in the run directory, never to a pipe the viewer owns: if the viewer dies, a pipe
+would kill training with SIGPIPE (DESIGN §1). The launcher records the end of the run
+(``run.json`` and, when the agent could not, an ``exit`` record).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tpuwatch import protocol, rundir
+
+#: Exit code for bad input (a missing script, no TensorFlow, ...), like argparse.
+EXIT_USAGE = 2
+
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+
+class LaunchError(Exception):
+    """Bad input: the message is one line naming what is wrong and what to do."""
+
+
+@dataclass
+class Launch:
+    run_dir: Path
+    run_id: str
+    proc: subprocess.Popen
+    started: float
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def check_script(script: str, module: bool = False) -> None:
+    if module:
+        return
+    path = Path(script)
+    if not path.exists():
+        raise LaunchError(f"script not found: {script} (give the path of a Python training script)")
+    if path.is_dir():
+        raise LaunchError(f"{script} is a directory, not a Python file (give the training script inside it)")
+    if path.suffix not in (".py", ".pyw", ""):
+        raise LaunchError(f"{script} is not a Python file (expected a .py training script)")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as e:
+        raise LaunchError(f"cannot read {script}: {e.strerror}") from None
+    if b"\0" in head:
+        raise LaunchError(f"{script} is not a Python file (it is binary)")
+
+
+def check_python(python: str) -> str:
+    """Returns the interpreter path; raises LaunchError if it cannot run TensorFlow scripts."""
+    exe = shutil.which(python) if os.sep not in python else python
+    if not exe or not os.access(exe, os.X_OK):
+        raise LaunchError(f"--python {python}: no such executable interpreter")
+    if os.path.realpath(exe) == os.path.realpath(sys.executable):
+        found = importlib.util.find_spec("tensorflow") is not None
+    else:
+        probe = subprocess.run(
+            [exe, "-c", "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('tensorflow') else 3)"],
+            capture_output=True, timeout=60,
+        )
+        found = probe.returncode == 0
+    if not found:
+        raise LaunchError(
+            f"TensorFlow is not importable in {exe}; install it with `pip install 'tpuwatch[tf]'` "
+            "(or tensorflow-tpu on a TPU VM), or pass --python with an interpreter that has it"
+        )
+    return exe
+
+
+def start(
+    script: str,
+    args: list[str],
+    *,
+    module: bool = False,
+    run_dir: Path | None = None,
+    python: str | None = None,
+    listen: str = "",
+    sample_hz: float | None = None,
+    env: dict[str, str] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Launch:
+    """Validates the input, creates the run directory and starts the agent with the script."""
+    check_script(script, module)
+    exe = check_python(python or sys.executable)
+    run_id = run_dir.name if run_dir else rundir.new_run_id(script, clock)
+    run_dir = run_dir or rundir.runs_root() / run_id
+    try:
+        rundir.create(run_dir)
+    except OSError as e:
+        raise LaunchError(f"run directory {run_dir} is not writable ({e.strerror}); set TPUWATCH_HOME or pass --run-dir") from None
+    child_env = dict(os.environ if env is None else env)
+    child_env[rundir.ENV_RUN_DIR] = str(run_dir)
+    child_env[rundir.ENV_RUN_ID] = run_id
+    child_env["PYTHONUNBUFFERED"] = "1"  # the script's prints reach output.log as they happen
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, child_env.get("PYTHONPATH", "")) if p)
+    if listen:
+        child_env["TPUWATCH_LISTEN"] = listen
+    if sample_hz:
+        child_env["TPUWATCH_SAMPLE_HZ"] = str(sample_hz)
+    cmd = [exe, "-m", "tpuwatch.agent"] + (["-m", script] if module else [script]) + list(args)
+    started = clock()
+    meta = {
+        "run_id": run_id,
+        "script": script,
+        "argv": [script, *args],
+        "python": exe,
+        "cwd": os.getcwd(),
+        "host": rundir.hostname(),
+        "started": started,
+        "launcher_pid": os.getpid(),
+        "state": "running",
+    }
+    rundir.write_meta(run_dir, meta)
+    log = open(run_dir / rundir.OUTPUT, "ab")
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=child_env, start_new_session=True)
+    except OSError as e:
+        raise LaunchError(f"cannot start {exe}: {e.strerror}") from None
+    finally:
+        log.close()
+    rundir.update_meta(run_dir, child_pid=proc.pid, pgid=proc.pid)
+    return Launch(run_dir=run_dir, run_id=run_id, proc=proc, started=started)
+
+
+def exit_code_of(returncode: int) -> int:
+    """Shell convention: 128+N for a child killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def finish(launch: Launch, clock: Callable[[], float] = time.time) -> int:
+    """Waits for the child; records the end of the run. Returns the shell exit code."""
+    returncode = launch.proc.wait()
+    code = exit_code_of(returncode)
+    sig = -returncode if returncode < 0 else None
+    if not _agent_recorded_exit(launch.run_dir):
+        name = signal.Signals(sig).name if sig else ""
+        reason = f"killed by {name}" if sig else "the agent did not record an exit (the process ended abruptly)"
+        with open(launch.run_dir / rundir.EVENTS, "ab") as f:
+            f.write(protocol.encode(protocol.Exit(t=clock(), exit_code=code, signal=sig, source="launcher", reason=reason)))
+    rundir.update_meta(launch.run_dir, state="finished" if code == 0 else "crashed", exit_code=code, ended=clock())
+    return code
+
+
+def _agent_recorded_exit(run_dir: Path) -> bool:
+    path = run_dir / rundir.EVENTS
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 65536))
+            tail = f.read()
+    except OSError:
+        return False
+    return b'{"kind":"exit"' in tail
+
+
+def stop(
+    launch: Launch,
+    grace_int_s: float = 15.0,
+    grace_term_s: float = 10.0,
+    report: Callable[[str], None] = lambda line: None,
+) -> int:
+    """Stops training: SIGINT to its process group, then SIGTERM, then SIGKILL after grace periods."""
+    for sig, grace in ((signal.SIGINT, grace_int_s), (signal.SIGTERM, grace_term_s), (signal.SIGKILL, 10.0)):
+        if not launch.alive():
+            break
+        report(f"sending {sig.name} to the training process group; waiting up to {grace:.0f} s")
+        try:
+            os.killpg(launch.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            launch.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+    return finish(launch)
