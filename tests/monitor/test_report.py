@@ -1,0 +1,152 @@
+"""tpuwatch report (JSON shape, text, markdown) and tpuwatch ls (tail-only states)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from monitor_recordings import DATA, mr, write_run
+
+from tpuwatch.monitor import report
+from tpuwatch.monitor.recording import read_all
+from tpuwatch.protocol import Exit, Finding
+
+RUN_KEYS = {"id", "dir", "script", "argv", "host", "status", "strategy", "replicas", "device_kind",
+            "devices", "num_workers", "tf_version", "keras_version", "mixed_precision",
+            "global_batch_size", "start", "end", "duration_s", "exit_code", "exit_signal",
+            "exception", "lost_reason"}
+SUMMARY_KEYS = {"steps", "step_records", "total_steps", "step_time_p50_s", "step_time_p95_s",
+                "steps_per_s", "input_wait_share", "last_loss", "retraces", "memory",
+                "replica_losses", "commands", "truncated_tail", "dropped_bytes", "malformed_lines",
+                "unknown_lines", "messages", "disabled_probes"}
+FINDING_KEYS = {"rule", "severity", "message", "evidence", "advice", "first_step", "last_step",
+                "worker", "t"}
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def run_from(tmp_path, name: str, **kw):
+    d = tmp_path / name.removesuffix(".jsonl")
+    d.mkdir()
+    (d / "events.jsonl").write_bytes((DATA / name).read_bytes())
+    if kw.get("meta") is not None:
+        from tpuwatch import rundir
+
+        rundir.write_meta(d, kw["meta"])
+    return d
+
+
+def test_report_json_shape_and_numbers(tmp_path):
+    rep = report.build_report(run_from(tmp_path, "crashed.jsonl"))
+    assert set(rep) == {"run", "summary", "findings"}
+    assert RUN_KEYS <= set(rep["run"]) and SUMMARY_KEYS <= set(rep["summary"])
+    run, s = rep["run"], rep["summary"]
+    assert run["status"] == "crashed" and run["exit_code"] == 1
+    assert run["exception"].startswith("FloatingPointError") and run["replicas"] == 4
+    assert run["duration_s"] == pytest.approx(10.18, abs=0.01)
+    # whole-run percentiles from every step time of the recording
+    times = sorted(m.step_time_s for m in read_all(DATA / "crashed.jsonl")[0]
+                   if type(m).__name__ == "Step")
+    assert s["step_time_p50_s"] == pytest.approx((times[74] + times[75]) / 2)
+    assert s["steps"] == 150 and s["steps_per_s"] == pytest.approx(20, rel=0.05)
+    assert s["input_wait_share"] == pytest.approx(0.03, rel=0.01)
+    assert s["retraces"][0]["name"] == "train_step" and s["retraces"][0]["traces"] == 2
+    assert s["memory"]["host_rss_peak_bytes"] == 2 * mr.GiB
+    assert len(s["memory"]["devices"]) == 4
+    assert s["last_loss"] == "NaN"  # non-finite as on the wire: the JSON stays strict
+    assert [r["finite"] for r in s["replica_losses"]] == [True, True, False, True]
+    assert all(FINDING_KEYS <= set(f) for f in rep["findings"])
+    assert "loss-nonfinite" in {f["rule"] for f in rep["findings"]}  # re-run by the engine
+    json.loads(report.render_json(rep))  # strict JSON (allow_nan=False would raise)
+    assert json.loads(json.dumps(rep)) == rep
+
+
+def test_report_merges_recorded_findings(tmp_path):
+    msgs = mr.healthy_messages(50)
+    f = Finding(t=msgs[-1].t, rule="recorded-rule", severity="info", message="from the recording",
+                advice="none needed", evidence={"k": 1}, first_step=3, last_step=9)
+    d = write_run(tmp_path / "r", msgs[:-1] + [f, msgs[-1]])
+    rep = report.build_report(d)
+    (rec,) = [x for x in rep["findings"] if x["rule"] == "recorded-rule"]
+    assert rec["evidence"] == {"k": 1} and rec["first_step"] == 3 and rec["last_step"] == 9
+
+
+def test_report_of_a_truncated_dead_run_is_lost(tmp_path):
+    d = run_from(tmp_path, "running_truncated.jsonl",
+                 meta={"run_id": "r1", "script": "train.py", "child_pid": dead_pid(),
+                       "started": mr.T0})
+    rep = report.build_report(d)
+    assert rep["run"]["status"] == "lost"
+    assert rep["summary"]["truncated_tail"] is True and rep["summary"]["dropped_bytes"] > 0
+    text = report.render_text(rep)
+    assert "last line cut" in text and "lost" in text
+
+
+def test_renderers(tmp_path):
+    rep = report.build_report(run_from(tmp_path, "input_bound.jsonl"))
+    text = report.render_text(rep)
+    assert "status          finished (exit 0)" in text
+    assert "input wait      80% of step time" in text
+    assert "[warning] input-bound" in text and "advice:" in text
+    md = report.render_markdown(rep)
+    assert md.startswith("# tpuwatch report: 20250615-120000-train-ab12")
+    assert "| input wait | 80% of step time |" in md
+    assert "### WARNING: input-bound" in md and "**Advice:**" in md
+
+
+def test_report_errors(tmp_path):
+    with pytest.raises(report.ReportError, match="no run directory"):
+        report.build_report(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(report.ReportError, match="not a tpuwatch run"):
+        report.build_report(tmp_path / "empty")
+
+
+def test_list_runs_states_from_meta_and_tail(tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    run_from(root, "healthy_4replica.jsonl", meta={"run_id": "a", "script": "train.py",
+                                                   "child_pid": dead_pid(), "started": 1.0})
+    run_from(root, "crashed.jsonl", meta={"run_id": "b", "script": "train.py", "started": 2.0})
+    # alive: this test process stands in for the training child
+    run_from(root, "running_truncated.jsonl", meta={"run_id": "c", "script": "train.py",
+                                                    "child_pid": __import__("os").getpid(),
+                                                    "started": 3.0})
+    write_run(root / "d", mr.healthy_messages(20)[:-1],  # no exit, child gone
+              meta={"run_id": "d", "script": "other.py", "child_pid": dead_pid(), "started": 4.0})
+    runs = report.list_runs(root)
+    by = {r.id: r for r in runs}
+    assert [r.id for r in runs] == ["d", "c", "b", "a"]  # newest first
+    assert by["a"].state == "finished" and by["a"].steps == 300 and by["a"].exit_code == 0
+    assert by["b"].state == "crashed" and by["b"].exit_code == 1 and by["b"].steps == 150
+    assert by["c"].state == "running" and by["c"].steps == 200
+    assert by["d"].state == "lost" and by["d"].script == "other.py" and by["d"].steps == 20
+    assert report.list_runs(tmp_path / "nowhere") == []
+
+
+def test_list_runs_reads_only_the_tail_of_a_big_recording(tmp_path):
+    """A ~60 MB recording: ls must not decode it all (it reads the last 64 KiB)."""
+    d = tmp_path / "big"
+    d.mkdir()
+    with open(d / "events.jsonl", "wb") as f:
+        from tpuwatch import protocol
+
+        f.write(protocol.encode(mr.hello()))
+        line = protocol.encode(mr.Step(step=1, t=mr.T0, step_time_s=0.05, input_wait_s=None,
+                                       loss=1.0))
+        f.write(line * 200_000)
+        f.write(protocol.encode(mr.Step(step=200_001, t=mr.T0 + 1, step_time_s=0.05,
+                                        input_wait_s=None, loss=1.0)))
+        f.write(protocol.encode(Exit(t=mr.T0 + 2, exit_code=0)))
+    t = time.perf_counter()
+    (info,) = report.list_runs(tmp_path)
+    elapsed = time.perf_counter() - t
+    assert info.steps == 200_001 and info.state == "finished" and info.script == "train.py"
+    assert elapsed < 0.5
