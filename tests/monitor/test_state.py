@@ -234,6 +234,7 @@ def test_config_merges_known_fields_and_eta():
     assert snap.eta_s == pytest.approx(900 / 10.0, rel=0.01)
 
 
+@pytest.mark.slow
 def test_apply_and_snapshot_cost_after_a_million_steps():
     """Measured: apply ~2 us/step, snapshot ~0.2-1.5 ms on the 2-core dev box. The asserts leave
     room for a loaded CI machine but would catch an O(n) snapshot or a slow hot path."""

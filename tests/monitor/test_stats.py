@@ -89,6 +89,7 @@ def test_history_skips_non_finite_losses_in_means_and_band():
     assert p.loss is None  # the mean loss of that record was nan
 
 
+@pytest.mark.slow
 def test_memory_stays_bounded_over_a_million_steps():
     st = StepStats(history_points=2000)
     proto = Step(step=0, t=0.0, step_time_s=0.05, input_wait_s=0.001, loss=0.5,
