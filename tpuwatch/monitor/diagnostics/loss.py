@@ -116,6 +116,16 @@ class ReplicaLossSkew(Rule):
                          key=lambda w: (w.replica_offset(), w.name))
         if not workers:
             return [], [], []
+        if len(workers) == 1:  # the common case: no alignment needed
+            w = workers[0]
+            ring = self.rings[w.name]
+            width = len(ring[-1][1])
+            steps, rows = [], []
+            for s, row in ring:
+                if len(row) == width and math.isfinite(sum(row)):
+                    steps.append(s)
+                    rows.append(row)
+            return steps, rows, [(w.name, w.replica_offset() + i, i) for i in range(width)]
         by_worker = [dict(self.rings[w.name]) for w in workers]
         widths = {}
         for w, d in zip(workers, by_worker):
@@ -133,7 +143,7 @@ class ReplicaLossSkew(Rule):
         steps, rows = [], []
         for s in sorted(common):
             row = [v for d in by_worker for v in d[s]]
-            if all(math.isfinite(v) for v in row):
+            if math.isfinite(sum(row)):
                 steps.append(s)
                 rows.append(row)
         return steps, rows, cols

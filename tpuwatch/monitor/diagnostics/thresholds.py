@@ -22,8 +22,9 @@ class Thresholds:
     #: buffer, a retrace compiles): one-off slow steps that are not the steady state.
     boundary_skip_records: int = 2
     #: Windowed rules are re-checked every this many step records, inside ``apply``, so a
-    #: replayed recording finds the same episodes that a live viewer would have.
-    check_every_records: int = 128
+    #: replayed recording finds the same episodes that a live viewer would have. At most the
+    #: shortest window (``skew_window_steps``) so every step lies in some checked window.
+    check_every_records: int = 256
 
     # --- input-bound ---------------------------------------------------------------------
     #: xprof's input-pipeline verdict: >= 5 % of step time waiting is "moderately", >= 20 %
