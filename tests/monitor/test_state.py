@@ -262,3 +262,13 @@ def test_apply_and_snapshot_cost_after_a_million_steps():
     assert len(snap.history) <= 2000 and snap.step == 1_000_030
     assert per_apply_us < 15
     assert times[15] < 0.005
+
+
+def test_messages_before_the_hello_join_its_worker():
+    s = RunState(clock=Clock())
+    s.apply(step(1, mr.T0 + 1))  # attached mid-run: the hello comes later (or replayed)
+    s.apply(mr.hello())
+    s.apply(step(2, mr.T0 + 2))
+    snap = s.snapshot(mr.T0 + 2)
+    assert [w.name for w in snap.workers] == [mr.WORKER]
+    assert snap.workers[0].step == 2 and snap.steps_total == 2

@@ -181,6 +181,12 @@ class RunState:
             return
         if type(msg) is Hello and worker is None:
             worker = msg.worker  # type: ignore[attr-defined]
+            anon = self._workers.get("")
+            if anon is not None and anon.hello is None and worker not in self._workers:
+                # Messages before the first Hello (a viewer attached mid-run) belong to it.
+                del self._workers[""]
+                anon.name = worker
+                self._workers[worker] = anon
             self._default_worker = worker
         w = self._worker(worker)
         t = getattr(msg, "t", None)
