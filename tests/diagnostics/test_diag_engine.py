@@ -212,3 +212,18 @@ def test_memory_is_bounded_over_a_long_run():
     grown = sum(s.size_diff for s in after.compare_to(before, "filename")
                 if "diagnostics" in s.traceback[0].filename)
     assert grown < 16 * 1024, f"diagnostics grew by {grown} bytes over 60k steps"
+
+
+def test_odd_values_never_crash_the_engine():
+    eng = Engine(clock=lambda: 0.0)
+    eng.apply(protocol.HostSample(t=1.0, rss_bytes=1 << 200, available_bytes=-1, total_bytes=0,
+                                  cpu_percent=math.nan), worker="h:1")
+    eng.apply(protocol.DeviceSample(t=1.0, device="d", current_bytes=0, peak_bytes=10,
+                                    limit_bytes=0), worker="h:1")
+    for i in range(600):
+        eng.apply(Step(step=i + 1, t=1.0 + i, step_time_s=math.inf if i % 7 == 0 else 0.0,
+                       input_wait_s=math.nan, loss=None, replica_losses=(), steps=0),
+                  worker="h:1")
+    eng.apply(protocol.Retrace(t=2.0, function="", traces=0, instances=0, signature="",
+                               change="shape (1,) -> ("), worker="h:1")
+    assert [f.rule for f in alarms(eng, now=2000.0)] == []

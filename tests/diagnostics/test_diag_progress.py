@@ -171,3 +171,16 @@ def test_rising_trend_threshold():
     (f,) = findings(trend(0.08), "step-time-jitter")
     assert f.severity == "info" and "rising" in f.message
     assert 1.5 <= f.evidence["rise_ratio"] <= 1.7
+
+
+def test_launcher_exit_under_its_own_name_ends_the_workers():
+    run = stalled(120.0)
+    run.emit(protocol_exit(run.t, 137, 9), "launcher")
+    (f,) = findings(run.engine(), "stall")
+    assert f.evidence["ongoing"] == 0 and "killed" in f.message
+
+
+def protocol_exit(t: float, code: int, signal: int):
+    from tpuwatch.protocol import Exit
+
+    return Exit(t=t, exit_code=code, signal=signal, source="launcher")

@@ -87,6 +87,9 @@ class Engine:
         self._observers = {tp: tuple(fns) for tp, fns in observers.items()}
         self._step_observers = self._observers.get(Step, ())
         self._countdown = self.thresholds.check_every_records
+        self._step_workers = 0
+        self._applied = 0  # messages applied
+        self._checked_at = -1  # value of _applied at the last windowed check
         self._current: dict[tuple[str, str], Finding] = {}
         self._shown: dict[tuple[str, str], tuple[str, str]] = {}
 
@@ -101,14 +104,19 @@ class Engine:
         if type(msg) is Step:  # the hot path: one record per training-step call
             for observe in self._step_observers:
                 observe(msg, w, tel)  # before the telemetry moves on: they see the previous step
+            if w.records == 0:
+                self._step_workers += 1
+            self._applied += 1
             w.on_step(msg)
             tel.steps_seen = True
             self._countdown -= 1
             if self._countdown <= 0:
-                self._countdown = self.thresholds.check_every_records
-                for rule in self.rules:
-                    rule.check(tel)
+                # every worker's window moves on by about check_every_records between checks,
+                # so the cost per record does not grow with the number of workers
+                self._countdown = self.thresholds.check_every_records * self._step_workers
+                self._check_all()
             return
+        self._applied += 1
         for observe in self._observers.get(type(msg), ()):
             observe(msg, w, tel)
         t = getattr(msg, "t", None)
@@ -136,6 +144,11 @@ class Engine:
                         other.exit = msg
             w.exit = msg
 
+    def _check_all(self) -> None:
+        self._checked_at = self._applied
+        for rule in self.rules:
+            rule.check(self.telemetry)
+
     # --- output --------------------------------------------------------------------------
 
     def evaluate(self, now: float | None = None) -> list[Finding]:
@@ -146,6 +159,8 @@ class Engine:
         matters to ``stall`` when the recording has neither samples nor an exit.
         """
         now = self._clock() if now is None else now
+        if self._applied != self._checked_at:
+            self._check_all()  # something arrived since the last check
         new: list[Finding] = []
         for rule in self.rules:
             for subject, f in rule.current(self.telemetry, now).items():

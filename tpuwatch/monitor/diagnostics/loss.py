@@ -13,6 +13,9 @@ from .rule import Rule
 from .telemetry import Telemetry, WorkerTelemetry
 
 
+_MAX_VALUES_PER_CHECK = 16384
+
+
 def _fmt(v: float) -> str:
     return "nan" if v != v else ("inf" if v > 0 else "-inf")
 
@@ -152,6 +155,10 @@ class ReplicaLossSkew(Rule):
         th = self.th
         steps, rows, cols = self._aligned(tel)
         n_rep = len(cols)
+        # bound the work on big jobs (16k losses per check): the latest steps matter most
+        keep = max(th.skew_min_steps, _MAX_VALUES_PER_CHECK // max(n_rep, 1))
+        if len(rows) > keep:
+            steps, rows = steps[-keep:], rows[-keep:]
         if n_rep < 3 or len(rows) < th.skew_min_steps:
             return
         n = len(rows)

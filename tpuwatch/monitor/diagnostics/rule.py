@@ -18,8 +18,9 @@ class Rule:
 
     ``observes`` lists the message types the rule wants in :meth:`observe` (called from
     ``Engine.apply``: keep it O(1)). :meth:`check` re-examines windows; the engine calls it
-    every ``check_every_records`` step records and before each evaluation, so episodes are
-    found the same way live and in a replay. :meth:`current` returns the rule's findings.
+    every ``check_every_records`` step records (per worker) and before an evaluation when step
+    records arrived since, so episodes are found the same way live and in a replay.
+    :meth:`current` returns the rule's findings.
 
     Findings are sticky: once a condition was seen, its finding stays (a report must show the
     input-bound hour even if the run recovered). :meth:`_keep` keeps the worst severity per
@@ -40,8 +41,8 @@ class Rule:
         """Re-examines windows; records findings with :meth:`_keep`."""
 
     def current(self, tel: Telemetry, now: float) -> dict[str, Finding]:
-        """Subject -> latest finding, after a last :meth:`check`."""
-        self.check(tel)
+        """Subject -> latest finding (the engine has just run :meth:`check` if anything moved);
+        rules that depend on ``now`` override this."""
         return self._found
 
     def _keep(self, subject: str, f: Finding) -> None:

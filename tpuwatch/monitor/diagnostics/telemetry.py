@@ -20,6 +20,7 @@ from .thresholds import Thresholds
 Rec = tuple[int, float, float, "float | None", int, str]
 
 _MAX_EXAMPLE_SIZES = 16  # distinct Step.examples values remembered (batch sizes seen)
+_MAX_BYTES = 1 << 60  # byte counts beyond this are corrupt: ignored, never a crash
 
 
 @dataclass
@@ -131,6 +132,8 @@ class WorkerTelemetry:
 
     def on_host(self, m: HostSample) -> None:
         self.samples_seen = True
+        if not (0 <= m.rss_bytes < _MAX_BYTES and 0 <= m.available_bytes < _MAX_BYTES):
+            return
         self.available_bytes = m.available_bytes
         self.total_bytes = m.total_bytes
         if self.rss_first_t is None:
@@ -143,6 +146,8 @@ class WorkerTelemetry:
 
     def on_device(self, m: DeviceSample) -> None:
         self.samples_seen = True
+        if not all(0 <= b < _MAX_BYTES for b in (m.current_bytes, m.peak_bytes, m.limit_bytes or 0)):
+            return
         old = self.devices.get(m.device)
         peak = max(m.peak_bytes, m.current_bytes, old.peak_bytes if old else 0)
         limit = m.limit_bytes if m.limit_bytes else (old.limit_bytes if old else None)

@@ -24,7 +24,7 @@ class Thresholds:
     #: Windowed rules are re-checked every this many step records, inside ``apply``, so a
     #: replayed recording finds the same episodes that a live viewer would have. At most the
     #: shortest window (``skew_window_steps``) so every step lies in some checked window.
-    check_every_records: int = 256
+    check_every_records: int = 512
 
     # --- input-bound ---------------------------------------------------------------------
     #: xprof's input-pipeline verdict: >= 5 % of step time waiting is "moderately", >= 20 %
@@ -78,7 +78,7 @@ class Thresholds:
 
     # --- replica-loss-skew ---------------------------------------------------------------
     #: Steps (aligned across all replicas) kept and required.
-    skew_window_steps: int = 256
+    skew_window_steps: int = 512
     skew_min_steps: int = 50
     #: The mean gap to the other replicas' median must beat all three: absolute, relative to
     #: the loss scale, and its own standard error (a z-score over time, not over 3 peers).
