@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 import time
 import tracemalloc
 from pathlib import Path
