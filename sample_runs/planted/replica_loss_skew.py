@@ -1,0 +1,109 @@
+"""Planted problem: one replica's data is much worse than the others'. Rule: replica_loss_skew.
+
+Input comes from ``strategy.distribute_datasets_from_function``, batched per replica. With
+MirroredStrategy each worker's pipeline hands replica r the batches r, r+R, r+2R, ... (R replicas),
+so the pipeline corrupts every batch whose index is ``--bad-replica`` (default 2) modulo R: their
+labels are replaced by random ones, as if that shard were mislabelled. That replica's loss stays
+near ln(10) = 2.30 while the others fall towards 0, for all ``--steps``
+(default 80: the rule wants 50 steps with every replica's loss).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide C++ INFO/WARNING chatter; errors still print
+
+import numpy as np
+import tensorflow as tf
+import keras
+
+
+def make_strategy(replicas: int) -> tf.distribute.Strategy:
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+    except ValueError:  # no TPU here
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+        return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def synthetic_mnist(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    templates = rng.random((10, 28, 28, 1), dtype=np.float32)
+    labels = rng.integers(0, 10, n)
+    noise = rng.random((n, 28, 28, 1), dtype=np.float32)
+    return (0.5 * templates[labels] + 0.5 * noise).astype(np.float32), labels.astype(np.int64)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--bad-replica", type=int, default=2)
+    p.add_argument("--batch-per-replica", type=int, default=32)
+    args = p.parse_args()
+    tf.random.set_seed(0)
+    strategy = make_strategy(args.replicas)
+    replicas = strategy.num_replicas_in_sync
+    if not 0 <= args.bad_replica < replicas:
+        p.error(f"--bad-replica must be in 0..{replicas - 1}")
+    global_batch = args.batch_per_replica * replicas
+    images, labels = synthetic_mnist(4096, seed=0)
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch = ctx.get_per_replica_batch_size(global_batch)
+        ds = tf.data.Dataset.from_tensor_slices((images, labels))
+        ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id).cache().shuffle(4096, seed=0).repeat()
+        ds = ds.batch(batch, drop_remainder=True).enumerate()
+
+        def mislabel(i, xy):
+            x, y = xy
+            noisy = tf.random.stateless_uniform(tf.shape(y), [1, i], 0, 10, tf.int64)
+            bad = (i % ctx.num_replicas_in_sync) == args.bad_replica  # planted: one replica's shard
+            return x, tf.where(bad, noisy, y)
+
+        return ds.map(mislabel, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+    dist_ds = strategy.distribute_datasets_from_function(dataset_fn)
+
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((28, 28, 1)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+        ])
+        optimizer = keras.optimizers.Adam(1e-3)
+        optimizer.build(model.trainable_variables)
+        loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    def step_fn(x, y):
+        with tf.GradientTape() as tape:
+            per_example = loss_object(y, model(x, training=True))
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return tf.reduce_mean(per_example)
+
+    @tf.function
+    def train_step(iterator):
+        per_replica_loss = strategy.run(step_fn, args=next(iterator))
+        return per_replica_loss, strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica_loss, axis=None)
+
+    iterator = iter(dist_ds)
+    for step in range(1, args.steps + 1):
+        per_replica_loss, loss = train_step(iterator)
+        if step % 10 == 0 or step == args.steps:
+            each = " ".join(f"{float(v):.3f}" for v in strategy.experimental_local_results(per_replica_loss))
+            print(f"step {step}  loss {float(loss):.4f}  per replica [{each}]", flush=True)
+    print(f"done: {args.steps} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
