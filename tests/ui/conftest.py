@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
-from tpuwatch.protocol import Command
-from tpuwatch.ui.app import TpuwatchApp
-from tpuwatch.ui.file_source import FileSource
-from ui_support import FakeClock, last_t, make_live_run, recording
+# The helpers module sits next to this file; make it importable under any pytest import mode
+# (importlib mode does not put test folders on sys.path).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tpuwatch.protocol import Command  # noqa: E402
+from tpuwatch.ui.app import TpuwatchApp  # noqa: E402
+from tpuwatch.ui.file_source import FileSource  # noqa: E402
+from ui_support import FakeClock, last_t, make_live_run, recording  # noqa: E402
 
 
 @pytest.fixture

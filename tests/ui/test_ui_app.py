@@ -261,6 +261,7 @@ async def test_output_search_and_maximise(live_app) -> None:
         await pilot.press("slash")
         assert isinstance(app.focused, Input)
         await pilot.press(*"needle", "enter")
+        await pilot.pause()
         log = app.query_one(OutputLog)
         assert log.matches == [200]
         assert "needle here" in screen_text(app)

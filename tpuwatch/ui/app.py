@@ -92,7 +92,7 @@ class TpuwatchApp(App[str]):
         Binding("c", "checkpoint", "Checkpoint", id="checkpoint",
                 tooltip="Save a checkpoint at the next step boundary"),
         Binding("o", "toggle_output", "Output", id="output", tooltip="Maximise / restore the output log"),
-        Binding("slash", "search_output", "Search", id="search", tooltip="Search the output log"),
+        Binding("slash", "search_output", "Search", id="search", tooltip="Search the output log", show=False),
         Binding("d", "detach", "Detach", id="detach", tooltip="Leave; training keeps running"),
         Binding("question_mark", "help", "Help", id="help"),
         Binding("q", "request_quit", "Quit", id="quit"),
@@ -160,7 +160,8 @@ class TpuwatchApp(App[str]):
         with Horizontal(id="bottom"):
             yield OutputPanel(id="output")
             yield EventPanel(id="events").data_bind(TpuwatchApp.snapshot)
-        yield Footer()
+        # The palette key is listed in the help screen: the footer's room goes to our keys.
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         if self._keymap:

@@ -32,9 +32,9 @@ class QuitScreen(ModalScreen["QuitChoice | None"]):
                 id="quit-text",
             )
             with Horizontal(id="quit-buttons"):
-                yield Button("Stop training [s]", id="stop", variant="error")
-                yield Button("Detach [d]", id="detach", variant="primary")
-                yield Button("Cancel [esc]", id="cancel")
+                yield Button("Stop training (s)", id="stop", variant="error")
+                yield Button("Detach (d)", id="detach", variant="primary")
+                yield Button("Cancel (esc)", id="cancel")
 
     def on_mount(self) -> None:
         self.query_one("#cancel", Button).focus()

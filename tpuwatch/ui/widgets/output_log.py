@@ -46,14 +46,22 @@ class OutputLog(Log):
         self.term = ""
         self.matches: list[int] = []
         self.current: int | None = None  # index into matches
+        self._follow = True  # keep the newest line in view (until the user scrolls up)
 
     def append(self, lines: list[str]) -> None:
         if not lines:
             return
-        follow = self.is_vertical_scroll_end or self.max_scroll_y == 0
-        self.write_lines(lines, scroll_end=follow)
+        # Follow only while the newest line is in view: reading older output is not
+        # interrupted by new lines. Before the first layout there is no size to judge by.
+        if self.size.height:
+            self._follow = self.is_vertical_scroll_end or self.max_scroll_y == 0
+        self.write_lines(lines, scroll_end=self._follow)
         if self.term:
             self._find_matches()
+
+    def on_resize(self) -> None:
+        if self._follow:
+            self.scroll_end(animate=False, immediate=True)
 
     def search(self, term: str) -> int:
         """Highlights ``term`` and jumps to its last occurrence above the bottom of the view.
@@ -105,6 +113,7 @@ class OutputLog(Log):
     def _show_current(self) -> None:
         self._render_line_cache.clear()
         if self.current is not None:
+            self._follow = False  # stay on the match while new output arrives
             y = self.matches[self.current]
             self.scroll_to(y=max(0, y - self.size.height // 2), animate=False, immediate=True)
         self.refresh()

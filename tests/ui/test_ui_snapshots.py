@@ -1,0 +1,57 @@
+"""Pictures of the dashboard (pytest-textual-snapshot), at 80x24 and 160x48.
+
+Deterministic by construction: recordings with fixed times, a fixed clock, no refresh timer
+(the app is drawn from one pull), no blinking cursor. Update with ``--snapshot-update`` only
+after looking at ``snapshot_report.html``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpuwatch.ui.app import TpuwatchApp
+from tpuwatch.ui.file_source import FileSource
+from ui_support import FakeClock, last_t, make_live_run, recording
+
+SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
+
+OUTPUT = (
+    "2025-06-15 12:00:01 I tensorflow: Using MirroredStrategy with devices ('/CPU:0', '/CPU:1', '/CPU:2', '/CPU:3')\n"
+    "Epoch 1/3\n"
+    "100/100 - 5s - 50ms/step - loss: 1.2871\n"
+    "Epoch 2/3\n"
+)
+
+
+def live(tmp_path: Path, name: str, upto: int | None, after_s: float = 0.5) -> TpuwatchApp:
+    run = make_live_run(tmp_path, name, upto=upto, output=OUTPUT)
+    messages = recording(name)[:upto]
+    source = FileSource(run, send=lambda command: None)
+    return TpuwatchApp(source, run_dir=run, clock=FakeClock(last_t(messages) + after_s), refresh_hz=0)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_waiting_for_first_step(snap_compare, tmp_path, size) -> None:
+    assert snap_compare(live(tmp_path, "waiting", None, after_s=3.0), terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_healthy_run(snap_compare, tmp_path, size) -> None:
+    assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_input_bound_run(snap_compare, tmp_path, size) -> None:
+    assert snap_compare(live(tmp_path, "input_bound", 400), terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_crashed_run(snap_compare, tmp_path, size) -> None:
+    assert snap_compare(live(tmp_path, "crashed", None), terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_quit_dialog(snap_compare, tmp_path, size) -> None:
+    assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size, press=["q"])
