@@ -189,12 +189,14 @@ async def test_profile_sends_command_and_shows_progress(live_app, sent) -> None:
         await pilot.pause()
         assert app.check_action("profile", ()) is True
         await pilot.press("p")
+        await app.workers.wait_for_complete()
         assert [c.action for c in sent] == ["profile"]
         cid = sent[0].id
         assert "profile sent" in screen_text(app)
         assert app.check_action("profile", ()) is None  # busy: no second profile
         assert app.check_action("checkpoint", ()) is True  # the other action stays available
         await pilot.press("p")
+        await app.workers.wait_for_complete()
         assert len(sent) == 1
         # The agent answers through the recording, as it would live.
         t = app.snapshot.now
@@ -221,8 +223,10 @@ async def test_failed_send_is_reported_not_raised(live_app) -> None:
     app.source._send = broken
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("c")
+        await app.workers.wait_for_complete()
         await pilot.pause()
         assert any("agent socket closed" in n.message for n in app._notifications)
+        assert "checkpoint failed: not sent: agent socket closed" in screen_text(app)
         assert app.check_action("checkpoint", ()) is True
 
 

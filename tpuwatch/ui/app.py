@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Literal, Mapping, Protocol
 
+from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
@@ -26,7 +27,7 @@ from textual.widgets import Footer, Input
 
 from tpuwatch import rundir
 from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.protocol import Command, Message
+from tpuwatch.protocol import Command, Message, Result
 from tpuwatch.ui.output_tail import OutputTail
 from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.screens.help_screen import HelpScreen
@@ -258,13 +259,25 @@ class TpuwatchApp(App[str]):
 
     def _send(self, action: str) -> None:
         command = Command(id=f"{action}-{secrets.token_hex(4)}", action=action)
+        self._sent[action] = command.id
+        self._state.apply(command)  # shows as "pending" until the agent answers
+        self.pull()
+        self._deliver(command)
+
+    @work(thread=True, group="commands", exit_on_error=False)
+    def _deliver(self, command: Command) -> None:
+        # Connecting to the agent may take up to its connect timeout: never on the UI thread.
         try:
             self.source.send(command)
         except OSError as e:
-            self.notify(f"{action}: {e}", severity="error", timeout=8)
-            return
-        self._sent[action] = command.id
-        self._state.apply(command)  # shows as "pending" until the agent answers
+            self.call_from_thread(self._send_failed, command, str(e) or type(e).__name__)
+
+    def _send_failed(self, command: Command, reason: str) -> None:
+        self._sent.pop(command.action, None)
+        now = self.source.now()
+        self._state.apply(Result(t=self._clock() if now is None else now, id=command.id,
+                                 action=command.action, ok=False, message=f"not sent: {reason}"))
+        self.notify(f"{command.action}: {reason}", severity="error", timeout=8)
         self.pull()
 
     def action_detach(self) -> None:
