@@ -5,3 +5,7 @@ agent's patches cannot understand lives in :mod:`tpuwatch.api` and is re-exporte
 """
 
 __version__ = "0.1.0"
+
+from tpuwatch.api import StepInfo, step
+
+__all__ = ["__version__", "step", "StepInfo"]

@@ -137,8 +137,10 @@ def _run_headless(launch, every_s: float) -> int:
     signal.signal(signal.SIGINT, on_sigint)
     signal.signal(signal.SIGTERM, on_sigint)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # an SSH drop must not end the training
-    headless.follow(launch.run_dir / rundir.EVENTS, launch.alive, out=sys.stderr, every_s=every_s)
-    code = launcher.finish(launch)
+    codes: list[int] = []
+    headless.follow(launch.run_dir / rundir.EVENTS, launch.alive, out=sys.stderr, every_s=every_s,
+                    on_end=lambda: codes.append(launcher.finish(launch)))
+    code = codes[0] if codes else launcher.finish(launch)
     done.set()
     copier.join(timeout=2)
     print(f"tpuwatch: exit code {code}; `tpuwatch report {launch.run_id}` for the full report", file=sys.stderr)
@@ -180,9 +182,20 @@ def _run_dashboard(launch) -> int:
 
 
 def _dashboard(run_dir: Path, live: bool, speed: float | None = None) -> str:
-    from tpuwatch.ui import app
+    """Opens the dashboard on a run: live (tail the recording, send commands) or a replay."""
+    from tpuwatch.ui.app import run_dashboard
 
-    return app.open_dashboard(run_dir, live=live, speed=speed)
+    if live:
+        from tpuwatch.monitor.client import AgentClient
+        from tpuwatch.ui.file_source import make_file_source
+
+        client = AgentClient.for_run(run_dir)
+        source = make_file_source(run_dir, send=client.send)
+    else:
+        from tpuwatch.ui.replay_source import make_replay_source
+
+        source = make_replay_source(run_dir, speed=speed or 1.0)
+    return run_dashboard(run_dir, source)
 
 
 # --- attach / replay / report / ls ---------------------------------------------------------------
@@ -209,8 +222,6 @@ def cmd_replay(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
-    import json
-
     from tpuwatch.monitor import report
 
     try:
@@ -219,7 +230,7 @@ def cmd_report(ns: argparse.Namespace) -> int:
         return _error(str(e))
     data = report.build_report(run_dir)
     if ns.format == "json":
-        print(json.dumps(data, indent=2, allow_nan=False, default=str))
+        print(report.render_json(data))
     elif ns.format == "markdown":
         print(report.render_markdown(data))
     else:
@@ -232,7 +243,15 @@ def cmd_ls(ns: argparse.Namespace) -> int:
     from tpuwatch.monitor import report
 
     runs = report.list_runs(rundir.runs_root())
-    print(report.render_runs(runs))
+    if not runs:
+        print(f"no runs under {rundir.runs_root()}; start one with `tpuwatch run SCRIPT`")
+        return 0
+    print(f"{'RUN':<40} {'STATE':<9} {'STARTED':<19} {'STEPS':>8} {'EXIT':>4}  SCRIPT")
+    for r in runs:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.start)) if r.start else "?"
+        steps = "" if r.steps is None else str(r.steps)
+        code = "" if r.exit_code is None else str(r.exit_code)
+        print(f"{r.id:<40} {r.state:<9} {started:<19} {steps:>8} {code:>4}  {r.script}")
     return 0
 
 

@@ -132,3 +132,18 @@ def test_a_failing_probe_is_disabled_once_and_training_is_unaffected(run_agent, 
     assert len(warnings) == 1 and "disabled" in warnings[0].message
     assert [s.step for s in run.steps] == list(range(1, 7))
     assert all(s.replica_losses == () for s in run.steps)
+
+
+def test_the_explicit_step_api_marks_steps_the_patches_cannot_see(run_agent):
+    run = run_agent(SCRIPTS / "manual.py")
+    assert run.returncode == 0, run.output
+    assert [(s.step, s.function, s.examples) for s in run.steps] == [(i, "tpuwatch.step", 32) for i in range(1, 6)]
+    assert run.steps[0].loss == 0.0 and run.steps[1].loss == pytest.approx(0.81)
+
+
+def test_the_explicit_step_api_is_inert_without_the_agent():
+    import tpuwatch
+
+    with tpuwatch.step(examples=4) as s:
+        s.loss = 1.0
+    assert s.examples == 4

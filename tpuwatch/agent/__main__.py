@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     agent.start()
     code = _run_script(agent, ns, target)
     agent.fail_pending("the script ended before the next step boundary")
-    installed.restore()
+    probes.uninstall(installed)
     agent.flush()
     agent.stop()
     if code is not None and code < 0:  # die by the signal, like Python does for SIGINT

@@ -18,7 +18,7 @@ def install_all(agent: "Agent", script: str, argv: list[str], disabled: set[str]
     try:
         from tpuwatch.agent import environment
 
-        agent.emit(environment.hello(agent.run_id, script, argv))
+        agent.emit(environment.hello(agent.run_id, script, argv, clock=agent.clock))
         if "environment" not in disabled:
             environment.install(agent, patches)
             announce = lambda strategy: environment.announce(agent, strategy)  # noqa: E731
@@ -46,18 +46,23 @@ def install_all(agent: "Agent", script: str, argv: list[str], disabled: set[str]
             except Exception as e:
                 agent.probe_failed(name, e)
         agent.step_probe = step_probe
-    for name in ("retraces", "memory", "keras_hooks", "commands"):
+    for name in ("retraces", "memory", "keras_hooks"):
         if name in disabled:
             continue
         try:
             module = importlib.import_module(f"tpuwatch.agent.{name}")
-        except ImportError as e:
-            if e.name == f"tpuwatch.agent.{name}":
-                continue  # not part of this build
-            agent.probe_failed(name, e)
-            continue
-        try:
-            module.install(agent, patches)
+            installed = module.install(agent, patches)
         except Exception as e:
             agent.probe_failed(name, e)
+            continue
+        if name == "keras_hooks" and step_probe is not None:
+            step_probe.epoch_source = installed
     return patches
+
+
+def uninstall(patches: Patches) -> None:
+    """Undoes every patch and pending import hook (the script has ended)."""
+    from tpuwatch.agent import post_import
+
+    patches.restore()
+    post_import.cancel_all()

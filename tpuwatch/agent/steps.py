@@ -56,7 +56,7 @@ class StepProbe:
         self.loss_reader: Callable[[Any], tuple[float, ...] | None] | None = None
         self.eager_losses: dict[int, float] = {}
         self.step_context: Callable[[int], ContextManager] | None = None  # set by the profiler
-        self.epoch: int | None = None
+        self.epoch_source: Any = None  # keras_hooks.KerasHooks: its .epoch is the current epoch
         self._config_batch: int | None = None
 
     # --- flags ------------------------------------------------------------------------------
@@ -198,12 +198,41 @@ class StepProbe:
                 steps=steps,
                 examples=examples,
                 function=fn_name,
-                epoch=self.epoch,
+                epoch=getattr(self.epoch_source, "epoch", None),
             )
         )
         if examples and self._config_batch is None:
             self._config_batch = examples
             agent.emit(Config(t=agent.clock(), global_batch_size=examples))
+
+    # --- the explicit API (tpuwatch.step) ---------------------------------------------------
+
+    @contextlib.contextmanager
+    def manual_step(self, info: Any):
+        """One step marked by the script; automatic detection is suspended inside it."""
+        agent = self.agent
+        if self.current_top is not None or self.in_eager_run:
+            yield  # nested inside a step already being measured
+            return
+        if agent.has_pending:
+            agent.safe_point()
+        self.current_top = _MANUAL
+        start = self.perf()
+        try:
+            yield
+        finally:
+            self.current_top = None
+        elapsed = self.perf() - start
+        try:
+            losses = tuple(float(v) for v in (info.replica_losses or ()))
+            if not losses and info.loss is not None:
+                losses = (float(info.loss),)
+            wait = self.eager_wait_s
+            self.eager_examples = info.examples if info.examples is not None else self.eager_examples
+            self._emit("tpuwatch.step", 1, elapsed + wait, wait if wait > 0 else None, losses or None,
+                       self.eager_examples)
+        except Exception as e:
+            agent.probe_failed("steps", e)
 
     # --- eager strategy.run ---------------------------------------------------------------------
 
@@ -219,6 +248,13 @@ class StepProbe:
             yield
         finally:
             self.in_eager_run -= 1
+
+
+class _Manual:
+    """Stands for the script's own step in ``current_top`` (see manual_step)."""
+
+
+_MANUAL = _Manual()
 
 
 def _name_of(fn: Any) -> str:

@@ -1,0 +1,112 @@
+"""The viewer's side of the agent socket: send commands, or stream a remote recording.
+
+Local viewers read telemetry from ``events.jsonl`` directly and use the socket only for
+commands (``Attach(offset=-1)``); a remote viewer (TCP + token) asks for the stream from an
+offset and decodes the lines it receives.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+from tpuwatch import protocol, rundir
+from tpuwatch.protocol import Attach, Command
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+class AgentUnavailable(ConnectionError):
+    """The agent cannot be reached: the message says why and what to do."""
+
+
+def new_command(action: str, **args: object) -> Command:
+    plain = {k: v for k, v in args.items() if v is not None}
+    return Command(id=uuid.uuid4().hex[:12], action=action, args=plain)  # type: ignore[arg-type]
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:7711)")
+    return host.strip("[]"), int(port)
+
+
+class AgentClient:
+    """A connection to one agent that sends commands. Thread-safe; reconnects when needed."""
+
+    def __init__(self, unix_path: Path | None = None, tcp: tuple[str, int] | None = None, token: str = "") -> None:
+        self.unix_path = unix_path
+        self.tcp = tcp
+        self.token = token
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_run(cls, run_dir: Path) -> "AgentClient":
+        meta = rundir.read_meta(run_dir)
+        path = Path(meta["socket"]) if meta.get("socket") else rundir.socket_path(run_dir)
+        return cls(unix_path=path)
+
+    def _connect(self, offset: int) -> socket.socket:
+        try:
+            if self.tcp is not None:
+                sock = socket.create_connection(self.tcp, timeout=CONNECT_TIMEOUT_S)
+            else:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(CONNECT_TIMEOUT_S)
+                sock.connect(str(self.unix_path))
+        except FileNotFoundError:
+            raise AgentUnavailable("the training process is not running (its socket is gone)") from None
+        except ConnectionRefusedError:
+            raise AgentUnavailable("the training process is not accepting viewers (it has ended?)") from None
+        except OSError as e:
+            raise AgentUnavailable(f"cannot reach the agent: {e.strerror or e}") from None
+        sock.sendall(protocol.encode(Attach(protocol_version=protocol.PROTOCOL_VERSION, offset=offset,
+                                            token=self.token, viewer="tpuwatch")))
+        return sock
+
+    def send(self, cmd: Command) -> None:
+        """Sends one command; its result arrives in the recording. Raises AgentUnavailable."""
+        data = protocol.encode(cmd)
+        with self._lock:
+            for attempt in (0, 1):
+                if self._sock is None:
+                    self._sock = self._connect(offset=-1)
+                try:
+                    self._sock.sendall(data)
+                    return
+                except OSError:
+                    self.close_locked()
+                    if attempt:
+                        raise AgentUnavailable("the connection to the agent broke") from None
+
+    def stream(self, offset: int = 0):
+        """Yields raw lines of the agent's recording from ``offset`` on (remote viewers)."""
+        sock = self._connect(offset=offset)
+        sock.settimeout(None)
+        buf = b""
+        try:
+            while True:
+                data = sock.recv(1 << 16)
+                if not data:
+                    return
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                yield from lines
+        finally:
+            sock.close()
+
+    def close_locked(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            self.close_locked()
