@@ -28,6 +28,9 @@ Watch and diagnose TensorFlow training from the terminal.
   tpuwatch replay RUN                play a recorded run back
   tpuwatch report RUN                summary and findings of a run
   tpuwatch ls                        list runs
+  tpuwatch profile [RUN]             capture a profile of a live run now
+  tpuwatch checkpoint [RUN]          save a checkpoint of a live run now
+  tpuwatch doctor                    check TensorFlow, TPU, GCS and the run directory
 
 Runs are recorded under $TPUWATCH_HOME/runs (default ~/.tpuwatch/runs).
 """
@@ -56,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
     attach = sub.add_parser("attach", help="re-join a run (the latest by default)")
-    attach.add_argument("run", nargs="?", help="run id, run directory (default: the latest run)")
+    attach.add_argument("run", nargs="*", metavar="RUN",
+                        help="run id, run directory, or HOST:PORT of agents started with --listen (default: the latest run)")
+    attach.add_argument("--token-file", type=Path, help="token file for HOST:PORT viewers (the run's `token`)")
 
     replay = sub.add_parser("replay", help="play a recorded run back in the dashboard")
     replay.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
@@ -67,6 +72,24 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--format", choices=("text", "markdown", "json"), default="text")
 
     sub.add_parser("ls", help="list recorded runs")
+
+    profile = sub.add_parser("profile", help="capture a profile of a live run (TensorBoard/XProf format)")
+    profile.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
+    span = profile.add_mutually_exclusive_group()
+    span.add_argument("--steps", type=int, help="training steps to capture (default 5)")
+    span.add_argument("--ms", type=float, help="milliseconds to capture instead of a step count")
+    profile.add_argument("--logdir", help="where to write it: a directory or gs://bucket/path (default: the run's profiles/)")
+    profile.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the result (default 300)")
+
+    checkpoint = sub.add_parser("checkpoint", help="save a checkpoint of a live run at the next step boundary")
+    checkpoint.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
+    checkpoint.add_argument("--dir", help="a directory or gs://bucket/path (default: the script's own checkpoint "
+                                          "directory, else the run's checkpoints/)")
+    checkpoint.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the result (default 300)")
+
+    doctor = sub.add_parser("doctor", help="check the environment you are about to train in")
+    doctor.add_argument("--python", help="interpreter the training will use (default: this one)")
+    doctor.add_argument("--gcs", metavar="gs://BUCKET[/PATH]", help="also check this GCS destination")
     return p
 
 
@@ -76,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command is None:
         parser.print_help()
         return EXIT_USAGE
-    handler = {"run": cmd_run, "attach": cmd_attach, "replay": cmd_replay, "report": cmd_report, "ls": cmd_ls}[ns.command]
+    handler = {"run": cmd_run, "attach": cmd_attach, "replay": cmd_replay, "report": cmd_report, "ls": cmd_ls,
+               "profile": cmd_action, "checkpoint": cmd_action, "doctor": cmd_doctor}[ns.command]
     try:
         return handler(ns)
     except KeyboardInterrupt:
@@ -202,12 +226,36 @@ def _dashboard(run_dir: Path, live: bool, speed: float | None = None) -> str:
 
 
 def cmd_attach(ns: argparse.Namespace) -> int:
+    if len(ns.run) > 1 or (ns.run and _is_address(ns.run[0])):
+        return _error("attaching to HOST:PORT is not available in this build")
     try:
-        run_dir = _find_run(ns.run)
+        run_dir = _find_run(ns.run[0] if ns.run else None)
     except FileNotFoundError as e:
         return _error(str(e))
     _dashboard(run_dir, live=True)
     return 0
+
+
+def _is_address(ref: str) -> bool:
+    host, sep, port = ref.rpartition(":")
+    return bool(sep and host and port.isdigit()) and not Path(ref).exists()
+
+
+def cmd_action(ns: argparse.Namespace) -> int:
+    """``tpuwatch profile`` / ``tpuwatch checkpoint``: one command to a live agent, its result printed."""
+    from tpuwatch.monitor import actions
+
+    try:
+        run_dir = _find_run(ns.run)
+    except FileNotFoundError as e:
+        return _error(str(e))
+    return actions.request_from_cli(run_dir, ns)
+
+
+def cmd_doctor(ns: argparse.Namespace) -> int:
+    from tpuwatch.monitor import doctor
+
+    return doctor.main(python=ns.python, gcs=ns.gcs)
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
