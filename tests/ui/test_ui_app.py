@@ -354,3 +354,15 @@ async def test_timer_refreshes_without_manual_pull(tmp_path) -> None:
         await pilot.pause(0.3)
         assert app.snapshot.messages == first + 30
         assert not math.isnan(app.snapshot.now)
+
+
+@sync
+async def test_stalled_run_is_marked_stale(live_app) -> None:
+    app = live_app()
+    app._clock.t += 600  # ten minutes without a step
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.snapshot.status == "stalled"
+        assert app.query_one("#header").has_class("-stale")
+        assert app.query_one("#step-time").has_class("-stale")
+        assert "STALLED 10:0" in screen_text(app)

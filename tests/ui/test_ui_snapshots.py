@@ -55,3 +55,11 @@ def test_crashed_run(snap_compare, tmp_path, size) -> None:
 @pytest.mark.parametrize("size", SIZES)
 def test_quit_dialog(snap_compare, tmp_path, size) -> None:
     assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size, press=["q"])
+
+
+def test_crashed_run_no_color(snap_compare, tmp_path, monkeypatch) -> None:
+    # NO_COLOR: Textual renders monochrome; the status and the NaN replica still read in words.
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = live(tmp_path, "crashed", None)
+    assert app.no_color
+    assert snap_compare(app, terminal_size=(80, 24))

@@ -1,0 +1,92 @@
+"""The sources that feed the dashboard: replay timing and seeking, output.log tailing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpuwatch.protocol import Command, Event, Step
+from tpuwatch.ui.output_tail import OutputTail, clean_line
+from tpuwatch.ui.replay_source import ReplaySource, make_replay_source
+from ui_support import DATA, FakeClock
+
+
+def steps(n: int, t0: float = 1000.0) -> list:
+    return [Step(step=i, t=t0 + i, step_time_s=1.0, input_wait_s=None, loss=None) for i in range(1, n + 1)]
+
+
+def test_replay_releases_by_time_and_speed() -> None:
+    clock = FakeClock(0.0)
+    src = ReplaySource(steps(10), speed=2.0, clock=clock)
+    assert [m.step for m in src.poll()] == [1]  # the cursor starts at the first message
+    clock.t = 2.0  # 4 recorded seconds at 2x
+    assert [m.step for m in src.poll()] == [2, 3, 4, 5]
+    src.toggle_pause()
+    clock.t = 100.0
+    assert src.poll() == [] and src.position == 1005.0
+    src.toggle_pause()
+    clock.t = 200.0
+    assert [m.step for m in src.poll()] == [6, 7, 8, 9, 10] and src.at_end
+
+
+def test_replay_seek_back_restarts_generation() -> None:
+    clock = FakeClock(0.0)
+    src = ReplaySource(steps(10), clock=clock, paused=True)
+    src.seek_end()
+    assert len(src.poll()) == 10 and src.generation == 0
+    src.seek(-4.0)
+    assert src.generation == 1
+    assert [m.step for m in src.poll()] == [1, 2, 3, 4, 5, 6]  # everything up to the new cursor
+    src.seek(2.0)
+    assert src.generation == 1 and [m.step for m in src.poll()] == [7, 8]
+
+
+def test_replay_keeps_untimed_messages_in_place_and_speed_steps() -> None:
+    msgs = [*steps(2), Command(id="x", action="profile"), Event(t=1003.0, level="info", source="a", message="m")]
+    src = ReplaySource(msgs, clock=FakeClock(0.0), paused=True)
+    src.seek_end()
+    assert src.poll() == msgs
+    src.faster()
+    src.faster()
+    assert src.speed == 4.0
+    for _ in range(20):
+        src.slower()
+    assert src.speed == 0.25
+    with pytest.raises(ValueError, match="speed must be positive"):
+        ReplaySource(msgs, speed=0)
+
+
+def test_make_replay_source_reads_a_recording() -> None:
+    src = make_replay_source(DATA / "healthy_4replica.jsonl", speed=8.0)
+    assert src.speed == 8.0 and src.end_t - src.start_t > 10
+    with pytest.raises(FileNotFoundError, match="no recording"):
+        make_replay_source(DATA / "nope.jsonl")
+
+
+def test_clean_line() -> None:
+    assert clean_line("\x1b[32mok\x1b[0m") == "ok"
+    assert clean_line(" 1/10 [==>   ]\r 5/10 [=====>]\r10/10 [=======]") == "10/10 [=======]"
+
+
+def test_output_tail_partial_lines_and_truncation(tmp_path: Path) -> None:
+    path = tmp_path / "output.log"
+    tail = OutputTail(path)
+    assert tail.read_lines() == []  # not written yet
+    path.write_bytes(b"one\ntw")
+    assert tail.read_lines() == ["one"]
+    with open(path, "ab") as f:
+        f.write("o \xe2\x82".encode("latin-1"))  # half of a UTF-8 euro sign
+    assert tail.read_lines() == []
+    with open(path, "ab") as f:
+        f.write(b"\xac\nthree\n")
+    assert tail.read_lines() == ["two €", "three"]
+    path.write_bytes(b"new\n")  # rotated: shorter than what we read
+    assert tail.read_lines() == ["new"]
+
+
+def test_output_tail_starts_near_the_end_of_a_long_log(tmp_path: Path) -> None:
+    path = tmp_path / "output.log"
+    path.write_text("".join(f"line {i}\n" for i in range(1000)))
+    lines = OutputTail(path, start_bytes=100).read_lines()
+    assert lines[-1] == "line 999" and len(lines) < 20 and all(line.startswith("line ") for line in lines)
