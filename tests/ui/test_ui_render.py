@@ -131,3 +131,8 @@ def test_findings_order_and_empty_state() -> None:
          Finding(t=2.0, rule="b", severity="critical", message="loss is NaN on replica 2", advice="lower the LR")]
     text = str(findings_text(RunSnapshot(findings=tuple(f)), rows=5)).split("\n")
     assert text[0].startswith("!!") and "replica 2" in text[0] and "lower the LR" in text[1] and "fyi" in text[2]
+
+
+def test_lost_run_says_why() -> None:
+    text = str(findings_text(RunSnapshot(status="lost", lost_reason="pid 42 vanished without an exit record"), rows=5))
+    assert text.startswith("!! lost contact: pid 42 vanished")

@@ -90,3 +90,12 @@ def test_output_tail_starts_near_the_end_of_a_long_log(tmp_path: Path) -> None:
     path.write_text("".join(f"line {i}\n" for i in range(1000)))
     lines = OutputTail(path, start_bytes=100).read_lines()
     assert lines[-1] == "line 999" and len(lines) < 20 and all(line.startswith("line ") for line in lines)
+
+
+def test_replay_poll_is_bounded_per_call() -> None:
+    from tpuwatch.ui import replay_source
+
+    src = ReplaySource(steps(replay_source.MAX_MESSAGES_PER_POLL + 5), clock=FakeClock(0.0), paused=True)
+    src.seek_end()
+    assert len(src.poll()) == replay_source.MAX_MESSAGES_PER_POLL
+    assert len(src.poll()) == 5

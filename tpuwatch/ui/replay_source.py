@@ -16,6 +16,9 @@ from typing import Callable, Sequence
 from tpuwatch import rundir
 from tpuwatch.protocol import Command, Message
 
+#: Most messages one poll returns: a jump to the end of a million-step recording is applied
+#: over several refreshes (the app stops draining when its time budget is spent).
+MAX_MESSAGES_PER_POLL = 20_000
 #: Playback speeds the +/- keys step through (recorded seconds per wall second).
 SPEEDS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 
@@ -69,6 +72,7 @@ class ReplaySource:
     def poll(self) -> Sequence[Message]:
         self._advance()
         stop = bisect.bisect_right(self._release, self._cursor, lo=self._next)
+        stop = min(stop, self._next + MAX_MESSAGES_PER_POLL)
         out = self._messages[self._next : stop]
         self._next = stop
         return out

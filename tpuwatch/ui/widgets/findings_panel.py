@@ -13,6 +13,9 @@ _MARK = {"critical": ("!!", "$error bold"), "warning": ("! ", "$warning bold"), 
 
 def findings_text(s: RunSnapshot, rows: int) -> Content:
     lines: list[Content] = []
+    if s.status == "lost":
+        lines.append(Content.assemble(("!! ", "$warning bold"), ("lost contact: ", "$warning bold"),
+                                      s.lost_reason or "no exit record from the training process"))
     if s.exception:
         lines.append(Content.assemble(("!! ", "$error bold"), ("crashed: ", "$error bold"), s.exception))
     findings = sorted(s.findings, key=lambda f: (_RANK.get(f.severity, 3), -f.t))
@@ -40,6 +43,6 @@ class FindingsPanel(Panel):
         severities = {f.severity for f in snapshot.findings}
         if snapshot.exception or "critical" in severities:
             return "-critical"
-        if "warning" in severities:
+        if snapshot.status == "lost" or "warning" in severities:
             return "-warning"
         return None
