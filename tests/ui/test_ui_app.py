@@ -102,7 +102,7 @@ async def test_help_lists_keys_and_closes() -> None:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         text = screen_text(app)
-        for key_help in ("Capture a profile", "Save a checkpoint", "Search the output log", "Quit"):
+        for key_help in ("Profile the next steps", "Save a checkpoint", "Search the output log", "Quit (asks first"):
             assert key_help in text
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)

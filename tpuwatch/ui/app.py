@@ -89,21 +89,28 @@ class TpuwatchApp(App[str]):
     # ctrl+p opens the palette; the palette lists the same actions as the keys.
     BINDINGS = [
         Binding("p", "profile", "Profile", id="profile",
-                tooltip="Capture a profile of the next steps (XProf / TensorBoard)"),
+                tooltip="Profile the next steps (XProf / TensorBoard)"),
         Binding("c", "checkpoint", "Checkpoint", id="checkpoint",
                 tooltip="Save a checkpoint at the next step boundary"),
         Binding("o", "toggle_output", "Output", id="output", tooltip="Maximise / restore the output log"),
         Binding("slash", "search_output", "Search", id="search", tooltip="Search the output log", show=False),
         Binding("d", "detach", "Detach", id="detach", tooltip="Leave; training keeps running"),
-        Binding("question_mark", "help", "Help", id="help"),
-        Binding("q", "request_quit", "Quit", id="quit"),
-        Binding("space", "toggle_pause", "Pause", id="replay.pause", show=False, priority=True),
-        Binding("plus,equals_sign", "faster", "Faster", id="replay.faster", show=False, priority=True),
-        Binding("minus", "slower", "Slower", id="replay.slower", show=False, priority=True),
-        Binding("left", "seek(-1)", "Back", id="replay.back", show=False, priority=True),
-        Binding("right", "seek(1)", "Forward", id="replay.forward", show=False, priority=True),
-        Binding("home", "seek_start", "Start", id="replay.start", show=False, priority=True),
-        Binding("end", "seek_end", "End", id="replay.end", show=False, priority=True),
+        Binding("question_mark", "help", "Help", id="help", tooltip="This help"),
+        Binding("q", "request_quit", "Quit", id="quit", tooltip="Quit (asks first while training runs)"),
+        Binding("space", "toggle_pause", "Pause", id="replay.pause", show=False, priority=True,
+                tooltip="Replay: pause / play"),
+        Binding("plus,equals_sign", "faster", "Faster", id="replay.faster", show=False, priority=True,
+                tooltip="Replay: faster"),
+        Binding("minus", "slower", "Slower", id="replay.slower", show=False, priority=True,
+                tooltip="Replay: slower"),
+        Binding("left", "seek(-1)", "Back", id="replay.back", show=False, priority=True,
+                tooltip="Replay: back 2% of the recording"),
+        Binding("right", "seek(1)", "Forward", id="replay.forward", show=False, priority=True,
+                tooltip="Replay: forward 2% of the recording"),
+        Binding("home", "seek_start", "Start", id="replay.start", show=False, priority=True,
+                tooltip="Replay: jump to the start"),
+        Binding("end", "seek_end", "End", id="replay.end", show=False, priority=True,
+                tooltip="Replay: jump to the end"),
         *(
             Binding(str(i + 1), f"focus_panel({i})", f"Panel {i + 1}", id=f"panel.{i + 1}", show=False)
             for i in range(len(PANEL_IDS))
@@ -325,9 +332,9 @@ class TpuwatchApp(App[str]):
                     if x.id == b.id
                 )
                 rows.append((keys, b.tooltip or b.description, bool(enabled)))
-        rows.append(("1 … 8", "jump to panel: step, loss, memory, findings, input, retraces, events, output", True))
-        rows.append(("tab / shift+tab", "next / previous panel", True))
-        rows.append(("n / N", "next / previous search match (in the output)", True))
+        rows.append(("1 … 8", "Jump to a panel (step, loss, memory, findings, …)", True))
+        rows.append(("tab, shift+tab", "Next / previous panel", True))
+        rows.append(("n, N", "Next / previous search match (output)", True))
         return rows
 
     def action_focus_panel(self, index: int) -> None:

@@ -20,7 +20,7 @@ def help_text(rows: Sequence[tuple[str, str, bool]]) -> Content:
         lines.append(Content.assemble(
             (keys.ljust(width), "bold" if enabled else "dim"),
             (description, "" if enabled else "dim"),
-            ("  (not available now)" if not enabled else "", "dim"),
+            ("  (off now)" if not enabled else "", "dim"),
         ))
     lines += [Content(""), Content.styled("Also: ctrl+p command palette · esc or ? closes this help", "dim")]
     return Content("\n").join(lines)
