@@ -8,6 +8,13 @@ commands; each gets exactly one ``result`` in the recording (and so in every vie
 
 Unix socket (0600) in the run directory by default; TCP only when asked (``--listen``), bound to
 127.0.0.1 unless another address is named, and only with the run's token.
+
+Hard edges: nothing from the wire is ever unpickled or evaluated (lines go through the typed
+``protocol`` decoder); a command line over 64 KiB is skipped whole; malformed lines are counted
+(``rejected``, and one summary event per viewer when it leaves); refused handshakes are counted
+(``refused``) and reported at most once a second; a viewer that takes nothing for
+``TPUWATCH_VIEWER_TIMEOUT_S`` (default 30 s) is dropped, and it can attach again from its offset.
+When the agent stops, each live stream is sent the rest of the recording (the ``exit``) first.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from tpuwatch import protocol
 from tpuwatch.protocol import Attach, Command, Decoder
@@ -31,6 +38,18 @@ HANDSHAKE_TIMEOUT_S = 10.0
 SEND_TIMEOUT_S = 30.0  # a viewer that takes nothing for this long is dropped (it can re-attach)
 MAX_COMMAND_BYTES = 64 * 1024
 CHUNK = 256 * 1024
+POLL_S = 0.05  # how often a caught-up stream looks for new lines
+CLOSE_FLUSH_S = 1.0  # at exit, how long the streams get to send the end of the recording
+REFUSAL_EVENT_INTERVAL_S = 1.0  # a flood of bad handshakes becomes one event a second
+
+
+def send_timeout_s() -> float:
+    """``TPUWATCH_VIEWER_TIMEOUT_S`` (seconds a viewer may take nothing before it is dropped)."""
+    try:
+        value = float(os.environ.get("TPUWATCH_VIEWER_TIMEOUT_S", SEND_TIMEOUT_S))
+    except ValueError:
+        return SEND_TIMEOUT_S
+    return value if value > 0 else SEND_TIMEOUT_S
 
 
 class Server:
@@ -48,7 +67,11 @@ class Server:
         self.rejected = 0  # malformed command lines
         self.dropped = 0  # viewers dropped for not reading
         self.viewers = 0
+        self.send_timeout_s = send_timeout_s()
         self._lock = threading.Lock()
+        self._streams: list[threading.Thread] = []
+        self._refusals_unreported = 0
+        self._last_refusal_event = 0.0
         self._closing = threading.Event()
         self._listeners: list[tuple[socket.socket, bool]] = []
         if unix_path is not None:
@@ -83,6 +106,7 @@ class Server:
             threading.Thread(target=self._accept, args=(sock, is_tcp), name="tpuwatch-accept", daemon=True).start()
 
     def close(self) -> None:
+        """Stops accepting viewers; live streams get the rest of the recording (up to 1 s)."""
         self._closing.set()
         for sock, _ in self._listeners:
             try:
@@ -94,6 +118,11 @@ class Server:
                 self.unix_path.unlink()
             except OSError:
                 pass
+        deadline = time.monotonic() + CLOSE_FLUSH_S
+        with self._lock:
+            streams = list(self._streams)
+        for t in streams:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # --- per viewer -----------------------------------------------------------------------------
 
@@ -112,9 +141,17 @@ class Server:
             threading.Thread(target=self._serve, args=(conn, is_tcp, addr), name="tpuwatch-viewer", daemon=True).start()
 
     def _refuse(self, conn: socket.socket, why: str, peer: str) -> None:
+        now = time.monotonic()
         with self._lock:
             self.refused += 1
-        self.agent.event("warning", "transport", f"refused viewer {peer}: {why}")
+            self._refusals_unreported += 1
+            report = now - self._last_refusal_event >= REFUSAL_EVENT_INTERVAL_S
+            if report:
+                count, self._refusals_unreported = self._refusals_unreported, 0
+                self._last_refusal_event = now
+        if report:
+            more = f" ({count} refused since the last report, {self.refused} in all)" if count > 1 else ""
+            self.agent.event("warning", "transport", f"refused viewer {peer}: {why}{more}")
         try:
             conn.sendall(protocol.encode(protocol.Event(t=time.time(), level="error", source="transport", message=why)))
         except OSError:
@@ -122,6 +159,7 @@ class Server:
 
     def _serve(self, conn: socket.socket, is_tcp: bool, addr) -> None:
         peer = f"{addr[0]}:{addr[1]}" if is_tcp and addr else "unix"
+        stream: threading.Thread | None = None
         try:
             conn.settimeout(HANDSHAKE_TIMEOUT_S)
             reader = _LineReader(conn, MAX_COMMAND_BYTES)
@@ -141,15 +179,28 @@ class Server:
             if is_tcp and not (self.token and hmac.compare_digest(hello.token.encode(), self.token.encode())):
                 self._refuse(conn, "wrong or missing token; pass --token-file with the run's token file", peer)
                 return
-            conn.settimeout(SEND_TIMEOUT_S)
+            conn.settimeout(self.send_timeout_s)
             if hello.offset >= 0:
-                threading.Thread(target=self._stream, args=(conn, hello.offset), name="tpuwatch-stream", daemon=True).start()
-            self._commands(conn, reader)
+                stream = threading.Thread(target=self._stream, args=(conn, hello.offset), name="tpuwatch-stream", daemon=True)
+                with self._lock:
+                    self._streams = [t for t in self._streams if t.is_alive()]
+                    self._streams.append(stream)
+                stream.start()
+            self._commands(conn, reader, peer)
         except _TooLong:
             self._refuse(conn, "the first line is too long", peer)
         except OSError:
-            pass
+            pass  # the viewer went away: nothing to report, it can attach again
         finally:
+            if stream is not None and stream.is_alive():
+                if self._closing.is_set():
+                    stream.join(CLOSE_FLUSH_S)  # let it send the end of the recording
+                else:
+                    try:  # the viewer hung up: wake the stream thread out of a blocked send
+                        conn.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    stream.join(CLOSE_FLUSH_S)
             with self._lock:
                 self.viewers -= 1
             try:
@@ -157,42 +208,69 @@ class Server:
             except OSError:
                 pass
 
-    def _commands(self, conn: socket.socket, reader: "_LineReader") -> None:
+    def _commands(self, conn: socket.socket, reader: "_LineReader", peer: str) -> None:
         decoder = Decoder()
-        conn.settimeout(None)
-        while not self._closing.is_set():
-            try:
-                line = reader.readline()
-            except _TooLong:
-                with self._lock:
-                    self.rejected += 1
-                continue
-            if line is None:
-                return
-            msg = decoder.decode(line)
-            if not isinstance(msg, Command):
-                with self._lock:
-                    self.rejected += 1
-                continue
-            self.agent.submit(msg)
+        rejected = too_long = 0
+        # The socket keeps the send timeout (it applies to both directions, and the stream
+        # thread's sends need it to drop a viewer that stopped reading): a quiet viewer's reads
+        # time out and are simply retried.
+        reader.retry_timeouts = lambda: not self._closing.is_set()
+        try:
+            while not self._closing.is_set():
+                try:
+                    line = reader.readline()
+                except _TooLong:
+                    too_long += 1
+                    with self._lock:
+                        self.rejected += 1
+                    continue
+                if line is None:
+                    return
+                if not line.strip():
+                    continue
+                msg = decoder.decode(line)
+                if not isinstance(msg, Command):
+                    rejected += 1
+                    with self._lock:
+                        self.rejected += 1
+                    continue
+                self.agent.submit(msg)
+        finally:
+            if rejected or too_long:
+                why = f"; last error: {decoder.last_error[:200]}" if decoder.last_error else ""
+                self.agent.event("warning", "transport",
+                                 f"viewer {peer} sent {rejected} malformed and {too_long} over-long "
+                                 f"(> {MAX_COMMAND_BYTES} bytes) lines, skipped{why}")
 
     def _stream(self, conn: socket.socket, offset: int) -> None:
+        """Sends the recording from ``offset`` on, whole lines only, until the agent stops.
+
+        Memory per viewer is one chunk: a viewer that stops reading blocks this thread in
+        ``sendall`` (never the training thread) until the send timeout drops it.
+        """
         path = self.agent.events_path
         try:
             f = open(path, "rb")
         except OSError:
             return
         with f:
-            f.seek(min(offset, os.path.getsize(path)))
+            f.seek(min(offset, os.fstat(f.fileno()).st_size))
             pending = b""
-            while not self._closing.is_set():
+            while True:
+                # Read the closing flag before the file, so the last read after it is set sees
+                # everything the agent wrote before closing (its final drain happens first).
+                closing = self._closing.is_set()
                 chunk = f.read(CHUNK)
                 if not chunk:
-                    time.sleep(0.05)
+                    if closing:
+                        return
+                    time.sleep(POLL_S)
                     continue
                 data = pending + chunk
                 cut = data.rfind(b"\n") + 1
                 pending = data[cut:]
+                if len(pending) > protocol.MAX_LINE_BYTES:
+                    pending = b""  # a runaway line no decoder would take: do not hold it
                 if not cut:
                     continue
                 try:
@@ -200,7 +278,9 @@ class Server:
                 except socket.timeout:
                     with self._lock:
                         self.dropped += 1
-                    self.agent.event("warning", "transport", "dropped a viewer that stopped reading; it can attach again")
+                    self.agent.event("warning", "transport",
+                                     f"dropped a viewer that took nothing for {self.send_timeout_s:g} s; "
+                                     "it can attach again")
                     try:
                         conn.shutdown(socket.SHUT_RDWR)
                     except OSError:
@@ -222,6 +302,8 @@ class _LineReader:
         self.limit = limit
         self.buf = b""
         self.skipping = False
+        # Whether a read that timed out should wait again (None: the timeout is an error).
+        self.retry_timeouts: "Callable[[], bool] | None" = None
 
     def readline(self) -> bytes | None:
         while True:
@@ -235,7 +317,12 @@ class _LineReader:
             if len(self.buf) > self.limit:
                 self.buf = b""
                 self.skipping = True
-            data = self.conn.recv(65536)
+            try:
+                data = self.conn.recv(65536)
+            except socket.timeout:
+                if self.retry_timeouts is not None and self.retry_timeouts():
+                    continue
+                raise
             if not data:
                 return None
             self.buf += data
