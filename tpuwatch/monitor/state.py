@@ -96,6 +96,10 @@ class _Worker:
     last_t: float | None = None
 
 
+#: Event source of the agent's TPU runtime metrics sampler (tpuwatch.agent.tpu_metrics.SOURCE).
+TPU_METRICS_SOURCE = "tpu-metrics"
+
+
 class RunState:
     """Mutable state of one run; feed it messages, read snapshots.
 
@@ -322,6 +326,10 @@ class RunState:
 
     def _event(self, msg: Event, w: _Worker) -> None:
         self._log(msg.t, msg.level, msg.source, msg.message, w.name)
+        if msg.source == TPU_METRICS_SOURCE:
+            # "TPU metrics unavailable: <reason>" sets the note; metrics arriving clear it.
+            head, sep, reason = msg.message.partition(": ")
+            self._tpu_note = reason if sep and head == "TPU metrics unavailable" else ""
         # The agent reports a disabled probe as: source "probe:<name>", "probe <name> disabled: why"
         if msg.source.startswith("probe:") and "disabled" in msg.message:
             name = msg.source[len("probe:"):]
