@@ -366,3 +366,16 @@ async def test_stalled_run_is_marked_stale(live_app) -> None:
         assert app.query_one("#header").has_class("-stale")
         assert app.query_one("#step-time").has_class("-stale")
         assert "STALLED 10:0" in screen_text(app)
+
+
+@sync
+async def test_hangup_detaches(live_app) -> None:
+    import os
+    import signal
+
+    app = live_app()
+    app._handle_hangup = True
+    async with app.run_test(size=(80, 24)) as pilot:
+        os.kill(os.getpid(), signal.SIGHUP)  # what a dropped SSH session sends
+        await pilot.pause(0.1)
+    assert app.hung_up and app.return_value == "detach"

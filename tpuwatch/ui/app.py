@@ -11,6 +11,7 @@ Entry points for the CLI: :func:`run_dashboard`, :func:`tpuwatch.ui.file_source.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import signal
 import time
@@ -129,8 +130,12 @@ class TpuwatchApp(App[str]):
         refresh_hz: float = REFRESH_HZ,
         state_factory: Callable[[Callable[[], float]], StateLike] = _default_state,
         keymap: Mapping[str, str] | None = None,
+        handle_hangup: bool = False,
     ) -> None:
         super().__init__()
+        self._handle_hangup = handle_hangup
+        #: Set when the terminal hung up (SSH dropped): the caller treats it as a detach.
+        self.hung_up = False
         self.source = source
         self.run_dir = Path(run_dir) if run_dir is not None else None
         if title:
@@ -177,6 +182,18 @@ class TpuwatchApp(App[str]):
         self.pull()
         if self._refresh_hz > 0:
             self.set_interval(1.0 / self._refresh_hz, self.pull, name="refresh")
+        if self._handle_hangup and hasattr(signal, "SIGHUP"):
+            # Without this a dropped SSH session kills the viewer mid-frame; training lives in
+            # its own session either way, but the caller should learn it was a detach.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._hangup)
+
+    def on_unmount(self) -> None:
+        if self._handle_hangup and hasattr(signal, "SIGHUP"):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+
+    def _hangup(self) -> None:
+        self.hung_up = True
+        self.exit("detach")
 
     # --- data ------------------------------------------------------------------------------
 
@@ -416,22 +433,12 @@ def run_dashboard(
     running; ``"quit"``: nothing was running. A hangup (SSH drop) and a dashboard crash count
     as ``"detach"`` on a live run: training is never stopped because the viewer went away.
     """
-    app = TpuwatchApp(source, run_dir=run_dir, title=title, keymap=keymap)
-    hung_up = False
-
-    def on_hangup(signum: int, frame: object) -> None:
-        nonlocal hung_up
-        hung_up = True
-        app.call_later(app.exit, "detach")
-
-    previous = signal.signal(signal.SIGHUP, on_hangup) if hasattr(signal, "SIGHUP") else None
+    app = TpuwatchApp(source, run_dir=run_dir, title=title, keymap=keymap, handle_hangup=True)
     try:
         result = app.run()
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGHUP, previous)
         source.close()
-    if hung_up:
+    if app.hung_up:
         return "detach"
     if result in ("stop", "detach", "quit"):
         return result  # type: ignore[return-value]
