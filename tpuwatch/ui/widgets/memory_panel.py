@@ -52,7 +52,18 @@ def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
         ]
         if d.limit_bytes:
             parts += [("/", "dim"), units.size(d.limit_bytes), (f" {units.percent(frac)}", _style(frac) or "dim")]
-        lines.append(Content.assemble(*parts))
+        line = Content.assemble(*parts)
+        # Headroom now (limit - current) and the chip's duty cycle (libtpu), when they fit.
+        extras = []
+        if d.limit_bytes:
+            extras.append(Content.assemble(("  ", ""), units.size(max(0, d.limit_bytes - d.current_bytes)),
+                                           (" free", "dim")))
+        if d.duty_cycle_pct is not None:
+            extras.append(Content.assemble(("  duty ", "dim"), f"{d.duty_cycle_pct:.0f}%"))
+        for extra in extras:
+            if line.cell_length + extra.cell_length <= width:
+                line += extra
+        lines.append(line)
     if hidden:
         lines.append(Content.styled(f"… {hidden} more devices", "dim"))
     if s.tpu_metrics_note:
