@@ -232,6 +232,7 @@ def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
                 for w, d, peak in snap.device_peaks
             ],
             "host_rss_peak_bytes": snap.host_rss_peak_bytes,
+            "tpu_metrics_note": snap.tpu_metrics_note,  # why libtpu's HBM/duty cycle are absent
         },
         "replica_losses": [
             {"index": r.index, "device": r.device, "worker": r.worker, "loss": r.loss,
@@ -304,6 +305,8 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         rows_sum.append(f"device peak\t{fmt_bytes(top['peak_bytes'])} on {top['device']}"
                         + (f" of {fmt_bytes(top['limit_bytes'])}" if top["limit_bytes"] else ""))
     rows_sum.append(f"host RSS peak\t{fmt_bytes(mem['host_rss_peak_bytes'])}")
+    if mem.get("tpu_metrics_note"):
+        rows_sum.append(f"TPU metrics\t{mem['tpu_metrics_note']}")
     health = []
     if s["truncated_tail"]:
         health.append(f"last line cut ({s['dropped_bytes']} bytes dropped)")
