@@ -50,7 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", type=Path, help="where to record the run (default: $TPUWATCH_HOME/runs/<id>)")
     run.add_argument("--python", help="interpreter to run the script with (default: this one)")
     run.add_argument("--listen", default="", metavar="HOST:PORT",
-                     help="also serve remote viewers over TCP (token in the run directory)")
+                     help="also serve remote viewers over TCP (token in the run directory); give 127.0.0.1:PORT "
+                          "and use SSH port forwarding (docs/remote.md)")
+    run.add_argument("--allow-dest", action="append", default=[], metavar="DIR",
+                     help="a directory (or gs:// prefix) viewers may send checkpoints and profiles to, besides the "
+                          "run directory and the script's checkpoint directory (repeatable)")
     run.add_argument("--sample-hz", type=float, default=None, help="agent sampling rate, 0.5-20 Hz (default 4)")
     run.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
                      help="headless: seconds between progress lines (default 5)")
@@ -126,9 +130,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     if ns.sample_hz is not None and not 0.5 <= ns.sample_hz <= 20:
         return _error(f"--sample-hz {ns.sample_hz}: must be between 0.5 and 20")
+    env = None
+    if ns.allow_dest:
+        # The agent's command validation reads this (tpuwatch/agent/destinations.py).
+        env = dict(os.environ)
+        env["TPUWATCH_ALLOWED_DESTINATIONS"] = os.pathsep.join(
+            d if d.startswith("gs://") else os.path.abspath(os.path.expanduser(d)) for d in ns.allow_dest)
     try:
         launch = launcher.start(ns.script, ns.args, module=ns.module, run_dir=ns.run_dir, python=ns.python,
-                                listen=ns.listen, sample_hz=ns.sample_hz)
+                                listen=ns.listen, sample_hz=ns.sample_hz, env=env)
     except launcher.LaunchError as e:
         return _error(str(e))
     headless = ns.headless or not sys.stdout.isatty()
@@ -192,17 +202,44 @@ def _copy_output(path: Path, done: threading.Event) -> None:
 def _run_dashboard(launch) -> int:
     from tpuwatch.monitor import launcher
 
+    # Records the end as soon as the child ends (a kill by a signal leaves no exit record of the
+    # agent's own), so the dashboard shows it while it is still open.
+    lock = threading.Lock()
+    codes: list[int] = []
+
+    def finish_once() -> int:
+        with lock:
+            if not codes:
+                codes.append(launcher.finish(launch))
+            return codes[0]
+
+    def watch() -> None:
+        launch.proc.wait()
+        finish_once()
+
+    threading.Thread(target=watch, name="tpuwatch-wait-child", daemon=True).start()
     choice = _dashboard(launch.run_dir, live=True)
-    if choice == "stop":
-        code = launcher.stop(launch, report=lambda line: print(f"tpuwatch: {line}", file=sys.stderr))
+    if choice == "stop" and launch.alive():
+        with lock:  # the watcher then finds the end recorded, and writes nothing twice
+            if not codes:
+                codes.append(launcher.stop(launch, report=_say))
+        code = codes[0]
     elif choice == "detach" and launch.alive():
-        print(f"tpuwatch: detached; training goes on (pid {launch.pid}). Re-join with `tpuwatch attach {launch.run_id}`",
-              file=sys.stderr)
+        # A hangup lands here too: the terminal may be gone, so the message is best effort.
+        _say(f"detached; training goes on (pid {launch.pid}). Re-join with `tpuwatch attach {launch.run_id}`")
         return 0
     else:
-        code = launcher.finish(launch)
-    print(f"tpuwatch: exit code {code}; `tpuwatch report {launch.run_id}` for the full report", file=sys.stderr)
+        code = finish_once()
+    _say(f"exit code {code}; `tpuwatch report {launch.run_id}` for the full report")
     return code
+
+
+def _say(line: str) -> None:
+    """A status line on stderr; a closed terminal (hangup) is not an error worth a traceback."""
+    try:
+        print(f"tpuwatch: {line}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _dashboard(run_dir: Path, live: bool, speed: float | None = None) -> str:
@@ -226,13 +263,51 @@ def _dashboard(run_dir: Path, live: bool, speed: float | None = None) -> str:
 
 
 def cmd_attach(ns: argparse.Namespace) -> int:
-    if len(ns.run) > 1 or (ns.run and _is_address(ns.run[0])):
-        return _error("attaching to HOST:PORT is not available in this build")
+    """``tpuwatch attach [RUN | HOST:PORT... | @HOSTS]``: catch up from the recording, then follow."""
+    if any(_is_address(r) or r.startswith("@") for r in ns.run):
+        return _attach_remote(ns)
+    if len(ns.run) > 1:
+        return _error("give one run id or directory (or HOST:PORT addresses of agents started with --listen)")
     try:
-        run_dir = _find_run(ns.run[0] if ns.run else None)
+        run_dir = _find_run(ns.run[0]) if ns.run else _latest_live_run()
     except FileNotFoundError as e:
         return _error(str(e))
     _dashboard(run_dir, live=True)
+    return 0
+
+
+def _latest_live_run() -> Path:
+    """The newest running run; the newest run of any state when none is running."""
+    from tpuwatch import rundir
+    from tpuwatch.monitor import report
+
+    running = [r for r in report.list_runs(rundir.runs_root()) if r.state == "running"]
+    return running[0].path if running else _find_run(None)
+
+
+def _attach_remote(ns: argparse.Namespace) -> int:
+    from tpuwatch import rundir
+    from tpuwatch.monitor.client import read_addresses
+
+    try:
+        addresses = read_addresses(ns.run)
+    except ValueError as e:
+        return _error(str(e))
+    token = os.environ.get("TPUWATCH_TOKEN", "")
+    if ns.token_file is not None:
+        try:
+            token = rundir.read_token(ns.token_file)
+        except OSError as e:
+            return _error(f"cannot read the token file {ns.token_file}: {e.strerror or e}")
+    if not token:
+        return _error("HOST:PORT viewers need the run's token: pass --token-file (the `token` file in the run "
+                      "directory on the training host) or set TPUWATCH_TOKEN")
+    from tpuwatch.ui.app import run_dashboard
+    from tpuwatch.ui.remote_source import make_remote_source
+
+    source = make_remote_source(addresses, token)
+    names = ", ".join(f"{h}:{p}" for h, p in addresses[:3]) + (" ..." if len(addresses) > 3 else "")
+    run_dashboard(None, source, title=f"tpuwatch — {names}")
     return 0
 
 

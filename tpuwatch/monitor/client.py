@@ -28,10 +28,35 @@ def new_command(action: str, **args: object) -> Command:
 
 
 def parse_address(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    host, sep, port = value.strip().rpartition(":")
+    if not sep or not port.isdigit() or not host or not 0 < int(port) < 65536:
         raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:7711)")
     return host.strip("[]"), int(port)
+
+
+def read_addresses(refs: list[str]) -> list[tuple[str, int]]:
+    """HOST:PORT arguments, where ``@FILE`` stands for the addresses listed in FILE (one a line,
+    ``#`` comments). Raises ValueError with a one-line message naming the bad entry."""
+    out: list[tuple[str, int]] = []
+    for ref in refs:
+        if ref.startswith("@"):
+            path = Path(ref[1:]).expanduser()
+            try:
+                text = path.read_text()
+            except OSError as e:
+                raise ValueError(f"cannot read the host list {path}: {e.strerror or e}") from None
+            for n, line in enumerate(text.splitlines(), 1):
+                entry = line.split("#", 1)[0].strip()
+                if entry:
+                    try:
+                        out.append(parse_address(entry))
+                    except ValueError as e:
+                        raise ValueError(f"{path}:{n}: {e}") from None
+        else:
+            out.append(parse_address(ref))
+    if not out:
+        raise ValueError("no HOST:PORT given (the host list is empty)")
+    return out
 
 
 class AgentClient:
@@ -83,10 +108,16 @@ class AgentClient:
                     if attempt:
                         raise AgentUnavailable("the connection to the agent broke") from None
 
-    def stream(self, offset: int = 0):
-        """Yields raw lines of the agent's recording from ``offset`` on (remote viewers)."""
+    def stream(self, offset: int = 0, idle_timeout_s: float | None = None):
+        """Yields raw lines of the agent's recording from ``offset`` on (remote viewers).
+
+        Each line is whole, without its newline; the byte offset after it is the previous
+        offset plus ``len(line) + 1`` (reconnect from there). Ends when the agent closes the
+        connection; raises ``OSError`` (``socket.timeout`` after ``idle_timeout_s`` of silence)
+        when it breaks. A line longer than the protocol's limit is cut off and skipped.
+        """
         sock = self._connect(offset=offset)
-        sock.settimeout(None)
+        sock.settimeout(idle_timeout_s)
         buf = b""
         try:
             while True:
@@ -96,6 +127,8 @@ class AgentClient:
                 buf += data
                 *lines, buf = buf.split(b"\n")
                 yield from lines
+                if len(buf) > protocol.MAX_LINE_BYTES:
+                    raise AgentUnavailable(f"the agent sent a line over {protocol.MAX_LINE_BYTES} bytes")
         finally:
             sock.close()
 

@@ -1,0 +1,200 @@
+"""A source that follows agents over TCP (``tpuwatch attach HOST:PORT [HOST:PORT...]``).
+
+Each address gets one background thread that streams the agent's recording
+(:meth:`AgentClient.stream`) from byte 0, decodes it off the UI thread, and puts the messages on
+one bounded queue. When the queue is full the thread waits, so TCP pushes back on the agent and,
+if the dashboard falls far behind, the agent drops the connection; the thread then reconnects
+from the last whole line it received (nothing is lost or repeated: the recording is the truth).
+
+Several streams feed one ``RunState``: :meth:`RemoteSource.poll_tagged` returns each message with
+the worker name from its stream's ``hello``, for ``RunState.apply(msg, worker=name)``. With one
+stream, :meth:`poll` is enough. Nothing here imports Textual.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from tpuwatch.monitor.client import AgentClient, AgentUnavailable
+from tpuwatch.protocol import Command, Decoder, Event, Exit, Hello, Message
+
+#: Messages held between the stream threads and the dashboard (all streams together).
+QUEUE_MESSAGES = 50_000
+#: Most messages one poll hands over (the app polls again within its frame budget).
+POLL_MESSAGES = 20_000
+#: Reconnect back-off, seconds: doubles from the first to the last value.
+RECONNECT_S = (0.25, 5.0)
+
+Tagged = tuple["str | None", Message]
+
+
+@dataclass
+class StreamState:
+    """One agent's connection, as the source sees it (read by tests and the status line)."""
+
+    address: tuple[str, int]
+    offset: int = 0  # bytes of the recording received as whole lines
+    worker: str | None = None  # from the stream's hello
+    connected: bool = False
+    ended: bool = False  # the stream delivered the run's exit: no reconnect
+    refused: str = ""  # the agent refused us (token, version): no reconnect
+    connects: int = 0
+    malformed: int = 0
+    stop: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def label(self) -> str:
+        host, port = self.address
+        return f"{host}:{port}"
+
+
+class RemoteSource:
+    """Follows one or more agents over TCP with the run's token."""
+
+    live = True
+    can_send = True
+
+    def __init__(
+        self,
+        addresses: Sequence[tuple[str, int]],
+        token: str,
+        *,
+        client_factory: Callable[..., AgentClient] = AgentClient,
+        queue_messages: int = QUEUE_MESSAGES,
+        reconnect_s: tuple[float, float] = RECONNECT_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not addresses:
+            raise ValueError("RemoteSource needs at least one HOST:PORT")
+        self.streams = [StreamState(address=tuple(a)) for a in addresses]  # type: ignore[arg-type]
+        self._token = token
+        self._factory = client_factory
+        self._queue: queue.Queue[Tagged] = queue.Queue(maxsize=queue_messages)
+        self._reconnect_s = reconnect_s
+        self._clock = clock
+        self._senders = [client_factory(tcp=s.address, token=token) for s in self.streams]
+        self._threads = [
+            threading.Thread(target=self._follow, args=(s,), name=f"tpuwatch-remote-{s.label}", daemon=True)
+            for s in self.streams
+        ]
+        for t in self._threads:
+            t.start()
+
+    # --- Source ------------------------------------------------------------------------------
+
+    def poll(self) -> list[Message]:
+        return [msg for _, msg in self.poll_tagged()]
+
+    def poll_tagged(self) -> list[Tagged]:
+        """New messages with the worker name of the stream each came from. Never blocks."""
+        out: list[Tagged] = []
+        get = self._queue.get_nowait
+        try:
+            while len(out) < POLL_MESSAGES:
+                out.append(get())
+        except queue.Empty:
+            pass
+        return out
+
+    def send(self, command: Command) -> None:
+        """Sends ``command`` to every agent still running (a checkpoint or a stack dump of a
+        multi-host job concerns all of them). Raises OSError when none took it."""
+        errors = []
+        sent = 0
+        for stream, client in zip(self.streams, self._senders):
+            if stream.ended or stream.refused:
+                continue
+            try:
+                client.send(command)
+                sent += 1
+            except OSError as e:
+                errors.append(f"{stream.label}: {e}")
+        if not sent:
+            raise OSError("; ".join(errors) or "no agent is running any more")
+
+    def now(self) -> float | None:
+        return None
+
+    def close(self) -> None:
+        for s in self.streams:
+            s.stop.set()
+        for client in self._senders:
+            client.close()
+
+    # --- the stream threads --------------------------------------------------------------------
+
+    def _put(self, stream: StreamState, msg: Message) -> bool:
+        """Waits for room (back-pressure); False when the source is closing."""
+        while not stream.stop.is_set():
+            try:
+                self._queue.put((stream.worker, msg), timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _note(self, stream: StreamState, level: str, message: str) -> None:
+        self._put(stream, Event(t=self._clock(), level=level, source="remote", message=message))  # type: ignore[arg-type]
+
+    def _follow(self, stream: StreamState) -> None:
+        client = self._factory(tcp=stream.address, token=self._token)
+        decoder = Decoder()
+        delay = self._reconnect_s[0]
+        announced_outage = False
+        while not stream.stop.is_set():
+            got_lines = False
+            try:
+                stream.connects += 1
+                first = True
+                for line in client.stream(stream.offset):
+                    if stream.stop.is_set():
+                        return
+                    if not stream.connected:
+                        stream.connected = True
+                        if announced_outage:
+                            self._note(stream, "info", f"reconnected to {stream.label} at byte {stream.offset}")
+                            announced_outage = False
+                    msg = decoder.decode(line)
+                    if first and isinstance(msg, Event) and msg.source == "transport" and msg.level == "error":
+                        # The agent refused the handshake (token, version): retrying cannot help.
+                        stream.refused = msg.message
+                        self._note(stream, "error", f"{stream.label} refused this viewer: {msg.message}")
+                        return
+                    first = False
+                    stream.offset += len(line) + 1
+                    got_lines = True
+                    stream.malformed = decoder.malformed
+                    if msg is None:
+                        continue
+                    if isinstance(msg, Hello) and stream.worker is None:
+                        stream.worker = msg.worker
+                    if not self._put(stream, msg):
+                        return
+                    if isinstance(msg, Exit):
+                        stream.ended = True
+            except AgentUnavailable as e:
+                why = str(e)
+            except OSError as e:
+                why = f"the connection broke ({e.strerror or type(e).__name__})"
+            else:
+                why = "the agent closed the connection"
+            finally:
+                stream.connected = False
+            if stream.ended or stream.stop.is_set():
+                return
+            if not announced_outage:
+                self._note(stream, "warning", f"{stream.label}: {why}; reconnecting from byte {stream.offset}")
+                announced_outage = True
+            if got_lines:
+                delay = self._reconnect_s[0]
+            stream.stop.wait(delay)
+            delay = min(delay * 2, self._reconnect_s[1])
+
+
+def make_remote_source(addresses: Sequence[tuple[str, int]], token: str) -> RemoteSource:
+    """The source ``tpuwatch attach HOST:PORT [...] --token-file F`` gives the dashboard."""
+    return RemoteSource(addresses, token)
