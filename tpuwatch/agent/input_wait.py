@@ -31,6 +31,8 @@ def ensure_accumulator(probe: "StepProbe"):
     """
     if probe.accumulator is None:
         import numpy as np
+
+        from tpuwatch.agent.replica_loss import raw_reader
         import tensorflow as tf
         from tensorflow.python.ops import resource_variable_ops
 
@@ -39,6 +41,8 @@ def ensure_accumulator(probe: "StepProbe"):
                 tf.zeros([4], tf.float64), trainable=False, name="tpuwatch_step_accumulator"
             )
         probe.acc_last = np.zeros(4)
+        read_one = raw_reader([probe.accumulator])
+        probe.read_accumulator = lambda: read_one()[0]
     return probe.accumulator
 
 

@@ -53,5 +53,19 @@ class Patches:
                 except AttributeError:
                     pass
 
+    def suspend(self) -> None:
+        """Puts the originals back without forgetting the wrappers (``resume`` re-applies them).
+
+        Lets a benchmark alternate instrumented and plain phases in one process.
+        """
+        self._suspended = [(owner, name, getattr(owner, name)) for owner, name, _, _ in self._undo]
+        for owner, name, original, _ in self._undo:
+            setattr(owner, name, original)
+
+    def resume(self) -> None:
+        for owner, name, wrapper in getattr(self, "_suspended", ()):
+            setattr(owner, name, wrapper)
+        self._suspended = []
+
     def __len__(self) -> int:
         return len(self._undo)

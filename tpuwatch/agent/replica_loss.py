@@ -43,9 +43,32 @@ class LossSlot:
                 name="tpuwatch_replica_loss",
             )
         self.components = tuple(strategy.experimental_local_results(self.var))
+        self._read = raw_reader(self.components)
 
     def read(self) -> tuple[float, ...]:
-        return tuple(float(v.numpy()) for v in self.components)
+        return tuple(float(v) for v in self._read())
+
+
+def raw_reader(variables) -> Callable[[], list]:
+    """A reader of the variables' current values as numpy scalars/arrays.
+
+    ``variable.numpy()`` goes through tape and distribution wrappers (~35 µs a variable); the
+    generated op wrapper ~14 µs; TF's eager fast path for ``ReadVariableOp`` on the handle ~7 µs.
+    This runs after every step, so it matters. Falls back to the public path if the fast path
+    is not there (other TF versions).
+    """
+    pairs = [(v.handle, v.dtype) for v in variables]
+    try:
+        from tensorflow.python import pywrap_tfe
+        from tensorflow.python.eager import context
+
+        fast = pywrap_tfe.TFE_Py_FastPathExecute
+        ctx = context.context()
+        for handle, dtype in pairs:  # fails here, not per step, if the fast path is missing
+            fast(ctx, "ReadVariableOp", None, handle, "dtype", dtype).numpy()
+        return lambda: [fast(ctx, "ReadVariableOp", None, handle, "dtype", dtype).numpy() for handle, dtype in pairs]
+    except Exception:
+        return lambda: [v.numpy() for v in variables]
 
 
 def pick_loss(output: Any):

@@ -52,6 +52,7 @@ class StepProbe:
         self.eager_wait_s = 0.0  # eager input fetch time since the last step ended
         self.eager_examples: int | None = None
         self.accumulator = None  # tf ResourceVariable float64[4], created on first in-graph use
+        self.read_accumulator: Callable[[], Any] = lambda: None
         self.acc_last: Any = None
         self.loss_reader: Callable[[Any], tuple[float, ...] | None] | None = None
         self.eager_losses: dict[int, float] = {}
@@ -151,7 +152,7 @@ class StepProbe:
         examples = self.eager_examples
         flags = self.flags_of(fn)
         if self.accumulator is not None and "acc" in flags:
-            now = self.accumulator.numpy()
+            now = self.read_accumulator()
             last = self.acc_last
             self.acc_last = now
             if last is not None:
