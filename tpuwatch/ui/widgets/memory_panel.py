@@ -26,6 +26,24 @@ def _style(frac: float | None) -> str:
     return "$error bold" if frac >= CRITICAL_FRAC else "$warning bold" if frac >= WARN_FRAC else ""
 
 
+def _libtpu_line(d: DeviceMemory, width: int) -> Content:
+    """A device read from libtpu: HBM used/total now, then headroom and duty cycle if they fit
+    (``TPU:3 30.0/32.0 GiB 94%  2.00 GiB free  duty 99%``). Coloured by the peak's share."""
+    used, total = units.size(d.current_bytes), units.size(d.limit_bytes)
+    unit = total.rpartition(" ")[2]
+    if used.endswith(" " + unit):
+        used = used[: -len(unit) - 1]
+    style = _style(_use(d))
+    line = Content.assemble(f"{short_device(d.device)[:10]:<6}", (used, style), ("/", "dim"), total,
+                            (f" {units.percent(d.current_bytes / d.limit_bytes)}", style or "dim"))
+    extras = [Content.assemble(("  duty ", "dim"), f"{d.duty_cycle_pct:.0f}%")] if d.duty_cycle_pct is not None else []
+    extras.insert(0, Content.assemble(("  ", ""), units.size(max(0, d.limit_bytes - d.current_bytes)), (" free", "dim")))
+    for extra in extras:
+        if line.cell_length + extra.cell_length <= width:
+            line += extra
+    return line
+
+
 def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
     lines: list[Content] = []
     for h in s.host_memory:
@@ -45,6 +63,9 @@ def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
         hidden = len(devices) - max(0, room - 1)
         devices = devices[: max(0, room - 1)]
     for d in sorted(devices, key=lambda d: d.device):
+        if d.source == "tpu-info" and d.limit_bytes:
+            lines.append(_libtpu_line(d, width))
+            continue
         frac = _use(d)
         parts: list[Content | tuple[str, str] | str] = [
             f"{short_device(d.device)[:10]:<10}", units.size(d.current_bytes),
@@ -52,18 +73,7 @@ def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
         ]
         if d.limit_bytes:
             parts += [("/", "dim"), units.size(d.limit_bytes), (f" {units.percent(frac)}", _style(frac) or "dim")]
-        line = Content.assemble(*parts)
-        # Headroom now (limit - current) and the chip's duty cycle (libtpu), when they fit.
-        extras = []
-        if d.limit_bytes:
-            extras.append(Content.assemble(("  ", ""), units.size(max(0, d.limit_bytes - d.current_bytes)),
-                                           (" free", "dim")))
-        if d.duty_cycle_pct is not None:
-            extras.append(Content.assemble(("  duty ", "dim"), f"{d.duty_cycle_pct:.0f}%"))
-        for extra in extras:
-            if line.cell_length + extra.cell_length <= width:
-                line += extra
-        lines.append(line)
+        lines.append(Content.assemble(*parts))
     if hidden:
         lines.append(Content.styled(f"… {hidden} more devices", "dim"))
     if s.tpu_metrics_note:
