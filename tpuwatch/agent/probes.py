@@ -46,7 +46,7 @@ def install_all(agent: "Agent", script: str, argv: list[str], disabled: set[str]
             except Exception as e:
                 agent.probe_failed(name, e)
         agent.step_probe = step_probe
-    for name in ("retraces", "memory", "keras_hooks", "stacks"):
+    for name in ("retraces", "memory", "keras_hooks", "stacks", "commands"):
         if name in disabled:
             continue
         try:
