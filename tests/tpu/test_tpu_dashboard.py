@@ -40,6 +40,7 @@ def _record(run, monkeypatch, tmp_path) -> list:
     agent.start()
     try:
         _wait(lambda: svc.served.calls >= 6)  # two readings
+        assert tpu_metrics.covered_devices(agent) == {"TPU:0", "TPU:1", "TPU:2", "TPU:3"}
         svc.stop()
         _wait(lambda: sampler.reason)
     finally:

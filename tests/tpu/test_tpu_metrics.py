@@ -96,9 +96,11 @@ def test_stopped_service_gives_one_reason_backs_off_and_recovers(agent, v4_host,
     clock = Clock()
     sampler = tpu_metrics.TpuMetricsSampler(agent, ports=(service.port,), clock=clock, backoff_s=2.0)
     assert samples(sampler())
+    assert sampler.covered == {"TPU:0", "TPU:1", "TPU:2", "TPU:3"}
     service.stop()
     clock.advance(1.0)
     out = sampler()
+    assert sampler.covered == frozenset()  # TF's own memory figures are the fallback again
     (ev,) = events(out)
     assert not samples(out)
     assert ev.level == "warning"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -272,6 +273,8 @@ class TpuMetricsSampler:
         self._next_t = 0.0
         self._backoff = backoff_s
         self._peaks: dict[int, int] = {}
+        #: TF device names ("TPU:0") read from libtpu at the last reading; empty while absent.
+        self.covered: frozenset[str] = frozenset()
 
     def __call__(self) -> list[Message]:
         if self.done:
@@ -295,6 +298,7 @@ class TpuMetricsSampler:
             return self._retry_later(now, _rpc_reason(e, self._reader.ports))
         self._next_t = now + self.interval_s
         self._backoff = self.backoff_s
+        self.covered = frozenset(f"TPU:{u.device_id}" for u in usage)
         out: list[Message] = []
         if self.reason != "":
             self.reason = ""
@@ -324,6 +328,7 @@ class TpuMetricsSampler:
         return []
 
     def _retry_later(self, now: float, reason: str) -> list[Message]:
+        self.covered = frozenset()  # TF's get_memory_info samples stand in again
         self._next_t = now + self._backoff
         self._backoff = min(self._backoff * 2, self.max_backoff_s)
         return self._say(reason, "warning")
@@ -339,8 +344,19 @@ class TpuMetricsSampler:
             self._reader.close()
 
 
+_installed: "weakref.WeakKeyDictionary[Any, TpuMetricsSampler]" = weakref.WeakKeyDictionary()
+
+
+def covered_devices(agent: "Agent") -> frozenset[str]:
+    """Devices whose memory libtpu reports right now (the memory probe can skip TF's figures
+    for them, so one device is not shown twice with two sources)."""
+    sampler = _installed.get(agent)
+    return sampler.covered if sampler is not None else frozenset()
+
+
 def install(agent: "Agent", patches: "Patches") -> TpuMetricsSampler:
     """Registers the sampler. Patches nothing (``patches`` for a uniform signature)."""
     sampler = TpuMetricsSampler(agent)
     agent.add_sampler(PROBE, sampler)
+    _installed[agent] = sampler
     return sampler
