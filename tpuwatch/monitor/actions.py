@@ -1,0 +1,185 @@
+"""``tpuwatch profile`` / ``tpuwatch checkpoint`` from any shell: one command, its progress, its Result.
+
+The command goes to the agent over its socket (:class:`AgentClient`); its progress
+(``CommandState`` queued/running) and its one ``Result`` are read back from the run's recording,
+tailed from the offset it had just before sending, so nothing is missed and no second channel is
+needed. Exit codes: 0 ok, 1 failed (or no result before ``--timeout``), 2 the run is not live.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
+
+from tpuwatch import rundir
+from tpuwatch.monitor.client import AgentClient, AgentUnavailable, new_command
+from tpuwatch.monitor.recording import RecordingReader
+from tpuwatch.protocol import Command, CommandState, Exit, Message, Result
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_NOT_LIVE = 2
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one command: its Result (None: timed out or the run ended without one)."""
+
+    command: Command
+    sent_t: float  # unix seconds, just before sending
+    states: tuple[CommandState, ...]
+    result: Result | None
+    ended: bool  # the run exited while we waited
+
+
+def command_from_args(action: str, ns, cwd: Path | None = None) -> Command:
+    """The Command for ``tpuwatch profile|checkpoint`` arguments; local paths made absolute here
+    (the agent's working directory is not the shell's)."""
+
+    def absolute(value: str | None) -> str | None:
+        if not value or value.startswith("gs://"):
+            return value
+        return str((cwd or Path.cwd()) / Path(value).expanduser())
+
+    if action == "profile":
+        return new_command("profile", steps=getattr(ns, "steps", None), ms=getattr(ns, "ms", None),
+                           logdir=absolute(getattr(ns, "logdir", None)))
+    if action == "checkpoint":
+        return new_command("checkpoint", dir=absolute(getattr(ns, "dir", None)))
+    raise ValueError(f"unknown action {action!r}")
+
+
+def send_and_wait(
+    run_dir: Path,
+    command: Command,
+    timeout_s: float,
+    on_state: Callable[[CommandState], None] = lambda s: None,
+    client: AgentClient | None = None,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Outcome:
+    """Sends ``command`` and follows the recording until its Result. Raises AgentUnavailable."""
+    events = run_dir / rundir.EVENTS
+    try:
+        offset = events.stat().st_size
+    except OSError:
+        offset = 0
+    reader = RecordingReader(events, offset=offset)
+    client = client or AgentClient.for_run(run_dir)
+    sent_t = clock()
+    try:
+        client.send(command)
+    finally:
+        client.close()
+    states: list[CommandState] = []
+    ended = False
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for msg in reader.read_new():
+            if isinstance(msg, CommandState) and msg.id == command.id:
+                states.append(msg)
+                on_state(msg)
+            elif isinstance(msg, Result) and msg.id == command.id:
+                return Outcome(command, sent_t, tuple(states), msg, ended)
+            elif isinstance(msg, Exit):
+                ended = True
+        if ended:
+            # The agent answers every command before it exits; give the last lines a moment.
+            for msg in _settle(reader, sleep):
+                if isinstance(msg, Result) and msg.id == command.id:
+                    return Outcome(command, sent_t, tuple(states), msg, ended)
+            return Outcome(command, sent_t, tuple(states), None, ended)
+        if time.monotonic() >= deadline:
+            return Outcome(command, sent_t, tuple(states), None, ended)
+        sleep(POLL_S)
+
+
+def _settle(reader: RecordingReader, sleep: Callable[[float], None]) -> list[Message]:
+    out: list[Message] = []
+    for _ in range(20):
+        new = reader.read_new()
+        out.extend(new)
+        if not new:
+            sleep(POLL_S)
+    return out
+
+
+def describe_result(result: Result) -> str:
+    """The one line printed for a Result: what, where, how big, how long."""
+    d = result.details
+    bits = []
+    if isinstance(d.get("path"), str):
+        bits.append(str(d["path"]))
+    if isinstance(d.get("bytes"), (int, float)):
+        bits.append(_size(float(d["bytes"])))  # type: ignore[arg-type]
+    if isinstance(d.get("seconds"), (int, float)):
+        bits.append(f"{float(d['seconds']):.2f} s")  # type: ignore[arg-type]
+    if isinstance(d.get("step"), int):
+        bits.append(f"step {d['step']}")
+    if result.ok:
+        return f"{result.action} done: {result.message}" + (f" [{' · '.join(bits[1:])}]" if len(bits) > 1 else "")
+    return f"{result.action} failed: {result.message}"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def request_from_cli(run_dir: Path, ns, out: TextIO | None = None) -> int:
+    """``tpuwatch profile|checkpoint [RUN]``: sends, prints progress and the result; returns the exit code."""
+    out = out or sys.stdout
+    action = ns.command
+    try:
+        command = command_from_args(action, ns)
+    except ValueError as e:
+        print(f"tpuwatch: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+    def on_state(s: CommandState) -> None:
+        where = f" at step {s.step}" if s.step is not None else ""
+        print(f"tpuwatch: {action} {s.state}{where}", file=out, flush=True)
+
+    try:
+        outcome = send_and_wait(run_dir, command, ns.timeout, on_state)
+    except AgentUnavailable as e:
+        print(f"tpuwatch: run {run_dir.name} is not live: {e}", file=sys.stderr)
+        return EXIT_NOT_LIVE
+    result = outcome.result
+    if result is None:
+        why = "the run ended" if outcome.ended else f"no result after {ns.timeout:g} s"
+        print(f"tpuwatch: {action}: {why}; the dashboard or `tpuwatch report {run_dir.name}` shows it if it "
+              "completes later", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"tpuwatch: {describe_result(result)}", file=out, flush=True)
+    if not result.ok:
+        return EXIT_FAILED
+    if action == "profile":
+        _print_summary(result, out)
+    return EXIT_OK
+
+
+def _print_summary(result: Result, out: TextIO) -> None:
+    from tpuwatch.monitor import profile_summary
+
+    local = result.details.get("local_path") or result.details.get("path")
+    if not isinstance(local, str) or not os.path.isdir(local):
+        logdir = result.details.get("logdir")
+        if isinstance(logdir, str):
+            print("open it with:\n  " + "\n  ".join(profile_summary.open_commands(logdir)), file=out)
+        return
+    try:
+        summary = profile_summary.summarize(local)
+    except profile_summary.ProfileSummaryError as e:
+        print(f"tpuwatch: no summary: {e}", file=out)
+        print("open it with:\n  " + "\n  ".join(profile_summary.open_commands(str(Path(local).parents[2]))), file=out)
+        return
+    print(profile_summary.render_text(summary), file=out, flush=True)
