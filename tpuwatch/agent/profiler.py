@@ -252,6 +252,13 @@ class Profiler:
     def _stop_and_store(self, capture: Capture) -> tuple[bool, str, dict]:
         import tensorflow as tf
 
+        # TF names the capture directory after the local time in whole seconds at stop: a second
+        # capture within the same second would overwrite the first one's <host>.xplane.pb.
+        existing = profile_runs(capture.dest.local)
+        for _ in range(30):
+            if time.strftime("%Y_%m_%d_%H_%M_%S") not in existing:
+                break
+            time.sleep(0.05)
         try:
             tf.profiler.experimental.stop()
         except Exception as e:
