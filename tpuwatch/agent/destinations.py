@@ -32,7 +32,23 @@ class Destination:
 
 
 def env_roots() -> list[str]:
-    return [r for r in os.environ.get(ENV_ALLOWED, "").split(os.pathsep) if r.strip()]
+    """The allowed roots listed in the environment.
+
+    The list is ``os.pathsep``-separated, which on POSIX is ":" and so also splits "gs://b/p" into
+    "gs" and "//b/p": such pairs are joined back.
+    """
+    parts = os.environ.get(ENV_ALLOWED, "").split(os.pathsep)
+    out: list[str] = []
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        if part == "gs" and i + 1 < len(parts) and parts[i + 1].startswith("//"):
+            part = "gs:" + parts[i + 1]
+            i += 1
+        if part.strip():
+            out.append(part)
+        i += 1
+    return out
 
 
 def resolve(value: str | None, default: Path, run_dir: Path, staging: Path) -> Destination:
