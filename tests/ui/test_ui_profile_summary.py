@@ -1,0 +1,47 @@
+"""The profile summary modal and the choice of which profile results to show."""
+
+from __future__ import annotations
+
+from textual.app import App
+
+from tpuwatch.monitor.snapshot import CommandView, RunSnapshot
+from ui_support import sync
+from tpuwatch.ui.screens.profile_summary_screen import (ProfileSummaryScreen, load_summary_text,
+                                                          new_profile_results)
+
+
+def _view(id_: str, action: str = "profile", status: str = "done", **details) -> CommandView:
+    return CommandView(id=id_, action=action, status=status, message="", details=details, t=1.0)  # type: ignore[arg-type]
+
+
+def test_each_finished_profile_is_shown_once_and_only_those_sent_here():
+    snap = RunSnapshot(commands=(_view("a"), _view("b", status="running"), _view("c", action="checkpoint"),
+                                 _view("d"), _view("e", status="failed")))
+    seen: set[str] = set()
+    assert [c.id for c in new_profile_results(snap, seen, ids={"a", "b"})] == ["a"]
+    assert [c.id for c in new_profile_results(snap, seen)] == ["d"]
+    assert new_profile_results(snap, seen) == []
+
+
+def test_a_capture_on_another_machine_says_how_to_open_it(tmp_path):
+    text = load_summary_text(_view("a", path="gs://b/p/plugins/profile/x", logdir="gs://b/p"))
+    assert "not on this machine" in text and "tensorboard --logdir=gs://b/p" in text
+    empty = tmp_path / "plugins" / "profile" / "2026_01_01_00_00_00"
+    empty.mkdir(parents=True)
+    assert "No summary: no .xplane.pb" in load_summary_text(_view("b", local_path=str(empty)))
+
+
+@sync
+async def test_the_modal_shows_the_text_and_closes_with_escape():
+    class Host(App):
+        pass
+
+    app = Host()
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.push_screen(ProfileSummaryScreen("Profile /x\n  3 steps, step time 7.8 ms"))
+        await pilot.pause()
+        assert isinstance(app.screen, ProfileSummaryScreen)
+        assert "3 steps, step time 7.8 ms" in str(app.screen.query_one("#profile-summary-text").render())
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, ProfileSummaryScreen)

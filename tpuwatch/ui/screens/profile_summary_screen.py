@@ -1,0 +1,82 @@
+"""The summary of a finished profile capture, shown in a modal when its Result arrives.
+
+The summary itself is computed by :mod:`tpuwatch.monitor.profile_summary` (xprof, no TensorFlow)
+in a worker thread (0.01-0.3 s): :func:`load_summary_text` is what that worker runs, and
+:func:`new_profile_results` tells the app which profile results it has not shown yet.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from tpuwatch.monitor.snapshot import CommandView, RunSnapshot
+
+
+def new_profile_results(snapshot: RunSnapshot, seen: set[str], ids: Iterable[str] | None = None) -> list[CommandView]:
+    """Profile commands that finished ok and are not in ``seen`` (which is updated).
+
+    ``ids``: only these command ids (the ones this dashboard sent), or every one when None.
+    """
+    wanted = None if ids is None else set(ids)
+    out = []
+    for c in snapshot.commands:
+        if c.action != "profile" or c.status != "done" or c.id in seen:
+            continue
+        if wanted is not None and c.id not in wanted:
+            continue
+        seen.add(c.id)
+        out.append(c)
+    return out
+
+
+def load_summary_text(command: CommandView) -> str:
+    """The text for the modal (runs in a worker thread: xprof takes up to ~0.3 s)."""
+    from tpuwatch.monitor import profile_summary
+
+    d = command.details
+    local = d.get("local_path") or d.get("path")
+    logdir = d.get("logdir") if isinstance(d.get("logdir"), str) else None
+    if not isinstance(local, str) or not os.path.isdir(local):
+        where = f" ({local})" if isinstance(local, str) else ""
+        lines = [f"The capture is not on this machine{where}; open it where it is:"]
+        if logdir:
+            lines += [f"  {c}" for c in profile_summary.open_commands(str(logdir))]
+        return "\n".join(lines)
+    try:
+        return profile_summary.render_text(profile_summary.summarize(local))
+    except profile_summary.ProfileSummaryError as e:
+        return f"No summary: {e}"
+
+
+class ProfileSummaryScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,enter", "dismiss", "Close", id="profile-summary.close")]
+    DEFAULT_CSS = """
+    ProfileSummaryScreen { align: center middle; }
+    #profile-summary-dialog {
+        width: 90%; max-width: 120; height: auto; max-height: 90%;
+        border: round $primary; background: $surface; padding: 0 1;
+    }
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self._text = text
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="profile-summary-dialog"):
+            yield Static(self._text, id="profile-summary-text", markup=False)
+
+    def on_mount(self) -> None:
+        dialog = self.query_one("#profile-summary-dialog")
+        dialog.border_title = "Profile"
+        dialog.border_subtitle = "esc closes"
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(None)
