@@ -173,7 +173,7 @@ def _run_headless(launch, every_s: float) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # an SSH drop must not end the training
     codes: list[int] = []
     headless.follow(launch.run_dir / rundir.EVENTS, launch.alive, out=sys.stderr, every_s=every_s,
-                    on_end=lambda: codes.append(launcher.finish(launch)))
+                    on_end=lambda: codes.append(launcher.finish(launch)), record_findings=True)
     code = codes[0] if codes else launcher.finish(launch)
     done.set()
     copier.join(timeout=2)
@@ -218,7 +218,7 @@ def _run_dashboard(launch) -> int:
         finish_once()
 
     threading.Thread(target=watch, name="tpuwatch-wait-child", daemon=True).start()
-    choice = _dashboard(launch.run_dir, live=True)
+    choice = _dashboard(launch.run_dir, live=True, owner=True)
     if choice == "stop" and launch.alive():
         with lock:  # the watcher then finds the end recorded, and writes nothing twice
             if not codes:
@@ -242,8 +242,11 @@ def _say(line: str) -> None:
         pass
 
 
-def _dashboard(run_dir: Path, live: bool, speed: float | None = None) -> str:
-    """Opens the dashboard on a run: live (tail the recording, send commands) or a replay."""
+def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: bool = False) -> str:
+    """Opens the dashboard on a run: live (tail the recording, send commands) or a replay.
+
+    ``owner``: this process started the run, so it writes the findings into the recording.
+    """
     from tpuwatch.ui.app import run_dashboard
 
     if live:
@@ -256,7 +259,7 @@ def _dashboard(run_dir: Path, live: bool, speed: float | None = None) -> str:
         from tpuwatch.ui.replay_source import make_replay_source
 
         source = make_replay_source(run_dir, speed=speed or 1.0)
-    return run_dashboard(run_dir, source)
+    return run_dashboard(run_dir, source, record_findings=owner)
 
 
 # --- attach / replay / report / ls ---------------------------------------------------------------

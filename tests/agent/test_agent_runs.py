@@ -10,7 +10,7 @@ import pytest
 
 from tpuwatch import protocol
 
-from conftest import SCRIPTS
+from tpuwatch_testing import SCRIPTS
 
 pytestmark = pytest.mark.tf
 LOOPS = SCRIPTS / "loops.py"
@@ -70,8 +70,8 @@ def test_default_strategy_plain_dataset(run_agent):
 def test_input_wait_separates_a_starved_pipeline_from_a_fast_one(run_agent, mode):
     # Steps of ~25-35 ms, like real ones: a 4-replica eager fetch costs ~2 ms even when the
     # data is ready (DESIGN §3), which is no starvation at realistic step times. The slow
-    # pipeline takes 100 ms a batch, longer than a step, so prefetching cannot hide it.
-    slow = run_agent(LOOPS, "--mode", mode, "--input", "slow", "--sleep-ms", "100", "--steps", "10", "--width", "1024")
+    # pipeline takes 200 ms a batch, longer than a step, so prefetching cannot hide it.
+    slow = run_agent(LOOPS, "--mode", mode, "--input", "slow", "--sleep-ms", "200", "--steps", "8", "--width", "1024")
     fast = run_agent(LOOPS, "--mode", mode, "--input", "fast", "--steps", "14", "--width", "1024")
     assert slow.returncode == 0 and fast.returncode == 0, slow.output + fast.output
     assert _wait_share(slow) > 0.5, [(s.step_time_s, s.input_wait_s) for s in slow.steps]

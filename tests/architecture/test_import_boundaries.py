@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from tpuwatch_testing import ROOT
 
 HEAVY = ("tensorflow", "keras", "tf_keras", "textual", "rich")
 
@@ -50,7 +50,7 @@ def test_ui_never_imports_tensorflow_or_the_agent():
 def test_agent_never_imports_textual_or_the_viewer_side():
     statement = "import " + ", ".join(
         f"tpuwatch.agent.{m}" for m in ("runtime", "transport", "probes", "steps", "input_wait", "replica_loss",
-                                        "retraces", "memory", "environment", "keras_hooks")
+                                        "retraces", "memory", "environment", "keras_hooks", "tpu_metrics")
     )
     mods = _modules_after(statement)
     assert not _top(mods) & {"textual", "rich"}

@@ -107,8 +107,11 @@ class MemorySampler:
         if self._devices is None:
             self._devices = self._discover(tf)
         out = []
+        from tpuwatch.agent import tpu_metrics
+
+        covered = tpu_metrics.covered_devices(self.agent)  # libtpu's figures win while it answers
         for name, limit, limit_source in self._devices:
-            if name in self._failed_devices:
+            if name in self._failed_devices or name in covered:
                 continue
             try:
                 info = tf.config.experimental.get_memory_info(name)

@@ -26,6 +26,7 @@ Sampler = Callable[[], Iterable[Message]]
 Handler = Callable[[Command], "tuple[str, dict]"]
 
 _current: "Agent | None" = None
+_WRITE_CHUNK = 1 << 20
 
 
 def current() -> "Agent | None":
@@ -60,7 +61,9 @@ class Agent:
         self._flushed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._events_path = run_dir / rundir.EVENTS
-        self._file = open(self._events_path, "ab", buffering=1 << 16)
+        # Whole lines per write(2) with O_APPEND: the launcher appends findings to the same file,
+        # and appends of whole lines never interleave mid-line.
+        self._fd = os.open(self._events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.global_step = 0
         # Fault injection for tests: the named probe raises the first time it does its work.
         self._fault = os.environ.get("TPUWATCH_TEST_FAIL_PROBE", "")
@@ -211,33 +214,42 @@ class Agent:
                 self.probe_failed(name, e)
 
     def _drain(self) -> None:
-        wrote = False
         buf = self._buf
-        out = self._file
+        if not buf:
+            return
+        lines: list[bytes] = []
+        size = 0
         while buf:
             try:
                 msg = buf.popleft()
             except IndexError:
                 break
             try:
-                out.write(protocol.encode(msg))
+                line = protocol.encode(msg)
             except Exception as e:  # a bad value must never stop the recording
-                try:
-                    out.write(protocol.encode(Event(t=self.clock(), level="error", source="agent",
-                                                    message=f"could not encode {msg.kind}: {e}")))
-                except Exception:
-                    pass
-            wrote = True
-        if wrote:
-            try:
-                out.flush()
-            except OSError as e:
-                # Disk full or similar: say so on stderr once (the script's output.log) and go on.
-                if "recording" not in self._disabled:
-                    self._disabled["recording"] = str(e)
-                    print(f"tpuwatch: cannot write {self._events_path}: {e}", file=sys.stderr)
-            with self._flushed:
-                self._flushed.notify_all()
+                line = protocol.encode(Event(t=self.clock(), level="error", source="agent",
+                                             message=f"could not encode {msg.kind}: {e}"))
+            lines.append(line)
+            size += len(line)
+            if size >= _WRITE_CHUNK:
+                self._write(b"".join(lines))
+                lines, size = [], 0
+        if lines:
+            self._write(b"".join(lines))
+        with self._flushed:
+            self._flushed.notify_all()
+
+    def _write(self, data: bytes) -> None:
+        if "recording" in self._disabled:
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as e:
+            # Disk full or similar: say so once on stderr (the script's output.log) and go on.
+            self._disabled["recording"] = str(e)
+            print(f"tpuwatch: cannot write {self._events_path}: {e}; the recording stops here", file=sys.stderr)
 
     @property
     def events_path(self) -> Path:
@@ -260,7 +272,7 @@ class Agent:
             self._thread.join(timeout=5)
         self._drain()
         try:
-            self._file.close()
+            os.close(self._fd)
         except OSError:
             pass
         if self.server is not None:

@@ -8,13 +8,13 @@ terminal's stdout to the script's own output when the launcher mirrors it.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
-from tpuwatch.monitor.recording import RecordingReader
+from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.recording import RecordingReader, append
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.monitor.state import RunState
 from tpuwatch.monitor.units import (
@@ -26,10 +26,8 @@ from tpuwatch.monitor.units import (
     fmt_rate,
     fmt_seconds,
 )
-from tpuwatch.protocol import Finding, Hello, Message
+from tpuwatch.protocol import Finding, Message
 
-#: How often ``follow`` asks the diagnostics engine for findings (seconds of ``clock``).
-EVALUATE_EVERY_S = 1.0
 
 
 def _loss_range(snap: RunSnapshot) -> str:
@@ -144,47 +142,6 @@ def summary(snap: RunSnapshot) -> str:
     return "\n".join(lines)
 
 
-class Diagnostics:
-    """The diagnostics engine when this build has one (else ``engine`` is None and ``note`` says
-    why); its findings go into a RunState. ``out``: where to print that note (None: nowhere)."""
-
-    def __init__(self, out: TextIO | None, clock: Callable[[], float] = time.time) -> None:
-        self.engine = None
-        self.note = ""
-        self.worker = ""  # the stream's agent, from its Hello
-        try:
-            mod = importlib.import_module("tpuwatch.monitor.diagnostics")
-            self.engine = mod.Engine(clock=clock)
-        except ModuleNotFoundError as e:
-            if e.name not in ("tpuwatch.monitor.diagnostics",):
-                raise
-            self.note = "diagnostics are not part of this build"
-        except AttributeError as e:
-            self.note = f"diagnostics unavailable: {e}"
-        if self.note and out is not None:
-            print(f"tpuwatch: {self.note}", file=out)
-
-    def apply(self, msg: Message) -> None:
-        if isinstance(msg, Hello):
-            self.worker = msg.worker
-        if self.engine is not None:
-            self.engine.apply(msg, self.worker)
-
-    def evaluate(self, state: RunState, now: float) -> None:
-        """Feeds the engine's current findings into ``state``."""
-        if self.engine is not None:
-            for f in self.engine.evaluate(now):
-                state.add_finding(f, f.worker)
-
-
-def feed(state: RunState, messages: Iterable[Message], diag: Diagnostics) -> None:
-    """Applies messages to the state and to the diagnostics engine."""
-    for m in messages:
-        state.apply(m)
-        if not isinstance(m, Finding):  # the engine makes its own
-            diag.apply(m)
-
-
 def follow(
     events_path: str | Path,
     is_alive: Callable[[], bool],
@@ -196,6 +153,7 @@ def follow(
     exit_grace_s: float = 3.0,
     poll_s: float = 0.2,
     sleep: Callable[[float], None] = time.sleep,
+    record_findings: bool = False,
 ) -> RunSnapshot:
     """Tails ``events_path`` until the process is gone and the recording is drained; prints a
     progress line every ``every_s`` seconds, each new finding once, and the summary at the end.
@@ -204,16 +162,17 @@ def follow(
     ``on_end()`` is called once if given (the launcher's ``finish``, which writes an exit record
     when the agent could not); then the recording is read to its end. Without ``on_end``,
     follow waits up to ``exit_grace_s`` for the exit record. A run that ends with no exit record
-    is reported "lost". Returns the final snapshot.
+    is reported "lost". ``record_findings``: append new findings to the recording (only the
+    process that owns the run does, so several viewers do not write them twice). Returns the
+    final snapshot.
     """
     reader = RecordingReader(events_path)
     state = RunState(clock=clock)
-    diag = Diagnostics(out, clock)
+    diag = FindingsFeed(clock, on_new=(lambda new: append(events_path, new)) if record_findings else None)
     next_print = clock() + every_s
-    next_eval = clock() + EVALUATE_EVERY_S
 
     def take(messages: list[Message]) -> None:
-        feed(state, messages, diag)
+        diag.feed(state, messages)
         print_findings()
 
     def print_findings() -> None:
@@ -229,10 +188,8 @@ def follow(
         if not alive:
             break
         now = clock()
-        if now >= next_eval:
-            diag.evaluate(state, now)
+        if diag.evaluate(state, now):
             print_findings()
-            next_eval = now + EVALUATE_EVERY_S
         if now >= next_print:
             print(progress_line(state.snapshot(now)), file=out, flush=True)
             next_print = now + every_s
@@ -254,7 +211,7 @@ def follow(
     if not state.ended:
         state.set_lost("the process ended without an exit record")
     end_t = state.last_message_t if state.last_message_t is not None else clock()
-    diag.evaluate(state, end_t)
+    diag.evaluate(state, end_t, force=True)
     print_findings()
     snap = state.snapshot(end_t)
     print(summary(snap), file=out, flush=True)

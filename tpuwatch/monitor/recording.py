@@ -18,7 +18,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from tpuwatch import protocol
 from tpuwatch.protocol import Message, Step
@@ -286,3 +286,14 @@ def read_all(path: str | os.PathLike[str]) -> tuple[list[Message], ReadStats]:
         if was_enabled:
             gc.enable()
     return messages, reader.stats
+
+
+def append(path: str | os.PathLike[str], messages: Iterable[Message]) -> None:
+    """Appends messages to a recording in one ``O_APPEND`` write, so the lines never interleave
+    with the agent's (which also writes whole lines in each write)."""
+    data = b"".join(protocol.encode(m) for m in messages)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuwatch import protocol, rundir
-from tpuwatch.monitor.headless import Diagnostics, feed
+from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.recording import iter_recording
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.monitor.state import RunState
@@ -115,7 +115,7 @@ def build_report(run_dir: str | Path) -> dict[str, Any]:
         raise ReportError(f"{run_dir} is not a tpuwatch run (no {rundir.EVENTS}, no {rundir.META})")
 
     state = RunState()
-    diag = Diagnostics(out=None, clock=lambda: state.last_message_t or 0.0)
+    diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0)
     times = _StepTimes()
     first_step: Step | None = None
     last_step: Step | None = None
@@ -134,7 +134,7 @@ def build_report(run_dir: str | Path) -> dict[str, Any]:
                     last_step = m
                 yield m
 
-        feed(state, tap(messages), diag)
+        diag.feed(state, tap(messages))
         stats = reader.stats
         state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                               truncated_tail=stats.truncated_tail)
@@ -145,10 +145,9 @@ def build_report(run_dir: str | Path) -> dict[str, Any]:
     # A finished run is described as of its last message; a live one as of now.
     now = time.time() if running or state.last_message_t is None else state.last_message_t
     end_t = state.last_message_t or 0.0
-    diag.evaluate(state, end_t)
-    if diag.engine is not None:
-        for f in diag.engine.findings():  # current ones too, not only those new at the end
-            state.add_finding(f, f.worker)
+    diag.evaluate(state, end_t, force=True)
+    for f in diag.engine.findings():  # current ones too, not only those new at the end
+        state.add_finding(f, f.worker)
     snap = state.snapshot(now)
 
     p50, p95 = times.percentiles()
@@ -166,8 +165,6 @@ def build_report(run_dir: str | Path) -> dict[str, Any]:
         "summary": _summary_section(snap, p50, p95, steps_per_s, stats),
         "findings": [_finding_dict(f) for f in findings],
     }
-    if diag.note:
-        report["summary"]["diagnostics_note"] = diag.note
     return _json_safe(report)
 
 

@@ -27,6 +27,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input
 
 from tpuwatch import rundir
+from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.recording import append
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.protocol import Command, Message, Result
 from tpuwatch.ui.output_tail import OutputTail
@@ -131,8 +133,11 @@ class TpuwatchApp(App[str]):
         state_factory: Callable[[Callable[[], float]], StateLike] = _default_state,
         keymap: Mapping[str, str] | None = None,
         handle_hangup: bool = False,
+        record_findings: bool = False,
     ) -> None:
         super().__init__()
+        #: Append new findings to the recording: only the process that owns the run does.
+        self._record_findings = record_findings
         self._handle_hangup = handle_hangup
         #: Set when the terminal hung up (SSH dropped): the caller treats it as a detach.
         self.hung_up = False
@@ -144,6 +149,7 @@ class TpuwatchApp(App[str]):
         self._refresh_hz = refresh_hz
         self._state_factory = state_factory
         self._state = state_factory(clock)
+        self._findings = FindingsFeed(clock, on_new=self._on_new_findings)
         self._replay: ReplayControl | None = source if isinstance(source, ReplayControl) else None
         self._generation = self._replay.generation if self._replay else 0
         self._tail: OutputTail | None = None
@@ -203,19 +209,24 @@ class TpuwatchApp(App[str]):
         if replay is not None and replay.generation != self._generation:
             self._generation = replay.generation
             self._state = self._state_factory(self._clock)
+            self._findings = FindingsFeed(self._clock, on_new=self._on_new_findings)
         apply = self._state.apply
+        diagnose = self._findings.apply
         deadline = time.perf_counter() + APPLY_BUDGET_S
         try:
             while True:
                 batch = self.source.poll()
                 for msg in batch:
                     apply(msg)
+                    diagnose(msg)
                 if not batch or time.perf_counter() > deadline:
                     break
         except OSError as e:
             self._report_source_error(f"reading the run failed: {e}")
         now = self.source.now()
-        self.snapshot = self._state.snapshot(now=self._clock() if now is None else now)
+        now = self._clock() if now is None else now
+        self._findings.evaluate(self._state, now)
+        self.snapshot = self._state.snapshot(now=now)
         if self._tail is not None:
             try:
                 lines = self._tail.read_lines()
@@ -233,6 +244,13 @@ class TpuwatchApp(App[str]):
                 at_end=replay.at_end,
             )
         self._refresh_bindings_if_changed()
+
+    def _on_new_findings(self, findings: list) -> None:
+        if self._record_findings and self.run_dir is not None and self._replay is None:
+            try:
+                append(self.run_dir / rundir.EVENTS, findings)
+            except OSError as e:
+                self._report_source_error(f"cannot record findings: {e}")
 
     def _report_source_error(self, message: str) -> None:
         if message != self._source_error:  # once per distinct error, not 4 times a second
@@ -426,6 +444,7 @@ def run_dashboard(
     *,
     title: str | None = None,
     keymap: Mapping[str, str] | None = None,
+    record_findings: bool = False,
 ) -> DashboardResult:
     """Shows the dashboard until the user leaves; returns what they chose.
 
@@ -433,7 +452,8 @@ def run_dashboard(
     running; ``"quit"``: nothing was running. A hangup (SSH drop) and a dashboard crash count
     as ``"detach"`` on a live run: training is never stopped because the viewer went away.
     """
-    app = TpuwatchApp(source, run_dir=run_dir, title=title, keymap=keymap, handle_hangup=True)
+    app = TpuwatchApp(source, run_dir=run_dir, title=title, keymap=keymap, handle_hangup=True,
+                      record_findings=record_findings)
     try:
         result = app.run()
     finally:

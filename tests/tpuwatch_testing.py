@@ -1,0 +1,53 @@
+"""Shared test helpers (importable from any test folder: ``tests`` is on pytest's pythonpath)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpuwatch import protocol
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_runs"
+SCRIPTS = Path(__file__).resolve().parent / "agent" / "scripts"
+
+
+
+@dataclass
+class AgentRun:
+    returncode: int
+    output: str
+    run_dir: Path
+    messages: list
+
+    def of(self, cls):
+        return [m for m in self.messages if isinstance(m, cls)]
+
+    @property
+    def steps(self) -> list:
+        return self.of(protocol.Step)
+
+    @property
+    def warnings(self) -> list:
+        return [m for m in self.of(protocol.Event) if m.level in ("warning", "error")]
+
+
+def read_messages(path: Path) -> list:
+    decoder = protocol.Decoder()
+    out = []
+    with open(path, "rb") as f:
+        for line in f:
+            msg = decoder.decode(line)
+            if msg is not None:
+                out.append(msg)
+    assert decoder.malformed == 0, decoder.last_error
+    return out
+
+
+def child_env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra)
+    return env
