@@ -144,14 +144,16 @@ class Server:
         now = time.monotonic()
         with self._lock:
             self.refused += 1
+            total = self.refused
             self._refusals_unreported += 1
             report = now - self._last_refusal_event >= REFUSAL_EVENT_INTERVAL_S
             if report:
                 count, self._refusals_unreported = self._refusals_unreported, 0
                 self._last_refusal_event = now
         if report:
-            more = f" ({count} refused since the last report, {self.refused} in all)" if count > 1 else ""
-            self.agent.event("warning", "transport", f"refused viewer {peer}: {why}{more}")
+            self.agent.event("warning", "transport",
+                             f"refused viewer {peer}: {why} ({count} refused since the last report, "
+                             f"{total} in all)")
         try:
             conn.sendall(protocol.encode(protocol.Event(t=time.time(), level="error", source="transport", message=why)))
         except OSError:
@@ -310,7 +312,7 @@ class _LineReader:
             nl = self.buf.find(b"\n")
             if nl >= 0:
                 line, self.buf = self.buf[:nl], self.buf[nl + 1 :]
-                if self.skipping:
+                if self.skipping or len(line) > self.limit:
                     self.skipping = False
                     raise _TooLong()
                 return line

@@ -7,6 +7,7 @@ MirroredStrategy over 4 logical CPU devices, a @tf.function step with strategy.r
 --api-steps M       then M quick steps marked with tpuwatch.step() (a big recording, fast)
 --hang-after K      after step K, hang in hang_here() forever (stack-dump tests)
 --ready PATH        write the step number to PATH after each step (tests wait on it)
+--linger S          sleep S seconds before exiting
 """
 
 import argparse
@@ -21,6 +22,7 @@ p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--api-steps", type=int, default=0)
 p.add_argument("--hang-after", type=int, default=0)
 p.add_argument("--ready")
+p.add_argument("--linger", type=float, default=0.0)
 a = p.parse_args()
 
 cpu = tf.config.list_physical_devices("CPU")[0]
@@ -74,3 +76,6 @@ if a.api_steps:
         with tpuwatch.step(examples=64) as s:
             s.loss = 1.0 / (i + 1)
     print(f"marked {a.api_steps} api steps", flush=True)
+
+if a.linger:
+    time.sleep(a.linger)

@@ -1,0 +1,135 @@
+"""A real terminal for end-to-end tests: one private tmux server per test.
+
+``tpuwatch run`` and ``tpuwatch attach`` are started in a tmux pane (a real pty, a real Textual
+app), read back with ``capture-pane`` (plain text) and poked with ``send-keys``, signals and
+``kill-session`` (which closes the pty: the hang-up of a closed terminal or a lost SSH link).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tpuwatch_testing import ROOT, child_env
+
+
+def have_tmux() -> bool:
+    return shutil.which("tmux") is not None
+
+
+class Tmux:
+    def __init__(self, workdir: Path, width: int = 160, height: int = 48) -> None:
+        self.socket = workdir / "tmux.sock"
+        self.conf = workdir / "tmux.conf"
+        # remain-on-exit: the pane keeps its exit status for us to read.
+        self.conf.write_text("set -g remain-on-exit on\nset -g history-limit 5000\n")
+        self.width = width
+        self.height = height
+        self.sessions: list[str] = []
+
+    def _tmux(self, *args: str, check: bool = True) -> str:
+        proc = subprocess.run(["tmux", "-S", str(self.socket), "-f", str(self.conf), *args],
+                              capture_output=True, text=True, timeout=30)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"tmux {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        """Starts ``argv`` in a new session; returns the pid of the process in the pane."""
+        env = child_env(**(env or {}))
+        keep = {k: env[k] for k in ("PYTHONPATH", "TPUWATCH_HOME", "TF_CPP_MIN_LOG_LEVEL", "HOME", "PATH",
+                                    "TPUWATCH_VIEWER_TIMEOUT_S") if k in env}
+        assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in keep.items())
+        command = f"cd {shlex.quote(str(ROOT))} && exec env {assigns} {' '.join(map(shlex.quote, argv))}"
+        self._tmux("new-session", "-d", "-s", name, "-x", str(self.width), "-y", str(self.height), command)
+        self.sessions.append(name)
+        return int(self._tmux("display-message", "-p", "-t", name, "#{pane_pid}").strip())
+
+    def screen(self, name: str) -> str:
+        return self._tmux("capture-pane", "-p", "-t", name)
+
+    def wait_for(self, name: str, text: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen(name)
+            if text in screen:
+                return screen
+            time.sleep(0.2)
+        raise AssertionError(f"{text!r} did not appear within {timeout} s; screen:\n{screen}")
+
+    def keys(self, name: str, *keys: str) -> None:
+        self._tmux("send-keys", "-t", name, *keys)
+
+    def dead_status(self, name: str, timeout: float = 60.0) -> int:
+        """Waits for the pane's process to end; returns its exit status (128+N: killed by N)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = self._tmux("display-message", "-p", "-t", name,
+                             "#{pane_dead} s#{pane_dead_status} k#{pane_dead_signal}").split()
+            if out and out[0] == "1":
+                status, sig = out[1][1:], out[2][1:]
+                return int(status) if status else 128 + int(sig) if sig else -1
+            time.sleep(0.2)
+        raise AssertionError(f"the process in {name} did not end within {timeout} s:\n{self.screen(name)}")
+
+    def kill_session(self, name: str) -> None:
+        self._tmux("kill-session", "-t", name, check=False)
+
+    def close(self) -> None:
+        self._tmux("kill-server", check=False)
+
+
+def tpuwatch_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tpuwatch", *args]
+
+
+def wait_file_int(path: Path, at_least: int, timeout: float = 120.0) -> int:
+    """Waits until ``path`` holds an integer >= at_least (the test script's step counter)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = int(path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            value = -1
+        if value >= at_least:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{path} did not reach {at_least} within {timeout} s")
+
+
+def wait_meta(run_dir: Path, key: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            meta = json.loads((run_dir / "run.json").read_text())
+        except (OSError, ValueError):
+            meta = {}
+        if key in meta:
+            return meta[key]
+        time.sleep(0.1)
+    raise AssertionError(f"run.json in {run_dir} has no {key!r} after {timeout} s")
+
+
+def wait_gone(pid: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        # A child of ours that ended is a zombie until reaped: that is gone too.
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return
+        except OSError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"pid {pid} still running after {timeout} s")
