@@ -50,6 +50,22 @@ def test_per_replica_losses_average_to_the_reduced_loss(run_agent, tmp_path, mod
     assert not run.warnings, run.warnings
 
 
+@pytest.mark.parametrize("mode", ["fit", "custom"])
+def test_legacy_keras_2_per_replica_losses_and_epochs(run_agent, tmp_path, mode):
+    """tf-keras (Keras 2) under TF_USE_LEGACY_KERAS=1: its own loss hook and callbacks."""
+    log = tmp_path / "reduced.txt"
+    run = run_agent(LOOPS, "--mode", mode, "--steps", "6", "--loss-log", str(log), env={"TF_USE_LEGACY_KERAS": "1"})
+    assert run.returncode == 0, run.output
+    reduced = _reduced(log)
+    assert [s.step for s in run.steps] == list(range(1, 7))
+    for s in run.steps:
+        assert len(s.replica_losses) == 4
+        assert s.loss == pytest.approx(reduced[s.step], rel=1e-5 if mode != "fit" else 2e-5)
+    if mode == "fit":
+        assert [(e.epoch, e.phase) for e in run.of(protocol.Epoch)] == [(0, "begin"), (0, "end")]
+    assert not run.warnings, run.warnings
+
+
 def test_several_steps_per_call_are_counted_in_graph(run_agent, tmp_path):
     log = tmp_path / "reduced.txt"
     run = run_agent(LOOPS, "--mode", "iterator_fn", "--per-call", "3", "--steps", "9", "--loss-log", str(log))

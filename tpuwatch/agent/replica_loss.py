@@ -257,6 +257,15 @@ def install(agent: "Agent", patches, probe: "StepProbe", announce: Callable[[Any
     return rl
 
 
+def _unscale_tf_keras(loss):
+    """tf_keras divides each replica's loss by the replicas in sync (losses_utils.
+    scale_loss_for_distribution); its loss metric, like ours, is the unscaled value."""
+    import tensorflow as tf
+
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return loss * replicas if replicas > 1 else loss
+
+
 def _install_keras(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
     """Keras 3's per-replica loss (only if Keras 3 is importable; legacy tf_keras below)."""
     import importlib.util
@@ -277,6 +286,6 @@ def _install_keras(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
         try:
             from tf_keras.src.engine import training as tfk_training
 
-            patches.wrap(tfk_training.Model, "compute_loss", lambda orig: rl.make_compute_loss_wrapper(orig, None))
+            patches.wrap(tfk_training.Model, "compute_loss", lambda orig: rl.make_compute_loss_wrapper(orig, _unscale_tf_keras))
         except Exception as e:
             agent.event("info", f"probe:{PROBE}", f"tf_keras loss hook not installed ({type(e).__name__}: {e})")
