@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             iterator = iter(dist_dataset)
             calls = (train_steps(iterator) for _ in range(args.steps // k))
         else:
-            calls = (train_step(batch) for batch, _ in zip(dist_dataset, range(args.steps)))
+            calls = (train_step(batch) for _, batch in zip(range(args.steps), dist_dataset))  # no extra fetch
         for losses, examples in calls:
             losses, examples = losses.numpy(), examples.numpy()  # waits for the call to finish
             now = time.perf_counter()

@@ -44,6 +44,7 @@ def main() -> int:
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--batch-per-replica", type=int, default=16)
     args = p.parse_args()
+    keras.utils.set_random_seed(0)  # Python, NumPy and TF seeds: weights start the same every run
     tf.random.set_seed(0)
     strategy = make_strategy(args.replicas)
     global_batch = args.batch_per_replica * strategy.num_replicas_in_sync

@@ -48,6 +48,7 @@ def main() -> int:
     args = p.parse_args()
     if not 1 <= args.nan_at_step <= args.steps:
         p.error("--nan-at-step must be between 1 and --steps")
+    keras.utils.set_random_seed(0)  # Python, NumPy and TF seeds: weights start the same every run
     tf.random.set_seed(0)
     strategy = make_strategy(args.replicas)
     replicas = strategy.num_replicas_in_sync

@@ -47,6 +47,7 @@ def main() -> int:
     p.add_argument("--bad-replica", type=int, default=2)
     p.add_argument("--batch-per-replica", type=int, default=32)
     args = p.parse_args()
+    keras.utils.set_random_seed(0)  # Python, NumPy and TF seeds: weights start the same every run
     tf.random.set_seed(0)
     strategy = make_strategy(args.replicas)
     replicas = strategy.num_replicas_in_sync

@@ -225,7 +225,7 @@ def test_planted_scripts_run_plain_and_show_their_problem():
             (["sample_runs/planted/replica_loss_skew.py", "--steps", "20"], None),
             (["sample_runs/planted/stall.py", "--steps", "2", "--steps-after", "1", "--stall-seconds", "1.5"], None),
             (["sample_runs/planted/step_time_jitter.py", "--steps", "40"], None),
-            (["sample_runs/planted/host_memory_growth.py", "--minutes", "0.05", "--mb-per-step", "0.5"], None),
+            (["sample_runs/planted/host_memory_growth.py", "--minutes", "0.1", "--mb-per-step", "0.5"], None),
             (["sample_runs/planted/retrace_storm.py", "--steps", "4"], None),
             (["sample_runs/planted/function_recreated.py", "--steps", "3"], None),
         ]),
