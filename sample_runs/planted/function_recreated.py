@@ -1,4 +1,4 @@
-"""Planted problem: a tf.function created anew inside the training loop. Rule: function_recreated.
+"""Planted problem: a tf.function created anew inside the training loop. Rule: function-recreated.
 
 The loop body wraps the step in ``tf.function(...)`` on every iteration (a common slip when a step
 is built by a helper called inside the loop). Each iteration makes a new ``Function`` object that

@@ -1,4 +1,4 @@
-"""Planted problem: host memory that grows every step. Rule that should fire: host_memory_growth.
+"""Planted problem: host memory that grows every step. Rule that should fire: host-memory-growth.
 
 The loop keeps each step's embeddings as NumPy arrays in a list "for a plot at the end" -- a slow
 leak: process RSS grows by about ``--mb-per-step`` MB (default 0.1) every step, steadily, for

@@ -1,4 +1,4 @@
-"""Planted problem: an input-bound Keras model.fit. Rule that should fire: input_bound.
+"""Planted problem: an input-bound Keras ``model.fit``. Rule that should fire: input-bound.
 
 Each example goes through a Python "decoder" (``tf.numpy_function`` sleeping ``--decode-ms`` per
 example, default 0.5 ms: about 64 ms for a 128-example global batch) in a sequential ``map`` with no

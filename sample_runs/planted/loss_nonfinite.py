@@ -1,4 +1,4 @@
-"""Planted problem: the loss turns NaN after some steps. Rule that should fire: loss_nonfinite.
+"""Planted problem: the loss turns NaN after some steps. Rule that should fire: loss-nonfinite.
 
 Each image is standardised by hand, ``(x - mean) / std``, with no epsilon. The data holds one
 blank (constant) image -- a corrupt record -- in batch number ``--nan-at-step`` (default 12), in

@@ -1,10 +1,10 @@
-"""Planted problem: one replica's data is much worse than the others'. Rule: replica_loss_skew.
+"""Planted problem: one replica's data is much worse than the others'. Rule: replica-loss-skew.
 
 Input comes from ``strategy.distribute_datasets_from_function``, batched per replica. With
 MirroredStrategy each worker's pipeline hands replica r the batches r, r+R, r+2R, ... (R replicas),
 so the pipeline corrupts every batch whose index is ``--bad-replica`` (default 2) modulo R: their
 labels are replaced by random ones, as if that shard were mislabelled. That replica's loss stays
-near ln(10) = 2.30 while the others fall towards 0, for all ``--steps``
+at or above ln(10) = 2.30 (measured 2.3-3.7) while the others fall below 0.3, for all ``--steps``
 (default 80: the rule wants 50 steps with every replica's loss).
 """
 from __future__ import annotations

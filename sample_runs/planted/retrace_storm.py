@@ -1,4 +1,4 @@
-"""Planted problem: a retrace storm. Rule that should fire: retrace_storm.
+"""Planted problem: a retrace storm. Rule that should fire: retrace-storm.
 
 The train step is a ``@tf.function`` that takes the learning rate as a Python float, and the loop
 decays that float every step. A Python scalar argument is part of the trace signature, so every
