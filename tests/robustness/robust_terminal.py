@@ -75,7 +75,8 @@ class Tmux:
                              "#{pane_dead} s#{pane_dead_status} k#{pane_dead_signal}").split()
             if out and out[0] == "1":
                 status, sig = out[1][1:], out[2][1:]
-                return int(status) if status else 128 + int(sig) if sig else -1
+                if status or sig:  # (the pty can close before tmux has reaped the process)
+                    return int(status) if status else 128 + int(sig)
             time.sleep(0.2)
         raise AssertionError(f"the process in {name} did not end within {timeout} s:\n{self.screen(name)}")
 

@@ -45,7 +45,7 @@ def test_stack_dump_of_a_hung_script_shows_the_line_it_hangs_on(tmp_path):
         assert frames[-1].strip() == f'File "{SCRIPT}", line {HANG_LINE}, in hang_here', frames[-3:]
         assert "HANG-LINE" in training
         # The dump came from the server thread, which is marked so nobody mistakes it for the program.
-        assert "[this dump" in text or "this dump]" in text or ", this dump" in text
+        assert "this dump" in text
 
         # Hangs inside C code holding the GIL get no answer: SIGUSR1 asks faulthandler instead.
         fault_file = agent.run_dir / "stacks" / "faulthandler.txt"
