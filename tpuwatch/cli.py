@@ -58,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--sample-hz", type=float, default=None, help="agent sampling rate, 0.5-20 Hz (default 4)")
     run.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
                      help="headless: seconds between progress lines (default 5)")
+    run.add_argument("--workers", type=int, default=None, metavar="N",
+                     help="start N MultiWorkerMirroredStrategy workers on this machine (TF_CONFIG with free "
+                          "localhost ports), one agent each, shown merged (docs/multihost.md)")
+    run.add_argument("--worker-grace", type=float, default=None, metavar="SECONDS",
+                     help="with --workers: after a worker dies, stop the others this long after (default 15)")
     run.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
     run.add_argument("script", help="the training script (or module with -m)")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -136,6 +141,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         env = dict(os.environ)
         env["TPUWATCH_ALLOWED_DESTINATIONS"] = os.pathsep.join(
             d if d.startswith("gs://") else os.path.abspath(os.path.expanduser(d)) for d in ns.allow_dest)
+    if ns.workers is not None or ns.worker_grace is not None:
+        return _run_group(ns, env)
     try:
         launch = launcher.start(ns.script, ns.args, module=ns.module, run_dir=ns.run_dir, python=ns.python,
                                 listen=ns.listen, sample_hz=ns.sample_hz, env=env)
@@ -178,6 +185,93 @@ def _run_headless(launch, every_s: float) -> int:
     done.set()
     copier.join(timeout=2)
     print(f"tpuwatch: exit code {code}; `tpuwatch report {launch.run_id}` for the full report", file=sys.stderr)
+    return code
+
+
+def _run_group(ns: argparse.Namespace, env: dict[str, str] | None) -> int:
+    """``tpuwatch run --workers N``: N local workers, supervised as one group (docs/multihost.md)."""
+    from tpuwatch.monitor import group_launch, launcher
+
+    if ns.workers is None:
+        return _error("--worker-grace needs --workers N")
+    grace = group_launch.DEFAULT_GRACE_S if ns.worker_grace is None else ns.worker_grace
+    try:
+        group = group_launch.start_group(ns.script, ns.args, ns.workers, module=ns.module, run_dir=ns.run_dir,
+                                         python=ns.python, listen=ns.listen, sample_hz=ns.sample_hz, env=env,
+                                         grace_s=grace)
+    except launcher.LaunchError as e:
+        return _error(str(e))
+    merger = group_launch.OutputMerger(group).start()
+    supervisor = group_launch.Supervisor(group, say=_say).start()
+    try:
+        if ns.headless or not sys.stdout.isatty():
+            return _run_group_headless(group, supervisor, merger, ns.every)
+        return _run_group_dashboard(group, supervisor, merger)
+    finally:
+        merger.close()
+
+
+def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
+    from tpuwatch import rundir
+    from tpuwatch.monitor import group as groups
+    from tpuwatch.monitor import headless
+    from tpuwatch.monitor.recording import append
+
+    pids = ", ".join(f"{n} pid {w.pid}" for n, w in zip(group.names, group.workers))
+    _say(f"run {group.run_id}: {len(group.workers)} workers ({pids}), recording in {group.run_dir}")
+    done = threading.Event()
+    copier = threading.Thread(target=_copy_output, args=(group.run_dir / rundir.OUTPUT, done), daemon=True)
+    copier.start()
+    interrupts = 0
+
+    def on_sigint(signum, frame):
+        nonlocal interrupts
+        interrupts += 1
+        sig = signal.SIGINT if interrupts == 1 else signal.SIGTERM if interrupts == 2 else signal.SIGKILL
+        print(f"\ntpuwatch: sending {sig.name} to every worker"
+              + (" (Ctrl-C again to terminate)" if interrupts < 3 else ""), file=sys.stderr)
+        for i, w in enumerate(group.workers):
+            group.mark_stopping(group.names[i])
+            try:
+                os.killpg(w.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGTERM, on_sigint)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # an SSH drop must not end the training
+    dirs = {w.name: w.path for w in groups.worker_dirs(group.run_dir) or []}
+
+    def record(findings) -> None:
+        # Each finding goes into the recording of the worker it concerns (worker 0 for run-wide ones).
+        for f in findings:
+            path = dirs.get(f.worker) or dirs[group.names[0]]
+            append(path / rundir.EVENTS, [f])
+
+    reader = groups.GroupReader(groups.worker_dirs(group.run_dir) or [])
+    headless.follow_group(reader, group.alive, out=sys.stderr, every_s=every_s,
+                          on_end=supervisor.wait, record_findings=record)
+    code = supervisor.wait()
+    merger.close()
+    done.set()
+    copier.join(timeout=2)
+    _say(f"exit code {code}; `tpuwatch report {group.run_id}` for the merged report")
+    return code
+
+
+def _run_group_dashboard(group, supervisor, merger) -> int:
+    choice = _dashboard(group.run_dir, live=True, owner=True)
+    if choice == "stop" and group.alive():
+        code = group.stop(report=_say)
+        supervisor.wait()
+    elif choice == "detach" and group.alive():
+        _say(f"detached; {len(group.workers)} workers go on (pids "
+             f"{', '.join(str(w.pid) for w in group.workers)}), unsupervised: a dead worker's peers are not "
+             f"stopped. Re-join with `tpuwatch attach {group.run_id}`")
+        return 0
+    else:
+        code = supervisor.wait()
+    _say(f"exit code {code}; `tpuwatch report {group.run_id}` for the merged report")
     return code
 
 
@@ -247,8 +341,16 @@ def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: boo
 
     ``owner``: this process started the run, so it writes the findings into the recording.
     """
+    from tpuwatch.monitor.group import worker_dirs
     from tpuwatch.ui.app import run_dashboard
 
+    workers = worker_dirs(run_dir)
+    if workers is not None:
+        from tpuwatch.ui.group_source import make_group_replay_source, make_group_source
+
+        source = make_group_source(workers) if live else make_group_replay_source(workers, speed=speed or 1.0)
+        # Findings go into the workers' recordings (owner only), not into the group directory.
+        return run_dashboard(run_dir, source, record_findings=False)
     if live:
         from tpuwatch.monitor.client import AgentClient
         from tpuwatch.ui.file_source import make_file_source

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, TextIO
+from typing import Any, Callable, Iterable, Protocol, TextIO
 
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.recording import RecordingReader, append
@@ -216,3 +216,127 @@ def follow(
     snap = state.snapshot(end_t)
     print(summary(snap), file=out, flush=True)
     return snap
+
+
+def worker_exit_codes(snap: RunSnapshot) -> dict[str, int]:
+    """Each ended worker's exit code, from its exit record's log entry (``WorkerView`` has none)."""
+    codes: dict[str, int] = {}
+    for e in snap.events:
+        if e.message.startswith("exited with code "):
+            head = e.message[len("exited with code "):].split(" ", 1)[0].rstrip(":")
+            if head.lstrip("-").isdigit():
+                codes[e.worker] = int(head)
+    return codes
+
+
+def worker_status_text(snap: RunSnapshot, name: str, status: str, connected: bool = True,
+                       codes: dict[str, int] | None = None) -> str:
+    """``crashed (exit 137)``, ``lost``, ``disconnected``, ``running``: what one worker is doing."""
+    codes = worker_exit_codes(snap) if codes is None else codes
+    if status in ("crashed", "finished") and name in codes:
+        return f"{status} (exit {codes[name]})"
+    if not connected and status not in ("finished", "crashed", "lost"):
+        return "disconnected"
+    return status
+
+
+def workers_line(snap: RunSnapshot) -> str:
+    """One line with every worker: ``worker:0 step 120 p50 150 ms input 2% | worker:1 ...``."""
+    codes = worker_exit_codes(snap)
+    parts = []
+    for w in snap.workers:
+        text = f"{w.name} step {w.step:,} p50 {fmt_seconds(w.step_p50_s)} input {fmt_pct(w.input_wait_frac)}"
+        state = worker_status_text(snap, w.name, w.status, w.connected, codes)
+        if state != "running":
+            text += f" [{state}]"
+        parts.append(text)
+    return "  workers: " + " | ".join(parts)
+
+
+def follow_group(
+    reader: "GroupReaderLike",
+    is_alive: Callable[[], bool],
+    out: TextIO = sys.stderr,
+    every_s: float = 5.0,
+    clock: Callable[[], float] = time.time,
+    *,
+    on_end: Callable[[], object] | None = None,
+    exit_grace_s: float = 3.0,
+    poll_s: float = 0.2,
+    sleep: Callable[[float], None] = time.sleep,
+    record_findings: Callable[[list[Finding]], None] | None = None,
+) -> RunSnapshot:
+    """:func:`follow` over several workers' recordings merged into one state (``tpuwatch run
+    --headless --workers N``): the merged progress line, then one line with each worker (step,
+    step time, input wait, state); findings once; the summary at the end with each worker's end.
+
+    ``reader`` is a :class:`tpuwatch.monitor.group.GroupReader` (tagged messages).
+    ``record_findings`` receives new findings to record (the owner writes them into the
+    recording of the worker each concerns). A worker whose recording ends without an exit
+    record is reported lost; the others keep their own end.
+    """
+    state = RunState(clock=clock)
+    diag = FindingsFeed(clock, on_new=record_findings)
+    next_print = clock() + every_s
+
+    def take(tagged: list) -> None:
+        for worker, msg in tagged:
+            state.apply(msg, worker)
+            diag.apply(msg, worker)
+        for f in state.drain_new_findings():
+            print(finding_line(f), file=out, flush=True)
+
+    while True:
+        alive = is_alive()
+        while True:
+            take(reader.read_new())
+            if reader.caught_up:
+                break
+        if not alive:
+            break
+        now = clock()
+        if diag.evaluate(state, now):
+            take([])
+        if now >= next_print:
+            snap = state.snapshot(now)
+            print(progress_line(snap), file=out, flush=True)
+            if len(snap.workers) > 1:
+                print(workers_line(snap), file=out, flush=True)
+            next_print = now + every_s
+        sleep(poll_s)
+
+    if on_end is not None:
+        on_end()
+    deadline = clock() + (0.0 if on_end is not None else exit_grace_s)
+    while True:
+        take(reader.read_new())
+        if reader.caught_up and (state.ended or clock() >= deadline):
+            break
+        if reader.caught_up:
+            sleep(poll_s)
+    take(reader.finish())
+    stats = reader.stats
+    state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
+                          truncated_tail=stats.truncated_tail)
+    for w in state.snapshot(clock()).workers:
+        if w.status not in ("finished", "crashed"):
+            state.set_lost("the process ended without an exit record", worker=w.name)
+    end_t = state.last_message_t if state.last_message_t is not None else clock()
+    diag.evaluate(state, end_t, force=True)
+    take([])
+    snap = state.snapshot(end_t)
+    print(summary(snap), file=out, flush=True)
+    if len(snap.workers) > 1:
+        print(workers_line(snap), file=out, flush=True)
+    return snap
+
+
+class GroupReaderLike(Protocol):
+    caught_up: bool
+
+    def read_new(self) -> list: ...
+
+    def finish(self) -> list: ...
+
+    @property
+    def stats(self) -> Any: ...

@@ -97,11 +97,16 @@ def start(
     sample_hz: float | None = None,
     env: dict[str, str] | None = None,
     clock: Callable[[], float] = time.time,
+    run_id: str | None = None,
+    extra_meta: dict[str, object] | None = None,
 ) -> Launch:
-    """Validates the input, creates the run directory and starts the agent with the script."""
+    """Validates the input, creates the run directory and starts the agent with the script.
+
+    ``run_id`` defaults to the directory's name; ``extra_meta`` goes into run.json (a worker of
+    a group names its group and index there)."""
     check_script(script, module)
     exe = check_python(python or sys.executable)
-    run_id = run_dir.name if run_dir else rundir.new_run_id(script, clock)
+    run_id = run_id or (run_dir.name if run_dir else rundir.new_run_id(script, clock))
     run_dir = run_dir or rundir.runs_root() / run_id
     try:
         rundir.create(run_dir)
@@ -128,6 +133,7 @@ def start(
         "started": started,
         "launcher_pid": os.getpid(),
         "state": "running",
+        **(extra_meta or {}),
     }
     rundir.write_meta(run_dir, meta)
     log = open(run_dir / rundir.OUTPUT, "ab")
@@ -179,6 +185,17 @@ def stop(
     report: Callable[[str], None] = lambda line: None,
 ) -> int:
     """Stops training: SIGINT to its process group, then SIGTERM, then SIGKILL after grace periods."""
+    terminate(launch, grace_int_s, grace_term_s, report)
+    return finish(launch)
+
+
+def terminate(
+    launch: Launch,
+    grace_int_s: float = 15.0,
+    grace_term_s: float = 10.0,
+    report: Callable[[str], None] = lambda line: None,
+) -> None:
+    """Signals the child's process group until it is gone (SIGINT, SIGTERM, SIGKILL); records nothing."""
     for sig, grace in ((signal.SIGINT, grace_int_s), (signal.SIGTERM, grace_term_s), (signal.SIGKILL, 10.0)):
         if not launch.alive():
             break
@@ -191,4 +208,3 @@ def stop(
             launch.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             continue
-    return finish(launch)

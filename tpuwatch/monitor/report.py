@@ -25,6 +25,8 @@ from typing import Any
 
 from tpuwatch import protocol, rundir
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
+from tpuwatch.monitor.headless import worker_exit_codes
 from tpuwatch.monitor.recording import iter_recording
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.monitor.state import RunState
@@ -78,10 +80,33 @@ def pid_alive(pid: object) -> bool:
 
 
 class _StepTimes:
-    """Every step time of the run, for exact whole-run percentiles (8 bytes a record)."""
+    """Every step time of the run, for exact whole-run percentiles (8 bytes a record), and the
+    first and last step records for the whole-run speed."""
 
     def __init__(self) -> None:
         self.values = array("d")
+        self.first: Step | None = None
+        self.last: Step | None = None
+
+    def add(self, m: Step) -> None:
+        self.values.append(m.step_time_s)
+        if self.first is None:
+            self.first = m
+        self.last = m
+
+    def tap(self, messages):
+        """Passes ``messages`` through, noting each step record."""
+        for m in messages:
+            if type(m) is Step:
+                self.add(m)
+            yield m
+
+    def steps_per_s(self) -> float | None:
+        first, last = self.first, self.last
+        if first is None or last is None or last is first:
+            return None
+        span = last.t - (first.t - first.step_time_s * first.steps)
+        return (last.step - first.step + first.steps) / span if span > 0 else None
 
     def percentiles(self) -> tuple[float | None, float | None]:
         if not self.values:
@@ -105,36 +130,29 @@ def _finding_dict(f: Finding) -> dict[str, Any]:
 
 
 def build_report(run_dir: str | Path) -> dict[str, Any]:
-    """The report of one run directory. Raises :class:`ReportError` when it holds no run."""
+    """The report of one run directory. Raises :class:`ReportError` when it holds no run.
+
+    A multi-worker group directory (``tpuwatch run --workers N``) is reported merged: every
+    worker's recording goes into one state, each message tagged with its worker, and the report
+    gains a ``workers`` section (each worker's end, steps, step time, input wait, memory)."""
     run_dir = Path(run_dir)
     events = run_dir / rundir.EVENTS
     if not run_dir.is_dir():
         raise ReportError(f"no run directory at {run_dir}")
     meta = rundir.read_meta(run_dir)
+    workers = worker_dirs(run_dir)
+    if workers is not None:
+        return _build_group_report(run_dir, meta, workers)
     if not events.is_file() and not meta:
         raise ReportError(f"{run_dir} is not a tpuwatch run (no {rundir.EVENTS}, no {rundir.META})")
 
     state = RunState()
     diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0)
     times = _StepTimes()
-    first_step: Step | None = None
-    last_step: Step | None = None
     stats = None
     if events.is_file():
         messages, reader = iter_recording(events)
-
-        def tap(it):
-            nonlocal first_step, last_step
-            append = times.values.append
-            for m in it:
-                if type(m) is Step:
-                    append(m.step_time_s)
-                    if first_step is None:
-                        first_step = m
-                    last_step = m
-                yield m
-
-        diag.feed(state, tap(messages))
+        diag.feed(state, times.tap(messages))
         stats = reader.stats
         state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                               truncated_tail=stats.truncated_tail)
@@ -142,6 +160,11 @@ def build_report(run_dir: str | Path) -> dict[str, Any]:
     running = not state.ended and pid_alive(meta.get("child_pid"))
     if not state.ended and not running and state.last_message_t is not None:
         state.set_lost("the process is gone and left no exit record")
+    return _finish_report(state, diag, times, meta, run_dir, running, stats)
+
+
+def _finish_report(state: RunState, diag: FindingsFeed, times: "_StepTimes", meta: dict[str, Any],
+                   run_dir: Path, running: bool, stats: Any) -> dict[str, Any]:
     # A finished run is described as of its last message; a live one as of now.
     now = time.time() if running or state.last_message_t is None else state.last_message_t
     end_t = state.last_message_t or 0.0
@@ -151,12 +174,7 @@ def build_report(run_dir: str | Path) -> dict[str, Any]:
     snap = state.snapshot(now)
 
     p50, p95 = times.percentiles()
-    steps_per_s = None
-    if first_step is not None and last_step is not None and last_step is not first_step:
-        span = last_step.t - (first_step.t - first_step.step_time_s * first_step.steps)
-        if span > 0:
-            steps_per_s = (last_step.step - first_step.step + first_step.steps) / span
-
+    steps_per_s = times.steps_per_s()
     findings = sorted(snap.findings, key=lambda f: (_SEVERITY_RANK.get(f.severity, 3),
                                                     f.first_step if f.first_step is not None
                                                     else 1 << 62, f.rule))
@@ -166,6 +184,69 @@ def build_report(run_dir: str | Path) -> dict[str, Any]:
         "findings": [_finding_dict(f) for f in findings],
     }
     return _json_safe(report)
+
+
+def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[WorkerDir]) -> dict[str, Any]:
+    tagged, stats = read_group(workers)
+    if not tagged and not meta:
+        raise ReportError(f"{run_dir} holds no recording of any worker")
+    state = RunState()
+    diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0)
+    times = _StepTimes()
+    primary = workers[0].name if workers else ""
+    tap = times.add
+    for name, m in tagged:
+        if type(m) is Step and name == primary:  # every worker runs the same global steps
+            tap(m)
+        state.apply(m, name)
+        diag.apply(m, name)
+    state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
+                          truncated_tail=stats.truncated_tail)
+    alive = {w.name: pid_alive(rundir.read_meta(w.path).get("child_pid")) for w in workers}
+    running = any(alive.values()) and not state.ended
+    for view in state.snapshot(state.last_message_t or time.time()).workers:
+        if view.status not in ("finished", "crashed") and not alive.get(view.name, False):
+            state.set_lost("the process is gone and left no exit record", worker=view.name)
+    report = _finish_report(state, diag, times, meta, run_dir, running, stats)
+    snap_workers = state.snapshot(state.last_message_t or time.time()).workers
+    report["run"]["id"] = meta.get("run_id") or run_dir.name
+    if isinstance(meta.get("exit_code"), int) and not running:
+        # The launcher knows which worker failed first (the others' ends follow from it).
+        report["run"]["exit_code"] = meta["exit_code"]
+    # Each worker's Step.loss is the mean over its own replicas; the job's loss (what
+    # strategy.reduce(MEAN) gives every worker) is the mean over all replicas of one step.
+    rows = report["summary"]["replica_losses"]
+    if rows and len({r["step"] for r in rows}) == 1 and all(r["finite"] for r in rows):
+        report["summary"]["last_loss"] = sum(r["loss"] for r in rows) / len(rows)
+    report["workers"] = _json_safe(_workers_section(snap_workers, workers, state))
+    return report
+
+
+def _workers_section(views: Any, workers: list[WorkerDir], state: RunState) -> list[dict[str, Any]]:
+    by_name = {v.name: v for v in views}
+    snap = state.snapshot(state.last_message_t or time.time())
+    codes = worker_exit_codes(snap)
+    out = []
+    for w in workers:
+        v = by_name.get(w.name)
+        wmeta = rundir.read_meta(w.path)
+        rss = [h.rss_bytes for h in snap.host_memory if h.worker == w.name]
+        out.append({
+            "name": w.name,
+            "index": w.index,
+            "dir": str(w.path),
+            "host": v.host if v else wmeta.get("host", ""),
+            "pid": v.pid if v else wmeta.get("child_pid"),
+            "status": v.status if v else ("crashed" if wmeta.get("exit_code") not in (None, 0) else "waiting"),
+            "exit_code": codes.get(w.name, wmeta.get("exit_code")),
+            "stopped": bool(wmeta.get("stopped")),
+            "steps": v.step if v else 0,
+            "step_time_p50_s": v.step_p50_s if v else None,
+            "input_wait_share": v.input_wait_frac if v else None,
+            "rss_bytes": rss[0] if rss else None,
+            "replicas": [r.index for r in snap.replica_losses if r.worker == w.name],
+        })
+    return out
 
 
 def _run_section(snap: RunSnapshot, meta: dict[str, Any], run_dir: Path,
@@ -318,16 +399,29 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     traces = [f"{r['name']}: {r['traces']} trace(s), {r['instances']} object(s)"
               + (f"; last change {r['last_change']}" if r["last_change"] else "")
               for r in s["retraces"]]
-    losses = [f"replica {r['index']} ({r['device'] or '?'}): {fmt_loss(_num(r['loss']))}"
+    losses = [f"replica {r['index']} ({(r['worker'] + ' ') if report.get('workers') else ''}"
+              f"{r['device'] or '?'}): {fmt_loss(_num(r['loss']))}"
               + ("" if r["finite"] else "  NON-FINITE")
               for r in s["replica_losses"]]
     out = [("Run", "\n".join(rows_run), []), ("Summary", "\n".join(rows_sum), [])]
+    if report.get("workers"):
+        out.append(("Workers", "", [_worker_line(w) for w in report["workers"]]))
     if traces:
         out.append(("Functions", "", traces))
     if losses:
         out.append(("Replica losses (last step)", "", losses))
     out.append(("Findings", "", [] if findings else ["none"]))
     return out
+
+
+def _worker_line(w: dict[str, Any]) -> str:
+    state = w["status"]
+    if w.get("exit_code") is not None and state in ("finished", "crashed"):
+        state += f" (exit {w['exit_code']}{', stopped' if w.get('stopped') else ''})"
+    return (f"{w['name']} on {w['host'] or NA} pid {w['pid'] or NA}: {state}; {w['steps']:,} steps, "
+            f"step p50 {fmt_seconds(_num(w['step_time_p50_s']))}, input wait "
+            f"{fmt_pct(_num(w['input_wait_share']))}, RSS {fmt_bytes(_num(w['rss_bytes']))}, "
+            f"replicas {','.join(map(str, w['replicas'])) or NA}")
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -451,6 +545,9 @@ def _first_hello(path: Path) -> Hello | None:
 
 def run_info(run_dir: Path) -> RunInfo:
     """What ``ls`` shows for one run directory, reading run.json and the recording's ends."""
+    workers = worker_dirs(run_dir)
+    if workers is not None:
+        return _group_info(run_dir, workers)
     meta = rundir.read_meta(run_dir)
     events = run_dir / rundir.EVENTS
     tail = _tail_messages(events)
@@ -483,6 +580,31 @@ def run_info(run_dir: Path) -> RunInfo:
                                                                          (int, float)) else None),
         last_t=last_t,
     )
+
+
+def _group_info(run_dir: Path, workers: list[WorkerDir]) -> RunInfo:
+    """A group is running while any worker runs; it ended as its launcher recorded (the first
+    non-zero worker exit code), else as its workers did."""
+    meta = rundir.read_meta(run_dir)
+    infos = [run_info(w.path) for w in workers]
+    states = [i.state for i in infos]
+    code = meta.get("exit_code")
+    if "running" in states:
+        state = "running"
+    elif isinstance(code, int):
+        state = "finished" if code == 0 else "crashed"
+    else:
+        state = next((s for s in ("crashed", "lost", "unknown") if s in states), "finished")
+        code = next((i.exit_code for i in infos if i.exit_code), None)
+    steps = [i.steps for i in infos if i.steps is not None]
+    ends = [i.end for i in infos if i.end is not None]
+    lasts = [i.last_t for i in infos if i.last_t is not None]
+    return RunInfo(
+        id=str(meta.get("run_id") or run_dir.name), path=run_dir,
+        script=f"{meta.get('script', '')} ({len(workers)} workers)", state=state,
+        start=meta.get("started") if isinstance(meta.get("started"), (int, float)) else None,
+        steps=max(steps) if steps else None, exit_code=code if isinstance(code, int) else None,
+        end=max(ends) if ends and state != "running" else None, last_t=max(lasts) if lasts else None)
 
 
 def list_runs(root: str | Path | None = None) -> list[RunInfo]:

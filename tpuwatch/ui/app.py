@@ -31,6 +31,7 @@ from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.recording import append
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.protocol import Command, Message, Result
+from tpuwatch.ui.group_source import apply_worker_health
 from tpuwatch.ui.output_tail import OutputTail
 from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.screens.help_screen import HelpScreen
@@ -47,6 +48,7 @@ from tpuwatch.ui.widgets.replica_loss_panel import ReplicaLossPanel
 from tpuwatch.ui.widgets.retrace_panel import RetracePanel
 from tpuwatch.ui.widgets.run_header import RunHeader
 from tpuwatch.ui.widgets.step_time_panel import StepTimePanel
+from tpuwatch.ui.widgets.workers_panel import WorkersPanel
 
 DashboardResult = Literal["stop", "detach", "quit"]
 
@@ -67,7 +69,7 @@ PANEL_IDS = ("step-time", "loss", "memory", "findings", "input", "retraces", "ev
 class StateLike(Protocol):
     """What the app needs from ``tpuwatch.monitor.state.RunState``."""
 
-    def apply(self, msg: Message) -> None: ...
+    def apply(self, msg: Message, worker: str | None = None) -> None: ...
 
     def snapshot(self, now: float | None = None) -> RunSnapshot: ...
 
@@ -176,6 +178,7 @@ class TpuwatchApp(App[str]):
             yield FindingsPanel(id="findings").data_bind(TpuwatchApp.snapshot)
             yield InputPanel(id="input").data_bind(TpuwatchApp.snapshot)
             yield RetracePanel(id="retraces").data_bind(TpuwatchApp.snapshot)
+            yield WorkersPanel(id="workers").data_bind(TpuwatchApp.snapshot)  # shown with 2+ workers
         with Horizontal(id="bottom"):
             yield OutputPanel(id="output")
             yield EventPanel(id="events").data_bind(TpuwatchApp.snapshot)
@@ -212,15 +215,24 @@ class TpuwatchApp(App[str]):
             self._findings = FindingsFeed(self._clock, on_new=self._on_new_findings)
         apply = self._state.apply
         diagnose = self._findings.apply
+        # Several workers' streams (a group, several HOST:PORT): each message with its worker.
+        tagged = getattr(self.source, "poll_tagged", None)
         deadline = time.perf_counter() + APPLY_BUDGET_S
         try:
             while True:
-                batch = self.source.poll()
-                for msg in batch:
-                    apply(msg)
-                    diagnose(msg)
+                if tagged is not None:
+                    batch = tagged()
+                    for worker, msg in batch:
+                        apply(msg, worker)
+                        diagnose(msg, worker)
+                else:
+                    batch = self.source.poll()
+                    for msg in batch:
+                        apply(msg)
+                        diagnose(msg)
                 if not batch or time.perf_counter() > deadline:
                     break
+            apply_worker_health(self.source, self._state)
         except OSError as e:
             self._report_source_error(f"reading the run failed: {e}")
         now = self.source.now()

@@ -1,0 +1,141 @@
+"""Sources for a multi-worker run directory (``tpuwatch run --workers N``, ``attach``/``replay`` of
+its group directory), and the worker health every multi-worker source reports to the state.
+
+Like :class:`~tpuwatch.ui.remote_source.RemoteSource`, these hand the dashboard
+``(worker, message)`` pairs through ``poll_tagged()`` so one ``RunState`` keeps each worker apart
+(``RunState.apply(msg, worker=name)``): per-host step time and memory, and global replica indexes
+from each worker's topology. Nothing here imports Textual.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tpuwatch import rundir
+from tpuwatch.monitor.client import AgentClient
+from tpuwatch.monitor.group import GroupReader, Tagged, WorkerDir, read_group
+from tpuwatch.monitor.report import pid_alive
+from tpuwatch.protocol import Command, Exit, Message
+from tpuwatch.ui.replay_source import ReplaySource
+
+#: A worker whose process is gone and whose launcher recorded no end for this long is lost.
+LOST_AFTER_S = 3.0
+
+
+class GroupSource:
+    """Tails every worker's recording in a group directory; commands go to every running agent."""
+
+    live = True
+    can_send = True
+
+    def __init__(self, workers: Sequence[WorkerDir], *, clock: Callable[[], float] = time.monotonic,
+                 pid_alive: Callable[[object], bool] = pid_alive) -> None:
+        self.workers = list(workers)
+        self._reader = GroupReader(self.workers)
+        self._clients = {w.name: AgentClient.for_run(w.path) for w in self.workers}
+        self._seen: set[str] = set()  # workers with at least one message
+        self._ended: set[str] = set()  # workers whose exit record arrived
+        self._dead_since: dict[str, float] = {}
+        self._clock = clock
+        self._pid_alive = pid_alive
+
+    def poll(self) -> list[Message]:
+        return [m for _, m in self.poll_tagged()]
+
+    def poll_tagged(self) -> list[Tagged]:
+        out = self._reader.read_new()
+        for name, msg in out:
+            self._seen.add(name)
+            if isinstance(msg, Exit):
+                self._ended.add(name)
+        return out
+
+    def worker_health(self) -> dict[str, tuple[bool, str | None]]:
+        """``{worker: (connected, lost reason or None)}`` for workers seen and not ended: a worker
+        whose process is gone with no end recorded (its launcher died too) is lost."""
+        out: dict[str, tuple[bool, str | None]] = {}
+        now = self._clock()
+        for w in self.workers:
+            if w.name not in self._seen or w.name in self._ended:
+                continue
+            meta = rundir.read_meta(w.path)
+            pid = meta.get("child_pid")
+            if self._pid_alive(pid) or isinstance(meta.get("exit_code"), int):
+                self._dead_since.pop(w.name, None)  # running, or its end is on the way
+                out[w.name] = (True, None)
+                continue
+            since = self._dead_since.setdefault(w.name, now)
+            lost = now - since >= LOST_AFTER_S
+            out[w.name] = (False, f"process {pid} is gone and left no exit record" if lost else None)
+        return out
+
+    def send(self, command: Command) -> None:
+        """Sends ``command`` to every worker still running (a checkpoint or profile of a
+        multi-worker job concerns all of them). Raises OSError when none took it."""
+        errors, sent = [], 0
+        for name, client in self._clients.items():
+            if name in self._ended:
+                continue
+            try:
+                client.send(command)
+                sent += 1
+            except OSError as e:
+                errors.append(f"{name}: {e}")
+        if not sent:
+            raise OSError("; ".join(errors) or "no worker is running any more")
+
+    def now(self) -> float | None:
+        return None
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+
+
+class GroupReplaySource(ReplaySource):
+    """A replay of every worker's recording, merged by time, each message with its worker."""
+
+    def __init__(self, tagged: Sequence[Tagged], **kwargs: Any) -> None:
+        super().__init__([m for _, m in tagged], **kwargs)
+        self._tags = [w for w, _ in tagged]
+
+    def poll_tagged(self) -> list[Tagged]:
+        start = self._next
+        out = self.poll()
+        return list(zip(self._tags[start:start + len(out)], out))
+
+
+def make_group_source(workers: Sequence[WorkerDir]) -> GroupSource:
+    return GroupSource(workers)
+
+
+def make_group_replay_source(workers: Sequence[WorkerDir], speed: float = 1.0, *,
+                             paused: bool = False) -> GroupReplaySource:
+    tagged, _stats = read_group(workers)
+    if not tagged:
+        raise FileNotFoundError(f"no recording in any worker of {Path(workers[0].path).parent}")
+    return GroupReplaySource(tagged, speed=speed, paused=paused)
+
+
+def apply_worker_health(source: object, state: object) -> None:
+    """Tells ``state`` which workers are connected or lost, for sources that know: a local group
+    (:meth:`GroupSource.worker_health`) or several TCP streams (``RemoteSource.streams``). A
+    worker that went away is marked (disconnected, lost), never silently dropped."""
+    set_connected = getattr(state, "set_connected", None)
+    set_lost = getattr(state, "set_lost", None)
+    if set_connected is None or set_lost is None:
+        return
+    health = getattr(source, "worker_health", None)
+    if callable(health):
+        for name, (connected, lost) in health().items():
+            set_connected(connected, name)
+            if lost:
+                set_lost(lost, worker=name)
+        return
+    streams = getattr(source, "streams", None)
+    if isinstance(streams, list) and len(streams) > 1:
+        for s in streams:
+            if s.worker is not None and not s.ended:
+                set_connected(bool(s.connected), s.worker)
