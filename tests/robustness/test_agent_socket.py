@@ -21,6 +21,7 @@ from tpuwatch.agent.transport import MAX_COMMAND_BYTES
 from tpuwatch.monitor.client import AgentClient, new_command
 from tpuwatch.protocol import Attach, Command, Decoder
 from robust_agent import start_agent
+from robust_terminal import Tmux, have_tmux, tpuwatch_argv
 
 pytestmark = pytest.mark.tf
 
@@ -156,8 +157,10 @@ def test_ten_thousand_bad_lines_and_bad_handshakes_leave_training_unaffected(tmp
     assert refusals and refusals[-1].endswith(f"{sent['bad_handshakes']} in all)"), (refusals[-3:], sent)
 
 
+@pytest.mark.skipif(not have_tmux(), reason="needs tmux (apt-get install tmux)")
 def test_tcp_needs_the_token_and_files_are_private(tmp_path):
-    agent = start_agent(tmp_path, "--steps", "200", "--step-sleep", "0.02", listen="127.0.0.1:0")
+    agent = start_agent(tmp_path, "--steps", "300", "--step-sleep", "0.03", listen="127.0.0.1:0")
+    tmux = Tmux(tmp_path) if have_tmux() else None
     try:
         agent.wait_listening()
         agent.wait_step(1)
@@ -185,8 +188,18 @@ def test_tcp_needs_the_token_and_files_are_private(tmp_path):
         first = protocol.decode(next(good))
         assert isinstance(first, protocol.Hello)
         good.close()
+
+        # `tpuwatch attach HOST:PORT --token-file F` in a real terminal: live, then the end.
+        host, port = agent.tcp
+        tmux.start("attach", tpuwatch_argv("attach", f"{host}:{port}", "--token-file", str(agent.run_dir / "token")))
+        tmux.wait_for("attach", "RUNNING", timeout=60)
+        tmux.wait_for("attach", "FINISHED", timeout=120)
+        tmux.keys("attach", "q")
+        assert tmux.dead_status("attach", timeout=20) == 0
         assert agent.wait(timeout=180) == 0, agent.output()
     finally:
+        if tmux is not None:
+            tmux.close()
         agent.kill()
     messages = agent.messages()
     assert not [m for m in messages if isinstance(m, protocol.StackDump)]
@@ -249,3 +262,40 @@ def test_checkpoint_destination_outside_the_allowed_roots_is_refused(tmp_path):
     assert "outside the places this run may write to" in result.message, result.message
     assert "--allow-dest" in result.message
     assert not (tmp_path / "etc").exists()
+
+
+def test_remote_source_resynchronises_after_the_agent_drops_it(tmp_path):
+    """A dashboard that falls far behind: the bounded queue fills, TCP pushes back, the agent drops
+    the connection, and the source reconnects from its last whole line: every step exactly once."""
+    from tpuwatch.ui.remote_source import RemoteSource
+
+    api_steps = 80_000  # ~20 MB: more than loopback TCP buffers hold
+    agent = start_agent(tmp_path, "--steps", "10", "--api-steps", str(api_steps), "--linger", "3",
+                        listen="127.0.0.1:0", env={"TPUWATCH_VIEWER_TIMEOUT_S": "1"})
+    source = None
+    try:
+        agent.wait_listening()
+        source = RemoteSource([agent.tcp], agent.token, queue_messages=2000, reconnect_s=(0.1, 0.5))
+        # Take nothing until the agent has given up on us.
+        agent.wait_for_message(lambda m: isinstance(m, protocol.Event) and "dropped a viewer" in m.message,
+                               timeout=120)
+        got = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(isinstance(m, protocol.Exit) for _, m in got[-50:]):
+            got += source.poll_tagged()
+            time.sleep(0.01)
+        assert agent.wait(timeout=60) == 0, agent.output()
+    finally:
+        if source is not None:
+            source.close()
+        agent.kill()
+    steps = [m.step for _, m in got if isinstance(m, protocol.Step)]
+    assert steps == list(range(1, 10 + api_steps + 1))
+    hello = next(m for _, m in got if isinstance(m, protocol.Hello))
+    assert {w for w, m in got if not isinstance(m, protocol.Hello) and w is not None} == {hello.worker}
+    notes = [m.message for _, m in got if isinstance(m, protocol.Event) and m.source == "remote"]
+    assert any("reconnecting from byte" in n for n in notes), notes
+    assert any("reconnected" in n for n in notes), notes
+    stream = source.streams[0]
+    assert stream.connects >= 2 and stream.ended and stream.malformed == 0
+    assert stream.offset == (agent.run_dir / "events.jsonl").stat().st_size
