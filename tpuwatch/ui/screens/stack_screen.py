@@ -1,0 +1,74 @@
+"""The stacks of the training process (key ``s``): for a run that stalls or hangs.
+
+Follows a :class:`~tpuwatch.monitor.stack_request.StackRequest` at a few Hz until it has the
+dump (from the agent's ``stack_dump`` command, or from faulthandler after SIGUSR1 when the agent
+cannot answer) and shows it, the training thread first.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Label, TextArea
+
+from tpuwatch.monitor.snapshot import CommandView
+from tpuwatch.monitor.stack_request import StackRequest, StackView
+from tpuwatch.protocol import StackDump
+
+POLL_HZ = 4.0
+
+
+class StackScreen(ModalScreen[None]):
+    """``lookup`` returns the current commands and stack dumps (from the dashboard's state)."""
+
+    DEFAULT_CSS = """
+    StackScreen { align: center middle; }
+    StackScreen > #stack-dialog {
+        width: 95%; height: 90%; border: round $primary; background: $surface; padding: 0 1;
+    }
+    StackScreen #stack-note { width: 1fr; color: $text-muted; }
+    StackScreen #stack-note.-failed { color: $error; }
+    StackScreen #stack-text { height: 1fr; }
+    """
+    BINDINGS = [Binding("escape,q,s", "close", "Close", id="stacks.close")]
+
+    def __init__(
+        self,
+        request: StackRequest,
+        lookup: Callable[[], tuple[Sequence[CommandView], Sequence[StackDump]]],
+    ) -> None:
+        super().__init__()
+        self.request = request
+        self._lookup = lookup
+        self._shown: StackView | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="stack-dialog"):
+            yield Label("Stacks of the training process", id="stack-title")
+            yield Label("", id="stack-note")
+            yield TextArea("", id="stack-text", read_only=True, show_line_numbers=False, soft_wrap=False)
+
+    def on_mount(self) -> None:
+        self.poll()
+        self.set_interval(1.0 / POLL_HZ, self.poll, name="stack-poll")
+
+    def poll(self) -> None:
+        commands, dumps = self._lookup()
+        view = self.request.update(commands, dumps)
+        if view == self._shown:
+            return
+        self._shown = view
+        note = self.query_one("#stack-note", Label)
+        note.update(view.note + ("" if view.status != "done" else "  (esc to close)"))
+        note.set_class(view.status == "failed", "-failed")
+        if view.text:
+            area = self.query_one("#stack-text", TextArea)
+            area.load_text(view.text)
+            area.focus()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
