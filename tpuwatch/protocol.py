@@ -338,9 +338,27 @@ def to_dict(msg: Message) -> dict[str, Any]:
     return out
 
 
+def _num(v: Any) -> Any:
+    if type(v) is float and (v != v or v in _NONFINITE_OUT):
+        return "NaN" if v != v else _NONFINITE_OUT[v]
+    return v
+
+
+def _step_dict(m: "Step") -> dict[str, Any]:
+    # Step is most of a recording (thousands a second): encoded without the generic walk.
+    return {"kind": "step", "step": m.step, "t": m.t, "step_time_s": _num(m.step_time_s),
+            "input_wait_s": _num(m.input_wait_s), "loss": _num(m.loss),
+            "replica_losses": [_num(v) for v in m.replica_losses], "steps": m.steps,
+            "examples": m.examples, "function": m.function, "epoch": m.epoch}
+
+
+_DUMPS = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def encode(msg: Message) -> bytes:
     """One message as one JSON line (with the trailing newline)."""
-    return (json.dumps(to_dict(msg), separators=(",", ":"), allow_nan=False) + "\n").encode()
+    data = _step_dict(msg) if type(msg) is Step else to_dict(msg)  # type: ignore[arg-type]
+    return (_DUMPS(data) + "\n").encode()
 
 
 # --- decoding ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ Installs the probes, starts the agent thread and socket, then runs the user's sc
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import runpy
 import signal
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         if not script.is_file():
             print(f"tpuwatch: script not found: {ns.script} (give the path of a Python training script)", file=sys.stderr)
             return EXIT_USAGE
+    if importlib.util.find_spec("tensorflow") is None:
+        print(f"tpuwatch: TensorFlow is not importable in {sys.executable}; "
+              "install it with `pip install 'tpuwatch[tf]'` (or tensorflow-tpu on a TPU VM)", file=sys.stderr)
+        return EXIT_USAGE
     try:
         listen = parse_listen(ns.listen)
     except ValueError as e:
@@ -84,12 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     from tpuwatch.agent.runtime import Agent
 
     agent = Agent(run_dir, run_id, sample_hz=ns.sample_hz)
-    try:
-        import tensorflow  # noqa: F401  (the probes need it; the script would import it anyway)
-    except Exception as e:
-        print(f"tpuwatch: TensorFlow is not importable in {sys.executable} ({type(e).__name__}: {e}); "
-              "install it with `pip install 'tpuwatch[tf]'` (or tensorflow-tpu on a TPU VM)", file=sys.stderr)
-        return EXIT_USAGE
 
     from tpuwatch.agent import probes
 

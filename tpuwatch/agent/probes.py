@@ -1,4 +1,9 @@
-"""Installs every probe, each on its own: one that cannot install is reported and left out."""
+"""Installs every probe, each on its own: one that cannot install is reported and left out.
+
+The TensorFlow probes go in when the script imports TensorFlow (not before): whatever the script
+sets up before ``import tensorflow`` (``TF_CPP_MIN_LOG_LEVEL``, ``TF_USE_LEGACY_KERAS``,
+``CUDA_VISIBLE_DEVICES``, ...) then works exactly as it does without tpuwatch.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +17,26 @@ if TYPE_CHECKING:
 
 
 def install_all(agent: "Agent", script: str, argv: list[str], disabled: set[str]) -> Patches:
-    """Installs the probes (except ``disabled``) and emits the hello. Never raises."""
+    """Emits the hello and installs the probes (except ``disabled``) as soon as the script imports
+    TensorFlow (at once if it is imported already). Never raises."""
+    from tpuwatch.agent import environment, post_import
+
     patches = Patches()
+    try:
+        agent.emit(environment.hello(agent.run_id, script, argv, clock=agent.clock))
+    except Exception as e:
+        agent.probe_failed("environment", e)
+    post_import.when_imported("tensorflow", lambda _tf: install_tf_probes(agent, patches, disabled),
+                              lambda e: agent.probe_failed("agent", e))
+    return patches
+
+
+def install_tf_probes(agent: "Agent", patches: Patches, disabled: set[str]) -> None:
+    """Installs every TensorFlow probe; each failure disables only that probe."""
     announce = None
     try:
         from tpuwatch.agent import environment
 
-        agent.emit(environment.hello(agent.run_id, script, argv, clock=agent.clock))
         if "environment" not in disabled:
             environment.install(agent, patches)
             announce = lambda strategy: environment.announce(agent, strategy)  # noqa: E731
@@ -57,7 +75,6 @@ def install_all(agent: "Agent", script: str, argv: list[str], disabled: set[str]
             continue
         if name == "keras_hooks" and step_probe is not None:
             step_probe.epoch_source = installed
-    return patches
 
 
 def uninstall(patches: Patches) -> None:

@@ -1,0 +1,51 @@
+"""Writes tests/protocol/golden.jsonl: one message of every kind, with edge values.
+
+Run it only when the protocol changes on purpose (and bump PROTOCOL_VERSION if old readers break).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from tpuwatch import protocol as p
+
+GOLDEN = Path(__file__).with_name("golden.jsonl")
+
+MESSAGES: list[p.Message] = [
+    p.Hello(protocol_version=1, agent_version="0.1.0", run_id="20261122-020500-train-ab12", t=1795300000.25,
+            pid=4242, host="tpu-vm-0", worker="tpu-vm-0:4242", python_version="3.11.7", tf_version="2.21.0",
+            keras_version="3.15.1", script="train.py", argv=("train.py", "--epochs", "3")),
+    p.Topology(t=1795300001.0, strategy="TPUStrategyV2", replicas=8, local_replicas=8, num_workers=1,
+               worker_index=0, device_kind="TPU v4", devices=tuple(f"TPU:{i}" for i in range(8)), is_tpu=True),
+    p.Config(t=1795300001.5, mixed_precision="mixed_bfloat16", global_batch_size=1024, per_replica_batch_size=128,
+             steps_per_execution=32, total_steps=3000, epochs=3),
+    p.Step(step=32, t=1795300002.0, step_time_s=0.0215, input_wait_s=0.0012, loss=2.302585,
+           replica_losses=(2.30, 2.31, math.nan, math.inf, -math.inf, 2.29, 2.30, 2.31), steps=32, examples=1024,
+           function="multi_step_on_iterator", epoch=0),
+    p.Step(step=33, t=1795300002.1, step_time_s=0.02, input_wait_s=None, loss=None),
+    p.HostSample(t=1795300002.5, rss_bytes=3_221_225_472, available_bytes=300_000_000_000,
+                 total_bytes=400_000_000_000, cpu_percent=102.5),
+    p.DeviceSample(t=1795300002.5, device="TPU:0", current_bytes=30_000_000_000, peak_bytes=31_000_000_000,
+                   limit_bytes=34_359_738_368, source="tpu-info", limit_source="runtime", duty_cycle_pct=98.5),
+    p.Retrace(t=1795300003.0, function="train_step", traces=2, instances=1,
+              signature="x: float32(64, 28, 28, 1), lr: 0.05", change="lr: python float 0.1 -> 0.05", step=100),
+    p.Epoch(t=1795300004.0, epoch=0, phase="end", step=1000, logs={"loss": 0.5, "accuracy": 0.875, "lr": math.nan}),
+    p.Event(t=1795300004.5, level="warning", source="probe:replica_loss", message="probe replica_loss disabled: x"),
+    p.ExceptionRaised(t=1795300005.0, type="ValueError", message="bad \"input\" \u2014 ünïcode",
+                      traceback="Traceback (most recent call last):\n  ...\nValueError: bad"),
+    p.Command(id="c1", action="checkpoint", args={"dir": "gs://bucket/ckpt", "steps": 5}),
+    p.CommandState(t=1795300006.0, id="c1", action="checkpoint", state="running", step=1200),
+    p.Result(t=1795300007.0, id="c1", action="checkpoint", ok=True, message="saved",
+             details={"path": "gs://bucket/ckpt/ckpt-1200", "bytes": 123456, "seconds": 0.25, "step": 1200}),
+    p.StackDump(t=1795300008.0, text="Thread 0x1 (most recent call first):\n  File \"train.py\", line 3", path="/r/stacks/1.txt"),
+    p.Finding(t=1795300009.0, rule="input-bound", severity="warning", message="input wait is 42% of step time",
+              advice="prefetch(tf.data.AUTOTUNE)", evidence={"wait_share": 0.42, "steps": 300}, first_step=10,
+              last_step=310, worker="tpu-vm-0:4242"),
+    p.Attach(protocol_version=1, offset=0, token="", viewer="tpuwatch"),
+    p.Exit(t=1795300010.0, exit_code=137, signal=9, source="launcher", reason="killed by SIGKILL"),
+]
+
+if __name__ == "__main__":
+    GOLDEN.write_bytes(b"".join(p.encode(m) for m in MESSAGES))
+    print(f"wrote {GOLDEN}")
