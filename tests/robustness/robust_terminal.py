@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from tpuwatch_testing import ROOT, child_env
 
 
@@ -27,7 +29,7 @@ class Tmux:
     def __init__(self, workdir: Path, width: int = 160, height: int = 48) -> None:
         self.socket = workdir / "tmux.sock"
         self.conf = workdir / "tmux.conf"
-        # remain-on-exit: the pane keeps its exit status for us to read.
+        # remain-on-exit: the screen stays readable after the command ends.
         self.conf.write_text("set -g remain-on-exit on\nset -g history-limit 5000\n")
         self.width = width
         self.height = height
@@ -41,15 +43,31 @@ class Tmux:
         return proc.stdout
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
-        """Starts ``argv`` in a new session; returns the pid of the process in the pane."""
+        """Starts ``argv`` in a new session; returns its pid.
+
+        A shell in the pane runs it and writes its exit status to a file (tmux itself cannot be
+        relied on for it: it may see the pty close before it reaps the process).
+        """
         env = child_env(**(env or {}))
         keep = {k: env[k] for k in ("PYTHONPATH", "TPUWATCH_HOME", "TF_CPP_MIN_LOG_LEVEL", "HOME", "PATH",
                                     "TPUWATCH_VIEWER_TIMEOUT_S") if k in env}
         assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in keep.items())
-        command = f"cd {shlex.quote(str(ROOT))} && exec env {assigns} {' '.join(map(shlex.quote, argv))}"
+        status = self.socket.parent / f"{name}.status"
+        command = (f"cd {shlex.quote(str(ROOT))} && env {assigns} {' '.join(map(shlex.quote, argv))}; "
+                   f"echo $? > {shlex.quote(str(status))}")
         self._tmux("new-session", "-d", "-s", name, "-x", str(self.width), "-y", str(self.height), command)
         self.sessions.append(name)
-        return int(self._tmux("display-message", "-p", "-t", name, "#{pane_pid}").strip())
+        shell = int(self._tmux("display-message", "-p", "-t", name, "#{pane_pid}").strip())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                children = psutil.Process(shell).children()
+            except psutil.NoSuchProcess:
+                children = []
+            if children:
+                return children[0].pid
+            time.sleep(0.02)
+        raise AssertionError(f"{argv} did not start in tmux")
 
     def screen(self, name: str) -> str:
         return self._tmux("capture-pane", "-p", "-t", name)
@@ -68,16 +86,17 @@ class Tmux:
         self._tmux("send-keys", "-t", name, *keys)
 
     def dead_status(self, name: str, timeout: float = 60.0) -> int:
-        """Waits for the pane's process to end; returns its exit status (128+N: killed by N)."""
+        """Waits for the command to end; returns its exit status (128+N: killed by signal N)."""
+        status = self.socket.parent / f"{name}.status"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            out = self._tmux("display-message", "-p", "-t", name,
-                             "#{pane_dead} s#{pane_dead_status} k#{pane_dead_signal}").split()
-            if out and out[0] == "1":
-                status, sig = out[1][1:], out[2][1:]
-                if status or sig:  # (the pty can close before tmux has reaped the process)
-                    return int(status) if status else 128 + int(sig)
-            time.sleep(0.2)
+            try:
+                text = status.read_text().strip()
+            except FileNotFoundError:
+                text = ""
+            if text:
+                return int(text)
+            time.sleep(0.1)
         raise AssertionError(f"the process in {name} did not end within {timeout} s:\n{self.screen(name)}")
 
     def kill_session(self, name: str) -> None:

@@ -8,6 +8,7 @@ MirroredStrategy over 4 logical CPU devices, a @tf.function step with strategy.r
 --hang-after K      after step K, hang in hang_here() forever (stack-dump tests)
 --ready PATH        write the step number to PATH after each step (tests wait on it)
 --linger S          sleep S seconds before exiting
+--stop-file PATH    end the training loop early once PATH exists
 """
 
 import argparse
@@ -23,6 +24,7 @@ p.add_argument("--api-steps", type=int, default=0)
 p.add_argument("--hang-after", type=int, default=0)
 p.add_argument("--ready")
 p.add_argument("--linger", type=float, default=0.0)
+p.add_argument("--stop-file")
 a = p.parse_args()
 
 cpu = tf.config.list_physical_devices("CPU")[0]
@@ -67,7 +69,9 @@ for step in range(1, a.steps + 1):
         hang_here()
     if a.step_sleep:
         time.sleep(a.step_sleep)
-print(f"trained {a.steps} steps, loss {float(loss):.4f}", flush=True)
+    if a.stop_file and Path(a.stop_file).exists():
+        break
+print(f"trained {step} steps, loss {float(loss):.4f}", flush=True)
 
 if a.api_steps:
     import tpuwatch
