@@ -163,3 +163,25 @@ def test_the_explicit_step_api_is_inert_without_the_agent():
     with tpuwatch.step(examples=4) as s:
         s.loss = 1.0
     assert s.examples == 4
+
+
+def test_the_agent_adds_no_trace_of_its_own(run_agent, tmp_path):
+    """Probe variables made inside the first trace would make TF trace the step function twice
+    (doubling compile time on a TPU): they are made before it instead."""
+    counter = tmp_path / "count_traces.py"
+    counter.write_text(
+        "import runpy, sys\n"
+        "import tensorflow as tf\n"
+        "from tensorflow.python.eager.polymorphic_function import tracing_compilation as tc\n"
+        "original, names = tc._create_concrete_function, []\n"
+        "def counting(function_type, type_context, func_graph, options):\n"
+        "    names.append(options.name)\n"
+        "    return original(function_type, type_context, func_graph, options)\n"
+        "tc._create_concrete_function = counting\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "print('TRACES', names.count('train_step'), names.count('multi_step_on_iterator'))\n")
+    custom = run_agent(counter, str(LOOPS), "--mode", "custom", "--steps", "4")
+    fit = run_agent(counter, str(LOOPS), "--mode", "fit", "--steps", "4")
+    assert "TRACES 1 0" in custom.output and len(custom.steps) == 4, custom.output
+    assert "TRACES 0 1" in fit.output and len(fit.steps) == 4, fit.output

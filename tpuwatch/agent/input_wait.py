@@ -186,6 +186,14 @@ def install(agent: "Agent", patches, probe: "StepProbe") -> InputWaitProbe:
     from tensorflow.python.distribute import input_lib
 
     iw = InputWaitProbe(agent, probe)
+
+    def prepare() -> None:
+        try:
+            ensure_accumulator(probe)
+        except Exception as e:
+            agent.probe_failed(PROBE, e)
+
+    probe.before_first_call.append(prepare)
     # Distributed iterators (experimental_distribute_dataset / distribute_datasets_from_function).
     patches.wrap(input_lib.DistributedIteratorBase, "get_next", iw.make_wrapper(optional=False))
     patches.wrap(input_lib.DistributedIteratorBase, "get_next_as_optional", iw.make_wrapper(optional=True))

@@ -16,6 +16,7 @@ function's output entry named like "loss", else its first floating scalar.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch.agent.input_wait import RUNS, add_in_graph
@@ -104,6 +105,7 @@ class ReplicaLossProbe:
         self.probe = probe
         self.announce = announce
         self._slots: dict[int, LossSlot] = {}
+        self.strategies: weakref.WeakSet = weakref.WeakSet()  # made so far (see prepare)
         self._replica = threading.local()  # per replica thread: did Keras capture this step?
         probe.loss_reader = self.read_for
 
@@ -126,6 +128,29 @@ class ReplicaLossProbe:
         if slot is None:
             slot = self._slots[id(strategy)] = LossSlot(strategy)
         return slot
+
+    def prepare(self) -> None:
+        """Makes the loss variables of the strategies seen so far, eagerly, before a function's
+        first trace: a ``tf.Variable`` made *during* a trace makes TF trace that function a
+        second time (its no-variable-creation retrace), doubling the user's compile time.
+
+        Inside a strategy's scope only that strategy can be entered; a slot that cannot be made
+        here is made at its first trace instead (the fallback costs that retrace, nothing else).
+        """
+        import tensorflow as tf
+
+        if not self.agent.enabled(PROBE):
+            return
+        current = tf.distribute.get_strategy()
+        candidates = [current] if tf.distribute.has_strategy() else [*self.strategies, current]
+        for strategy in candidates:
+            if id(strategy) in self._slots:
+                continue
+            try:
+                self.slot_for(strategy)
+            except Exception as e:
+                self.agent.event("debug", f"probe:{PROBE}", f"loss variable for {type(strategy).__name__} "
+                                 f"deferred to its first trace: {type(e).__name__}: {e}")
 
     def capture(self, loss: Any) -> None:
         """Keeps ``loss`` as the current replica's loss (called in replica context)."""
@@ -238,7 +263,20 @@ def install(agent: "Agent", patches, probe: "StepProbe", announce: Callable[[Any
     from tensorflow.python.distribute import distribute_lib
 
     rl = ReplicaLossProbe(agent, probe, announce)
+    probe.before_first_call.append(rl.prepare)
     patches.wrap(distribute_lib.StrategyBase, "run", rl.make_run_wrapper)
+
+    def make_init(original):
+        def __init__(strategy, *args, **kwargs):
+            original(strategy, *args, **kwargs)
+            try:
+                rl.strategies.add(strategy)
+            except TypeError:  # not weak-referenceable: its slot is made at its first trace
+                pass
+
+        return __init__
+
+    patches.wrap(distribute_lib.StrategyBase, "__init__", make_init)
     # Strategies that override run(): patch them too (each class's own definition only).
     for module_name, class_names in (
         ("tensorflow.python.distribute.tpu_strategy", ("TPUStrategyV2", "TPUStrategy", "TPUStrategyV1")),

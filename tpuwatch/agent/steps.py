@@ -57,6 +57,10 @@ class StepProbe:
         self.loss_reader: Callable[[Any], tuple[float, ...] | None] | None = None
         self.eager_losses: dict[int, float] = {}
         self.step_context: Callable[[int], ContextManager] | None = None  # set by the profiler
+        # Called before the first top-level call of each tf.function (eager, cross-replica
+        # context): probes make their variables there rather than inside the trace.
+        self.before_first_call: list[Callable[[], None]] = []
+        self._called: weakref.WeakSet = weakref.WeakSet()
         self.epoch_source: Any = None  # keras_hooks.KerasHooks: its .epoch is the current epoch
         self._config_batch: int | None = None
 
@@ -114,6 +118,15 @@ class StepProbe:
             if not agent.enabled("steps"):
                 return original(fn, *args, **kwargs)
             # A top-level eager call: a step boundary if this is a step function.
+            try:
+                first = fn not in probe._called
+                if first:
+                    probe._called.add(fn)
+            except TypeError:
+                first = False
+            if first:
+                for prepare in probe.before_first_call:
+                    prepare()
             was_step = probe.is_step_function(fn)
             if was_step and agent.has_pending:
                 agent.safe_point()
