@@ -124,9 +124,7 @@ def test_ten_thousand_bad_lines_and_bad_handshakes_leave_training_unaffected(tmp
                     tcp.recv(4096)
                 sent["bad_handshakes"] += 1
 
-        t0 = time.monotonic()
         fuzz()
-        print(f"fuzzing took {time.monotonic() - t0:.1f} s: {sent}")
         assert sent["lines"] >= 10_000, sent
         assert agent.proc.poll() is None, "training ended before the fuzzing did: the test proves less"
 
