@@ -99,8 +99,9 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def write_token(run_dir: Path) -> str:
-    token = secrets.token_urlsafe(24)
+def write_token(run_dir: Path, token: str | None = None) -> str:
+    """Writes the run's viewer token (0600): the one given, or a new random one."""
+    token = token or secrets.token_urlsafe(24)
     path = run_dir / TOKEN
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     _start_server(agent, run_dir, listen)
     agent.start()
     code = _run_script(agent, ns, target)
-    agent.fail_pending("the script ended before the next step boundary")
+    agent.shutdown("the script ended before the next step boundary")
     probes.uninstall(installed)
     agent.flush()
     agent.stop()
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
 def _start_server(agent, run_dir: Path, listen: tuple[str, int] | None) -> None:
     from tpuwatch.agent.transport import Server
 
-    token = rundir.write_token(run_dir) if listen else None
+    # Workers of one job may share a token (TPUWATCH_TOKEN), so one viewer can attach to all.
+    token = rundir.write_token(run_dir, os.environ.get("TPUWATCH_TOKEN") or None) if listen else None
     try:
         agent.server = Server(agent, rundir.socket_path(run_dir), listen, token)
         agent.server.start()

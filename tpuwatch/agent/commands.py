@@ -33,18 +33,8 @@ def install(agent: "Agent", patches: "Patches") -> Commands:
     agent.register("profile", profiler.handle, at_step_boundary=True, validate=profiler.validate)
     agent.register("checkpoint", checkpointer.handle, at_step_boundary=True, validate=checkpointer.validate)
 
-    # The runner calls fail_pending once the script has returned: the moment to end a capture
-    # still running and to let uploads finish, while the recording is still open.
-    def make_fail_pending(original):
-        def fail_pending(reason: str) -> None:
-            original(reason)
-            for name, part in (("profile", profiler), ("checkpoint", checkpointer)):
-                try:
-                    part.shutdown()
-                except Exception as e:
-                    agent.event("error", f"command:{name}", f"could not finish {name} at exit: {type(e).__name__}: {e}")
-
-        return fail_pending
-
-    patches.wrap(agent, "fail_pending", make_fail_pending)
+    # Once the script has returned: end a capture still running and let uploads finish, while
+    # the recording is still open.
+    agent.on_shutdown(profiler.shutdown)
+    agent.on_shutdown(checkpointer.shutdown)
     return Commands(profiler, checkpointer)

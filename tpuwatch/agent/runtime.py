@@ -55,6 +55,7 @@ class Agent:
         self._disabled: dict[str, str] = {}
         self._handlers: dict[str, tuple[Handler, bool, Callable[[Command], None] | None]] = {}
         self._pending: collections.deque[Command] = collections.deque()
+        self._shutdown_hooks: list[Callable[[], None]] = []
         self._busy: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -183,6 +184,21 @@ class Agent:
         while self._pending:
             cmd = self._pending.popleft()
             self.finish(cmd, False, reason)
+
+    def on_shutdown(self, hook: Callable[[], None]) -> None:
+        """``hook`` runs once the script has returned, while the recording is still open (to end
+        a capture still running, wait for uploads, ...)."""
+        self._shutdown_hooks.append(hook)
+
+    def shutdown(self, reason: str) -> None:
+        """The script has ended: fails queued commands, runs the shutdown hooks. Never raises."""
+        self.fail_pending(reason)
+        for hook in self._shutdown_hooks:
+            try:
+                hook()
+            except Exception as e:
+                self.event("error", "agent", f"shutdown hook {getattr(hook, '__qualname__', hook)} failed: "
+                                             f"{type(e).__name__}: {e}")
 
     # --- the agent thread -------------------------------------------------------------------
 

@@ -197,6 +197,9 @@ def start_group(
     })
     ports = free_ports(workers)
     base_env = dict(os.environ if env is None else env)
+    if listen:
+        # One token for every worker, so `tpuwatch attach H1:P1 H2:P2 --token-file F` opens them all.
+        base_env.setdefault("TPUWATCH_TOKEN", rundir.write_token(run_dir))
     launches: list[Launch] = []
     try:
         for i in range(workers):

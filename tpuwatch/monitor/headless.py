@@ -219,14 +219,8 @@ def follow(
 
 
 def worker_exit_codes(snap: RunSnapshot) -> dict[str, int]:
-    """Each ended worker's exit code, from its exit record's log entry (``WorkerView`` has none)."""
-    codes: dict[str, int] = {}
-    for e in snap.events:
-        if e.message.startswith("exited with code "):
-            head = e.message[len("exited with code "):].split(" ", 1)[0].rstrip(":")
-            if head.lstrip("-").isdigit():
-                codes[e.worker] = int(head)
-    return codes
+    """Each ended worker's exit code."""
+    return {w.name: w.exit_code for w in snap.workers if w.exit_code is not None}
 
 
 def worker_status_text(snap: RunSnapshot, name: str, status: str, connected: bool = True,

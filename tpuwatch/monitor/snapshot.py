@@ -106,6 +106,8 @@ class WorkerView:
     input_wait_frac: float | None
     rss_bytes: int | None
     connected: bool
+    exit_code: int | None = None
+    exit_signal: int | None = None
 
 
 @dataclass(frozen=True)

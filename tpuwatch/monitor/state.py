@@ -487,8 +487,9 @@ class RunState:
         if isinstance(total, int) and roll.steps_per_s and status in ("running", "stalled"):
             eta = max(0, total - step) / roll.steps_per_s if roll.steps_per_s > 0 else None
 
-        exit_msg = next((w.exit for w in workers if w.exit and w.exit.exit_code != 0), None) \
-            or p.exit
+        # The cause, not a consequence: the earliest failing exit (peers of a dead worker fail after it).
+        failed = [w.exit for w in workers if w.exit and w.exit.exit_code != 0]
+        exit_msg = min(failed, key=lambda e: e.t) if failed else p.exit
         exc = next((w.exception for w in workers if w.exception), None)
         ended = None
         if status in ("finished", "crashed") and any(w.exit for w in workers):
@@ -503,6 +504,7 @@ class RunState:
             if w.topology:
                 devices += w.topology.devices
         wait_frac = roll.input_wait_frac
+        replica_losses = self._replica_losses(workers)
 
         return RunSnapshot(
             run_id=hello.run_id if hello else "",
@@ -547,8 +549,8 @@ class RunState:
             input_wait_p50_s=roll.input_wait_p50_s,
             input_wait_frac_total=stats.input_wait_frac_total(),
             steps_total=stats.steps_total,
-            loss=last.loss if last else None,
-            replica_losses=self._replica_losses(workers),
+            loss=_mean_loss(replica_losses) if len(workers) > 1 else (last.loss if last else None),
+            replica_losses=replica_losses,
             history=stats.history.points(),
             history_records_per_point=stats.history.records_per_point,
             functions=tuple(sorted(self._functions.values(), key=lambda f: (-f.traces, f.name))),
@@ -607,7 +609,17 @@ class RunState:
             input_wait_frac=roll.input_wait_frac,
             rss_bytes=w.host.rss_bytes if w.host else None,
             connected=w.connected,
+            exit_code=w.exit.exit_code if w.exit else None,
+            exit_signal=w.exit.signal if w.exit else None,
         )
+
+
+def _mean_loss(rows: tuple[ReplicaLoss, ...]) -> float | None:
+    """The mean over every replica of every worker (what strategy.reduce(MEAN) gives globally)."""
+    if not rows:
+        return None
+    values = [r.loss for r in rows]
+    return sum(values) / len(values)
 
 
 def _fmt_scalar(v: object) -> str:

@@ -35,7 +35,9 @@ from tpuwatch.ui.group_source import apply_worker_health
 from tpuwatch.ui.output_tail import OutputTail
 from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.screens.help_screen import HelpScreen
+from tpuwatch.ui.screens.profile_summary_screen import ProfileSummaryScreen, load_summary_text, new_profile_results
 from tpuwatch.ui.screens.quit_screen import QuitScreen
+from tpuwatch.ui.screens.stack_screen import StackScreen
 from tpuwatch.ui.source import ReplayControl, Source
 from tpuwatch.ui.widgets.command_line import CommandLine
 from tpuwatch.ui.widgets.event_panel import EventPanel
@@ -100,6 +102,8 @@ class TpuwatchApp(App[str]):
         Binding("o", "toggle_output", "Output", id="output", tooltip="Maximise / restore the output log"),
         Binding("slash", "search_output", "Search", id="search", tooltip="Search the output log", show=False),
         Binding("d", "detach", "Detach", id="detach", tooltip="Leave; training keeps running"),
+        Binding("s", "stacks", "Stacks", id="stacks", show=False,
+                tooltip="Show every thread's stack of the training process (a stalled or hung run)"),
         Binding("question_mark", "help", "Help", id="help", tooltip="This help"),
         Binding("q", "request_quit", "Quit", id="quit", tooltip="Quit (asks first while training runs)"),
         Binding("space", "toggle_pause", "Pause", id="replay.pause", show=False, priority=True,
@@ -160,6 +164,8 @@ class TpuwatchApp(App[str]):
             start = 1 << 62 if self._replay else 1 << 20
             self._tail = OutputTail(self.run_dir / rundir.OUTPUT, start_bytes=start)
         self._sent: dict[str, str] = {}  # action -> id of the command still in flight
+        self._sent_ids: set[str] = set()  # every command this dashboard sent
+        self._profiles_shown: set[str] = set()
         self._binding_key: tuple = ()
         self._source_error = ""
         self._keymap = dict(keymap or {})
@@ -239,6 +245,8 @@ class TpuwatchApp(App[str]):
         now = self._clock() if now is None else now
         self._findings.evaluate(self._state, now)
         self.snapshot = self._state.snapshot(now=now)
+        for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
+            self._show_profile(done)
         if self._tail is not None:
             try:
                 lines = self._tail.read_lines()
@@ -300,6 +308,8 @@ class TpuwatchApp(App[str]):
             return True
         if action == "detach":
             return True if self.source.live else False
+        if action == "stacks":
+            return True if self.source.can_send and self._run_active() else None
         if action in ("toggle_pause", "faster", "slower", "seek", "seek_start", "seek_end"):
             # Hidden outside a replay; and while typing a search, arrows and space are text.
             return self._replay is not None and not isinstance(self.focused, Input)
@@ -311,12 +321,32 @@ class TpuwatchApp(App[str]):
     def action_checkpoint(self) -> None:
         self._send("checkpoint")
 
+    def action_stacks(self) -> None:
+        if isinstance(self.screen, StackScreen):
+            return
+        from tpuwatch.monitor.stack_request import StackRequest
+
+        dumps = lambda: tuple(getattr(self._state, "stack_dumps", ()))  # noqa: E731
+        before = dumps()
+        self._send("stack_dump")
+        snap = self.snapshot
+        request = StackRequest(self._sent["stack_dump"], run_dir=self.run_dir, pid=snap.pid, host=snap.host)
+        request.remember_existing(before)
+        self.push_screen(StackScreen(request, lambda: (self.snapshot.commands, dumps())))
+
     def _send(self, action: str) -> None:
         command = Command(id=f"{action}-{secrets.token_hex(4)}", action=action)
         self._sent[action] = command.id
+        self._sent_ids.add(command.id)
         self._state.apply(command)  # shows as "pending" until the agent answers
         self.pull()
         self._deliver(command)
+
+    @work(thread=True, group="profile-summary", exit_on_error=False)
+    def _show_profile(self, command) -> None:
+        # xprof takes up to ~0.3 s: never on the UI thread.
+        text = load_summary_text(command)
+        self.call_from_thread(self.push_screen, ProfileSummaryScreen(text))
 
     @work(thread=True, group="commands", exit_on_error=False)
     def _deliver(self, command: Command) -> None:

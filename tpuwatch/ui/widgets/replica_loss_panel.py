@@ -38,6 +38,14 @@ def _outlying(r: ReplicaLoss, mean: float | None) -> bool:
     return mean is not None and abs(r.deviation) > DEVIATION_WARN * max(abs(mean), 1e-12)
 
 
+def short_worker(name: str) -> str:
+    """``worker:1`` -> ``w1``; ``host-a:4242`` -> ``host``: a few columns that tell workers apart."""
+    kind, _, index = name.rpartition(":")
+    if kind == "worker" and index.isdigit():
+        return f"w{index}"
+    return (kind or name)[:4]
+
+
 def pick_rows(replicas: tuple[ReplicaLoss, ...], room: int) -> tuple[list[ReplicaLoss], int]:
     """The replicas to list when not all fit: non-finite first, then the largest deviations;
     shown in replica order. Returns (rows, how many were left out)."""
@@ -62,9 +70,14 @@ def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
         )
     ]
     shown, hidden = pick_rows(s.replica_losses, max(1, rows - 1))
+    several_workers = len({r.worker for r in s.replica_losses}) > 1
     for r in shown:
-        # r<index> <device> <loss> <deviation>: 33 columns, fits a panel at 80x24.
-        label = f"r{r.index:<3}{short_device(r.device)[:9]:<9}"
+        # r<index> <device> <loss> <deviation>: 33 columns, fits a panel at 80x24. With several
+        # workers the device says whose it is (each worker numbers its own devices from 0).
+        device = short_device(r.device)
+        if several_workers:
+            device = f"{short_worker(r.worker)}/{device}"
+        label = f"r{r.index:<3}{device[:9]:<9}"
         if not r.finite:
             lines.append(Content.assemble(label, (f"{units.loss(r.loss):>9}  NON-FINITE", "$error bold")))
             continue
