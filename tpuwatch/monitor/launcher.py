@@ -70,7 +70,8 @@ def check_python(python: str) -> str:
     exe = shutil.which(python) if os.sep not in python else python
     if not exe or not os.access(exe, os.X_OK):
         raise LaunchError(f"--python {python}: no such executable interpreter")
-    if os.path.realpath(exe) == os.path.realpath(sys.executable):
+    # Not realpath: every venv's python links to the same base binary, with other packages.
+    if os.path.abspath(exe) == os.path.abspath(sys.executable):
         found = importlib.util.find_spec("tensorflow") is not None
     else:
         probe = subprocess.run(

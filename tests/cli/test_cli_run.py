@@ -1,0 +1,99 @@
+"""`tpuwatch run` from the outside: bad input gets one clear line and a non-zero exit; a headless
+run prints progress and a summary, passes the script's output and exit code through."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpuwatch_testing import SCRIPTS, child_env
+
+
+def tpuwatch(*args: str, cwd: Path | None = None, timeout: float = 240, env: dict | None = None):
+    return subprocess.run([sys.executable, "-m", "tpuwatch", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=child_env(**(env or {})))
+
+
+def _one_line_error(proc, *words: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("tpuwatch: ")
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_missing_script(tmp_path):
+    _one_line_error(tpuwatch("run", "--headless", str(tmp_path / "nope.py")), "script not found", "nope.py")
+
+
+def test_not_a_python_file(tmp_path):
+    data = tmp_path / "data.csv"
+    data.write_text("a,b\n1,2\n")
+    _one_line_error(tpuwatch("run", "--headless", str(data)), "not a Python file")
+    binary = tmp_path / "model.py"
+    binary.write_bytes(b"\x00\x01\x02")
+    _one_line_error(tpuwatch("run", "--headless", str(binary)), "not a Python file")
+
+
+def test_interpreter_without_tensorflow(tmp_path):
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    _one_line_error(tpuwatch("run", "--headless", "--python", str(venv / "bin" / "python"), str(script)),
+                    "TensorFlow is not importable", "pip install 'tpuwatch[tf]'")
+
+
+def test_unwritable_run_directory(tmp_path):
+    if os.geteuid() == 0:
+        # root writes anywhere: make the parent a file instead, which nobody can create dirs under.
+        blocker = tmp_path / "file"
+        blocker.write_text("")
+        target = blocker / "run"
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        target = locked / "run"
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    _one_line_error(tpuwatch("run", "--headless", "--run-dir", str(target), str(script)),
+                    "is not writable", "--run-dir")
+
+
+def test_unknown_run_reference():
+    _one_line_error(tpuwatch("report", "no-such-run"), "no run 'no-such-run'", "tpuwatch ls")
+
+
+@pytest.mark.tf
+def test_headless_run_prints_progress_passes_output_and_exit_code(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = tpuwatch("run", "--headless", "--every", "1", "--run-dir", str(run_dir), str(SCRIPTS / "exits.py"),
+                    "--exit", "3")
+    assert proc.returncode == 3, proc.stderr
+    assert "ok" not in proc.stdout  # the script exited before printing
+    assert f"recording in {run_dir}" in proc.stderr
+    assert "exit code 3" in proc.stderr
+    assert "steps" in proc.stderr and "3" in proc.stderr  # the summary names the 3 steps it ran
+
+    ok = tpuwatch("run", "--headless", "--run-dir", str(tmp_path / "ok"), str(SCRIPTS / "exits.py"))
+    assert ok.returncode == 0
+    assert any(line.startswith("ok ") for line in ok.stdout.splitlines())  # the script output reaches stdout
+
+
+@pytest.mark.tf
+def test_a_module_runs_with_dash_m(tmp_path):
+    pkg = tmp_path / "mytrainer"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    shutil.copy(SCRIPTS / "exits.py", pkg / "train.py")
+    proc = tpuwatch("run", "--headless", "--run-dir", str(tmp_path / "run"), "-m", "mytrainer.train", cwd=tmp_path,
+                    env={"PYTHONPATH": os.pathsep.join([str(tmp_path), child_env()["PYTHONPATH"]])})
+    assert proc.returncode == 0, proc.stderr
+    events = (tmp_path / "run" / "events.jsonl").read_text()
+    assert events.count('"kind":"step"') == 3
