@@ -30,7 +30,8 @@ class Tmux:
         self.socket = workdir / "tmux.sock"
         self.conf = workdir / "tmux.conf"
         # remain-on-exit: the screen stays readable after the command ends.
-        self.conf.write_text("set -g remain-on-exit on\nset -g history-limit 5000\n")
+        self.conf.write_text(f"set -g remain-on-exit on\nset -g history-limit 5000\n"
+                             f"set -g default-size {width}x{height}\n")
         self.width = width
         self.height = height
         self.sessions: list[str] = []
@@ -53,7 +54,9 @@ class Tmux:
                                     "TPUWATCH_VIEWER_TIMEOUT_S") if k in env}
         assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in keep.items())
         status = self.socket.parent / f"{name}.status"
-        command = (f"cd {shlex.quote(str(ROOT))} && env {assigns} {' '.join(map(shlex.quote, argv))}; "
+        # COLUMNS/LINES from the test runner's environment would override the pane's real size.
+        command = (f"cd {shlex.quote(str(ROOT))} && env -u COLUMNS -u LINES {assigns} "
+                   f"{' '.join(map(shlex.quote, argv))}; "
                    f"echo $? > {shlex.quote(str(status))}")
         self._tmux("new-session", "-d", "-s", name, "-x", str(self.width), "-y", str(self.height), command)
         self.sessions.append(name)
@@ -70,7 +73,7 @@ class Tmux:
         raise AssertionError(f"{argv} did not start in tmux")
 
     def screen(self, name: str) -> str:
-        return self._tmux("capture-pane", "-p", "-t", name)
+        return self._tmux("capture-pane", "-p", "-S", "-", "-t", name)  # with the history
 
     def wait_for(self, name: str, text: str, timeout: float = 60.0) -> str:
         deadline = time.monotonic() + timeout
@@ -81,6 +84,16 @@ class Tmux:
                 return screen
             time.sleep(0.2)
         raise AssertionError(f"{text!r} did not appear within {timeout} s; screen:\n{screen}")
+
+    def wait_until_gone(self, name: str, text: str, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen(name)
+            if text not in screen:
+                return screen
+            time.sleep(0.1)
+        raise AssertionError(f"{text!r} still on the screen after {timeout} s:\n{screen}")
 
     def keys(self, name: str, *keys: str) -> None:
         self._tmux("send-keys", "-t", name, *keys)

@@ -105,3 +105,27 @@ def test_training_killed_by_a_signal_shows_in_the_dashboard_and_run_exits_128_pl
     meta = json.loads((run_dir / "run.json").read_text())
     assert (meta["state"], meta["exit_code"]) == ("crashed", 137)
     assert _ls_state(run_dir.name) == "crashed"
+
+
+def test_stacks_key_on_a_hung_run_shows_the_hanging_line_then_stop_records_the_end(tmux, tmp_path):
+    run_dir, ready, ui_pid = _start_run(tmux, tmp_path, "--steps", "1000", "--hang-after", "3")
+    wait_file_int(ready, 3)
+    tmux.wait_for("run", "RUNNING", timeout=60)
+    tmux.keys("run", "s")
+    screen = tmux.wait_for("run", "HANG-LINE", timeout=30)  # the hanging line, scrolled into view
+    assert "Stacks of the training process" in screen and "in hang_here" in screen
+    tmux.keys("run", "Escape")  # (alone: an escape followed at once by a key reads as alt+key)
+    tmux.wait_until_gone("run", "Stacks of the training process")
+    tmux.keys("run", "q")
+    tmux.wait_for("run", "Training is still running", timeout=10)
+    tmux.keys("run", "s")  # stop: SIGINT to the process group interrupts the hang
+    assert tmux.dead_status("run", timeout=60) == 128 + signal.SIGINT
+    screen = tmux.screen("run")
+    assert "sending SIGINT to the training process group; waiting up to 15 s" in screen
+    assert "exit code 130" in screen
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert (meta["state"], meta["exit_code"]) == ("crashed", 130)
+    exits = [m for m in read_messages(run_dir / "events.jsonl") if isinstance(m, protocol.Exit)]
+    assert [(e.exit_code, e.signal, e.source) for e in exits] == [(130, signal.SIGINT, "agent")]
+    dumps = list((run_dir / "stacks").glob("*-stack_dump-*.txt"))
+    assert len(dumps) == 1 and "in hang_here" in dumps[0].read_text()

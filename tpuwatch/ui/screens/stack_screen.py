@@ -22,6 +22,17 @@ from tpuwatch.protocol import StackDump
 POLL_HZ = 4.0
 
 
+def innermost_training_frame_row(text: str) -> int | None:
+    """The row of the training thread's innermost source line in a ``stack_dump`` text (the
+    agent lists that thread first, outermost frame first, ending with a blank line)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if "[TRAINING THREAD" in line), None)
+    if start is None:
+        return None
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].strip()), len(lines))
+    return end - 1 if end - 1 > start else None
+
+
 class StackScreen(ModalScreen[None]):
     """``lookup`` returns the current commands and stack dumps (from the dashboard's state)."""
 
@@ -34,7 +45,8 @@ class StackScreen(ModalScreen[None]):
     StackScreen #stack-note.-failed { color: $error; }
     StackScreen #stack-text { height: 1fr; }
     """
-    BINDINGS = [Binding("escape,q,s", "close", "Close", id="stacks.close")]
+    # Priority: the text area has the focus and would take escape and letters itself.
+    BINDINGS = [Binding("escape,q,s", "close", "Close", id="stacks.close", priority=True)]
 
     def __init__(
         self,
@@ -68,6 +80,9 @@ class StackScreen(ModalScreen[None]):
         if view.text:
             area = self.query_one("#stack-text", TextArea)
             area.load_text(view.text)
+            row = innermost_training_frame_row(view.text)
+            if row is not None:  # where it hangs is what the user came for: centre it once laid out
+                self.call_after_refresh(area.move_cursor, (row, 0), center=True)
             area.focus()
 
     def action_close(self) -> None:
