@@ -10,7 +10,8 @@
 3. Dashboard, live attach (a fresh process): ``TpuwatchApp`` headless (Textual ``run_test``,
    160x48) on a ``FileSource`` of the recording, the source ``tpuwatch attach`` uses: it catches up
    from byte 0 through its normal ``pull()`` (time-budgeted) until the reader is at the end.
-   Prints RSS before the app and after catching up, and the catch-up time.
+   Prints RSS before the app and after catching up, the catch-up time and how long each pull
+   took (the UI neither redraws nor takes keys during one).
 4. Dashboard, replay (a fresh process): the same app on ``make_replay_source`` (what ``tpuwatch
    replay`` gives it), seeked to the end, pulled until every message is applied. Prints RSS.
 
@@ -146,14 +147,15 @@ async def measure_app(path: Path, replay: bool) -> None:
     else:
         source = FileSource(run_dir, live=False)
     app = TpuwatchApp(source, run_dir=run_dir, refresh_hz=0)
-    pulls = 0
+    pulls: list[float] = []  # wall time of each pull: the UI cannot redraw or take keys meanwhile
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.pause()
         if replay:
             source.seek_end()
         while True:
+            p0 = time.perf_counter()
             app.pull()
-            pulls += 1
+            pulls.append(time.perf_counter() - p0)
             await pilot.pause()  # let Textual render the new snapshot, as between timer ticks
             if replay and source._next >= len(source._messages):
                 break
@@ -163,8 +165,9 @@ async def measure_app(path: Path, replay: bool) -> None:
         await pilot.pause(0.3)
         shown = app.snapshot.step
         wall = time.perf_counter() - t0
-        print(f"  caught up to step {shown:,} in {wall:.1f} s ({pulls} pulls); "
-              f"RSS {rss_mib():.0f} MiB, peak {peak_mib():.0f} MiB")
+        print(f"  caught up to step {shown:,} in {wall:.1f} s; RSS {rss_mib():.0f} MiB, peak {peak_mib():.0f} MiB")
+        print(f"  {len(pulls)} pulls while catching up: p50 {statistics.median(pulls):.2f} s, max {max(pulls):.2f} s "
+              f"each (the app's own budget is 0.15 s; the UI is frozen during a pull)")
 
 
 def child(kind: str, path: Path) -> None:
