@@ -159,25 +159,8 @@ def _run_headless(launch, every_s: float) -> int:
     from tpuwatch.monitor import headless, launcher
 
     print(f"tpuwatch: run {launch.run_id} (pid {launch.pid}), recording in {launch.run_dir}", file=sys.stderr)
-    done = threading.Event()
-    copier = threading.Thread(target=_copy_output, args=(launch.run_dir / rundir.OUTPUT, done), daemon=True)
-    copier.start()
-    interrupts = 0
-
-    def on_sigint(signum, frame):
-        nonlocal interrupts
-        interrupts += 1
-        sig = signal.SIGINT if interrupts == 1 else signal.SIGTERM if interrupts == 2 else signal.SIGKILL
-        print(f"\ntpuwatch: sending {sig.name} to the training process group"
-              + (" (Ctrl-C again to terminate)" if interrupts < 3 else ""), file=sys.stderr)
-        try:
-            os.killpg(launch.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    signal.signal(signal.SIGINT, on_sigint)
-    signal.signal(signal.SIGTERM, on_sigint)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # an SSH drop must not end the training
+    done, copier = _start_copier(launch.run_dir / rundir.OUTPUT)
+    _forward_interrupts("the training process group", lambda: [launch.pid])
     codes: list[int] = []
     headless.follow(launch.run_dir / rundir.EVENTS, launch.alive, out=sys.stderr, every_s=every_s,
                     on_end=lambda: codes.append(launcher.finish(launch)), record_findings=True)
@@ -219,27 +202,14 @@ def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
 
     pids = ", ".join(f"{n} pid {w.pid}" for n, w in zip(group.names, group.workers))
     _say(f"run {group.run_id}: {len(group.workers)} workers ({pids}), recording in {group.run_dir}")
-    done = threading.Event()
-    copier = threading.Thread(target=_copy_output, args=(group.run_dir / rundir.OUTPUT, done), daemon=True)
-    copier.start()
-    interrupts = 0
+    done, copier = _start_copier(group.run_dir / rundir.OUTPUT)
 
-    def on_sigint(signum, frame):
-        nonlocal interrupts
-        interrupts += 1
-        sig = signal.SIGINT if interrupts == 1 else signal.SIGTERM if interrupts == 2 else signal.SIGKILL
-        print(f"\ntpuwatch: sending {sig.name} to every worker"
-              + (" (Ctrl-C again to terminate)" if interrupts < 3 else ""), file=sys.stderr)
-        for i, w in enumerate(group.workers):
-            group.mark_stopping(group.names[i])
-            try:
-                os.killpg(w.pid, sig)
-            except ProcessLookupError:
-                pass
+    def every_worker() -> list[int]:
+        for name in group.names:
+            group.mark_stopping(name)
+        return [w.pid for w in group.workers]
 
-    signal.signal(signal.SIGINT, on_sigint)
-    signal.signal(signal.SIGTERM, on_sigint)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # an SSH drop must not end the training
+    _forward_interrupts("every worker", every_worker)
     dirs = {w.name: w.path for w in groups.worker_dirs(group.run_dir) or []}
 
     def record(findings) -> None:
@@ -273,6 +243,36 @@ def _run_group_dashboard(group, supervisor, merger) -> int:
         code = supervisor.wait()
     _say(f"exit code {code}; `tpuwatch report {group.run_id}` for the merged report")
     return code
+
+
+def _start_copier(path: Path) -> tuple[threading.Event, threading.Thread]:
+    """Copies the script's output to our stdout until the returned event is set."""
+    done = threading.Event()
+    copier = threading.Thread(target=_copy_output, args=(path, done), daemon=True)
+    copier.start()
+    return done, copier
+
+
+def _forward_interrupts(what: str, targets) -> None:
+    """Ctrl-C (or SIGTERM) sends SIGINT to the training, again SIGTERM, then SIGKILL; a hangup
+    (SSH drop) is ignored: it must not end the training. ``targets()`` gives process group ids."""
+    interrupts = 0
+
+    def on_signal(signum, frame):
+        nonlocal interrupts
+        interrupts += 1
+        sig = signal.SIGINT if interrupts == 1 else signal.SIGTERM if interrupts == 2 else signal.SIGKILL
+        print(f"\ntpuwatch: sending {sig.name} to {what}" + (" (Ctrl-C again to terminate)" if interrupts < 3 else ""),
+              file=sys.stderr)
+        for pgid in targets():
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _copy_output(path: Path, done: threading.Event) -> None:
