@@ -158,7 +158,6 @@ class StepProbe:
 
     def record(self, fn: Any, call_s: float, fn_name: str) -> None:
         """Emits one Step for a finished step call (on the training thread; no I/O)."""
-        agent = self.agent
         steps = 1
         wait_s = self.eager_wait_s
         measured_wait = wait_s > 0.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, TextIO
+from typing import Any, Callable, Protocol, TextIO
 
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.recording import RecordingReader, append
@@ -26,7 +26,7 @@ from tpuwatch.monitor.units import (
     fmt_rate,
     fmt_seconds,
 )
-from tpuwatch.protocol import Finding, Message
+from tpuwatch.protocol import Finding
 
 
 
@@ -166,57 +166,32 @@ def follow(
     process that owns the run does, so several viewers do not write them twice). Returns the
     final snapshot.
     """
-    reader = RecordingReader(events_path)
-    state = RunState(clock=clock)
-    diag = FindingsFeed(clock, on_new=(lambda new: append(events_path, new)) if record_findings else None)
-    next_print = clock() + every_s
+    recording = Path(events_path)
+    return follow_group(
+        _SingleReader(RecordingReader(recording)), is_alive, out, every_s, clock, on_end=on_end,
+        exit_grace_s=exit_grace_s, poll_s=poll_s, sleep=sleep,
+        record_findings=(lambda new: append(recording, new)) if record_findings else None)
 
-    def take(messages: list[Message]) -> None:
-        diag.feed(state, messages)
-        print_findings()
 
-    def print_findings() -> None:
-        for f in state.drain_new_findings():
-            print(finding_line(f), file=out, flush=True)
+class _SingleReader:
+    """One recording as a group of one: its messages untagged (the worker comes from its Hello)."""
 
-    while True:
-        alive = is_alive()  # asked before reading: after a False, one more read drains it all
-        while True:
-            take(reader.read_new())
-            if reader.caught_up:
-                break
-        if not alive:
-            break
-        now = clock()
-        if diag.evaluate(state, now):
-            print_findings()
-        if now >= next_print:
-            print(progress_line(state.snapshot(now)), file=out, flush=True)
-            next_print = now + every_s
-        sleep(poll_s)
+    def __init__(self, reader: RecordingReader) -> None:
+        self._reader = reader
 
-    if on_end is not None:
-        on_end()
-    deadline = clock() + (0.0 if on_end is not None else exit_grace_s)
-    while True:
-        take(reader.read_new())
-        if reader.caught_up and (state.ended or clock() >= deadline):
-            break
-        if reader.caught_up:
-            sleep(poll_s)
-    take(reader.finish())
-    stats = reader.stats
-    state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
-                          truncated_tail=stats.truncated_tail)
-    if not state.ended:
-        state.set_lost("the process ended without an exit record")
-    end_t = state.last_message_t if state.last_message_t is not None else clock()
-    diag.evaluate(state, end_t, force=True)
-    print_findings()
-    snap = state.snapshot(end_t)
-    print(summary(snap), file=out, flush=True)
-    return snap
+    @property
+    def caught_up(self) -> bool:
+        return self._reader.caught_up
 
+    @property
+    def stats(self) -> Any:
+        return self._reader.stats
+
+    def read_new(self) -> list:
+        return [(None, m) for m in self._reader.read_new()]
+
+    def finish(self) -> list:
+        return [(None, m) for m in self._reader.finish()]
 
 def worker_exit_codes(snap: RunSnapshot) -> dict[str, int]:
     """Each ended worker's exit code."""
@@ -312,9 +287,12 @@ def follow_group(
     stats = reader.stats
     state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                           truncated_tail=stats.truncated_tail)
-    for w in state.snapshot(clock()).workers:
+    workers = state.snapshot(clock()).workers
+    for w in workers:
         if w.status not in ("finished", "crashed"):
             state.set_lost("the process ended without an exit record", worker=w.name)
+    if not workers and not state.ended:
+        state.set_lost("the process ended without an exit record")
     end_t = state.last_message_t if state.last_message_t is not None else clock()
     diag.evaluate(state, end_t, force=True)
     take([])
