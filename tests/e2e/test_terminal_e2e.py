@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch_testing import ROOT, SAMPLES
+from tpuwatch_testing import SAMPLES
 
 pytestmark = pytest.mark.tf
 

@@ -11,7 +11,6 @@ from tpuwatch import rundir
 from tpuwatch.monitor.recording import read_all
 from tpuwatch.protocol import Message
 from tpuwatch.ui.app import TpuwatchApp
-from tpuwatch.ui.file_source import FileSource
 from tpuwatch.ui.replay_source import ReplaySource
 
 DATA = Path(__file__).resolve().parent.parent / "data"
