@@ -88,3 +88,28 @@ def test_sigusr1_without_a_handler_times_out_clearly(tmp_path):
     clock.t += 6
     view = req.update([], [])
     assert view.status == "failed" and "SIGUSR1" in view.note
+
+
+def test_terminal_file_drops_output_once_the_terminal_is_gone():
+    from tpuwatch.ui.hangup_driver import TerminalFile
+
+    class DeadTty:
+        writes = 0
+
+        def write(self, text):
+            self.writes += 1
+            raise OSError(5, "Input/output error")
+
+        def flush(self):
+            raise OSError(5, "Input/output error")
+
+        def fileno(self):
+            return 2
+
+    tty = DeadTty()
+    f = TerminalFile(tty)
+    assert f.write("frame") == 5  # no exception: Textual's output thread lives on
+    f.flush()
+    assert f.write("next frame") == 10
+    assert f.gone and "Input/output error" in f.error and tty.writes == 1
+    assert f.fileno() == 2

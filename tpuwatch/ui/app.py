@@ -32,6 +32,7 @@ from tpuwatch.monitor.recording import append
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.protocol import Command, Message, Result
 from tpuwatch.ui.group_source import apply_worker_health
+from tpuwatch.ui.hangup_driver import hangup_safe
 from tpuwatch.ui.output_tail import OutputTail
 from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.screens.help_screen import HelpScreen
@@ -496,6 +497,8 @@ def run_dashboard(
     """
     app = TpuwatchApp(source, run_dir=run_dir, title=title, keymap=keymap, handle_hangup=True,
                       record_findings=record_findings)
+    # A closed terminal must not hang Textual's shutdown (see tpuwatch/ui/hangup_driver.py).
+    app.driver_class = hangup_safe(app.driver_class)
     try:
         result = app.run()
     finally:
