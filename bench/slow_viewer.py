@@ -44,7 +44,7 @@ def main() -> None:
 
     import psutil
 
-    tmp = Path(tempfile.mkdtemp(prefix="tpuwatch-slow-viewer-"))
+    tmp = Path(tempfile.mkdtemp(prefix="slow-viewer-bench-"))
     run_dir = tmp / "run"
     ready = tmp / "ready"
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
