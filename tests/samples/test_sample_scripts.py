@@ -125,11 +125,13 @@ def free_port() -> int:
 # --- keras_fit.py --------------------------------------------------------------------------------
 
 def test_keras_fit_slow_input_makes_every_step_wait_for_the_sleep():
-    r = run("sample_runs/keras_fit.py", "--epochs", "1", "--steps-per-epoch", "5",
+    r = run("sample_runs/keras_fit.py", "--epochs", "1", "--steps-per-epoch", "12",
             "--slow-input", "--slow-input-ms", "120")
     assert "strategy: MirroredStrategy, 4 replicas, global batch 128" in r.stdout
-    assert "done: 5 steps" in r.stdout
-    # The step's compute is ~25 ms here: only the 120 ms input sleep can make it this slow.
+    assert "done: 12 steps" in r.stdout
+    # The step's compute is ~25 ms here: only the 120 ms input sleep can make it this slow. The
+    # first steps may find batches made while the first step compiled: 12 steps make the median
+    # the steady state.
     assert median_ms(r.stdout) >= 0.9 * 120
 
 

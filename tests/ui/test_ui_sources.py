@@ -99,3 +99,29 @@ def test_replay_poll_is_bounded_per_call() -> None:
     src.seek_end()
     assert len(src.poll()) == replay_source.MAX_MESSAGES_PER_POLL
     assert len(src.poll()) == 5
+
+
+def test_replay_keeps_offsets_not_messages_and_decodes_the_same(tmp_path):
+    """make_replay_source indexes the file (16 bytes a message) and decodes slices on demand:
+    what it releases equals what the full reader reads, and a cut last line is said."""
+    from tpuwatch import protocol
+    from tpuwatch.monitor.recording import read_all
+    from tpuwatch.ui.replay_source import RecordedMessages
+
+    src_path = Path(__file__).resolve().parents[1] / "data" / "healthy_4replica.jsonl"
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(src_path.read_bytes() + b'{"kind":"step","step":99')  # cut mid-line
+    expected, stats = read_all(path)
+    lazy = RecordedMessages(path)
+    assert stats.truncated_tail and lazy.truncated_bytes == stats.dropped_bytes
+    assert len(lazy) == len(expected) + 1 and len(lazy.release) == len(lazy)
+    assert lazy[0:len(expected)] == expected
+    assert lazy[5:9] == expected[5:9] and lazy[3] == expected[3]
+    tail = lazy[len(expected)]
+    assert isinstance(tail, protocol.Event) and "cut line" in tail.message
+    src = make_replay_source(tmp_path, speed=1.0)
+    src.seek_end()
+    released = []
+    while batch := src.poll():
+        released.extend(batch)
+    assert released[:-1] == expected and released[-1] == tail

@@ -162,10 +162,23 @@ def finish(launch: Launch, clock: Callable[[], float] = time.time) -> int:
     if not _agent_recorded_exit(launch.run_dir):
         name = signal.Signals(sig).name if sig else ""
         reason = f"killed by {name}" if sig else "the agent did not record an exit (the process ended abruptly)"
-        with open(launch.run_dir / rundir.EVENTS, "ab") as f:
-            f.write(protocol.encode(protocol.Exit(t=clock(), exit_code=code, signal=sig, source="launcher", reason=reason)))
+        events = launch.run_dir / rundir.EVENTS
+        # A process killed mid-write can leave a cut last line: the record must start a line.
+        cut = _ends_mid_line(events)
+        with open(events, "ab") as f:
+            f.write((b"\n" if cut else b"") + protocol.encode(
+                protocol.Exit(t=clock(), exit_code=code, signal=sig, source="launcher", reason=reason)))
     rundir.update_meta(launch.run_dir, state="finished" if code == 0 else "crashed", exit_code=code, ended=clock())
     return code
+
+
+def _ends_mid_line(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:  # empty or missing
+        return False
 
 
 def _agent_recorded_exit(run_dir: Path) -> bool:

@@ -127,7 +127,8 @@ class TpuwatchApp(App[str]):
         ),
     ]
 
-    snapshot: reactive[RunSnapshot] = reactive(RunSnapshot, always_update=True)
+    # The app itself never repaints on a new snapshot: each widget repaints what changed.
+    snapshot: reactive[RunSnapshot] = reactive(RunSnapshot, always_update=True, repaint=False)
 
     def __init__(
         self,

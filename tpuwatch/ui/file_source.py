@@ -10,7 +10,7 @@ from tpuwatch.protocol import Command, Message
 
 
 class _Reader(Protocol):
-    def read_new(self) -> list[Message]: ...
+    def read_new(self, max_bytes: int | None = None) -> list[Message]: ...
 
 
 class FileSource:
@@ -39,7 +39,9 @@ class FileSource:
         self.can_send = send is not None
 
     def poll(self) -> Sequence[Message]:
-        return self._reader.read_new()
+        # Small reads: the app checks its time budget between polls, so catching up on a long
+        # recording never freezes the screen for more than a fraction of a second.
+        return self._reader.read_new(max_bytes=POLL_BYTES)
 
     def send(self, command: Command) -> None:
         if self._send is None:
@@ -53,6 +55,9 @@ class FileSource:
         close = getattr(self._reader, "close", None)
         if callable(close):
             close()
+
+
+POLL_BYTES = 256 << 10
 
 
 def make_file_source(

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import bisect
 import time
+from array import array
 from pathlib import Path
 from typing import Callable, Sequence
 
 from tpuwatch import rundir
-from tpuwatch.protocol import Command, Message
+from tpuwatch.protocol import Command, Decoder, Event, Message
 
 #: Most messages one poll returns: a jump to the end of a million-step recording is applied
 #: over several refreshes (the app stops draining when its time budget is spent).
@@ -43,20 +44,12 @@ class ReplaySource:
     ) -> None:
         if speed <= 0:
             raise ValueError(f"replay speed must be positive, got {speed}")
-        self._messages = list(messages)
-        # Release time of each message: its own t, never earlier than the one before it, so
-        # the file order (the order the state saw live) is kept.
-        self._release: list[float] = []
-        last = None
-        for msg in self._messages:
-            t = getattr(msg, "t", None)
-            if isinstance(t, (int, float)):
-                last = float(t) if last is None else max(last, float(t))
-            self._release.append(last if last is not None else 0.0)
-        if last is not None:
-            # Leading messages without a time replay with the first timed one.
-            first_t = next(r for r, m in zip(self._release, self._messages) if hasattr(m, "t"))
-            self._release = [r if r else first_t for r in self._release]
+        if isinstance(messages, RecordedMessages):
+            self._messages: Sequence[Message] = messages
+            self._release: Sequence[float] = messages.release
+        else:
+            self._messages = list(messages)
+            self._release = release_times(self._messages)
         self._start = self._release[0] if self._release else 0.0
         self._end = self._release[-1] if self._release else 0.0
         self._clock = clock
@@ -149,17 +142,94 @@ class ReplaySource:
         self._cursor = t
 
 
-def read_recording(run_dir: Path) -> list[Message]:
-    """Every message in ``run_dir``'s events.jsonl. Raises ``FileNotFoundError`` if absent."""
-    from tpuwatch.monitor.recording import read_all
+def release_times(messages: Sequence[Message]) -> list[float]:
+    """Release time of each message: its own t, never earlier than the one before it, so the
+    file order (the order the state saw live) is kept; leading untimed messages go with the
+    first timed one."""
+    release: list[float] = []
+    last = None
+    for msg in messages:
+        t = getattr(msg, "t", None)
+        if isinstance(t, (int, float)):
+            last = float(t) if last is None else max(last, float(t))
+        release.append(last if last is not None else 0.0)
+    if last is not None:
+        first_t = next(r for r, m in zip(release, messages) if hasattr(m, "t"))
+        release = [r if r else first_t for r in release]
+    return release
 
-    path = Path(run_dir) / rundir.EVENTS if Path(run_dir).is_dir() else Path(run_dir)
-    if not path.exists():
-        raise FileNotFoundError(f"no recording at {path}")
-    messages, _stats = read_all(path)
-    return messages
+
+class RecordedMessages(Sequence):
+    """A recording's messages, decoded from the file when a slice is asked for.
+
+    Keeps 16 bytes a message (its byte offset and release time) instead of the message itself:
+    a 1,000,000-step recording replays in tens of MB instead of ~750 MB.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offsets = array("q")
+        self.release = array("d")
+        self.truncated_bytes = 0
+        decoder = Decoder()
+        last = None
+        leading = 0  # untimed messages before the first timed one
+        pos = 0
+        with open(path, "rb") as f:
+            for line in f:
+                start, pos = pos, pos + len(line)
+                if not line.endswith(b"\n"):
+                    self.truncated_bytes = len(line)
+                    break
+                msg = decoder.decode(line)
+                if msg is None:
+                    continue
+                t = getattr(msg, "t", None)
+                if isinstance(t, (int, float)):
+                    if last is None:
+                        self.release.extend([float(t)] * leading)
+                    last = float(t) if last is None else max(last, float(t))
+                    self.release.append(last)
+                elif last is None:
+                    leading += 1
+                else:
+                    self.release.append(last)
+                self._offsets.append(start)
+        if last is None:
+            self.release.extend([0.0] * leading)
+        self._end_offset = pos - self.truncated_bytes
+        self.malformed = decoder.malformed
+        # Said where the replay ends, like a live viewer learns it: a cut last line.
+        self._extra: list[Message] = []
+        if self.truncated_bytes:
+            self._extra.append(Event(t=last or 0.0, level="warning", source="recording",
+                                     message=f"the recording ends in a cut line ({self.truncated_bytes} bytes dropped)"))
+            self.release.append(last or 0.0)
+
+    def __len__(self) -> int:
+        return len(self._offsets) + len(self._extra)
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice):
+            return self[index:index + 1][0]
+        start, stop, _ = index.indices(len(self))
+        n = len(self._offsets)
+        out: list[Message] = []
+        if start < min(stop, n):
+            first = self._offsets[start]
+            end = self._offsets[stop] if stop < n else self._end_offset
+            with open(self.path, "rb") as f:
+                f.seek(first)
+                data = f.read(end - first)
+            decoder = Decoder()
+            out = [m for m in map(decoder.decode, data.splitlines()) if m is not None]
+        out.extend(self._extra[max(0, start - n):max(0, stop - n)])
+        return out
 
 
 def make_replay_source(run_dir: Path, speed: float = 1.0, *, paused: bool = False) -> ReplaySource:
     """The source ``tpuwatch replay RUN`` gives the dashboard (``RUN`` a run dir or a .jsonl)."""
-    return ReplaySource(read_recording(run_dir), speed=speed, paused=paused)
+    path = Path(run_dir) / rundir.EVENTS if Path(run_dir).is_dir() else Path(run_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"no recording at {path}")
+    return ReplaySource(RecordedMessages(path), speed=speed, paused=paused)
