@@ -133,7 +133,7 @@ async def measure_app(path: Path, replay: bool) -> None:
     from tpuwatch import rundir
     from tpuwatch.ui.app import TpuwatchApp
     from tpuwatch.ui.file_source import FileSource
-    from tpuwatch.ui.replay_source import ReplaySource, read_recording
+    from tpuwatch.ui.replay_source import make_replay_source
 
     run_dir = Path(tempfile.mkdtemp(prefix="tpuwatch-longrun-"))
     (run_dir / rundir.EVENTS).symlink_to(path)
@@ -141,8 +141,8 @@ async def measure_app(path: Path, replay: bool) -> None:
     print(f"  RSS after imports: {rss_mib():.0f} MiB")
     t0 = time.perf_counter()
     if replay:
-        source = ReplaySource(read_recording(run_dir), speed=10.0)
-        print(f"  recording read into the replay source in {time.perf_counter() - t0:.1f} s: "
+        source = make_replay_source(run_dir, speed=10.0)  # what `tpuwatch replay` uses
+        print(f"  recording indexed by the replay source in {time.perf_counter() - t0:.1f} s: "
               f"RSS {rss_mib():.0f} MiB")
     else:
         source = FileSource(run_dir, live=False)

@@ -19,7 +19,7 @@ from tpuwatch.protocol import Command, Decoder, Event, Message
 
 #: Most messages one poll returns: a jump to the end of a million-step recording is applied
 #: over several refreshes (the app stops draining when its time budget is spent).
-MAX_MESSAGES_PER_POLL = 20_000
+MAX_MESSAGES_PER_POLL = 4_000
 #: Playback speeds the +/- keys step through (recorded seconds per wall second).
 SPEEDS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 
