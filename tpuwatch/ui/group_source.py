@@ -19,6 +19,7 @@ from tpuwatch.monitor.group import GroupReader, Tagged, WorkerDir, read_group
 from tpuwatch.monitor.report import pid_alive
 from tpuwatch.protocol import Command, Exit, Message
 from tpuwatch.ui.replay_source import ReplaySource
+from tpuwatch.ui.source import broadcast
 
 #: A worker whose process is gone and whose launcher recorded no end for this long is lost.
 LOST_AFTER_S = 3.0
@@ -74,17 +75,8 @@ class GroupSource:
     def send(self, command: Command) -> None:
         """Sends ``command`` to every worker still running (a checkpoint or profile of a
         multi-worker job concerns all of them). Raises OSError when none took it."""
-        errors, sent = [], 0
-        for name, client in self._clients.items():
-            if name in self._ended:
-                continue
-            try:
-                client.send(command)
-                sent += 1
-            except OSError as e:
-                errors.append(f"{name}: {e}")
-        if not sent:
-            raise OSError("; ".join(errors) or "no worker is running any more")
+        broadcast(command, ((name, client.send) for name, client in self._clients.items()
+                            if name not in self._ended), "no worker is running any more")
 
     def now(self) -> float | None:
         return None

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 from tpuwatch.monitor.client import AgentClient, AgentUnavailable
 from tpuwatch.protocol import Command, Decoder, Event, Exit, Hello, Message
+from tpuwatch.ui.source import broadcast
 
 #: Messages held between the stream threads and the dashboard (all streams together).
 QUEUE_MESSAGES = 50_000
@@ -103,18 +104,8 @@ class RemoteSource:
     def send(self, command: Command) -> None:
         """Sends ``command`` to every agent still running (a checkpoint or a stack dump of a
         multi-host job concerns all of them). Raises OSError when none took it."""
-        errors = []
-        sent = 0
-        for stream, client in zip(self.streams, self._senders):
-            if stream.ended or stream.refused:
-                continue
-            try:
-                client.send(command)
-                sent += 1
-            except OSError as e:
-                errors.append(f"{stream.label}: {e}")
-        if not sent:
-            raise OSError("; ".join(errors) or "no agent is running any more")
+        broadcast(command, ((stream.label, client.send) for stream, client in zip(self.streams, self._senders)
+                            if not (stream.ended or stream.refused)), "no agent is running any more")
 
     def now(self) -> float | None:
         return None

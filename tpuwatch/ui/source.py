@@ -10,7 +10,7 @@ Nothing here imports Textual: the same sources can feed a headless consumer.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterable, Protocol, Sequence, runtime_checkable
 
 from tpuwatch.protocol import Command, Message
 
@@ -78,3 +78,17 @@ class ReplayControl(Protocol):
     def seek_start(self) -> None: ...
 
     def seek_end(self) -> None: ...
+
+
+def broadcast(command: Command, targets: Iterable[tuple[str, Callable[[Command], None]]], none_left: str) -> None:
+    """Sends ``command`` with each ``(label, send)`` (a checkpoint or profile of a multi-worker
+    job concerns every worker). Raises OSError naming each failure when none took it."""
+    errors, sent = [], 0
+    for label, send in targets:
+        try:
+            send(command)
+            sent += 1
+        except OSError as e:
+            errors.append(f"{label}: {e}")
+    if not sent:
+        raise OSError("; ".join(errors) or none_left)
