@@ -100,8 +100,11 @@ class Config(Message):
     global_batch_size: int | None = None
     per_replica_batch_size: int | None = None
     steps_per_execution: int | None = None
-    total_steps: int | None = None  # when known (Keras: epochs x steps per epoch)
+    # The global step count at which the current Keras fit ends (its first step - 1 + epochs x
+    # steps per epoch), when known; past it, the run is doing something else.
+    total_steps: int | None = None
     epochs: int | None = None
+    keras_version: str | None = None  # the Keras that runs fit ("3.15.1", or "tf_keras 2.21.0")
 
 
 @dataclass(frozen=True)

@@ -157,3 +157,28 @@ def test_recorded_finding_is_printed_once(tmp_path):
     snap = headless.follow(path, lambda: False, out=out)
     assert out.getvalue().count("[warning] custom-rule: custom thing") == 1 + 1  # line + summary
     assert [x.rule for x in snap.findings] == ["custom-rule"]
+
+
+def test_follow_prints_no_line_while_nothing_moves(tmp_path):
+    """Issue 11: after the script's last step (TensorFlow tearing down, the process still alive)
+    the same progress line was printed every few seconds. One line per change, then silence."""
+    msgs = mr.input_bound_messages(50)
+    exit_msgs = [m for m in msgs if m.kind == "exit"]
+    body = [m for m in msgs if m.kind != "exit"]
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(encode_all(body))
+    ft = FakeTime()
+    polls = iter(range(60))  # 60 fake seconds alive with nothing new, then the exit record
+
+    def is_alive() -> bool:
+        ft.t += 1.0
+        if next(polls, None) is None:
+            with open(path, "ab") as f:
+                f.write(encode_all(exit_msgs))
+            return False
+        return True
+
+    out = io.StringIO()
+    headless.follow(path, is_alive, out=out, every_s=5.0, clock=ft.clock, sleep=ft.sleep, poll_s=0.0)
+    progress = [ln for ln in out.getvalue().splitlines() if ln.startswith("step ")]
+    assert len(progress) <= 2, progress  # the step line once (its status may change once)

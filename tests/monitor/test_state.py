@@ -207,7 +207,7 @@ def test_two_workers_merge_by_worker_name():
                 worker=name)
     from dataclasses import replace
 
-    s._workers["h1:2"].topology = replace(s._workers["h1:2"].topology, worker_index=1)
+    s.apply(replace(s._workers["h1:2"].topology, worker_index=1), worker="h1:2")
     for i in range(1, 11):
         s.apply(step(i, mr.T0 + i, losses=(1.0, 1.0)), worker="h0:1")
         s.apply(step(i, mr.T0 + i, losses=(1.0, 5.0)), worker="h1:2")

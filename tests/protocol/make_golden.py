@@ -19,7 +19,7 @@ MESSAGES: list[p.Message] = [
     p.Topology(t=1795300001.0, strategy="TPUStrategyV2", replicas=8, local_replicas=8, num_workers=1,
                worker_index=0, device_kind="TPU v4", devices=tuple(f"TPU:{i}" for i in range(8)), is_tpu=True),
     p.Config(t=1795300001.5, mixed_precision="mixed_bfloat16", global_batch_size=1024, per_replica_batch_size=128,
-             steps_per_execution=32, total_steps=3000, epochs=3),
+             steps_per_execution=32, total_steps=3000, epochs=3, keras_version="3.15.1"),
     p.Step(step=32, t=1795300002.0, step_time_s=0.0215, input_wait_s=0.0012, loss=2.302585,
            replica_losses=(2.30, 2.31, math.nan, math.inf, -math.inf, 2.29, 2.30, 2.31), steps=32, examples=1024,
            function="multi_step_on_iterator", epoch=0),

@@ -121,3 +121,24 @@ def test_tpu_metrics_lines():
     missing = doctor._metrics_check({"tpu_metrics": no_tpu_info, "tpu": {"found": True, "detail": "grpc://x"}})
     assert missing.status == "fail" and not missing.required and "pip install 'tpuwatch[tpu]'" in missing.detail
     assert doctor._metrics_check({"tpu_metrics": no_tpu_info, "tpu": {"found": False}}).status == "info"
+
+
+@pytest.mark.tf
+def test_doctor_flags_a_protobuf_that_the_installed_tensorflow_does_not_accept(monkeypatch, tmp_path):
+    """Issue 11: `pip install tpuwatch` beside an older TF once upgraded protobuf past TF's pin, and
+    every TF import broke. A TensorFlow distribution that pins protobuf below the installed one
+    (metadata placed first on the path, as an older TF's would be) is a failed required check."""
+    installed = importlib.metadata.version("protobuf")
+    major = int(installed.split(".")[0])
+    dist = tmp_path / "tensorflow-2.16.2.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorflow\nVersion: 2.16.2\n"
+                                   f"Requires-Dist: protobuf <{major}.0.0dev,>=3.20.3\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    checks = doctor.interpreter_checks(sys.executable)
+    pb = next(c for c in checks if c.name == "protobuf")
+    assert pb.status == "fail" and pb.required, pb
+    assert installed in pb.detail and f"protobuf<{major}.0.0dev,>=3.20.3" in pb.detail, pb.detail
+    monkeypatch.delenv("PYTHONPATH")
+    healthy = next(c for c in doctor.interpreter_checks(sys.executable) if c.name == "protobuf")
+    assert healthy.status == "ok", healthy

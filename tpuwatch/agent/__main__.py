@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from tpuwatch import rundir
+from tpuwatch.agent import exit_guard
 
 EXIT_USAGE = 2
 
@@ -96,15 +97,24 @@ def main(argv: list[str] | None = None) -> int:
     installed = probes.install_all(agent, target, [target, *ns.args], disabled)
     _start_server(agent, run_dir, listen)
     agent.start()
-    code = _run_script(agent, ns, target)
+    code, sig, reason = _run_script(agent, ns, target)
+    code, sig, reason = _finish_python(code, sig, reason)
+    from tpuwatch.protocol import Exit
+
+    agent.emit(Exit(t=time.time(), exit_code=code, signal=sig, source="agent", reason=reason))
     agent.shutdown("the script ended before the next step boundary")
     probes.uninstall(installed)
+    bound = exit_guard.bound_s()
+    if sig is None and bound > 0:
+        agent.event("debug", "agent", f"interpreter teardown bounded at {bound:g} s (TPUWATCH_TEARDOWN_S)")
     agent.flush()
     agent.stop()
-    if code is not None and code < 0:  # die by the signal, like Python does for SIGINT
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    return code or 0
+    exit_guard.flush_open_files()
+    if sig is not None:  # die by the signal, like Python does for SIGINT
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    exit_guard.arm(code, run_dir, bound)
+    return code
 
 
 def _start_server(agent, run_dir: Path, listen: tuple[str, int] | None) -> None:
@@ -125,13 +135,27 @@ def _start_server(agent, run_dir: Path, listen: tuple[str, int] | None) -> None:
     rundir.write_meta(run_dir, meta)
 
 
-def _run_script(agent, ns: argparse.Namespace, target: str) -> int | None:
-    """Runs the script; returns its exit code (negative: die by that signal)."""
-    from tpuwatch.protocol import ExceptionRaised, Exit
+def _finish_python(code: int, sig: int | None, reason: str) -> tuple[int, int | None, str]:
+    """Waits for the script's non-daemon threads and runs its atexit handlers (training may go on
+    in a thread after the main module returns: the agent records it until it ends). A Ctrl-C
+    here ends the wait as it would in Python."""
+    try:
+        exit_guard.finish_python()
+    except KeyboardInterrupt:
+        if sig is None:
+            return 128 + signal.SIGINT, signal.SIGINT, "interrupted (SIGINT) while waiting for the script's threads"
+    except BaseException as e:  # an atexit handler's own error is printed, as Python does
+        sys.stderr.write(f"Error in atexit handler: {type(e).__name__}: {e}\n")
+    return code, sig, reason
+
+
+def _run_script(agent, ns: argparse.Namespace, target: str) -> tuple[int, int | None, str]:
+    """Runs the script; returns its exit code, the signal that ended it (or None) and why."""
+    from tpuwatch.protocol import ExceptionRaised
     from tpuwatch.agent.runtime import format_exception
 
     sys.argv = [target, *ns.args]
-    code: int | None = 0
+    code = 0
     sig: int | None = None
     reason = ""
     try:
@@ -153,8 +177,7 @@ def _run_script(agent, ns: argparse.Namespace, target: str) -> int | None:
         sys.stderr.flush()
         code = 1
         reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-    agent.emit(Exit(t=time.time(), exit_code=code, signal=sig, source="agent", reason=reason))
-    return -sig if sig else code
+    return code, sig, reason
 
 
 def _exit_code(value) -> int:

@@ -278,17 +278,49 @@ def topology(strategy: Any, clock: Callable[[], float] = time.time) -> Topology:
 
 _announced: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _announce_lock = threading.Lock()
+# The strategy of the last training step (a weak reference), once the script has trained, and
+# the strategy of the last Topology emitted.
+_training: "weakref.ref[Any] | None" = None
+_last: "weakref.ref[Any] | None" = None
+
+
+def _emit(agent: "Agent", strategy: Any) -> None:
+    global _last
+    try:
+        _last = weakref.ref(strategy)
+    except TypeError:
+        _last = None
+    agent.emit(topology(strategy, clock=agent.clock))
 
 
 def announce(agent: "Agent", strategy: Any) -> None:
-    """Emits the Topology of ``strategy`` once per strategy object (any later call is a no-op)."""
-    if strategy in _announced:
+    """Emits the Topology of ``strategy`` once per strategy object, until the script trains.
+
+    Before the first training step the latest strategy made or used is the best guess; after
+    it, only :func:`training_strategy` speaks (a model evaluated under another strategy must
+    not relabel the run)."""
+    if _training is not None or strategy in _announced:
         return
     with _announce_lock:
         if strategy in _announced:
             return
         _announced.add(strategy)
-    agent.emit(topology(strategy, clock=agent.clock))
+    _emit(agent, strategy)
+
+
+def training_strategy(agent: "Agent", strategy: Any) -> None:
+    """A training step ran under ``strategy``: emits its Topology when it is not the strategy of
+    the previous training step (the steps after a Topology belong to it)."""
+    global _training
+    if _training is not None and _training() is strategy:
+        return
+    try:
+        _training = weakref.ref(strategy)
+    except TypeError:
+        return
+    _announced.add(strategy)
+    if _last is None or _last() is not strategy:
+        _emit(agent, strategy)
 
 
 # --- mixed precision -------------------------------------------------------------------------

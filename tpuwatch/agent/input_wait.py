@@ -14,48 +14,14 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-from tpuwatch.agent.steps import EXAMPLES, FETCHES, RUNS, WAIT_S
+from tpuwatch.agent import accumulator
+from tpuwatch.agent.accumulator import EXAMPLES
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
     from tpuwatch.agent.steps import StepProbe
 
 PROBE = "input_wait"
-
-
-def ensure_accumulator(probe: "StepProbe"):
-    """The float64[4] host variable ``[wait_s, fetches, examples, runs]`` (created once).
-
-    Built as a plain ``ResourceVariable`` under ``init_scope`` on the host CPU so that no
-    distribution strategy mirrors it and every replica-free part of any step graph can add to it.
-    """
-    if probe.accumulator is None:
-        import numpy as np
-
-        from tpuwatch.agent.replica_loss import raw_reader
-        import tensorflow as tf
-        from tensorflow.python.ops import resource_variable_ops
-
-        with tf.init_scope(), tf.device("/device:CPU:0"):
-            probe.accumulator = resource_variable_ops.ResourceVariable(
-                tf.zeros([4], tf.float64), trainable=False, name="tpuwatch_step_accumulator"
-            )
-        probe.acc_last = np.zeros(4)
-        read_one = raw_reader([probe.accumulator])
-        probe.read_accumulator = lambda: read_one()[0]
-    return probe.accumulator
-
-
-def add_in_graph(probe: "StepProbe", slot: int, value: float) -> None:
-    """Adds the constant ``value`` to one accumulator slot from inside a traced function."""
-    import tensorflow as tf
-
-    acc = ensure_accumulator(probe)
-    delta = [0.0] * 4
-    delta[slot] = float(value)
-    with tf.device("/device:CPU:0"):
-        acc.assign_add(tf.constant(delta, tf.float64))  # one op per step, not three
-    probe.mark("acc")
 
 
 def _examples_in(value) -> Any:
@@ -75,6 +41,15 @@ def _examples_in(value) -> Any:
         dim = t.shape[0]
         sizes.append(tf.constant(dim, tf.float64) if dim is not None else tf.cast(tf.shape(t)[0], tf.float64))
     return tf.add_n(sizes)
+
+
+def _examples_or_zero(value) -> Any:
+    """``_examples_in`` for a ``tf.cond`` branch: a tensor, never None (and never a Python bool
+    test of a tensor, which autograph rejects inside loops over distributed datasets)."""
+    import tensorflow as tf
+
+    examples = _examples_in(value)
+    return tf.constant(0.0, tf.float64) if examples is None else tf.cast(examples, tf.float64)
 
 
 def _static_examples(value) -> int | None:
@@ -167,7 +142,7 @@ class InputWaitProbe:
                 if optional:
                     examples = tf.cond(
                         result.has_value(),
-                        lambda: _examples_in(result.get_value()) or tf.constant(0.0, tf.float64),
+                        lambda: _examples_or_zero(result.get_value()),
                         lambda: tf.constant(0.0, tf.float64),
                     )
                 else:
@@ -176,10 +151,7 @@ class InputWaitProbe:
                     values[EXAMPLES] = tf.cast(examples, tf.float64)
             except Exception as e:
                 self.agent.probe_failed("examples", e)
-        acc = ensure_accumulator(self.probe)
-        with tf.device("/device:CPU:0"):
-            acc.assign_add(tf.stack(values))
-        self.probe.mark("acc")
+        accumulator.add_vector(self.probe, values)
 
 
 def install(agent: "Agent", patches, probe: "StepProbe") -> InputWaitProbe:
@@ -190,7 +162,7 @@ def install(agent: "Agent", patches, probe: "StepProbe") -> InputWaitProbe:
 
     def prepare() -> None:
         try:
-            ensure_accumulator(probe)
+            accumulator.ensure(probe)
         except Exception as e:
             agent.probe_failed(PROBE, e)
 
@@ -203,5 +175,3 @@ def install(agent: "Agent", patches, probe: "StepProbe") -> InputWaitProbe:
     patches.wrap(iterator_ops.OwnedIterator, "get_next_as_optional", iw.make_wrapper(optional=True))
     return iw
 
-
-__all__ = ["install", "ensure_accumulator", "add_in_graph", "WAIT_S", "FETCHES", "RUNS"]

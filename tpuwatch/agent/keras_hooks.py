@@ -66,6 +66,20 @@ def _int_or_none(value: Any) -> int | None:
     return int(number) if math.isfinite(number) else None
 
 
+def keras_of(cls: type) -> str | None:
+    """The version of the Keras a class belongs to: Keras 3 ("3.15.1") or tf_keras ("tf_keras
+    2.21.0"). With TF_USE_LEGACY_KERAS=1 a script may still ``import keras`` and train with
+    Keras 3: what runs fit is what counts."""
+    import sys
+
+    package = (getattr(cls, "__module__", "") or "").split(".")[0]
+    module = sys.modules.get(package)
+    version = getattr(module, "__version__", None)
+    if not isinstance(version, str):
+        return None
+    return version if package == "keras" else f"{package} {version}"
+
+
 class KerasHooks:
     def __init__(self, agent: "Agent") -> None:
         self.agent = agent
@@ -79,11 +93,14 @@ class KerasHooks:
         spe = getattr(model, "steps_per_execution", None) if model is not None else None
         if spe is None and model is not None:
             spe = getattr(model, "_steps_per_execution", None)
+        # A script may fit several times (and train in other ways between): the total is where
+        # this fit ends on the run's global step count, so it means nothing once that is passed.
         self.agent.emit(Config(
             t=self.agent.clock(),
             epochs=epochs,
-            total_steps=epochs * steps if epochs and steps else None,
+            total_steps=self.agent.global_step + epochs * steps if epochs and steps else None,
             steps_per_execution=_int_or_none(spe),
+            keras_version=keras_of(type(callbacks)),
         ))
         # Keras 3's dtype policy is thread-local: this is the training thread, read it here.
         from tpuwatch.agent import environment

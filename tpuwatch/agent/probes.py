@@ -33,13 +33,14 @@ def install_all(agent: "Agent", script: str, argv: list[str], disabled: set[str]
 
 def install_tf_probes(agent: "Agent", patches: Patches, disabled: set[str]) -> None:
     """Installs every TensorFlow probe; each failure disables only that probe."""
-    announce = None
+    announce = training = None
     try:
         from tpuwatch.agent import environment
 
         if "environment" not in disabled:
             environment.install(agent, patches)
             announce = lambda strategy: environment.announce(agent, strategy)  # noqa: E731
+            training = lambda strategy: environment.training_strategy(agent, strategy)  # noqa: E731
     except Exception as e:
         agent.probe_failed("environment", e)
 
@@ -49,6 +50,7 @@ def install_tf_probes(agent: "Agent", patches: Patches, disabled: set[str]) -> N
             from tpuwatch.agent import steps
 
             step_probe = steps.install(agent, patches)
+            step_probe.on_training_strategy = training
         except Exception as e:
             agent.probe_failed("steps", e)
     if step_probe is not None:

@@ -1,16 +1,30 @@
 """Per-replica loss, and ``strategy.run`` as a step boundary.
 
-``strategy.run`` is patched on every strategy class that implements it (``StrategyBase``, the
-TPU strategies, ``OneDeviceStrategy``). The replica function is wrapped so that each replica's
-loss is kept:
+Which value is a replica's loss: in every training loop it is the target of
+``GradientTape.gradient`` in that replica, so that is what is captured — unless Keras computed it
+(``Trainer._compute_loss`` from Keras 3.5, ``Trainer.compute_loss`` before; tf_keras'
+``Model.compute_loss``), in which case Keras' own value, unscaled the way Keras' loss tracker
+unscales it, is taken (the gradient target there may carry loss scaling).
 
+Where it is kept:
 - traced (inside a tf.function): assigned into a variable with ``synchronization=ON_READ,
   aggregation=NONE`` made in cross-replica context, then read per replica after the step;
-- eager: the local results are kept directly.
+- eager: the value is kept directly.
 
-Which value is the loss: Keras' own ``Trainer._compute_loss`` when it runs (the instantaneous
-per-replica loss, unscaled the way Keras' loss tracker unscales it); otherwise the replica
-function's output entry named like "loss", else its first floating scalar.
+What it means: the tutorials' custom loops scale each replica's loss by ``1/global batch``
+(``tf.nn.compute_average_loss``, ``tf.nn.scale_regularization_loss``) and reduce with
+``strategy.reduce(SUM, ...)``; others take each replica's mean and reduce with MEAN. Each replica
+is shown with its own mean loss (the scaled value times the replicas in sync), and the run's loss
+is the mean of those, which is exactly what the script's own reduction gives in both cases. Which
+case applies is learned while the step is traced: a SUM or MEAN ``strategy.reduce`` of the
+captured loss says it directly; else a call of ``compute_average_loss`` or
+``scale_regularization_loss`` in the replica means SUM; else MEAN.
+
+``strategy.run`` is patched on every strategy class that implements it, without changing the
+function it is given (a tf.function must stay a tf.function: ``mirrored_run`` lifts only those out
+of the caller's graph, and ``TPUStrategy`` requires one when called eagerly). Each traced
+execution whose replicas computed gradients adds one to the in-graph step count; evaluation and
+prediction runs add nothing.
 """
 
 from __future__ import annotations
@@ -19,13 +33,16 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
-from tpuwatch.agent.input_wait import RUNS, add_in_graph
+from tpuwatch.agent import accumulator
+from tpuwatch.agent.accumulator import RUNS
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
     from tpuwatch.agent.steps import StepProbe
 
 PROBE = "replica_loss"
+
+SUM, MEAN = "sum", "mean"
 
 
 class LossSlot:
@@ -43,60 +60,46 @@ class LossSlot:
                 aggregation=tf.VariableAggregation.NONE,
                 name="tpuwatch_replica_loss",
             )
+        self.replicas = int(strategy.num_replicas_in_sync)
         self.components = tuple(strategy.experimental_local_results(self.var))
-        self._read = raw_reader(self.components)
+        self._read = accumulator.fast_reader(self.components)
 
     def read(self) -> tuple[float, ...]:
         return tuple(float(v) for v in self._read())
 
 
-def raw_reader(variables) -> Callable[[], list]:
-    """A reader of the variables' current values as numpy scalars/arrays.
-
-    ``variable.numpy()`` goes through tape and distribution wrappers (~35 µs a variable); the
-    generated op wrapper ~14 µs; TF's eager fast path for ``ReadVariableOp`` on the handle ~7 µs.
-    This runs after every step, so it matters. Falls back to the public path if the fast path
-    is not there (other TF versions).
-    """
-    pairs = [(v.handle, v.dtype) for v in variables]
-    try:
-        from tensorflow.python import pywrap_tfe
-        from tensorflow.python.eager import context
-
-        fast = pywrap_tfe.TFE_Py_FastPathExecute
-        ctx = context.context()
-        for handle, dtype in pairs:  # fails here, not per step, if the fast path is missing
-            fast(ctx, "ReadVariableOp", None, handle, "dtype", dtype).numpy()
-        return lambda: [fast(ctx, "ReadVariableOp", None, handle, "dtype", dtype).numpy() for handle, dtype in pairs]
-    except Exception:
-        return lambda: [v.numpy() for v in variables]
-
-
-def pick_loss(output: Any):
-    """The loss in a replica function's output: a "loss" entry, else the first floating scalar."""
+def _first_float(value: Any):
+    """``value`` if it is a floating tensor, else the first floating tensor in its structure."""
     import tensorflow as tf
 
-    if isinstance(output, dict):
-        for key in output:
-            if "loss" in str(key).lower():
-                value = output[key]
-                if _is_float_scalar(value):
-                    return value
-    for value in tf.nest.flatten(output):
-        if _is_float_scalar(value):
-            return value
+    for item in tf.nest.flatten(value):
+        dtype = getattr(item, "dtype", None)
+        if dtype is not None and getattr(dtype, "is_floating", False) and hasattr(item, "shape"):
+            return item
     return None
 
 
-def _is_float_scalar(value: Any) -> bool:
-    shape = getattr(value, "shape", None)
-    dtype = getattr(value, "dtype", None)
-    if shape is None or dtype is None:
-        return False
-    try:
-        return shape.rank == 0 and dtype.is_floating
-    except AttributeError:
-        return False
+def _reduce_kind(reduce_op: Any) -> str | None:
+    name = str(getattr(reduce_op, "value", reduce_op)).upper()
+    if name.endswith("SUM"):
+        return SUM
+    if name.endswith("MEAN"):
+        return MEAN
+    return None
+
+
+def scale_for(flags: dict, replicas: int) -> float:
+    """What a captured per-replica value is multiplied by to give that replica's own mean loss."""
+    kind = flags.get("loss_reduce") or (SUM if flags.get("loss_scaled") else MEAN)
+    return float(replicas) if kind == SUM and replicas > 1 else 1.0
+
+
+def _current_graph():
+    """The graph being built now, or None when executing eagerly."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import ops
+
+    return None if context.executing_eagerly() else ops.get_default_graph()
 
 
 class ReplicaLossProbe:
@@ -106,20 +109,44 @@ class ReplicaLossProbe:
         self.announce = announce
         self._slots: dict[int, LossSlot] = {}
         self.strategies: weakref.WeakSet = weakref.WeakSet()  # made so far (see prepare)
-        self._replica = threading.local()  # per replica thread: did Keras capture this step?
+        # Per thread (MirroredStrategy runs each replica on its own thread while tracing):
+        # keras_loss = (graph, tensor) computed by Keras and not yet used by a gradient;
+        # scaled = compute_average_loss/scale_regularization_loss ran since the last gradient;
+        # captured = graphs in which this replica's loss was already kept (the first one wins).
+        self._local = threading.local()
+        self._in_run = threading.local()
+        # The loss tensors captured while tracing, to recognise them in strategy.reduce.
+        self._captured: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         probe.loss_reader = self.read_for
+        probe.gradient_hooks.append(self.on_gradient)
 
     # --- reading (training thread, after a step call) ---------------------------------------
 
     def read_for(self, fn: Any) -> tuple[float, ...] | None:
-        slot = self.probe.flags_of(fn).get("loss")
+        flags = self.probe.flags_of(fn)
+        slot = flags.get("loss")
         if slot is None or not self.agent.enabled(PROBE):
             return None
         try:
-            return slot.read()
+            scale = scale_for(flags, slot.replicas)
+            return tuple(v * scale for v in slot.read())
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
             return None
+
+    def eager_losses(self) -> tuple[float, ...] | None:
+        """Each replica's loss after a top-level eager strategy.run (None if none was kept)."""
+        probe = self.probe
+        flags = probe.eager_run_flags
+        if probe.eager_losses:
+            strategy = flags.get("strategy")
+            replicas = int(getattr(strategy, "num_replicas_in_sync", len(probe.eager_losses)) or 1)
+            scale = scale_for(flags, replicas)
+            return tuple(v * scale for _, v in sorted(probe.eager_losses.items()))
+        slot = flags.get("loss")  # the run called a tf.function that keeps the loss in-graph
+        if slot is None:
+            return None
+        return tuple(v * scale_for(flags, slot.replicas) for v in slot.read())
 
     # --- capturing (replica context) ----------------------------------------------------------
 
@@ -152,111 +179,181 @@ class ReplicaLossProbe:
                 self.agent.event("debug", f"probe:{PROBE}", f"loss variable for {type(strategy).__name__} "
                                  f"deferred to its first trace: {type(e).__name__}: {e}")
 
-    def capture(self, loss: Any) -> None:
-        """Keeps ``loss`` as the current replica's loss (called in replica context)."""
-        if loss is None or not self.agent.enabled(PROBE):
+    def on_gradient(self, target: Any) -> None:
+        """``tape.gradient(target, ...)`` is being called: keep this replica's loss."""
+        local = self._local
+        keras = getattr(local, "keras_loss", None)
+        scaled = getattr(local, "scaled", False)
+        local.keras_loss = None
+        local.scaled = False
+        if not self.agent.enabled(PROBE):
             return
-        import tensorflow as tf
-
         try:
-            self.agent.inject_fault(PROBE)
-            ctx = tf.distribute.get_replica_context()
-            if ctx is None:
-                return
-            if tf.executing_eagerly():
-                rid = ctx.replica_id_in_sync_group
-                self.probe.eager_losses[int(rid)] = float(tf.reduce_mean(tf.cast(loss, tf.float32)).numpy())
-                return
-            slot = self._slots.get(id(ctx.strategy))
-            if slot is None:  # made in cross-replica context by the strategy.run wrapper
-                return
-            slot.var.assign(tf.cast(loss, tf.float32))
-            self.probe.mark("loss", slot)
+            graph = _current_graph()
+            if keras is not None and keras[0] is graph:
+                self.capture(keras[1], graph, keras_value=True)
+            else:
+                self.capture(_first_float(target), graph, scaled=scaled)
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
 
-    def wrap_replica_fn(self, fn: Callable) -> Callable:
-        probe = self
-
-        def replica_fn(*args, **kwargs):
-            probe._replica.keras_captured = False
-            output = fn(*args, **kwargs)
-            if not getattr(probe._replica, "keras_captured", False):
-                try:
-                    probe.capture(pick_loss(output))
-                except Exception as e:
-                    probe.agent.probe_failed(PROBE, e)
-            return output
-
-        return replica_fn
-
-    # --- strategy.run -------------------------------------------------------------------------
-
-    def make_run_wrapper(self, original: Callable) -> Callable:
+    def capture(self, loss: Any, graph: Any, *, scaled: bool = False, keras_value: bool = False) -> None:
+        """Keeps ``loss`` as the current replica's loss (replica context; first one per graph)."""
+        if loss is None:
+            return
         import tensorflow as tf
 
+        self.agent.inject_fault(PROBE)
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None:  # cross-replica context: not a replica's loss
+            return
+        probe = self.probe
+        if graph is None:
+            if not probe.in_eager_run:  # an eager loop that is no step: nothing to read it
+                return
+            rid = int(ctx.replica_id_in_sync_group)
+            if rid not in probe.eager_losses:
+                probe.eager_losses[rid] = float(tf.reduce_mean(tf.cast(loss, tf.float32)).numpy())
+                probe.eager_run_flags["loss_scaled"] = scaled and not keras_value
+            return
+        done = getattr(self._local, "captured", None)
+        if done is None:
+            done = self._local.captured = weakref.WeakSet()
+        if graph in done:
+            return
+        slot = self._slots.get(id(ctx.strategy))
+        if slot is None:  # made in cross-replica context by the strategy.run wrapper or prepare
+            return
+        value = loss if loss.shape.rank == 0 else tf.reduce_mean(loss)
+        slot.var.assign(tf.cast(value, tf.float32))
+        done.add(graph)
+        self._captured[id(loss)] = loss
+        probe.mark("loss", slot)
+        probe.mark("loss_scaled", scaled and not keras_value)
+        if keras_value:
+            probe.mark("loss_reduce", MEAN)  # Keras logs the mean over replicas
+
+    def note_scaled(self) -> None:
+        """compute_average_loss / scale_regularization_loss ran in this replica."""
+        self._local.scaled = True
+
+    def keep_keras_loss(self, loss: Any) -> None:
+        """Keras computed this replica's training loss (used by the next gradient call)."""
+        self._local.keras_loss = (_current_graph(), loss)
+
+    # --- strategy.run and strategy.reduce ------------------------------------------------------
+
+    def make_run_wrapper(self, original: Callable) -> Callable:
+        from tensorflow.python.eager import context
+
+        executing_eagerly = context.executing_eagerly
         this = self
         probe = self.probe
         agent = self.agent
 
         def run(strategy, fn, args=(), kwargs=None, options=None):
-            if not agent.enabled("steps"):
+            # OneDeviceStrategy.run calls StrategyBase.run: only the outermost call counts.
+            if getattr(this._in_run, "active", False) or not agent.enabled("steps"):
                 return original(strategy, fn, args, kwargs, options)
+            this._in_run.active = True
             try:
-                if this.announce is not None:
-                    this.announce(strategy)
-                wrapped = this.wrap_replica_fn(fn) if agent.enabled(PROBE) else fn
-            except Exception as e:
-                agent.probe_failed(PROBE, e)
-                wrapped = fn
-            if not tf.executing_eagerly():
-                try:
-                    if agent.enabled(PROBE):
-                        this.slot_for(strategy)  # variables can only be made in cross-replica context
-                except Exception as e:
-                    agent.probe_failed(PROBE, e)
-                try:
-                    add_in_graph(probe, RUNS, 1.0)
-                except Exception as e:
-                    agent.probe_failed("steps", e)
-                return original(strategy, wrapped, args, kwargs, options)
-            if probe.current_top is not None or probe.in_eager_run:
-                return original(strategy, wrapped, args, kwargs, options)
-            # A top-level eager strategy.run: a step if its replicas compute gradients.
-            with probe.eager_run():
-                start = probe.perf()
-                result = original(strategy, wrapped, args, kwargs, options)
-                elapsed = probe.perf() - start
-            if probe.eager_run_trained:
-                try:
-                    losses = tuple(v for _, v in sorted(probe.eager_losses.items())) or None
-                    probe.record_eager_run(elapsed, losses)
-                except Exception as e:
-                    agent.probe_failed("steps", e)
-            else:
-                probe.eager_wait_s = 0.0
-            return result
+                return this._run(original, strategy, fn, args, kwargs, options, executing_eagerly())
+            finally:
+                this._in_run.active = False
 
         return run
+
+    def _run(self, original, strategy, fn, args, kwargs, options, eager: bool):
+        probe, agent = self.probe, self.agent
+        try:
+            if self.announce is not None:
+                self.announce(strategy)
+            if agent.enabled(PROBE) and (not eager or (probe.current_top is None and not probe.in_eager_run)):
+                self.slot_for(strategy)  # variables can only be made in cross-replica context
+        except Exception as e:
+            agent.probe_failed(PROBE, e)
+        if not eager:
+            marks = probe.training_marks
+            result = original(strategy, fn, args, kwargs, options)
+            if probe.training_marks != marks:  # its replicas computed gradients: a training step
+                try:
+                    accumulator.add_constant(probe, RUNS, 1.0)
+                    probe.mark("strategy", strategy)
+                except Exception as e:
+                    agent.probe_failed("steps", e)
+            return result
+        if probe.current_top is not None or probe.in_eager_run:
+            return original(strategy, fn, args, kwargs, options)
+        # A top-level eager strategy.run: a step if its replicas compute gradients.
+        with probe.eager_run():
+            start = probe.perf()
+            result = original(strategy, fn, args, kwargs, options)
+            elapsed = probe.perf() - start
+            trained = probe.eager_run_trained
+            if trained:
+                probe.eager_run_flags["strategy"] = strategy
+                try:
+                    losses = self.eager_losses() if agent.enabled(PROBE) else None
+                except Exception as e:
+                    agent.probe_failed(PROBE, e)
+                    losses = None
+        if trained:
+            try:
+                if probe.on_training_strategy is not None:
+                    probe.on_training_strategy(strategy)
+                probe.record_eager_run(elapsed, losses)
+            except Exception as e:
+                agent.probe_failed("steps", e)
+        else:
+            probe.eager_wait_s = 0.0
+        return result
+
+    def make_reduce_wrapper(self, original: Callable) -> Callable:
+        this = self
+
+        def reduce(strategy, reduce_op, value, *args, **kwargs):
+            try:
+                if this._captured and this.agent.enabled(PROBE) and _current_graph() is not None:
+                    kind = _reduce_kind(reduce_op)
+                    if kind is not None:
+                        for part in strategy.experimental_local_results(value):
+                            if this._captured.get(id(part)) is part:
+                                this.probe.mark("loss_reduce", kind)
+                                break
+            except Exception as e:
+                this.agent.probe_failed(PROBE, e)
+            return original(strategy, reduce_op, value, *args, **kwargs)
+
+        return reduce
 
     # --- Keras --------------------------------------------------------------------------------
 
     def make_compute_loss_wrapper(self, original: Callable, unscale: Callable | None) -> Callable:
         this = self
 
-        def _compute_loss(model, *args, **kwargs):
+        def compute_loss(model, *args, **kwargs):
             loss = original(model, *args, **kwargs)
             if kwargs.get("training", True) is False:
                 return loss
             try:
-                value = unscale(loss) if unscale is not None else loss
-                this.capture(value)
-                this._replica.keras_captured = True
+                this.keep_keras_loss(unscale(loss) if unscale is not None else loss)
             except Exception as e:
                 this.agent.probe_failed(PROBE, e)
             return loss
 
-        return _compute_loss
+        return compute_loss
+
+    def make_scaling_wrapper(self, original: Callable) -> Callable:
+        this = self
+
+        def scaling(*args, **kwargs):
+            try:
+                this.note_scaled()
+            except Exception as e:
+                this.agent.probe_failed(PROBE, e)
+            return original(*args, **kwargs)
+
+        return scaling
 
 
 def install(agent: "Agent", patches, probe: "StepProbe", announce: Callable[[Any], None] | None = None) -> ReplicaLossProbe:
@@ -265,6 +362,7 @@ def install(agent: "Agent", patches, probe: "StepProbe", announce: Callable[[Any
     rl = ReplicaLossProbe(agent, probe, announce)
     probe.before_first_call.append(rl.prepare)
     patches.wrap(distribute_lib.StrategyBase, "run", rl.make_run_wrapper)
+    patches.wrap(distribute_lib.StrategyBase, "reduce", rl.make_reduce_wrapper)
 
     def make_init(original):
         def __init__(strategy, *args, **kwargs):
@@ -291,8 +389,21 @@ def install(agent: "Agent", patches, probe: "StepProbe", announce: Callable[[Any
             cls = getattr(module, name, None)
             if cls is not None and "run" in vars(cls):
                 patches.wrap(cls, "run", rl.make_run_wrapper)
+    _install_scaling(patches, rl)
     _install_keras(agent, patches, rl)
     return rl
+
+
+def _install_scaling(patches, rl: ReplicaLossProbe) -> None:
+    """``tf.nn.compute_average_loss`` / ``scale_regularization_loss``: where they are defined and
+    where the public ``tf.nn`` namespace holds them (it keeps its own reference)."""
+    import tensorflow as tf
+    from tensorflow.python.ops import nn_impl
+
+    for owner in (nn_impl, tf.nn):
+        for name in ("compute_average_loss", "scale_regularization_loss"):
+            if getattr(owner, name, None) is not None:
+                patches.wrap(owner, name, rl.make_scaling_wrapper)
 
 
 def _unscale_tf_keras(loss):
@@ -305,7 +416,11 @@ def _unscale_tf_keras(loss):
 
 
 def _install_keras(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
-    """Keras 3's per-replica loss (only if Keras 3 is importable; legacy tf_keras below)."""
+    """Keras 3's per-replica loss (only if Keras 3 is importable; legacy tf_keras below).
+
+    Keras 3.5+ calls ``Trainer._compute_loss`` (which calls a user's ``compute_loss`` override);
+    Keras 3.0-3.4 call ``compute_loss`` directly, with no distribution scaling to undo.
+    """
     import importlib.util
 
     if importlib.util.find_spec("keras") is not None:
@@ -314,9 +429,11 @@ def _install_keras(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
             from keras.src.trainers import trainer as keras_trainer
 
             unscale = getattr(keras_loss, "unscale_loss_for_distribution", None)
-            patches.wrap(keras_trainer.Trainer, "_compute_loss", lambda orig: rl.make_compute_loss_wrapper(orig, unscale))
+            name = "_compute_loss" if "_compute_loss" in vars(keras_trainer.Trainer) else "compute_loss"
+            patches.wrap(keras_trainer.Trainer, name, lambda orig: rl.make_compute_loss_wrapper(orig, unscale))
         except Exception as e:
-            agent.event("info", f"probe:{PROBE}", f"Keras 3 loss hook not installed ({type(e).__name__}: {e}); using strategy.run outputs")
+            agent.event("info", f"probe:{PROBE}", f"Keras 3 loss hook not installed ({type(e).__name__}: {e}); "
+                                                  "using the gradient target")
     # Legacy Keras 2 (tf_keras): patch only when the script selects it, to avoid importing it.
     import os
 

@@ -7,9 +7,10 @@ functions are not. A top-level eager call of a step function is one record (``st
 the call runs several training steps: Keras ``steps_per_execution`` or a ``tf.range`` loop, counted
 in-graph). An eager ``strategy.run`` whose replicas compute gradients is a step too.
 
-Per-step figures that live inside the compiled function (input wait, steps run, examples) are
-accumulated in-graph into one host-CPU float64 variable, read once after each step call;
-per-replica losses come from :mod:`tpuwatch.agent.replica_loss`.
+Per-step figures that live inside the compiled function (input wait, training steps run, examples)
+are accumulated in-graph (:mod:`tpuwatch.agent.accumulator`), read once after each step call;
+per-replica losses come from :mod:`tpuwatch.agent.replica_loss`. Only training counts: the
+accumulator's contributions from evaluation and prediction calls are dropped after those calls.
 
 Commands run at *safe points*: on the training thread just before a step call, never from
 another thread (DESIGN §3: checkpoints taken from another thread were inconsistent).
@@ -22,13 +23,11 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
+from tpuwatch.agent.accumulator import EXAMPLES, FETCHES, RUNS, WAIT_S
 from tpuwatch.protocol import Config, Step
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
-
-# Slots of the in-graph accumulator variable.
-WAIT_S, FETCHES, EXAMPLES, RUNS = range(4)
 
 
 class StepProbe:
@@ -49,6 +48,8 @@ class StepProbe:
         self.current_top: Any = None  # the top-level Function being called now
         self.in_eager_run = 0  # depth of top-level eager strategy.run calls
         self.eager_run_trained = False
+        self.eager_run_flags: dict = {}  # flags marked while a top-level eager strategy.run ran
+        self.training_marks = 0  # how many times "training" was marked (a run trains if it grows)
         self.eager_wait_s = 0.0  # eager input fetch time since the last step ended
         self.eager_examples: int | None = None
         self.accumulator = None  # tf ResourceVariable float64[4], created on first in-graph use
@@ -56,6 +57,10 @@ class StepProbe:
         self.acc_last: Any = None
         self.loss_reader: Callable[[Any], tuple[float, ...] | None] | None = None
         self.eager_losses: dict[int, float] = {}
+        # Called on each tape.gradient(target, ...) with the target (the loss in every training loop).
+        self.gradient_hooks: list[Callable[[Any], None]] = []
+        # Called with the strategy object of a step that trained (topology follows training).
+        self.on_training_strategy: Callable[[Any], None] | None = None
         self.step_context: Callable[[int], ContextManager] | None = None  # set by the profiler
         # Called before the first top-level call of each tf.function (eager, cross-replica
         # context): probes make their variables there rather than inside the trace.
@@ -72,8 +77,12 @@ class StepProbe:
             self._flag(fn, key, value)
         if self.current_top is not None:
             self._flag(self.current_top, key, value)
-        if key == "training" and self.in_eager_run:
-            self.eager_run_trained = True
+        if key == "training":
+            self.training_marks += 1
+            if self.in_eager_run:
+                self.eager_run_trained = True
+        if self.in_eager_run:
+            self.eager_run_flags[key] = value
 
     def _flag(self, fn: Any, key: str, value: Any) -> None:
         try:
@@ -108,8 +117,10 @@ class StepProbe:
                 flags = probe.flags_of(fn)
                 for key, value in flags.items():
                     probe.mark(key, value)
-                if executing_eagerly():
+                if executing_eagerly() and not probe.in_eager_run:
                     return original(fn, *args, **kwargs)
+                # Traced now, or called from an eager strategy.run (which traces it on first use:
+                # its trace's flags must land on it so later eager runs know what it does).
                 probe.tracing.append(fn)
                 try:
                     return original(fn, *args, **kwargs)
@@ -148,8 +159,15 @@ class StepProbe:
                 except Exception as e:
                     agent.probe_failed("steps", e)
             else:
-                # Time outside step functions (evaluation, setup) is not input wait of a step.
+                # Evaluation, prediction, setup: neither their time nor their in-graph fetches
+                # belong to a training step.
                 probe.eager_wait_s = 0.0
+                probe.eager_examples = None
+                if probe.accumulator is not None and "acc" in probe.flags_of(fn):
+                    try:
+                        probe.acc_last = probe.read_accumulator()
+                    except Exception as e:
+                        agent.probe_failed("steps", e)
             return result
 
         return __call__
@@ -180,6 +198,9 @@ class StepProbe:
                         examples = int(round(d_ex / max(1, steps)))
         step_time_s = (call_s + self.eager_wait_s) / steps
         losses = self.loss_reader(fn) if self.loss_reader is not None else None
+        strategy = flags.get("strategy")
+        if strategy is not None and self.on_training_strategy is not None:
+            self.on_training_strategy(strategy)
         self._emit(fn_name, steps, step_time_s, wait_s / steps if measured_wait else None, losses, examples)
 
     def record_eager_run(self, call_s: float, losses: tuple[float, ...] | None) -> None:
@@ -256,6 +277,7 @@ class StepProbe:
             self.agent.safe_point()
         self.in_eager_run += 1
         self.eager_run_trained = False
+        self.eager_run_flags = {}
         self.eager_losses = {}
         try:
             yield
@@ -288,6 +310,10 @@ def install(agent: "Agent", patches) -> StepProbe:
         def gradient(tape, *args, **kwargs):
             try:
                 probe.mark("training")
+                if probe.gradient_hooks:
+                    target = args[0] if args else kwargs.get("target")
+                    for hook in probe.gradient_hooks:
+                        hook(target)
             except Exception as e:
                 agent.probe_failed("steps", e)
             return original(tape, *args, **kwargs)

@@ -61,6 +61,23 @@ try:
                           "port": r.port, "devices": len(r.usage)}
 except Exception as e:
     res["tpu_metrics_error"] = f"{type(e).__name__}: {first(e)}"
+try:
+    import importlib.metadata as md
+    from packaging.requirements import Requirement
+    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly"):
+        try:
+            reqs = md.requires(dist) or []
+        except md.PackageNotFoundError:
+            continue
+        for text in reqs:
+            req = Requirement(text)
+            if req.name == "protobuf" and (req.marker is None or req.marker.evaluate({"extra": ""})):
+                installed = md.version("protobuf")
+                res["protobuf"] = {"dist": dist, "installed": installed, "wanted": str(req.specifier),
+                                   "ok": req.specifier.contains(installed, prereleases=True)}
+        break
+except Exception as e:
+    res["protobuf_error"] = f"{type(e).__name__}: {first(e)}"
 t0 = time.perf_counter()
 try:
     import tensorflow as tf
@@ -120,6 +137,14 @@ def interpreter_checks(python: str) -> list[Check]:
     else:
         out.append(Check("TensorFlow", "ok", f"{res['tf_version']} (import took {res['tf_import_s']:.1f} s)",
                          required=True))
+    pb = res.get("protobuf")
+    if pb is not None:
+        if pb["ok"]:
+            out.append(Check("protobuf", "ok", f"{pb['installed']} (what {pb['dist']} wants: {pb['wanted']})"))
+        else:
+            out.append(Check("protobuf", "fail", f"{pb['installed']} does not satisfy {pb['dist']}'s "
+                                                 f"protobuf{pb['wanted']} (importing TensorFlow breaks); "
+                                                 f"pip install 'protobuf{pb['wanted']}'", required=True))
     metrics = res.get("tpu_metrics") or {}
     chips = int(metrics.get("chips") or 0)
     tpu = res.get("tpu")

@@ -247,6 +247,7 @@ def follow_group(
     state = RunState(clock=clock)
     diag = FindingsFeed(clock, on_new=record_findings)
     next_print = clock() + every_s
+    last_key: tuple | None = None
 
     def take(tagged: list) -> None:
         for worker, msg in tagged:
@@ -268,9 +269,14 @@ def follow_group(
             take([])
         if now >= next_print:
             snap = state.snapshot(now)
-            print(progress_line(snap), file=out, flush=True)
-            if len(snap.workers) > 1:
-                print(workers_line(snap), file=out, flush=True)
+            # A line only when something moved: a run that has ended (while TensorFlow tears
+            # down) or waits says so once, not every few seconds.
+            key = (snap.step, snap.status, tuple(w.status for w in snap.workers))
+            if key != last_key:
+                print(progress_line(snap), file=out, flush=True)
+                if len(snap.workers) > 1:
+                    print(workers_line(snap), file=out, flush=True)
+                last_key = key
             next_print = now + every_s
         sleep(poll_s)
 

@@ -269,6 +269,8 @@ def _run_section(snap: RunSnapshot, meta: dict[str, Any], run_dir: Path,
         "host": snap.host or meta.get("host", ""),
         "status": status,
         "strategy": snap.strategy,
+        "strategies": [{"strategy": name, "replicas": replicas, "training_steps": steps}
+                       for name, replicas, steps in snap.strategies],
         "replicas": snap.replicas,
         "device_kind": snap.device_kind,
         "devices": list(snap.devices),
@@ -361,6 +363,9 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         f"status\t{outcome}",
         f"strategy\t{run['strategy'] or NA}"
         + (f", {run['replicas']} replicas on {run['device_kind']}" if run.get("replicas") else ""),
+        *([f"strategies\t" + "; ".join(f"{s['strategy']} ({s['replicas']} replicas): {s['training_steps']:,} "
+                                         "training steps" for s in run["strategies"])]
+          if len(run.get("strategies") or ()) > 1 else []),
         f"TensorFlow\t{run['tf_version'] or NA}",
         f"started\t{_when(run['start'])}",
         f"ended\t{_when(run['end'])}",

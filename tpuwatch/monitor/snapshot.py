@@ -121,7 +121,8 @@ class RunSnapshot:
     tf_version: str = ""
     keras_version: str = ""
     # topology and configuration
-    strategy: str = ""
+    strategy: str = ""  # the strategy that ran the most training steps
+    strategies: tuple[tuple[str, int, int], ...] = ()  # every strategy used: (name, replicas, steps)
     replicas: int | None = None
     device_kind: str = ""
     devices: tuple[str, ...] = ()

@@ -59,6 +59,21 @@ from tpuwatch.protocol import (
 STALL_MIN_S = 60.0
 STALL_MEDIANS = 20.0
 
+#: The names users know for TensorFlow's strategy classes.
+_STRATEGY_NAMES = {
+    "_DefaultDistributionStrategy": "default strategy",
+    "CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy",
+    "_CollectiveAllReduceStrategyExperimental": "MultiWorkerMirroredStrategy",
+    "TPUStrategyV2": "TPUStrategy",
+    "ParameterServerStrategyV2": "ParameterServerStrategy",
+}
+
+
+def strategy_name(class_name: str) -> str:
+    """``tf.distribute`` name of a strategy class ("default strategy" for the default one)."""
+    return _STRATEGY_NAMES.get(class_name, class_name)
+
+
 _SEVERITY_LEVEL = {"info": "info", "warning": "warning", "critical": "error"}
 
 
@@ -82,7 +97,10 @@ class _Worker:
     name: str
     order: int  # order of first appearance
     hello: Hello | None = None
-    topology: Topology | None = None
+    # Every strategy this worker announced, with the training steps run under it (the steps
+    # after a Topology belong to it); ``topology`` is the one that trained most.
+    topologies: list[list] = field(default_factory=list)  # [Topology, steps]
+    current_topology: int = -1
     stats: StepStats = field(default_factory=StepStats)
     last_step: Step | None = None
     last_losses: Step | None = None  # last step record that carried replica losses
@@ -94,6 +112,29 @@ class _Worker:
     rss_peak: int = 0
     rss_history: SeriesHistory = field(default_factory=SeriesHistory)
     last_t: float | None = None
+
+    @property
+    def topology(self) -> Topology | None:
+        if not self.topologies:
+            return None
+        best = max(range(len(self.topologies)), key=lambda i: (self.topologies[i][1], i))
+        return self.topologies[best][0]
+
+    def add_topology(self, msg: Topology) -> bool:
+        """Makes ``msg`` the current strategy; True if it was not seen before."""
+        key = (msg.strategy, msg.replicas, msg.devices, msg.num_workers)
+        for i, (known, _) in enumerate(self.topologies):
+            if (known.strategy, known.replicas, known.devices, known.num_workers) == key:
+                self.topologies[i][0] = msg
+                self.current_topology = i
+                return False
+        self.topologies.append([msg, 0])
+        self.current_topology = len(self.topologies) - 1
+        return True
+
+    def count_steps(self, steps: int) -> None:
+        if self.current_topology >= 0:
+            self.topologies[self.current_topology][1] += steps
 
 
 #: Event source of the agent's TPU runtime metrics sampler (tpuwatch.agent.tpu_metrics.SOURCE).
@@ -262,20 +303,19 @@ class RunState:
                   w.name)
 
     def _topology(self, msg: Topology, w: _Worker) -> None:
-        first = w.topology is None
-        w.topology = msg
-        if first:
+        if w.add_topology(msg):
             self._log(msg.t, "info", "agent",
-                      f"{msg.strategy} with {msg.replicas} replica(s) on {msg.device_kind}", w.name)
+                      f"{strategy_name(msg.strategy)} with {msg.replicas} replica(s) on {msg.device_kind}", w.name)
 
     def _config_msg(self, msg: Config, w: _Worker) -> None:
         for name in ("mixed_precision", "global_batch_size", "per_replica_batch_size",
-                     "steps_per_execution", "total_steps", "epochs"):
+                     "steps_per_execution", "total_steps", "epochs", "keras_version"):
             v = getattr(msg, name)
             if v is not None:
                 self._config[name] = v
 
     def _step(self, msg: Step, w: _Worker) -> None:
+        w.count_steps(msg.steps)
         w.stats.add(msg)
         w.last_step = msg
         if msg.replica_losses:
@@ -484,6 +524,8 @@ class RunState:
         total = cfg.get("total_steps")
         eta = None
         step = last.step if last else 0
+        if isinstance(total, int) and step > total:
+            total = None  # that fit is over: a later phase has no known end
         if isinstance(total, int) and roll.steps_per_s and status in ("running", "stalled"):
             eta = max(0, total - step) / roll.steps_per_s if roll.steps_per_s > 0 else None
 
@@ -513,8 +555,9 @@ class RunState:
             host=hello.host if hello else "",
             pid=hello.pid if hello else None,
             tf_version=hello.tf_version if hello else "",
-            keras_version=hello.keras_version if hello else "",
-            strategy=topo.strategy if topo else "",
+            keras_version=cfg.get("keras_version") or (hello.keras_version if hello else ""),
+            strategy=strategy_name(topo.strategy) if topo else "",
+            strategies=tuple((strategy_name(t.strategy), t.replicas, n) for t, n in p.topologies),
             replicas=topo.replicas if topo else None,
             device_kind=topo.device_kind if topo else "",
             devices=devices,
