@@ -179,7 +179,9 @@ def test_the_agent_adds_no_trace_of_its_own(run_agent, tmp_path):
         "tc._create_concrete_function = counting\n"
         "sys.argv = sys.argv[1:]\n"
         "runpy.run_path(sys.argv[0], run_name='__main__')\n"
-        "print('TRACES', names.count('train_step'), names.count('multi_step_on_iterator'))\n")
+        # Keras < 3.4 names fit's step function one_step_on_iterator when steps_per_execution is 1.
+        "print('TRACES', names.count('train_step'),\n"
+        "      names.count('multi_step_on_iterator') + names.count('one_step_on_iterator'))\n")
     custom = run_agent(counter, str(LOOPS), "--mode", "custom", "--steps", "4")
     fit = run_agent(counter, str(LOOPS), "--mode", "fit", "--steps", "4")
     assert "TRACES 1 0" in custom.output and len(custom.steps) == 4, custom.output

@@ -156,7 +156,8 @@ def test_nested_keras_functions_are_reported(probe):
     model.fit(x, tf.zeros((12, 1)), batch_size=4, epochs=1, verbose=0)
     messages = probe()
     names = {m.function for m in messages if isinstance(m, protocol.Retrace)}
-    assert {"multi_step_on_iterator", "one_step_on_data"} <= names
+    # Keras < 3.4 calls fit's outer function one_step_on_iterator when steps_per_execution is 1.
+    assert "one_step_on_data" in names and names & {"multi_step_on_iterator", "one_step_on_iterator"}, names
 
 
 def test_user_exceptions_pass_through_and_patches_restore(probe):

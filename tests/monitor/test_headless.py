@@ -182,3 +182,18 @@ def test_follow_prints_no_line_while_nothing_moves(tmp_path):
     headless.follow(path, is_alive, out=out, every_s=5.0, clock=ft.clock, sleep=ft.sleep, poll_s=0.0)
     progress = [ln for ln in out.getvalue().splitlines() if ln.startswith("step ")]
     assert len(progress) <= 2, progress  # the step line once (its status may change once)
+
+
+def test_a_loss_from_an_earlier_step_is_never_shown_as_current():
+    """Issue 11: a loop whose loss the agent could not see showed the previous phase's last loss,
+    frozen, as every replica's current value. The loss carries its step."""
+    s = RunState()
+    s.apply(mr.hello())
+    s.apply(mr.topology(mr.T0))
+    s.apply(protocol.Step(step=10, t=mr.T0 + 1, step_time_s=0.1, input_wait_s=None, loss=2.5,
+                          replica_losses=(2.4, 2.5, 2.6, 2.5)))
+    for i in range(11, 136):
+        s.apply(protocol.Step(step=i, t=mr.T0 + 1 + i * 0.01, step_time_s=0.01, input_wait_s=None, loss=None))
+    snap = s.snapshot(mr.T0 + 3)
+    assert snap.step == 135 and snap.loss_step == 10
+    assert "(at step 10; none since)" in headless.progress_line(snap)

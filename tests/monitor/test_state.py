@@ -270,3 +270,47 @@ def test_messages_before_the_hello_join_its_worker():
     snap = s.snapshot(mr.T0 + 2)
     assert [w.name for w in snap.workers] == [mr.WORKER]
     assert snap.workers[0].step == 2 and snap.steps_total == 2
+
+
+def test_the_strategy_shown_is_the_one_that_trained_most():
+    """Issue 11: a 4-replica MirroredStrategy run that then evaluated a reloaded model under the
+    default strategy was shown as the default strategy with 1 replica."""
+    from dataclasses import replace
+
+    s = RunState(clock=Clock())
+    s.apply(mr.hello())
+    s.apply(mr.topology(mr.T0))
+    for i in range(1, 31):
+        s.apply(step(i, mr.T0 + i, losses=(1.0, 1.0, 1.0, 1.0)))
+    default = replace(mr.topology(mr.T0 + 31, replicas=1, devices=("CPU:0",)), strategy="_DefaultDistributionStrategy")
+    s.apply(default)
+    for i in range(31, 36):  # a few steps under the other strategy: still fewer
+        s.apply(step(i, mr.T0 + i, losses=(1.0,)))
+    snap = s.snapshot(mr.T0 + 40)
+    assert snap.strategy == "MirroredStrategy" and snap.replicas == 4
+    assert snap.strategies == (("MirroredStrategy", 4, 30), ("default strategy", 1, 5))
+
+
+def test_users_names_for_strategy_classes():
+    from tpuwatch.monitor.state import strategy_name
+
+    assert strategy_name("CollectiveAllReduceStrategy") == "MultiWorkerMirroredStrategy"
+    assert strategy_name("_DefaultDistributionStrategy") == "default strategy"
+    assert strategy_name("TPUStrategyV2") == "TPUStrategy"
+    assert strategy_name("MirroredStrategy") == "MirroredStrategy"
+
+
+def test_a_fits_total_applies_to_that_fit_only():
+    """Issue 11: 'step 175/80 (100%) ... ETA 0.0s' after a second phase. The total is the global
+    step at which the fit ends; past it the run has no known end."""
+    s = RunState(clock=Clock())
+    s.apply(mr.hello())
+    s.apply(mr.topology(mr.T0))
+    s.apply(Config(t=mr.T0, total_steps=20))
+    for i in range(1, 11):
+        s.apply(step(i, mr.T0 + i * 0.1, losses=(1.0,) * 4))
+    assert s.snapshot(mr.T0 + 1.05).total_steps == 20
+    for i in range(11, 26):
+        s.apply(step(i, mr.T0 + i * 0.1, losses=(1.0,) * 4))
+    snap = s.snapshot(mr.T0 + 2.6)
+    assert snap.total_steps is None and snap.eta_s is None

@@ -34,6 +34,8 @@ def _loss_range(snap: RunSnapshot) -> str:
     rows = snap.replica_losses
     if not rows:
         return f"loss {fmt_loss(snap.loss)}"
+    if snap.loss_step is not None and snap.loss_step < snap.step:
+        return f"loss {fmt_loss(snap.loss)} (at step {snap.loss_step:,}; none since)"
     bad = [r.index for r in rows if not r.finite]
     finite = [r.loss for r in rows if r.finite]
     text = (f"loss {fmt_loss(min(finite))}..{fmt_loss(max(finite))} ({len(rows)} replicas)"

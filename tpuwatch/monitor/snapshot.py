@@ -161,6 +161,9 @@ class RunSnapshot:
     steps_total: int = 0  # training steps recorded (sum over step records)
     # losses
     loss: float | None = None
+    # The step the loss belongs to: older than ``step`` when the latest steps carried none (a
+    # loop whose loss the agent cannot see, or losses sampled less often than steps).
+    loss_step: int | None = None
     replica_losses: tuple[ReplicaLoss, ...] = ()
     history: tuple[StepPoint, ...] = ()  # bounded, downsampled, oldest first
     history_records_per_point: int = 1  # step records merged into each history point
