@@ -16,6 +16,7 @@ for a ~20 ms step (``--width``) and for a tiny step (where the fixed cost is eas
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -89,6 +90,7 @@ def main() -> None:
             patches.resume()
             block(instrumented, a.steps)
             patches.suspend()
+        graph_only: list[float] = []
         on, off = [], []
         proc = psutil.Process()
         cpu0 = _thread_cpu(proc, agent_thread.native_id)
@@ -102,15 +104,22 @@ def main() -> None:
                     patches.suspend()
                 else:
                     off.append(block(plain, a.steps))
+            # The instrumented graph with the Python patches suspended: what the in-graph probes
+            # cost by themselves (the rest of the difference is the Python side).
+            graph_only.append(block(instrumented, a.steps))
         agent.flush()
         agent_cpu = _thread_cpu(proc, agent_thread.native_id) - cpu0
         recorded = agent.global_step - steps0
         on_s, off_s = statistics.median(on), statistics.median(off)
+        graph_s = statistics.median(graph_only)
         results[label] = (off_s, on_s, agent_cpu / max(recorded, 1))
         print(f"{label:>12}: plain {off_s * 1e3:8.3f} ms/step   with agent {on_s * 1e3:8.3f} ms/step   "
               f"ratio {on_s / off_s:6.4f}   added {(on_s - off_s) * 1e6:+7.1f} µs/step   "
               f"agent thread {agent_cpu / max(recorded, 1) * 1e6:6.1f} µs CPU/step   "
-              f"(medians of {a.blocks} blocks x {a.steps} steps; {recorded} steps recorded)")
+              f"(medians of {a.blocks} blocks x {a.steps} steps; {recorded} steps recorded; "
+              f"load {os.getloadavg()[0]:.2f})")
+        print(f"{'':>12}  of which in-graph probes {(graph_s - off_s) * 1e6:+7.1f} µs/step, "
+              f"Python side {(on_s - graph_s) * 1e6:+7.1f} µs/step")
     patches.resume()
     patches.restore()
     agent.stop()

@@ -49,5 +49,8 @@ def child_env(**extra: str) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Read every step's loss, so tests can compare each one with the script's (the default reads
+    # at most every 10 ms of training; tests/corpus checks that too).
+    env.setdefault("TPUWATCH_LOSS_EVERY_S", "0")
     env.update(extra)
     return env

@@ -76,8 +76,10 @@ def run_corpus(tmp_path: Path, script: str, *args: str, workers: int = 0, timeou
     if workers:
         cmd += ["--workers", str(workers)]
     cmd += [str(SCRIPTS / script), *args]
+    # Every step's loss is read here (the default reads at most every 10 ms of training), so every
+    # step can be checked; test_sampled_losses_carry_their_step checks the default.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env=child_env(**(env or {})))
+                            env=child_env(**{"TPUWATCH_LOSS_EVERY_S": "0", **(env or {})}))
     lines: list[tuple[float, str]] = []
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
@@ -253,3 +255,21 @@ def test_the_keras_that_trains_is_reported_under_the_legacy_flag(tmp_path):
     (version,) = run.printed(r"trained with keras (\S+)")[0]
     assert_common(run, steps=4, replicas=1, strategy="_DefaultDistributionStrategy")
     assert run.report()["run"]["keras_version"] == version
+
+
+def test_sampled_losses_carry_their_step(tmp_path):
+    """By default losses are read at most every 10 ms of training (issue 16): the records that
+    carry one carry that step's own loss, and the rest carry none (never an old value)."""
+    run = run_corpus(tmp_path, "custom_loop_tutorial.py", "--replicas", "2", "--epochs", "3", "--batches", "8",
+                     env={"TPUWATCH_LOSS_EVERY_S": "0.05"})
+    assert run.returncode == 0, run.describe()
+    printed = {int(step): float(loss) for step, loss in run.printed(r"train step (\d+) loss (\S+)")}
+    recorded = run.steps
+    assert [s.step for s in recorded] == list(range(1, 25))
+    with_loss = [s for s in recorded if s.replica_losses]
+    assert recorded[0].replica_losses and 0 < len(with_loss) < len(recorded), [s.loss for s in recorded]
+    for s in recorded:
+        if s.replica_losses:
+            assert s.loss == pytest.approx(printed[s.step], rel=1e-5)
+        else:
+            assert s.loss is None

@@ -47,7 +47,6 @@ def ensure(probe: "StepProbe") -> Any:
     distribution strategy mirrors it and every replica-free part of any step graph can add to it.
     """
     if probe.accumulator is None:
-        import numpy as np
         import tensorflow as tf
         from tensorflow.python.ops import resource_variable_ops
 
@@ -55,7 +54,7 @@ def ensure(probe: "StepProbe") -> Any:
             probe.accumulator = resource_variable_ops.ResourceVariable(
                 tf.zeros([SLOTS], tf.float64), trainable=False, name="tpuwatch_step_accumulator"
             )
-        probe.acc_last = np.zeros(SLOTS)
+        probe.acc_last = [0.0] * SLOTS
         read_one = fast_reader([probe.accumulator])
         probe.read_accumulator = lambda: read_one()[0]
     return probe.accumulator

@@ -122,8 +122,8 @@ class ReplicaLossProbe:
 
     # --- reading (training thread, after a step call) ---------------------------------------
 
-    def read_for(self, fn: Any) -> tuple[float, ...] | None:
-        flags = self.probe.flags_of(fn)
+    def read_for(self, flags: dict) -> tuple[float, ...] | None:
+        """Each local replica's loss after a call of the function with these flags."""
         slot = flags.get("loss")
         if slot is None or not self.agent.enabled(PROBE):
             return None

@@ -76,6 +76,10 @@ class Agent:
     def emit(self, msg: Message) -> None:
         self._buf.append(msg)
 
+    def emit_step(self, fields: tuple) -> None:
+        """A Step given as its fields in declaration order; built on the agent's thread."""
+        self._buf.append(fields)
+
     def event(self, level: str, source: str, message: str) -> None:
         self.emit(Event(t=self.clock(), level=level, source=source, message=message))
 
@@ -241,6 +245,8 @@ class Agent:
             except IndexError:
                 break
             try:
+                if type(msg) is tuple:
+                    msg = protocol.Step(*msg)
                 line = protocol.encode(msg)
             except Exception as e:  # a bad value must never stop the recording
                 line = protocol.encode(Event(t=self.clock(), level="error", source="agent",

@@ -24,7 +24,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from tpuwatch.agent.accumulator import EXAMPLES, FETCHES, RUNS, WAIT_S
-from tpuwatch.protocol import Config, Step
+from tpuwatch.protocol import Config
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -55,7 +55,7 @@ class StepProbe:
         self.accumulator = None  # tf ResourceVariable float64[4], created on first in-graph use
         self.read_accumulator: Callable[[], Any] = lambda: None
         self.acc_last: Any = None
-        self.loss_reader: Callable[[Any], tuple[float, ...] | None] | None = None
+        self.loss_reader: Callable[[dict], tuple[float, ...] | None] | None = None  # from a function's flags
         self.eager_losses: dict[int, float] = {}
         # Called on each tape.gradient(target, ...) with the target (the loss in every training loop).
         self.gradient_hooks: list[Callable[[Any], None]] = []
@@ -68,6 +68,9 @@ class StepProbe:
         self._called: weakref.WeakSet = weakref.WeakSet()
         self.epoch_source: Any = None  # keras_hooks.KerasHooks: its .epoch is the current epoch
         self._config_batch: int | None = None
+        self.loss_every_s = _loss_every_s()
+        self._loss_read_at = float("-inf")
+        self._last_strategy: Any = None
 
     # --- flags ------------------------------------------------------------------------------
 
@@ -110,6 +113,9 @@ class StepProbe:
         from tensorflow.python.eager import context
 
         executing_eagerly = context.executing_eagerly
+        disabled = agent._disabled  # read per call: a dict lookup, not a method call
+        pending = agent._pending
+        perf = self.perf
 
         def __call__(fn, *args, **kwargs):
             if probe.current_top is not None or probe.in_eager_run or not executing_eagerly():
@@ -126,24 +132,26 @@ class StepProbe:
                     return original(fn, *args, **kwargs)
                 finally:
                     probe.tracing.pop()
-            if not agent.enabled("steps"):
+            if "steps" in disabled:
                 return original(fn, *args, **kwargs)
-            # A top-level eager call: a step boundary if this is a step function.
+            # A top-level eager call: a step boundary if this is a step function. Per call this
+            # path does one weak-dict lookup; the first call of each function does the rest.
             try:
-                first = fn not in probe._called
-                if first:
-                    probe._called.add(fn)
-            except TypeError:
-                first = False
-            if first:
+                flags = probe.flags.get(fn)
+            except TypeError:  # not weak-referenceable: never a step function
+                return original(fn, *args, **kwargs)
+            if flags is None or "_name" not in flags:
                 for prepare in probe.before_first_call:
                     prepare()
-            was_step = probe.is_step_function(fn)
-            if was_step and agent.has_pending:
+                if flags is None:
+                    flags = probe.flags[fn] = {}
+                flags["_name"] = _name_of(fn)
+            was_step = "training" in flags
+            if was_step and pending:
                 agent.safe_point()
             ctx = probe.step_context
             probe.current_top = fn
-            start = probe.perf()
+            start = perf()
             try:
                 if ctx is not None and was_step:
                     with ctx(agent.global_step + 1):
@@ -152,10 +160,10 @@ class StepProbe:
                     result = original(fn, *args, **kwargs)
             finally:
                 probe.current_top = None
-            end = probe.perf()
-            if was_step or probe.is_step_function(fn):
+            end = perf()
+            if was_step or "training" in flags:
                 try:
-                    probe.record(fn, end - start, fn_name=_name_of(fn))
+                    probe.record(flags, end - start, end)
                 except Exception as e:
                     agent.probe_failed("steps", e)
             else:
@@ -163,9 +171,9 @@ class StepProbe:
                 # belong to a training step.
                 probe.eager_wait_s = 0.0
                 probe.eager_examples = None
-                if probe.accumulator is not None and "acc" in probe.flags_of(fn):
+                if probe.accumulator is not None and "acc" in flags:
                     try:
-                        probe.acc_last = probe.read_accumulator()
+                        probe.acc_last = probe.read_accumulator().tolist()
                     except Exception as e:
                         agent.probe_failed("steps", e)
             return result
@@ -174,34 +182,41 @@ class StepProbe:
 
     # --- records --------------------------------------------------------------------------------
 
-    def record(self, fn: Any, call_s: float, fn_name: str) -> None:
+    def record(self, flags: dict, call_s: float, now: float) -> None:
         """Emits one Step for a finished step call (on the training thread; no I/O)."""
         steps = 1
         wait_s = self.eager_wait_s
         measured_wait = wait_s > 0.0
         examples = self.eager_examples
-        flags = self.flags_of(fn)
         if self.accumulator is not None and "acc" in flags:
-            now = self.read_accumulator()
+            acc = self.read_accumulator().tolist()  # Python floats: cheaper than numpy scalars
             last = self.acc_last
-            self.acc_last = now
+            self.acc_last = acc
             if last is not None:
-                d_runs = int(round(now[RUNS] - last[RUNS]))
-                d_fetch = now[FETCHES] - last[FETCHES]
+                d_runs = int(round(acc[RUNS] - last[RUNS]))
                 if d_runs > 0:
                     steps = d_runs
-                if d_fetch > 0:
-                    wait_s += float(now[WAIT_S] - last[WAIT_S])
+                if acc[FETCHES] > last[FETCHES]:
+                    wait_s += acc[WAIT_S] - last[WAIT_S]
                     measured_wait = True
-                    d_ex = now[EXAMPLES] - last[EXAMPLES]
+                    d_ex = acc[EXAMPLES] - last[EXAMPLES]
                     if d_ex > 0:
-                        examples = int(round(d_ex / max(1, steps)))
+                        examples = int(round(d_ex / steps))
         step_time_s = (call_s + self.eager_wait_s) / steps
-        losses = self.loss_reader(fn) if self.loss_reader is not None else None
+        # Each replica's loss is read at most every loss_every_s of training (and at a function's
+        # first record): on a TPU each read is a transfer per replica. A record without one says
+        # so (loss None); the dashboard shows the last loss with the step it belongs to.
+        losses = None
+        if self.loss_reader is not None and (now - self._loss_read_at >= self.loss_every_s or "_read" not in flags):
+            losses = self.loss_reader(flags)
+            if losses is not None:
+                self._loss_read_at = now
+                flags["_read"] = True
         strategy = flags.get("strategy")
-        if strategy is not None and self.on_training_strategy is not None:
+        if strategy is not None and strategy is not self._last_strategy and self.on_training_strategy is not None:
+            self._last_strategy = strategy
             self.on_training_strategy(strategy)
-        self._emit(fn_name, steps, step_time_s, wait_s / steps if measured_wait else None, losses, examples)
+        self._emit(flags["_name"], steps, step_time_s, wait_s / steps if measured_wait else None, losses, examples)
 
     def record_eager_run(self, call_s: float, losses: tuple[float, ...] | None) -> None:
         wait = self.eager_wait_s
@@ -221,20 +236,10 @@ class StepProbe:
         self.eager_wait_s = 0.0
         self.eager_examples = None
         loss = sum(losses) / len(losses) if losses else None
-        agent.emit(
-            Step(
-                step=agent.global_step,
-                t=agent.clock(),
-                step_time_s=step_time_s,
-                input_wait_s=wait_s,
-                loss=loss,
-                replica_losses=losses or (),
-                steps=steps,
-                examples=examples,
-                function=fn_name,
-                epoch=getattr(self.epoch_source, "epoch", None),
-            )
-        )
+        # The Step itself is built on the agent's thread (emit_step): a frozen dataclass of 11
+        # fields costs microseconds the training thread need not spend.
+        agent.emit_step((agent.global_step, agent.clock(), step_time_s, wait_s, loss, losses or (), steps,
+                         examples, fn_name, getattr(self.epoch_source, "epoch", None)))
         if examples and self._config_batch is None:
             self._config_batch = examples
             agent.emit(Config(t=agent.clock(), global_batch_size=examples))
@@ -283,6 +288,17 @@ class StepProbe:
             yield
         finally:
             self.in_eager_run -= 1
+
+
+def _loss_every_s() -> float:
+    """TPUWATCH_LOSS_EVERY_S: the least training time between two reads of the replicas'
+    losses (default 0.01 s; 0 reads after every step call)."""
+    import os
+
+    try:
+        return max(0.0, float(os.environ.get("TPUWATCH_LOSS_EVERY_S", "0.01")))
+    except ValueError:
+        return 0.01
 
 
 class _Manual:
