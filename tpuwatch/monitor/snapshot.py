@@ -11,7 +11,8 @@ from typing import Literal, Mapping
 
 from tpuwatch.protocol import Finding
 
-RunStatus = Literal["waiting", "starting", "running", "stalled", "finished", "crashed", "lost"]
+#: "stopped": ended by a stop the user asked for (an interrupt, or a recorded stop request).
+RunStatus = Literal["waiting", "starting", "running", "stalled", "finished", "stopped", "crashed", "lost"]
 CommandStatus = Literal["pending", "queued", "running", "done", "failed"]
 
 

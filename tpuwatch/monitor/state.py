@@ -34,6 +34,7 @@ from tpuwatch.monitor.snapshot import (
     RunStatus,
     WorkerView,
 )
+from tpuwatch.monitor.run_stop import STOP_MESSAGE, STOP_SOURCE, ended_state
 from tpuwatch.monitor.stats import Rolling, SeriesHistory, StepStats
 from tpuwatch.protocol import (
     Command,
@@ -140,6 +141,7 @@ class RunState:
         self._device_peaks: dict[tuple[str, str], int] = {}
         self._disabled: dict[str, str] = {}
         self._epoch: int | None = None
+        self._stop_requested = False  # a viewer recorded that the user asked to stop
         self._stack_dumps: deque[StackDump] = deque(maxlen=10)
         self._last_t: float | None = None  # latest message time seen
         self._started_t: float | None = None
@@ -326,6 +328,8 @@ class RunState:
 
     def _event(self, msg: Event, w: _Worker) -> None:
         self._log(msg.t, msg.level, msg.source, msg.message, w.name)
+        if msg.source == STOP_SOURCE and msg.message.startswith(STOP_MESSAGE):
+            self._stop_requested = True
         if msg.source == TPU_METRICS_SOURCE:
             # "TPU metrics unavailable: <reason>" sets the note; metrics arriving clear it.
             head, sep, reason = msg.message.partition(": ")
@@ -439,7 +443,11 @@ class RunState:
 
     def _worker_status(self, w: _Worker, now: float) -> RunStatus:
         if w.exit is not None:
-            return "finished" if w.exit.exit_code == 0 and w.exception is None else "crashed"
+            if w.exit.exit_code == 0 and w.exception is None:
+                return "finished"
+            if w.exception is None and ended_state(w.exit.exit_code, self._stop_requested) == "stopped":
+                return "stopped"
+            return "crashed"
         if w.exception is not None:
             return "crashed"
         if w.lost_reason is not None:
@@ -458,8 +466,8 @@ class RunState:
         for s in ("crashed", "lost", "stalled", "running", "starting"):
             if s in statuses:
                 return s  # type: ignore[return-value]
-        if statuses and all(s == "finished" for s in statuses):
-            return "finished"
+        if statuses and all(s in ("finished", "stopped") for s in statuses):
+            return "stopped" if "stopped" in statuses else "finished"
         return "waiting"
 
     def snapshot(self, now: float | None = None) -> RunSnapshot:
@@ -492,7 +500,7 @@ class RunState:
         exit_msg = min(failed, key=lambda e: e.t) if failed else p.exit
         exc = next((w.exception for w in workers if w.exception), None)
         ended = None
-        if status in ("finished", "crashed") and any(w.exit for w in workers):
+        if status in ("finished", "stopped", "crashed") and any(w.exit for w in workers):
             ended = max(w.exit.t for w in workers if w.exit)
         elif status == "crashed" and exc is not None:
             ended = exc.t

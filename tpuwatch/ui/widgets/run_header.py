@@ -29,6 +29,9 @@ def status_text(s: RunSnapshot) -> tuple[str, str]:
         return f" CRASHED{code} ", "$error reverse bold"
     if s.status == "finished":
         return " FINISHED ", "$success reverse bold"
+    if s.status == "stopped":
+        code = f" exit {s.exit_code}" if s.exit_code is not None else ""
+        return f" STOPPED{code} ", "$warning reverse bold"
     if s.status == "stalled":
         since = s.now - s.last_step_t if s.last_step_t is not None else None
         return f" STALLED {units.clock(since)} ", "$warning reverse bold"

@@ -132,7 +132,7 @@ class WorkersPanel(Panel):
         statuses = {w.status for w in snapshot.workers}
         if "crashed" in statuses:
             return "-critical"
-        if statuses & {"lost", "stalled"} or not all(w.connected or w.status in ("finished", "crashed")
+        if statuses & {"lost", "stalled"} or not all(w.connected or w.status in ("finished", "stopped", "crashed")
                                                      for w in snapshot.workers):
             return "-warning"
         if stragglers(snapshot):
