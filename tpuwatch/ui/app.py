@@ -38,9 +38,11 @@ from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.screens.help_screen import HelpScreen
 from tpuwatch.ui.screens.profile_summary_screen import ProfileSummaryScreen, load_summary_text, new_profile_results
 from tpuwatch.ui.screens.quit_screen import QuitScreen
+from tpuwatch.ui.screens.results_screen import ResultsScreen
+from tpuwatch.ui.screens.text_screen import TextScreen
 from tpuwatch.ui.screens.stack_screen import StackScreen
 from tpuwatch.ui.source import ReplayControl, Source
-from tpuwatch.ui.widgets.command_line import CommandLine
+from tpuwatch.ui.widgets.command_line import CommandLine, command_summary
 from tpuwatch.ui.widgets.event_panel import EventPanel
 from tpuwatch.ui.widgets.findings_panel import FindingsPanel
 from tpuwatch.ui.widgets.input_panel import InputPanel
@@ -105,6 +107,8 @@ class TpuwatchApp(App[str]):
         Binding("d", "detach", "Detach", id="detach", tooltip="Leave; training keeps running"),
         Binding("s", "stacks", "Stacks", id="stacks", show=False,
                 tooltip="Show every thread's stack of the training process (a stalled or hung run)"),
+        Binding("r", "results", "Results", id="results", show=False,
+                tooltip="Every command's result (profiles, checkpoints, stacks) with full paths"),
         Binding("question_mark", "help", "Help", id="help", tooltip="This help"),
         Binding("q", "request_quit", "Quit", id="quit", tooltip="Quit (asks first while training runs)"),
         Binding("space", "toggle_pause", "Pause", id="replay.pause", show=False, priority=True,
@@ -168,6 +172,7 @@ class TpuwatchApp(App[str]):
         self._sent: dict[str, str] = {}  # action -> id of the command still in flight
         self._sent_ids: set[str] = set()  # every command this dashboard sent
         self._profiles_shown: set[str] = set()
+        self._toasted: set[str] | None = None  # ids of ended commands already announced
         self._binding_key: tuple = ()
         self._source_error = ""
         self._keymap = dict(keymap or {})
@@ -176,7 +181,7 @@ class TpuwatchApp(App[str]):
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header").data_bind(TpuwatchApp.snapshot)
-        yield CommandLine(id="commands").data_bind(TpuwatchApp.snapshot)
+        yield CommandLine(self.run_dir, id="commands").data_bind(TpuwatchApp.snapshot)
         if self._replay is not None:
             yield ReplayBar(id="replay")
         with Grid(id="panels"):
@@ -249,6 +254,9 @@ class TpuwatchApp(App[str]):
         self.snapshot = self._state.snapshot(now=now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done)
+        self._toast_results()
+        if isinstance(self.screen, TextScreen):
+            self.screen.show(self.snapshot)
         if self._tail is not None:
             try:
                 lines = self._tail.read_lines()
@@ -266,6 +274,24 @@ class TpuwatchApp(App[str]):
                 at_end=replay.at_end,
             )
         self._refresh_bindings_if_changed()
+
+    def _toast_results(self) -> None:
+        """A toast for each command that ended while the dashboard was open: its result is seen
+        whatever the width (results already in the recording when it opened, or reached by
+        seeking a replay, are in the command lines and the results screen instead)."""
+        ended = [c for c in self.snapshot.commands if c.status in ("done", "failed")]
+        if self._toasted is None or self._replay is not None:
+            self._toasted = {c.id for c in ended}
+            return
+        for c in ended:
+            if c.id in self._toasted:
+                continue
+            self._toasted.add(c.id)
+            text = command_summary(c, self.run_dir).plain
+            if c.status == "failed":
+                self.notify(text, severity="error", timeout=12)
+            else:
+                self.notify(text + "  (r: all results)", timeout=8)
 
     def _on_new_findings(self, findings: list) -> None:
         if self._record_findings and self.run_dir is not None and self._replay is None:
@@ -303,6 +329,8 @@ class TpuwatchApp(App[str]):
     # --- actions ---------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in (*COMMAND_ACTIONS, "stacks") and self._replay is not None:
+            return False  # a recording cannot be asked for anything: hidden, not just dimmed
         if action in COMMAND_ACTIONS:
             # Shown but dimmed when it cannot run now: the key exists, the run cannot take it.
             if not (self.source.can_send and self._run_active()) or self._busy(action):
@@ -335,6 +363,10 @@ class TpuwatchApp(App[str]):
         request = StackRequest(self._sent["stack_dump"], run_dir=self.run_dir, pid=snap.pid, host=snap.host)
         request.remember_existing(before)
         self.push_screen(StackScreen(request, lambda: (self.snapshot.commands, dumps())))
+
+    def action_results(self) -> None:
+        if not isinstance(self.screen, TextScreen):
+            self.push_screen(ResultsScreen(self.snapshot, self.run_dir))
 
     def _send(self, action: str) -> None:
         command = Command(id=f"{action}-{secrets.token_hex(4)}", action=action)
@@ -471,6 +503,10 @@ class TpuwatchApp(App[str]):
             yield SystemCommand("Profile", "Capture a profile of the next steps", self.action_profile)
         if self.check_action("checkpoint", ()):
             yield SystemCommand("Checkpoint", "Save a checkpoint at the next step boundary", self.action_checkpoint)
+        if self.check_action("stacks", ()):
+            yield SystemCommand("Stacks", "Every thread's stack of the training process", self.action_stacks)
+        yield SystemCommand("Results", "Every command's result with full paths", self.action_results)
+        yield SystemCommand("Help", "Every key", self.action_help)
         yield SystemCommand("Output: maximise / restore", "Show the script's output full screen", self.action_toggle_output)
         yield SystemCommand("Output: search", "Search the script's output", self.action_search_output)
         if self.source.live:
