@@ -381,7 +381,20 @@ def cmd_attach(ns: argparse.Namespace) -> int:
         run_dir = _find_run(ns.run[0]) if ns.run else _latest_live_run()
     except FileNotFoundError as e:
         return _error(str(e))
+    problem = _nothing_to_show(run_dir)
+    if problem:
+        return _error(problem)
     return _after_attach(run_dir, _dashboard(run_dir, live=True))
+
+
+def _nothing_to_show(run_dir: Path) -> str:
+    """Why a viewer of ``run_dir`` could show nothing at all ("" when it can)."""
+    from tpuwatch.monitor.group import worker_dirs
+    from tpuwatch.monitor.preflight import recording_problem
+
+    workers = worker_dirs(run_dir)
+    problems = [recording_problem(w.path) for w in workers] if workers is not None else [recording_problem(run_dir)]
+    return problems[0] if problems and all(problems) else ""
 
 
 def _after_attach(run_dir: Path, choice: str) -> int:
@@ -437,6 +450,14 @@ def _attach_remote(ns: argparse.Namespace) -> int:
     from tpuwatch.ui.app import run_dashboard
     from tpuwatch.ui.remote_source import make_remote_source
 
+    from tpuwatch.monitor.preflight import endpoint_problem
+
+    problems = [endpoint_problem(a, token) for a in addresses]
+    if all(problems):  # nothing to show: say why, not a dashboard waiting forever
+        for p in problems[:-1]:
+            _say(p)
+        print(f"tpuwatch: {problems[-1]}", file=sys.stderr)
+        return 1
     source = make_remote_source(addresses, token)
     names = ", ".join(f"{h}:{p}" for h, p in addresses[:3]) + (" ..." if len(addresses) > 3 else "")
     choice = run_dashboard(None, source, title=f"tpuwatch — {names}")
@@ -478,6 +499,9 @@ def cmd_replay(ns: argparse.Namespace) -> int:
         run_dir = _find_run(ns.run)
     except FileNotFoundError as e:
         return _error(str(e))
+    problem = _nothing_to_show(run_dir)
+    if problem:
+        return _error(problem)
     _dashboard(run_dir, live=False, speed=ns.speed)
     return 0
 

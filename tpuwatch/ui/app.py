@@ -51,7 +51,7 @@ from tpuwatch.ui.widgets.output_panel import OutputPanel
 from tpuwatch.ui.widgets.replay_bar import ReplayBar, ReplayState
 from tpuwatch.ui.widgets.replica_loss_panel import ReplicaLossPanel
 from tpuwatch.ui.widgets.retrace_panel import RetracePanel
-from tpuwatch.ui.widgets.run_header import RunHeader
+from tpuwatch.ui.widgets.run_header import RunHeader, problem_text
 from tpuwatch.ui.widgets.step_time_panel import StepTimePanel
 from tpuwatch.ui.widgets.workers_panel import WorkersPanel
 
@@ -246,6 +246,11 @@ class TpuwatchApp(App[str]):
                 if not batch or time.perf_counter() > deadline:
                     break
             apply_worker_health(self.source, self._state)
+            read_stats = getattr(self.source, "read_stats", None)
+            stats = read_stats() if read_stats is not None else None
+            if stats is not None:  # unreadable lines: the header says so when nothing else came
+                self._state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
+                                            truncated_tail=stats.truncated_tail)
         except OSError as e:
             self._report_source_error(f"reading the run failed: {e}")
         now = self.source.now()
@@ -318,7 +323,9 @@ class TpuwatchApp(App[str]):
         return any(c.action == action and c.status in ("pending", "queued", "running") for c in self.snapshot.commands)
 
     def _run_active(self) -> bool:
-        return self.source.live and self.snapshot.status in ACTIVE
+        # Nothing readable came and something is wrong (refused, unreachable, not a recording):
+        # there is no run to stop, and offering to would be a lie.
+        return self.source.live and self.snapshot.status in ACTIVE and not problem_text(self.snapshot)
 
     def _refresh_bindings_if_changed(self) -> None:
         key = (self._run_active(), *(self._busy(a) for a in COMMAND_ACTIONS))
