@@ -13,8 +13,10 @@ from tpuwatch.ui import units
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
 from tpuwatch.ui.widgets.panel import Panel
 
-#: A replica whose loss is this far from the mean (relative) is highlighted.
-DEVIATION_WARN = 0.10
+#: The findings that judge the losses. The panel's colour comes from them only: a replica 10%
+#: off on one step is noise near zero loss; the skew rule decides what is persistent.
+LOSS_RULES = ("loss-nonfinite", "replica-loss-skew")
+_SEVERITY_CLASS = {"critical": "-critical", "warning": "-warning"}
 
 
 def short_device(device: str) -> str:
@@ -32,10 +34,24 @@ def _mean(s: RunSnapshot) -> float | None:
     return sum(finite) / len(finite) if finite else None
 
 
-def _outlying(r: ReplicaLoss, mean: float | None) -> bool:
-    if not r.finite:
-        return True
-    return mean is not None and abs(r.deviation) > DEVIATION_WARN * max(abs(mean), 1e-12)
+def flagged_replicas(s: RunSnapshot) -> set[int]:
+    """Replicas a loss finding names (its ``replica`` evidence)."""
+    out: set[int] = set()
+    for f in s.findings:
+        if f.rule in LOSS_RULES:
+            r = f.evidence.get("replica")
+            if isinstance(r, int):
+                out.add(r)
+    return out
+
+
+def loss_state(s: RunSnapshot) -> str | None:
+    """The panel's state class: the most severe loss finding's."""
+    severities = {f.severity for f in s.findings if f.rule in LOSS_RULES}
+    for sev in ("critical", "warning"):
+        if sev in severities:
+            return _SEVERITY_CLASS[sev]
+    return None
 
 
 def short_worker(name: str) -> str:
@@ -69,6 +85,7 @@ def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
             (f"  step {units.integer(s.replica_losses[0].step)}", "dim"),
         )
     ]
+    flagged = flagged_replicas(s)
     shown, hidden = pick_rows(s.replica_losses, max(1, rows - 1))
     several_workers = len({r.worker for r in s.replica_losses}) > 1
     for r in shown:
@@ -81,8 +98,10 @@ def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
         if not r.finite:
             lines.append(Content.assemble(label, (f"{units.loss(r.loss):>9}  NON-FINITE", "$error bold")))
             continue
-        dev_style = "$warning bold" if _outlying(r, mean) else "dim"
-        lines.append(Content.assemble(label, f"{units.loss(r.loss):>9}", "  ", (units.signed(r.deviation), dev_style)))
+        dev_style = "$warning bold" if r.index in flagged else "dim"
+        mark = " ◀" if r.index in flagged else ""  # named by a finding (Findings says why)
+        lines.append(Content.assemble(label, f"{units.loss(r.loss):>9}", "  ", (units.signed(r.deviation), dev_style),
+                                      (mark, "$warning")))
     if hidden:
         lines.append(Content.styled(f"… {hidden} more replicas within range", "dim"))
     return Content("\n").join(lines)
@@ -106,12 +125,7 @@ class ReplicaLossPanel(Panel):
         return replica_loss_text(snapshot, rows)
 
     def state(self, snapshot: RunSnapshot) -> str | None:
-        if any(not r.finite for r in snapshot.replica_losses):
-            return "-critical"
-        mean = _mean(snapshot)
-        if any(_outlying(r, mean) for r in snapshot.replica_losses):
-            return "-warning"
-        return None
+        return loss_state(snapshot)
 
     def update_extra(self, snapshot: RunSnapshot) -> None:
         self.query_one("#loss-bars", HistoryBars).series = loss_series(snapshot)
