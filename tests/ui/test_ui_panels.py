@@ -74,3 +74,83 @@ def test_compile_step_is_kept_out_of_the_scale_and_marked() -> None:
     series = step_series(s)
     assert series.hi < 0.1  # scaled to the steady steps, not to the 2 s compile
     assert series.marked == (0,)  # the first point is marked as the compile step
+
+
+# --- item 5: a focused panel expands and scrolls; the retraces screen; findings scroll ----------
+
+def _many_findings(t: float) -> list[Finding]:
+    return [Finding(t=t + i, rule=f"rule-{i}", severity="warning", message=f"problem number {i} " + "x" * 60,
+                    advice=f"advice number {i}: " + "do this and that " * 6) for i in range(12)]
+
+
+@sync
+async def test_findings_expand_with_z_and_show_every_line(live_app) -> None:
+    app = live_app(upto=200)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        for f in _many_findings(app.snapshot.now):
+            app._state.add_finding(f)
+        app.pull()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "more: z expands" in text  # cut, and says so
+        await pilot.press("4", "z")
+        await pilot.pause()
+        findings = app.query_one("#findings")
+        assert findings.has_class("-maximised") and app.screen.has_class("-panel-max")
+        assert not app.query_one("#step-time").display or not app.query_one("#step-time").region.area
+        body = str(findings.query_one(".body").render())
+        assert "problem number 11" in body and "more: z expands" not in body
+        assert findings.max_scroll_y > 0  # longer than the screen: it scrolls
+        await pilot.press("pagedown")
+        assert findings.scroll_y > 0
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not findings.has_class("-maximised") and not app.screen.has_class("-panel-max")
+
+
+@sync
+async def test_enter_on_retraces_lists_every_retrace_with_its_step_and_whole_change(live_app) -> None:
+    from tpuwatch.ui.screens.retraces_screen import RetracesScreen
+
+    app = live_app(upto=300)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        await pilot.press("6", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, RetracesScreen)
+        text = screen_text(app)
+        assert "2 trace(s), oldest first" in text
+        assert "x: shape (16, 28, 28, 1) -> (8, 28, 28, 1)" in text and "step 99" in text
+        assert "(x: float32[8, 28, 28, 1], y: int64[8])" in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, RetracesScreen)
+
+
+def test_retrace_names_are_not_cut_to_8_characters() -> None:
+    from tpuwatch.monitor.snapshot import FunctionTraces
+    from tpuwatch.ui.widgets.retrace_panel import retrace_text
+
+    s = RunSnapshot(functions=(FunctionTraces(name="multi_step_on_iterator", traces=3, instances=1,
+                                              last_change="x: shape", last_signature="", last_step=5, t=0),))
+    assert "multi_step_on_iterator" in retrace_text(s, 5, 60).plain
+
+
+@sync
+async def test_number_key_of_a_panel_hidden_at_80x24_shows_it_expanded(live_app) -> None:
+    from tpuwatch.ui.screens.retraces_screen import RetracesScreen
+
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert not app.query_one("#events").display  # no room for it at 80x24
+        await pilot.press("7")
+        await pilot.pause()
+        events = app.query_one("#events")
+        assert events.has_class("-maximised") and events.region.area > 0
+        assert "started on tpu-vm-0" in screen_text(app)
+        await pilot.press("6")
+        await pilot.pause()
+        assert isinstance(app.screen, RetracesScreen)
+        await pilot.press("escape", "1")
+        assert not app.query(".-maximised") and app.focused is app.query_one("#step-time")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
-from tpuwatch.protocol import Finding
+from tpuwatch.protocol import Finding, Retrace
 
 #: "stopped": ended by a stop the user asked for (an interrupt, or a recorded stop request).
 RunStatus = Literal["waiting", "starting", "running", "stalled", "finished", "stopped", "crashed", "lost"]
@@ -166,6 +166,7 @@ class RunSnapshot:
     history_records_per_point: int = 1  # step records merged into each history point
     # functions, memory
     functions: tuple[FunctionTraces, ...] = ()
+    retraces: tuple[Retrace, ...] = ()  # every trace in order, bounded (the newest kept)
     device_memory: tuple[DeviceMemory, ...] = ()
     device_peaks: tuple[tuple[str, str, int], ...] = ()  # (worker, device, peak bytes) over the run
     host_memory: tuple[HostMemory, ...] = ()

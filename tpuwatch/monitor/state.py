@@ -120,6 +120,7 @@ class RunState:
         window: int = 200,
         rate_window_s: float = 30.0,
         history_points: int = 2000,
+        max_retraces: int = 1000,
     ) -> None:
         if stall_after_s <= 0:
             raise ValueError(f"stall_after_s must be > 0, got {stall_after_s}")
@@ -137,6 +138,7 @@ class RunState:
         self._findings: dict[tuple[str, str, str], Finding] = {}
         self._new_findings: deque[Finding] = deque(maxlen=100)
         self._functions: dict[str, FunctionTraces] = {}
+        self._retraces: deque[Retrace] = deque(maxlen=max_retraces)
         self._devices: dict[tuple[str, str], DeviceMemory] = {}
         self._device_peaks: dict[tuple[str, str], int] = {}
         self._disabled: dict[str, str] = {}
@@ -306,6 +308,7 @@ class RunState:
             self._device_peaks[key] = peak
 
     def _retrace(self, msg: Retrace, w: _Worker) -> None:
+        self._retraces.append(msg)
         prev = self._functions.get(msg.function)
         if prev is None:
             self._log(msg.t, "info", "retrace", f"traced {msg.function} {msg.signature}", w.name)
@@ -562,6 +565,7 @@ class RunState:
             history=stats.history.points(),
             history_records_per_point=stats.history.records_per_point,
             functions=tuple(sorted(self._functions.values(), key=lambda f: (-f.traces, f.name))),
+            retraces=tuple(self._retraces),
             device_memory=tuple(self._devices[k] for k in sorted(self._devices)),
             device_peaks=tuple((k[0], k[1], v) for k, v in sorted(self._device_peaks.items())),
             host_memory=tuple(HostMemory(worker=w.name, rss_bytes=w.host.rss_bytes,

@@ -39,6 +39,7 @@ from tpuwatch.ui.screens.help_screen import HelpScreen
 from tpuwatch.ui.screens.profile_summary_screen import ProfileSummaryScreen, load_summary_text, new_profile_results
 from tpuwatch.ui.screens.quit_screen import QuitScreen
 from tpuwatch.ui.screens.results_screen import ResultsScreen
+from tpuwatch.ui.screens.retraces_screen import RetracesScreen
 from tpuwatch.ui.screens.text_screen import TextScreen
 from tpuwatch.ui.screens.stack_screen import StackScreen
 from tpuwatch.ui.source import ReplayControl, Source
@@ -48,6 +49,7 @@ from tpuwatch.ui.widgets.findings_panel import FindingsPanel
 from tpuwatch.ui.widgets.input_panel import InputPanel
 from tpuwatch.ui.widgets.memory_panel import MemoryPanel
 from tpuwatch.ui.widgets.output_panel import OutputPanel
+from tpuwatch.ui.widgets.panel import Panel
 from tpuwatch.ui.widgets.replay_bar import ReplayBar, ReplayState
 from tpuwatch.ui.widgets.replica_loss_panel import ReplicaLossPanel
 from tpuwatch.ui.widgets.retrace_panel import RetracePanel
@@ -107,6 +109,8 @@ class TpuwatchApp(App[str]):
         Binding("d", "detach", "Detach", id="detach", tooltip="Leave; training keeps running"),
         Binding("s", "stacks", "Stacks", id="stacks", show=False,
                 tooltip="Show every thread's stack of the training process (a stalled or hung run)"),
+        Binding("z,enter", "expand", "Expand", id="expand", show=False,
+                tooltip="Expand the focused panel to the whole screen (it scrolls); again to restore"),
         Binding("r", "results", "Results", id="results", show=False,
                 tooltip="Every command's result (profiles, checkpoints, stacks) with full paths"),
         Binding("question_mark", "help", "Help", id="help", tooltip="This help"),
@@ -457,12 +461,48 @@ class TpuwatchApp(App[str]):
 
     def action_focus_panel(self, index: int) -> None:
         widget = self.query_one(f"#{PANEL_IDS[index]}")
-        if not widget.display or not widget.parent or not getattr(widget.parent, "display", True):
-            self.notify("That panel is hidden at this size (widen the terminal, or press o for output).", timeout=4)
-            return
+        self._restore_panels()
         if self.screen.has_class("-output-max") and PANEL_IDS[index] != "output-log":
             self.action_toggle_output()
+        if isinstance(widget, Panel) and (not widget.display or not widget.region.area):
+            # Hidden at this size (80x24 has no room for it): shown expanded instead.
+            self._expand(widget)
+            return
         widget.focus()
+
+    def action_expand(self) -> None:
+        """The focused panel takes the whole screen and scrolls; the Retraces panel opens the
+        list of every retrace; on the output, maximises it."""
+        if isinstance(self.screen, TextScreen):
+            return
+        focused = self.focused
+        panel = next((w for w in (focused, *(focused.ancestors if focused else ())) if isinstance(w, Panel)), None)
+        if self._restore_panels():
+            return
+        if panel is None:
+            if focused is not None and self.query_one(OutputPanel) in focused.ancestors:
+                self.action_toggle_output()
+            return
+        self._expand(panel)
+
+    def _expand(self, panel: Panel) -> None:
+        if isinstance(panel, RetracePanel):
+            self.push_screen(RetracesScreen(self.snapshot))
+            return
+        self.screen.add_class("-panel-max")
+        self.screen.set_class(panel.parent is self.query_one("#bottom"), "-max-bottom")
+        panel.add_class("-maximised")
+        panel.focus()
+        panel.call_after_refresh(panel.watch_snapshot, panel.snapshot)
+
+    def _restore_panels(self) -> bool:
+        """Puts an expanded panel back; False when none was."""
+        expanded = list(self.query(".-maximised"))
+        for w in expanded:
+            w.remove_class("-maximised")
+            w.call_after_refresh(w.watch_snapshot, w.snapshot)
+        self.screen.remove_class("-panel-max", "-max-bottom")
+        return bool(expanded)
 
     def action_toggle_output(self) -> None:
         maximised = not self.screen.has_class("-output-max")
@@ -513,6 +553,9 @@ class TpuwatchApp(App[str]):
         if self.check_action("stacks", ()):
             yield SystemCommand("Stacks", "Every thread's stack of the training process", self.action_stacks)
         yield SystemCommand("Results", "Every command's result with full paths", self.action_results)
+        yield SystemCommand("Panel: expand / restore", "The focused panel on the whole screen", self.action_expand)
+        yield SystemCommand("Retraces: every trace", "Each retrace with its step and the whole change",
+                            lambda: self.push_screen(RetracesScreen(self.snapshot)))
         yield SystemCommand("Help", "Every key", self.action_help)
         yield SystemCommand("Output: maximise / restore", "Show the script's output full screen", self.action_toggle_output)
         yield SystemCommand("Output: search", "Search the script's output", self.action_search_output)
