@@ -154,3 +154,63 @@ async def test_number_key_of_a_panel_hidden_at_80x24_shows_it_expanded(live_app)
         assert isinstance(app.screen, RetracesScreen)
         await pilot.press("escape", "1")
         assert not app.query(".-maximised") and app.focused is app.query_one("#step-time")
+
+
+# --- item 3: the loss chart stays readable after convergence ------------------------------------
+
+def _converged_history() -> tuple[StepPoint, ...]:
+    # 2.3 falling to ~0.02, then small wiggles: the whole run's linear scale flattens the end.
+    import math as m
+
+    return tuple(StepPoint(step=i, t=i, step_time_s=0.02, input_wait_s=None,
+                           loss=2.3 * m.exp(-i / 30) + 0.02 + 0.004 * m.sin(i / 3)) for i in range(1, 1001))
+
+
+def _recent_glyphs(scale: str) -> set[str]:
+    from tpuwatch.ui.widgets.history_bars import GUTTER, render_series
+    from tpuwatch.ui.widgets.replica_loss_panel import loss_series
+
+    rows = render_series(loss_series(RunSnapshot(history=_converged_history()), scale), 7 + 40, 5).plain.split("\n")
+    return {row[GUTTER:][-20:] for row in rows[:-1]}  # the last 20 columns of each bar row
+
+
+def test_loss_chart_after_convergence_recent_and_log_scales_still_move() -> None:
+    # Whole run, linear: the last 20 columns are one flat row of the lowest glyph.
+    flat = _recent_glyphs("run")
+    assert all(set(r) <= {" ", "▁"} for r in flat), flat
+    # Recent window: scaled to its own min..max, the wiggles use the whole height.
+    assert len(set("".join(_recent_glyphs("recent"))) - {" "}) >= 4
+    # Log scale: the whole descent stays in view and the plateau still moves.
+    assert len(set("".join(_recent_glyphs("log"))) - {" "}) >= 2
+
+
+def test_loss_chart_labels_min_max_and_steps() -> None:
+    from tpuwatch.ui.widgets.history_bars import render_series
+    from tpuwatch.ui.widgets.replica_loss_panel import loss_series
+
+    text = render_series(loss_series(RunSnapshot(history=_converged_history()), "run"), 60, 5).plain
+    lines = text.split("\n")
+    assert lines[0].strip().startswith("2.2")  # max at the top
+    assert lines[-2].strip().startswith("0.01")  # min at the bottom
+    assert lines[-1].strip().startswith("step 1") and lines[-1].rstrip().endswith("1,000")
+
+
+@sync
+async def test_l_switches_the_loss_scale_and_epoch_logs_show(live_app) -> None:
+    from tpuwatch.protocol import Epoch
+
+    app = live_app(upto=300)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        loss = app.query_one("#loss")
+        assert str(loss.border_subtitle).startswith("recent")
+        await pilot.press("l")
+        assert str(loss.border_subtitle).startswith("log scale")
+        await pilot.press("l")
+        assert str(loss.border_subtitle).startswith("whole run")
+        app._state.apply(Epoch(t=app.snapshot.now, epoch=1, phase="end", step=200,
+                               logs={"loss": 0.5, "val_loss": 0.61, "sparse_categorical_accuracy": 0.83,
+                                     "learning_rate": 0.001}))
+        app.pull()
+        await pilot.pause()
+        assert "epoch 2: val_loss 0.61 · lr 0.001 · acc 0.83" in screen_text(app)

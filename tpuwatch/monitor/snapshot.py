@@ -148,6 +148,8 @@ class RunSnapshot:
     # progress and speed
     step: int = 0
     epoch: int | None = None
+    #: Keras' logs at the end of each epoch (val_loss, metrics, learning_rate), oldest first, bounded.
+    epoch_logs: tuple[tuple[int, Mapping[str, object]], ...] = ()
     last_step_t: float | None = None
     step_time_s: float | None = None  # last record
     step_p50_s: float | None = None  # rolling window

@@ -21,7 +21,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from tpuwatch.monitor.snapshot import (
     CommandView,
@@ -139,6 +139,7 @@ class RunState:
         self._new_findings: deque[Finding] = deque(maxlen=100)
         self._functions: dict[str, FunctionTraces] = {}
         self._retraces: deque[Retrace] = deque(maxlen=max_retraces)
+        self._epoch_logs: deque[tuple[int, Mapping[str, object]]] = deque(maxlen=1000)
         self._devices: dict[tuple[str, str], DeviceMemory] = {}
         self._device_peaks: dict[tuple[str, str], int] = {}
         self._disabled: dict[str, str] = {}
@@ -325,6 +326,8 @@ class RunState:
             self._epoch = msg.epoch
             self._log(msg.t, "info", "keras", f"epoch {msg.epoch + 1} began", w.name)
         else:
+            if msg.logs:
+                self._epoch_logs.append((msg.epoch, dict(msg.logs)))
             logs = ", ".join(f"{k}={_fmt_scalar(v)}" for k, v in msg.logs.items())
             self._log(msg.t, "info", "keras",
                       f"epoch {msg.epoch + 1} ended" + (f": {logs}" if logs else ""), w.name)
@@ -549,6 +552,7 @@ class RunState:
             last_message_t=self._last_t,
             step=step,
             epoch=self._epoch,
+            epoch_logs=tuple(self._epoch_logs),
             last_step_t=last.t if last else None,
             step_time_s=last.step_time_s if last else None,
             step_p50_s=roll.step_p50_s,

@@ -51,7 +51,7 @@ from tpuwatch.ui.widgets.memory_panel import MemoryPanel
 from tpuwatch.ui.widgets.output_panel import OutputPanel
 from tpuwatch.ui.widgets.panel import Panel
 from tpuwatch.ui.widgets.replay_bar import ReplayBar, ReplayState
-from tpuwatch.ui.widgets.replica_loss_panel import ReplicaLossPanel
+from tpuwatch.ui.widgets.replica_loss_panel import ReplicaLossPanel, scale_title
 from tpuwatch.ui.widgets.retrace_panel import RetracePanel
 from tpuwatch.ui.widgets.run_header import RunHeader, problem_text
 from tpuwatch.ui.widgets.step_time_panel import StepTimePanel
@@ -111,6 +111,8 @@ class TpuwatchApp(App[str]):
                 tooltip="Show every thread's stack of the training process (a stalled or hung run)"),
         Binding("z,enter", "expand", "Expand", id="expand", show=False,
                 tooltip="Expand the focused panel to the whole screen (it scrolls); again to restore"),
+        Binding("l", "loss_scale", "Loss scale", id="loss_scale", show=False,
+                tooltip="Loss chart: recent window, log scale, whole run"),
         Binding("r", "results", "Results", id="results", show=False,
                 tooltip="Every command's result (profiles, checkpoints, stacks) with full paths"),
         Binding("question_mark", "help", "Help", id="help", tooltip="This help"),
@@ -375,6 +377,10 @@ class TpuwatchApp(App[str]):
         request.remember_existing(before)
         self.push_screen(StackScreen(request, lambda: (self.snapshot.commands, dumps())))
 
+    def action_loss_scale(self) -> None:
+        scale = self.query_one(ReplicaLossPanel).next_scale()
+        self.notify(f"loss chart: {scale_title(scale, self.snapshot).split(' · ')[0]}", timeout=2)
+
     def action_results(self) -> None:
         if not isinstance(self.screen, TextScreen):
             self.push_screen(ResultsScreen(self.snapshot, self.run_dir))
@@ -553,6 +559,7 @@ class TpuwatchApp(App[str]):
         if self.check_action("stacks", ()):
             yield SystemCommand("Stacks", "Every thread's stack of the training process", self.action_stacks)
         yield SystemCommand("Results", "Every command's result with full paths", self.action_results)
+        yield SystemCommand("Loss chart: next scale", "Recent window, log scale, whole run", self.action_loss_scale)
         yield SystemCommand("Panel: expand / restore", "The focused panel on the whole screen", self.action_expand)
         yield SystemCommand("Retraces: every trace", "Each retrace with its step and the whole change",
                             lambda: self.push_screen(RetracesScreen(self.snapshot)))

@@ -39,6 +39,7 @@ class BarSeries:
     reduce: Reduce = "max"
     marked: tuple[int, ...] = ()  # indexes into ``values`` drawn with POINT_MARK on the top row
     bottom_label: str = ""  # the bottom of the scale (default: the series name)
+    axis: tuple[str, str] = ("", "")  # labels under the first and last column (e.g. steps)
 
 
 _REDUCERS: dict[str, Callable[[list[float]], float]] = {
@@ -116,7 +117,8 @@ def render_series(series: BarSeries | None, width: int, height: int) -> Content:
         name = (series.name if series else "").ljust(GUTTER)[:GUTTER]
         return Content.assemble(*(["\n"] * (height - 1)), (name, "dim"), ("no data yet", "dim"))
     cols = bucket(series.values, plot_width, series.reduce)
-    rows = bar_rows(cols, height, series.lo, series.hi)
+    axis = any(series.axis) and height >= 3
+    rows = bar_rows(cols, height - 1 if axis else height, series.lo, series.hi)
     marks = marked_columns(len(series.values), plot_width, series.marked)
     if marks:
         top = list(rows[0])
@@ -140,6 +142,14 @@ def render_series(series: BarSeries | None, width: int, height: int) -> Content:
                 if ch == NONFINITE_MARK:
                     line = line.stylize("$error bold", GUTTER + j, GUTTER + j + 1)
         lines.append(line)
+    if axis:
+        left, right = series.axis
+        # The first column's label, then the last's at the right edge (the plot may not be full).
+        used = sum(1 for c in cols if c is None)
+        gap = max(1, plot_width - used - len(left) - len(right))
+        text = (" " * used + left + " " * gap + right)[-plot_width:] if used + len(left) + len(right) < plot_width \
+            else (left + " " + right)[:plot_width]
+        lines.append(Content.styled(" " * GUTTER + text, "dim"))
     return Content("\n").join(lines)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from textual.app import ComposeResult
 from textual.content import Content
@@ -86,7 +87,10 @@ def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
         )
     ]
     flagged = flagged_replicas(s)
-    shown, hidden = pick_rows(s.replica_losses, max(1, rows - 1))
+    epoch = epoch_line(s)
+    if epoch is not None and rows > 2:
+        lines.append(epoch)
+    shown, hidden = pick_rows(s.replica_losses, max(1, rows - len(lines)))
     several_workers = len({r.worker for r in s.replica_losses}) > 1
     for r in shown:
         # r<index> <device> <loss> <deviation>: 33 columns, fits a panel at 80x24. With several
@@ -107,11 +111,57 @@ def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
     return Content("\n").join(lines)
 
 
-def loss_series(s: RunSnapshot) -> BarSeries:
-    values = tuple(p.loss for p in s.history)
+#: Scales of the loss chart, in the order ``l`` cycles through them. "recent": the last points
+#: only, scaled to their own min..max (readable after convergence, when the whole run's scale
+#: makes every recent bar "▁"); "log": the whole run on a log scale; "run": the whole run, linear.
+LossScale = Literal["recent", "log", "run"]
+SCALES: tuple[LossScale, ...] = ("recent", "log", "run")
+#: History points in the recent window.
+RECENT_POINTS = 200
+
+
+def loss_series(s: RunSnapshot, scale: LossScale = "recent") -> BarSeries:
+    points = s.history[-RECENT_POINTS:] if scale == "recent" else s.history
+    values = tuple(p.loss for p in points)
     finite = [v for v in values if v is not None and math.isfinite(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
-    return BarSeries(values, lo, hi, name="loss", top_label=units.loss(hi), reduce="mean")
+    shown: tuple[float | None, ...] = values
+    if scale == "log" and finite and lo > 0:
+        shown = tuple(math.log10(v) if v is not None and math.isfinite(v) else v for v in values)
+        lo_s, hi_s = math.log10(lo), math.log10(hi)
+    else:
+        lo_s, hi_s = lo, hi
+    axis = (f"step {units.integer(points[0].step)}", units.integer(points[-1].step)) if points else ("", "")
+    return BarSeries(shown, lo_s, hi_s, name="loss", top_label=units.loss(hi), bottom_label=units.loss(lo),
+                     reduce="mean", axis=axis)
+
+
+def scale_title(scale: LossScale, s: RunSnapshot) -> str:
+    """The chart's border subtitle: which scale, and the key that changes it."""
+    if scale == "recent":
+        n = min(len(s.history), RECENT_POINTS) * max(1, s.history_records_per_point)
+        return f"recent {units.integer(n)} records · l: scale"
+    return ("log scale" if scale == "log" else "whole run") + " · l: scale"
+
+
+def _short_metric(name: str) -> str:
+    for prefix, short in (("sparse_categorical_", ""), ("categorical_", ""), ("learning_rate", "lr")):
+        if name.startswith(prefix):
+            name = short + name[len(prefix):]
+    return name.replace("accuracy", "acc")
+
+
+def epoch_line(s: RunSnapshot) -> Content | None:
+    """``epoch 3: val_loss 0.52 · acc 0.91 · lr 0.001`` from Keras' logs at the last epoch end."""
+    if not s.epoch_logs:
+        return None
+    epoch, logs = s.epoch_logs[-1]
+    keys = sorted(logs, key=lambda k: (not k.startswith("val_"), k == "loss", k))  # val_* first
+    parts = [f"{_short_metric(k)} {units.loss(v) if isinstance(v, float) else v}" for k, v in
+             ((k, logs[k]) for k in keys) if k != "loss"]
+    if not parts:
+        return None
+    return Content.assemble((f"epoch {epoch + 1}: ", "dim"), " · ".join(parts))
 
 
 class ReplicaLossPanel(Panel):
@@ -127,5 +177,13 @@ class ReplicaLossPanel(Panel):
     def state(self, snapshot: RunSnapshot) -> str | None:
         return loss_state(snapshot)
 
+    scale: LossScale = "recent"
+
+    def next_scale(self) -> LossScale:
+        self.scale = SCALES[(SCALES.index(self.scale) + 1) % len(SCALES)]
+        self.update_extra(self.snapshot)
+        return self.scale
+
     def update_extra(self, snapshot: RunSnapshot) -> None:
-        self.query_one("#loss-bars", HistoryBars).series = loss_series(snapshot)
+        self.query_one("#loss-bars", HistoryBars).series = loss_series(snapshot, self.scale)
+        self.border_subtitle = scale_title(self.scale, snapshot) if snapshot.history else ""
