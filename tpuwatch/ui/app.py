@@ -34,6 +34,7 @@ from tpuwatch.protocol import Command, Message, Result
 from tpuwatch.ui.group_source import apply_worker_health
 from tpuwatch.ui.hangup_driver import hangup_safe
 from tpuwatch.ui.output_tail import OutputTail
+from tpuwatch.ui.replay_output import epoch_anchors, visible_lines
 from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.screens.help_screen import HelpScreen
 from tpuwatch.ui.screens.profile_summary_screen import ProfileSummaryScreen, load_summary_text, new_profile_results
@@ -179,6 +180,9 @@ class TpuwatchApp(App[str]):
         self._sent_ids: set[str] = set()  # every command this dashboard sent
         self._profiles_shown: set[str] = set()
         self._toasted: set[str] | None = None  # ids of ended commands already announced
+        self._replay_lines: list[str] | None = None  # a replay's whole output, read once
+        self._replay_anchors: list[int] = []
+        self._replay_shown = 0
         self._binding_key: tuple = ()
         self._source_error = ""
         self._keymap = dict(keymap or {})
@@ -268,7 +272,9 @@ class TpuwatchApp(App[str]):
         self._toast_results()
         if isinstance(self.screen, TextScreen):
             self.screen.show(self.snapshot)
-        if self._tail is not None:
+        if self._tail is not None and replay is not None:
+            self._replay_output(replay)
+        elif self._tail is not None:
             try:
                 lines = self._tail.read_lines()
             except OSError as e:
@@ -285,6 +291,36 @@ class TpuwatchApp(App[str]):
                 at_end=replay.at_end,
             )
         self._refresh_bindings_if_changed()
+
+    def _replay_output(self, replay: ReplayControl) -> None:
+        """Keeps the Output panel in step with the replay position (see replay_output.py)."""
+        if self._replay_lines is None:
+            assert self._tail is not None
+            lines: list[str] = []
+            try:
+                while chunk := self._tail.read_lines():  # bounded: the file's size, 1 MiB a call
+                    lines.extend(chunk)
+                lines.extend(self._tail.flush())
+            except OSError as e:
+                self._report_source_error(f"reading output.log failed: {e}")
+            self._replay_lines = lines
+            self._replay_anchors = epoch_anchors(lines)
+            if lines and not self._replay_anchors:
+                self.query_one(OutputPanel).border_title = "Output (replay position approximate)"
+        s = self.snapshot
+        span = replay.end_t - replay.start_t
+        fraction = (replay.position - replay.start_t) / span if span > 0 else 1.0
+        ended = replay.at_end or s.status in ("finished", "stopped", "crashed", "lost")
+        begun = 0 if s.epoch is None else s.epoch + 1
+        ended_epochs = s.epoch_logs[-1][0] + 1 if s.epoch_logs else 0
+        n = visible_lines(len(self._replay_lines), self._replay_anchors, begun, ended_epochs, fraction, ended)
+        panel = self.query_one(OutputPanel)
+        if n < self._replay_shown:  # seeking back: start over
+            panel.log_view.clear()
+            self._replay_shown = 0
+        if n > self._replay_shown:
+            panel.append(self._replay_lines[self._replay_shown:n])
+            self._replay_shown = n
 
     def _toast_results(self) -> None:
         """A toast for each command that ended while the dashboard was open: its result is seen
