@@ -7,7 +7,7 @@ from tpuwatch import rundir
 from tpuwatch.ui.app import TpuwatchApp
 from tpuwatch.ui.replay_output import epoch_anchors, visible_lines
 from tpuwatch.ui.replay_source import ReplaySource
-from tpuwatch.ui.widgets.output_log import OutputLog
+from tpuwatch.ui.widgets.output_log import OutputLog, is_native_log
 
 from ui_support import FakeClock, recording, sync
 
@@ -53,3 +53,28 @@ def test_visible_lines_without_anchors_is_proportional() -> None:
     assert visible_lines(10, [2, 6], 1, 0, 0.0, ended=False) == 3  # its header
     assert visible_lines(10, [2, 6], 1, 1, 0.0, ended=False) == 6  # and its summary
     assert visible_lines(10, [2, 6], 2, 2, 0.0, ended=False) == 10
+
+
+@sync
+async def test_tensorflow_log_lines_are_dimmed_and_f_folds_them(live_app) -> None:
+    from ui_support import screen_text
+
+    native = ["I0000 00:00:1750000001.123456   4242 cudart_stub.cc:29] Could not find cuda drivers on your machine",
+              "2025-06-15 12:00:01.123456: I tensorflow/core/platform/cpu_feature_guard.cc:210] This TensorFlow binary"]
+    app = live_app(upto=200, output="\n".join([*native, "strategy: MirroredStrategy", "Epoch 1/3"]) + "\n")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        log = app.query_one(OutputLog)
+        assert [is_native_log(line) for line in log.lines] == [True, True, False, False]
+        assert log.highlighter.native_style is not None and log.highlighter.native_style.dim  # drawn dimmed
+        assert "cudart_stub.cc" in screen_text(app)
+        await pilot.press("f")
+        await pilot.pause()
+        assert list(log.lines) == ["strategy: MirroredStrategy", "Epoch 1/3"]
+        assert "2 TensorFlow log lines folded" in str(app.query_one("#output").border_title)
+        with open(app.run_dir / "output.log", "a") as f:
+            f.write(native[0] + "\nEpoch 2/3\n")
+        app.pull()
+        assert list(log.lines)[-1] == "Epoch 2/3" and not any("cudart" in line for line in log.lines)
+        await pilot.press("f")
+        assert len(log.lines) == 6

@@ -106,6 +106,8 @@ class TpuwatchApp(App[str]):
         Binding("c", "checkpoint", "Checkpoint", id="checkpoint",
                 tooltip="Save a checkpoint at the next step boundary"),
         Binding("o", "toggle_output", "Output", id="output", tooltip="Maximise / restore the output log"),
+        Binding("f", "fold_native", "Fold TF logs", id="fold", show=False,
+                tooltip="Fold / unfold TensorFlow's C++ log lines in the output"),
         Binding("slash", "search_output", "Search", id="search", tooltip="Search the output log", show=False),
         Binding("d", "detach", "Detach", id="detach", tooltip="Leave; training keeps running"),
         Binding("s", "stacks", "Stacks", id="stacks", show=False,
@@ -552,6 +554,12 @@ class TpuwatchApp(App[str]):
         if maximised:
             self.query_one(OutputPanel).log_view.focus()
 
+    def action_fold_native(self) -> None:
+        log = self.query_one(OutputPanel).log_view
+        log.set_fold(not log.fold_native)
+        self.query_one(OutputPanel).border_title = (
+            f"Output ({log.folded} TensorFlow log lines folded: f)" if log.fold_native else "Output")
+
     def action_search_output(self) -> None:
         self.query_one(OutputPanel).open_search()
 
@@ -602,6 +610,8 @@ class TpuwatchApp(App[str]):
         yield SystemCommand("Help", "Every key", self.action_help)
         yield SystemCommand("Output: maximise / restore", "Show the script's output full screen", self.action_toggle_output)
         yield SystemCommand("Output: search", "Search the script's output", self.action_search_output)
+        yield SystemCommand("Output: fold TensorFlow logs", "Hide / show TF's C++ log lines",
+                            self.action_fold_native)
         if self.source.live:
             yield SystemCommand("Detach", "Leave the dashboard; training keeps running", self.action_detach)
         if self._replay is not None:
