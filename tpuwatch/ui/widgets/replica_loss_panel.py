@@ -185,5 +185,7 @@ class ReplicaLossPanel(Panel):
         return self.scale
 
     def update_extra(self, snapshot: RunSnapshot) -> None:
-        self.query_one("#loss-bars", HistoryBars).series = loss_series(snapshot, self.scale)
-        self.border_subtitle = scale_title(self.scale, snapshot) if snapshot.history else ""
+        bars = self.query_one("#loss-bars", HistoryBars)
+        bars.series = loss_series(snapshot, self.scale)
+        # The chart is hidden at 80x24 (it shows when the panel is expanded): no key to offer then.
+        self.border_subtitle = scale_title(self.scale, snapshot) if snapshot.history and bars.display else ""
