@@ -111,3 +111,40 @@ def test_status_of_an_ended_run(code, requested, status):
     state.apply(Exit(t=3.0, exit_code=code, signal=code - 128 if code > 128 else None))
     assert state.snapshot(now=3.0).status == status
     assert run_stop.ended_state(code, requested) == status
+
+
+def test_detach_from_attach_says_training_goes_on(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    rundir.create(run)
+    (run / rundir.EVENTS).write_bytes(b"")
+    rundir.write_meta(run, {"run_id": "r-1"})
+    monkeypatch.setattr(cli, "_dashboard", lambda run_dir, live, **kw: "detach")
+    assert cli.main(["attach", str(run)]) == 0
+    assert "detached; training goes on. Re-join with `tpuwatch attach r-1`" in capsys.readouterr().err
+
+
+def test_remote_stop_reports_the_agents_answer(tmp_path):
+    # A viewer on another host can only ask the agent. This agent build has no `stop` action yet:
+    # the viewer must say so (and exit non-zero), not pretend the run stopped.
+    from tpuwatch.monitor.remote_stop import stop_remote
+
+    script = tmp_path / "train.py"
+    script.write_text(LOOP)
+    launch = launcher.start(str(script), [], run_dir=tmp_path / "run", listen="127.0.0.1:0")
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not rundir.read_meta(launch.run_dir).get("tcp"):
+            assert time.monotonic() < deadline and launch.alive()
+            time.sleep(0.1)
+        host, port = rundir.read_meta(launch.run_dir)["tcp"].rsplit(":", 1)
+        token = rundir.read_token(launch.run_dir / rundir.TOKEN)
+        code = stop_remote([((host, int(port)), 0)], token, report=lines.append, wait_s=20)
+    finally:
+        launch.proc.kill()
+        launch.proc.wait()
+    assert lines[0].startswith(f"{host}:{port}: asked the agent to stop"), lines
+    if code == 1:  # today's agent
+        assert "not stopped: the agent refused: unknown action 'stop'" in lines[-1], lines
+    else:  # an agent that takes the command: the run ends as a stop
+        assert code == 130 and "training stopped (exit code 130)" in lines[-1], lines
