@@ -214,3 +214,17 @@ async def test_l_switches_the_loss_scale_and_epoch_logs_show(live_app) -> None:
         app.pull()
         await pilot.pause()
         assert "epoch 2: val_loss 0.61 · lr 0.001 · acc 0.83" in screen_text(app)
+
+
+@sync
+async def test_enter_in_the_quit_dialog_is_the_dialogs_not_expand(live_app) -> None:
+    from tpuwatch.ui.screens.quit_screen import QuitScreen
+
+    app = live_app(upto=200)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("4", "q")
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.press("enter")  # cancel has the focus
+        await pilot.pause()
+        assert not isinstance(app.screen, QuitScreen) and app.return_value is None
+        assert not app.query_one("#findings").has_class("-maximised")

@@ -380,6 +380,8 @@ class TpuwatchApp(App[str]):
     # --- actions ---------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("expand", "loss_scale", "fold_native") and len(self.screen_stack) > 1:
+            return False  # they act on the dashboard's panels, not on a dialog or list on top
         if action in (*COMMAND_ACTIONS, "stacks") and self._replay is not None:
             return False  # a recording cannot be asked for anything: hidden, not just dimmed
         if action in COMMAND_ACTIONS:
@@ -517,8 +519,6 @@ class TpuwatchApp(App[str]):
     def action_expand(self) -> None:
         """The focused panel takes the whole screen and scrolls; the Retraces panel opens the
         list of every retrace; on the output, maximises it."""
-        if isinstance(self.screen, TextScreen):
-            return
         focused = self.focused
         panel = next((w for w in (focused, *(focused.ancestors if focused else ())) if isinstance(w, Panel)), None)
         if self._restore_panels():
