@@ -55,6 +55,9 @@ def test_stop_chosen_in_attach_stops_training_and_lists_it_stopped(tmp_path, mon
         state.apply_all(read_all(launch.run_dir / rundir.EVENTS)[0])
         snap = state.snapshot()
         assert (snap.status, snap.exit_code) == ("stopped", 130)
+        from tpuwatch.monitor.report import build_report, render_text
+
+        assert "stopped (exit 130)" in render_text(build_report(launch.run_dir))
     finally:
         if launch.alive():
             launch.proc.kill()

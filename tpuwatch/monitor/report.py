@@ -259,7 +259,7 @@ def _run_section(snap: RunSnapshot, meta: dict[str, Any], run_dir: Path,
         end = meta.get("ended") if isinstance(meta.get("ended"), (int, float)) else snap.last_message_t
     duration = (end - start) if isinstance(start, (int, float)) and end is not None else None
     status = snap.status
-    if not running and status == "waiting" and meta.get("state") in ("finished", "crashed"):
+    if not running and status == "waiting" and meta.get("state") in ("finished", "stopped", "crashed"):
         status = meta["state"]  # no recording, but the launcher saw the end
     exit_code = snap.exit_code if snap.exit_code is not None else meta.get("exit_code")
     return {
@@ -418,7 +418,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
 
 def _worker_line(w: dict[str, Any]) -> str:
     state = w["status"]
-    if w.get("exit_code") is not None and state in ("finished", "crashed"):
+    if w.get("exit_code") is not None and state in ("finished", "stopped", "crashed"):
         state += f" (exit {w['exit_code']}{', stopped' if w.get('stopped') else ''})"
     return (f"{w['name']} on {w['host'] or NA} pid {w['pid'] or NA}: {state}; {w['steps']:,} steps, "
             f"step p50 {fmt_seconds(_num(w['step_time_p50_s']))}, input wait "
