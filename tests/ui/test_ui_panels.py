@@ -228,3 +228,18 @@ async def test_enter_in_the_quit_dialog_is_the_dialogs_not_expand(live_app) -> N
         await pilot.pause()
         assert not isinstance(app.screen, QuitScreen) and app.return_value is None
         assert not app.query_one("#findings").has_class("-maximised")
+
+
+def test_expanded_loss_panel_lists_every_epochs_keras_logs() -> None:
+    from tpuwatch.ui.widgets.panel import EXPANDED_ROWS
+    from tpuwatch.ui.widgets.replica_loss_panel import replica_loss_text
+
+    from tpuwatch.monitor.snapshot import ReplicaLoss
+
+    s = RunSnapshot(loss=0.4, epoch_logs=((0, {"loss": 1.2, "val_loss": 1.3}), (1, {"loss": 0.7, "val_loss": 0.9})),
+                    replica_losses=(ReplicaLoss(index=0, device="CPU:0", worker="w", loss=0.4, deviation=0.0,
+                                                finite=True, step=9),))
+    text = replica_loss_text(s, EXPANDED_ROWS).plain
+    assert "epoch      loss  val_loss" in text
+    assert "    1       1.2       1.3" in text and "    2       0.7       0.9" in text
+    assert "epoch      loss" not in replica_loss_text(s, 8).plain  # only when expanded

@@ -12,7 +12,7 @@ from textual.widgets import Static
 from tpuwatch.monitor.snapshot import ReplicaLoss, RunSnapshot
 from tpuwatch.ui import units
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
-from tpuwatch.ui.widgets.panel import Panel
+from tpuwatch.ui.widgets.panel import EXPANDED_ROWS, Panel
 
 #: The findings that judge the losses. The panel's colour comes from them only: a replica 10%
 #: off on one step is noise near zero loss; the skew rule decides what is persistent.
@@ -108,7 +108,28 @@ def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
                                       (mark, "$warning")))
     if hidden:
         lines.append(Content.styled(f"… {hidden} more replicas within range", "dim"))
+    if rows >= EXPANDED_ROWS and s.epoch_logs:
+        lines += [Content(""), *epoch_table(s)]
     return Content("\n").join(lines)
+
+
+def epoch_table(s: RunSnapshot) -> list[Content]:
+    """Every epoch's Keras logs, one row each (the expanded panel shows it)."""
+    keys: list[str] = []
+    for _, logs in s.epoch_logs:
+        keys += [k for k in logs if k not in keys]
+    keys.sort(key=lambda k: (k != "loss", not k.startswith("val_"), k))
+    names = [_short_metric(k) for k in keys]
+    widths = [max(9, len(n)) for n in names]
+    head = Content.styled("epoch " + " ".join(f"{n:>{w}}" for n, w in zip(names, widths)), "dim")
+    rows = [head]
+    for epoch, logs in s.epoch_logs:
+        cells = []
+        for k, w in zip(keys, widths):
+            v = logs.get(k)
+            cells.append(f"{(units.loss(v) if isinstance(v, float) else str(v) if v is not None else ''):>{w}}")
+        rows.append(Content(f"{epoch + 1:>5} " + " ".join(cells)))
+    return rows
 
 
 #: Scales of the loss chart, in the order ``l`` cycles through them. "recent": the last points
