@@ -166,6 +166,8 @@ def scale_title(scale: LossScale, s: RunSnapshot) -> str:
 
 
 def _short_metric(name: str) -> str:
+    if name.startswith("val_"):
+        return "val_" + _short_metric(name[4:])
     for prefix, short in (("sparse_categorical_", ""), ("categorical_", ""), ("learning_rate", "lr")):
         if name.startswith(prefix):
             name = short + name[len(prefix):]
