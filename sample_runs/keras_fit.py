@@ -147,7 +147,11 @@ def make_dataset(images, labels, global_batch: int, args: argparse.Namespace) ->
             x.set_shape([global_batch, *IMAGE_SHAPE])
             return x, y
 
-        return ds.map(late_slow).prefetch(tf.data.AUTOTUNE)
+        options = tf.data.Options()
+        # Else tf.data's autotuning parallelises the map after a while and the slowdown vanishes.
+        options.experimental_optimization.map_parallelization = False
+        options.autotune.enabled = False
+        return ds.map(late_slow).prefetch(2).with_options(options)
     if not args.slow_input:
         return ds.prefetch(tf.data.AUTOTUNE)
 
