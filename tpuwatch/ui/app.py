@@ -65,6 +65,10 @@ REFRESH_HZ = 4.0
 #: Longest a refresh may spend applying messages before it draws (seconds): catching up on a
 #: long recording happens over several frames instead of freezing the screen.
 APPLY_BUDGET_S = 0.15
+#: A replay holds its whole output.log up to this size to follow the replay position.
+REPLAY_OUTPUT_MAX_BYTES = 64 << 20
+#: Results this much older than the dashboard's opening are not announced (clock skew margin, s).
+TOAST_SLACK_S = 2.0
 #: Statuses during which quitting asks whether to stop training.
 ACTIVE = ("waiting", "starting", "running", "stalled")
 #: Actions that run inside training and take a command id.
@@ -185,6 +189,8 @@ class TpuwatchApp(App[str]):
         self._replay_lines: list[str] | None = None  # a replay's whole output, read once
         self._replay_anchors: list[int] = []
         self._replay_shown = 0
+        self._replay_follows_tail = False  # a replay's output.log too long to hold: its end only
+        self._opened_t = clock()  # results older than this were in the recording already
         self._binding_key: tuple = ()
         self._source_error = ""
         self._keymap = dict(keymap or {})
@@ -274,7 +280,7 @@ class TpuwatchApp(App[str]):
         self._toast_results()
         if isinstance(self.screen, TextScreen):
             self.screen.show(self.snapshot)
-        if self._tail is not None and replay is not None:
+        if self._tail is not None and replay is not None and not self._replay_follows_tail:
             self._replay_output(replay)
         elif self._tail is not None:
             try:
@@ -300,9 +306,17 @@ class TpuwatchApp(App[str]):
             assert self._tail is not None
             lines: list[str] = []
             try:
-                while chunk := self._tail.read_lines():  # bounded: the file's size, 1 MiB a call
+                if self._tail.path.stat().st_size > REPLAY_OUTPUT_MAX_BYTES:
+                    # Too long to hold: its end, as before, and the panel says so.
+                    self.query_one(OutputPanel).border_title = "Output (its end: too long to follow the replay)"
+                    self._tail = OutputTail(self._tail.path, start_bytes=1 << 20)
+                    self._replay_follows_tail = True
+                    return
+                while chunk := self._tail.read_lines():  # bounded: the size checked above
                     lines.extend(chunk)
                 lines.extend(self._tail.flush())
+            except FileNotFoundError:
+                pass
             except OSError as e:
                 self._report_source_error(f"reading output.log failed: {e}")
             self._replay_lines = lines
@@ -336,6 +350,8 @@ class TpuwatchApp(App[str]):
             if c.id in self._toasted:
                 continue
             self._toasted.add(c.id)
+            if c.id not in self._sent_ids and c.t < self._opened_t - TOAST_SLACK_S:
+                continue  # caught up from the recording (a long one takes several refreshes)
             text = command_summary(c, self.run_dir).plain
             if c.status == "failed":
                 self.notify(text, severity="error", timeout=12)
