@@ -33,7 +33,7 @@ def results_text(s: RunSnapshot, width: int, run_dir: Path | None = None) -> Con
             short = short_path(path, run_dir)
             lines.append(Content.assemble(("          path ", "dim"), path))
             if short != path:
-                lines.append(Content.assemble(("          here ", "dim"), short))
+                lines.append(Content.assemble(("          short ", "dim"), short))
         lines.append(Content(""))
     return Content("\n").join(lines)
 
