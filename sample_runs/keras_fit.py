@@ -230,11 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             steps_per_execution=args.steps_per_execution,
         )
 
-    n_train = max(8 * global_batch, 2048)
-    n_val = 0 if args.short else 4 * global_batch  # held out, same classes: Keras' val_loss
-    images, labels = synthetic_mnist(n_train + n_val, args.seed, args.label_noise)
-    val_images, val_labels = images[n_train:], labels[n_train:]
-    images, labels = images[:n_train], labels[:n_train]
+    images, labels = synthetic_mnist(max(8 * global_batch, 2048), args.seed, args.label_noise)
     if args.slow_input_after and not args.slow_input:
         print(f"planted: from batch {args.slow_input_after} on the input pipeline sleeps "
               f"{args.slow_input_ms:.0f} ms per batch (watch for the input-bound finding; "
@@ -250,11 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                       callbacks=[timer], verbose=2)
     else:
         ds = make_dataset(images, labels, global_batch, args)
-        # The default run also validates each epoch (4 batches of held-out data): Keras' val_loss
-        # and metrics show next to the training loss in the dashboard.
-        val = tf.data.Dataset.from_tensor_slices((val_images, val_labels)).batch(global_batch) if n_val else None
-        model.fit(ds, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, callbacks=[timer], verbose=2,
-                  validation_data=val)
+        model.fit(ds, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, callbacks=[timer], verbose=2)
 
     median_ms = 1000.0 * float(np.median(timer.per_step_s[1:] or timer.per_step_s))
     print(f"done: {timer.steps} steps, median {median_ms:.1f} ms/step (the first call, with tracing, left out)")
