@@ -27,10 +27,15 @@ def _start(tmp_path: Path, source: str) -> launcher.Launch:
     launch = launcher.start(str(script), [], run_dir=tmp_path / "run")
     deadline = time.monotonic() + 60
     events = launch.run_dir / rundir.EVENTS
-    while not events.exists() or b'"kind":"hello"' not in events.read_bytes():
-        assert time.monotonic() < deadline, (launch.run_dir / rundir.OUTPUT).read_text()
-        assert launch.alive(), (launch.run_dir / rundir.OUTPUT).read_text()
-        time.sleep(0.1)
+    try:
+        while not events.exists() or b'"kind":"hello"' not in events.read_bytes():
+            assert time.monotonic() < deadline, (launch.run_dir / rundir.OUTPUT).read_text()
+            assert launch.alive(), (launch.run_dir / rundir.OUTPUT).read_text()
+            time.sleep(0.1)
+    except BaseException:
+        launch.proc.kill()  # never leave a training process behind a failed test
+        launch.proc.wait()
+        raise
     return launch
 
 
