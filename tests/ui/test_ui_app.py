@@ -113,6 +113,7 @@ async def test_remapped_key_works_and_shows_in_help() -> None:
     app = TpuwatchApp(ended_replay("healthy_4replica"), refresh_hz=0, keymap={"help": "f1"})
     async with app.run_test(size=(100, 40)) as pilot:
         await pilot.press("f1")
+        await pilot.pause()  # the help screen is pushed after the key is handled
         assert isinstance(app.screen, HelpScreen)
         assert "f1" in screen_text(app)
 
