@@ -5,9 +5,18 @@ This follows the TensorFlow guide "Use TPUs" (Keras fit under TPUStrategy): it c
 CPU devices (or OneDeviceStrategy with ``--replicas 1``), so the same script runs on a laptop.
 
 The data is synthetic (the box has no dataset downloads) but shaped like MNIST: 28x28x1 images,
-10 classes, each class a fixed random pattern plus noise, so the model really learns.
+10 classes, each class a fixed random pattern plus noise, so the model really learns; a share of
+the labels is wrong (``--label-noise``), so the loss levels off above zero and each replica's loss
+keeps moving from batch to batch instead of flattening at 0.
+
+By default it is a first run worth watching: 15 epochs of 100 steps (a few minutes on a laptop
+CPU; stop it any time with ``q`` in the dashboard), and from step 600 on its input pipeline slows
+down (``--slow-input-after``) so the dashboard has an ``input-bound`` finding to show. ``--short``
+is the quick run (2 epochs of 5 steps, no planted slowdown).
 
 Switches that plant problems on purpose:
+  --slow-input-after N  from batch N on, each batch passes through a Python sleep of
+                    ``--slow-input-ms`` (default 600 on the default run, off with --short; 0: off)
   --slow-input      each batch passes through a Python sleep (``--slow-input-ms``, default 50 ms:
                     about twice the step's compute here),
                     with no prefetch and tf.data autotune/prefetch injection turned off, so every
@@ -20,6 +29,8 @@ Switches that plant problems on purpose:
 Known limit: Keras 3.15 ``fit`` with ``steps_per_execution > 1`` fails under MirroredStrategy
 (keras-team/keras#19246); use ``--replicas 1`` (OneDeviceStrategy) or a TPU for that.
 
+    python sample_runs/keras_fit.py              # the first run: a few minutes
+    python sample_runs/keras_fit.py --short      # 10 steps
     python sample_runs/keras_fit.py --epochs 3 --steps-per-epoch 50
 """
 from __future__ import annotations
@@ -41,16 +52,34 @@ NUM_CLASSES = 10
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--steps-per-epoch", type=int, default=5)
+    p.add_argument("--short", action="store_true",
+                   help="the quick run: 2 epochs of 5 steps and no planted slowdown (default: 15 x 100 steps)")
+    p.add_argument("--epochs", type=int, default=None, help="default 15 (2 with --short)")
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="default 100 (5 with --short)")
     p.add_argument("--replicas", type=int, default=4, help="logical CPU devices when there is no TPU")
     p.add_argument("--batch-per-replica", type=int, default=32, help="the TPU guide uses 128 per core")
     p.add_argument("--steps-per-execution", type=int, default=1)
     p.add_argument("--slow-input", action="store_true", help="plant: a sleeping, unprefetched input pipeline")
-    p.add_argument("--slow-input-ms", type=float, default=50.0)
+    p.add_argument("--slow-input-ms", type=float, default=None,
+                   help="the planted input sleep per batch (default 50; 150 for --slow-input-after)")
+    p.add_argument("--slow-input-after", type=int, default=None, metavar="N",
+                   help="plant: from batch N on, every batch sleeps --slow-input-ms (default 600; off with "
+                        "--short; 0: never)")
+    p.add_argument("--label-noise", type=float, default=0.2,
+                   help="share of wrong labels, so the loss never reaches 0 (default 0.2)")
     p.add_argument("--ragged-batches", action="store_true", help="plant: the batch size changes every epoch")
     p.add_argument("--seed", type=int, default=42)
     args = p.parse_args(argv)
+    if args.epochs is None:
+        args.epochs = 2 if args.short else 15
+    if args.steps_per_epoch is None:
+        args.steps_per_epoch = 5 if args.short else 100
+    if args.slow_input_after is None:
+        args.slow_input_after = 0 if args.short or args.slow_input else 600
+    if args.slow_input_ms is None:
+        args.slow_input_ms = 50.0 if args.slow_input else 150.0
+    if not 0.0 <= args.label_noise < 1.0:
+        p.error("--label-noise must be in [0, 1)")
     for name in ("epochs", "steps_per_epoch", "replicas", "batch_per_replica", "steps_per_execution"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -75,12 +104,30 @@ def make_strategy(replicas: int) -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
 
 
-def synthetic_mnist(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def synthetic_mnist(n: int, seed: int, label_noise: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     templates = rng.random((NUM_CLASSES, *IMAGE_SHAPE), dtype=np.float32)
     labels = rng.integers(0, NUM_CLASSES, n)
     noise = rng.random((n, *IMAGE_SHAPE), dtype=np.float32)
-    return (0.5 * templates[labels] + 0.5 * noise).astype(np.float32), labels.astype(np.int64)
+    images = (0.5 * templates[labels] + 0.5 * noise).astype(np.float32)
+    wrong = rng.random(n) < label_noise
+    labels = np.where(wrong, rng.integers(0, NUM_CLASSES, n), labels)
+    return images, labels.astype(np.int64)
+
+
+class LateSleep:
+    """Sleeps on every call from the ``after``-th on: an input pipeline that slows down mid-run."""
+
+    def __init__(self, after: int, delay_s: float) -> None:
+        self.after = after
+        self.delay_s = delay_s
+        self.calls = 0
+
+    def __call__(self, images: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        if self.calls > self.after:
+            time.sleep(self.delay_s)
+        return images
 
 
 def sleepy(images: np.ndarray, delay_s: float) -> np.ndarray:
@@ -92,6 +139,19 @@ def make_dataset(images, labels, global_batch: int, args: argparse.Namespace) ->
     ds = tf.data.Dataset.from_tensor_slices((images, labels)).cache()
     ds = ds.shuffle(len(images), seed=args.seed).repeat()
     ds = ds.batch(global_batch, drop_remainder=True)
+    if args.slow_input_after and not args.slow_input:
+        late = LateSleep(args.slow_input_after, args.slow_input_ms / 1000.0)
+
+        def late_slow(x, y):
+            x = tf.numpy_function(late, [x], tf.float32, stateful=True)
+            x.set_shape([global_batch, *IMAGE_SHAPE])
+            return x, y
+
+        options = tf.data.Options()
+        # Else tf.data's autotuning parallelises the map after a while and the slowdown vanishes.
+        options.experimental_optimization.map_parallelization = False
+        options.autotune.enabled = False
+        return ds.map(late_slow).prefetch(2).with_options(options)
     if not args.slow_input:
         return ds.prefetch(tf.data.AUTOTUNE)
 
@@ -170,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
             steps_per_execution=args.steps_per_execution,
         )
 
-    images, labels = synthetic_mnist(max(8 * global_batch, 2048), args.seed)
+    images, labels = synthetic_mnist(max(8 * global_batch, 2048), args.seed, args.label_noise)
+    if args.slow_input_after and not args.slow_input:
+        print(f"planted: from batch {args.slow_input_after} on the input pipeline sleeps "
+              f"{args.slow_input_ms:.0f} ms per batch (watch for the input-bound finding; "
+              f"--slow-input-after 0 turns it off, --short is the quick run)")
     timer = StepTimer()
     if args.ragged_batches:
         # A batch-size schedule: each epoch a fresh dataset with a different static batch size.

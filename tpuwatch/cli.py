@@ -232,6 +232,10 @@ def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
 def _run_group_dashboard(group, supervisor, merger) -> int:
     choice = _dashboard(group.run_dir, live=True, owner=True)
     if choice == "stop" and group.alive():
+        from tpuwatch.monitor.run_stop import record_stop_request
+
+        for w in group.workers:
+            record_stop_request(w.run_dir, "the dashboard")
         code = group.stop(report=_say)
         supervisor.wait()
     elif choice == "detach" and group.alive():
@@ -377,8 +381,44 @@ def cmd_attach(ns: argparse.Namespace) -> int:
         run_dir = _find_run(ns.run[0]) if ns.run else _latest_live_run()
     except FileNotFoundError as e:
         return _error(str(e))
-    _dashboard(run_dir, live=True)
-    return 0
+    problem = _nothing_to_show(run_dir)
+    if problem:
+        return _error(problem)
+    return _after_attach(run_dir, _dashboard(run_dir, live=True))
+
+
+def _nothing_to_show(run_dir: Path) -> str:
+    """Why a viewer of ``run_dir`` could show nothing at all ("" when it can)."""
+    from tpuwatch.monitor.group import worker_dirs
+    from tpuwatch.monitor.preflight import recording_problem
+
+    workers = worker_dirs(run_dir)
+    problems = [recording_problem(w.path) for w in workers] if workers is not None else [recording_problem(run_dir)]
+    return problems[0] if problems and all(problems) else ""
+
+
+def _after_attach(run_dir: Path, choice: str) -> int:
+    """What the user chose when leaving ``tpuwatch attach``: say it, and stop training if asked."""
+    from tpuwatch import rundir
+    from tpuwatch.monitor import run_stop
+    from tpuwatch.monitor.group import worker_dirs
+
+    run_id = str(rundir.read_meta(run_dir).get("run_id") or run_dir.name)
+    if choice == "detach":
+        _say(f"detached; training goes on. Re-join with `tpuwatch attach {run_id}`")
+        return 0
+    if choice != "stop":
+        return 0
+    workers = worker_dirs(run_dir)
+    dirs = [w.path for w in workers] if workers is not None else [run_dir]
+    try:
+        code = run_stop.stop_runs(dirs, by="tpuwatch attach", report=_say)
+    except run_stop.StopError as e:
+        _say(f"cannot stop the run: {e}")
+        return 1
+    _say(f"training {run_stop.ended_state(code, True)} (exit code {code}); "
+         f"`tpuwatch report {run_id}` for the full report")
+    return code
 
 
 def _latest_live_run() -> Path:
@@ -410,9 +450,23 @@ def _attach_remote(ns: argparse.Namespace) -> int:
     from tpuwatch.ui.app import run_dashboard
     from tpuwatch.ui.remote_source import make_remote_source
 
+    from tpuwatch.monitor.preflight import endpoint_problem
+
+    problems = [endpoint_problem(a, token) for a in addresses]
+    if all(problems):  # nothing to show: say why, not a dashboard waiting forever
+        for p in problems[:-1]:
+            _say(p)
+        print(f"tpuwatch: {problems[-1]}", file=sys.stderr)
+        return 1
     source = make_remote_source(addresses, token)
     names = ", ".join(f"{h}:{p}" for h, p in addresses[:3]) + (" ..." if len(addresses) > 3 else "")
-    run_dashboard(None, source, title=f"tpuwatch — {names}")
+    choice = run_dashboard(None, source, title=f"tpuwatch — {names}")
+    if choice == "detach":
+        _say(f"detached; training goes on. Re-join with `tpuwatch attach {' '.join(ns.run)}`")
+    elif choice == "stop":
+        from tpuwatch.monitor.remote_stop import stop_remote
+
+        return stop_remote([(s.address, s.offset) for s in source.streams], token, report=_say)
     return 0
 
 
@@ -445,6 +499,9 @@ def cmd_replay(ns: argparse.Namespace) -> int:
         run_dir = _find_run(ns.run)
     except FileNotFoundError as e:
         return _error(str(e))
+    problem = _nothing_to_show(run_dir)
+    if problem:
+        return _error(problem)
     _dashboard(run_dir, live=False, speed=ns.speed)
     return 0
 

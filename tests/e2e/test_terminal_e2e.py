@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -56,3 +57,50 @@ def test_dashboard_in_tmux_shows_a_real_run_to_the_end(tmp_path, _isolated_home)
         assert "TPUWATCH-EXIT=0" in text
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def test_attach_checkpoint_result_reads_at_120x40_and_stop_ends_training(tmp_path, _isolated_home):
+    """A run started headless elsewhere; `tpuwatch attach` in a 120x40 terminal: `c` saves a
+    checkpoint whose result reads on screen (short path), then `q`, `s` stops the training for
+    real: the grace periods are printed, the run ends with 130 and is listed as stopped."""
+    assert shutil.which("tmux"), "tmux is required for the end-to-end test (.ci/run installs it)"
+    session = f"tpuwatch-e2e-attach-{os.getpid()}"
+    run_dir = _isolated_home / "runs" / "e2e-stop"  # under the runs root: `tpuwatch ls` lists it
+    exe = Path(sys.executable).parent / "tpuwatch"
+    env = dict(os.environ, TPUWATCH_HOME=str(_isolated_home), TF_CPP_MIN_LOG_LEVEL="2")
+    # Trains until stopped (50 x 100 steps is many minutes here); no planted slowdown.
+    runner = subprocess.Popen([str(exe), "run", "--headless", "--run-dir", str(run_dir),
+                               str(SAMPLES / "keras_fit.py"), "--epochs", "50", "--steps-per-epoch", "100",
+                               "--slow-input-after", "0"],
+                              cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                              stderr=open(tmp_path / "headless.err", "w"))  # noqa: SIM115 (closed with the process)
+    screen = lambda: _tmux("capture-pane", "-p", "-t", session)  # noqa: E731
+    try:
+        events = run_dir / "events.jsonl"
+        _wait_for(lambda _: events.exists() and '"kind":"step"' in events.read_text(), 240, "the first step")
+        cmd = (f"cd {shlex.quote(str(tmp_path))} && TPUWATCH_HOME={shlex.quote(str(_isolated_home))} "
+               f"TERM=xterm-256color {shlex.quote(str(exe))} attach {shlex.quote(str(run_dir))}; "
+               f"echo ATTACH-EXIT=$?; sleep 60")
+        _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40", cmd)
+        _wait_for(lambda s: "RUNNING" in s, 60, "the attached dashboard", screen)
+        _tmux("send-keys", "-t", session, "c")
+        text = _wait_for(lambda s: "checkpoint done: checkpoints/ckpt-" in s, 120, "the checkpoint's result", screen)
+        line = next(s for s in text.splitlines() if "checkpoint done:" in s)
+        step = line.split("checkpoints/ckpt-", 1)[1].split()[0]
+        assert list((run_dir / "checkpoints").glob(f"ckpt-{step}.*")), line  # the file it names exists
+        _tmux("send-keys", "-t", session, "q")
+        _wait_for(lambda s: "Stop training" in s, 20, "the quit dialog", screen)
+        _tmux("send-keys", "-t", session, "s")
+        text = _wait_for(lambda s: "ATTACH-EXIT=" in s, 60, "attach to stop the run and exit", screen)
+        assert "sending SIGINT to the training process group; waiting up to 15 s" in text
+        assert "training stopped (exit code 130)" in text and "ATTACH-EXIT=130" in text
+        assert runner.wait(timeout=60) == 130  # the training really ended, with the interrupt's code
+        meta = json.loads((run_dir / "run.json").read_text())
+        assert (meta["state"], meta["exit_code"]) == ("stopped", 130)
+        ls = subprocess.run([str(exe), "ls"], env=env, capture_output=True, text=True, timeout=60).stdout
+        assert any("stopped" in row and "130" in row for row in ls.splitlines()), ls
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()

@@ -138,7 +138,7 @@ def test_stacks_key_on_a_hung_run_shows_the_hanging_line_then_stop_records_the_e
     assert "sending SIGINT to the training process group; waiting up to 15 s" in screen
     assert "exit code 130" in screen
     meta = json.loads((run_dir / "run.json").read_text())
-    assert (meta["state"], meta["exit_code"]) == ("crashed", 130)
+    assert (meta["state"], meta["exit_code"]) == ("stopped", 130)  # the user stopped it: not a crash
     exits = [m for m in read_messages(run_dir / "events.jsonl") if isinstance(m, protocol.Exit)]
     assert [(e.exit_code, e.signal, e.source) for e in exits] == [(130, signal.SIGINT, "agent")]
     dumps = list((run_dir / "stacks").glob("*-stack_dump-*.txt"))

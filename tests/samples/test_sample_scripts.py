@@ -135,6 +135,22 @@ def test_keras_fit_slow_input_makes_every_step_wait_for_the_sleep():
     assert median_ms(r.stdout) >= 0.9 * 120
 
 
+def test_keras_fit_short_is_the_quick_run_and_the_default_plants_a_late_input_slowdown():
+    short, late = run_all([
+        (["sample_runs/keras_fit.py", "--short"], None),
+        # The default run's plant, brought forward: from batch 4 on every batch sleeps 120 ms.
+        (["sample_runs/keras_fit.py", "--epochs", "1", "--steps-per-epoch", "12", "--slow-input-after", "4",
+          "--slow-input-ms", "120"], None),
+    ])
+    short.check()
+    assert "done: 10 steps" in short.stdout and "planted" not in short.stdout
+    late.check()
+    assert "planted: from batch 4 on the input pipeline sleeps 120 ms per batch" in late.stdout
+    assert "done: 12 steps" in late.stdout
+    # 8 of the 11 steps after the first wait for the 120 ms sleep (prefetch hides at most a couple).
+    assert median_ms(late.stdout) >= 0.9 * 120
+
+
 def test_keras_fit_ragged_batches_retrace_the_train_function():
     r = run("-c", TRACE_COUNTING_RUNNER, "sample_runs/keras_fit.py", "--epochs", "2",
             "--steps-per-epoch", "2", "--ragged-batches")

@@ -113,6 +113,7 @@ async def test_remapped_key_works_and_shows_in_help() -> None:
     app = TpuwatchApp(ended_replay("healthy_4replica"), refresh_hz=0, keymap={"help": "f1"})
     async with app.run_test(size=(100, 40)) as pilot:
         await pilot.press("f1")
+        await pilot.pause()  # the help screen is pushed after the key is handled
         assert isinstance(app.screen, HelpScreen)
         assert "f1" in screen_text(app)
 
@@ -163,11 +164,16 @@ async def test_detach_key_on_live_run(live_app) -> None:
 
 
 @sync
-async def test_profile_and_checkpoint_disabled_when_not_live() -> None:
+async def test_profile_and_checkpoint_hidden_in_a_replay() -> None:
     app = TpuwatchApp(ended_replay("healthy_4replica"), refresh_hz=0)
     async with app.run_test(size=(80, 24)) as pilot:
-        assert app.check_action("profile", ()) is None
-        assert app.check_action("checkpoint", ()) is None
+        # A recording cannot act: the keys are hidden (not dimmed), and gone from the palette.
+        assert app.check_action("profile", ()) is False
+        assert app.check_action("checkpoint", ()) is False
+        assert app.check_action("stacks", ()) is False
+        assert "Profile" not in screen_text(app) and "Checkpoint" not in screen_text(app)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert "Profile" not in titles and "Stacks" not in titles
         assert app.check_action("detach", ()) is False
         await pilot.press("p", "c")
         assert not app.snapshot.commands or all(c.id.startswith("c") for c in app.snapshot.commands)
@@ -292,6 +298,8 @@ async def test_palette_offers_the_same_actions(live_app) -> None:
     async with app.run_test(size=(100, 30)):
         titles = [c.title for c in app.get_system_commands(app.screen)]
         assert "Profile" in titles and "Checkpoint" in titles and "Detach" in titles
+        # Every action of the keys is in the palette, Stacks too (the README says so).
+        assert {"Stacks", "Results", "Help", "Output: search"} <= set(titles)
 
 
 @sync

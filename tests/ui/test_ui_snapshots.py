@@ -63,3 +63,21 @@ def test_crashed_run_no_color(snap_compare, tmp_path, monkeypatch) -> None:
     app = live(tmp_path, "crashed", None)
     assert app.no_color
     assert snap_compare(app, terminal_size=(80, 24))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_results_screen(snap_compare, tmp_path, size) -> None:
+    # r: every command with its whole result (the recording holds a finished checkpoint).
+    assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size, press=["r"])
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_retraces_screen(snap_compare, tmp_path, size) -> None:
+    # 6 focuses the Retraces panel; enter lists every retrace with its step and whole change.
+    assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size, press=["6", "enter"])
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_expanded_findings(snap_compare, tmp_path, size) -> None:
+    # 4 focuses Findings; z expands it to the whole screen (a crash: the findings are long).
+    assert snap_compare(live(tmp_path, "crashed", None), terminal_size=size, press=["4", "z"])

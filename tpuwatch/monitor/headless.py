@@ -81,8 +81,8 @@ def summary(snap: RunSnapshot) -> str:
     name = snap.script or "run"
     if snap.status == "finished":
         head = f"{name} finished (exit 0)"
-    elif snap.status == "crashed":
-        head = f"{name} crashed" + (f" (exit {snap.exit_code})" if snap.exit_code is not None else "")
+    elif snap.status in ("crashed", "stopped"):
+        head = f"{name} {snap.status}" + (f" (exit {snap.exit_code})" if snap.exit_code is not None else "")
     elif snap.status == "lost":
         head = f"{name} lost: {snap.lost_reason or 'no exit record'}"
     else:
@@ -204,9 +204,9 @@ def worker_status_text(snap: RunSnapshot, name: str, status: str, connected: boo
                        codes: dict[str, int] | None = None) -> str:
     """``crashed (exit 137)``, ``lost``, ``disconnected``, ``running``: what one worker is doing."""
     codes = worker_exit_codes(snap) if codes is None else codes
-    if status in ("crashed", "finished") and name in codes:
+    if status in ("crashed", "stopped", "finished") and name in codes:
         return f"{status} (exit {codes[name]})"
-    if not connected and status not in ("finished", "crashed", "lost"):
+    if not connected and status not in ("finished", "stopped", "crashed", "lost"):
         return "disconnected"
     return status
 

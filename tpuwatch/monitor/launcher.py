@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from tpuwatch import protocol, rundir
+from tpuwatch.monitor.run_stop import ended_state, record_stop_request
 
 #: Exit code for bad input (a missing script, no TensorFlow, ...), like argparse.
 EXIT_USAGE = 2
@@ -168,7 +169,8 @@ def finish(launch: Launch, clock: Callable[[], float] = time.time) -> int:
         with open(events, "ab") as f:
             f.write((b"\n" if cut else b"") + protocol.encode(
                 protocol.Exit(t=clock(), exit_code=code, signal=sig, source="launcher", reason=reason)))
-    rundir.update_meta(launch.run_dir, state="finished" if code == 0 else "crashed", exit_code=code, ended=clock())
+    stop_requested = bool(rundir.read_meta(launch.run_dir).get("stop_requested"))
+    rundir.update_meta(launch.run_dir, state=ended_state(code, stop_requested), exit_code=code, ended=clock())
     return code
 
 
@@ -199,6 +201,7 @@ def stop(
     report: Callable[[str], None] = lambda line: None,
 ) -> int:
     """Stops training: SIGINT to its process group, then SIGTERM, then SIGKILL after grace periods."""
+    record_stop_request(launch.run_dir, "the dashboard")
     terminate(launch, grace_int_s, grace_term_s, report)
     return finish(launch)
 

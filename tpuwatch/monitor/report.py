@@ -28,6 +28,7 @@ from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.headless import worker_exit_codes
 from tpuwatch.monitor.recording import iter_recording
+from tpuwatch.monitor.run_stop import ended_state
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.monitor.state import RunState
 from tpuwatch.monitor.stats import percentile
@@ -258,7 +259,7 @@ def _run_section(snap: RunSnapshot, meta: dict[str, Any], run_dir: Path,
         end = meta.get("ended") if isinstance(meta.get("ended"), (int, float)) else snap.last_message_t
     duration = (end - start) if isinstance(start, (int, float)) and end is not None else None
     status = snap.status
-    if not running and status == "waiting" and meta.get("state") in ("finished", "crashed"):
+    if not running and status == "waiting" and meta.get("state") in ("finished", "stopped", "crashed"):
         status = meta["state"]  # no recording, but the launcher saw the end
     exit_code = snap.exit_code if snap.exit_code is not None else meta.get("exit_code")
     return {
@@ -422,7 +423,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
 
 def _worker_line(w: dict[str, Any]) -> str:
     state = w["status"]
-    if w.get("exit_code") is not None and state in ("finished", "crashed"):
+    if w.get("exit_code") is not None and state in ("finished", "stopped", "crashed"):
         state += f" (exit {w['exit_code']}{', stopped' if w.get('stopped') else ''})"
     return (f"{w['name']} on {w['host'] or NA} pid {w['pid'] or NA}: {state}; {w['steps']:,} steps, "
             f"step p50 {fmt_seconds(_num(w['step_time_p50_s']))}, input wait "
@@ -508,7 +509,7 @@ class RunInfo:
     id: str
     path: Path
     script: str
-    state: str  # running | finished | crashed | lost | unknown
+    state: str  # running | finished | stopped | crashed | lost | unknown
     start: float | None
     steps: int | None  # last recorded global step
     exit_code: int | None
@@ -562,12 +563,13 @@ def run_info(run_dir: Path) -> RunInfo:
     exit_msg = next((m for m in reversed(tail) if isinstance(m, Exit)), None)
     last_t = next((getattr(m, "t") for m in reversed(tail) if hasattr(m, "t")), None)
     exit_code = exit_msg.exit_code if exit_msg else meta.get("exit_code")
+    stop_requested = bool(meta.get("stop_requested"))
     if exit_msg is not None:
-        state = "finished" if exit_msg.exit_code == 0 else "crashed"
+        state = ended_state(exit_msg.exit_code, stop_requested)
     elif pid_alive(meta.get("child_pid")):
         state = "running"
     elif isinstance(meta.get("exit_code"), int):
-        state = "finished" if meta["exit_code"] == 0 else "crashed"
+        state = ended_state(meta["exit_code"], stop_requested)
     elif meta or hello:
         state = "lost"
     else:
@@ -598,9 +600,9 @@ def _group_info(run_dir: Path, workers: list[WorkerDir]) -> RunInfo:
     if "running" in states:
         state = "running"
     elif isinstance(code, int):
-        state = "finished" if code == 0 else "crashed"
+        state = ended_state(code, bool(meta.get("stop_requested")) or "stopped" in states)
     else:
-        state = next((s for s in ("crashed", "lost", "unknown") if s in states), "finished")
+        state = next((s for s in ("crashed", "lost", "unknown", "stopped") if s in states), "finished")
         code = next((i.exit_code for i in infos if i.exit_code), None)
     steps = [i.steps for i in infos if i.steps is not None]
     ends = [i.end for i in infos if i.end is not None]

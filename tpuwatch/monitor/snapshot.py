@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
-from tpuwatch.protocol import Finding
+from tpuwatch.protocol import Finding, Retrace
 
-RunStatus = Literal["waiting", "starting", "running", "stalled", "finished", "crashed", "lost"]
+#: "stopped": ended by a stop the user asked for (an interrupt, or a recorded stop request).
+RunStatus = Literal["waiting", "starting", "running", "stalled", "finished", "stopped", "crashed", "lost"]
 CommandStatus = Literal["pending", "queued", "running", "done", "failed"]
 
 
@@ -148,6 +149,8 @@ class RunSnapshot:
     # progress and speed
     step: int = 0
     epoch: int | None = None
+    #: Keras' logs at the end of each epoch (val_loss, metrics, learning_rate), oldest first, bounded.
+    epoch_logs: tuple[tuple[int, Mapping[str, object]], ...] = ()
     last_step_t: float | None = None
     step_time_s: float | None = None  # last record
     step_p50_s: float | None = None  # rolling window
@@ -169,6 +172,7 @@ class RunSnapshot:
     history_records_per_point: int = 1  # step records merged into each history point
     # functions, memory
     functions: tuple[FunctionTraces, ...] = ()
+    retraces: tuple[Retrace, ...] = ()  # every trace in order, bounded (the newest kept)
     device_memory: tuple[DeviceMemory, ...] = ()
     device_peaks: tuple[tuple[str, str, int], ...] = ()  # (worker, device, peak bytes) over the run
     host_memory: tuple[HostMemory, ...] = ()

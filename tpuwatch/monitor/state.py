@@ -21,7 +21,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from tpuwatch.monitor.snapshot import (
     CommandView,
@@ -34,6 +34,7 @@ from tpuwatch.monitor.snapshot import (
     RunStatus,
     WorkerView,
 )
+from tpuwatch.monitor.run_stop import STOP_MESSAGE, STOP_SOURCE, ended_state
 from tpuwatch.monitor.stats import Rolling, SeriesHistory, StepStats
 from tpuwatch.protocol import (
     Command,
@@ -160,6 +161,7 @@ class RunState:
         window: int = 200,
         rate_window_s: float = 30.0,
         history_points: int = 2000,
+        max_retraces: int = 1000,
     ) -> None:
         if stall_after_s <= 0:
             raise ValueError(f"stall_after_s must be > 0, got {stall_after_s}")
@@ -177,10 +179,13 @@ class RunState:
         self._findings: dict[tuple[str, str, str], Finding] = {}
         self._new_findings: deque[Finding] = deque(maxlen=100)
         self._functions: dict[str, FunctionTraces] = {}
+        self._retraces: deque[Retrace] = deque(maxlen=max_retraces)
+        self._epoch_logs: deque[tuple[int, Mapping[str, object]]] = deque(maxlen=1000)
         self._devices: dict[tuple[str, str], DeviceMemory] = {}
         self._device_peaks: dict[tuple[str, str], int] = {}
         self._disabled: dict[str, str] = {}
         self._epoch: int | None = None
+        self._stop_requested = False  # a viewer recorded that the user asked to stop
         self._stack_dumps: deque[StackDump] = deque(maxlen=10)
         self._last_t: float | None = None  # latest message time seen
         self._started_t: float | None = None
@@ -344,6 +349,7 @@ class RunState:
             self._device_peaks[key] = peak
 
     def _retrace(self, msg: Retrace, w: _Worker) -> None:
+        self._retraces.append(msg)
         prev = self._functions.get(msg.function)
         if prev is None:
             self._log(msg.t, "info", "retrace", f"traced {msg.function} {msg.signature}", w.name)
@@ -360,12 +366,16 @@ class RunState:
             self._epoch = msg.epoch
             self._log(msg.t, "info", "keras", f"epoch {msg.epoch + 1} began", w.name)
         else:
+            if msg.logs:
+                self._epoch_logs.append((msg.epoch, dict(msg.logs)))
             logs = ", ".join(f"{k}={_fmt_scalar(v)}" for k, v in msg.logs.items())
             self._log(msg.t, "info", "keras",
                       f"epoch {msg.epoch + 1} ended" + (f": {logs}" if logs else ""), w.name)
 
     def _event(self, msg: Event, w: _Worker) -> None:
         self._log(msg.t, msg.level, msg.source, msg.message, w.name)
+        if msg.source == STOP_SOURCE and msg.message.startswith(STOP_MESSAGE):
+            self._stop_requested = True
         if msg.source == TPU_METRICS_SOURCE:
             # "TPU metrics unavailable: <reason>" sets the note; metrics arriving clear it.
             head, sep, reason = msg.message.partition(": ")
@@ -479,7 +489,11 @@ class RunState:
 
     def _worker_status(self, w: _Worker, now: float) -> RunStatus:
         if w.exit is not None:
-            return "finished" if w.exit.exit_code == 0 and w.exception is None else "crashed"
+            if w.exit.exit_code == 0 and w.exception is None:
+                return "finished"
+            if w.exception is None and ended_state(w.exit.exit_code, self._stop_requested) == "stopped":
+                return "stopped"
+            return "crashed"
         if w.exception is not None:
             return "crashed"
         if w.lost_reason is not None:
@@ -498,8 +512,8 @@ class RunState:
         for s in ("crashed", "lost", "stalled", "running", "starting"):
             if s in statuses:
                 return s  # type: ignore[return-value]
-        if statuses and all(s == "finished" for s in statuses):
-            return "finished"
+        if statuses and all(s in ("finished", "stopped") for s in statuses):
+            return "stopped" if "stopped" in statuses else "finished"
         return "waiting"
 
     def snapshot(self, now: float | None = None) -> RunSnapshot:
@@ -534,7 +548,7 @@ class RunState:
         exit_msg = min(failed, key=lambda e: e.t) if failed else p.exit
         exc = next((w.exception for w in workers if w.exception), None)
         ended = None
-        if status in ("finished", "crashed") and any(w.exit for w in workers):
+        if status in ("finished", "stopped", "crashed") and any(w.exit for w in workers):
             ended = max(w.exit.t for w in workers if w.exit)
         elif status == "crashed" and exc is not None:
             ended = exc.t
@@ -581,6 +595,7 @@ class RunState:
             last_message_t=self._last_t,
             step=step,
             epoch=self._epoch,
+            epoch_logs=tuple(self._epoch_logs),
             last_step_t=last.t if last else None,
             step_time_s=last.step_time_s if last else None,
             step_p50_s=roll.step_p50_s,
@@ -598,6 +613,7 @@ class RunState:
             history=stats.history.points(),
             history_records_per_point=stats.history.records_per_point,
             functions=tuple(sorted(self._functions.values(), key=lambda f: (-f.traces, f.name))),
+            retraces=tuple(self._retraces),
             device_memory=tuple(self._devices[k] for k in sorted(self._devices)),
             device_peaks=tuple((k[0], k[1], v) for k, v in sorted(self._device_peaks.items())),
             host_memory=tuple(HostMemory(worker=w.name, rss_bytes=w.host.rss_bytes,

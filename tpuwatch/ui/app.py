@@ -34,22 +34,27 @@ from tpuwatch.protocol import Command, Message, Result
 from tpuwatch.ui.group_source import apply_worker_health
 from tpuwatch.ui.hangup_driver import hangup_safe
 from tpuwatch.ui.output_tail import OutputTail
+from tpuwatch.ui.replay_output import epoch_anchors, visible_lines
 from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.screens.help_screen import HelpScreen
 from tpuwatch.ui.screens.profile_summary_screen import ProfileSummaryScreen, load_summary_text, new_profile_results
 from tpuwatch.ui.screens.quit_screen import QuitScreen
+from tpuwatch.ui.screens.results_screen import ResultsScreen
+from tpuwatch.ui.screens.retraces_screen import RetracesScreen
+from tpuwatch.ui.screens.text_screen import TextScreen
 from tpuwatch.ui.screens.stack_screen import StackScreen
 from tpuwatch.ui.source import ReplayControl, Source
-from tpuwatch.ui.widgets.command_line import CommandLine
+from tpuwatch.ui.widgets.command_line import CommandLine, command_summary
 from tpuwatch.ui.widgets.event_panel import EventPanel
 from tpuwatch.ui.widgets.findings_panel import FindingsPanel
 from tpuwatch.ui.widgets.input_panel import InputPanel
 from tpuwatch.ui.widgets.memory_panel import MemoryPanel
 from tpuwatch.ui.widgets.output_panel import OutputPanel
+from tpuwatch.ui.widgets.panel import Panel
 from tpuwatch.ui.widgets.replay_bar import ReplayBar, ReplayState
-from tpuwatch.ui.widgets.replica_loss_panel import ReplicaLossPanel
+from tpuwatch.ui.widgets.replica_loss_panel import ReplicaLossPanel, scale_title
 from tpuwatch.ui.widgets.retrace_panel import RetracePanel
-from tpuwatch.ui.widgets.run_header import RunHeader
+from tpuwatch.ui.widgets.run_header import RunHeader, problem_text
 from tpuwatch.ui.widgets.step_time_panel import StepTimePanel
 from tpuwatch.ui.widgets.workers_panel import WorkersPanel
 
@@ -60,6 +65,10 @@ REFRESH_HZ = 4.0
 #: Longest a refresh may spend applying messages before it draws (seconds): catching up on a
 #: long recording happens over several frames instead of freezing the screen.
 APPLY_BUDGET_S = 0.15
+#: A replay holds its whole output.log up to this size to follow the replay position.
+REPLAY_OUTPUT_MAX_BYTES = 64 << 20
+#: Results this much older than the dashboard's opening are not announced (clock skew margin, s).
+TOAST_SLACK_S = 2.0
 #: Statuses during which quitting asks whether to stop training.
 ACTIVE = ("waiting", "starting", "running", "stalled")
 #: Actions that run inside training and take a command id.
@@ -101,10 +110,18 @@ class TpuwatchApp(App[str]):
         Binding("c", "checkpoint", "Checkpoint", id="checkpoint",
                 tooltip="Save a checkpoint at the next step boundary"),
         Binding("o", "toggle_output", "Output", id="output", tooltip="Maximise / restore the output log"),
+        Binding("f", "fold_native", "Fold TF logs", id="fold", show=False,
+                tooltip="Fold / unfold TensorFlow's C++ log lines in the output"),
         Binding("slash", "search_output", "Search", id="search", tooltip="Search the output log", show=False),
         Binding("d", "detach", "Detach", id="detach", tooltip="Leave; training keeps running"),
         Binding("s", "stacks", "Stacks", id="stacks", show=False,
                 tooltip="Show every thread's stack of the training process (a stalled or hung run)"),
+        Binding("z,enter", "expand", "Expand", id="expand", show=False,
+                tooltip="Expand the focused panel to the whole screen (it scrolls); again to restore"),
+        Binding("l", "loss_scale", "Loss scale", id="loss_scale", show=False,
+                tooltip="Loss chart: recent window, log scale, whole run"),
+        Binding("r", "results", "Results", id="results", show=False,
+                tooltip="Every command's result (profiles, checkpoints, stacks) with full paths"),
         Binding("question_mark", "help", "Help", id="help", tooltip="This help"),
         Binding("q", "request_quit", "Quit", id="quit", tooltip="Quit (asks first while training runs)"),
         Binding("space", "toggle_pause", "Pause", id="replay.pause", show=False, priority=True,
@@ -168,6 +185,12 @@ class TpuwatchApp(App[str]):
         self._sent: dict[str, str] = {}  # action -> id of the command still in flight
         self._sent_ids: set[str] = set()  # every command this dashboard sent
         self._profiles_shown: set[str] = set()
+        self._toasted: set[str] | None = None  # ids of ended commands already announced
+        self._replay_lines: list[str] | None = None  # a replay's whole output, read once
+        self._replay_anchors: list[int] = []
+        self._replay_shown = 0
+        self._replay_follows_tail = False  # a replay's output.log too long to hold: its end only
+        self._opened_t = clock()  # results older than this were in the recording already
         self._binding_key: tuple = ()
         self._source_error = ""
         self._keymap = dict(keymap or {})
@@ -176,7 +199,7 @@ class TpuwatchApp(App[str]):
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header").data_bind(TpuwatchApp.snapshot)
-        yield CommandLine(id="commands").data_bind(TpuwatchApp.snapshot)
+        yield CommandLine(self.run_dir, id="commands").data_bind(TpuwatchApp.snapshot)
         if self._replay is not None:
             yield ReplayBar(id="replay")
         with Grid(id="panels"):
@@ -241,6 +264,11 @@ class TpuwatchApp(App[str]):
                 if not batch or time.perf_counter() > deadline:
                     break
             apply_worker_health(self.source, self._state)
+            read_stats = getattr(self.source, "read_stats", None)
+            stats = read_stats() if read_stats is not None else None
+            if stats is not None:  # unreadable lines: the header says so when nothing else came
+                self._state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
+                                            truncated_tail=stats.truncated_tail)
         except OSError as e:
             self._report_source_error(f"reading the run failed: {e}")
         now = self.source.now()
@@ -249,7 +277,12 @@ class TpuwatchApp(App[str]):
         self.snapshot = self._state.snapshot(now=now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done)
-        if self._tail is not None:
+        self._toast_results()
+        if isinstance(self.screen, TextScreen):
+            self.screen.show(self.snapshot)
+        if self._tail is not None and replay is not None and not self._replay_follows_tail:
+            self._replay_output(replay)
+        elif self._tail is not None:
             try:
                 lines = self._tail.read_lines()
             except OSError as e:
@@ -266,6 +299,64 @@ class TpuwatchApp(App[str]):
                 at_end=replay.at_end,
             )
         self._refresh_bindings_if_changed()
+
+    def _replay_output(self, replay: ReplayControl) -> None:
+        """Keeps the Output panel in step with the replay position (see replay_output.py)."""
+        if self._replay_lines is None:
+            assert self._tail is not None
+            lines: list[str] = []
+            try:
+                if self._tail.path.stat().st_size > REPLAY_OUTPUT_MAX_BYTES:
+                    # Too long to hold: its end, as before, and the panel says so.
+                    self.query_one(OutputPanel).border_title = "Output (its end: too long to follow the replay)"
+                    self._tail = OutputTail(self._tail.path, start_bytes=1 << 20)
+                    self._replay_follows_tail = True
+                    return
+                while chunk := self._tail.read_lines():  # bounded: the size checked above
+                    lines.extend(chunk)
+                lines.extend(self._tail.flush())
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                self._report_source_error(f"reading output.log failed: {e}")
+            self._replay_lines = lines
+            self._replay_anchors = epoch_anchors(lines)
+            if lines and not self._replay_anchors:
+                self.query_one(OutputPanel).border_title = "Output (replay position approximate)"
+        s = self.snapshot
+        span = replay.end_t - replay.start_t
+        fraction = (replay.position - replay.start_t) / span if span > 0 else 1.0
+        ended = replay.at_end or s.status in ("finished", "stopped", "crashed", "lost")
+        begun = 0 if s.epoch is None else s.epoch + 1
+        ended_epochs = s.epoch_logs[-1][0] + 1 if s.epoch_logs else 0
+        n = visible_lines(len(self._replay_lines), self._replay_anchors, begun, ended_epochs, fraction, ended)
+        panel = self.query_one(OutputPanel)
+        if n < self._replay_shown:  # seeking back: start over
+            panel.log_view.clear()
+            self._replay_shown = 0
+        if n > self._replay_shown:
+            panel.append(self._replay_lines[self._replay_shown:n])
+            self._replay_shown = n
+
+    def _toast_results(self) -> None:
+        """A toast for each command that ended while the dashboard was open: its result is seen
+        whatever the width (results already in the recording when it opened, or reached by
+        seeking a replay, are in the command lines and the results screen instead)."""
+        ended = [c for c in self.snapshot.commands if c.status in ("done", "failed")]
+        if self._toasted is None or self._replay is not None:
+            self._toasted = {c.id for c in ended}
+            return
+        for c in ended:
+            if c.id in self._toasted:
+                continue
+            self._toasted.add(c.id)
+            if c.id not in self._sent_ids and c.t < self._opened_t - TOAST_SLACK_S:
+                continue  # caught up from the recording (a long one takes several refreshes)
+            text = command_summary(c, self.run_dir).plain
+            if c.status == "failed":
+                self.notify(text, severity="error", timeout=12)
+            else:
+                self.notify(text + "  (r: all results)", timeout=8)
 
     def _on_new_findings(self, findings: list) -> None:
         if self._record_findings and self.run_dir is not None and self._replay is None:
@@ -292,7 +383,9 @@ class TpuwatchApp(App[str]):
         return any(c.action == action and c.status in ("pending", "queued", "running") for c in self.snapshot.commands)
 
     def _run_active(self) -> bool:
-        return self.source.live and self.snapshot.status in ACTIVE
+        # Nothing readable came and something is wrong (refused, unreachable, not a recording):
+        # there is no run to stop, and offering to would be a lie.
+        return self.source.live and self.snapshot.status in ACTIVE and not problem_text(self.snapshot)
 
     def _refresh_bindings_if_changed(self) -> None:
         key = (self._run_active(), *(self._busy(a) for a in COMMAND_ACTIONS))
@@ -303,6 +396,10 @@ class TpuwatchApp(App[str]):
     # --- actions ---------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("expand", "loss_scale", "fold_native") and len(self.screen_stack) > 1:
+            return False  # they act on the dashboard's panels, not on a dialog or list on top
+        if action in (*COMMAND_ACTIONS, "stacks") and self._replay is not None:
+            return False  # a recording cannot be asked for anything: hidden, not just dimmed
         if action in COMMAND_ACTIONS:
             # Shown but dimmed when it cannot run now: the key exists, the run cannot take it.
             if not (self.source.can_send and self._run_active()) or self._busy(action):
@@ -335,6 +432,14 @@ class TpuwatchApp(App[str]):
         request = StackRequest(self._sent["stack_dump"], run_dir=self.run_dir, pid=snap.pid, host=snap.host)
         request.remember_existing(before)
         self.push_screen(StackScreen(request, lambda: (self.snapshot.commands, dumps())))
+
+    def action_loss_scale(self) -> None:
+        scale = self.query_one(ReplicaLossPanel).next_scale()
+        self.notify(f"loss chart: {scale_title(scale, self.snapshot).split(' · ')[0]}", timeout=2)
+
+    def action_results(self) -> None:
+        if not isinstance(self.screen, TextScreen):
+            self.push_screen(ResultsScreen(self.snapshot, self.run_dir))
 
     def _send(self, action: str) -> None:
         command = Command(id=f"{action}-{secrets.token_hex(4)}", action=action)
@@ -418,18 +523,58 @@ class TpuwatchApp(App[str]):
 
     def action_focus_panel(self, index: int) -> None:
         widget = self.query_one(f"#{PANEL_IDS[index]}")
-        if not widget.display or not widget.parent or not getattr(widget.parent, "display", True):
-            self.notify("That panel is hidden at this size (widen the terminal, or press o for output).", timeout=4)
-            return
+        self._restore_panels()
         if self.screen.has_class("-output-max") and PANEL_IDS[index] != "output-log":
             self.action_toggle_output()
+        if isinstance(widget, Panel) and (not widget.display or not widget.region.area):
+            # Hidden at this size (80x24 has no room for it): shown expanded instead.
+            self._expand(widget)
+            return
         widget.focus()
+
+    def action_expand(self) -> None:
+        """The focused panel takes the whole screen and scrolls; the Retraces panel opens the
+        list of every retrace; on the output, maximises it."""
+        focused = self.focused
+        panel = next((w for w in (focused, *(focused.ancestors if focused else ())) if isinstance(w, Panel)), None)
+        if self._restore_panels():
+            return
+        if panel is None:
+            if focused is not None and self.query_one(OutputPanel) in focused.ancestors:
+                self.action_toggle_output()
+            return
+        self._expand(panel)
+
+    def _expand(self, panel: Panel) -> None:
+        if isinstance(panel, RetracePanel):
+            self.push_screen(RetracesScreen(self.snapshot))
+            return
+        self.screen.add_class("-panel-max")
+        self.screen.set_class(panel.parent is self.query_one("#bottom"), "-max-bottom")
+        panel.add_class("-maximised")
+        panel.focus()
+        panel.call_after_refresh(panel.watch_snapshot, panel.snapshot)
+
+    def _restore_panels(self) -> bool:
+        """Puts an expanded panel back; False when none was."""
+        expanded = list(self.query(".-maximised"))
+        for w in expanded:
+            w.remove_class("-maximised")
+            w.call_after_refresh(w.watch_snapshot, w.snapshot)
+        self.screen.remove_class("-panel-max", "-max-bottom")
+        return bool(expanded)
 
     def action_toggle_output(self) -> None:
         maximised = not self.screen.has_class("-output-max")
         self.screen.set_class(maximised, "-output-max")
         if maximised:
             self.query_one(OutputPanel).log_view.focus()
+
+    def action_fold_native(self) -> None:
+        log = self.query_one(OutputPanel).log_view
+        log.set_fold(not log.fold_native)
+        self.query_one(OutputPanel).border_title = (
+            f"Output ({log.folded} TensorFlow log lines folded: f)" if log.fold_native else "Output")
 
     def action_search_output(self) -> None:
         self.query_one(OutputPanel).open_search()
@@ -471,8 +616,18 @@ class TpuwatchApp(App[str]):
             yield SystemCommand("Profile", "Capture a profile of the next steps", self.action_profile)
         if self.check_action("checkpoint", ()):
             yield SystemCommand("Checkpoint", "Save a checkpoint at the next step boundary", self.action_checkpoint)
+        if self.check_action("stacks", ()):
+            yield SystemCommand("Stacks", "Every thread's stack of the training process", self.action_stacks)
+        yield SystemCommand("Results", "Every command's result with full paths", self.action_results)
+        yield SystemCommand("Loss chart: next scale", "Recent window, log scale, whole run", self.action_loss_scale)
+        yield SystemCommand("Panel: expand / restore", "The focused panel on the whole screen", self.action_expand)
+        yield SystemCommand("Retraces: every trace", "Each retrace with its step and the whole change",
+                            lambda: self.push_screen(RetracesScreen(self.snapshot)))
+        yield SystemCommand("Help", "Every key", self.action_help)
         yield SystemCommand("Output: maximise / restore", "Show the script's output full screen", self.action_toggle_output)
         yield SystemCommand("Output: search", "Search the script's output", self.action_search_output)
+        yield SystemCommand("Output: fold TensorFlow logs", "Hide / show TF's C++ log lines",
+                            self.action_fold_native)
         if self.source.live:
             yield SystemCommand("Detach", "Leave the dashboard; training keeps running", self.action_detach)
         if self._replay is not None:

@@ -51,6 +51,10 @@ class FileSource:
     def now(self) -> float | None:
         return None
 
+    def read_stats(self):
+        """The reader's :class:`~tpuwatch.monitor.recording.ReadStats` (unreadable lines), if any."""
+        return getattr(self._reader, "stats", None)
+
     def close(self) -> None:
         close = getattr(self._reader, "close", None)
         if callable(close):

@@ -27,8 +27,8 @@ class QuitScreen(ModalScreen["QuitChoice | None"]):
         with Vertical(id="quit-dialog"):
             yield Label("Training is still running.", id="quit-title")
             yield Label(
-                "Stop it (SIGINT, then SIGTERM), or detach and leave it running? "
-                "Re-attach later with `tpuwatch attach`.",
+                "Stop it (SIGINT; SIGTERM after 15 s; SIGKILL 10 s later), or detach and leave it "
+                "running? Re-attach later with `tpuwatch attach`.",
                 id="quit-text",
             )
             with Horizontal(id="quit-buttons"):

@@ -11,7 +11,9 @@ _RANK = {"critical": 0, "warning": 1, "info": 2}
 _MARK = {"critical": ("!!", "$error bold"), "warning": ("! ", "$warning bold"), "info": ("i ", "$primary")}
 
 
-def findings_text(s: RunSnapshot, rows: int) -> Content:
+def findings_text(s: RunSnapshot, rows: int, width: int = 10_000) -> Content:
+    """Worst first, each with its advice. Lines wrap at ``width``; what does not fit ``rows``
+    ends in a "more" line (Enter or z expands the panel, which then scrolls)."""
     lines: list[Content] = []
     if s.status == "lost":
         lines.append(Content.assemble(("!! ", "$warning bold"), ("lost contact: ", "$warning bold"),
@@ -28,8 +30,16 @@ def findings_text(s: RunSnapshot, rows: int) -> Content:
         lines.append(Content.styled(f"-  probe {probe} off: {reason}", "dim"))
     if not lines:
         return Content.styled("No findings", "dim")
-    if len(lines) > rows:
-        lines = lines[: max(0, rows - 1)] + [Content.styled(f"… {len(lines) - rows + 1} more lines", "dim")]
+    heights = [max(1, -(-line.cell_length // max(1, width))) for line in lines]
+    if sum(heights) > rows:
+        kept, used = [], 0
+        for line, h in zip(lines, heights):
+            if used + h > rows - 1:
+                break
+            kept.append(line)
+            used += h
+        more = len(lines) - len(kept)
+        lines = kept + [Content.styled(f"… {more} more: z expands", "$text-muted italic")]
     return Content("\n").join(lines)
 
 
@@ -37,7 +47,7 @@ class FindingsPanel(Panel):
     TITLE = "Findings"
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
-        return findings_text(snapshot, rows)
+        return findings_text(snapshot, rows, width)
 
     def state(self, snapshot: RunSnapshot) -> str | None:
         severities = {f.severity for f in snapshot.findings}

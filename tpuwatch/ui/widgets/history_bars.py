@@ -20,6 +20,8 @@ from textual.widget import Widget
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 NONFINITE_MARK = "×"
+#: Drawn on the top row over a marked point (the compile step), which is left out of the scale.
+POINT_MARK = "▲"
 GUTTER = 7  # columns left of the bars for the scale and the series name
 
 Reduce = Literal["max", "mean", "last"]
@@ -35,6 +37,9 @@ class BarSeries:
     name: str = ""
     top_label: str = ""  # what the top of the scale means, e.g. "40ms"
     reduce: Reduce = "max"
+    marked: tuple[int, ...] = ()  # indexes into ``values`` drawn with POINT_MARK on the top row
+    bottom_label: str = ""  # the bottom of the scale (default: the series name)
+    axis: tuple[str, str] = ("", "")  # labels under the first and last column (e.g. steps)
 
 
 _REDUCERS: dict[str, Callable[[list[float]], float]] = {
@@ -96,6 +101,13 @@ def bar_rows(columns: Sequence[float | None], height: int, lo: float, hi: float)
     return rows
 
 
+def marked_columns(n: int, width: int, marked: Sequence[int]) -> set[int]:
+    """The plot columns holding the marked indexes, bucketed as :func:`bucket` does."""
+    if n <= width:
+        return {width - n + i for i in marked if 0 <= i < n}
+    return {min(width - 1, i * width // n) for i in marked if 0 <= i < n}
+
+
 def render_series(series: BarSeries | None, width: int, height: int) -> Content:
     """The plot with its gutter: scale on the top row, series name on the bottom row."""
     if width <= GUTTER or height <= 0:
@@ -105,21 +117,39 @@ def render_series(series: BarSeries | None, width: int, height: int) -> Content:
         name = (series.name if series else "").ljust(GUTTER)[:GUTTER]
         return Content.assemble(*(["\n"] * (height - 1)), (name, "dim"), ("no data yet", "dim"))
     cols = bucket(series.values, plot_width, series.reduce)
-    rows = bar_rows(cols, height, series.lo, series.hi)
+    axis = any(series.axis) and height >= 3
+    rows = bar_rows(cols, height - 1 if axis else height, series.lo, series.hi)
+    marks = marked_columns(len(series.values), plot_width, series.marked)
+    if marks:
+        top = list(rows[0])
+        for c in marks:
+            top[c] = POINT_MARK
+        rows[0] = "".join(top)
     lines: list[Content] = []
     for i, row in enumerate(rows):
         if i == 0 and height > 1:
             label = series.top_label
         elif i == len(rows) - 1:
-            label = series.name
+            label = series.bottom_label or series.name
         else:
             label = ""
         line = Content.assemble((label.rjust(GUTTER - 1)[: GUTTER - 1] + " ", "dim"), row)
+        if i == 0:
+            for c in marks:
+                line = line.stylize("$warning bold", GUTTER + c, GUTTER + c + 1)
         if NONFINITE_MARK in row:
             for j, ch in enumerate(row):
                 if ch == NONFINITE_MARK:
                     line = line.stylize("$error bold", GUTTER + j, GUTTER + j + 1)
         lines.append(line)
+    if axis:
+        left, right = series.axis
+        # The first column's label, then the last's at the right edge (the plot may not be full).
+        used = sum(1 for c in cols if c is None)
+        gap = max(1, plot_width - used - len(left) - len(right))
+        text = (" " * used + left + " " * gap + right)[-plot_width:] if used + len(left) + len(right) < plot_width \
+            else (left + " " + right)[:plot_width]
+        lines.append(Content.styled(" " * GUTTER + text, "dim"))
     return Content("\n").join(lines)
 
 

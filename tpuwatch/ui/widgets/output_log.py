@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.highlighter import Highlighter
 from rich.text import Text
 from textual.binding import Binding
@@ -11,13 +13,25 @@ from textual.widgets import Log
 #: Lines kept in memory; older ones scroll away (output.log on disk keeps everything).
 MAX_LINES = 20_000
 
+#: TensorFlow's (absl/glog) C++ log lines: ``I0000 00:00:1750000001.1 12 cudart_stub.cc:29] ...``
+#: and the older ``2025-06-15 12:00:01.123456: I tensorflow/core/...cc:42] ...``. They fill the top
+#: of every run's output; shown dimmed, and folded away with ``f``.
+NATIVE_LOG = re.compile(r"^(?:[IWEF]\d{4} \d\d:\d\d:[\d.]+\s+\d+ |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] )\S+:\d+\]")
+
+
+def is_native_log(line: str) -> bool:
+    return NATIVE_LOG.match(line) is not None
+
 
 class _TermHighlighter(Highlighter):
     def __init__(self) -> None:
         self.term = ""
         self.style = None
+        self.native_style = None
 
     def highlight(self, text: Text) -> None:
+        if self.native_style is not None and is_native_log(text.plain):
+            text.stylize(self.native_style)
         if not self.term or self.style is None:
             return
         plain = text.plain.lower()
@@ -31,9 +45,10 @@ class OutputLog(Log):
     """A :class:`textual.widgets.Log` that follows new output only while scrolled to the end,
     and highlights a search term (case-insensitive) with the ``output-log--match`` style."""
 
-    COMPONENT_CLASSES = {"output-log--match"}
+    COMPONENT_CLASSES = {"output-log--match", "output-log--native"}
     DEFAULT_CSS = """
     OutputLog > .output-log--match { text-style: reverse bold; }
+    OutputLog > .output-log--native { text-style: dim; color: $text-muted; }
     """
     BINDINGS = [
         Binding("n", "next_match", "Next match", id="output.next_match", show=False),
@@ -47,10 +62,25 @@ class OutputLog(Log):
         self.matches: list[int] = []
         self.current: int | None = None  # index into matches
         self._follow = True  # keep the newest line in view (until the user scrolls up)
+        self.fold_native = False  # hide TensorFlow's C++ log lines
+        self._all: list[str] = []  # every line, folded or not (to unfold), bounded like the log
+        self.folded = 0  # native lines hidden now
+
+    def on_mount(self) -> None:
+        self.highlighter.native_style = self.get_component_rich_style("output-log--native")
 
     def append(self, lines: list[str]) -> None:
         if not lines:
             return
+        self._all.extend(lines)
+        if len(self._all) > MAX_LINES:
+            del self._all[: len(self._all) - MAX_LINES]
+        if self.fold_native:
+            shown = [line for line in lines if not is_native_log(line)]
+            self.folded += len(lines) - len(shown)
+            lines = shown
+            if not lines:
+                return
         # Follow only while the newest line is in view: reading older output is not
         # interrupted by new lines. Before the first layout there is no size to judge by.
         if self.size.height:
@@ -58,6 +88,22 @@ class OutputLog(Log):
         self.write_lines(lines, scroll_end=self._follow)
         if self.term:
             self._find_matches()
+
+    def set_fold(self, fold: bool) -> None:
+        """Hides (or shows again) TensorFlow's C++ log lines, keeping everything else."""
+        self.fold_native = fold
+        lines = [line for line in self._all if not (fold and is_native_log(line))]
+        self.folded = len(self._all) - len(lines)
+        super().clear()  # the view only: every line stays in self._all
+        self.write_lines(lines, scroll_end=self._follow)
+        if self.term:
+            self._find_matches()
+
+    def clear(self):  # type: ignore[override]
+        """Forgets every line (a replay seeking back starts over)."""
+        self._all = []
+        self.folded = 0
+        return super().clear()
 
     def on_resize(self) -> None:
         if self._follow:

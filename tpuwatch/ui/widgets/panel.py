@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -12,6 +13,8 @@ from tpuwatch.monitor.snapshot import RunSnapshot
 
 #: State classes a panel may carry; the stylesheet colours borders and titles from them.
 STATE_CLASSES = ("-stale", "-warning", "-critical")
+#: Rows a panel's body may use when it is expanded to the whole screen (it scrolls).
+EXPANDED_ROWS = 10_000
 
 
 class Panel(Widget, can_focus=True):
@@ -21,6 +24,14 @@ class Panel(Widget, can_focus=True):
     The app binds its one ``snapshot`` reactive to every panel (``data_bind``); a panel never
     reads anything else.
     """
+
+    # Scroll keys for an expanded panel (its content is then as long as it needs to be).
+    BINDINGS = [
+        Binding("up", "scroll_up", "Up", show=False),
+        Binding("down", "scroll_down", "Down", show=False),
+        Binding("pageup", "page_up", "Page up", show=False),
+        Binding("pagedown", "page_down", "Page down", show=False),
+    ]
 
     TITLE = ""
     #: Snapshots are compared by identity, not by value: comparing long histories per refresh
@@ -44,7 +55,9 @@ class Panel(Widget, can_focus=True):
         if not self.is_mounted:
             return
         body = self.query_one(".body", Static)
-        content = self.body(snapshot, max(1, body.size.height), max(1, body.size.width))
+        # Expanded (Enter or z): everything, and the panel scrolls; else what fits the box.
+        rows = EXPANDED_ROWS if self.has_class("-maximised") else max(1, body.size.height)
+        content = self.body(snapshot, rows, max(1, body.size.width))
         # Content equality compares text only: the spans (colours) count too.
         key = (content.plain, tuple(content.spans))
         if key != self._shown:

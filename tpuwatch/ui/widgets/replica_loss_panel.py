@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from textual.app import ComposeResult
 from textual.content import Content
@@ -11,10 +12,12 @@ from textual.widgets import Static
 from tpuwatch.monitor.snapshot import ReplicaLoss, RunSnapshot
 from tpuwatch.ui import units
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
-from tpuwatch.ui.widgets.panel import Panel
+from tpuwatch.ui.widgets.panel import EXPANDED_ROWS, Panel
 
-#: A replica whose loss is this far from the mean (relative) is highlighted.
-DEVIATION_WARN = 0.10
+#: The findings that judge the losses. The panel's colour comes from them only: a replica 10%
+#: off on one step is noise near zero loss; the skew rule decides what is persistent.
+LOSS_RULES = ("loss-nonfinite", "replica-loss-skew")
+_SEVERITY_CLASS = {"critical": "-critical", "warning": "-warning"}
 
 
 def short_device(device: str) -> str:
@@ -32,10 +35,24 @@ def _mean(s: RunSnapshot) -> float | None:
     return sum(finite) / len(finite) if finite else None
 
 
-def _outlying(r: ReplicaLoss, mean: float | None) -> bool:
-    if not r.finite:
-        return True
-    return mean is not None and abs(r.deviation) > DEVIATION_WARN * max(abs(mean), 1e-12)
+def flagged_replicas(s: RunSnapshot) -> set[int]:
+    """Replicas a loss finding names (its ``replica`` evidence)."""
+    out: set[int] = set()
+    for f in s.findings:
+        if f.rule in LOSS_RULES:
+            r = f.evidence.get("replica")
+            if isinstance(r, int):
+                out.add(r)
+    return out
+
+
+def loss_state(s: RunSnapshot) -> str | None:
+    """The panel's state class: the most severe loss finding's."""
+    severities = {f.severity for f in s.findings if f.rule in LOSS_RULES}
+    for sev in ("critical", "warning"):
+        if sev in severities:
+            return _SEVERITY_CLASS[sev]
+    return None
 
 
 def short_worker(name: str) -> str:
@@ -69,7 +86,11 @@ def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
             (f"  step {units.integer(s.replica_losses[0].step)}", "dim"),
         )
     ]
-    shown, hidden = pick_rows(s.replica_losses, max(1, rows - 1))
+    flagged = flagged_replicas(s)
+    epoch = epoch_line(s)
+    if epoch is not None and rows > 2:
+        lines.append(epoch)
+    shown, hidden = pick_rows(s.replica_losses, max(1, rows - len(lines)))
     several_workers = len({r.worker for r in s.replica_losses}) > 1
     for r in shown:
         # r<index> <device> <loss> <deviation>: 33 columns, fits a panel at 80x24. With several
@@ -81,18 +102,89 @@ def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
         if not r.finite:
             lines.append(Content.assemble(label, (f"{units.loss(r.loss):>9}  NON-FINITE", "$error bold")))
             continue
-        dev_style = "$warning bold" if _outlying(r, mean) else "dim"
-        lines.append(Content.assemble(label, f"{units.loss(r.loss):>9}", "  ", (units.signed(r.deviation), dev_style)))
+        dev_style = "$warning bold" if r.index in flagged else "dim"
+        mark = " ◀" if r.index in flagged else ""  # named by a finding (Findings says why)
+        lines.append(Content.assemble(label, f"{units.loss(r.loss):>9}", "  ", (units.signed(r.deviation), dev_style),
+                                      (mark, "$warning")))
     if hidden:
         lines.append(Content.styled(f"… {hidden} more replicas within range", "dim"))
+    if rows >= EXPANDED_ROWS and s.epoch_logs:
+        lines += [Content(""), *epoch_table(s)]
     return Content("\n").join(lines)
 
 
-def loss_series(s: RunSnapshot) -> BarSeries:
-    values = tuple(p.loss for p in s.history)
+def epoch_table(s: RunSnapshot) -> list[Content]:
+    """Every epoch's Keras logs, one row each (the expanded panel shows it)."""
+    keys: list[str] = []
+    for _, logs in s.epoch_logs:
+        keys += [k for k in logs if k not in keys]
+    keys.sort(key=lambda k: (k != "loss", not k.startswith("val_"), k))
+    names = [_short_metric(k) for k in keys]
+    widths = [max(9, len(n)) for n in names]
+    head = Content.styled("epoch " + " ".join(f"{n:>{w}}" for n, w in zip(names, widths)), "dim")
+    rows = [head]
+    for epoch, logs in s.epoch_logs:
+        cells = []
+        for k, w in zip(keys, widths):
+            v = logs.get(k)
+            cells.append(f"{(units.loss(v) if isinstance(v, float) else str(v) if v is not None else ''):>{w}}")
+        rows.append(Content(f"{epoch + 1:>5} " + " ".join(cells)))
+    return rows
+
+
+#: Scales of the loss chart, in the order ``l`` cycles through them. "recent": the last points
+#: only, scaled to their own min..max (readable after convergence, when the whole run's scale
+#: makes every recent bar "▁"); "log": the whole run on a log scale; "run": the whole run, linear.
+LossScale = Literal["recent", "log", "run"]
+SCALES: tuple[LossScale, ...] = ("recent", "log", "run")
+#: History points in the recent window.
+RECENT_POINTS = 200
+
+
+def loss_series(s: RunSnapshot, scale: LossScale = "recent") -> BarSeries:
+    points = s.history[-RECENT_POINTS:] if scale == "recent" else s.history
+    values = tuple(p.loss for p in points)
     finite = [v for v in values if v is not None and math.isfinite(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
-    return BarSeries(values, lo, hi, name="loss", top_label=units.loss(hi), reduce="mean")
+    shown: tuple[float | None, ...] = values
+    if scale == "log" and finite and lo > 0:
+        shown = tuple(math.log10(v) if v is not None and math.isfinite(v) else v for v in values)
+        lo_s, hi_s = math.log10(lo), math.log10(hi)
+    else:
+        lo_s, hi_s = lo, hi
+    axis = (f"step {units.integer(points[0].step)}", units.integer(points[-1].step)) if points else ("", "")
+    return BarSeries(shown, lo_s, hi_s, name="loss", top_label=units.loss(hi), bottom_label=units.loss(lo),
+                     reduce="mean", axis=axis)
+
+
+def scale_title(scale: LossScale, s: RunSnapshot) -> str:
+    """The chart's border subtitle: which scale, and the key that changes it."""
+    if scale == "recent":
+        n = min(len(s.history), RECENT_POINTS) * max(1, s.history_records_per_point)
+        return f"recent {units.integer(n)} records · l: scale"
+    return ("log scale" if scale == "log" else "whole run") + " · l: scale"
+
+
+def _short_metric(name: str) -> str:
+    if name.startswith("val_"):
+        return "val_" + _short_metric(name[4:])
+    for prefix, short in (("sparse_categorical_", ""), ("categorical_", ""), ("learning_rate", "lr")):
+        if name.startswith(prefix):
+            name = short + name[len(prefix):]
+    return name.replace("accuracy", "acc")
+
+
+def epoch_line(s: RunSnapshot) -> Content | None:
+    """``epoch 3: val_loss 0.52 · acc 0.91 · lr 0.001`` from Keras' logs at the last epoch end."""
+    if not s.epoch_logs:
+        return None
+    epoch, logs = s.epoch_logs[-1]
+    keys = sorted(logs, key=lambda k: (not k.startswith("val_"), k == "loss", k))  # val_* first
+    parts = [f"{_short_metric(k)} {units.loss(v) if isinstance(v, float) else v}" for k, v in
+             ((k, logs[k]) for k in keys) if k != "loss"]
+    if not parts:
+        return None
+    return Content.assemble((f"epoch {epoch + 1}: ", "dim"), " · ".join(parts))
 
 
 class ReplicaLossPanel(Panel):
@@ -106,12 +198,17 @@ class ReplicaLossPanel(Panel):
         return replica_loss_text(snapshot, rows)
 
     def state(self, snapshot: RunSnapshot) -> str | None:
-        if any(not r.finite for r in snapshot.replica_losses):
-            return "-critical"
-        mean = _mean(snapshot)
-        if any(_outlying(r, mean) for r in snapshot.replica_losses):
-            return "-warning"
-        return None
+        return loss_state(snapshot)
+
+    scale: LossScale = "recent"
+
+    def next_scale(self) -> LossScale:
+        self.scale = SCALES[(SCALES.index(self.scale) + 1) % len(SCALES)]
+        self.update_extra(self.snapshot)
+        return self.scale
 
     def update_extra(self, snapshot: RunSnapshot) -> None:
-        self.query_one("#loss-bars", HistoryBars).series = loss_series(snapshot)
+        bars = self.query_one("#loss-bars", HistoryBars)
+        bars.series = loss_series(snapshot, self.scale)
+        # The chart is hidden at 80x24 (it shows when the panel is expanded): no key to offer then.
+        self.border_subtitle = scale_title(self.scale, snapshot) if snapshot.history and bars.display else ""

@@ -16,10 +16,15 @@ def _suspicious(f: FunctionTraces) -> bool:
     return f.traces > TRACES_WARN or f.instances > 1
 
 
+def _cut(name: str, width: int) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
 def retrace_text(s: RunSnapshot, rows: int, width: int) -> Content:
     if not s.functions:
         return Content.styled("no tf.function traced yet", "dim")
-    name_w = max(8, min(24, width - 30))
+    # Names as long as they are (up to what leaves 16 columns for counts and the change).
+    name_w = max(8, min(max(len(f.name) for f in s.functions), width - 22))
     lines = [Content.styled(f"{'function':<{name_w}} {'traces':>6} {'inst':>4}  last change", "dim")]
     funcs = sorted(s.functions, key=lambda f: (-f.traces, f.name))
     for f in funcs[: max(0, rows - 1)]:
@@ -27,7 +32,7 @@ def retrace_text(s: RunSnapshot, rows: int, width: int) -> Content:
         where = f" @{units.integer(f.last_step)}" if f.last_step is not None else ""
         style = "$warning bold" if _suspicious(f) else ""
         lines.append(Content.assemble(
-            (f"{f.name[:name_w]:<{name_w}} {f.traces:>6} {f.instances:>4}", style), f"  {change}{where}"
+            (f"{_cut(f.name, name_w):<{name_w}} {f.traces:>6} {f.instances:>4}", style), f"  {change}{where}"
         ))
     return Content("\n").join(lines)
 

@@ -19,8 +19,28 @@ def elapsed_s(s: RunSnapshot) -> float | None:
     return max(0.0, end - s.started_t)
 
 
+#: Event sources whose warnings explain why nothing arrives (the remote viewer, the agent's server).
+_CONNECTION_SOURCES = ("remote", "transport")
+
+
+def problem_text(s: RunSnapshot) -> str:
+    """Why nothing can be shown, while nothing has been: a refused token, an unreachable agent,
+    a file that is not a recording. Empty when all is well (or data has arrived)."""
+    if s.status != "waiting":
+        return ""
+    for e in reversed(s.events):
+        if e.source in _CONNECTION_SOURCES and e.level in ("error", "warning"):
+            return e.message
+    if s.malformed and not s.messages:
+        return (f"{s.malformed} unreadable line(s) and no tpuwatch message: "
+                f"this is not a tpuwatch recording (or a damaged one)")
+    return ""
+
+
 def status_text(s: RunSnapshot) -> tuple[str, str]:
     """(badge text, style) for the run status; the words carry the meaning without colour."""
+    if problem_text(s):
+        return " NO DATA ", "$error reverse bold"
     if s.status == "crashed":
         if s.exit_signal:
             name = _SIGNALS.get(s.exit_signal, f"signal {s.exit_signal}")
@@ -29,6 +49,9 @@ def status_text(s: RunSnapshot) -> tuple[str, str]:
         return f" CRASHED{code} ", "$error reverse bold"
     if s.status == "finished":
         return " FINISHED ", "$success reverse bold"
+    if s.status == "stopped":
+        code = f" exit {s.exit_code}" if s.exit_code is not None else ""
+        return f" STOPPED{code} ", "$warning reverse bold"
     if s.status == "stalled":
         since = s.now - s.last_step_t if s.last_step_t is not None else None
         return f" STALLED {units.clock(since)} ", "$warning reverse bold"
@@ -56,6 +79,9 @@ def identity_text(s: RunSnapshot) -> str:
 
 def progress_parts(s: RunSnapshot) -> list[str]:
     """Progress facts, most important first (the header drops from the end when narrow)."""
+    problem = problem_text(s)
+    if problem:
+        return [problem]
     if s.status == "waiting":
         return ["waiting for the agent's first message"]
     if s.step == 0 and s.status == "starting":
@@ -87,6 +113,10 @@ def header_text(s: RunSnapshot, width: int) -> Content:
     if len(ident) > room:
         ident = ident[: max(0, room - 1)] + "…"
     line1 = Content.assemble((ident, "bold"), " " * (width - len(ident) - len(badge)), (badge, badge_style))
+    problem = problem_text(s)
+    if problem:  # the whole reason, cut only at the edge of the screen
+        text = problem if len(problem) <= width else problem[: max(0, width - 1)] + "…"
+        return Content.assemble(line1, "\n", (text, "$error bold"))
     shown: list[str] = []
     for part in progress_parts(s):
         if len(" · ".join([*shown, part])) > width:
@@ -106,4 +136,4 @@ class RunHeader(Widget):
 
     def watch_snapshot(self, s: RunSnapshot) -> None:
         self.set_class(s.status in ("stalled", "lost"), "-stale")
-        self.set_class(s.status == "crashed", "-critical")
+        self.set_class(s.status == "crashed" or bool(problem_text(s)), "-critical")

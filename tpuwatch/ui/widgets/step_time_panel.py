@@ -24,7 +24,7 @@ def step_time_text(s: RunSnapshot, width: int = 80) -> Content:
     # Compact on purpose: the times fit the 36 columns of a panel at 80x24; the wait share
     # is also the label of the wait plot, so it may drop off here.
     line = Content.assemble(
-        (d(s.step_time_s), "bold"),
+        ("last ", "dim"), (d(s.step_time_s), "bold"),
         (" p50 ", "dim"), d(s.step_p50_s),
         (" p95 ", "dim"), d(s.step_p95_s),
     )
@@ -32,18 +32,35 @@ def step_time_text(s: RunSnapshot, width: int = 80) -> Content:
     return line + extra if line.cell_length + extra.cell_length <= width else line
 
 
+#: The first point counts as the compile step when it is this many times the others' median.
+COMPILE_RATIO = 3.0
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else 0.0
+
+
 def step_series(s: RunSnapshot) -> BarSeries:
     values = tuple(p.step_time_s for p in s.history)
     finite = [v for v in values if v == v]
+    # The first step traces and compiles (often 100x a normal step; in a short run it is also the
+    # window's p95): it is left out of the scale and marked, so later steps are not all "▁".
+    rest = finite[1:]
+    marked: tuple[int, ...] = ()
+    if rest and finite[0] > COMPILE_RATIO * _median(rest):
+        marked = (0,)
+        finite = rest
     top = max(finite, default=0.0)
-    # The first steps include tracing/compilation (often 100x a normal step): clip at 2x p95
-    # so they do not flatten the rest of the plot. Headroom over the median keeps a steady
-    # run at two thirds of the height, so a slowdown has somewhere to show.
-    if s.step_p95_s and top > 2 * s.step_p95_s:
-        top = 2 * s.step_p95_s
+    # Other slow outliers are clipped at 2x p95. Headroom over the median keeps a steady run at
+    # two thirds of the height, so a slowdown has somewhere to show.
+    p95 = s.step_p95_s if not marked else None
+    if p95 and top > 2 * p95:
+        top = 2 * p95
     if s.step_p50_s:
         top = max(top, 1.5 * s.step_p50_s)
-    return BarSeries(values, 0.0, top or 1.0, name="step", top_label=units.duration(top).replace(" ", ""))
+    return BarSeries(values, 0.0, top or 1.0, name="step", top_label=units.duration(top).replace(" ", ""),
+                     marked=marked)
 
 
 class StepTimePanel(Panel):

@@ -115,24 +115,23 @@ class WorkersPanel(Panel):
 
     def watch_snapshot(self, snapshot: RunSnapshot) -> None:
         many = len(snapshot.workers) > 1
-        if self.display != many:
-            self.display = many
+        self.set_class(not many, "-one-worker")
         if self.is_mounted:
             # In the narrow layout (80x24) this panel takes the memory panel's cell: its rows
             # carry each host's RSS and device memory, and the screen has no room for both.
             narrow = self.screen.has_class("-narrow")
             self.styles.column_span = 1 if narrow else 3
             for memory in self.screen.query(MemoryPanel):
-                hide = many and narrow
-                if memory.display == hide:
-                    memory.display = not hide
+                # A class, not an inline display: inline styles would beat the stylesheet's
+                # layouts (an expanded panel hides the others with CSS).
+                memory.set_class(many and narrow, "-workers-cell")
         super().watch_snapshot(snapshot)
 
     def state(self, snapshot: RunSnapshot) -> str | None:
         statuses = {w.status for w in snapshot.workers}
         if "crashed" in statuses:
             return "-critical"
-        if statuses & {"lost", "stalled"} or not all(w.connected or w.status in ("finished", "crashed")
+        if statuses & {"lost", "stalled"} or not all(w.connected or w.status in ("finished", "stopped", "crashed")
                                                      for w in snapshot.workers):
             return "-warning"
         if stragglers(snapshot):

@@ -1,0 +1,186 @@
+"""Stopping a run on purpose, from any viewer on the training host, and telling it apart.
+
+``tpuwatch run`` stops its own child (:func:`tpuwatch.monitor.launcher.stop`); a ``tpuwatch
+attach`` viewer is not the child's parent, so it signals the process group named in run.json and
+watches the process disappear instead of waiting for it. Either way the stop request is recorded
+first (run.json ``stop_requested`` and an ``Event`` in the recording), so that ``ls``, ``report``,
+``replay`` and every dashboard say the run was **stopped** by the user, not that it crashed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from tpuwatch import protocol, rundir
+from tpuwatch.monitor.recording import append
+
+#: Source of the recorded stop request (``Event.source``); RunState looks for it.
+STOP_SOURCE = "viewer"
+STOP_MESSAGE = "stop requested"
+#: Exit codes of a process ended by the signals a stop sends (SIGINT, SIGTERM, SIGKILL).
+STOP_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
+#: How often the liveness of a process that is not our child is checked while waiting (s).
+POLL_S = 0.1
+
+
+class StopError(Exception):
+    """The run cannot be stopped from here: one line saying why and what to do."""
+
+
+def ended_state(exit_code: int, stop_requested: bool) -> str:
+    """The word ``ls`` shows for an ended run. An interrupt (SIGINT, exit 130) is always someone
+    stopping the run (Ctrl-C, or a viewer); SIGTERM/SIGKILL only when a stop was requested."""
+    if exit_code == 0:
+        return "finished"
+    if exit_code == STOP_CODES[0] or (stop_requested and exit_code in STOP_CODES):
+        return "stopped"
+    return "crashed"
+
+
+def record_stop_request(run_dir: Path, by: str, clock: Callable[[], float] = time.time) -> None:
+    """Notes in run.json and in the recording that the user asked to stop. Best effort: a stop
+    must go ahead even when the run directory cannot be written."""
+    t = clock()
+    try:
+        rundir.update_meta(run_dir, stop_requested=t, stopped_by=by)
+    except OSError:
+        pass  # the signal still goes out; the run is then listed by its exit code alone
+    try:
+        append(run_dir / rundir.EVENTS, [protocol.Event(t=t, level="warning", source=STOP_SOURCE,
+                                                        message=f"{STOP_MESSAGE} from {by}")])
+    except OSError:
+        pass  # as above: never let bookkeeping block the stop
+
+
+@dataclass(frozen=True)
+class Target:
+    """One training process to stop: its run directory, pid and process group (or None)."""
+
+    run_dir: Path
+    pid: int
+    pgid: int | None
+
+    def signal(self, sig: int) -> None:
+        try:
+            if self.pgid:
+                os.killpg(self.pgid, sig)
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def alive(self) -> bool:
+        return _pid_alive(self.pid) and not _exit_recorded(self.run_dir)
+
+
+def target_of(run_dir: Path) -> Target:
+    """The process behind ``run_dir``; raises :class:`StopError` when it is not on this host
+    or not running."""
+    meta = rundir.read_meta(run_dir)
+    pid = meta.get("child_pid")
+    host = meta.get("host")
+    if isinstance(host, str) and host and host != rundir.hostname():
+        raise StopError(f"the run trains on {host}, not here: stop it there "
+                        f"(`tpuwatch attach` on {host}, or attach with --listen and its token)")
+    if not isinstance(pid, int) or pid <= 0:
+        raise StopError(f"{run_dir}/run.json names no training process; stop it where it was started")
+    if not _pid_alive(pid) or _exit_recorded(run_dir):
+        raise StopError("the training process has already ended")
+    pgid = meta.get("pgid")
+    return Target(run_dir=run_dir, pid=pid, pgid=pgid if isinstance(pgid, int) and pgid > 0 else None)
+
+
+def stop_runs(
+    run_dirs: Sequence[Path],
+    *,
+    by: str,
+    grace_int_s: float = 15.0,
+    grace_term_s: float = 10.0,
+    report: Callable[[str], None] = lambda line: None,
+    clock: Callable[[], float] = time.time,
+) -> int:
+    """Stops the training processes of ``run_dirs`` (one run, or every worker of a group) that
+    this process did not start: SIGINT, then SIGTERM, then SIGKILL, each after its grace period.
+    Records the request and, for a process killed before it could, its exit. Returns the exit
+    code (the first non-zero one of several workers). Raises :class:`StopError`."""
+    targets = [target_of(d) for d in run_dirs]
+    for t in targets:
+        record_stop_request(t.run_dir, by, clock)
+    what = "the training process group" if len(targets) == 1 else f"{len(targets)} workers"
+    sent: dict[Path, int] = {}
+    for sig, grace in ((signal.SIGINT, grace_int_s), (signal.SIGTERM, grace_term_s), (signal.SIGKILL, 10.0)):
+        living = [t for t in targets if t.alive()]
+        if not living:
+            break
+        report(f"sending {sig.name} to {what}; waiting up to {grace:.0f} s")
+        for t in living:
+            t.signal(sig)
+            sent[t.run_dir] = sig
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(t.alive() for t in living):
+            time.sleep(POLL_S)
+    codes = [_finish(t, sent.get(t.run_dir, signal.SIGINT), clock) for t in targets]
+    return next((c for c in codes if c != 0), codes[0] if codes else 0)
+
+
+def _finish(target: Target, last_signal: int, clock: Callable[[], float]) -> int:
+    """Records the end of a stopped process that left no exit record; returns its exit code."""
+    run_dir = target.run_dir
+    exit_msg = _recorded_exit(run_dir)
+    if exit_msg is None:
+        # Our signal killed it before its agent could write (SIGKILL) or the process is stuck
+        # past every grace period: record what we know, as the launcher would.
+        name = signal.Signals(last_signal).name
+        alive = _pid_alive(target.pid)
+        code = 128 + last_signal
+        reason = (f"killed by {name} (stopped by the user)" if not alive
+                  else f"still running after {name} (stopped by the user)")
+        try:
+            append(run_dir / rundir.EVENTS, [protocol.Exit(t=clock(), exit_code=code, signal=last_signal,
+                                                           source="launcher", reason=reason)])
+        except OSError:
+            pass
+    else:
+        code = exit_msg.exit_code
+    meta = rundir.read_meta(run_dir)
+    if not isinstance(meta.get("exit_code"), int):  # the launcher (if still there) records it too
+        try:
+            rundir.update_meta(run_dir, state=ended_state(code, True), exit_code=code, ended=clock())
+        except OSError:
+            pass
+    return code
+
+
+def _pid_alive(pid: int) -> bool:
+    # report imports this module (for ended_state): import it when first needed.
+    from tpuwatch.monitor.report import pid_alive
+
+    return pid_alive(pid)
+
+
+def _tail(run_dir: Path, limit: int = 65536) -> bytes:
+    path = run_dir / rundir.EVENTS
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - limit))
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _exit_recorded(run_dir: Path) -> bool:
+    return b'{"kind":"exit"' in _tail(run_dir)
+
+
+def _recorded_exit(run_dir: Path) -> protocol.Exit | None:
+    for line in reversed(_tail(run_dir).splitlines()):
+        if line.startswith(b'{"kind":"exit"'):
+            msg = protocol.decode(line)
+            if isinstance(msg, protocol.Exit):
+                return msg
+    return None

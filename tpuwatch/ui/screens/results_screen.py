@@ -1,0 +1,43 @@
+"""Every command of the run (profiles, checkpoints, stack dumps) with its whole result (``r``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.content import Content
+
+from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.ui import units
+from tpuwatch.ui.screens.text_screen import TextScreen
+from tpuwatch.ui.widgets.command_line import _STYLE, _WORDS, result_path, short_path
+
+
+def results_text(s: RunSnapshot, width: int, run_dir: Path | None = None) -> Content:
+    """Newest first: when (run time), what, its state, the agent's message and the full path."""
+    if not s.commands:
+        return Content.styled("No commands yet: p profiles, c checkpoints, s shows the stacks.", "dim")
+    lines: list[Content] = []
+    for c in reversed(s.commands):
+        when = units.clock(c.t - s.started_t) if s.started_t is not None else ""
+        step = c.details.get("step")
+        head = Content.assemble(
+            (f"{when:>8}  ", "dim"), (f"{c.action:<11}", "bold"),
+            (f"{_WORDS.get(c.status, c.status):<9}", _STYLE.get(c.status, "")),
+            (f" step {step}" if isinstance(step, int) else "", "dim"),
+        )
+        lines.append(head)
+        if c.message:
+            lines.append(Content.assemble("          ", c.message))
+        path = result_path(c)
+        if path:
+            short = short_path(path, run_dir)
+            lines.append(Content.assemble(("          path ", "dim"), path))
+            if short != path:
+                lines.append(Content.assemble(("          short ", "dim"), short))
+        lines.append(Content(""))
+    return Content("\n").join(lines)
+
+
+class ResultsScreen(TextScreen):
+    def __init__(self, snapshot: RunSnapshot, run_dir: Path | None) -> None:
+        super().__init__("Command results", lambda s, w: results_text(s, w, run_dir), snapshot)
