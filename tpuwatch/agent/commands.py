@@ -1,7 +1,8 @@
-"""Registers the actions a viewer can ask for: ``profile`` and ``checkpoint``.
+"""Registers the TensorFlow actions a viewer can ask for: ``profile`` and ``checkpoint``.
 
 Both run on the training thread at the next step boundary (``at_step_boundary=True``) and are
-validated on receipt, so a bad request is refused at once with a one-line reason. Each gets
+validated on receipt, so a bad request is refused at once with a one-line reason. (``stop`` needs no TensorFlow: it is
+registered with the agent itself, :mod:`tpuwatch.agent.stopper`.) Each gets
 exactly one Result; those that finish on a helper thread (a profile's export, a gs:// upload)
 send it from there, and at the end of the script we wait (bounded) for them, so that no command
 is left without its Result.

@@ -26,6 +26,9 @@ def install_all(agent: "Agent", script: str, argv: list[str], disabled: set[str]
         agent.emit(environment.hello(agent.run_id, script, argv, clock=agent.clock))
     except Exception as e:
         agent.probe_failed("environment", e)
+    from tpuwatch.agent.stopper import Stopper
+
+    agent.register("stop", Stopper(agent).handle, at_step_boundary=False)  # works without TensorFlow
     post_import.when_imported("tensorflow", lambda _tf: install_tf_probes(agent, patches, disabled),
                               lambda e: agent.probe_failed("agent", e))
     return patches
