@@ -192,6 +192,11 @@ def test_fit_with_validation_callbacks_and_a_reloaded_model(tmp_path):
     report = run.report()
     assert report["run"]["strategy"] == "MirroredStrategy" and report["run"]["replicas"] == 4
     assert report["summary"]["steps"] == 10
+    # The learning rate each epoch ran with (Keras 3 does not log it; the agent adds it).
+    printed_lr = [float(v) for (v,) in run.printed(r"Learning rate for epoch \d+ is (\S+)")]
+    ends = [e for e in run.of(protocol.Epoch) if e.phase == "end"]
+    assert [e.logs["learning_rate"] for e in ends] == pytest.approx(printed_lr, rel=1e-6)
+    assert all("val_loss" in e.logs for e in ends)
 
 
 def test_several_phases_in_one_script(tmp_path):

@@ -107,15 +107,33 @@ class KerasHooks:
 
         environment.policy_watcher(self.agent).check()
 
-    def epoch_event(self, phase: str, epoch: Any, logs: Any) -> None:
+    def epoch_event(self, phase: str, epoch: Any, logs: Any, model: Any = None) -> None:
         number = _int_or_none(epoch)
         if number is None:
             return
         self.epoch = number
+        values = plain_logs(logs) if phase == "end" else {}
+        if phase == "end" and "learning_rate" not in values and "lr" not in values:
+            lr = learning_rate(model)
+            if lr is not None:
+                values["learning_rate"] = lr
         self.agent.emit(Epoch(
             t=self.agent.clock(), epoch=number, phase=phase,  # type: ignore[arg-type]
-            step=self.agent.global_step, logs=plain_logs(logs) if phase == "end" else {},
+            step=self.agent.global_step, logs=values,
         ))
+
+
+def learning_rate(model: Any) -> float | None:
+    """The optimizer's current learning rate (Keras 3 does not log it; tf_keras' callbacks may)."""
+    optimizer = getattr(model, "optimizer", None)
+    try:
+        value = getattr(optimizer, "learning_rate", None)
+        if value is None or callable(value) and not hasattr(value, "numpy"):
+            return None  # a schedule object: its value depends on the step
+        number = float(value.numpy() if hasattr(value, "numpy") else value)
+    except (TypeError, ValueError, AttributeError, RuntimeError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
@@ -138,7 +156,8 @@ def patch_callback_list(agent: "Agent", patches: "Patches", hooks: KerasHooks, c
         def on_epoch(self, *args, **kwargs):
             if agent.enabled(PROBE):
                 try:
-                    hooks.epoch_event(phase, _arg(args, kwargs, 0, "epoch"), _arg(args, kwargs, 1, "logs"))
+                    hooks.epoch_event(phase, _arg(args, kwargs, 0, "epoch"), _arg(args, kwargs, 1, "logs"),
+                                      getattr(self, "model", None))
                 except Exception as e:
                     agent.probe_failed(PROBE, e)
             return original(self, *args, **kwargs)
