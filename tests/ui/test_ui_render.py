@@ -137,3 +137,19 @@ def test_findings_order_and_empty_state() -> None:
 def test_lost_run_says_why() -> None:
     text = str(findings_text(RunSnapshot(status="lost", lost_reason="pid 42 vanished without an exit record"), rows=5))
     assert text.startswith("!! lost contact: pid 42 vanished")
+
+
+def test_a_loss_left_behind_by_the_run_is_marked_stale() -> None:
+    """Issue 11: a frozen loss was shown as current for 125 steps. A loss a second of training
+    behind the run says so; one a few steps behind (sampled every 10 ms) does not."""
+    from tpuwatch.ui.widgets.replica_loss_panel import replica_loss_text
+
+    rows = tuple(ReplicaLoss(index=i, device=f"CPU:{i}", worker="w", loss=2.0 + i / 10, deviation=0.0,
+                             finite=True, step=100) for i in range(4))
+    base = RunSnapshot(now=0.0, status="running", replica_losses=rows, loss=2.15, loss_step=100, steps_per_s=50.0)
+    from dataclasses import replace
+
+    fresh = replica_loss_text(replace(base, step=103), 8).plain
+    stale = replica_loss_text(replace(base, step=225), 8).plain
+    assert "step 100" in fresh and "stale" not in fresh
+    assert "step 100" in stale and "stale: no loss since" in stale

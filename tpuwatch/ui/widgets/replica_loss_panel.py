@@ -55,6 +55,15 @@ def loss_state(s: RunSnapshot) -> str | None:
     return None
 
 
+def loss_stale(s: RunSnapshot) -> bool:
+    """The losses shown belong to a step more than a second of training behind the run's (the
+    agent reads them at most every 10 ms: a few steps behind is normal, a second is not)."""
+    if s.loss_step is None or s.loss_step >= s.step:
+        return False
+    rate = s.steps_per_s or 0.0
+    return rate <= 0 or (s.step - s.loss_step) / rate > 1.0
+
+
 def short_worker(name: str) -> str:
     """``worker:1`` -> ``w1``; ``host-a:4242`` -> ``host``: a few columns that tell workers apart."""
     kind, _, index = name.rpartition(":")
@@ -80,10 +89,12 @@ def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
             return Content.assemble(("loss ", "dim"), units.loss(s.loss), ("  (no per-replica values)", "dim"))
         return Content.styled("no losses yet", "dim")
     mean = _mean(s)
+    loss_step = s.replica_losses[0].step
     lines = [
         Content.assemble(
             ("mean ", "dim"), (units.loss(mean), "bold"),
-            (f"  step {units.integer(s.replica_losses[0].step)}", "dim"),
+            (f"  step {units.integer(loss_step)}", "dim"),
+            ("  stale: no loss since" if loss_stale(s) else "", "$warning"),
         )
     ]
     flagged = flagged_replicas(s)
