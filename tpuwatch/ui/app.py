@@ -34,6 +34,7 @@ from tpuwatch.protocol import Command, Message, Result
 from tpuwatch.ui.group_source import apply_worker_health
 from tpuwatch.ui.hangup_driver import hangup_safe
 from tpuwatch.ui.output_tail import OutputTail
+from tpuwatch.ui.pacer import SHOW_PERIOD_S, Pacer
 from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.screens.help_screen import HelpScreen
 from tpuwatch.ui.screens.profile_summary_screen import ProfileSummaryScreen, load_summary_text, new_profile_results
@@ -88,7 +89,9 @@ class TpuwatchApp(App[str]):
     output.log is tailed from (``None``: no output panel content).
 
     ``clock`` (unix seconds) stamps live snapshots; ``refresh_hz=0`` turns the timer off, for
-    tests that drive :meth:`pull` themselves.
+    tests that drive :meth:`pull` themselves (then every pull is shown). With the timer on, the
+    source is drained ``refresh_hz`` times a second but a snapshot is shown only when
+    :class:`~tpuwatch.ui.pacer.Pacer` says so (news at once, numbers once a second).
     """
 
     CSS_PATH = "tpuwatch.tcss"
@@ -155,6 +158,8 @@ class TpuwatchApp(App[str]):
             self.title = title
         self._clock = clock
         self._refresh_hz = refresh_hz
+        self._pacer = Pacer(SHOW_PERIOD_S if refresh_hz > 0 else 0.0)
+        self._replay_key: tuple = ()
         self._state_factory = state_factory
         self._state = state_factory(clock)
         self._findings = FindingsFeed(clock, on_new=self._on_new_findings)
@@ -219,6 +224,7 @@ class TpuwatchApp(App[str]):
         replay = self._replay
         if replay is not None and replay.generation != self._generation:
             self._generation = replay.generation
+            self._pacer.reset()
             self._state = self._state_factory(self._clock)
             self._findings = FindingsFeed(self._clock, on_new=self._on_new_findings)
         apply = self._state.apply
@@ -246,7 +252,10 @@ class TpuwatchApp(App[str]):
         now = self.source.now()
         now = self._clock() if now is None else now
         self._findings.evaluate(self._state, now)
-        self.snapshot = self._state.snapshot(now=now)
+        snapshot = self._state.snapshot(now=now)
+        shown = self._pacer.due(snapshot, time.monotonic())
+        if shown:
+            self.snapshot = snapshot
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done)
         if self._tail is not None:
@@ -257,7 +266,9 @@ class TpuwatchApp(App[str]):
             else:
                 if lines:
                     self.query_one(OutputPanel).append(lines)
-        if replay is not None:
+        replay_key = (replay.paused, replay.speed, replay.at_end) if replay is not None else ()
+        if replay is not None and (shown or replay_key != self._replay_key):
+            self._replay_key = replay_key
             self.query_one(ReplayBar).state = ReplayState(
                 paused=replay.paused,
                 speed=replay.speed,
