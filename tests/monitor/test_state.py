@@ -270,3 +270,38 @@ def test_messages_before_the_hello_join_its_worker():
     snap = s.snapshot(mr.T0 + 2)
     assert [w.name for w in snap.workers] == [mr.WORKER]
     assert snap.workers[0].step == 2 and snap.steps_total == 2
+
+
+def test_version_grows_with_news_but_not_with_steps_or_samples():
+    # The dashboard watches this instead of building a snapshot per drain (tpuwatch/ui/pacer.py).
+    state = RunState(clock=Clock())
+    for m in (mr.hello(mr.T0), mr.topology(mr.T0)):
+        state.apply(m)
+    v = state.version
+    state.apply_all(mr.steps(50, t0=mr.T0 + 1))
+    state.apply_all(mr.samples(mr.T0 + 1, mr.T0 + 3))
+    assert state.version == v
+    state.apply(Event(t=mr.T0 + 4, level="warning", source="agent", message="something"))
+    assert state.version > v
+    v = state.version
+    state.apply(Command(id="c1", action="profile", args={}))
+    assert state.version > v
+    v = state.version
+    state.set_connected(True)  # no change
+    assert state.version == v
+    state.set_connected(False)
+    assert state.version > v
+    v = state.version
+    state.apply(Exit(t=mr.T0 + 5, exit_code=0))
+    assert state.version > v
+
+
+def test_rolling_figures_are_recomputed_only_after_a_new_record():
+    state = RunState(clock=Clock())
+    state.apply_all(mr.steps(30, t0=mr.T0))
+    stats = next(iter(state._workers.values())).stats
+    first = stats.rolling()
+    assert stats.rolling() is first  # nothing new: the same figures, not a new sort
+    assert stats.median_step_s() == first.step_p50_s
+    stats.add(step(31, t=mr.T0 + 10, step_time_s=9.0))
+    assert stats.rolling() is not first and stats.rolling().step_p95_s > first.step_p95_s

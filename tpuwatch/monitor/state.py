@@ -144,6 +144,10 @@ class RunState:
         self._last_t: float | None = None  # latest message time seen
         self._started_t: float | None = None
         self.messages = 0
+        #: Grows whenever something a viewer should see at once arrives or changes (anything but
+        #: steps and samples: a hello, an event, a command's progress, a finding, an exit, a
+        #: worker's connection). Cheaper to watch than building a snapshot (see ui/pacer.py).
+        self.version = 0
         self.malformed = 0
         self.unknown = 0
         self.truncated_tail = False
@@ -183,6 +187,8 @@ class RunState:
         handler = self._handlers.get(type(msg))
         if handler is None:
             return
+        if type(msg) is not HostSample and type(msg) is not DeviceSample:
+            self.version += 1
         if type(msg) is Hello and worker is None:
             worker = msg.worker  # type: ignore[attr-defined]
             anon = self._workers.get("")
@@ -226,10 +232,15 @@ class RunState:
 
     def set_connected(self, connected: bool, worker: str | None = None) -> None:
         """Whether a live connection to the worker's agent is held (for ``WorkerView``)."""
-        self._worker(worker).connected = connected
+        w = self._worker(worker)
+        if w.connected != connected:
+            w.connected = connected
+            self.version += 1
 
     def set_tpu_metrics_note(self, note: str) -> None:
-        self._tpu_note = note
+        if note != self._tpu_note:
+            self._tpu_note = note
+            self.version += 1
 
     # --- handlers ------------------------------------------------------------------------------
 
@@ -250,6 +261,7 @@ class RunState:
         return self._last_t if self._last_t is not None else self.clock()
 
     def _log(self, t: float, level: str, source: str, message: str, worker: str = "") -> None:
+        self.version += 1  # a new event line (a finding, a lost run): news for a viewer
         self._events.append(LogEntry(t=t, level=level, source=source, message=message,
                                      worker=worker))
 

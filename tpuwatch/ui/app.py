@@ -1,9 +1,10 @@
 """The tpuwatch dashboard: one Textual app for live runs, attach and replay.
 
 Data flow (STYLE #5): a timer drains the *source* at a fixed rate (default 4 Hz), applies every
-new message to one ``RunState``, then sets ONE immutable ``RunSnapshot`` on the app; every panel
-is bound to that reactive and renders from it. Rendering cost is per refresh, not per message,
-which is what keeps up with thousands of steps per second.
+new message to one ``RunState``, then sets ONE immutable ``RunSnapshot`` on the app when the
+:class:`~tpuwatch.ui.pacer.Pacer` says it is worth drawing (news at once, numbers once a second);
+every panel is bound to that reactive and renders from it. Rendering cost is per frame, not per
+message, which is what keeps up with thousands of steps per second.
 
 Entry points for the CLI: :func:`run_dashboard`, :func:`tpuwatch.ui.file_source.make_file_source`,
 :func:`tpuwatch.ui.replay_source.make_replay_source`.
@@ -34,7 +35,7 @@ from tpuwatch.protocol import Command, Message, Result
 from tpuwatch.ui.group_source import apply_worker_health
 from tpuwatch.ui.hangup_driver import hangup_safe
 from tpuwatch.ui.output_tail import OutputTail
-from tpuwatch.ui.pacer import SHOW_PERIOD_S, Pacer
+from tpuwatch.ui.pacer import SHOW_PERIOD_S, Pacer, news_key
 from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.screens.help_screen import HelpScreen
 from tpuwatch.ui.screens.profile_summary_screen import ProfileSummaryScreen, load_summary_text, new_profile_results
@@ -252,10 +253,11 @@ class TpuwatchApp(App[str]):
         now = self.source.now()
         now = self._clock() if now is None else now
         self._findings.evaluate(self._state, now)
-        snapshot = self._state.snapshot(now=now)
-        shown = self._pacer.due(snapshot, time.monotonic())
+        version = getattr(self._state, "version", None)  # a StateLike may not count its news
+        snapshot = self._state.snapshot(now=now) if version is None else None
+        shown = self._pacer.due(news_key(snapshot) if snapshot is not None else version, time.monotonic())
         if shown:
-            self.snapshot = snapshot
+            self.snapshot = snapshot if snapshot is not None else self._state.snapshot(now=now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done)
         if self._tail is not None:

@@ -4,10 +4,14 @@ The app drains its source several times a second (so it never falls behind a fas
 finding is evaluated on fresh data), but redrawing every panel at that rate changes numbers faster
 than anyone reads them and costs terminal bytes, which matter over SSH: a frame of the 120x40
 dashboard is ~3.5 KB. So a drained snapshot is *shown* when something a person must see at once
-changed (status, a finding, a command's progress, an event, a retrace, a worker's state, the
-epoch), and otherwise at most once every ``period_s`` (1 s: the header's clock ticks once a
+changed (a finding, a command's progress, an event, a retrace, a worker's connection, the epoch,
+the end of the run: ``RunState.version``), and otherwise at most once every ``period_s`` (1 s: the header's clock ticks once a
 second, like ``top -d 1``). Charts ride on the same frames; they change only where their glyphs
 change (see ``HistoryBars``).
+
+Watching ``RunState.version`` instead of building a snapshot at every drain matters with many
+workers: a snapshot computes every worker's rolling figures (a 256-host pod: ~10 ms a drain).
+Status changes that come from the clock alone (a stall) wait for the next periodic frame.
 
 Pure and clock-injected, so the policy is tested without an app.
 """
@@ -39,17 +43,18 @@ def news_key(s: RunSnapshot) -> tuple:
 
 @dataclass
 class Pacer:
-    """``due(snapshot, now)`` says whether to show this snapshot; call it once per drained snapshot.
+    """``due(news, now)`` says whether to show the state drained so far; call it once per drain
+    with what identifies the news (``RunState.version``, or :func:`news_key` of a snapshot) and a
+    monotonic time in seconds.
 
-    ``period_s`` = 0 shows every snapshot (tests that drive ``pull`` themselves).
+    ``period_s`` = 0 shows every drain (tests that drive ``pull`` themselves).
     """
 
     period_s: float = SHOW_PERIOD_S
     _shown_at: float | None = field(default=None, init=False)
-    _news: tuple = field(default=(), init=False)
+    _news: object = field(default=(), init=False)
 
-    def due(self, snapshot: RunSnapshot, now: float) -> bool:
-        news = news_key(snapshot)
+    def due(self, news: object, now: float) -> bool:
         show = (
             self.period_s <= 0
             or self._shown_at is None
