@@ -136,7 +136,9 @@ class RunState:
         self._findings: dict[tuple[str, str, str], Finding] = {}
         self._new_findings: deque[Finding] = deque(maxlen=100)
         self._functions: dict[str, FunctionTraces] = {}
-        self._devices: dict[tuple[str, str], DeviceMemory] = {}
+        # The newest sample per (worker, device); made into DeviceMemory at snapshot time only (a
+        # pod's chips send thousands of samples between two snapshots).
+        self._devices: dict[tuple[str, str], DeviceSample] = {}
         self._device_peaks: dict[tuple[str, str], int] = {}
         self._disabled: dict[str, str] = {}
         self._epoch: int | None = None
@@ -307,10 +309,7 @@ class RunState:
 
     def _device(self, msg: DeviceSample, w: _Worker) -> None:
         key = (w.name, msg.device)
-        self._devices[key] = DeviceMemory(
-            device=msg.device, worker=w.name, current_bytes=msg.current_bytes,
-            peak_bytes=msg.peak_bytes, limit_bytes=msg.limit_bytes, source=msg.source,
-            limit_source=msg.limit_source, duty_cycle_pct=msg.duty_cycle_pct, t=msg.t)
+        self._devices[key] = msg
         peak = max(msg.peak_bytes, msg.current_bytes)
         if peak > self._device_peaks.get(key, 0):
             self._device_peaks[key] = peak
@@ -566,7 +565,7 @@ class RunState:
             history=stats.history.points(),
             history_records_per_point=stats.history.records_per_point,
             functions=tuple(sorted(self._functions.values(), key=lambda f: (-f.traces, f.name))),
-            device_memory=tuple(self._devices[k] for k in sorted(self._devices)),
+            device_memory=tuple(_device_memory(k[0], self._devices[k]) for k in sorted(self._devices)),
             device_peaks=tuple((k[0], k[1], v) for k, v in sorted(self._device_peaks.items())),
             host_memory=tuple(HostMemory(worker=w.name, rss_bytes=w.host.rss_bytes,
                              available_bytes=w.host.available_bytes,
@@ -624,6 +623,13 @@ class RunState:
             exit_code=w.exit.exit_code if w.exit else None,
             exit_signal=w.exit.signal if w.exit else None,
         )
+
+
+def _device_memory(worker: str, msg: DeviceSample) -> DeviceMemory:
+    return DeviceMemory(
+        device=msg.device, worker=worker, current_bytes=msg.current_bytes, peak_bytes=msg.peak_bytes,
+        limit_bytes=msg.limit_bytes, source=msg.source, limit_source=msg.limit_source,
+        duty_cycle_pct=msg.duty_cycle_pct, t=msg.t)
 
 
 def _mean_loss(rows: tuple[ReplicaLoss, ...]) -> float | None:
