@@ -15,12 +15,13 @@ timing callback.
 Configurations: ``steps_per_execution=1`` under MirroredStrategy over 4 logical CPU devices, and
 ``steps_per_execution=K`` (``--spe``) under MirroredStrategy when it works there, else under the
 default strategy (Keras 3.15 crashes with ``steps_per_execution > 1`` under MirroredStrategy,
-keras-team/keras#19246). Each for a ~20 ms step (``--width``) and a tiny step.
+keras-team/keras#19246). Each for a big step (``--width``) and a tiny step.
 
-    python bench/fit_overhead.py [--width 1024] [--blocks 8] [--steps 48] [--spe 8] [--repeat 2]
+    python bench/fit_overhead.py [--width 1024] [--blocks 8] [--steps 48] [--spe 8] [--repeat 2] [--only spe1|spek]
 
-Prints, per configuration and repeat: plain and instrumented ms/step (medians over blocks), the
-ratio, the added µs per step and the 1-minute load average. Asserts nothing.
+Prints, per configuration and repeat: plain and instrumented ms/step (medians over blocks), their
+ratio and the median of the per-pair ratios (with their range), the added µs per step and the
+1-minute load average. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--width", type=int, default=1024, help="hidden units of the ~20 ms model")
+    p.add_argument("--width", type=int, default=1024,
+                   help="hidden units of the big model (~20 ms a step on a quiet 2-core box, far more under load)")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--blocks", type=int, default=8, help="alternating block pairs")
     p.add_argument("--steps", type=int, default=48, help="steps per block (a multiple of --spe)")
@@ -93,27 +95,29 @@ def main() -> None:
             model.compile(optimizer=keras.optimizers.SGD(0.001), loss="mse", steps_per_execution=spe)
         return model
 
-    def block(model, ds) -> float:
+    def block(model, ds, steps: int) -> float:
         timer = BlockTimer()
-        model.fit(ds, steps_per_epoch=a.steps, epochs=1, verbose=0, shuffle=False, callbacks=[timer])
+        model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False, callbacks=[timer])
         assert timer.t0 is not None, "raise --steps above --skip"
-        return (timer.t1 - timer.t0) / (a.steps - timer.step0)
+        return (timer.t1 - timer.t0) / (steps - timer.step0)
 
     def ab(label: str, strategy, width: int, spe: int) -> None:
         x = tf.random.normal([4096, 64])
         y = tf.random.normal([4096, 1])
         batch = 64 * strategy.num_replicas_in_sync
         ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True).prefetch(2)
+        # A block holds at least 16 executions: with steps_per_execution=8 a tiny step is ~0.5 ms.
+        steps = max(a.steps, a.skip + 16 * spe)
         plain, instrumented = make(strategy, width, spe), make(strategy, width, spe)
-        block(plain, ds)  # traced without the agent
+        block(plain, ds, steps)  # traced without the agent
         agent_on(True)
-        block(instrumented, ds)  # traced with it: carries the in-graph probes
+        block(instrumented, ds, steps)  # traced with it: carries the in-graph probes
         agent_on(False)
         for run in range(a.repeat):
             for _ in range(2):  # warm up both
-                block(plain, ds)
+                block(plain, ds, steps)
                 agent_on(True)
-                block(instrumented, ds)
+                block(instrumented, ds, steps)
                 agent_on(False)
             load0 = os.getloadavg()[0]
             on, off = [], []
@@ -122,17 +126,21 @@ def main() -> None:
                 for instrumented_phase in ((True, False) if i % 2 == 0 else (False, True)):
                     if instrumented_phase:
                         agent_on(True)
-                        on.append(block(instrumented, ds))
+                        on.append(block(instrumented, ds, steps))
                         agent_on(False)
                     else:
-                        off.append(block(plain, ds))
+                        off.append(block(plain, ds, steps))
             agent.flush()
             recorded = agent.global_step - steps0
             on_s, off_s = statistics.median(on), statistics.median(off)
+            # Each pair ran back to back: the median of the pairs' ratios cancels slow drift of a
+            # shared machine better than the ratio of the two medians.
+            pairs = sorted(x / y for x, y in zip(on, off))
             print(f"{label:<38} run {run + 1}: plain {off_s * 1e3:8.3f} ms/step  with agent {on_s * 1e3:8.3f} "
-                  f"ms/step  ratio {on_s / off_s:6.4f}  added {(on_s - off_s) * 1e6:+7.1f} µs/step  "
-                  f"load {load0:.2f}->{os.getloadavg()[0]:.2f}  ({a.blocks} pairs x {a.steps} steps; "
-                  f"{recorded} steps recorded, {a.blocks * a.steps} expected)", flush=True)
+                  f"ms/step  ratio {on_s / off_s:6.4f} (median of pair ratios {statistics.median(pairs):6.4f}, "
+                  f"range {pairs[0]:.3f}-{pairs[-1]:.3f})  added {(on_s - off_s) * 1e6:+7.1f} µs/step  "
+                  f"load {load0:.2f}->{os.getloadavg()[0]:.2f}  ({a.blocks} pairs x {steps} steps; "
+                  f"{recorded} steps recorded, {a.blocks * steps} expected)", flush=True)
 
     configs = []
     if a.only in (None, "spe1"):
@@ -140,7 +148,7 @@ def main() -> None:
     if a.only in (None, "spek"):
         configs.append(("spek", mirrored, a.spe))
     for name, strategy, spe in configs:
-        for size, width in (("~20 ms step", a.width), ("tiny step", 8)):
+        for size, width in ((f"width {a.width}", a.width), ("tiny step", 8)):
             kind = "default strategy" if strategy is tf.distribute.get_strategy() else type(strategy).__name__
             try:
                 ab(f"fit spe={spe} {kind} {size}", strategy, width, spe)
