@@ -305,3 +305,22 @@ def test_rolling_figures_are_recomputed_only_after_a_new_record():
     assert stats.median_step_s() == first.step_p50_s
     stats.add(step(31, t=mr.T0 + 10, step_time_s=9.0))
     assert stats.rolling() is not first and stats.rolling().step_p95_s > first.step_p95_s
+
+
+def test_only_the_primary_worker_keeps_a_full_step_history():
+    # A viewer of a pod holds every host's state: only worker 0's history is plotted.
+    from tpuwatch.monitor.state import SECONDARY_HISTORY_POINTS
+    from tpuwatch.protocol import Topology
+
+    state = RunState(clock=Clock(), history_points=2000)
+    for i in range(2):
+        state.apply(mr.hello(mr.T0, worker=f"worker:{i}"), f"worker:{i}")
+        state.apply(Topology(t=mr.T0, strategy="MultiWorkerMirroredStrategy", replicas=8, local_replicas=4,
+                             num_workers=2, worker_index=i, device_kind="CPU", devices=mr.DEVICES, is_tpu=False),
+                    f"worker:{i}")
+        state.apply_all(mr.steps(1000, t0=mr.T0 + 1), f"worker:{i}")
+    primary, other = state._workers["worker:0"], state._workers["worker:1"]
+    assert len(primary.stats.history.points()) == 1000
+    assert len(other.stats.history.points()) <= SECONDARY_HISTORY_POINTS
+    snap = state.snapshot()
+    assert len(snap.history) == 1000 and {w.step for w in snap.workers} == {1000}

@@ -34,7 +34,7 @@ from tpuwatch.monitor.snapshot import (
     RunStatus,
     WorkerView,
 )
-from tpuwatch.monitor.stats import Rolling, SeriesHistory, StepStats
+from tpuwatch.monitor.stats import History, Rolling, SeriesHistory, StepStats
 from tpuwatch.protocol import (
     Command,
     CommandState,
@@ -58,6 +58,10 @@ from tpuwatch.protocol import (
 #: A run is stalled after no step for max(STALL_MIN_S, STALL_MEDIANS x median step time).
 STALL_MIN_S = 60.0
 STALL_MEDIANS = 20.0
+
+#: History points kept for a worker that is not the primary (worker_index != 0): enough to plot
+#: it should it become the primary (worker 0 never seen), without a full history per host of a pod.
+SECONDARY_HISTORY_POINTS = 200
 
 _SEVERITY_LEVEL = {"info": "info", "warning": "warning", "critical": "error"}
 
@@ -278,6 +282,10 @@ class RunState:
     def _topology(self, msg: Topology, w: _Worker) -> None:
         first = w.topology is None
         w.topology = msg
+        if msg.worker_index != 0 and w.stats.records == 0:
+            # Only the primary worker's history is plotted; the others keep a short one (a
+            # viewer of 256 hosts held ~180 MB of histories nobody looks at).
+            w.stats.history = History(SECONDARY_HISTORY_POINTS)
         if first:
             self._log(msg.t, "info", "agent",
                       f"{msg.strategy} with {msg.replicas} replica(s) on {msg.device_kind}", w.name)
