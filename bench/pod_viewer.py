@@ -201,6 +201,12 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
             await asyncio.sleep(0.1)
         if not caught_up:
             out["catch_up_s"] = None
+            s = app.snapshot
+            behind = [time.time() - w.last_step_t for w in s.workers if w.last_step_t is not None]
+            out["behind_s"] = max(behind, default=math.nan)
+            out["cpu_pct"] = 100 * time.process_time() / max(1e-9, time.time() - attach_t)
+            out["rss_mib"] = psutil.Process().memory_info().rss / 2**20
+            out["workers_shown"] = len(s.workers)
             return out
         out["catch_up_s"] = caught_up[0]
         frames0 = frames[0]
@@ -252,7 +258,7 @@ def run_size(n: int, a: argparse.Namespace) -> dict:
         load0 = os.getloadavg()[0]
         t = time.perf_counter()
         viewer = subprocess.run([sys.executable, __file__, "--view", str(ports), "--n", str(n), "--slow-host",
-                                 str(slow), "--seconds", str(a.seconds)], env=env, capture_output=True, text=True,
+                                 str(slow), "--seconds", str(a.seconds), "--deadline", str(a.deadline)], env=env, capture_output=True, text=True,
                                 timeout=a.seconds + 900)
         wall = time.perf_counter() - t
         pod_cpu = sum(pod_ps.cpu_times()[:2]) - pod_cpu0
@@ -272,6 +278,7 @@ def main() -> None:
     ap.add_argument("--hosts", default="8,64,256", help="pod sizes to measure")
     ap.add_argument("--backlog", type=float, default=60.0, help="seconds already recorded when the viewer attaches")
     ap.add_argument("--seconds", type=float, default=20.0, help="steady-state window after catching up")
+    ap.add_argument("--deadline", type=float, default=600.0, help="seconds the viewer gets to catch up")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--view", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -286,7 +293,7 @@ def main() -> None:
         from tpuwatch.monitor.client import read_addresses
 
         addresses = read_addresses(["@" + str(a.view)])
-        print(json.dumps(asyncio.run(view(addresses, a.n, a.seconds, a.slow_host, deadline_s=600))))
+        print(json.dumps(asyncio.run(view(addresses, a.n, a.seconds, a.slow_host, deadline_s=a.deadline))))
         return
     print(f"{os.cpu_count()} cores; a step every {STEP_S * 1e3:.0f} ms per host, {CHIPS} chips, samples at "
           f"{SAMPLE_HZ:g} Hz; backlog {a.backlog:g} s; steady window {a.seconds:g} s", flush=True)
@@ -297,7 +304,11 @@ def main() -> None:
             return "/".join(f"{1e3 * x:.0f}" for x in xs)
 
         if r.get("catch_up_s") is None:
-            print(f"{n:4d} hosts: did not catch up within 600 s  load {r['load'][0]:.2f}->{r['load'][1]:.2f}")
+            print(f"{n:4d} hosts: did not catch up within {a.deadline:g} s: the most-behind host was "
+                  f"{r['behind_s']:.0f} s behind; {r['workers_shown']} workers seen; CPU {r['cpu_pct']:.1f}% of a core "
+                  f"since the start; RSS {r['rss_mib']:.0f} MiB; straggler "
+                  f"{'found at %.1f s' % r['straggler_s'] if 'straggler_s' in r else 'not found'}; "
+                  f"load {r['load'][0]:.2f}->{r['load'][1]:.2f}", flush=True)
             continue
         print(f"{n:4d} hosts: catch-up {r['catch_up_s']:.1f} s; lag p50/p95/max {ms(r['lag_primary'])} ms "
               f"(most-behind host {ms(r['lag_worst_host'])} ms); CPU {r['cpu_pct']:.1f}% of a core; RSS "
