@@ -10,7 +10,7 @@ stuck for the whole block rather than being dropped.
 Prints the median step time in each kind of block, the ratio with/without (target <= 1.01), and
 the agent's RSS at the first and last block. Asserts nothing.
 
-    .venv/bin/python bench/slow_viewer.py [--steps 3000] [--block 150] [--viewers 4]
+    .venv/bin/python bench/slow_viewer.py [--steps 3000] [--block 150] [--viewers 4] [--width 1024]
 """
 
 from __future__ import annotations
@@ -40,16 +40,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--block", type=int, default=150, help="steps per block")
     ap.add_argument("--viewers", type=int, default=4, help="stuck viewers in a 'with' block")
+    ap.add_argument("--width", type=int, default=0,
+                    help="two hidden layers of this many units (1024: a ~20-40 ms step on a 2-core CPU); "
+                         "default: the script's tiny model (~2-5 ms steps)")
     args = ap.parse_args()
 
     import psutil
 
+    load0 = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="slow-viewer-bench-"))
     run_dir = tmp / "run"
     ready = tmp / "ready"
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.agent", "--run-dir", str(run_dir), str(SCRIPT),
-                             "--steps", str(args.steps), "--ready", str(ready)],
+                             "--steps", str(args.steps), "--ready", str(ready),
+                             *(("--width", str(args.width), "--depth", "2") if args.width else ())],
                             stdout=open(tmp / "out.log", "wb"), stderr=subprocess.STDOUT, env=env)
     switches: list[tuple[int, bool]] = []  # (step at the switch, viewers on after it)
     stuck: list[socket.socket] = []
@@ -108,7 +113,7 @@ def main() -> None:
     print(f"agent exit code {proc.returncode}; {len(steps)} steps; {len(switches)} blocks of {args.block}")
     print(f"median step time without viewers: {m_without * 1e3:.3f} ms ({len(without_v)} steps)")
     print(f"median step time with {args.viewers} stuck viewers: {m_with * 1e3:.3f} ms ({len(with_v)} steps)")
-    print(f"ratio with/without: {m_with / m_without:.4f}  (target <= 1.01)")
+    print(f"ratio with/without: {m_with / m_without:.4f}  (target <= 1.01)  load {load0:.2f}->{os.getloadavg()[0]:.2f}")
     if rss:
         print(f"agent RSS: {rss[0] / 2**20:.0f} MiB at the first switch, {rss[-1] / 2**20:.0f} MiB at the last")
     print(f"recording: {(run_dir / 'events.jsonl').stat().st_size / 2**20:.1f} MiB in {run_dir}")

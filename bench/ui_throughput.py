@@ -6,7 +6,9 @@ dashboard's alone: tailing + decoding + RunState + rendering, headless (Textual'
 real terminal adds the cost of writing frames, which is per refresh, not per step).
 
 Prints numbers, asserts nothing:
-- display lag: newest step shown vs newest step written, at each refresh (steps and seconds);
+- display lag: newest step shown vs newest step written, at each frame drawn (steps and seconds;
+  the source is drained 4 times a second, numbers are drawn once a second), and the age of what
+  the screen shows at any moment (lag + time since the last frame);
 - refresh cost: wall time of one pull (drain + apply + snapshot), p50/p95/max;
 - UI CPU: process_time delta / wall time over the run, % of one core;
 - RSS before and after.
@@ -93,15 +95,27 @@ async def measure(rate: float, seconds: float, size: tuple[int, int]) -> None:
     lags_s: list[float] = []
     original = app.pull
 
+    shown: list = [None]
+    frames = [0]
+    on_screen_age: list[float] = []
+
     def timed_pull() -> None:
         t = time.perf_counter()
         original()
         pulls.append(time.perf_counter() - t)
         s = app.snapshot
-        if s.step and s.status == "running" and started is not None:
-            produced = (time.time() - started) * rate
-            lags_steps.append(max(0.0, produced - s.step))
-            lags_s.append(max(0.0, time.time() - (s.last_step_t or time.time())))
+        if not (s.step and s.status == "running" and started is not None):
+            return
+        now = time.time()
+        # Between frames the screen keeps the last one (numbers are shown once a second).
+        on_screen_age.append(max(0.0, now - (s.last_step_t or now)))
+        if s is shown[0]:
+            return
+        shown[0] = s
+        frames[0] += 1
+        produced = (now - started) * rate
+        lags_steps.append(max(0.0, produced - s.step))
+        lags_s.append(max(0.0, now - (s.last_step_t or now)))
 
     app.pull = timed_pull  # type: ignore[method-assign]
     started = None
@@ -123,7 +137,7 @@ async def measure(rate: float, seconds: float, size: tuple[int, int]) -> None:
     cpu_pct = 100 * (cpu1 - cpu0) / (wall1 - wall0)
 
     def pct(xs: list[float], q: float) -> float:
-        return statistics.quantiles(xs, n=100)[q - 1] if len(xs) >= 2 else (xs[0] if xs else float("nan"))
+        return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) >= 2 else (xs[0] if xs else float("nan"))
 
     print(f"rate {rate:.0f} steps/s for {seconds:.0f} s, terminal {size[0]}x{size[1]}, headless")
     print(f"startup: imports {1e3 * import_s:.0f} ms, app to first frame {1e3 * first_frame_s:.0f} ms")
@@ -131,11 +145,14 @@ async def measure(rate: float, seconds: float, size: tuple[int, int]) -> None:
     print(f"refreshes {len(pulls)} ({len(pulls) / (wall1 - wall0):.2f}/s)")
     print(f"refresh cost (drain+apply+snapshot): p50 {1e3 * pct(pulls, 50):.1f} ms, "
           f"p95 {1e3 * pct(pulls, 95):.1f} ms, max {1e3 * max(pulls):.1f} ms")
+    print(f"frames shown {frames[0]} ({frames[0] / (wall1 - wall0):.2f}/s)")
     if lags_steps:
-        print(f"display lag: p50 {pct(lags_steps, 50):.0f} steps / {1e3 * pct(lags_s, 50):.0f} ms, "
-              f"p95 {pct(lags_steps, 95):.0f} steps / {1e3 * pct(lags_s, 95):.0f} ms, "
+        print(f"display lag (age of the newest step when a frame is drawn): p50 {pct(lags_steps, 50):.0f} steps / "
+              f"{1e3 * pct(lags_s, 50):.0f} ms, p95 {pct(lags_steps, 95):.0f} steps / {1e3 * pct(lags_s, 95):.0f} ms, "
               f"max {max(lags_steps):.0f} steps / {1e3 * max(lags_s):.0f} ms")
-    print(f"UI CPU: {cpu_pct:.1f}% of one core (process_time / wall)")
+        print(f"age of what is on screen at any drain (lag + time since the frame): p50 "
+              f"{1e3 * pct(on_screen_age, 50):.0f} ms, max {1e3 * max(on_screen_age):.0f} ms")
+    print(f"UI CPU: {cpu_pct:.1f}% of one core (process_time / wall); load average {os.getloadavg()[0]:.2f}")
     print(f"RSS: {rss0:.0f} MiB before the app, {rss_mib():.0f} MiB after")
 
 

@@ -50,8 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", type=Path, help="where to record the run (default: $TPUWATCH_HOME/runs/<id>)")
     run.add_argument("--python", help="interpreter to run the script with (default: this one)")
     run.add_argument("--listen", default="", metavar="HOST:PORT",
-                     help="also serve remote viewers over TCP (token in the run directory); give 127.0.0.1:PORT "
-                          "and use SSH port forwarding (docs/remote.md)")
+                     help="also serve remote viewers over TCP (token in the run directory: TPUWATCH_TOKEN from the "
+                          "environment when set, so one viewer opens every host of a job, else a random one); give "
+                          "127.0.0.1:PORT and use SSH port forwarding (docs/remote.md, docs/multihost.md)")
     run.add_argument("--allow-dest", action="append", default=[], metavar="DIR",
                      help="a directory (or gs:// prefix) viewers may send checkpoints and profiles to, besides the "
                           "run directory and the script's checkpoint directory (repeatable)")
@@ -121,6 +122,10 @@ def _error(message: str) -> int:
     return EXIT_USAGE
 
 
+#: Shortest TPUWATCH_TOKEN `tpuwatch run --listen` accepts (a generated one has 32).
+MIN_TOKEN_CHARS = 16
+
+
 def _find_run(ref: str | None) -> Path:
     from tpuwatch import rundir
 
@@ -135,6 +140,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     if ns.sample_hz is not None and not 0.5 <= ns.sample_hz <= 20:
         return _error(f"--sample-hz {ns.sample_hz}: must be between 0.5 and 20")
+    shared = os.environ.get("TPUWATCH_TOKEN", "")
+    if ns.listen and shared and len(shared.strip()) < MIN_TOKEN_CHARS:
+        # The token is all that guards a listening agent: a short shared one is guessable.
+        return _error(f"TPUWATCH_TOKEN has {len(shared.strip())} characters; a shared viewer token needs at least "
+                      f"{MIN_TOKEN_CHARS} random ones, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(24))'")
     env = None
     if ns.allow_dest:
         # The agent's command validation reads this (tpuwatch/agent/destinations.py).

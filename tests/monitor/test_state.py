@@ -314,3 +314,57 @@ def test_a_fits_total_applies_to_that_fit_only():
         s.apply(step(i, mr.T0 + i * 0.1, losses=(1.0,) * 4))
     snap = s.snapshot(mr.T0 + 2.6)
     assert snap.total_steps is None and snap.eta_s is None
+
+
+def test_version_grows_with_news_but_not_with_steps_or_samples():
+    # The dashboard watches this instead of building a snapshot per drain (tpuwatch/ui/pacer.py).
+    state = RunState(clock=Clock())
+    for m in (mr.hello(mr.T0), mr.topology(mr.T0)):
+        state.apply(m)
+    v = state.version
+    state.apply_all(mr.steps(50, t0=mr.T0 + 1))
+    state.apply_all(mr.samples(mr.T0 + 1, mr.T0 + 3))
+    assert state.version == v
+    state.apply(Event(t=mr.T0 + 4, level="warning", source="agent", message="something"))
+    assert state.version > v
+    v = state.version
+    state.apply(Command(id="c1", action="profile", args={}))
+    assert state.version > v
+    v = state.version
+    state.set_connected(True)  # no change
+    assert state.version == v
+    state.set_connected(False)
+    assert state.version > v
+    v = state.version
+    state.apply(Exit(t=mr.T0 + 5, exit_code=0))
+    assert state.version > v
+
+
+def test_rolling_figures_are_recomputed_only_after_a_new_record():
+    state = RunState(clock=Clock())
+    state.apply_all(mr.steps(30, t0=mr.T0))
+    stats = next(iter(state._workers.values())).stats
+    first = stats.rolling()
+    assert stats.rolling() is first  # nothing new: the same figures, not a new sort
+    assert stats.median_step_s() == first.step_p50_s
+    stats.add(step(31, t=mr.T0 + 10, step_time_s=9.0))
+    assert stats.rolling() is not first and stats.rolling().step_p95_s > first.step_p95_s
+
+
+def test_only_the_primary_worker_keeps_a_full_step_history():
+    # A viewer of a pod holds every host's state: only worker 0's history is plotted.
+    from tpuwatch.monitor.state import SECONDARY_HISTORY_POINTS
+    from tpuwatch.protocol import Topology
+
+    state = RunState(clock=Clock(), history_points=2000)
+    for i in range(2):
+        state.apply(mr.hello(mr.T0, worker=f"worker:{i}"), f"worker:{i}")
+        state.apply(Topology(t=mr.T0, strategy="MultiWorkerMirroredStrategy", replicas=8, local_replicas=4,
+                             num_workers=2, worker_index=i, device_kind="CPU", devices=mr.DEVICES, is_tpu=False),
+                    f"worker:{i}")
+        state.apply_all(mr.steps(1000, t0=mr.T0 + 1), f"worker:{i}")
+    primary, other = state._workers["worker:0"], state._workers["worker:1"]
+    assert len(primary.stats.history.points()) == 1000
+    assert len(other.stats.history.points()) <= SECONDARY_HISTORY_POINTS
+    snap = state.snapshot()
+    assert len(snap.history) == 1000 and {w.step for w in snap.workers} == {1000}

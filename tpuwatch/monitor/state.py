@@ -35,7 +35,7 @@ from tpuwatch.monitor.snapshot import (
     WorkerView,
 )
 from tpuwatch.monitor.run_stop import STOP_MESSAGE, STOP_SOURCE, ended_state
-from tpuwatch.monitor.stats import Rolling, SeriesHistory, StepStats
+from tpuwatch.monitor.stats import History, Rolling, SeriesHistory, StepStats
 from tpuwatch.protocol import (
     Command,
     CommandState,
@@ -74,6 +74,9 @@ def strategy_name(class_name: str) -> str:
     """``tf.distribute`` name of a strategy class ("default strategy" for the default one)."""
     return _STRATEGY_NAMES.get(class_name, class_name)
 
+#: History points kept for a worker that is not the primary (worker_index != 0): enough to plot
+#: it should it become the primary (worker 0 never seen), without a full history per host of a pod.
+SECONDARY_HISTORY_POINTS = 200
 
 _SEVERITY_LEVEL = {"info": "info", "warning": "warning", "critical": "error"}
 
@@ -181,7 +184,9 @@ class RunState:
         self._functions: dict[str, FunctionTraces] = {}
         self._retraces: deque[Retrace] = deque(maxlen=max_retraces)
         self._epoch_logs: deque[tuple[int, Mapping[str, object]]] = deque(maxlen=1000)
-        self._devices: dict[tuple[str, str], DeviceMemory] = {}
+        # The newest sample per (worker, device); made into DeviceMemory at snapshot time only (a
+        # pod's chips send thousands of samples between two snapshots).
+        self._devices: dict[tuple[str, str], DeviceSample] = {}
         self._device_peaks: dict[tuple[str, str], int] = {}
         self._disabled: dict[str, str] = {}
         self._epoch: int | None = None
@@ -190,6 +195,10 @@ class RunState:
         self._last_t: float | None = None  # latest message time seen
         self._started_t: float | None = None
         self.messages = 0
+        #: Grows whenever something a viewer should see at once arrives or changes (anything but
+        #: steps and samples: a hello, an event, a command's progress, a finding, an exit, a
+        #: worker's connection). Cheaper to watch than building a snapshot (see ui/pacer.py).
+        self.version = 0
         self.malformed = 0
         self.unknown = 0
         self.truncated_tail = False
@@ -229,6 +238,8 @@ class RunState:
         handler = self._handlers.get(type(msg))
         if handler is None:
             return
+        if type(msg) is not HostSample and type(msg) is not DeviceSample:
+            self.version += 1
         if type(msg) is Hello and worker is None:
             worker = msg.worker  # type: ignore[attr-defined]
             anon = self._workers.get("")
@@ -272,10 +283,15 @@ class RunState:
 
     def set_connected(self, connected: bool, worker: str | None = None) -> None:
         """Whether a live connection to the worker's agent is held (for ``WorkerView``)."""
-        self._worker(worker).connected = connected
+        w = self._worker(worker)
+        if w.connected != connected:
+            w.connected = connected
+            self.version += 1
 
     def set_tpu_metrics_note(self, note: str) -> None:
-        self._tpu_note = note
+        if note != self._tpu_note:
+            self._tpu_note = note
+            self.version += 1
 
     # --- handlers ------------------------------------------------------------------------------
 
@@ -296,6 +312,7 @@ class RunState:
         return self._last_t if self._last_t is not None else self.clock()
 
     def _log(self, t: float, level: str, source: str, message: str, worker: str = "") -> None:
+        self.version += 1  # a new event line (a finding, a lost run): news for a viewer
         self._events.append(LogEntry(t=t, level=level, source=source, message=message,
                                      worker=worker))
 
@@ -308,7 +325,12 @@ class RunState:
                   w.name)
 
     def _topology(self, msg: Topology, w: _Worker) -> None:
-        if w.add_topology(msg):
+        first = w.add_topology(msg)
+        if msg.worker_index != 0 and w.stats.records == 0:
+            # Only the primary worker's history is plotted; the others keep a short one (a
+            # viewer of 256 hosts held ~180 MB of histories nobody looks at).
+            w.stats.history = History(SECONDARY_HISTORY_POINTS)
+        if first:
             self._log(msg.t, "info", "agent",
                       f"{strategy_name(msg.strategy)} with {msg.replicas} replica(s) on {msg.device_kind}", w.name)
 
@@ -340,10 +362,7 @@ class RunState:
 
     def _device(self, msg: DeviceSample, w: _Worker) -> None:
         key = (w.name, msg.device)
-        self._devices[key] = DeviceMemory(
-            device=msg.device, worker=w.name, current_bytes=msg.current_bytes,
-            peak_bytes=msg.peak_bytes, limit_bytes=msg.limit_bytes, source=msg.source,
-            limit_source=msg.limit_source, duty_cycle_pct=msg.duty_cycle_pct, t=msg.t)
+        self._devices[key] = msg
         peak = max(msg.peak_bytes, msg.current_bytes)
         if peak > self._device_peaks.get(key, 0):
             self._device_peaks[key] = peak
@@ -614,7 +633,7 @@ class RunState:
             history_records_per_point=stats.history.records_per_point,
             functions=tuple(sorted(self._functions.values(), key=lambda f: (-f.traces, f.name))),
             retraces=tuple(self._retraces),
-            device_memory=tuple(self._devices[k] for k in sorted(self._devices)),
+            device_memory=tuple(_device_memory(k[0], self._devices[k]) for k in sorted(self._devices)),
             device_peaks=tuple((k[0], k[1], v) for k, v in sorted(self._device_peaks.items())),
             host_memory=tuple(HostMemory(worker=w.name, rss_bytes=w.host.rss_bytes,
                              available_bytes=w.host.available_bytes,
@@ -672,6 +691,13 @@ class RunState:
             exit_code=w.exit.exit_code if w.exit else None,
             exit_signal=w.exit.signal if w.exit else None,
         )
+
+
+def _device_memory(worker: str, msg: DeviceSample) -> DeviceMemory:
+    return DeviceMemory(
+        device=msg.device, worker=worker, current_bytes=msg.current_bytes, peak_bytes=msg.peak_bytes,
+        limit_bytes=msg.limit_bytes, source=msg.source, limit_source=msg.limit_source,
+        duty_cycle_pct=msg.duty_cycle_pct, t=msg.t)
 
 
 def _mean_loss(rows: tuple[ReplicaLoss, ...]) -> float | None:

@@ -1,9 +1,10 @@
 """The tpuwatch dashboard: one Textual app for live runs, attach and replay.
 
 Data flow (STYLE #5): a timer drains the *source* at a fixed rate (default 4 Hz), applies every
-new message to one ``RunState``, then sets ONE immutable ``RunSnapshot`` on the app; every panel
-is bound to that reactive and renders from it. Rendering cost is per refresh, not per message,
-which is what keeps up with thousands of steps per second.
+new message to one ``RunState``, then sets ONE immutable ``RunSnapshot`` on the app when the
+:class:`~tpuwatch.ui.pacer.Pacer` says it is worth drawing (news at once, numbers once a second);
+every panel is bound to that reactive and renders from it. Rendering cost is per frame, not per
+message, which is what keeps up with thousands of steps per second.
 
 Entry points for the CLI: :func:`run_dashboard`, :func:`tpuwatch.ui.file_source.make_file_source`,
 :func:`tpuwatch.ui.replay_source.make_replay_source`.
@@ -34,6 +35,7 @@ from tpuwatch.protocol import Command, Message, Result
 from tpuwatch.ui.group_source import apply_worker_health
 from tpuwatch.ui.hangup_driver import hangup_safe
 from tpuwatch.ui.output_tail import OutputTail
+from tpuwatch.ui.pacer import SHOW_PERIOD_S, Pacer, news_key
 from tpuwatch.ui.replay_output import epoch_anchors, visible_lines
 from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.screens.help_screen import HelpScreen
@@ -97,7 +99,9 @@ class TpuwatchApp(App[str]):
     output.log is tailed from (``None``: no output panel content).
 
     ``clock`` (unix seconds) stamps live snapshots; ``refresh_hz=0`` turns the timer off, for
-    tests that drive :meth:`pull` themselves.
+    tests that drive :meth:`pull` themselves (then every pull is shown). With the timer on, the
+    source is drained ``refresh_hz`` times a second but a snapshot is shown only when
+    :class:`~tpuwatch.ui.pacer.Pacer` says so (news at once, numbers once a second).
     """
 
     CSS_PATH = "tpuwatch.tcss"
@@ -172,6 +176,8 @@ class TpuwatchApp(App[str]):
             self.title = title
         self._clock = clock
         self._refresh_hz = refresh_hz
+        self._pacer = Pacer(SHOW_PERIOD_S if refresh_hz > 0 else 0.0)
+        self._replay_key: tuple = ()
         self._state_factory = state_factory
         self._state = state_factory(clock)
         self._findings = FindingsFeed(clock, on_new=self._on_new_findings)
@@ -242,6 +248,7 @@ class TpuwatchApp(App[str]):
         replay = self._replay
         if replay is not None and replay.generation != self._generation:
             self._generation = replay.generation
+            self._pacer.reset()
             self._state = self._state_factory(self._clock)
             self._findings = FindingsFeed(self._clock, on_new=self._on_new_findings)
         apply = self._state.apply
@@ -274,7 +281,11 @@ class TpuwatchApp(App[str]):
         now = self.source.now()
         now = self._clock() if now is None else now
         self._findings.evaluate(self._state, now)
-        self.snapshot = self._state.snapshot(now=now)
+        version = getattr(self._state, "version", None)  # a StateLike may not count its news
+        snapshot = self._state.snapshot(now=now) if version is None else None
+        shown = self._pacer.due(news_key(snapshot) if snapshot is not None else version, time.monotonic())
+        if shown:
+            self.snapshot = snapshot if snapshot is not None else self._state.snapshot(now=now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done)
         self._toast_results()
@@ -290,7 +301,9 @@ class TpuwatchApp(App[str]):
             else:
                 if lines:
                     self.query_one(OutputPanel).append(lines)
-        if replay is not None:
+        replay_key = (replay.paused, replay.speed, replay.at_end) if replay is not None else ()
+        if replay is not None and (shown or replay_key != self._replay_key):
+            self._replay_key = replay_key
             self.query_one(ReplayBar).state = ReplayState(
                 paused=replay.paused,
                 speed=replay.speed,

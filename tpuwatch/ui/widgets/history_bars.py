@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
 from textual.content import Content
+from textual.geometry import Region
 from textual.reactive import reactive
 from textual.widget import Widget
 
@@ -154,13 +155,49 @@ def render_series(series: BarSeries | None, width: int, height: int) -> Content:
 
 
 class HistoryBars(Widget):
-    """Plots one :class:`BarSeries`; its height is the CSS height."""
+    """Plots one :class:`BarSeries`; its height is the CSS height.
+
+    A new series repaints only the span of columns whose glyphs changed: a bucket of many records
+    mostly keeps its glyph from one frame to the next, and a full repaint of every plot each
+    frame was most of the dashboard's terminal output.
+    """
 
     DEFAULT_CSS = """
     HistoryBars { height: 3; color: $primary; }
     """
 
-    series: reactive[BarSeries | None] = reactive(None)
+    series: reactive[BarSeries | None] = reactive(None, repaint=False)
+    _drawn: tuple[tuple[int, int], Content, list[str]] | None = None  # (size, content, plain rows)
 
     def render(self) -> Content:
-        return render_series(self.series, self.size.width, self.size.height)
+        return self._draw()[1]
+
+    def _draw(self) -> tuple[tuple[int, int], Content, list[str]]:
+        size = (self.size.width, self.size.height)
+        if self._drawn is None or self._drawn[0] != size:
+            content = render_series(self.series, *size)
+            self._drawn = (size, content, content.plain.split("\n"))
+        return self._drawn
+
+    def watch_series(self, series: BarSeries | None) -> None:
+        old = self._drawn
+        self._drawn = None
+        if old is None or not self.is_mounted:
+            self.refresh()
+            return
+        new = self._draw()
+        if new[0] != old[0] or len(new[2]) != len(old[2]):
+            self.refresh()
+            return
+        changed = [i for a, b in zip(old[2], new[2]) if a != b for i in _differing(a, b)]
+        if changed:
+            left, right = min(changed), max(changed)
+            self.refresh(Region(left, 0, right - left + 1, self.size.height))
+
+
+def _differing(a: str, b: str) -> list[int]:
+    """Column indexes where two rows differ (a length change counts from the shorter end)."""
+    cols = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if len(a) != len(b):
+        cols.extend((min(len(a), len(b)), max(len(a), len(b)) - 1))
+    return cols

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from textual.content import Content
+from textual.geometry import Region
 from textual.reactive import reactive
 from textual.widget import Widget
 
@@ -126,14 +127,37 @@ def header_text(s: RunSnapshot, width: int) -> Content:
 
 
 class RunHeader(Widget):
-    """Script, strategy, replicas × device, host, status; step, epoch, elapsed, speeds, ETA."""
+    """Script, strategy, replicas × device, host, status; step, epoch, elapsed, speeds, ETA.
+
+    Repaints only the line that changed: the first (what runs where, the status) seldom does.
+    """
 
     DEFAULT_CSS = "RunHeader { height: 2; }"
-    snapshot: reactive[RunSnapshot] = reactive(RunSnapshot, always_update=True)
+    snapshot: reactive[RunSnapshot] = reactive(RunSnapshot, always_update=True, repaint=False)
+    _drawn: tuple[int, Content, list[str]] | None = None  # (width, content, plain lines)
 
     def render(self) -> Content:
-        return header_text(self.snapshot, self.size.width)
+        return self._draw()[1]
+
+    def _draw(self) -> tuple[int, Content, list[str]]:
+        width = self.size.width
+        if self._drawn is None or self._drawn[0] != width:
+            content = header_text(self.snapshot, width)
+            self._drawn = (width, content, [line.plain for line in content.split("\n")])
+        return self._drawn
 
     def watch_snapshot(self, s: RunSnapshot) -> None:
         self.set_class(s.status in ("stalled", "lost"), "-stale")
         self.set_class(s.status == "crashed" or bool(problem_text(s)), "-critical")
+        old, self._drawn = self._drawn, None
+        if old is None or not self.is_mounted:
+            self.refresh()
+            return
+        new = self._draw()
+        if len(old[2]) != len(new[2]):
+            self.refresh()
+            return
+        # Styles follow the text here (the badge's colour is its word), so the text decides.
+        for row, (a, b) in enumerate(zip(old[2], new[2])):
+            if a != b:
+                self.refresh(Region(0, row, self.size.width, 1))

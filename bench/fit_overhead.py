@@ -1,0 +1,169 @@
+"""What the agent costs a Keras ``fit`` step: the same fit with and without it, alternating in one process.
+
+Two identical models are compiled alike. One is first fitted with the agent's patches active, so
+its train function is traced with the in-graph probes (per-replica loss, input wait, step count);
+the other with the patches suspended, so it is plain. Blocks of ``fit(steps_per_epoch=N,
+epochs=1)`` then alternate between them, the patches resumed for the instrumented model and
+suspended for the plain one (as ``bench/overhead.py`` does for a custom loop). The agent's thread
+(recording, sampling) runs throughout.
+
+A block's time runs from the first ``on_train_batch_begin`` at or after ``--skip`` steps (so the
+iterator's creation and the first steps of each fit are left out) to ``on_train_end`` (which waits
+for the last step); per-step time is that over the steps in between. Both arms carry the same
+timing callback.
+
+Configurations: ``steps_per_execution=1`` under MirroredStrategy over 4 logical CPU devices, and
+``steps_per_execution=K`` (``--spe``) under MirroredStrategy when it works there, else under the
+default strategy (Keras 3.15 crashes with ``steps_per_execution > 1`` under MirroredStrategy,
+keras-team/keras#19246). Each for a big step (``--width``) and a tiny step.
+
+    python bench/fit_overhead.py [--width 1024] [--blocks 8] [--steps 48] [--spe 8] [--repeat 2] [--only spe1|spek]
+
+Prints, per configuration and repeat: plain and instrumented ms/step (medians over blocks), their
+ratio and the median of the per-pair ratios (with their range), the added µs per step and the
+1-minute load average. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--width", type=int, default=1024,
+                   help="hidden units of the big model (~20 ms a step on a quiet 2-core box, far more under load)")
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--blocks", type=int, default=8, help="alternating block pairs")
+    p.add_argument("--steps", type=int, default=48, help="steps per block (a multiple of --spe)")
+    p.add_argument("--skip", type=int, default=8, help="steps at the start of each fit that are not timed")
+    p.add_argument("--spe", type=int, default=8, help="steps_per_execution of the second configuration")
+    p.add_argument("--repeat", type=int, default=2, help="A/B runs per configuration")
+    p.add_argument("--only", choices=("spe1", "spek"), help="run one configuration")
+    a = p.parse_args()
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * a.replicas)
+    import keras
+
+    from tpuwatch.agent import probes
+    from tpuwatch.agent.runtime import Agent
+
+    run_dir = Path(tempfile.mkdtemp(prefix="tpuwatch-fit-bench-"))
+    agent = Agent(run_dir, "bench", sample_hz=4)
+    patches = probes.install_all(agent, "bench", ["bench"], set())
+    agent.start()
+    active = [True]
+
+    def agent_on(on: bool) -> None:  # suspend() twice in a row would forget the wrappers
+        if on != active[0]:
+            (patches.resume if on else patches.suspend)()
+            active[0] = on
+
+    agent_on(False)
+    mirrored = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(a.replicas)])
+
+    class BlockTimer(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.t0: float | None = None
+            self.step0 = 0
+            self.t1 = 0.0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.t0 is None and batch >= a.skip:
+                self.t0, self.step0 = time.perf_counter(), batch
+
+        def on_train_end(self, logs=None):
+            self.t1 = time.perf_counter()
+
+    def make(strategy, width: int, spe: int):
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(width, activation="relu"),
+                                      keras.layers.Dense(width, activation="relu"), keras.layers.Dense(1)])
+            model.compile(optimizer=keras.optimizers.SGD(0.001), loss="mse", steps_per_execution=spe)
+        return model
+
+    def block(model, ds, steps: int) -> float:
+        timer = BlockTimer()
+        model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False, callbacks=[timer])
+        assert timer.t0 is not None, "raise --steps above --skip"
+        return (timer.t1 - timer.t0) / (steps - timer.step0)
+
+    def ab(label: str, strategy, width: int, spe: int) -> None:
+        x = tf.random.normal([4096, 64])
+        y = tf.random.normal([4096, 1])
+        batch = 64 * strategy.num_replicas_in_sync
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True).prefetch(2)
+        # A block holds at least 16 executions: with steps_per_execution=8 a tiny step is ~0.5 ms.
+        steps = max(a.steps, a.skip + 16 * spe)
+        plain, instrumented = make(strategy, width, spe), make(strategy, width, spe)
+        block(plain, ds, steps)  # traced without the agent
+        agent_on(True)
+        block(instrumented, ds, steps)  # traced with it: carries the in-graph probes
+        agent_on(False)
+        for run in range(a.repeat):
+            for _ in range(2):  # warm up both
+                block(plain, ds, steps)
+                agent_on(True)
+                block(instrumented, ds, steps)
+                agent_on(False)
+            load0 = os.getloadavg()[0]
+            on, off = [], []
+            steps0 = agent.global_step
+            for i in range(a.blocks):
+                for instrumented_phase in ((True, False) if i % 2 == 0 else (False, True)):
+                    if instrumented_phase:
+                        agent_on(True)
+                        on.append(block(instrumented, ds, steps))
+                        agent_on(False)
+                    else:
+                        off.append(block(plain, ds, steps))
+            agent.flush()
+            recorded = agent.global_step - steps0
+            on_s, off_s = statistics.median(on), statistics.median(off)
+            # Each pair ran back to back: the median of the pairs' ratios cancels slow drift of a
+            # shared machine better than the ratio of the two medians.
+            pairs = sorted(x / y for x, y in zip(on, off))
+            print(f"{label:<38} run {run + 1}: plain {off_s * 1e3:8.3f} ms/step  with agent {on_s * 1e3:8.3f} "
+                  f"ms/step  ratio {on_s / off_s:6.4f} (median of pair ratios {statistics.median(pairs):6.4f}, "
+                  f"range {pairs[0]:.3f}-{pairs[-1]:.3f})  added {(on_s - off_s) * 1e6:+7.1f} µs/step  "
+                  f"load {load0:.2f}->{os.getloadavg()[0]:.2f}  ({a.blocks} pairs x {steps} steps; "
+                  f"{recorded} steps recorded, {a.blocks * steps} expected)", flush=True)
+
+    configs = []
+    if a.only in (None, "spe1"):
+        configs.append(("spe1", mirrored, 1))
+    if a.only in (None, "spek"):
+        configs.append(("spek", mirrored, a.spe))
+    for name, strategy, spe in configs:
+        for size, width in ((f"width {a.width}", a.width), ("tiny step", 8)):
+            kind = "default strategy" if strategy is tf.distribute.get_strategy() else type(strategy).__name__
+            try:
+                ab(f"fit spe={spe} {kind} {size}", strategy, width, spe)
+            except Exception as e:  # keras-team/keras#19246: spe > 1 under MirroredStrategy
+                if strategy is tf.distribute.get_strategy():
+                    raise
+                agent_on(False)
+                print(f"fit spe={spe} under {kind} failed ({type(e).__name__}: {str(e).splitlines()[0][:100]}); "
+                      "using the default strategy", flush=True)
+                strategy = tf.distribute.get_strategy()
+                ab(f"fit spe={spe} default strategy {size}", strategy, width, spe)
+    agent_on(True)
+    patches.restore()
+    agent.stop()
+
+
+if __name__ == "__main__":
+    main()

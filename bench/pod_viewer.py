@@ -1,0 +1,322 @@
+"""One viewer attached to a simulated TPU pod: N hosts x 4 chips, each a synthetic agent on 127.0.0.1.
+
+A *pod* subprocess plays N hosts of one synchronous job. Each host has its own recording and its
+own ``tpuwatch.agent.transport.Server`` (the agent's real TCP transport: handshake, token,
+streaming from a byte offset), all with one shared ``TPUWATCH_TOKEN`` (from the environment, as on
+a real pod). Every host records a hello, a topology (TPUStrategy, 4 local replicas, worker i of N),
+a step every 100 ms (4 replica losses, synchronised across hosts) and a host sample + 4 chip
+samples at 4 Hz, flushed every 50 ms. One host (``--slow-host``) waits 60 ms for input per step
+against 2 ms on the others: the straggler. The pod starts with ``--backlog`` seconds already
+recorded, so the viewer attaches late and must catch up.
+
+A *viewer* subprocess is the dashboard (``TpuwatchApp`` on ``make_remote_source``, what
+``tpuwatch attach @hosts.txt`` runs; headless, 160x48, its normal 4 Hz drain and 1 Hz frames).
+It reports:
+- catch-up: seconds from start until every host's newest step is live (recorded after the attach);
+- straggler: seconds from start until the ``straggler-host`` finding appears, and whom it names;
+- display lag at each frame shown after catch-up: now minus the newest step time of the
+  primary host, and of the *most behind* host (p50 / p95 / max);
+- CPU (process_time / wall over the steady window, % of one core) and RSS (end, peak).
+
+    .venv/bin/python bench/pod_viewer.py [--hosts 8,64,256] [--backlog 60] [--seconds 20]
+
+Prints one line per pod size with the 1-minute load average. Targets: lag < 1 s, CPU < 50% of a
+core, RSS < 300 MB. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import resource
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tpuwatch import protocol  # noqa: E402
+
+STEP_S = 0.1
+SAMPLE_HZ = 4.0
+CHIPS = 4
+FLUSH_S = 0.05
+GiB = 1 << 30
+
+
+# --- the pod -------------------------------------------------------------------------------------
+
+
+class _HostAgent:
+    """What ``transport.Server`` needs from an agent: the recording, and somewhere for events."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.events_path = run_dir / "events.jsonl"
+        self.events: list[str] = []
+
+    def event(self, level: str, source: str, message: str) -> None:
+        self.events.append(f"{level} {source}: {message}")
+
+    def submit(self, command: protocol.Command) -> None:
+        pass
+
+
+def _head(i: int, n: int, t0: float) -> list[protocol.Message]:
+    devices = tuple(f"/job:worker/replica:0/task:{i}/device:TPU:{c}" for c in range(CHIPS))
+    return [
+        protocol.Hello(protocol_version=protocol.PROTOCOL_VERSION, agent_version="bench", run_id="pod", t=t0,
+                       pid=1000 + i, host=f"pod-host-{i}", worker=f"worker:{i}", python_version="3.11",
+                       tf_version="2.21.0", keras_version="3.15.0", script="train.py", argv=("train.py",)),
+        protocol.Topology(t=t0, strategy="TPUStrategyV2", replicas=CHIPS * n, local_replicas=CHIPS, num_workers=n,
+                          worker_index=i, device_kind="TPU v4", devices=devices, is_tpu=True),
+        protocol.Config(t=t0, mixed_precision="mixed_bfloat16", global_batch_size=32 * CHIPS * n,
+                        per_replica_batch_size=32, steps_per_execution=1),
+    ]
+
+
+def _step(i: int, step: int, t: float, slow: bool) -> protocol.Step:
+    loss = 2.0 * math.exp(-step / 3000) + 0.01 * math.sin(step + i)
+    losses = tuple(loss * (1 + 0.002 * (c - 1.5)) for c in range(CHIPS))
+    return protocol.Step(step=step, t=t, step_time_s=STEP_S * (1 + 0.02 * math.sin(step)),
+                         input_wait_s=0.06 if slow else 0.002, loss=loss, replica_losses=losses,
+                         examples=32 * CHIPS, function="train_step", epoch=0)
+
+
+def _samples(i: int, t: float, k: int) -> list[protocol.Message]:
+    out: list[protocol.Message] = [protocol.HostSample(t=t, rss_bytes=6 * GiB + (k % 5) * (1 << 20),
+                                                       available_bytes=300 * GiB, total_bytes=400 * GiB,
+                                                       cpu_percent=150.0)]
+    for c in range(CHIPS):
+        out.append(protocol.DeviceSample(t=t, device=f"/job:worker/replica:0/task:{i}/device:TPU:{c}",
+                                         current_bytes=20 * GiB + (k % 3) * (1 << 20), peak_bytes=24 * GiB,
+                                         limit_bytes=32 * GiB, source="tpu-info", limit_source="chip table v4",
+                                         duty_cycle_pct=88.0))
+    return out
+
+
+def serve_pod(n: int, backlog_s: float, slow_host: int, ports_file: Path, seconds: float) -> None:
+    from tpuwatch.agent.transport import Server
+
+    token = os.environ["TPUWATCH_TOKEN"]
+    base = Path(tempfile.mkdtemp(prefix="tpuwatch-pod-"))
+    now = time.time()
+    t0 = now - backlog_s
+    files, servers = [], []
+    for i in range(n):
+        run_dir = base / f"host{i}"
+        run_dir.mkdir()
+        f = open(run_dir / "events.jsonl", "ab", buffering=0)
+        files.append(f)
+        servers.append(Server(_HostAgent(run_dir), None, ("127.0.0.1", 0), token))
+    step, k = 0, 0  # last step and sample index written (the same on every host: synchronous)
+
+    def write_until(t_end: float) -> None:
+        nonlocal step, k
+        steps = []
+        while t0 + (step + 1) * STEP_S <= t_end:
+            step += 1
+            steps.append((step, t0 + step * STEP_S))
+        samples = []
+        while t0 + k / SAMPLE_HZ <= t_end:
+            samples.append((k, t0 + k / SAMPLE_HZ))
+            k += 1
+        for i, f in enumerate(files):
+            msgs = [m for s, t in steps for m in [_step(i, s, t, i == slow_host)]]
+            msgs += [m for kk, t in samples for m in _samples(i, t, kk)]
+            msgs.sort(key=lambda m: m.t)
+            if msgs:
+                f.write(b"".join(protocol.encode(m) for m in msgs))
+
+    for i, f in enumerate(files):
+        f.write(b"".join(protocol.encode(m) for m in _head(i, n, t0)))
+    write_until(now)
+    for s in servers:
+        s.start()
+    tmp = ports_file.with_suffix(".tmp")
+    tmp.write_text("".join("%s:%d\n" % s.tcp_address for s in servers))
+    tmp.rename(ports_file)
+    stop = time.monotonic() + seconds
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while time.monotonic() < stop:
+        time.sleep(FLUSH_S)
+        write_until(time.time())
+
+
+# --- the viewer ----------------------------------------------------------------------------------
+
+
+async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_host: int, deadline_s: float) -> dict:
+    import psutil
+
+    from tpuwatch.ui.app import TpuwatchApp
+    from tpuwatch.ui.remote_source import make_remote_source
+
+    attach_t = time.time()
+    rss0 = psutil.Process().memory_info().rss
+    source = make_remote_source(addresses, os.environ["TPUWATCH_TOKEN"])
+    app = TpuwatchApp(source, title="pod bench")
+    out: dict = {"hosts": n}
+    lag_primary: list[float] = []
+    lag_worst: list[float] = []
+    frames = [0]
+    caught_up: list[float] = []
+    original = app.pull
+    shown = [None]
+
+    def pull() -> None:
+        original()
+        s = app.snapshot
+        now = time.time()
+        if s is shown[0]:
+            return
+        shown[0] = s
+        frames[0] += 1
+        if "straggler_s" not in out:
+            for f in s.findings:
+                if f.rule == "straggler-host":
+                    out["straggler_s"] = now - attach_t
+                    out["straggler_names"] = f.worker or f.message[:80]
+                    out["straggler_right"] = f.worker == f"worker:{slow_host}" or f"worker:{slow_host} " in f.message
+        workers = [w for w in s.workers if w.last_step_t is not None]
+        if not caught_up:
+            if len(workers) == n and all(w.last_step_t >= attach_t for w in workers):
+                caught_up.append(now - attach_t)
+            return
+        lag_primary.append(now - (s.last_step_t or now))
+        lag_worst.append(now - min(w.last_step_t for w in workers))
+
+    app.pull = pull  # type: ignore[method-assign]
+    async with app.run_test(size=(160, 48)) as pilot:
+        limit = time.monotonic() + deadline_s
+        while not caught_up and time.monotonic() < limit:
+            await asyncio.sleep(0.1)
+        if not caught_up:
+            out["catch_up_s"] = None
+            s = app.snapshot
+            behind = [time.time() - w.last_step_t for w in s.workers if w.last_step_t is not None]
+            out["behind_s"] = max(behind, default=math.nan)
+            out["cpu_pct"] = 100 * time.process_time() / max(1e-9, time.time() - attach_t)
+            out["rss_mib"] = psutil.Process().memory_info().rss / 2**20
+            out["workers_shown"] = len(s.workers)
+            return out
+        out["catch_up_s"] = caught_up[0]
+        frames0 = frames[0]
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        await asyncio.sleep(seconds)
+        cpu1, wall1 = time.process_time(), time.perf_counter()
+        out["frames_per_s"] = (frames[0] - frames0) / (wall1 - wall0)
+        straggler_limit = time.monotonic() + 30
+        while "straggler_s" not in out and time.monotonic() < straggler_limit:
+            await asyncio.sleep(0.2)
+        out["workers_shown"] = len(app.snapshot.workers)
+        out["replicas_shown"] = len(app.snapshot.replica_losses)
+        await pilot.pause()
+    source.close()
+    out["cpu_pct"] = 100 * (cpu1 - cpu0) / (wall1 - wall0)
+    out["rss_mib"] = psutil.Process().memory_info().rss / 2**20
+    out["rss_start_mib"] = rss0 / 2**20
+    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def q(xs: list[float], p: int) -> float:
+        return statistics.quantiles(xs, n=100, method="inclusive")[p - 1] if len(xs) >= 2 else (xs[0] if xs else math.nan)
+
+    out["lag_primary"] = [q(lag_primary, 50), q(lag_primary, 95), max(lag_primary, default=math.nan)]
+    out["lag_worst_host"] = [q(lag_worst, 50), q(lag_worst, 95), max(lag_worst, default=math.nan)]
+    return out
+
+
+# --- the driver ----------------------------------------------------------------------------------
+
+
+def run_size(n: int, a: argparse.Namespace) -> dict:
+    import psutil
+
+    tmp = Path(tempfile.mkdtemp(prefix="tpuwatch-podbench-"))
+    ports = tmp / "hosts.txt"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TPUWATCH_TOKEN=secrets.token_urlsafe(24))
+    slow = n // 3
+    pod = subprocess.Popen([sys.executable, __file__, "--serve", str(n), "--backlog", str(a.backlog),
+                            "--slow-host", str(slow), "--ports", str(ports),
+                            "--pod-seconds", str(a.backlog + a.seconds + 600)], env=env)
+    try:
+        limit = time.monotonic() + 120
+        while not ports.exists():
+            if pod.poll() is not None or time.monotonic() > limit:
+                raise SystemExit(f"the simulated pod of {n} hosts did not start")
+            time.sleep(0.1)
+        pod_ps = psutil.Process(pod.pid)
+        pod_cpu0 = sum(pod_ps.cpu_times()[:2])
+        load0 = os.getloadavg()[0]
+        t = time.perf_counter()
+        viewer = subprocess.run([sys.executable, __file__, "--view", str(ports), "--n", str(n), "--slow-host",
+                                 str(slow), "--seconds", str(a.seconds), "--deadline", str(a.deadline)], env=env, capture_output=True, text=True,
+                                timeout=a.seconds + 900)
+        wall = time.perf_counter() - t
+        pod_cpu = sum(pod_ps.cpu_times()[:2]) - pod_cpu0
+        if viewer.returncode != 0:
+            raise SystemExit(f"viewer failed:\n{viewer.stderr[-3000:]}")
+        result = json.loads(viewer.stdout.strip().splitlines()[-1])
+        result["load"] = (load0, os.getloadavg()[0])
+        result["pod_cpu_pct"] = 100 * pod_cpu / wall
+        return result
+    finally:
+        pod.terminate()
+        pod.wait(30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", default="8,64,256", help="pod sizes to measure")
+    ap.add_argument("--backlog", type=float, default=60.0, help="seconds already recorded when the viewer attaches")
+    ap.add_argument("--seconds", type=float, default=20.0, help="steady-state window after catching up")
+    ap.add_argument("--deadline", type=float, default=600.0, help="seconds the viewer gets to catch up")
+    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--view", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--slow-host", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--ports", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--pod-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.serve:
+        serve_pod(a.serve, a.backlog, a.slow_host, a.ports, a.pod_seconds)
+        return
+    if a.view:
+        from tpuwatch.monitor.client import read_addresses
+
+        addresses = read_addresses(["@" + str(a.view)])
+        print(json.dumps(asyncio.run(view(addresses, a.n, a.seconds, a.slow_host, deadline_s=a.deadline))))
+        return
+    print(f"{os.cpu_count()} cores; a step every {STEP_S * 1e3:.0f} ms per host, {CHIPS} chips, samples at "
+          f"{SAMPLE_HZ:g} Hz; backlog {a.backlog:g} s; steady window {a.seconds:g} s", flush=True)
+    for n in (int(x) for x in a.hosts.split(",")):
+        r = run_size(n, a)
+
+        def ms(xs: list[float]) -> str:
+            return "/".join(f"{1e3 * x:.0f}" for x in xs)
+
+        if r.get("catch_up_s") is None:
+            print(f"{n:4d} hosts: did not catch up within {a.deadline:g} s: the most-behind host was "
+                  f"{r['behind_s']:.0f} s behind; {r['workers_shown']} workers seen; CPU {r['cpu_pct']:.1f}% of a core "
+                  f"since the start; RSS {r['rss_mib']:.0f} MiB; straggler "
+                  f"{'found at %.1f s' % r['straggler_s'] if 'straggler_s' in r else 'not found'}; "
+                  f"load {r['load'][0]:.2f}->{r['load'][1]:.2f}", flush=True)
+            continue
+        print(f"{n:4d} hosts: catch-up {r['catch_up_s']:.1f} s; lag p50/p95/max {ms(r['lag_primary'])} ms "
+              f"(most-behind host {ms(r['lag_worst_host'])} ms); CPU {r['cpu_pct']:.1f}% of a core; RSS "
+              f"{r['rss_mib']:.0f} MiB (peak {r['peak_rss_mib']:.0f}); {r['frames_per_s']:.2f} frames/s; "
+              f"straggler {'found at %.1f s, names %s (%s)' % (r['straggler_s'], r['straggler_names'], 'right' if r['straggler_right'] else 'WRONG') if 'straggler_s' in r else 'NOT found'}; "
+              f"{r['workers_shown']} workers, {r['replicas_shown']} replica losses shown; pod simulator CPU "
+              f"{r['pod_cpu_pct']:.0f}%; load {r['load'][0]:.2f}->{r['load'][1]:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""What the dashboard redraws, and when: the pacer's policy (pure), plots that repaint only the
+columns that changed, and a header that repaints only the line that changed. Terminal output is
+what a viewer over SSH pays for (bench/terminal_bytes.py measures it)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from textual.app import App, ComposeResult
+from textual.geometry import Region
+
+from tpuwatch.monitor.snapshot import CommandView, RunSnapshot
+from tpuwatch.protocol import Finding
+from tpuwatch.ui.pacer import Pacer, news_key
+from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
+from tpuwatch.ui.widgets.run_header import RunHeader
+from ui_support import sync
+
+RUNNING = RunSnapshot(status="running", script="train.py", step=10, started_t=100.0, now=110.0)
+
+
+def test_numbers_are_shown_once_a_second_and_news_at_once() -> None:
+    pacer = Pacer(1.0)
+    assert pacer.due(news_key(RUNNING), 0.0)  # the first snapshot always
+    assert not pacer.due(news_key(dataclasses.replace(RUNNING, step=20, now=110.25)), 0.25)
+    assert not pacer.due(news_key(dataclasses.replace(RUNNING, step=30, now=110.5)), 0.5)
+    assert pacer.due(news_key(dataclasses.replace(RUNNING, step=40, now=111.0)), 1.0)  # the clock ticks
+    finding = Finding(t=111.1, rule="input-bound", severity="warning", message="input-bound", advice="")
+    assert pacer.due(news_key(dataclasses.replace(RUNNING, step=41, findings=(finding,))), 1.1)
+    command = CommandView(id="c1", action="profile", status="running", message="", details={}, t=111.2)
+    assert pacer.due(news_key(dataclasses.replace(RUNNING, commands=(command,), findings=(finding,))), 1.2)
+    done = dataclasses.replace(command, status="done")
+    assert pacer.due(news_key(dataclasses.replace(RUNNING, commands=(done,), findings=(finding,))), 1.3)
+    assert pacer.due(news_key(dataclasses.replace(RUNNING, status="finished", commands=(done,), findings=(finding,))), 1.4)
+
+
+def test_period_zero_shows_every_snapshot_and_reset_shows_the_next() -> None:
+    every = Pacer(0.0)
+    assert all(every.due(news_key(dataclasses.replace(RUNNING, step=s)), s * 0.01) for s in range(5))
+    pacer = Pacer(1.0)
+    assert pacer.due(news_key(RUNNING), 5.0) and not pacer.due(news_key(RUNNING), 5.1)
+    pacer.reset()  # a replay seek
+    assert pacer.due(news_key(RUNNING), 5.2)
+    assert pacer.due(news_key(RUNNING), 1.0)  # a clock that went backwards never freezes the screen
+
+
+class _Plots(App):
+    def compose(self) -> ComposeResult:
+        yield HistoryBars(id="plot")
+        yield RunHeader(id="header")
+
+
+def _record_refreshes(widget, log: list) -> None:
+    original = widget.refresh
+
+    def refresh(*regions, **kw):
+        log.append(regions)
+        return original(*regions, **kw)
+
+    widget.refresh = refresh
+
+
+@sync
+async def test_a_plot_repaints_only_the_columns_that_changed() -> None:
+    app = _Plots()
+    async with app.run_test(size=(47, 8)) as pilot:
+        plot = app.query_one(HistoryBars)
+        values = tuple(float(1 + i % 5) for i in range(300))
+        plot.series = BarSeries(values, 0.0, 10.0, name="step", top_label="10ms")
+        await pilot.pause()
+        log: list = []
+        _record_refreshes(plot, log)
+        # One more value that lands in the newest column and raises it to the top.
+        plot.series = BarSeries(values + (10.0,), 0.0, 10.0, name="step", top_label="10ms")
+        await pilot.pause()
+        width, height = plot.size
+        assert log == [(Region(width - 1, 0, 1, height),)]
+        log.clear()
+        plot.series = BarSeries(values + (10.0,), 0.0, 10.0, name="step", top_label="10ms")  # same glyphs
+        await pilot.pause()
+        assert log == []
+        assert str(plot.render()).splitlines()[0].endswith("█")
+
+
+@sync
+async def test_the_header_repaints_only_the_line_that_changed() -> None:
+    app = _Plots()
+    async with app.run_test(size=(80, 8)) as pilot:
+        header = app.query_one(RunHeader)
+        header.snapshot = RUNNING
+        await pilot.pause()
+        log: list = []
+        _record_refreshes(header, log)
+        header.snapshot = dataclasses.replace(RUNNING, step=11, now=111.0)  # line 2 only
+        await pilot.pause()
+        assert log == [(Region(0, 1, 80, 1),)]
+        log.clear()
+        # The badge changes, the progress line does not (elapsed ends where the clock was).
+        header.snapshot = dataclasses.replace(RUNNING, step=11, now=111.0, status="finished", ended_t=111.0)
+        await pilot.pause()
+        assert log == [(Region(0, 0, 80, 1),)]
+        assert "FINISHED" in str(header.render())
