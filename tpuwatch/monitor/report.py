@@ -283,6 +283,7 @@ def _run_section(snap: RunSnapshot, meta: dict[str, Any], run_dir: Path,
         "exit_code": exit_code,
         "exit_signal": snap.exit_signal,
         "exception": snap.exception,
+        "traceback": snap.exception_traceback,
         "lost_reason": snap.lost_reason,
     }
 
@@ -367,7 +368,8 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         f"duration\t{fmt_duration(_num(run['duration_s']))}",
     ]
     if run.get("exception"):
-        rows_run.append(f"exception\t{run['exception']}")
+        first = next((ln for ln in run["exception"].splitlines() if ln.strip()), "")
+        rows_run.append(f"exception\t{first}")
     if run.get("lost_reason"):
         rows_run.append(f"lost\t{run['lost_reason']}")
     rows_sum = [
@@ -412,6 +414,8 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     if losses:
         out.append(("Replica losses (last step)", "", losses))
     out.append(("Findings", "", [] if findings else ["none"]))
+    if run.get("traceback"):
+        out.append(("Traceback", "", run["traceback"].rstrip().splitlines()))
     return out
 
 
@@ -466,6 +470,9 @@ def render_markdown(report: dict[str, Any]) -> str:
                 k, _, v = row.partition("\t")
                 parts.append(f"| {_md_escape(k)} | {_md_escape(v)} |")
             parts.append("")
+        if title == "Traceback":
+            parts += ["```", *extra, "```", ""]
+            continue
         for line in extra:
             parts.append(f"- {line}" if line != "none" else "None.")
         if title == "Findings":
