@@ -96,6 +96,11 @@ class Thresholds:
     skew_min_z: float = 5.0
     #: Share of steps on which the gap has the same sign: persistent, not a few outliers.
     skew_min_same_sign: float = 0.8
+    #: Before a non-finite loss: a replica whose loss is this many times the others' median
+    #: on the last finite steps is named as the origin (however few steps the run has).
+    skew_origin_ratio: float = 10.0
+    #: Finite steps kept per worker to look back from the first non-finite loss.
+    skew_origin_lookback: int = 64
 
     # --- stall ---------------------------------------------------------------------------
     #: Live floor: a gap still going on is a stall only after this long (or 20 x the median
