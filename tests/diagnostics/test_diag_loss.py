@@ -137,3 +137,14 @@ def test_nonfinite_everywhere_at_once_names_no_origin():
     eng = run.engine()
     assert "origin_replica" not in findings(eng, "loss-nonfinite")[0].evidence
     assert findings(eng, "replica-loss-skew") == []
+
+
+def test_a_replica_whose_loss_collapses_to_zero_before_a_nonfinite_loss_is_named():
+    # garbage inputs can make one replica's loss exactly 0 (saturated logits) before the NaN
+    run = SyntheticRun()
+    run.steps(30, loss=lambda s, r, v: math.nan if s >= 25 else (0.0 if r == 2 and s >= 20 else v))
+    eng = run.engine()
+    assert findings(eng, "loss-nonfinite")[0].evidence["origin_replica"] == 2
+    (skew,) = findings(eng, "replica-loss-skew")
+    assert skew.evidence["direction"] == "lower" and skew.evidence["from_step"] == 20
+    assert "loss was 0 against the others'" in skew.message

@@ -248,7 +248,7 @@ class TpuwatchApp(App[str]):
         self._findings.evaluate(self._state, now)
         self.snapshot = self._state.snapshot(now=now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
-            self._show_profile(done)
+            self._show_profile(done, self.snapshot.input_recent)
         if self._tail is not None:
             try:
                 lines = self._tail.read_lines()
@@ -345,9 +345,9 @@ class TpuwatchApp(App[str]):
         self._deliver(command)
 
     @work(thread=True, group="profile-summary", exit_on_error=False)
-    def _show_profile(self, command) -> None:
+    def _show_profile(self, command, live) -> None:
         # xprof takes up to ~0.3 s: never on the UI thread.
-        text = load_summary_text(command)
+        text = load_summary_text(command, live)
         self.call_from_thread(self.push_screen, ProfileSummaryScreen(text))
 
     @work(thread=True, group="commands", exit_on_error=False)

@@ -22,40 +22,59 @@ def _fmt(v: float) -> str:
 
 @dataclass(frozen=True)
 class Departure:
-    """One replica's loss far above the others' on the steps just before a non-finite loss."""
+    """One replica's loss far from the others' on the steps just before a non-finite loss."""
 
     column: int  # index into the row (local replica on one worker)
-    ratio: float  # largest |loss| / median |loss| of the others over the departed steps
+    ratio: float  # largest factor between its |loss| and the others' median over the departed steps
+    higher: bool  # above the others (else below: a loss of 0 on garbage data, for example)
+    value: float  # its loss on the last finite step
+    others: float  # the others' median on that step
     from_step: int
     last_step: int  # the last finite step before the loss went non-finite
 
+    def describe(self) -> str:
+        """``"10^6x the others'"``, ``"0 against the others' 0.51"``."""
+        if self.higher:
+            return f"{times(self.ratio)} the others'"
+        if self.value == 0:
+            return f"0 against the others' {self.others:.2g}"
+        return f"{times(self.ratio)} below the others'"
+
 
 def departure(rows: "deque[tuple[int, tuple[float, ...]]] | list", min_ratio: float) -> Departure | None:
-    """The replica that left the others (loss >= ``min_ratio`` x the others' median) on the
-    latest rows ``(step, per-replica losses)``, and the step from which it did, or None."""
+    """The replica that left the others (loss >= ``min_ratio`` x the others' median, or, with
+    three replicas or more, as many times below) on the latest rows ``(step, per-replica
+    losses)``, and the step from which it did; None if no replica did."""
     if not rows:
         return None
     last = rows[-1][1]
-    if len(last) < 2:
+    n = len(last)
+    if n < 2:
         return None
 
-    def ratio(row: tuple[float, ...], r: int) -> float:
+    def factor(row: tuple[float, ...], r: int) -> tuple[float, bool, float]:
         others = sorted(abs(v) for i, v in enumerate(row) if i != r)
         ref = _median_sorted(others)
-        return abs(row[r]) / ref if ref > 0 else (math.inf if row[r] else 0.0)
+        a = abs(row[r])
+        up = a / ref if ref > 0 else (math.inf if a else 1.0)
+        down = ref / a if a > 0 else (math.inf if ref else 1.0)
+        if n < 3 or up >= down:  # with two replicas only "higher" says which one is off
+            return up, True, ref
+        return down, False, ref
 
-    col = max(range(len(last)), key=lambda r: ratio(last, r))
-    if ratio(last, col) < min_ratio:
+    col = max(range(n), key=lambda r: factor(last, r)[0])
+    ratio, higher, ref = factor(last, col)
+    if ratio < min_ratio:
         return None
     from_step, worst = rows[-1][0], 0.0
     for step, row in reversed(rows):
-        if len(row) != len(last):
+        if len(row) != n:
             break
-        rr = ratio(row, col)
-        if rr < min_ratio:
+        rr, hh, _ = factor(row, col)
+        if rr < min_ratio or hh != higher:
             break
         from_step, worst = step, max(worst, rr)
-    return Departure(col, worst, from_step, rows[-1][0])
+    return Departure(col, worst, higher, last[col], ref, from_step, rows[-1][0])
 
 
 def times(ratio: float) -> str:
@@ -132,7 +151,7 @@ class LossNonfinite(Rule):
             origin = look = ""
             if dep is not None:
                 origin = (f"; it began on replica {nf.origin_replica}, whose loss was "
-                          f"{times(dep.ratio)} the others' from step {dep.from_step}")
+                          f"{dep.describe()} from step {dep.from_step}")
                 look = (f"Replica {nf.origin_replica}'s data from step {dep.from_step} is the first "
                         "suspect (check its input shard for corrupt records); ")
             evidence = {
@@ -198,8 +217,8 @@ class ReplicaLossSkew(Rule):
         dev = w.device_of(dep.column)
         self._keep(f"replica{rep}", Finding(
             t=w.last_step_t or 0.0, rule=self.id, severity="warning",
-            message=(f"replica {rep}{' (' + dev + ')' if dev else ''}'s loss was {times(dep.ratio)} "
-                     f"the others' from step {dep.from_step}; the loss went non-finite at step {step}"),
+            message=(f"replica {rep}{' (' + dev + ')' if dev else ''}'s loss was {dep.describe()} "
+                     f"from step {dep.from_step}; the loss went non-finite at step {step}"),
             advice=(f"Replica {rep}'s input from step {dep.from_step} is the likely origin of the "
                     "non-finite loss: look for corrupt records (NaN/Inf, unnormalised or blank "
                     "inputs, wrong labels) in the shard it reads (tf.debugging.check_numerics on "
@@ -208,6 +227,7 @@ class ReplicaLossSkew(Rule):
                 "replica": rep,
                 "device": dev,
                 "loss_ratio_to_others": sig(min(dep.ratio, 1e300), 2),
+                "direction": "higher" if dep.higher else "lower",
                 "from_step": dep.from_step,
                 "nonfinite_step": step,
                 "window_steps": len(rows),

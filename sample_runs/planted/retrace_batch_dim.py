@@ -1,0 +1,89 @@
+"""Planted problem (short run): a step function traced 4 times, once per batch size. Rule:
+retrace-storm (info: below the storm threshold, with the fix).
+
+The data comes in four parts batched differently (--batch-sizes, default 64,48,32,16 global),
+concatenated: the dataset's batch dimension is None, so each new size traces the tf.function step
+again. --steps-per-size (default 25) steps each: 100 steps. The fix: one batch size with
+drop_remainder=True, or an input_signature with a None batch dimension.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide C++ INFO/WARNING chatter; errors still print
+
+import numpy as np
+import tensorflow as tf
+import keras
+
+
+def make_strategy(replicas: int) -> tf.distribute.Strategy:
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+    except ValueError:  # no TPU here
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+        return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def synthetic_mnist(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    templates = rng.random((10, 28, 28, 1), dtype=np.float32)
+    labels = rng.integers(0, 10, n)
+    noise = rng.random((n, 28, 28, 1), dtype=np.float32)
+    return (0.5 * templates[labels] + 0.5 * noise).astype(np.float32), labels.astype(np.int64)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", default="64,48,32,16")
+    p.add_argument("--steps-per-size", type=int, default=25)
+    p.add_argument("--replicas", type=int, default=4)
+    args = p.parse_args()
+    keras.utils.set_random_seed(0)
+    strategy = make_strategy(args.replicas)
+    sizes = [int(s) for s in args.batch_sizes.split(",")]
+
+    images, labels = synthetic_mnist(2048, seed=0)
+    base = tf.data.Dataset.from_tensor_slices((images, labels)).cache()
+    ds = None
+    for size in sizes:  # planted: each part has its own batch size
+        part = base.repeat().batch(size, drop_remainder=True).take(args.steps_per_size)
+        ds = part if ds is None else ds.concatenate(part)
+    iterator = iter(strategy.experimental_distribute_dataset(ds.prefetch(2)))
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        optimizer = keras.optimizers.SGD(0.01)
+        optimizer.build(model.trainable_variables)
+        loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    def step_fn(x, y):
+        with tf.GradientTape() as tape:
+            per_example = loss_object(y, model(x, training=True))
+            loss = tf.reduce_mean(per_example) / strategy.num_replicas_in_sync
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return tf.reduce_mean(per_example)
+
+    @tf.function
+    def train_step(batch):
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(step_fn, args=batch), axis=None)
+
+    steps = 0
+    for batch in iterator:
+        loss = float(train_step(batch))
+        steps += 1
+        if steps % args.steps_per_size == 0:
+            print(f"step {steps}  loss {loss:.4f}", flush=True)
+    print(f"done: {steps} steps, {train_step.experimental_get_tracing_count()} traces")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
