@@ -58,7 +58,13 @@ def main() -> int:
         ds = part if ds is None else ds.concatenate(part)
     iterator = iter(strategy.experimental_distribute_dataset(ds.prefetch(2)))
     with strategy.scope():
-        model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        model = keras.Sequential([  # the healthy loop's convnet: compute, not the eager fetch, dominates a step
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10),
+        ])
         optimizer = keras.optimizers.SGD(0.01)
         optimizer.build(model.trainable_variables)
         loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)

@@ -142,7 +142,7 @@ class HostMemoryGrowth(Rule):
         rate = (f"+{per_step / MB:.2g} MiB per step, " if per_step is not None else "")
         self._keep(w.name, Finding(
             t=t, rule=self.id, severity=severity,
-            message=(f"host memory grows steadily: {rate}+{mb_per_min:.2g} MB/min "
+            message=(f"host memory grows steadily: {rate}+{_n(mb_per_min)} MB/min "
                      f"(+{growth_mb:.3g} MB {scope}){tail}"),
             advice=ADVICE, evidence=evidence,
             first_step=None, last_step=w.last_step or None, worker=w.name,
@@ -155,6 +155,11 @@ def _thin(pts: list) -> list:
     if thin[-1] is not pts[-1]:
         thin.append(pts[-1])
     return thin
+
+
+def _n(x: float) -> str:
+    """2 significant digits without an exponent: ``5321`` -> ``"5300"``, ``11.4`` -> ``"11"``."""
+    return f"{sig(x, 2):.0f}" if abs(x) >= 10 else f"{x:.2g}"
 
 
 def _when(seconds: float) -> str:
