@@ -1,9 +1,9 @@
 """Planted problem (short run): a step function traced 4 times, once per batch size. Rule:
 retrace-storm (info: below the storm threshold, with the fix).
 
-The data comes in four parts batched differently (--batch-sizes, default 64,48,32,16 global),
-concatenated: the dataset's batch dimension is None, so each new size traces the tf.function step
-again. --steps-per-size (default 25) steps each: 100 steps. The fix: one batch size with
+The data comes in four parts batched differently (--batch-sizes, default 64,48,32,16 global;
+per-replica pipelines from distribute_datasets_from_function), concatenated: the dataset's batch
+dimension is None, so each new size traces the tf.function step again. --steps-per-size (default 25) steps each: 100 steps. The fix: one batch size with
 drop_remainder=True, or an input_signature with a None batch dimension.
 """
 from __future__ import annotations
@@ -51,12 +51,17 @@ def main() -> int:
     sizes = [int(s) for s in args.batch_sizes.split(",")]
 
     images, labels = synthetic_mnist(2048, seed=0)
-    base = tf.data.Dataset.from_tensor_slices((images, labels)).cache()
-    ds = None
-    for size in sizes:  # planted: each part has its own batch size
-        part = base.repeat().batch(size, drop_remainder=True).take(args.steps_per_size)
-        ds = part if ds is None else ds.concatenate(part)
-    iterator = iter(strategy.experimental_distribute_dataset(ds.prefetch(2)))
+    replicas = strategy.num_replicas_in_sync
+
+    def replica_data(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        base = tf.data.Dataset.from_tensor_slices((images, labels)).cache()
+        ds = None
+        for size in sizes:  # planted: each part has its own batch size
+            part = base.repeat().batch(size // replicas, drop_remainder=True).take(args.steps_per_size)
+            ds = part if ds is None else ds.concatenate(part)
+        return ds.prefetch(2)
+
+    iterator = iter(strategy.distribute_datasets_from_function(replica_data))
     with strategy.scope():
         model = keras.Sequential([  # the healthy loop's convnet: compute, not the eager fetch, dominates a step
             keras.Input((28, 28, 1)),

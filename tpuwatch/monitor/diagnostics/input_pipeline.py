@@ -15,7 +15,10 @@ ADVICE = (
     "use .map(..., num_parallel_calls=tf.data.AUTOTUNE, deterministic=False); "
     ".cache() after expensive decoding if the data fits; read files with .interleave(..., "
     "num_parallel_calls=tf.data.AUTOTUNE); if the host CPU is saturated, offload "
-    "preprocessing to the tf.data service (tf.data.experimental.service)."
+    "preprocessing to the tf.data service (tf.data.experimental.service). In a custom loop "
+    "that fetches eagerly (for x in dist_dataset), call next(iterator) inside the tf.function "
+    "step, or use strategy.distribute_datasets_from_function, so the fetch is not host time "
+    "between steps."
 )
 
 
