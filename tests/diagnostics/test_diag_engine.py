@@ -119,7 +119,7 @@ def test_checked_in_recordings():
     (f,) = alarms(replay("input_bound.jsonl"))
     assert f.rule == "input-bound" and f.severity == "warning"
     assert f.worker == "tpu-vm-0:4242"
-    crash, f = alarms(replay("crashed.jsonl"))
+    f, crash = alarms(replay("crashed.jsonl"))
     assert f.rule == "loss-nonfinite" and f.evidence["replica"] == 2
     assert f.first_step == 120
     # the script raised: its own line, no known signature

@@ -173,9 +173,9 @@ class ScriptCrash(Rule):
         if w is not None and w.last_step:
             evidence["last_step"] = w.last_step
         if sig_ is None:
-            meaning = f"the script raised {crash.type}{where}: {first_line[:200]}"
-            advice = ("No known signature matched: read the error and the script's line above "
-                      "(tpuwatch report shows the traceback without tpuwatch's own frames)")
+            meaning = f"{crash.type}{where}: {first_line[:200]} (no known failure signature)"
+            advice = ("Read the error at the script's line; `tpuwatch report` shows the traceback "
+                      "without tpuwatch's own frames")
         else:
             meaning = f"{crash.type}{where}: {sig_.meaning}"
             advice = sig_.advice

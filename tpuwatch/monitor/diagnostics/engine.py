@@ -48,8 +48,8 @@ from .workers import StragglerHost
 
 #: Every rule, in the order findings of equal severity are listed.
 RULES: tuple[type[Rule], ...] = (
+    LossNonfinite,  # a NaN that made the script raise says more than the raise itself
     ScriptCrash,
-    LossNonfinite,
     Stall,
     InputBound,
     RetraceStorm,
