@@ -1,10 +1,11 @@
 """Planted problem (short run): a step function traced 4 times, once per batch size. Rule:
 retrace-storm (info: below the storm threshold, with the fix).
 
-The data comes in four parts batched differently (--batch-sizes, default 64,48,32,16 global;
-per-replica pipelines from distribute_datasets_from_function), concatenated: the dataset's batch
-dimension is None, so each new size traces the tf.function step again. --steps-per-size (default 25) steps each: 100 steps. The fix: one batch size with
-drop_remainder=True, or an input_signature with a None batch dimension.
+The loop slices batches from in-memory arrays and calls the tf.function step with them; the batch
+size changes three times (--batch-sizes, default 64,48,32,16), so the step is traced 4 times.
+--steps-per-size (default 25) steps each: 100 steps. (The batch goes to every replica whole:
+strategy.run replicates a plain tensor.) The fix: one batch size with drop_remainder=True, or an
+input_signature with a None batch dimension.
 """
 from __future__ import annotations
 
@@ -51,21 +52,8 @@ def main() -> int:
     sizes = [int(s) for s in args.batch_sizes.split(",")]
 
     images, labels = synthetic_mnist(2048, seed=0)
-    replicas = strategy.num_replicas_in_sync
-
-    def replica_data(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        base = tf.data.Dataset.from_tensor_slices((images, labels)).cache()
-        ds = None
-        for size in sizes:  # planted: each part has its own batch size
-            # one worker's pipeline feeds its replicas in turn: a step takes `replicas` batches
-            part = (base.repeat().batch(size // replicas, drop_remainder=True)
-                    .take(args.steps_per_size * replicas))
-            ds = part if ds is None else ds.concatenate(part)
-        return ds.prefetch(2)
-
-    iterator = iter(strategy.distribute_datasets_from_function(replica_data))
     with strategy.scope():
-        model = keras.Sequential([  # the healthy loop's convnet: compute, not the eager fetch, dominates a step
+        model = keras.Sequential([
             keras.Input((28, 28, 1)),
             keras.layers.Conv2D(16, 3, activation="relu"),
             keras.layers.MaxPooling2D(),
@@ -79,21 +67,25 @@ def main() -> int:
     def step_fn(x, y):
         with tf.GradientTape() as tape:
             per_example = loss_object(y, model(x, training=True))
-            loss = tf.reduce_mean(per_example) / strategy.num_replicas_in_sync
+            loss = tf.reduce_mean(per_example) / strategy.num_replicas_in_sync  # each replica: the whole batch
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return tf.reduce_mean(per_example)
 
     @tf.function
-    def train_step(batch):
-        return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(step_fn, args=batch), axis=None)
+    def train_step(x, y):
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(step_fn, args=(x, y)), axis=None)
 
-    steps = 0
-    for batch in iterator:
-        loss = float(train_step(batch))
-        steps += 1
-        if steps % args.steps_per_size == 0:
-            print(f"step {steps}  loss {loss:.4f}", flush=True)
+    steps, start = 0, 0
+    for size in sizes:  # planted: the batch size changes
+        for _ in range(args.steps_per_size):
+            if start + size > len(images):
+                start = 0
+            x, y = tf.constant(images[start:start + size]), tf.constant(labels[start:start + size])
+            start += size
+            loss = float(train_step(x, y))
+            steps += 1
+        print(f"step {steps}  batch {size}  loss {loss:.4f}", flush=True)
     print(f"done: {steps} steps, {train_step.experimental_get_tracing_count()} traces")
     return 0
 
