@@ -160,7 +160,6 @@ class RunSnapshot:
     #: window of eligible steps, and over the whole run. Before the first evaluation of the
     #: findings, the plain rolling share of the latest records.
     input_wait_frac: float | None = None
-    input_wait_p50_s: float | None = None
     input_wait_frac_total: float | None = None
     input_recent: InputShare | None = None  # the verdict's evidence (None before the first evaluation)
     input_run: InputShare | None = None

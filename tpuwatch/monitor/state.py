@@ -563,7 +563,6 @@ class RunState:
             examples_per_s=roll.examples_per_s,
             eta_s=eta,
             input_wait_frac=wait_frac,
-            input_wait_p50_s=roll.input_wait_p50_s,
             input_wait_frac_total=wait_total,
             input_recent=self._input_recent,
             input_run=self._input_run,
