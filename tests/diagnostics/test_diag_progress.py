@@ -238,3 +238,28 @@ def test_live_floor_still_holds_for_a_gap_going_on():
     run.steps(500)
     run.advance(40.0)
     assert findings(run.engine(), "stall") == []
+
+
+def test_live_stall_after_the_last_step_becomes_an_info_when_the_script_exits_cleanly():
+    # TF destroying a distributed iterator at exit: 78 s after the last step, then exit 0
+    run = SyntheticRun()
+    run.steps(200)
+    run.advance(70.0)
+    eng = run.engine()
+    (f,) = findings(eng, "stall")
+    assert f.severity == "warning" and f.evidence["ongoing"] == 1  # while it lasts, it may be a hang
+    run.advance(8.0)
+    run.exit(0)
+    run.feed(eng)
+    (f,) = findings(eng, "stall")
+    assert f.severity == "info" and f.evidence["finished_cleanly"] == 1
+    assert "took 78 s to finish after its last step (200), then exited cleanly" in f.message
+    # a gap that ended with more steps stays a warning, and a crash after the gap too
+    run = SyntheticRun()
+    run.steps(200)
+    run.advance(70.0)
+    eng = run.engine()
+    findings(eng, "stall")
+    run.exit(1)
+    run.feed(eng)
+    assert findings(eng, "stall")[0].severity == "warning"

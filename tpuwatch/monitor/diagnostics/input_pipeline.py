@@ -49,9 +49,9 @@ class InputBound(Rule):
         pct = round(100 * s.share)
         self._keep(worker, Finding(
             t=t, rule=self.id, severity=severity,
+            # no step count in the message: it would re-announce the finding every second
             message=(f"{s.verdict}: {pct}% of step time waiting for input "
-                     f"({ms(s.wait_per_step_s)} of {ms(s.step_time_s)} per step, "
-                     f"{s.steps} steps {scope})"),
+                     f"({ms(s.wait_per_step_s)} of {ms(s.step_time_s)} per step {scope})"),
             advice=ADVICE,
             evidence={
                 "input_wait_pct": pct,

@@ -112,13 +112,13 @@ class HostMemoryGrowth(Rule):
             return
         steps = sel[-1][0] - sel[0][0]
         self._report(w, sel[-1][1], sel[-1][2], slope_bps, up_share, growth_mb,
-                     f"over {steps} steps", {"mib_per_step": sig(per_step / MB, 2),
+                     None, {"mib_per_step": sig(per_step / MB, 2),
                                              "window_steps": steps,
                                              "window_s": sig(span_s, 2)},
                      per_step=per_step)
 
     def _report(self, w: WorkerTelemetry, t: float, rss: int, slope_bps: float, up_share: float,
-                growth_mb: float, scope: str, extra: dict[str, float | int | str],
+                growth_mb: float, scope: str | None, extra: dict[str, float | int | str],
                 per_step: float | None = None) -> None:
         th = self.th
         mb_per_min = slope_bps * 60 / MB
@@ -142,8 +142,10 @@ class HostMemoryGrowth(Rule):
         rate = (f"+{per_step / MB:.2g} MiB per step, " if per_step is not None else "")
         self._keep(w.name, Finding(
             t=t, rule=self.id, severity=severity,
-            message=(f"host memory grows steadily: {rate}+{_n(mb_per_min)} MB/min "
-                     f"(+{growth_mb:.3g} MB {scope}){tail}"),
+            # the step fit's message leaves the growth so far to the evidence: it changes at
+            # every sample and would re-announce the finding every second
+            message=(f"host memory grows steadily: {rate}+{_n(mb_per_min)} MB/min"
+                     + (f" (+{growth_mb:.3g} MB {scope})" if scope else "") + tail),
             advice=ADVICE, evidence=evidence,
             first_step=None, last_step=w.last_step or None, worker=w.name,
         ))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tpuwatch.protocol import Finding, Message, Step
 
@@ -99,6 +99,7 @@ class Stall(Rule):
                 ex = w.exit
                 killed = ex is not None and (ex.signal is not None or ex.exit_code >= 128)
                 if not killed:
+                    self._finished_after_last_step(w)
                     continue
                 end = ex.t
             else:
@@ -110,6 +111,26 @@ class Stall(Rule):
             if limit is not None and gap >= limit.seconds:
                 self._record(w, gap, limit, ongoing=not w.ended, resumed_at=None)
         return self._found
+
+    def _finished_after_last_step(self, w: WorkerTelemetry) -> None:
+        """A live stall after the last step that ended with the script finishing cleanly was
+        the script's own end (saving, TF destroying a distributed iterator, which can take
+        minutes at exit): say so as an info, in place of the warning seen while it lasted."""
+        f = self._found.get(w.name)
+        ex = w.exit
+        if (f is None or ex is None or ex.exit_code != 0 or f.severity == "info"
+                or not f.evidence.get("ongoing") or f.evidence.get("last_step") != w.last_step):
+            return
+        gap = ex.t - (w.last_step_t or ex.t)
+        self._found[w.name] = replace(
+            f, severity="info", t=ex.t,
+            message=(f"the script took {duration(gap)} to finish after its last step "
+                     f"({w.last_step}), then exited cleanly"),
+            advice=("Nothing to fix in training. If the wait at the end matters: TF can take "
+                    "minutes destroying a live distributed iterator at exit (break out of "
+                    "`for x in dist_dataset` early and delete the iterator, or iterate a "
+                    "finite dataset to its end); a final save or evaluation also shows here"),
+            evidence={**f.evidence, "gap_s": sig(gap, 2), "ongoing": 0, "finished_cleanly": 1})
 
     def _record(self, w: WorkerTelemetry, gap: float, limit: StallLimit, *, ongoing: bool,
                 resumed_at: int | None) -> None:
