@@ -165,7 +165,12 @@ def _n(x: float) -> str:
 
 
 def _when(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.2g} min"
+    """``75`` -> ``"75 s"``, ``246`` -> ``"4.1 min"``, ``24600`` -> ``"6.8 h"``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 6000:
+        return f"{_n(seconds / 60)} min"
+    return f"{_n(seconds / 3600)} h"
 
 
 class DeviceMemoryHeadroom(Rule):
