@@ -119,9 +119,12 @@ def test_checked_in_recordings():
     (f,) = alarms(replay("input_bound.jsonl"))
     assert f.rule == "input-bound" and f.severity == "warning"
     assert f.worker == "tpu-vm-0:4242"
-    (f,) = alarms(replay("crashed.jsonl"))
+    f, crash = alarms(replay("crashed.jsonl"))
     assert f.rule == "loss-nonfinite" and f.evidence["replica"] == 2
     assert f.first_step == 120
+    # the script raised: its own line, no known signature
+    assert crash.rule == "script-crash" and crash.evidence["signature"] == "unknown"
+    assert crash.evidence["script_line"].startswith("train.py:41 in check_finite")
     # still running, last line torn: the report long after must not invent a stall
     assert alarms(replay("running_truncated.jsonl")) == []
 

@@ -38,8 +38,32 @@ def test_small_absolute_wait_is_not_starvation():
 
 
 def test_too_little_evidence_is_silent():
-    # 25 records at 80 %: below the 30-record minimum
-    assert findings(run_with_wait(0.8, n=25).engine(), "input-bound") == []
+    # 20 eligible records at 80 %, the worst left out: 19 steps, below the 20-step minimum
+    assert findings(run_with_wait(0.8, n=20).engine(), "input-bound") == []
+
+
+def test_twenty_steps_are_enough_whatever_their_seconds():
+    # 21 records of 31 ms (0.65 s of step time in all): 20 steps judged, 66 % waiting
+    (f,) = findings(run_with_wait(0.66, step_time_s=0.031, n=21).engine(), "input-bound")
+    assert f.severity == "warning"
+    assert f.evidence["input_wait_pct"] == 66 and f.evidence["window_steps"] == 20
+
+
+def test_a_finished_run_is_judged_over_all_its_steps():
+    # 2,000 records: the live window holds the latest 1,024; once the run ended the finding
+    # speaks for every eligible step (the worst left out)
+    run = SyntheticRun(step_time_s=0.05, time_noise=0.0)
+    run.steps(5, step_time_s=2.0)
+    run.steps(2000, input_wait_s=lambda s, w: 0.3 * 0.05)
+    eng = run.engine()
+    (live,) = findings(eng, "input-bound")
+    assert live.evidence["scope"] == "over the latest steps" and live.evidence["window_steps"] == 1023
+    run.exit(0)
+    run.feed(eng)
+    (f,) = findings(eng, "input-bound")
+    assert f.evidence["scope"] == "over the whole run"
+    assert f.evidence["input_wait_pct"] == 30 and f.evidence["window_steps"] == 1999
+    assert (f.first_step, f.last_step) == (6, 2005)
 
 
 def test_one_slow_iterator_start_per_epoch_does_not_fire():

@@ -91,3 +91,60 @@ def test_skew_across_workers_aligns_steps():
     run.steps(300, loss=lambda s, r, v: v * 1.3 if r == 2 else v)
     (f,) = findings(run.engine(), "replica-loss-skew")
     assert f.evidence["replica"] == 2 and f.worker == "host2:102"
+
+
+def corrupted_from(step: int, factor: float, nan_at: int = 23, replica: int = 3) -> SyntheticRun:
+    """One replica's data corrupted from ``step`` (its loss ``factor`` x the others'), the loss
+    non-finite everywhere from ``nan_at`` (the poisoned weights)."""
+    run = SyntheticRun()
+
+    def loss(s: int, r: int, v: float) -> float:
+        if s >= nan_at:
+            return math.nan if r == 0 else math.inf
+        return v * factor if (r == replica and s >= step) else v
+
+    run.steps(30, loss=loss)
+    return run
+
+
+def test_replica_departing_before_a_nonfinite_loss_is_named_as_its_origin():
+    eng = corrupted_from(20, 1e6).engine()
+    (nf,) = findings(eng, "loss-nonfinite")
+    assert nf.evidence["replica"] == 0  # the first to overflow...
+    assert nf.evidence["origin_replica"] == 3 and nf.evidence["origin_from_step"] == 20
+    assert "replica 3, whose loss was 10^6x the others' from step 20" in nf.message
+    (skew,) = findings(eng, "replica-loss-skew")  # ...with far fewer than 50 steps
+    assert skew.evidence["replica"] == 3 and skew.evidence["from_step"] == 20
+    assert skew.evidence["nonfinite_step"] == 23
+    assert "replica 3 (" in skew.message and "10^6x the others' from step 20" in skew.message
+
+
+def test_origin_ratio_threshold():
+    # 9x the others just before the NaN: not a departure; 11x: it is
+    eng = corrupted_from(20, 9.0).engine()
+    assert "origin_replica" not in findings(eng, "loss-nonfinite")[0].evidence
+    assert findings(eng, "replica-loss-skew") == []
+    eng = corrupted_from(20, 11.0).engine()
+    assert findings(eng, "loss-nonfinite")[0].evidence["origin_replica"] == 3
+    (skew,) = findings(eng, "replica-loss-skew")
+    assert skew.evidence["loss_ratio_to_others"] >= 10
+
+
+def test_nonfinite_everywhere_at_once_names_no_origin():
+    run = SyntheticRun()
+    run.steps(20)
+    run.steps(5, loss=lambda s, r, v: math.nan)
+    eng = run.engine()
+    assert "origin_replica" not in findings(eng, "loss-nonfinite")[0].evidence
+    assert findings(eng, "replica-loss-skew") == []
+
+
+def test_a_replica_whose_loss_collapses_to_zero_before_a_nonfinite_loss_is_named():
+    # garbage inputs can make one replica's loss exactly 0 (saturated logits) before the NaN
+    run = SyntheticRun()
+    run.steps(30, loss=lambda s, r, v: math.nan if s >= 25 else (0.0 if r == 2 and s >= 20 else v))
+    eng = run.engine()
+    assert findings(eng, "loss-nonfinite")[0].evidence["origin_replica"] == 2
+    (skew,) = findings(eng, "replica-loss-skew")
+    assert skew.evidence["direction"] == "lower" and skew.evidence["from_step"] == 20
+    assert "loss was 0 against the others'" in skew.message

@@ -184,3 +184,82 @@ def protocol_exit(t: float, code: int, signal: int):
     from tpuwatch.protocol import Exit
 
     return Exit(t=t, exit_code=code, signal=signal, source="launcher")
+
+
+def fast_loop_with_hang(gap_s: float, step_s: float = 0.001) -> SyntheticRun:
+    # a custom loop with ~1 ms steps that hangs in the middle, then resumes
+    run = SyntheticRun(step_time_s=step_s, time_noise=0.1)
+    run.steps(500)
+    run.advance(gap_s)
+    run.steps(500)
+    run.exit(0)
+    return run
+
+
+def test_gap_that_ended_is_judged_by_the_runs_cadence():
+    # the live floor is 60 s; a 1 ms-step loop's 40 s hang is still a stall once it is over
+    (f,) = findings(fast_loop_with_hang(40.0).engine(), "stall")
+    assert f.severity == "warning" and f.evidence["ongoing"] == 0
+    assert f.evidence["last_step"] == 500 and "resumed at step 501" in f.message
+    assert 39 <= f.evidence["gap_s"] <= 41 and f.evidence["limit_s"] == 10
+    assert f.evidence["gaps"] == "after step 500: 40 s"
+
+
+def test_cadence_limit_floor_is_10_s():
+    assert findings(fast_loop_with_hang(9.5).engine(), "stall") == []
+    (f,) = findings(fast_loop_with_hang(10.5).engine(), "stall")
+    assert f.evidence["limit_reason"].startswith("300 x p95 step interval")
+
+
+def test_cadence_limit_scales_with_p95():
+    # 50 ms steps: 300 x p95 (~55 ms) is ~16 s
+    assert findings(fast_loop_with_hang(14.0, step_s=0.05).engine(), "stall") == []
+    (f,) = findings(fast_loop_with_hang(19.0, step_s=0.05).engine(), "stall")
+    assert 15 <= f.evidence["limit_s"] <= 18
+
+
+def test_every_long_gap_is_named_with_its_step_and_length():
+    run = SyntheticRun(step_time_s=0.001, time_noise=0.1)
+    run.steps(300)
+    run.advance(20.0)
+    run.steps(300)
+    run.advance(45.0)
+    run.steps(300)
+    run.exit(0)
+    (f,) = findings(run.engine(), "stall")
+    assert f.evidence["long_gaps"] == 2
+    assert f.evidence["gaps"] == "after step 300: 20 s; after step 600: 45 s"
+    assert "2 long gaps in all" in f.message
+
+
+def test_live_floor_still_holds_for_a_gap_going_on():
+    # 40 s into a hang of a 1 ms loop, still going: below the live floor, no alarm yet
+    run = SyntheticRun(step_time_s=0.001, time_noise=0.1)
+    run.steps(500)
+    run.advance(40.0)
+    assert findings(run.engine(), "stall") == []
+
+
+def test_live_stall_after_the_last_step_becomes_an_info_when_the_script_exits_cleanly():
+    # TF destroying a distributed iterator at exit: 78 s after the last step, then exit 0
+    run = SyntheticRun()
+    run.steps(200)
+    run.advance(70.0)
+    eng = run.engine()
+    (f,) = findings(eng, "stall")
+    assert f.severity == "warning" and f.evidence["ongoing"] == 1  # while it lasts, it may be a hang
+    run.advance(8.0)
+    run.exit(0)
+    run.feed(eng)
+    (f,) = findings(eng, "stall")
+    assert f.severity == "info" and f.evidence["finished_cleanly"] == 1
+    assert "took 78 s to finish after its last step (200), then exited cleanly" in f.message
+    # a gap that ended with more steps stays a warning, and a crash after the gap too
+    run = SyntheticRun()
+    run.steps(200)
+    run.advance(70.0)
+    eng = run.engine()
+    findings(eng, "stall")
+    run.exit(1)
+    run.feed(eng)
+    assert findings(eng, "stall")[0].severity == "warning"

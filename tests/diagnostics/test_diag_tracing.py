@@ -30,9 +30,34 @@ def test_keras_train_and_test_functions_with_partial_batches_are_silent():
     assert findings(eng, "function-recreated") == []
 
 
+def test_second_retrace_with_the_same_cause_is_an_info_with_the_fix():
+    # one re-trace (the last partial batch) is legitimate: silent
+    assert findings(storm(2), "retrace-storm") == []
+    # the second re-trace of the same object for the same cause: info, with the advice
+    (f,) = findings(storm(3), "retrace-storm")
+    assert f.severity == "info" and f.evidence["same_cause_retraces"] == 2
+    assert f.evidence["change_kind"] == "batch dimension"
+    assert "drop_remainder=True" in f.advice and "None batch dimension" in f.advice
+    # the case: 4 traces with a changing batch dimension, below the storm threshold
+    (f,) = findings(storm(4), "retrace-storm")
+    assert f.severity == "info" and "4 times" in f.message
+
+
+def test_retraces_with_different_causes_are_not_repeated():
+    run = SyntheticRun()
+    run.retrace("train_step", 1, 1, "")
+    run.steps(3)
+    run.retrace("train_step", 2, 1, "x: shape (64, 28, 28, 1) -> (37, 28, 28, 1)")
+    run.steps(3)
+    run.retrace("train_step", 3, 1, "x: dtype float32 -> float64")
+    run.steps(3)
+    assert findings(run.engine(), "retrace-storm") == []
+
+
 def test_storm_threshold():
     # allowance: 1 retrace per object; a storm is 3 more
-    assert findings(storm(4), "retrace-storm") == []
+    (f,) = findings(storm(4), "retrace-storm")
+    assert f.severity == "info"
     (f,) = findings(storm(5), "retrace-storm")
     assert f.severity == "warning"
     assert f.evidence["function"] == "train_step"

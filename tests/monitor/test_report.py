@@ -97,7 +97,7 @@ def test_renderers(tmp_path):
     assert "[warning] input-bound" in text and "advice:" in text
     md = report.render_markdown(rep)
     assert md.startswith("# tpuwatch report: 20250615-120000-train-ab12")
-    assert "| input wait | 80% of step time |" in md
+    assert "| input wait | 80% of step time (highly input-bound) |" in md
     assert "### WARNING: input-bound" in md and "**Advice:**" in md
 
 

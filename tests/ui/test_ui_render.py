@@ -11,7 +11,7 @@ from tpuwatch.protocol import Finding
 from tpuwatch.ui import units
 from tpuwatch.ui.widgets.findings_panel import findings_text
 from tpuwatch.ui.widgets.history_bars import BarSeries, bar_rows, bucket, render_series
-from tpuwatch.ui.widgets.input_panel import wait_level, wait_series
+from tpuwatch.ui.widgets.input_panel import input_level, input_text, wait_series
 from tpuwatch.ui.widgets.memory_panel import memory_text
 from tpuwatch.ui.widgets.replica_loss_panel import pick_rows, replica_loss_text, short_device
 from tpuwatch.ui.widgets.run_header import header_text, progress_parts, status_text
@@ -70,8 +70,24 @@ def test_step_series_clips_compile_spike() -> None:
     assert waits.values[1] == pytest.approx(0.2) and waits.hi == 1.0
 
 
-def test_wait_levels_follow_xprof_thresholds() -> None:
-    assert [wait_level(x) for x in (None, 0.01, 0.05, 0.199, 0.2)] == ["unknown", "low", "moderate", "moderate", "high"]
+def test_input_verdict_is_the_findings_own() -> None:
+    from tpuwatch.monitor.diagnostics import Thresholds
+    from tpuwatch.monitor.diagnostics.input_share import InputTotals
+
+    def snap(wait_s: float, step_s: float, n: int = 40) -> RunSnapshot:
+        tot = InputTotals()
+        for i in range(n):
+            tot.add(i, step_s, wait_s, 1)
+        share = tot.share(Thresholds())
+        return RunSnapshot(step_time_s=step_s, input_wait_frac=share.share, input_recent=share)
+
+    # xprof's 5 % / 20 %, with the rule's 5 ms floor: 30 % of a 10 ms step is not starvation
+    assert [input_level(snap(w, 0.1)) for w in (0.001, 0.006, 0.0199, 0.021)] == ["low", "moderate", "moderate", "high"]
+    assert input_level(snap(0.003, 0.010)) == "low"
+    assert input_level(snap(0.02, 0.03, n=15)) == "unknown"  # 14 steps judged: too few
+    assert input_level(RunSnapshot(step_time_s=0.1, input_wait_frac=0.5)) == "unknown"  # not evaluated yet
+    text = input_text(snap(0.02, 0.031)).plain
+    assert "65%" in text and "highly input-bound" in text and "20.0 ms of 31.0 ms per step · 39 steps" in text
 
 
 def test_status_badges_carry_meaning_without_colour() -> None:

@@ -163,12 +163,13 @@ def request_from_cli(run_dir: Path, ns, out: TextIO | None = None) -> int:
     if not result.ok:
         return EXIT_FAILED
     if action == "profile":
-        _print_summary(result, out)
+        _print_summary(result, out, run_dir)
     return EXIT_OK
 
 
-def _print_summary(result: Result, out: TextIO) -> None:
+def _print_summary(result: Result, out: TextIO, run_dir: Path) -> None:
     from tpuwatch.monitor import profile_summary
+    from tpuwatch.monitor.report import recent_input_share
 
     local = result.details.get("local_path") or result.details.get("path")
     if not isinstance(local, str) or not os.path.isdir(local):
@@ -182,4 +183,4 @@ def _print_summary(result: Result, out: TextIO) -> None:
         print(f"tpuwatch: no summary: {e}", file=out)
         print("open it with:\n  " + "\n  ".join(profile_summary.open_commands(str(Path(local).parents[2]))), file=out)
         return
-    print(profile_summary.render_text(summary), file=out, flush=True)
+    print(profile_summary.render_text(summary, live=recent_input_share(run_dir)), file=out, flush=True)

@@ -105,7 +105,10 @@ def summary(snap: RunSnapshot) -> str:
     if snap.step:
         row("steps", f"{snap.step:,}  {fmt_rate(snap.steps_per_s)}  step p50 "
                      f"{fmt_seconds(snap.step_p50_s)}  p95 {fmt_seconds(snap.step_p95_s)}")
-        if snap.input_wait_frac_total is not None:
+        if snap.input_run is not None:
+            # the input-bound rule's own numbers and verdict, over every eligible step
+            row("input", f"{snap.input_run.describe()}: {snap.input_run.verdict}")
+        elif snap.input_wait_frac_total is not None:
             row("input", f"{fmt_pct(snap.input_wait_frac_total)} of step time waiting for input "
                          f"(last {fmt_pct(snap.input_wait_frac)})")
         row("loss", f"{fmt_loss(snap.loss)} (mean of the last step); replicas "

@@ -22,7 +22,10 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from tpuwatch.monitor.diagnostics.input_share import InputShare
 
 InputVerdict = Literal["highly", "moderately", "not", "unknown"]
 
@@ -213,8 +216,15 @@ def summarize(profile_dir: str | os.PathLike[str]) -> ProfileSummary:
     )
 
 
-def render_text(s: ProfileSummary, width: int = 100) -> str:
-    """The summary as plain text lines (the CLI prints it; the dashboard shows it in a modal)."""
+def render_text(s: ProfileSummary, width: int = 100, live: "InputShare | None" = None) -> str:
+    """The summary as plain text lines (the CLI prints it; the dashboard shows it in a modal).
+
+    ``live``: tpuwatch's own input-wait measurement over the latest steps (the ``input-bound``
+    finding's numbers). xprof's input share counts only the time the compiled step waits for
+    infeed; the wait of an eager ``for x in dist_dataset`` fetch happens between two compiled
+    steps and is not in it, so both are shown, each saying what it measures, and the verdict is
+    the worse of the two.
+    """
     lines = [f"Profile {s.path}" + (f" ({s.hardware})" if s.hardware else "")]
     if s.steps:
         rng = ""
@@ -234,7 +244,19 @@ def render_text(s: ProfileSummary, width: int = 100) -> str:
     verdict = {"highly": "HIGHLY input-bound", "moderately": "moderately input-bound", "not": "not input-bound",
                "unknown": "input-bound: unknown"}[s.input_verdict]
     pct = f" ({s.input_percent:.0f}% of the step waiting for input)" if s.input_percent is not None else ""
-    lines.append(f"  input: {verdict}{pct}")
+    if live is None:
+        lines.append(f"  input: {verdict}{pct}")
+    else:
+        lines.append(f"  input inside the compiled step (this profile): {verdict}{pct}")
+        live_verdict = {"high": "HIGHLY input-bound", "moderate": "moderately input-bound",
+                        "low": "not input-bound", "unknown": "too few steps to judge"}[live.level]
+        lines.append(f"  input measured live, every fetch incl. eager ones between steps: {live_verdict} "
+                     f"({live.describe()})")
+        rank = {"highly": 2, "moderately": 1, "not": 0, "unknown": -1}
+        live_rank = {"high": 2, "moderate": 1, "low": 0, "unknown": -1}[live.level]
+        if live_rank > rank[s.input_verdict]:
+            lines.append("  verdict: input-bound - the wait happens outside the compiled step (an eager "
+                         "fetch from the dataset between steps), which the profile does not count")
     if s.bottleneck and s.bottleneck != s.input_conclusion:
         lines.append(f"  {s.bottleneck}"[:width * 2])
     if s.top_ops:

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from tpuwatch import protocol, rundir
+from tpuwatch.monitor.diagnostics import Engine
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.headless import worker_exit_codes
 from tpuwatch.monitor.recording import iter_recording
@@ -286,6 +288,7 @@ def _run_section(snap: RunSnapshot, meta: dict[str, Any], run_dir: Path,
         "exit_code": exit_code,
         "exit_signal": snap.exit_signal,
         "exception": snap.exception,
+        "traceback": snap.exception_traceback,
         "lost_reason": snap.lost_reason,
     }
 
@@ -300,6 +303,14 @@ def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
         "step_time_p95_s": p95,
         "steps_per_s": steps_per_s,
         "input_wait_share": snap.input_wait_frac_total,
+        # the input-bound rule's own figures over every eligible step (docs/diagnostics.md)
+        "input_wait": None if snap.input_run is None else {
+            "share": snap.input_run.share,
+            "wait_per_step_s": snap.input_run.wait_per_step_s,
+            "step_time_s": snap.input_run.step_time_s,
+            "steps": snap.input_run.steps,
+            "verdict": snap.input_run.verdict,
+        },
         "last_loss": snap.loss,
         "retraces": [
             {"name": f.name, "traces": f.traces, "instances": f.instances,
@@ -373,7 +384,8 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         f"duration\t{fmt_duration(_num(run['duration_s']))}",
     ]
     if run.get("exception"):
-        rows_run.append(f"exception\t{run['exception']}")
+        first = next((ln for ln in run["exception"].splitlines() if ln.strip()), "")
+        rows_run.append(f"exception\t{first}")
     if run.get("lost_reason"):
         rows_run.append(f"lost\t{run['lost_reason']}")
     rows_sum = [
@@ -381,7 +393,8 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         f"step time\tp50 {fmt_seconds(_num(s['step_time_p50_s']))}, "
         f"p95 {fmt_seconds(_num(s['step_time_p95_s']))}",
         f"speed\t{fmt_rate(_num(s['steps_per_s']))} (after the first step)",
-        f"input wait\t{fmt_pct(_num(s['input_wait_share']))} of step time",
+        f"input wait\t{fmt_pct(_num(s['input_wait_share']))} of step time"
+        + (f" ({s['input_wait']['verdict']})" if s.get("input_wait") else ""),
         f"last loss\t{fmt_loss(_num(s['last_loss']))}",
     ]
     mem = s["memory"]
@@ -418,6 +431,8 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     if losses:
         out.append(("Replica losses (last step)", "", losses))
     out.append(("Findings", "", [] if findings else ["none"]))
+    if run.get("traceback"):
+        out.append(("Traceback", "", run["traceback"].rstrip().splitlines()))
     return out
 
 
@@ -472,6 +487,9 @@ def render_markdown(report: dict[str, Any]) -> str:
                 k, _, v = row.partition("\t")
                 parts.append(f"| {_md_escape(k)} | {_md_escape(v)} |")
             parts.append("")
+        if title == "Traceback":
+            parts += ["```", *extra, "```", ""]
+            continue
         for line in extra:
             parts.append(f"- {line}" if line != "none" else "None.")
         if title == "Findings":
@@ -515,6 +533,20 @@ class RunInfo:
     exit_code: int | None
     end: float | None = None
     last_t: float | None = None  # newest message time in the recording's tail
+
+
+def recent_input_share(run_dir: Path, nbytes: int = 4 * 1024 * 1024) -> InputShare | None:
+    """Input wait over the latest steps of a run (the ``input-bound`` rule's window and
+    definition), from the last ``nbytes`` of its recording: what ``tpuwatch profile`` shows
+    beside the profile's own input share."""
+    eng = Engine(clock=lambda: 0.0)
+    worker = ""
+    for msg in _tail_messages(Path(run_dir) / "events.jsonl", nbytes):
+        if isinstance(msg, Hello):
+            worker = msg.worker
+        if not isinstance(msg, Finding):
+            eng.apply(msg, worker)
+    return eng.input_shares()[0]
 
 
 def _tail_messages(path: Path, nbytes: int = TAIL_BYTES) -> list[Message]:

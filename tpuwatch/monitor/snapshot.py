@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
+from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.protocol import Finding, Retrace
 
 #: "stopped": ended by a stop the user asked for (an interrupt, or a recorded stop request).
@@ -158,9 +159,14 @@ class RunSnapshot:
     steps_per_s: float | None = None
     examples_per_s: float | None = None
     eta_s: float | None = None
-    input_wait_frac: float | None = None  # share of step time waiting for input, rolling window
-    input_wait_p50_s: float | None = None
-    input_wait_frac_total: float | None = None  # over the whole run
+    #: Share of step time waiting for input, by the one definition in
+    #: ``tpuwatch.monitor.diagnostics.input_share`` (the findings' own numbers): over the latest
+    #: window of eligible steps, and over the whole run. Before the first evaluation of the
+    #: findings, the plain rolling share of the latest records.
+    input_wait_frac: float | None = None
+    input_wait_frac_total: float | None = None
+    input_recent: InputShare | None = None  # the verdict's evidence (None before the first evaluation)
+    input_run: InputShare | None = None
     steps_total: int = 0  # training steps recorded (sum over step records)
     # losses
     loss: float | None = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
 
 from tpuwatch.monitor.snapshot import (
@@ -34,8 +34,10 @@ from tpuwatch.monitor.snapshot import (
     RunStatus,
     WorkerView,
 )
+from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.monitor.run_stop import STOP_MESSAGE, STOP_SOURCE, ended_state
 from tpuwatch.monitor.stats import History, Rolling, SeriesHistory, StepStats
+from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
 from tpuwatch.protocol import (
     Command,
     CommandState,
@@ -176,6 +178,9 @@ class RunState:
         self._workers: dict[str, _Worker] = {}
         self._default_worker: str | None = None
         self._config: dict[str, object] = {}
+        # input wait by the diagnostics' definition, set by the findings feed
+        self._input_recent: InputShare | None = None
+        self._input_run: InputShare | None = None
         self._events: deque[LogEntry] = deque(maxlen=max_events)
         self._commands: dict[str, CommandView] = {}
         self._max_commands = max_commands
@@ -406,8 +411,10 @@ class RunState:
             self._disabled[name] = reason or msg.message
 
     def _exception(self, msg: ExceptionRaised, w: _Worker) -> None:
-        w.exception = msg
-        self._log(msg.t, "error", "script", f"{msg.type}: {msg.message}", w.name)
+        # shown to the user: without tpuwatch's own frames (runpy, the agent), saying so
+        w.exception = replace(msg, message=strip_own_frames(msg.message)[0],
+                              traceback=without_own_frames(msg.traceback))
+        self._log(msg.t, "error", "script", f"{msg.type}: {w.exception.message}", w.name)
 
     def _exit(self, msg: Exit, w: _Worker) -> None:
         w.exit = msg
@@ -535,6 +542,11 @@ class RunState:
             return "stopped" if "stopped" in statuses else "finished"
         return "waiting"
 
+    def set_input_shares(self, recent: InputShare | None, run: InputShare | None) -> None:
+        """Input wait as the diagnostics engine measures it (latest window, whole run): the
+        snapshot quotes these so every view shows the findings' numbers."""
+        self._input_recent, self._input_run = recent, run
+
     def snapshot(self, now: float | None = None) -> RunSnapshot:
         """An immutable view of the run at ``now`` (unix seconds; default: the clock)."""
         if now is None:
@@ -579,6 +591,11 @@ class RunState:
             if w.topology:
                 devices += w.topology.devices
         wait_frac = roll.input_wait_frac
+        wait_total = stats.input_wait_frac_total()
+        if self._input_recent is not None:
+            wait_frac = self._input_recent.share
+        if self._input_run is not None:
+            wait_total = self._input_run.share
         replica_losses = self._replica_losses(workers)
 
         return RunSnapshot(
@@ -623,8 +640,9 @@ class RunState:
             examples_per_s=roll.examples_per_s,
             eta_s=eta,
             input_wait_frac=wait_frac,
-            input_wait_p50_s=roll.input_wait_p50_s,
-            input_wait_frac_total=stats.input_wait_frac_total(),
+            input_wait_frac_total=wait_total,
+            input_recent=self._input_recent,
+            input_run=self._input_run,
             steps_total=stats.steps_total,
             loss=_mean_loss(replica_losses) if len(workers) > 1 else (p.last_losses.loss if p.last_losses else None),
             loss_step=max((r.step for r in replica_losses), default=None),

@@ -287,7 +287,7 @@ class TpuwatchApp(App[str]):
         if shown:
             self.snapshot = snapshot if snapshot is not None else self._state.snapshot(now=now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
-            self._show_profile(done)
+            self._show_profile(done, self.snapshot.input_recent)
         self._toast_results()
         if isinstance(self.screen, TextScreen):
             self.screen.show(self.snapshot)
@@ -463,9 +463,9 @@ class TpuwatchApp(App[str]):
         self._deliver(command)
 
     @work(thread=True, group="profile-summary", exit_on_error=False)
-    def _show_profile(self, command) -> None:
+    def _show_profile(self, command, live) -> None:
         # xprof takes up to ~0.3 s: never on the UI thread.
-        text = load_summary_text(command)
+        text = load_summary_text(command, live)
         self.call_from_thread(self.push_screen, ProfileSummaryScreen(text))
 
     @work(thread=True, group="commands", exit_on_error=False)

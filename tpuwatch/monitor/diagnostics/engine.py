@@ -33,7 +33,9 @@ from tpuwatch.protocol import (
     Topology,
 )
 
+from .crash import ScriptCrash
 from .input_pipeline import InputBound
+from .input_share import InputShare, combine, window_share
 from .loss import LossNonfinite, ReplicaLossSkew
 from .memory import DeviceMemoryHeadroom, HostMemoryGrowth
 from .progress import Stall, StepTimeJitter
@@ -46,7 +48,8 @@ from .workers import StragglerHost
 
 #: Every rule, in the order findings of equal severity are listed.
 RULES: tuple[type[Rule], ...] = (
-    LossNonfinite,
+    LossNonfinite,  # a NaN that made the script raise says more than the raise itself
+    ScriptCrash,
     Stall,
     InputBound,
     RetraceStorm,
@@ -171,6 +174,14 @@ class Engine:
                     self._shown[key] = shown
                     new.append(f)
         return _worst_first(new)
+
+    def input_shares(self) -> tuple[InputShare | None, InputShare | None]:
+        """Input wait over the latest window of eligible steps and over the whole run, all
+        workers together (the definition in :mod:`.input_share`)."""
+        th = self.thresholds
+        ws = self.telemetry.step_workers()
+        return (combine((window_share(w.window, th) for w in ws), th),
+                combine((w.input_totals.share(th) for w in ws), th))
 
     def findings(self) -> list[Finding]:
         """The current findings (latest per rule and subject, as of the last

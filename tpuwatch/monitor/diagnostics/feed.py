@@ -51,6 +51,7 @@ class FindingsFeed:
             return []
         self._next_t = now + self.every_s
         new = self.engine.evaluate(now)
+        state.set_input_shares(*self.engine.input_shares())
         for f in new:
             state.add_finding(f, f.worker)
         if new and self.on_new is not None:

@@ -20,6 +20,72 @@ def _fmt(v: float) -> str:
     return "nan" if v != v else ("inf" if v > 0 else "-inf")
 
 
+@dataclass(frozen=True)
+class Departure:
+    """One replica's loss far from the others' on the steps just before a non-finite loss."""
+
+    column: int  # index into the row (local replica on one worker)
+    ratio: float  # largest factor between its |loss| and the others' median over the departed steps
+    higher: bool  # above the others (else below: a loss of 0 on garbage data, for example)
+    value: float  # its loss on the last finite step
+    others: float  # the others' median on that step
+    from_step: int
+    last_step: int  # the last finite step before the loss went non-finite
+
+    def describe(self) -> str:
+        """``"10^6x the others'"``, ``"0 against the others' 0.51"``."""
+        if self.higher:
+            return f"{times(self.ratio)} the others'"
+        if self.value == 0:
+            return f"0 against the others' {self.others:.2g}"
+        return f"{times(self.ratio)} below the others'"
+
+
+def departure(rows: "deque[tuple[int, tuple[float, ...]]] | list", min_ratio: float) -> Departure | None:
+    """The replica that left the others (loss >= ``min_ratio`` x the others' median, or, with
+    three replicas or more, as many times below) on the latest rows ``(step, per-replica
+    losses)``, and the step from which it did; None if no replica did."""
+    if not rows:
+        return None
+    last = rows[-1][1]
+    n = len(last)
+    if n < 2:
+        return None
+
+    def factor(row: tuple[float, ...], r: int) -> tuple[float, bool, float]:
+        others = sorted(abs(v) for i, v in enumerate(row) if i != r)
+        ref = _median_sorted(others)
+        a = abs(row[r])
+        up = a / ref if ref > 0 else (math.inf if a else 1.0)
+        down = ref / a if a > 0 else (math.inf if ref else 1.0)
+        if n < 3 or up >= down:  # with two replicas only "higher" says which one is off
+            return up, True, ref
+        return down, False, ref
+
+    col = max(range(n), key=lambda r: factor(last, r)[0])
+    ratio, higher, ref = factor(last, col)
+    if ratio < min_ratio:
+        return None
+    from_step, worst = rows[-1][0], 0.0
+    for step, row in reversed(rows):
+        if len(row) != n:
+            break
+        rr, hh, _ = factor(row, col)
+        if rr < min_ratio or hh != higher:
+            break
+        from_step, worst = step, max(worst, rr)
+    return Departure(col, worst, higher, last[col], ref, from_step, rows[-1][0])
+
+
+def times(ratio: float) -> str:
+    """``1.2e6`` -> ``"10^6x"``, ``35`` -> ``"35x"``."""
+    if not math.isfinite(ratio):
+        return "infinitely many times"
+    if ratio >= 1000:
+        return f"10^{int(math.floor(math.log10(ratio)))}x"
+    return f"{ratio:.2g}x"
+
+
 @dataclass
 class NonFinite:
     first_step: int
@@ -30,6 +96,9 @@ class NonFinite:
     bad_replicas: set[int] = field(default_factory=set)
     steps: int = 0
     last_step: int = 0
+    origin: Departure | None = None
+    origin_replica: int | None = None
+    origin_device: str = ""
 
 
 class LossNonfinite(Rule):
@@ -41,11 +110,18 @@ class LossNonfinite(Rule):
     def __init__(self, th) -> None:
         super().__init__(th)
         self.bad: dict[str, NonFinite] = {}
+        #: worker -> the latest finite per-replica rows, to find where a non-finite loss began
+        self.recent: dict[str, deque] = {}
 
     def observe(self, msg: Message, w: WorkerTelemetry, tel: Telemetry) -> None:
         loss, rl = msg.loss, msg.replica_losses  # type: ignore[attr-defined]
         # sum() of finite values is finite; NaN or Inf anywhere makes it non-finite (fast path)
         if (loss is None or math.isfinite(loss)) and (not rl or math.isfinite(sum(rl))):
+            if rl and w.name not in self.bad:
+                ring = self.recent.get(w.name)
+                if ring is None:
+                    ring = self.recent[w.name] = deque(maxlen=self.th.skew_origin_lookback)
+                ring.append((msg.step, rl))  # type: ignore[attr-defined]
             return
         off = w.replica_offset()
         bad_idx = [i for i, v in enumerate(rl) if not math.isfinite(v)]
@@ -56,6 +132,10 @@ class LossNonfinite(Rule):
                 nf = NonFinite(msg.step, msg.t, off + i, w.device_of(i), _fmt(rl[i]))
             else:
                 nf = NonFinite(msg.step, msg.t, None, "", _fmt(loss))
+            dep = departure(self.recent.pop(w.name, []), self.th.skew_origin_ratio)
+            if dep is not None:
+                nf.origin, nf.origin_replica = dep, off + dep.column
+                nf.origin_device = w.device_of(dep.column)
             self.bad[w.name] = nf
         nf.bad_replicas.update(off + i for i in bad_idx)
         nf.steps += 1
@@ -67,22 +147,33 @@ class LossNonfinite(Rule):
                      if nf.replica is not None else "the mean loss")
             others = sorted(nf.bad_replicas - {nf.replica})
             also = f"; later also replicas {', '.join(map(str, others))}" if others else ""
+            dep = nf.origin
+            origin = look = ""
+            if dep is not None:
+                origin = (f"; it began on replica {nf.origin_replica}, whose loss was "
+                          f"{dep.describe()} from step {dep.from_step}")
+                look = (f"Replica {nf.origin_replica}'s data from step {dep.from_step} is the first "
+                        "suspect (check its input shard for corrupt records); ")
+            evidence = {
+                "first_step": nf.first_step,
+                "replica": nf.replica if nf.replica is not None else "mean",
+                "device": nf.device,
+                "value": nf.value,
+                "bad_replicas": ",".join(map(str, sorted(nf.bad_replicas))),
+                "nonfinite_records": nf.steps,
+            }
+            if dep is not None:
+                evidence.update(origin_replica=nf.origin_replica, origin_device=nf.origin_device,
+                                origin_from_step=dep.from_step, origin_ratio=sig(min(dep.ratio, 1e300), 2))
             self._keep(name, Finding(
                 t=nf.first_t, rule=self.id, severity="critical",
-                message=f"loss is {nf.value} on {where} from step {nf.first_step}{also}",
-                advice=(f"Look at step {nf.first_step} on {where}: lower the learning rate or add "
+                message=f"loss is {nf.value} on {where} from step {nf.first_step}{also}{origin}",
+                advice=look + (f"Look at step {nf.first_step} on {where}: lower the learning rate or add "
                         "gradient clipping (clipnorm); check that batch's data for NaN/Inf or "
                         "empty inputs (tf.debugging.check_numerics, "
                         "tf.debugging.enable_check_numerics()); with float16 use loss "
                         "scaling (LossScaleOptimizer) or bfloat16; guard log/div/sqrt with epsilons"),
-                evidence={
-                    "first_step": nf.first_step,
-                    "replica": nf.replica if nf.replica is not None else "mean",
-                    "device": nf.device,
-                    "value": nf.value,
-                    "bad_replicas": ",".join(map(str, sorted(nf.bad_replicas))),
-                    "nonfinite_records": nf.steps,
-                },
+                evidence=evidence,
                 first_step=nf.first_step, last_step=nf.last_step, worker=name,
             ))
 
@@ -102,6 +193,7 @@ class ReplicaLossSkew(Rule):
     def __init__(self, th) -> None:
         super().__init__(th)
         self.rings: dict[str, deque] = {}
+        self._went_nonfinite: set[str] = set()
 
     def observe(self, msg: Message, w: WorkerTelemetry, tel: Telemetry) -> None:
         rl = msg.replica_losses  # type: ignore[attr-defined]
@@ -109,7 +201,40 @@ class ReplicaLossSkew(Rule):
             ring = self.rings.get(w.name)
             if ring is None:
                 ring = self.rings[w.name] = deque(maxlen=self.th.skew_window_steps)
+            if w.name not in self._went_nonfinite and not math.isfinite(sum(rl)):
+                self._went_nonfinite.add(w.name)
+                self._before_nonfinite(w, ring, msg.step)  # type: ignore[attr-defined]
             ring.append((msg.step, rl))  # type: ignore[attr-defined]
+
+    def _before_nonfinite(self, w: WorkerTelemetry, ring: deque, step: int) -> None:
+        """The steps before a non-finite loss: one replica that departed from the others is
+        its origin, however few steps the run has (no 50-step window needed)."""
+        rows = [r for r in list(ring)[-self.th.skew_origin_lookback:] if math.isfinite(sum(r[1]))]
+        dep = departure(rows, self.th.skew_origin_ratio)
+        if dep is None:
+            return
+        rep = w.replica_offset() + dep.column
+        dev = w.device_of(dep.column)
+        self._keep(f"replica{rep}", Finding(
+            t=w.last_step_t or 0.0, rule=self.id, severity="warning",
+            message=(f"replica {rep}{' (' + dev + ')' if dev else ''}'s loss was {dep.describe()} "
+                     f"from step {dep.from_step}; the loss went non-finite at step {step}"),
+            advice=(f"Replica {rep}'s input from step {dep.from_step} is the likely origin of the "
+                    "non-finite loss: look for corrupt records (NaN/Inf, unnormalised or blank "
+                    "inputs, wrong labels) in the shard it reads (tf.debugging.check_numerics on "
+                    "the batch), and check the input sharding (AutoShardPolicy DATA vs FILE)"),
+            evidence={
+                "replica": rep,
+                "device": dev,
+                "loss_ratio_to_others": sig(min(dep.ratio, 1e300), 2),
+                "direction": "higher" if dep.higher else "lower",
+                "from_step": dep.from_step,
+                "nonfinite_step": step,
+                "window_steps": len(rows),
+                "origin_ratio_threshold": self.th.skew_origin_ratio,
+            },
+            first_step=dep.from_step, last_step=dep.last_step, worker=w.name,
+        ))
 
     def _aligned(self, tel: Telemetry
                  ) -> tuple[list[int], list[list[float]], list[tuple[str, int, int]]]:

@@ -12,13 +12,26 @@ MB = 1 << 20
 _MAX_FIT_POINTS = 60  # Theil-Sen is O(n^2): thin the window to this many points
 
 
-class HostMemoryGrowth(Rule):
-    """A steady climb of host RSS over minutes, after warm-up.
+ADVICE = ("Something is kept per step: lists of tensors or arrays appended every "
+          "step (loss histories of tensors, .numpy() results, model outputs), "
+          "growing Python dicts/caches, or tf.functions/datasets created per step. "
+          "Keep Python floats (float(loss)) or aggregate with a Keras metric; "
+          "clear per-epoch lists")
 
-    Robust slope (Theil-Sen) over the latest window of bucketed RSS points, plus the share of
-    increasing point pairs, so a one-off step up (a cache filled, a checkpoint buffer) or a
-    sawtooth (GC) does not read as a leak. Growth confined to the first epoch is treated as
-    warm-up (``dataset.cache()`` fills during epoch 0) when the run reports epochs.
+
+class HostMemoryGrowth(Rule):
+    """A steady climb of host RSS, fitted against time (over minutes) and against steps.
+
+    Robust slopes (Theil-Sen) plus the share of increasing point pairs, so a one-off step up
+    (a cache filled, a checkpoint buffer) or a sawtooth (GC) does not read as a leak.
+
+    - Against time: bucketed RSS points over the latest 10 minutes, after a 60 s warm-up.
+    - Against steps: RSS at each host sample with its step, after the first steps; this
+      answers within a short run (2 MiB per step over 400 steps is a leak in 4 s).
+
+    Both skip the first epoch when the run reports epochs (``dataset.cache()`` fills during
+    epoch 0). The time to exhaustion projects the slope (per second) onto the available host
+    memory; under 30 minutes is critical whatever the run's length.
     """
 
     id = "host-memory-growth"
@@ -26,6 +39,7 @@ class HostMemoryGrowth(Rule):
     def __init__(self, th) -> None:
         super().__init__(th)
         self._checked_at: dict[str, float] = {}  # worker -> time of the last point analysed
+        self._steps_checked_at: dict[str, int] = {}  # worker -> step of the last point analysed
 
     def _analysis_start(self, w: WorkerTelemetry) -> float | None:
         th = self.th
@@ -42,56 +56,121 @@ class HostMemoryGrowth(Rule):
         return start
 
     def check(self, tel: Telemetry) -> None:
-        th = self.th
         for w in tel.workers.values():
-            start = self._analysis_start(w)
-            if start is None:
-                continue
-            if not w.rss_points or self._checked_at.get(w.name) == w.rss_points[-1][0]:
-                continue  # nothing new since the last check
-            self._checked_at[w.name] = w.rss_points[-1][0]
-            pts = [p for p in w.rss_points if p[0] >= start]
-            if len(pts) < th.rss_min_points or pts[-1][0] - pts[0][0] < th.rss_min_span_s:
-                continue
-            stride = max(1, -(-len(pts) // _MAX_FIT_POINTS))
-            thin = pts[::stride]
-            if thin[-1] is not pts[-1]:
-                thin.append(pts[-1])
-            slope_bps, up_share = theil_sen(thin)
-            mb_per_min = slope_bps * 60 / MB
-            span_s = pts[-1][0] - pts[0][0]
-            growth_mb = (pts[-1][1] - pts[0][1]) / MB
-            if (mb_per_min < th.rss_warning_mb_per_min or growth_mb < th.rss_min_growth_mb
-                    or up_share < th.rss_min_increasing_pairs):
-                continue
-            exhaust_s = (w.available_bytes / slope_bps) if w.available_bytes is not None else None
-            severity = ("critical" if exhaust_s is not None and exhaust_s < th.rss_critical_exhaust_s
-                        else "warning")
-            evidence: dict[str, float | int | str] = {
-                "slope_mb_per_min": sig(mb_per_min, 2),
-                "growth_mb": sig(growth_mb, 2),
-                "window_min": sig(span_s / 60, 2),
-                "increasing_pairs_pct": round(100 * up_share),
-                "rss_mb": sig(pts[-1][1] / MB, 3),
-                "warning_threshold_mb_per_min": th.rss_warning_mb_per_min,
-            }
-            tail = ""
-            if exhaust_s is not None:
-                evidence["available_mb"] = sig(w.available_bytes / MB, 3)
-                evidence["minutes_to_exhaustion"] = sig(exhaust_s / 60, 2)
-                tail = f"; host memory runs out in ~{exhaust_s / 60:.2g} min at this rate"
-            self._keep(w.name, Finding(
-                t=pts[-1][0], rule=self.id, severity=severity,
-                message=(f"host memory grows steadily: +{mb_per_min:.2g} MB/min "
-                         f"(+{growth_mb:.3g} MB over {span_s / 60:.2g} min){tail}"),
-                advice=("Something is kept per step: lists of tensors or arrays appended every "
-                        "step (loss histories of tensors, .numpy() results, model outputs), "
-                        "growing Python dicts/caches, or tf.functions/datasets created per step. "
-                        "Keep Python floats (float(loss)) or aggregate with a Keras metric; "
-                        "clear per-epoch lists"),
-                evidence=evidence,
-                first_step=None, last_step=w.last_step or None, worker=w.name,
-            ))
+            # the time fit last: when both see a leak, its numbers (over minutes) are the ones kept
+            self._check_steps(w)
+            self._check_time(w)
+
+    def _check_time(self, w: WorkerTelemetry) -> None:
+        th = self.th
+        start = self._analysis_start(w)
+        if start is None:
+            return
+        if not w.rss_points or self._checked_at.get(w.name) == w.rss_points[-1][0]:
+            return  # nothing new since the last check
+        self._checked_at[w.name] = w.rss_points[-1][0]
+        pts = [p for p in w.rss_points if p[0] >= start]
+        if len(pts) < th.rss_min_points or pts[-1][0] - pts[0][0] < th.rss_min_span_s:
+            return
+        slope_bps, up_share = theil_sen(_thin(pts))
+        span_s = pts[-1][0] - pts[0][0]
+        growth_mb = (pts[-1][1] - pts[0][1]) / MB
+        if (slope_bps * 60 / MB < th.rss_warning_mb_per_min or growth_mb < th.rss_min_growth_mb
+                or up_share < th.rss_min_increasing_pairs):
+            return
+        self._report(w, pts[-1][0], pts[-1][1], slope_bps, up_share, growth_mb,
+                     f"over {span_s / 60:.2g} min", {"window_min": sig(span_s / 60, 2)})
+
+    def _check_steps(self, w: WorkerTelemetry) -> None:
+        th = self.th
+        pts = w.rss_step_points
+        if not pts or self._steps_checked_at.get(w.name) == pts[-1][0]:
+            return
+        self._steps_checked_at[w.name] = pts[-1][0]
+        first = th.rss_warmup_steps
+        if w.epoch_begin_seen:
+            if w.epoch_end_steps:
+                first = max(first, w.epoch_end_steps[0])
+            elif w.rss_first_t is None or pts[-1][1] - w.rss_first_t < th.rss_first_epoch_wait_s:
+                return  # still in the first epoch: the cache may be filling
+        sel = [p for p in pts if p[0] > first]
+        if len(sel) < th.rss_min_step_points or sel[-1][0] - sel[0][0] < th.rss_min_span_steps:
+            return
+        per_step, up_share = theil_sen(_thin([(p[0], p[2]) for p in sel]))
+        growth_mb = (sel[-1][2] - sel[0][2]) / MB
+        span_s = sel[-1][1] - sel[0][1]
+        if growth_mb < th.rss_min_growth_mb or up_share < th.rss_min_increasing_pairs or per_step <= 0:
+            return
+        if span_s <= 0:
+            return
+        slope_bps, _ = theil_sen(_thin([(p[1], p[2]) for p in sel]))
+        # a leak climbs at the same pace to the end; a warm-up (pools, caches) levels off:
+        # the latest half must climb too, at least half as fast as the whole
+        late_bps, _ = theil_sen(_thin([(p[1], p[2]) for p in sel[len(sel) // 2:]]))
+        if (slope_bps * 60 / MB < th.rss_warning_mb_per_min
+                or late_bps * 60 / MB < th.rss_warning_mb_per_min or late_bps < 0.5 * slope_bps):
+            return
+        steps = sel[-1][0] - sel[0][0]
+        self._report(w, sel[-1][1], sel[-1][2], slope_bps, up_share, growth_mb,
+                     None, {"mib_per_step": sig(per_step / MB, 2),
+                                             "window_steps": steps,
+                                             "window_s": sig(span_s, 2)},
+                     per_step=per_step)
+
+    def _report(self, w: WorkerTelemetry, t: float, rss: int, slope_bps: float, up_share: float,
+                growth_mb: float, scope: str | None, extra: dict[str, float | int | str],
+                per_step: float | None = None) -> None:
+        th = self.th
+        mb_per_min = slope_bps * 60 / MB
+        exhaust_s = (w.available_bytes / slope_bps
+                     if w.available_bytes is not None and slope_bps > 0 else None)
+        severity = ("critical" if exhaust_s is not None and exhaust_s < th.rss_critical_exhaust_s
+                    else "warning")
+        evidence: dict[str, float | int | str] = {
+            "slope_mb_per_min": sig(mb_per_min, 2),
+            "growth_mb": sig(growth_mb, 2),
+            **extra,
+            "increasing_pairs_pct": round(100 * up_share),
+            "rss_mb": sig(rss / MB, 3),
+            "warning_threshold_mb_per_min": th.rss_warning_mb_per_min,
+        }
+        tail = ""
+        if exhaust_s is not None:
+            evidence["available_mb"] = sig(w.available_bytes / MB, 3)
+            evidence["minutes_to_exhaustion"] = sig(exhaust_s / 60, 2)
+            tail = f"; host memory runs out in ~{_when(exhaust_s)} at this rate"
+        rate = (f"+{per_step / MB:.2g} MiB per step, " if per_step is not None else "")
+        self._keep(w.name, Finding(
+            t=t, rule=self.id, severity=severity,
+            # the step fit's message leaves the growth so far to the evidence: it changes at
+            # every sample and would re-announce the finding every second
+            message=(f"host memory grows steadily: {rate}+{_n(mb_per_min)} MB/min"
+                     + (f" (+{growth_mb:.3g} MB {scope})" if scope else "") + tail),
+            advice=ADVICE, evidence=evidence,
+            first_step=None, last_step=w.last_step or None, worker=w.name,
+        ))
+
+
+def _thin(pts: list) -> list:
+    stride = max(1, -(-len(pts) // _MAX_FIT_POINTS))
+    thin = pts[::stride]
+    if thin[-1] is not pts[-1]:
+        thin.append(pts[-1])
+    return thin
+
+
+def _n(x: float) -> str:
+    """2 significant digits without an exponent: ``5321`` -> ``"5300"``, ``11.4`` -> ``"11"``."""
+    return f"{sig(x, 2):.0f}" if abs(x) >= 10 else f"{x:.2g}"
+
+
+def _when(seconds: float) -> str:
+    """``75`` -> ``"75 s"``, ``246`` -> ``"4.1 min"``, ``24600`` -> ``"6.8 h"``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 6000:
+        return f"{_n(seconds / 60)} min"
+    return f"{_n(seconds / 3600)} h"
 
 
 class DeviceMemoryHeadroom(Rule):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tpuwatch.protocol import Finding, Message, Step
 
@@ -19,31 +19,52 @@ class StallLimit:
 
 
 class Stall(Rule):
-    """No step record for max(60 s, 20 x median interval) while the process provably lives.
+    """A gap between step records far beyond the run's own cadence.
+
+    Two limits. A gap still going on (live) is a stall after max(60 s, 20 x the median interval
+    between records): a viewer must not alarm on a pause about to end. A gap that ended (the
+    next step record arrived) is judged by the run's own cadence, max(10 s, 300 x the p95
+    interval) when that is less: a 1 ms-step loop that hung 40 s is a stall whatever the live
+    floor says.
+    Gaps at epoch boundaries (validation, checkpoints) get a larger, learned allowance; after
+    the last planned step (Config.total_steps) the script is finishing, not stalled.
 
     "Lives": the agent's sampler keeps sending samples (then the gap is measured up to the
     latest message, on the agent's clock, so a replay or a remote viewer with a skewed clock
-    sees the same gap), or, without samples, no exit was seen (measured up to ``now``).
-    Gaps at epoch boundaries (validation, checkpoints) get a larger, learned allowance; after
-    the last planned step (Config.total_steps) the script is finishing, not stalled. A run
-    killed by a signal while stalled keeps its stall.
+    sees the same gap), or, without samples, no exit was seen (measured up to ``now``). A run
+    killed by a signal while stalled keeps its stall. Every long gap is listed in the
+    evidence with the step before it and its length.
     """
 
     id = "stall"
     observes = (Step,)
 
-    def limit(self, w: WorkerTelemetry, tel: Telemetry) -> StallLimit | None:
-        """The stall threshold for a gap after ``w``'s latest step record (None: no stall)."""
+    def __init__(self, th) -> None:
+        super().__init__(th)
+        #: worker -> long gaps that ended: (step before, seconds, step after)
+        self.gaps: dict[str, list[tuple[int, float, int]]] = {}
+
+    def limit(self, w: WorkerTelemetry, tel: Telemetry, live: bool) -> StallLimit | None:
+        """The stall threshold for a gap after ``w``'s latest step record (None: no stall).
+        ``live``: the gap is still going on (the live floor applies)."""
         th = self.th
         total = tel.config.get("total_steps")
         if isinstance(total, int) and total > 0 and w.last_step >= total:
             return None
-        limit = StallLimit(th.stall_min_s, "minimum")
+        limit = StallLimit(th.stall_min_s, "live minimum")
         if len(w.intervals) >= 5:
             med = median(w.intervals)
             if th.stall_median_factor * med > limit.seconds:
                 limit = StallLimit(th.stall_median_factor * med,
                                    f"{th.stall_median_factor:g} x median step interval")
+            if not live:
+                # a gap that ended is judged by the run's own cadence (never more strictly
+                # than 10 s, never more leniently than the live limit)
+                p95 = quantile(sorted(w.intervals), 0.95)
+                cadence = max(th.stall_gap_min_s, th.stall_p95_factor * p95)
+                if cadence < limit.seconds:
+                    limit = StallLimit(cadence, f"{th.stall_p95_factor:g} x p95 step interval "
+                                                f"({ms(p95)}), at least {th.stall_gap_min_s:g} s")
         spe = tel.steps_per_epoch()
         if w.boundary_since_step or (spe and w.last_step % spe == 0):
             if w.longest_boundary_gap_s > 0:
@@ -60,10 +81,14 @@ class Stall(Rule):
         if w.last_step_t is None:
             return
         gap = msg.t - w.last_step_t  # type: ignore[attr-defined]
-        if gap <= self.th.stall_min_s:
+        if gap <= self.th.stall_gap_min_s:
             return  # the fast path: below the smallest possible limit
-        limit = self.limit(w, tel)
+        limit = self.limit(w, tel, live=False)
         if limit is not None and gap >= limit.seconds:
+            gaps = self.gaps.setdefault(w.name, [])
+            gaps.append((w.last_step, gap, msg.step))  # type: ignore[attr-defined]
+            if len(gaps) > self.th.stall_max_gaps:  # keep the longest, in step order
+                gaps.remove(min(gaps, key=lambda g: g[1]))
             self._record(w, gap, limit, ongoing=False, resumed_at=msg.step)  # type: ignore
 
     def current(self, tel: Telemetry, now: float) -> dict[str, Finding]:
@@ -74,17 +99,38 @@ class Stall(Rule):
                 ex = w.exit
                 killed = ex is not None and (ex.signal is not None or ex.exit_code >= 128)
                 if not killed:
+                    self._finished_after_last_step(w)
                     continue
                 end = ex.t
             else:
                 end = w.last_alive_t if w.samples_seen and w.last_alive_t else now
             gap = end - w.last_step_t
-            if gap <= self.th.stall_min_s:
+            if gap <= self.th.stall_gap_min_s:
                 continue
-            limit = self.limit(w, tel)
+            limit = self.limit(w, tel, live=not w.ended)
             if limit is not None and gap >= limit.seconds:
                 self._record(w, gap, limit, ongoing=not w.ended, resumed_at=None)
         return self._found
+
+    def _finished_after_last_step(self, w: WorkerTelemetry) -> None:
+        """A live stall after the last step that ended with the script finishing cleanly was
+        the script's own end (saving, TF destroying a distributed iterator, which can take
+        minutes at exit): say so as an info, in place of the warning seen while it lasted."""
+        f = self._found.get(w.name)
+        ex = w.exit
+        if (f is None or ex is None or ex.exit_code != 0 or f.severity == "info"
+                or not f.evidence.get("ongoing") or f.evidence.get("last_step") != w.last_step):
+            return
+        gap = ex.t - (w.last_step_t or ex.t)
+        self._found[w.name] = replace(
+            f, severity="info", t=ex.t,
+            message=(f"the script took {duration(gap)} to finish after its last step "
+                     f"({w.last_step}), then exited cleanly"),
+            advice=("Nothing to fix in training. If the wait at the end matters: TF can take "
+                    "minutes destroying a live distributed iterator at exit (break out of "
+                    "`for x in dist_dataset` early and delete the iterator, or iterate a "
+                    "finite dataset to its end); a final save or evaluation also shows here"),
+            evidence={**f.evidence, "gap_s": sig(gap, 2), "ongoing": 0, "finished_cleanly": 1})
 
     def _record(self, w: WorkerTelemetry, gap: float, limit: StallLimit, *, ongoing: bool,
                 resumed_at: int | None) -> None:
@@ -96,22 +142,28 @@ class Stall(Rule):
             state = f"resumed at step {resumed_at}"
         else:
             state = "then the process was killed"
+        evidence: dict[str, float | int | str] = {
+            "last_step": w.last_step,
+            "gap_s": sig(gap, 2),
+            "limit_s": sig(limit.seconds, 2),
+            "limit_reason": limit.why,
+            "ongoing": int(ongoing),
+        }
+        gaps = self.gaps.get(w.name, [])
+        if gaps:
+            evidence["long_gaps"] = len(gaps)
+            evidence["gaps"] = "; ".join(f"after step {a}: {duration(g)}" for a, g, _ in gaps)
+        others = f" ({len(gaps)} long gaps in all: {evidence['gaps']})" if len(gaps) > 1 else ""
         self._keep(w.name, Finding(
             t=(w.last_step_t or 0.0) + gap, rule=self.id, severity=severity,
             message=(f"stall: no step for {duration(gap)} after step {w.last_step} "
-                     f"(limit {duration(limit.seconds)}); {state}"),
+                     f"(limit {duration(limit.seconds)}); {state}{others}"),
             advice=(f"Training stopped making progress after step {w.last_step}: take a stack "
                     "dump (the dashboard's stack-dump key, or the stack_dump command) to see where "
                     "every thread waits - a hung collective or a dead worker in multi-worker "
                     "runs, a blocked input pipeline (a generator waiting on I/O or a lock), or "
                     "a deadlock in user code"),
-            evidence={
-                "last_step": w.last_step,
-                "gap_s": round(gap),
-                "limit_s": round(limit.seconds),
-                "limit_reason": limit.why,
-                "ongoing": int(ongoing),
-            },
+            evidence=evidence,
             first_step=w.last_step, last_step=resumed_at if resumed_at is not None else w.last_step,
             worker=w.name,
         ))

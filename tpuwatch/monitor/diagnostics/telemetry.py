@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from tpuwatch.protocol import Config, DeviceSample, Epoch, Exit, HostSample, Step, Topology
 
+from .input_share import InputTotals
 from .thresholds import Thresholds
 
 #: One eligible step record in a window:
@@ -66,10 +67,14 @@ class WorkerTelemetry:
     rss_points: deque = field(default_factory=deque)
     rss_first_t: float | None = None
     rss_bucket_start_t: float = -math.inf
+    #: (step, t, rss_bytes) at host samples taken after a new step, bounded by thinning.
+    rss_step_points: list = field(default_factory=list)
     available_bytes: int | None = None
     total_bytes: int | None = None
     devices: dict[str, DevicePeak] = field(default_factory=dict)
     examples: Counter = field(default_factory=Counter)
+    #: Input wait over every eligible record of the run (the whole-run verdict).
+    input_totals: InputTotals = field(default_factory=InputTotals)
 
     def __post_init__(self) -> None:
         self.window = deque(maxlen=self.th.window_records)
@@ -112,7 +117,10 @@ class WorkerTelemetry:
         wait = m.input_wait_s
         if wait is not None and not math.isfinite(wait):
             wait = None
-        self.window.append((m.step, m.t, st, wait, m.steps if m.steps > 0 else 1, m.function))
+        k = m.steps if m.steps > 0 else 1
+        if wait is not None:
+            self.input_totals.add(m.step, st, wait, k)
+        self.window.append((m.step, m.t, st, wait, k, m.function))
         self.eligible += 1
 
     def on_retrace(self) -> None:
@@ -143,6 +151,14 @@ class WorkerTelemetry:
         else:
             self.rss_bucket_start_t = m.t
             self.rss_points.append((m.t, m.rss_bytes))
+        if self.last_step > 0:
+            pts = self.rss_step_points
+            if pts and pts[-1][0] == self.last_step:
+                pts[-1] = (self.last_step, m.t, m.rss_bytes)
+            else:
+                if len(pts) >= self.th.rss_step_points:
+                    del pts[1::2]  # keep every other point: the fit needs the shape, not all
+                pts.append((self.last_step, m.t, m.rss_bytes))
 
     def on_device(self, m: DeviceSample) -> None:
         self.samples_seen = True

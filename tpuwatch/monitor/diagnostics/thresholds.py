@@ -34,9 +34,10 @@ class Thresholds:
     #: Mean wait per step below this is not starvation: an eager fetch of a distributed batch
     #: costs 2-3 ms even from a cached, prefetched pipeline (DESIGN §3).
     input_min_wait_s: float = 0.005
-    #: Minimum evidence: eligible steps and seconds of step time in the window.
-    input_min_records: int = 30
-    input_min_window_s: float = 5.0
+    #: Minimum evidence: eligible steps (the worst one left out) that measured their wait. A
+    #: share over 20 steps is already stable to a few percent; seconds of step time say nothing
+    #: more (a 100-step run asking "am I input-bound?" must get its answer).
+    input_min_records: int = 20
 
     # --- retrace-storm / function-recreated ------------------------------------------------
     #: Re-traces of existing objects allowed per object (``traces - instances`` up to
@@ -71,6 +72,14 @@ class Thresholds:
     rss_min_increasing_pairs: float = 0.7
     #: Critical when at this slope the available host memory is gone within this long.
     rss_critical_exhaust_s: float = 1800.0
+    #: The fit against steps (short runs): RSS at every host sample with the step it was at,
+    #: after the first steps (allocator pools, the first traces) and, with Keras epochs, after
+    #: the first epoch (dataset.cache() fills during epoch 0). Growth with every step over 50+
+    #: steps and 6+ samples is evidence whatever the seconds: a leak of MiB per step.
+    rss_warmup_steps: int = 10
+    rss_min_span_steps: int = 50
+    rss_min_step_points: int = 6
+    rss_step_points: int = 240  # bounded: thinned by half when full
 
     # --- device-memory-headroom ----------------------------------------------------------
     device_warning_frac: float = 0.90
@@ -87,10 +96,25 @@ class Thresholds:
     skew_min_z: float = 5.0
     #: Share of steps on which the gap has the same sign: persistent, not a few outliers.
     skew_min_same_sign: float = 0.8
+    #: Before a non-finite loss: a replica whose loss is this many times the others' median
+    #: on the last finite steps is named as the origin (however few steps the run has).
+    skew_origin_ratio: float = 10.0
+    #: Finite steps kept per worker to look back from the first non-finite loss.
+    skew_origin_lookback: int = 64
 
     # --- stall ---------------------------------------------------------------------------
+    #: Live floor: a gap still going on is a stall only after this long (or 20 x the median
+    #: interval, whichever is longer) -- a live alarm must not fire on a pause about to end.
     stall_min_s: float = 60.0
     stall_median_factor: float = 20.0
+    #: Cadence limit: a gap of this many p95 step intervals (at least ``stall_gap_min_s``) is
+    #: a stall by the run's own measure. It judges gaps that ended (the steps resumed) when it
+    #: is below the live limit, so a 1 ms-step loop that hung 40 s is named in the report.
+    #: 300 x p95 is thousands of median intervals.
+    stall_p95_factor: float = 300.0
+    stall_gap_min_s: float = 10.0
+    #: Long gaps remembered per worker for the finding's evidence (the longest are kept).
+    stall_max_gaps: int = 8
     #: A gap at an epoch boundary (validation, checkpoints) gets this much before the first
     #: boundary gap was measured, then 3x the longest boundary gap seen.
     stall_boundary_min_s: float = 300.0

@@ -25,6 +25,8 @@ class FunctionHistory:
     excess_first_step: int | None = None  # step of the first trace beyond the allowance
     instances_first_step: int | None = None  # step when instances first reached the bar
     changes: list[str] = field(default_factory=list)
+    #: re-traces of existing objects per cause (classify_change's kind)
+    causes: dict[str, int] = field(default_factory=dict)
     t: float = 0.0
 
     def excess(self, allowed_per_instance: int) -> int:
@@ -52,6 +54,9 @@ class _TracingRule(Rule):
             if h.first_step is None:
                 h.first_step = msg.step
             h.last_step = msg.step
+        if msg.change and not msg.change.startswith("new tf.function object"):
+            kind = classify_change(msg.change)[0]
+            h.causes[kind] = h.causes.get(kind, 0) + 1
         if msg.change and msg.change not in h.changes:
             h.changes.append(msg.change)
             del h.changes[:-_MAX_CHANGES]
@@ -100,16 +105,23 @@ class RetraceStorm(_TracingRule):
     def on_history(self, h: FunctionHistory, msg: Retrace) -> None:
         th = self.th
         excess = h.excess(th.retrace_allowed_per_instance)
-        if excess < th.retrace_warning_excess:
+        kind, advice = classify_change(h.changes[-1] if h.changes else "")
+        same_cause = h.causes.get(kind, 0)
+        if excess >= th.retrace_warning_excess:
+            severity = "critical" if excess >= th.retrace_critical_excess else "warning"
+            what = "retrace storm"
+        elif same_cause > th.retrace_allowed_per_instance * h.instances:
+            # the second re-trace of one object with the same cause is a pattern, not the last
+            # partial batch: say so (info) with the fix, before it becomes a storm
+            severity, what = "info", f"repeated retraces ({same_cause} for the same cause)"
+        else:
             return
         if h.excess_first_step is None:
             h.excess_first_step = msg.step
-        severity = "critical" if excess >= th.retrace_critical_excess else "warning"
-        kind, advice = classify_change(h.changes[-1] if h.changes else "")
         last_change = h.changes[-1] if h.changes else ""
         self._keep(f"{h.worker}|{h.name}", Finding(
             t=h.t, rule=self.id, severity=severity,
-            message=(f"retrace storm: tf.function '{h.name}' traced {h.traces} times "
+            message=(f"{what}: tf.function '{h.name}' traced {h.traces} times "
                      f"({h.instances} object{'s' if h.instances != 1 else ''}); "
                      f"changing: {kind}"),
             advice=f"{advice}. Last change: {last_change}" if last_change else advice,
@@ -119,6 +131,7 @@ class RetraceStorm(_TracingRule):
                 "instances": h.instances,
                 "excess_traces": excess,
                 "change_kind": kind,
+                "same_cause_retraces": same_cause,
                 "last_change": last_change,
                 "recent_changes": " | ".join(h.changes),
                 "warning_threshold_excess": th.retrace_warning_excess,

@@ -16,6 +16,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.monitor.snapshot import CommandView, RunSnapshot
 
 
@@ -36,8 +37,9 @@ def new_profile_results(snapshot: RunSnapshot, seen: set[str], ids: Iterable[str
     return out
 
 
-def load_summary_text(command: CommandView) -> str:
-    """The text for the modal (runs in a worker thread: xprof takes up to ~0.3 s)."""
+def load_summary_text(command: CommandView, live: InputShare | None = None) -> str:
+    """The text for the modal (runs in a worker thread: xprof takes up to ~0.3 s). ``live``:
+    the run's own input-wait measurement, shown beside the profile's."""
     from tpuwatch.monitor import profile_summary
 
     d = command.details
@@ -50,7 +52,7 @@ def load_summary_text(command: CommandView) -> str:
             lines += [f"  {c}" for c in profile_summary.open_commands(str(logdir))]
         return "\n".join(lines)
     try:
-        return profile_summary.render_text(profile_summary.summarize(local))
+        return profile_summary.render_text(profile_summary.summarize(local), live=live)
     except profile_summary.ProfileSummaryError as e:
         return f"No summary: {e}"
 

@@ -1,43 +1,42 @@
-"""Input pipeline: how much of each step waits for data, judged by xprof's thresholds."""
+"""Input pipeline: how much of each step waits for data.
+
+The numbers and the verdict are the diagnostics' own (``snapshot.input_recent``, defined in
+``tpuwatch.monitor.diagnostics.input_share``): xprof's 5 % / 20 % thresholds, a 5 ms-per-step
+floor and 20 steps of evidence, so the panel never contradicts the ``input-bound`` finding.
+"""
 
 from __future__ import annotations
-
-from typing import Literal
 
 from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import Static
 
+from tpuwatch.monitor.diagnostics.input_share import InputLevel
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui import units
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
 from tpuwatch.ui.widgets.panel import Panel
 
-#: xprof's input-bound verdict: >= 5% of step time "moderately", >= 20% "highly" input-bound.
-MODERATE = 0.05
-HIGH = 0.20
-
-WaitLevel = Literal["unknown", "low", "moderate", "high"]
+WaitLevel = InputLevel
 
 
-def wait_level(frac: float | None) -> WaitLevel:
-    if frac is None or frac != frac:
-        return "unknown"
-    if frac >= HIGH:
-        return "high"
-    if frac >= MODERATE:
-        return "moderate"
-    return "low"
+def input_level(s: RunSnapshot) -> WaitLevel:
+    """The verdict of the ``input-bound`` rule over the latest eligible steps ("unknown" until
+    the findings were first evaluated)."""
+    return s.input_recent.level if s.input_recent is not None else "unknown"
 
 
-def wait_style(frac: float | None) -> str:
-    return {"high": "$error bold", "moderate": "$warning bold", "low": "", "unknown": "dim"}[wait_level(frac)]
+_STYLE: dict[WaitLevel, str] = {"high": "$error bold", "moderate": "$warning bold", "low": "", "unknown": "dim"}
+
+
+def input_style(s: RunSnapshot) -> str:
+    return _STYLE[input_level(s)]
 
 
 _VERDICT = {
     "high": "highly input-bound (≥20%)",
     "moderate": "moderately input-bound (≥5%)",
-    "low": "not input-bound (<5%)",
+    "low": "not input-bound (<5% or <5 ms/step)",
     "unknown": "input wait not measured",
 }
 
@@ -54,14 +53,19 @@ def wait_series(s: RunSnapshot) -> BarSeries:
 
 
 def input_text(s: RunSnapshot) -> Content:
-    frac = s.input_wait_frac
-    level = wait_level(frac)
     if s.step_time_s is None:
         return Content.styled("no steps yet", "dim")
+    share = s.input_recent
+    level = input_level(s)
+    style = _STYLE[level]
+    if share is None:
+        return Content.styled(_VERDICT["unknown"], "dim")
+    verdict = _VERDICT[level] if level != "unknown" else f"too few steps to judge ({share.steps} of 20)"
     lines = [
-        Content.assemble(("wait ", "dim"), (units.percent(frac), wait_style(frac)), ("  of step time", "dim")),
-        Content.styled(_VERDICT[level], wait_style(frac) or "dim"),
-        Content.assemble(("p50 wait/step ", "dim"), units.duration(s.input_wait_p50_s)),
+        Content.assemble(("wait ", "dim"), (units.percent(share.share), style), ("  of step time", "dim")),
+        Content.styled(verdict, style or "dim"),
+        Content.assemble(units.duration(share.wait_per_step_s), (" of ", "dim"),
+                         units.duration(share.step_time_s), (f" per step · {share.steps} steps", "dim")),
     ]
     return Content("\n").join(lines)
 
@@ -77,7 +81,7 @@ class InputPanel(Panel):
         return input_text(snapshot)
 
     def state(self, snapshot: RunSnapshot) -> str | None:
-        level = wait_level(snapshot.input_wait_frac)
+        level = input_level(snapshot)
         return {"high": "-critical", "moderate": "-warning"}.get(level)
 
     def update_extra(self, snapshot: RunSnapshot) -> None:

@@ -9,7 +9,7 @@ from textual.widgets import Static
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui import units
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
-from tpuwatch.ui.widgets.input_panel import wait_level, wait_series, wait_style
+from tpuwatch.ui.widgets.input_panel import input_level, input_style, wait_series
 from tpuwatch.ui.widgets.panel import Panel
 
 
@@ -28,7 +28,7 @@ def step_time_text(s: RunSnapshot, width: int = 80) -> Content:
         (" p50 ", "dim"), d(s.step_p50_s),
         (" p95 ", "dim"), d(s.step_p95_s),
     )
-    extra = Content.assemble((" wait ", "dim"), (units.percent(wait), wait_style(wait)))
+    extra = Content.assemble((" wait ", "dim"), (units.percent(wait), input_style(s)))
     return line + extra if line.cell_length + extra.cell_length <= width else line
 
 
@@ -81,6 +81,6 @@ class StepTimePanel(Panel):
         self.query_one("#step-bars", HistoryBars).series = step_series(snapshot)
         wait = self.query_one("#wait-bars", HistoryBars)
         wait.series = wait_series(snapshot)
-        level = wait_level(snapshot.input_wait_frac)
+        level = input_level(snapshot)
         wait.set_class(level == "high", "-critical")
         wait.set_class(level == "moderate", "-warning")

@@ -1,0 +1,46 @@
+"""One input-wait definition, one verdict, the same numbers everywhere (issue 12): the finding,
+the snapshot every panel reads, the headless lines and the report all quote the engine's share."""
+
+from __future__ import annotations
+
+from diag_synthetic import SyntheticRun
+
+from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.headless import progress_line, summary
+from tpuwatch.monitor.state import RunState
+
+
+def _fed(run: SyntheticRun) -> tuple[RunState, FindingsFeed]:
+    state, feed = RunState(), FindingsFeed(clock=lambda: run.t)
+    for msg, worker in run.msgs:
+        state.apply(msg)
+        feed.apply(msg, worker)
+    feed.evaluate(state, run.t, force=True)
+    return state, feed
+
+
+def test_finding_snapshot_headless_agree():
+    run = SyntheticRun(step_time_s=0.031, time_noise=0.0)
+    run.steps(5, step_time_s=2.0)  # tracing: not eligible, and would drag a plain average
+    run.steps(115, input_wait_s=lambda s, w: 0.66 * 0.031)
+    run.exit(0)
+    state, feed = _fed(run)
+    (f,) = [f for f in feed.engine.findings() if f.rule == "input-bound"]
+    snap = state.snapshot(now=run.t)
+    assert snap.input_run is not None and snap.input_run.level == "high"
+    assert round(100 * snap.input_run.share) == f.evidence["input_wait_pct"] == 66
+    assert snap.input_run.steps == f.evidence["window_steps"] == 114
+    assert round(100 * snap.input_wait_frac_total) == round(100 * snap.input_wait_frac) == 66
+    assert "input 66%" in progress_line(snap)
+    assert "66% of step time waiting for input (20 ms of 31 ms per step, 114 steps): highly input-bound" in summary(snap)
+
+
+def test_healthy_small_wait_is_not_input_bound_anywhere():
+    # 8 % of a 40 ms step is 3.2 ms: the eager-fetch overhead, below the 5 ms floor
+    run = SyntheticRun(step_time_s=0.04, time_noise=0.0)
+    run.steps(5, step_time_s=2.0)
+    run.steps(200, input_wait_s=lambda s, w: 0.08 * 0.04)
+    state, feed = _fed(run)
+    assert [f for f in feed.engine.findings() if f.rule == "input-bound"] == []
+    snap = state.snapshot(now=run.t)
+    assert snap.input_recent.level == "low" and round(100 * snap.input_recent.share) == 8

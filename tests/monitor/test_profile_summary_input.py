@@ -1,0 +1,35 @@
+"""The profile summary and the live measurement agree on what is input-bound (issue 12): xprof
+counts only the compiled step's own infeed wait, tpuwatch every fetch, eager ones included."""
+
+from tpuwatch.monitor.diagnostics import Thresholds
+from tpuwatch.monitor.diagnostics.input_share import InputTotals
+from tpuwatch.monitor.profile_summary import ProfileSummary, render_text
+
+
+def _summary(input_percent: float, verdict: str) -> ProfileSummary:
+    return ProfileSummary(path="/p", logdir="/l", hardware="CPU", steps=(), step_avg_ms=33.0, step_min_ms=30.0,
+                          step_max_ms=36.0, average_ms=(), input_percent=input_percent, input_verdict=verdict,
+                          input_conclusion="", bottleneck="", top_ops=(), open_commands=("tensorboard --logdir /l",))
+
+
+def _live(wait_s: float, step_s: float, n: int = 60):
+    tot = InputTotals()
+    for i in range(n):
+        tot.add(i, step_s, wait_s, 1)
+    return tot.share(Thresholds())
+
+
+def test_eager_fetch_wait_outside_the_compiled_step_is_not_called_not_input_bound():
+    text = render_text(_summary(0.0, "not"), live=_live(0.020, 0.033))
+    assert "input inside the compiled step (this profile): not input-bound (0% of the step waiting for input)" in text
+    assert "input measured live, every fetch incl. eager ones between steps: HIGHLY input-bound (61%" in text
+    assert "verdict: input-bound - the wait happens outside the compiled step" in text
+
+
+def test_when_both_agree_there_is_no_extra_verdict():
+    text = render_text(_summary(2.0, "not"), live=_live(0.001, 0.033))
+    assert "not input-bound (3%" in text and "verdict:" not in text
+
+
+def test_without_a_live_measurement_the_profile_speaks_alone():
+    assert "  input: not input-bound (0% of the step waiting for input)" in render_text(_summary(0.0, "not"))
