@@ -45,12 +45,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def parse_listen(value: str) -> tuple[str, int] | None:
-    if not value:
-        return None
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:7711")
-    return (host.strip("[]") or "127.0.0.1", int(port))
+    return rundir.parse_listen(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     installed = probes.install_all(agent, target, [target, *ns.args], disabled)
     _start_server(agent, run_dir, listen)
     agent.start()
+    from tpuwatch.agent import guards
+
+    guards.install(agent)  # full disk, fork(), SIGTERM
     code = _run_script(agent, ns, target)
     agent.shutdown("the script ended before the next step boundary")
     probes.uninstall(installed)
