@@ -47,11 +47,12 @@ def _parser() -> argparse.ArgumentParser:
                                      "Options for tpuwatch go before the script; everything after it goes to the script.")
     run.add_argument("--headless", action="store_true",
                      help="print progress lines instead of opening the dashboard (default when stdout is not a terminal)")
-    run.add_argument("--run-dir", type=Path, help="where to record the run (default: $TPUWATCH_HOME/runs/<id>)")
+    run.add_argument("--run-dir", type=Path,
+                     help="where to record the run: a new or empty directory (default: $TPUWATCH_HOME/runs/<id>)")
     run.add_argument("--python", help="interpreter to run the script with (default: this one)")
     run.add_argument("--listen", default="", metavar="HOST:PORT",
                      help="also serve remote viewers over TCP (token in the run directory); give 127.0.0.1:PORT "
-                          "and use SSH port forwarding (docs/remote.md)")
+                          "and use SSH port forwarding (docs/remote.md); checked before the script starts")
     run.add_argument("--allow-dest", action="append", default=[], metavar="DIR",
                      help="a directory (or gs:// prefix) viewers may send checkpoints and profiles to, besides the "
                           "run directory and the script's checkpoint directory (repeatable)")
@@ -480,7 +481,7 @@ def _latest_live_run() -> Path:
     from tpuwatch import rundir
     from tpuwatch.monitor import report
 
-    running = [r for r in report.list_runs(rundir.runs_root()) if r.state == "running"]
+    running = [r for r in report.list_runs(rundir.check_runs_root()) if r.state == "running"]
     return running[0].path if running else _find_run(None)
 
 

@@ -94,19 +94,19 @@ def make_private_dirs(path: Path) -> Path:
     return path
 
 
-def create(run_dir: Path, run_id: str | None = None) -> Path:
+def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Path:
     """Creates ``run_dir`` (and the parents it needs) with mode 0700 and holds the disk reserve.
 
     Raises :class:`RunDirError` for a non-empty directory that is not this run's (no run.json
     naming ``run_id``, default ``$TPUWATCH_RUN_ID``, i.e. the launcher made it): tpuwatch never
-    appends to another recording, nor chmods a directory it did not make. Raises OSError when it
-    cannot write."""
+    appends to another recording, nor chmods a directory it did not make. ``new``: a launcher
+    starting a run: any non-empty directory is refused. Raises OSError when it cannot write."""
     run_dir = Path(os.path.abspath(run_dir))
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(errno.ENOTDIR, f"{run_dir} is a file; give a new or empty directory")
     if run_dir.is_dir() and any(run_dir.iterdir()):
         mine = run_id or os.environ.get(ENV_RUN_ID)
-        if not mine or read_meta(run_dir).get("run_id") != mine:
+        if new or not mine or read_meta(run_dir).get("run_id") != mine:
             raise RunDirError(errno.EEXIST, f"{run_dir} is not empty and is not this run's directory; give a new "
                                             "or empty directory (a run never appends to another recording)")
     else:

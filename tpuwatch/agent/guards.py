@@ -168,6 +168,7 @@ def _record_signal_exit(sig: int) -> None:
     agent.emit(Exit(t=time.time(), exit_code=128 + sig, signal=sig, source="agent",
                     reason=f"terminated by {signal.Signals(sig).name}"))
     agent.flush(timeout=EXIT_FLUSH_S)
+    agent.before_signal_death()
 
 
 def _on_sigterm(signum: int, frame) -> None:

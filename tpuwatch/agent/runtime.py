@@ -46,7 +46,8 @@ class Agent:
         sample_hz: float = 4.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.run_dir = run_dir
+        self.run_dir = Path(os.path.abspath(run_dir))  # a script that chdirs must not move it
+        run_dir = self.run_dir
         self.run_id = run_id
         self.sample_interval_s = 1.0 / max(0.5, min(sample_hz, 20.0))
         self.clock = clock
@@ -310,18 +311,25 @@ class Agent:
             self._disk_full_since = self.clock()
 
     def _write_all(self, data: bytes) -> int:
-        """Writes ``data`` (a cut line left by an earlier partial write is ended first); the byte
-        count, or -1 when the disk is full."""
+        """Writes ``data``; the byte count, or -1 when the disk is full. A write the disk cut
+        short is taken back (truncated off) so the recording never holds half a line; if even
+        that fails, the next write first ends the cut line."""
         if self._cut:
             data = b"\n" + data
         view = memoryview(data)
+        written = 0
         try:
             while view:
                 n = os.write(self._fd, view)
                 view = view[n:]
-                self._cut = bool(view)
+                written += n
         except OSError as e:
             if e.errno in rundir.DISK_FULL_ERRNOS:
+                if written:
+                    try:  # O_APPEND: our bytes are the file's last ones (the file is as before)
+                        os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+                    except OSError:
+                        self._cut = True
                 return -1
             # Anything else (the file system gone, ...): say so once on stderr and stop recording.
             self._disabled["recording"] = str(e)
@@ -355,7 +363,7 @@ class Agent:
             parts.append(f"{output:,} bytes of the script's output")
         span = f" from {time.strftime('%H:%M:%S', time.localtime(since))}" if since else ""
         return protocol.encode(Event(
-            t=self.clock(), level="warning", source="disk-full",
+            t=self.clock(), level="warning", source=protocol.DISK_FULL_SOURCE,
             message=f"the disk was full{span}: lost {' and '.join(parts)}; training went on"))
 
     @property
@@ -382,10 +390,26 @@ class Agent:
             os.close(self._fd)
         except OSError:
             pass
+        self.release_reserve()
         if self.server is not None:
             self.server.close()
         if _current is self:
             _current = None
+
+    def release_reserve(self) -> None:
+        if not self.forked and not os.environ.get(rundir.ENV_RUN_ID):
+            # Started on its own: no launcher comes after us to use the disk reserve.
+            rundir.release_reserve(self.run_dir)
+
+    def before_signal_death(self) -> None:
+        """The process is about to die by a signal (guards): remove what would be left stale."""
+        server = self.server
+        if server is not None and server.unix_path is not None:
+            try:
+                server.unix_path.unlink()
+            except OSError:
+                pass
+        self.release_reserve()
 
 
 def format_exception(exc: BaseException) -> str:

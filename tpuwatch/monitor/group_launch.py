@@ -183,9 +183,12 @@ def start_group(
     run_id = run_dir.name if run_dir else rundir.new_run_id(script, clock)
     run_dir = run_dir or rundir.runs_root() / run_id
     try:
-        rundir.create(run_dir)
+        rundir.create(run_dir, run_id, new=True)
+    except rundir.RunDirError as e:
+        raise LaunchError(f"run directory: {e.strerror}") from None
     except OSError as e:
         raise LaunchError(f"run directory {run_dir} is not writable ({e.strerror}); set TPUWATCH_HOME or pass --run-dir") from None
+    rundir.release_reserve(run_dir)  # the workers' directories hold the reserves that matter
     names = [worker_name(i) for i in range(workers)]
     started = clock()
     rundir.write_meta(run_dir, {

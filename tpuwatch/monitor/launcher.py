@@ -115,7 +115,7 @@ def start(
     # Absolute from here on: the script may chdir, and the agent gets this path.
     run_dir = Path(os.path.abspath(run_dir or rundir.runs_root() / run_id))
     try:
-        rundir.create(run_dir, run_id)
+        rundir.create(run_dir, run_id, new=True)
         rundir.socket_path(run_dir)
     except rundir.RunDirError as e:
         raise LaunchError(f"run directory: {e.strerror}") from None

@@ -351,6 +351,7 @@ def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
             for c in snap.commands
         ],
         "truncated_tail": snap.truncated_tail,
+        "recording_gaps": list(snap.recording_gaps),
         "dropped_bytes": stats.dropped_bytes if stats else 0,
         "malformed_lines": snap.malformed,
         "unknown_lines": snap.unknown,
@@ -421,6 +422,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         health.append(f"{s['malformed_lines']} malformed lines")
     if s["unknown_lines"]:
         health.append(f"{s['unknown_lines']} lines of unknown kind")
+    health.extend(s.get("recording_gaps", ()))
     rows_sum.append(f"recording\t{'; '.join(health) or 'complete'}")
     if s["disabled_probes"]:
         rows_sum.append("disabled probes\t" + ", ".join(

@@ -35,6 +35,7 @@ from tpuwatch.monitor.snapshot import (
     WorkerView,
 )
 from tpuwatch.monitor.stats import Rolling, SeriesHistory, StepStats
+from tpuwatch.protocol import DISK_FULL_SOURCE as DISK_FULL
 from tpuwatch.protocol import (
     Command,
     CommandState,
@@ -98,6 +99,7 @@ class _Worker:
 
 #: Event source of the agent's TPU runtime metrics sampler (tpuwatch.agent.tpu_metrics.SOURCE).
 TPU_METRICS_SOURCE = "tpu-metrics"
+DISK_FULL_SOURCE = DISK_FULL
 
 
 class RunState:
@@ -148,6 +150,8 @@ class RunState:
         self.unknown = 0
         self.truncated_tail = False
         self._tpu_note = ""
+        # What the recording may be missing: full-disk losses the agent noted, a hard end.
+        self._gaps: list[str] = []
         self._handlers: dict[type, Callable[[Message, _Worker], None]] = {
             Hello: self._hello,
             Topology: self._topology,
@@ -326,6 +330,8 @@ class RunState:
 
     def _event(self, msg: Event, w: _Worker) -> None:
         self._log(msg.t, msg.level, msg.source, msg.message, w.name)
+        if msg.source == DISK_FULL_SOURCE and len(self._gaps) < 100:
+            self._gaps.append(msg.message)
         if msg.source == TPU_METRICS_SOURCE:
             # "TPU metrics unavailable: <reason>" sets the note; metrics arriving clear it.
             head, sep, reason = msg.message.partition(": ")
@@ -341,6 +347,12 @@ class RunState:
         self._log(msg.t, "error", "script", f"{msg.type}: {msg.message}", w.name)
 
     def _exit(self, msg: Exit, w: _Worker) -> None:
+        if msg.source == "launcher" and w.exit is None and len(self._gaps) < 100:
+            # The agent did not end the run itself (killed, crashed hard): what it had not yet
+            # written (one flush interval, 1/sample-hz, 0.25 s by default) is not in the recording.
+            self._gaps.append(f"{w.name + ': ' if w.name else ''}the process ended abruptly ({msg.reason or 'no exit record'}); "
+                              "the last fraction of a second before it (one agent flush, 0.25 s by "
+                              "default) may be missing")
         w.exit = msg
         w.connected = False
         text = f"exited with code {msg.exit_code}"
@@ -470,7 +482,7 @@ class RunState:
         if p is None:
             return RunSnapshot(now=now, status="waiting", messages=self.messages,
                                malformed=self.malformed, unknown=self.unknown,
-                               truncated_tail=self.truncated_tail, events=tuple(self._events),
+                               truncated_tail=self.truncated_tail, recording_gaps=tuple(self._gaps), events=tuple(self._events),
                                commands=tuple(self._commands.values()))
         workers = sorted(self._workers.values(),
                          key=lambda w: (w.topology.worker_index if w.topology else 1 << 30,
@@ -572,7 +584,7 @@ class RunState:
             messages=self.messages,
             malformed=self.malformed,
             unknown=self.unknown,
-            truncated_tail=self.truncated_tail,
+            truncated_tail=self.truncated_tail, recording_gaps=tuple(self._gaps),
         )
 
     def _replica_losses(self, workers: list[_Worker]) -> tuple[ReplicaLoss, ...]:

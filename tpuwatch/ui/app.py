@@ -12,6 +12,7 @@ Entry points for the CLI: :func:`run_dashboard`, :func:`tpuwatch.ui.file_source.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import signal
 import time
@@ -28,6 +29,7 @@ from textual.widgets import Footer, Input
 
 from tpuwatch import rundir
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import append
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.protocol import Command, Message, Result
@@ -151,6 +153,8 @@ class TpuwatchApp(App[str]):
         self.hung_up = False
         self.source = source
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._disk_checked_at = float("-inf")
+        self._disk_note = ""
         if title:
             self.title = title
         self._clock = clock
@@ -214,6 +218,16 @@ class TpuwatchApp(App[str]):
 
     # --- data ------------------------------------------------------------------------------
 
+    def _disk_full_note(self) -> str:
+        """Live runs: whether the run directory's disk is full (one statvfs every 2 s)."""
+        if self.run_dir is None or not self.source.live:
+            return ""
+        t = time.monotonic()
+        if t >= self._disk_checked_at + 2.0:
+            self._disk_checked_at = t
+            self._disk_note = full_note(self.run_dir)
+        return self._disk_note
+
     def pull(self) -> None:
         """Drains the source into the run state and publishes one new snapshot."""
         replay = self._replay
@@ -246,7 +260,9 @@ class TpuwatchApp(App[str]):
         now = self.source.now()
         now = self._clock() if now is None else now
         self._findings.evaluate(self._state, now)
-        self.snapshot = self._state.snapshot(now=now)
+        snap = self._state.snapshot(now=now)
+        disk = self._disk_full_note()
+        self.snapshot = dataclasses.replace(snap, disk_full=disk) if disk else snap
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done)
         if self._tail is not None:
