@@ -90,16 +90,24 @@ class _DiskFullSafeWriter(io.RawIOBase):
         return os.isatty(self._fd)
 
     def write(self, b) -> int:  # type: ignore[override]
-        view = memoryview(b).cast("B")
-        total = len(view)
+        done = 0
         try:
-            while view:
-                view = view[os.write(self._fd, view):]
+            done = os.write(self._fd, b)
+            total = len(b)
+            if done == total:  # the common case: one syscall, as without the guard
+                return done
+            view = memoryview(b).cast("B")
+            total = len(view)
+            while done < total:
+                done += os.write(self._fd, view[done:])
+            return total
         except OSError as e:
             if e.errno not in rundir.DISK_FULL_ERRNOS:
                 raise
-            self._guard.dropped(len(view))
-        return total
+            # What did not fit is dropped; the caller sees it written (nothing to retry).
+            total = memoryview(b).nbytes
+            self._guard.dropped(total - done)
+            return total
 
     def close(self) -> None:  # the descriptor belongs to the process, not to this object
         super().close()
