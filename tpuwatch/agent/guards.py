@@ -205,7 +205,19 @@ def _install_sigterm(agent: "Agent") -> None:
         os.close(r)
         os.close(w)
         return
-    threading.Thread(target=_watch_wakeups, args=(r,), name="tpuwatch-signals", daemon=True).start()
+    watcher = threading.Thread(target=_watch_wakeups, args=(r,), name="tpuwatch-signals", daemon=True)
+    watcher.start()
+
+    def stop_watching() -> None:
+        # Once the script has returned nothing blocks the main thread for long: the handler alone
+        # covers the rest, and the interpreter's finalization runs with no extra thread or fd.
+        old = signal.set_wakeup_fd(-1)
+        if old != w:  # the script set its own since: leave it in place
+            signal.set_wakeup_fd(old)
+        os.close(w)  # the watcher reads EOF and ends
+        watcher.join(timeout=1.0)
+
+    agent.on_shutdown(stop_watching)
 
 
 def _watch_wakeups(fd: int) -> None:
@@ -215,8 +227,9 @@ def _watch_wakeups(fd: int) -> None:
         try:
             data = os.read(fd, 64)
         except OSError:
-            return
+            data = b""
         if not data:
+            os.close(fd)
             return
         if signal.SIGTERM not in data:
             continue

@@ -212,13 +212,16 @@ class Server:
         try:
             reader = _LineReader(conn, MAX_COMMAND_BYTES)
             reader.deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+            timed_out = False
             try:
                 line = reader.readline()
             except socket.timeout:
+                line, timed_out = None, True
+            if not self._handshake_done(conn, is_tcp):
+                return  # evicted for a newer connection (counted then)
+            if timed_out:
                 self._refuse(conn, f"no attach line within {HANDSHAKE_TIMEOUT_S:g} s", peer)
                 return
-            finally:
-                self._handshake_done(conn, is_tcp)
             reader.deadline = None
             hello = None
             if line is not None:
@@ -270,23 +273,28 @@ class Server:
                 with self._lock:
                     self._slots[is_tcp] -= 1
                     self.viewers -= 1
+            self._handshake_done(conn, is_tcp)  # a first line that failed otherwise (too long, reset)
             try:
                 conn.close()
             except OSError:
                 pass
 
-    def _handshake_done(self, conn: socket.socket, is_tcp: bool) -> None:
-        if is_tcp:
-            with self._lock:
-                try:
-                    self._handshaking.remove(conn)
-                except ValueError:
-                    pass  # evicted
+    def _handshake_done(self, conn: socket.socket, is_tcp: bool) -> bool:
+        """Takes ``conn`` off the unauthenticated list; False if it was evicted from it."""
+        if not is_tcp:
+            return True
+        with self._lock:
+            try:
+                self._handshaking.remove(conn)
+            except ValueError:
+                return False
+        return True
 
     def _commands(self, conn: socket.socket, reader: "_LineReader", peer: str) -> None:
         decoder = Decoder()
         rejected = too_long = limited = 0
         bucket = _TokenBucket(COMMANDS_PER_S, COMMAND_BURST)
+        last_said = float("-inf")
         # The socket keeps the send timeout (it applies to both directions, and the stream
         # thread's sends need it to drop a viewer that stopped reading): a quiet viewer's reads
         # time out and are simply retried.
@@ -316,8 +324,12 @@ class Server:
                     limited += 1
                     with self._lock:
                         self.rate_limited += 1
-                    self._count_refusal(f"commands faster than {COMMANDS_PER_S:g}/s (bursts of "
-                                        f"{COMMAND_BURST}); skipped {limited} from this viewer", peer)
+                    now = time.monotonic()
+                    if now - last_said >= REFUSAL_EVENT_INTERVAL_S:
+                        last_said = now
+                        self.agent.event("warning", "transport",
+                                         f"viewer {peer} sends commands faster than {COMMANDS_PER_S:g}/s "
+                                         f"(bursts of {COMMAND_BURST}); skipped {limited} so far, without results")
                     continue
                 self.agent.submit(msg)
         finally:

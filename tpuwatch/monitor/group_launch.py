@@ -136,7 +136,10 @@ class GroupLaunch:
         if len(self.ends) == len(self.workers):
             code = self.exit_code()
             meta.update(state="finished" if code == 0 else "crashed", exit_code=code, ended=clock())
-        rundir.write_meta(self.run_dir, meta)
+        try:
+            rundir.write_meta(self.run_dir, meta)
+        except OSError:
+            pass  # a full disk: each worker's own run.json (written with its reserve) still says it
 
     def stop(self, names: list[str] | None = None, grace_int_s: float = 15.0, grace_term_s: float = 10.0,
              report: Callable[[str], None] = lambda line: None) -> int:
