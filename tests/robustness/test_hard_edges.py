@@ -85,7 +85,7 @@ def test_a_full_disk_never_fails_the_script(tmp_path, small_disk):
 # --- 2. fork ---------------------------------------------------------------------------------------
 
 FORKING_SCRIPT = """
-import json, multiprocessing, os, sys, time
+import json, multiprocessing, os, signal, sys, time
 run_dir = os.environ["TPUWATCH_RUN_DIR"]
 sock = json.load(open(os.path.join(run_dir, "run.json")))["socket"]
 
@@ -99,13 +99,21 @@ _, status = os.waitpid(pid, 0)
 pool = multiprocessing.get_context("fork").Pool(2)
 assert pool.map(square, range(8)) == [x * x for x in range(8)]
 pool.close(); pool.join()
+pid = os.fork()
+if pid == 0:  # a child ended by SIGTERM (as Pool.terminate does): the parent must not take it as its own
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+    os._exit(0)
+assert os.waitpid(pid, 0)[1] == signal.SIGTERM
+time.sleep(2.0)  # longer than the agent's SIGTERM watcher waits
 print("child", os.waitstatus_to_exitcode(status), "socket-still-there", os.path.exists(sock), flush=True)
 """
 
 
 def test_a_forked_child_leaves_the_agent_to_the_parent(tmp_path):
-    """A child made by fork() that exits normally, and a multiprocessing fork pool, must neither
-    remove the parent's socket nor write a second exit record. Before: the child ran the agent's
+    """A child made by fork() that exits normally, a multiprocessing fork pool, and a child ended by
+    SIGTERM must neither remove the parent's socket, nor write a second exit record, nor end the
+    parent. Before: the child ran the agent's
     end (socket deleted, "exit 3" recorded while training went on)."""
     script = write_script(tmp_path / "forks.py", FORKING_SCRIPT)
     proc = tpuwatch("run", "--headless", str(script))

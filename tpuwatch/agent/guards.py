@@ -45,6 +45,7 @@ EXIT_FLUSH_S = 1.0
 
 _agent: "Agent | None" = None
 _pid = -1
+_wakeup_fds: tuple[int, int] | None = None  # the SIGTERM watcher's pipe (read end, write end)
 
 
 def install(agent: "Agent") -> None:
@@ -159,6 +160,15 @@ def _after_fork_in_child() -> None:
     if agent is None:
         return
     try:
+        if _wakeup_fds is not None:
+            # The child shares the parent's wakeup pipe: a SIGTERM to the child (Pool.terminate)
+            # would wake the parent's watcher, which would end the parent. Point the child's
+            # write end at /dev/null (same descriptor number, so the C handler stays harmless).
+            r, w = _wakeup_fds
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, w, inheritable=False)
+            os.close(devnull)
+            os.close(r)
         agent.detach_after_fork()
     except Exception as e:  # never break the child's fork
         print(f"tpuwatch: could not detach the agent in a forked child: {e}", file=sys.stderr)
@@ -205,12 +215,16 @@ def _install_sigterm(agent: "Agent") -> None:
         os.close(r)
         os.close(w)
         return
+    global _wakeup_fds
+    _wakeup_fds = (r, w)
     watcher = threading.Thread(target=_watch_wakeups, args=(r,), name="tpuwatch-signals", daemon=True)
     watcher.start()
 
     def stop_watching() -> None:
         # Once the script has returned nothing blocks the main thread for long: the handler alone
         # covers the rest, and the interpreter's finalization runs with no extra thread or fd.
+        global _wakeup_fds
+        _wakeup_fds = None
         old = signal.set_wakeup_fd(-1)
         if old != w:  # the script set its own since: leave it in place
             signal.set_wakeup_fd(old)
