@@ -16,7 +16,8 @@ Hard edges: nothing from the wire is ever unpickled or evaluated (lines go throu
 ``HANDSHAKE_TIMEOUT_S`` in all; at most ``MAX_TCP_HANDSHAKES`` TCP connections may be
 unauthenticated at once (a new one evicts the oldest), and Unix and TCP viewers have separate
 ``MAX_VIEWERS`` slots, so remote strangers never lock out local control. Each viewer may send
-``COMMANDS_PER_S`` commands a second (bursts of ``COMMAND_BURST``); more are skipped and counted.
+``COMMANDS_PER_S`` lines a second (bursts of ``COMMAND_BURST``); more are skipped before being
+decoded, counted, and after ``MAX_SKIPPED_COMMANDS`` the viewer is disconnected.
 A viewer that takes nothing for
 ``TPUWATCH_VIEWER_TIMEOUT_S`` (default 30 s) is dropped, and it can attach again from its offset.
 When the agent stops, each live stream is sent the rest of the recording (the ``exit``) first.
@@ -44,6 +45,7 @@ MAX_TCP_HANDSHAKES = 32  # unauthenticated TCP connections at once; a new one ev
 HANDSHAKE_TIMEOUT_S = 10.0  # for the whole first line, not per recv (a byte a second gains nothing)
 COMMANDS_PER_S = 5.0  # per viewer, with bursts of COMMAND_BURST; more are skipped and counted
 COMMAND_BURST = 20
+MAX_SKIPPED_COMMANDS = 100  # a viewer that overruns the limit this often is disconnected
 SEND_TIMEOUT_S = 30.0  # a viewer that takes nothing for this long is dropped (it can re-attach)
 MAX_COMMAND_BYTES = 64 * 1024
 CHUNK = 256 * 1024
@@ -312,24 +314,30 @@ class Server:
                     return
                 if not line.strip():
                     continue
-                msg = decoder.decode(line)
-                if not isinstance(msg, Command):
-                    rejected += 1
-                    with self._lock:
-                        self.rejected += 1
-                    continue
+                # Before decoding: a flood must cost neither the training thread (the GIL, one
+                # JSON decode a line) nor the recording (one result line each).
                 if not bucket.take():
-                    # Skipped with no result: a flood must cost neither the training thread nor
-                    # the recording (one result line each). Counted, and said once a second.
                     limited += 1
                     with self._lock:
                         self.rate_limited += 1
+                    if limited >= MAX_SKIPPED_COMMANDS:
+                        self.agent.event("warning", "transport",
+                                         f"viewer {peer} sends commands faster than {COMMANDS_PER_S:g}/s (bursts "
+                                         f"of {COMMAND_BURST}): disconnected after skipping {limited}; it can attach "
+                                         "again")
+                        return
                     now = time.monotonic()
                     if now - last_said >= REFUSAL_EVENT_INTERVAL_S:
                         last_said = now
                         self.agent.event("warning", "transport",
                                          f"viewer {peer} sends commands faster than {COMMANDS_PER_S:g}/s "
                                          f"(bursts of {COMMAND_BURST}); skipped {limited} so far, without results")
+                    continue
+                msg = decoder.decode(line)
+                if not isinstance(msg, Command):
+                    rejected += 1
+                    with self._lock:
+                        self.rejected += 1
                     continue
                 self.agent.submit(msg)
         finally:
