@@ -16,8 +16,8 @@ Hard edges: nothing from the wire is ever unpickled or evaluated (lines go throu
 ``HANDSHAKE_TIMEOUT_S`` in all; at most ``MAX_TCP_HANDSHAKES`` TCP connections may be
 unauthenticated at once (a new one evicts the oldest), and Unix and TCP viewers have separate
 ``MAX_VIEWERS`` slots, so remote strangers never lock out local control. Each viewer may send
-``COMMANDS_PER_S`` lines a second (bursts of ``COMMAND_BURST``); more are skipped before being
-decoded, counted, and after ``MAX_SKIPPED_COMMANDS`` the viewer is disconnected.
+``COMMANDS_PER_S`` commands a second (bursts of ``COMMAND_BURST``); more are skipped and counted,
+and after ``MAX_SKIPPED_COMMANDS`` the viewer is disconnected.
 A viewer that takes nothing for
 ``TPUWATCH_VIEWER_TIMEOUT_S`` (default 30 s) is dropped, and it can attach again from its offset.
 When the agent stops, each live stream is sent the rest of the recording (the ``exit``) first.
@@ -314,8 +314,15 @@ class Server:
                     return
                 if not line.strip():
                     continue
-                # Before decoding: a flood must cost neither the training thread (the GIL, one
-                # JSON decode a line) nor the recording (one result line each).
+                msg = decoder.decode(line)
+                if not isinstance(msg, Command):
+                    rejected += 1
+                    with self._lock:
+                        self.rejected += 1
+                    continue
+                # A flood must cost neither the training thread (each command a result, a
+                # handler call) nor the recording (one result line each): skipped, counted, said
+                # once a second, and a viewer that keeps at it is disconnected.
                 if not bucket.take():
                     limited += 1
                     with self._lock:
@@ -332,12 +339,6 @@ class Server:
                         self.agent.event("warning", "transport",
                                          f"viewer {peer} sends commands faster than {COMMANDS_PER_S:g}/s "
                                          f"(bursts of {COMMAND_BURST}); skipped {limited} so far, without results")
-                    continue
-                msg = decoder.decode(line)
-                if not isinstance(msg, Command):
-                    rejected += 1
-                    with self._lock:
-                        self.rejected += 1
                     continue
                 self.agent.submit(msg)
         finally:
