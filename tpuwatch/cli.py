@@ -47,12 +47,14 @@ def _parser() -> argparse.ArgumentParser:
                                      "Options for tpuwatch go before the script; everything after it goes to the script.")
     run.add_argument("--headless", action="store_true",
                      help="print progress lines instead of opening the dashboard (default when stdout is not a terminal)")
-    run.add_argument("--run-dir", type=Path, help="where to record the run (default: $TPUWATCH_HOME/runs/<id>)")
+    run.add_argument("--run-dir", type=Path,
+                     help="where to record the run: a new or empty directory (default: $TPUWATCH_HOME/runs/<id>)")
     run.add_argument("--python", help="interpreter to run the script with (default: this one)")
     run.add_argument("--listen", default="", metavar="HOST:PORT",
                      help="also serve remote viewers over TCP (token in the run directory: TPUWATCH_TOKEN from the "
                           "environment when set, so one viewer opens every host of a job, else a random one); give "
-                          "127.0.0.1:PORT and use SSH port forwarding (docs/remote.md, docs/multihost.md)")
+                          "127.0.0.1:PORT and use SSH port forwarding (docs/remote.md, docs/multihost.md); checked "
+                          "before the script starts")
     run.add_argument("--allow-dest", action="append", default=[], metavar="DIR",
                      help="a directory (or gs:// prefix) viewers may send checkpoints and profiles to, besides the "
                           "run directory and the script's checkpoint directory (repeatable)")
@@ -115,6 +117,20 @@ def main(argv: list[str] | None = None) -> int:
         return handler(ns)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `tpuwatch ls | head`: the reader has had enough. Quiet, like other Unix tools; stdout
+        # goes to /dev/null so the interpreter's final flush cannot raise again.
+        _quiet_stdout()
+        return 141  # 128 + SIGPIPE, what a shell shows for a tool killed by it
+
+
+def _quiet_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _error(message: str) -> int:
@@ -151,6 +167,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
         env = dict(os.environ)
         env["TPUWATCH_ALLOWED_DESTINATIONS"] = os.pathsep.join(
             d if d.startswith("gs://") else os.path.abspath(os.path.expanduser(d)) for d in ns.allow_dest)
+    if ns.listen:
+        host = ns.listen.rpartition(":")[0].strip("[]")
+        if host in ("0.0.0.0", "::", "*"):
+            _say(f"warning: --listen {ns.listen} accepts viewers from every network this machine is on "
+                 "(anyone with the token can read the run and send commands); prefer 127.0.0.1:PORT with "
+                 "SSH port forwarding (docs/remote.md)")
     if ns.workers is not None or ns.worker_grace is not None:
         return _run_group(ns, env)
     try:
@@ -168,6 +190,9 @@ def _run_headless(launch, every_s: float) -> int:
     from tpuwatch import rundir
     from tpuwatch.monitor import headless, launcher
 
+    # `tpuwatch run x.py 2>&1 | head -3`: a reader that goes away must not kill the launcher
+    # (the run would stay "running" and our exit code would not be the script's).
+    sys.stderr = _Unbreakable(sys.stderr)
     print(f"tpuwatch: run {launch.run_id} (pid {launch.pid}), recording in {launch.run_dir}", file=sys.stderr)
     done, copier = _start_copier(launch.run_dir / rundir.OUTPUT)
     _forward_interrupts("the training process group", lambda: [launch.pid])
@@ -178,7 +203,35 @@ def _run_headless(launch, every_s: float) -> int:
     done.set()
     copier.join(timeout=2)
     print(f"tpuwatch: exit code {code}; `tpuwatch report {launch.run_id}` for the full report", file=sys.stderr)
+    if sys.stderr.broken:
+        _quiet_stdout()  # the copier's stdout may be the same closed pipe: keep exit quiet
     return code
+
+
+class _Unbreakable:
+    """A text stream whose writes and flushes never raise (the reader has gone: drop the text)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                self._stream.write(text)
+            except (OSError, ValueError):
+                self.broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                self.broken = True
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def _run_group(ns: argparse.Namespace, env: dict[str, str] | None) -> int:
@@ -269,24 +322,66 @@ def _start_copier(path: Path) -> tuple[threading.Event, threading.Thread]:
 
 def _forward_interrupts(what: str, targets) -> None:
     """Ctrl-C (or SIGTERM) sends SIGINT to the training, again SIGTERM, then SIGKILL; a hangup
-    (SSH drop) is ignored: it must not end the training. ``targets()`` gives process group ids."""
-    interrupts = 0
+    (SSH drop) is ignored: it must not end the training. ``targets()`` gives process group ids.
 
-    def on_signal(signum, frame):
+    A script that ignores SIGINT (started with ``nohup`` or ``&``) is escalated without a second
+    Ctrl-C: SIGTERM after the grace period (``TPUWATCH_STOP_GRACE_S``, default 15 s), SIGKILL
+    the same time later, each said on stderr."""
+    interrupts = 0
+    lock = threading.RLock()  # the signal handler may interrupt the main thread inside send()
+    grace = _stop_grace_s()
+
+    def send(level: int) -> None:
         nonlocal interrupts
-        interrupts += 1
-        sig = signal.SIGINT if interrupts == 1 else signal.SIGTERM if interrupts == 2 else signal.SIGKILL
-        print(f"\ntpuwatch: sending {sig.name} to {what}" + (" (Ctrl-C again to terminate)" if interrupts < 3 else ""),
-              file=sys.stderr)
-        for pgid in targets():
+        with lock:
+            if level <= interrupts:
+                return  # a Ctrl-C already went further
+            interrupts = level
+        sig = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[min(level, 3) - 1]
+        pgids = list(targets())
+        _say(f"sending {sig.name} to {what}" + (" (Ctrl-C again to escalate)" if level < 3 else ""))
+        for pgid in pgids:
             try:
                 os.killpg(pgid, sig)
             except ProcessLookupError:
                 pass
+        if level < 3:
+            threading.Thread(target=escalate, args=(level, pgids), name="tpuwatch-escalate", daemon=True).start()
+
+    def escalate(level: int, pgids: list[int]) -> None:
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not any(_group_alive(p) for p in pgids) or interrupts > level:
+                return
+            time.sleep(0.1)
+        if any(_group_alive(p) for p in pgids) and interrupts == level:
+            _say(f"{what} still running {grace:g} s after {('SIGINT', 'SIGTERM')[level - 1]}")
+            send(level + 1)
+
+    def on_signal(signum, frame):
+        send(interrupts + 1)
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def _stop_grace_s() -> float:
+    try:
+        value = float(os.environ.get("TPUWATCH_STOP_GRACE_S", "15"))
+    except ValueError:
+        return 15.0
+    return value if value > 0 else 15.0
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _copy_output(path: Path, done: threading.Event) -> None:
@@ -300,6 +395,7 @@ def _copy_output(path: Path, done: threading.Event) -> None:
                     out.write(chunk)
                     out.flush()
                 except (BrokenPipeError, ValueError):
+                    _quiet_stdout()  # else the interpreter's last flush fails too (exit 120)
                     return
                 continue
             if done.is_set():
@@ -436,7 +532,7 @@ def _latest_live_run() -> Path:
     from tpuwatch import rundir
     from tpuwatch.monitor import report
 
-    running = [r for r in report.list_runs(rundir.runs_root()) if r.state == "running"]
+    running = [r for r in report.list_runs(rundir.check_runs_root()) if r.state == "running"]
     return running[0].path if running else _find_run(None)
 
 
@@ -505,11 +601,13 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 def cmd_replay(ns: argparse.Namespace) -> int:
     if ns.speed <= 0:
         return _error(f"--speed {ns.speed}: must be positive")
+    from tpuwatch.monitor.report import recording_problem
+
     try:
         run_dir = _find_run(ns.run)
     except FileNotFoundError as e:
         return _error(str(e))
-    problem = _nothing_to_show(run_dir)
+    problem = recording_problem(run_dir) or _nothing_to_show(run_dir)
     if problem:
         return _error(problem)
     _dashboard(run_dir, live=False, speed=ns.speed)
@@ -523,7 +621,10 @@ def cmd_report(ns: argparse.Namespace) -> int:
         run_dir = _find_run(ns.run)
     except FileNotFoundError as e:
         return _error(str(e))
-    data = report.build_report(run_dir)
+    try:
+        data = report.build_report(run_dir)
+    except report.ReportError as e:
+        return _error(str(e))
     if ns.format == "json":
         print(report.render_json(data))
     elif ns.format == "markdown":
@@ -537,7 +638,11 @@ def cmd_ls(ns: argparse.Namespace) -> int:
     from tpuwatch import rundir
     from tpuwatch.monitor import report
 
-    runs = report.list_runs(rundir.runs_root())
+    try:
+        root = rundir.check_runs_root()
+    except FileNotFoundError as e:
+        return _error(str(e))
+    runs = report.list_runs(root)
     if not runs:
         print(f"no runs under {rundir.runs_root()}; start one with `tpuwatch run SCRIPT`")
         return 0

@@ -33,6 +33,9 @@ PROTOCOL_VERSION = 1
 #: Longest line accepted from the wire or a recording (bytes, newline excluded).
 MAX_LINE_BYTES = 1 << 20
 
+#: ``Event.source`` of the agent's note of what a full disk made the run lose (the report lists it).
+DISK_FULL_SOURCE = "disk-full"
+
 Scalar = Union[int, float, str, bool, None]
 Level = Literal["debug", "info", "warning", "error"]
 Severity = Literal["info", "warning", "critical"]

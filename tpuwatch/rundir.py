@@ -12,12 +12,19 @@ Layout of ``$TPUWATCH_HOME/runs/<run-id>/`` (mode 0700)::
     profiles/     profiler captures (TensorBoard/XProf layout)
     checkpoints/  checkpoints saved on request
     stacks/       stack dumps
+    .reserve      disk space held back for the end of the run (released when the disk is full)
+
+Everything created here is private (directories 0700, files 0600): a recording holds the
+script's arguments, output and stacks.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
+import stat
 import secrets
 import socket
 import tempfile
@@ -30,6 +37,14 @@ OUTPUT = "output.log"
 META = "run.json"
 SOCKET = "agent.sock"
 TOKEN = "token"
+RESERVE = ".reserve"
+
+#: Bytes held back in each run directory so the end of a run (the exit record, run.json, what a
+#: full disk made the recording lose) can still be written when the disk fills up.
+RESERVE_BYTES = 256 * 1024
+
+#: errno values that mean "no space": the output and the recording drop data on these.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 #: Environment variables the launcher sets for the agent.
 ENV_RUN_DIR = "TPUWATCH_RUN_DIR"
@@ -40,10 +55,14 @@ ENV_HOME = "TPUWATCH_HOME"
 _MAX_SOCKET_PATH = 100
 
 
+class RunDirError(OSError):
+    """The run directory cannot be used; ``strerror`` is one line naming what to do."""
+
+
 def home() -> Path:
-    """``$TPUWATCH_HOME`` or ``~/.tpuwatch``."""
+    """``$TPUWATCH_HOME`` or ``~/.tpuwatch``, absolute (a script that chdirs must not move it)."""
     env = os.environ.get(ENV_HOME)
-    return Path(env).expanduser() if env else Path.home() / ".tpuwatch"
+    return Path(os.path.abspath(Path(env).expanduser() if env else Path.home() / ".tpuwatch"))
 
 
 def runs_root() -> Path:
@@ -56,32 +75,116 @@ def new_run_id(script: str, clock=time.time) -> str:
     return f"{stamp}-{stem}-{secrets.token_hex(2)}"
 
 
-def create(run_dir: Path) -> Path:
-    """Creates ``run_dir`` (and parents) with mode 0700. Raises OSError when it cannot."""
-    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(run_dir, 0o700)
+def make_private_dirs(path: Path) -> Path:
+    """Creates ``path`` and its missing parents, each one it creates with mode 0700 (existing
+    directories are left as they are). Raises OSError."""
+    missing = []
+    for p in [path, *path.parents]:
+        if p.is_dir():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=0o700)
+        except FileExistsError:
+            if not p.is_dir():
+                raise
+            continue
+        os.chmod(p, 0o700)  # mkdir's mode goes through the umask
+    return path
+
+
+def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Path:
+    """Creates ``run_dir`` (and the parents it needs) with mode 0700 and holds the disk reserve.
+
+    Raises :class:`RunDirError` for a non-empty directory that is not this run's (no run.json
+    naming ``run_id``, default ``$TPUWATCH_RUN_ID``, i.e. the launcher made it): tpuwatch never
+    appends to another recording, nor chmods a directory it did not make. ``new``: a launcher
+    starting a run: any non-empty directory is refused. Raises OSError when it cannot write."""
+    run_dir = Path(os.path.abspath(run_dir))
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(errno.ENOTDIR, f"{run_dir} is a file; give a new or empty directory")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        mine = run_id or os.environ.get(ENV_RUN_ID)
+        if new or not mine or read_meta(run_dir).get("run_id") != mine:
+            raise RunDirError(errno.EEXIST, f"{run_dir} is not empty and is not this run's directory; give a new "
+                                            "or empty directory (a run never appends to another recording)")
+    else:
+        make_private_dirs(run_dir)
+        os.chmod(run_dir, 0o700)
     probe = run_dir / ".write-test"
     probe.write_bytes(b"")
     probe.unlink()
+    make_reserve(run_dir)
     return run_dir
 
 
+def make_reserve(run_dir: Path) -> None:
+    """Holds :data:`RESERVE_BYTES` of disk in the run directory (best effort: a disk already full
+    at the start just means no reserve)."""
+    try:
+        fd = os.open(run_dir / RESERVE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:  # there already (the agent after its launcher), or no space
+        return
+    try:
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError:  # a file system without fallocate: real zeros
+            os.write(fd, b"\0" * RESERVE_BYTES)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def release_reserve(run_dir: Path) -> bool:
+    """Frees the disk reserve (for the last records of a run on a full disk). True if there was one."""
+    try:
+        os.unlink(run_dir / RESERVE)
+        return True
+    except OSError:
+        return False
+
+
 def socket_path(run_dir: Path) -> Path:
-    """The agent socket for ``run_dir``; falls back to a short private temp path when too long."""
+    """The agent socket for ``run_dir``.
+
+    When ``run_dir/agent.sock`` is too long for AF_UNIX: a short path in the private directory
+    ``$TMPDIR/tpuwatch-<uid>/``, named after a hash of the absolute run directory (two runs never
+    share one). That directory must be this user's, mode 0700, not a link, else RunDirError
+    (another user could take or read the socket)."""
+    run_dir = Path(os.path.abspath(run_dir))
     path = run_dir / SOCKET
     if len(os.fsencode(str(path))) <= _MAX_SOCKET_PATH:
         return path
     base = Path(tempfile.gettempdir()) / f"tpuwatch-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(base, 0o700)
-    return base / f"{run_dir.name[-60:]}.sock"
+    try:
+        base.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise RunDirError(errno.EPERM, f"{base} (for the sockets of long run directories) is not a private "
+                                       f"directory of this user (owner uid {st.st_uid}, mode "
+                                       f"{stat.S_IMODE(st.st_mode):04o}); remove it or give a shorter --run-dir")
+    digest = hashlib.sha256(os.fsencode(str(run_dir))).hexdigest()[:16]
+    return base / f"{run_dir.name[-40:]}-{digest}.sock"
 
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     """Atomically replaces run.json."""
     tmp = run_dir / f".{META}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
-    os.replace(tmp, run_dir / META)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(meta, indent=2, sort_keys=True))
+        os.replace(tmp, run_dir / META)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
 
 
 def update_meta(run_dir: Path, **changes: Any) -> dict[str, Any]:
@@ -109,6 +212,44 @@ def write_token(run_dir: Path, token: str | None = None) -> str:
     return token
 
 
+def parse_listen(value: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) for ``--listen``; None for "". Raises ValueError with
+    one line naming what is wrong."""
+    if not value:
+        return None
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not sep or not port.isdigit():
+        raise ValueError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:7711")
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen {value!r}: port {port} is out of range (0-65535)")
+    return host, int(port)
+
+
+def check_listen(value: str) -> tuple[str, int] | None:
+    """Parses ``--listen`` and binds it once (then lets it go), so a bad host or a port in use is
+    reported before the script starts. Raises ValueError with one line."""
+    address = parse_listen(value)
+    if address is None:
+        return None
+    host, port = address
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ValueError(f"--listen {value!r}: cannot resolve {host!r} ({e}); give an address of this "
+                         "machine, e.g. 127.0.0.1:7711") from None
+    family, _, _, _, sockaddr = infos[0]
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(sockaddr)
+    except OSError as e:
+        raise ValueError(f"--listen {value!r}: cannot listen there ({e.strerror or e}); choose a free port "
+                         "on an address of this machine") from None
+    finally:
+        probe.close()
+    return address
+
 def read_token(path: Path) -> str:
     return path.read_text().strip()
 
@@ -117,12 +258,23 @@ def hostname() -> str:
     return socket.gethostname()
 
 
+def check_runs_root() -> Path:
+    """``runs_root()``; raises FileNotFoundError (one line) when it, or ``$TPUWATCH_HOME``, is a
+    file rather than a directory."""
+    root = runs_root()
+    for p in (home(), root):
+        if p.exists() and not p.is_dir():
+            raise FileNotFoundError(f"{p} is a file, not a directory; set TPUWATCH_HOME to a directory "
+                                    "(default ~/.tpuwatch)")
+    return root
+
+
 def find_run(ref: str | None) -> Path:
     """A run directory from a reference: a path, a run id (or unique prefix), or None for the latest.
 
     Raises FileNotFoundError with a one-line message naming what to do.
     """
-    root = runs_root()
+    root = check_runs_root()
     if ref:
         path = Path(ref).expanduser()
         if (path / EVENTS).exists() or (path / META).exists():

@@ -46,12 +46,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def parse_listen(value: str) -> tuple[str, int] | None:
-    if not value:
-        return None
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:7711")
-    return (host.strip("[]") or "127.0.0.1", int(port))
+    return rundir.parse_listen(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     installed = probes.install_all(agent, target, [target, *ns.args], disabled)
     _start_server(agent, run_dir, listen)
     agent.start()
+    from tpuwatch.agent import guards
+
+    guards.install(agent)  # full disk, fork(), SIGTERM
     code, sig, reason = _run_script(agent, ns, target)
     code, sig, reason = _finish_python(code, sig, reason)
     from tpuwatch.protocol import Exit

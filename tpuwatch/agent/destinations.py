@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from tpuwatch import rundir
 from tpuwatch.agent import gcs
 from tpuwatch.agent.runtime import CommandRefused
 
@@ -94,9 +95,10 @@ def check_allowed(dest: Destination, run_dir: Path, extra_roots: Iterable[str]) 
 
 
 def ensure_writable(directory: Path) -> None:
-    """Creates ``directory``; raises OSError with a one-line reason naming what to fix."""
+    """Creates ``directory`` (what it creates: mode 0700, a checkpoint or profile is the user's
+    alone); raises OSError with a one-line reason naming what to fix."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        rundir.make_private_dirs(directory)
     except OSError as e:
         raise OSError(f"cannot create {directory} ({e.strerror or e}); choose a directory you can write to "
                       "or fix its permissions") from None

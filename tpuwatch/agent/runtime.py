@@ -46,7 +46,8 @@ class Agent:
         sample_hz: float = 4.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.run_dir = run_dir
+        self.run_dir = Path(os.path.abspath(run_dir))  # a script that chdirs must not move it
+        run_dir = self.run_dir
         self.run_id = run_id
         self.sample_interval_s = 1.0 / max(0.5, min(sample_hz, 20.0))
         self.clock = clock
@@ -66,9 +67,18 @@ class Agent:
         # and appends of whole lines never interleave mid-line.
         self._fd = os.open(self._events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.global_step = 0
+        # Full-disk accounting (see _write): what was dropped since the last note.
+        self._cut = False
+        self._lost_messages = 0
+        self._lost_bytes = 0
+        self._disk_full_since: float | None = None
+        self._output_lost_reported = 0
+        self._output_seen = 0
+        self.output_guard = None  # guards.OutputGuard, set by guards.install
         # Fault injection for tests: the named probe raises the first time it does its work.
         self._fault = os.environ.get("TPUWATCH_TEST_FAIL_PROBE", "")
         self.server = None  # transport.Server, set by the runner
+        self.forked = False  # True in a child made by fork(): the agent is the parent's
         self.step_probe = None  # steps.StepProbe, set by probes.install_all
 
     # --- producing messages (any thread, never blocks) --------------------------------------
@@ -194,8 +204,26 @@ class Agent:
         a capture still running, wait for uploads, ...)."""
         self._shutdown_hooks.append(hook)
 
+    def detach_after_fork(self) -> None:
+        """In a forked child (guards.install registers it): from now on this agent records
+        nothing and its end touches neither the parent's socket nor its recording."""
+        self.forked = True
+        self._buf = collections.deque(maxlen=0)  # emit() stays one append, into nothing
+        self._pending = collections.deque(maxlen=0)
+        self._shutdown_hooks = []
+        server, self.server = self.server, None
+        if server is not None:
+            server.detach_after_fork()
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+        self._fd = -1
+
     def shutdown(self, reason: str) -> None:
         """The script has ended: fails queued commands, runs the shutdown hooks. Never raises."""
+        if self.forked:
+            return
         self.fail_pending(reason)
         for hook in self._shutdown_hooks:
             try:
@@ -239,6 +267,7 @@ class Agent:
             return
         lines: list[bytes] = []
         size = 0
+        final = False
         while buf:
             try:
                 msg = buf.popleft()
@@ -251,27 +280,97 @@ class Agent:
             except Exception as e:  # a bad value must never stop the recording
                 line = protocol.encode(Event(t=self.clock(), level="error", source="agent",
                                              message=f"could not encode {msg.kind}: {e}"))
+            final = final or msg.kind == "exit"
             lines.append(line)
             size += len(line)
             if size >= _WRITE_CHUNK:
                 self._write(b"".join(lines))
                 lines, size = [], 0
         if lines:
-            self._write(b"".join(lines))
+            self._write(b"".join(lines), final)
         with self._flushed:
             self._flushed.notify_all()
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, final: bool = False) -> None:
+        """Appends whole lines. On a full disk the lines are dropped and counted (never retried
+        from memory: the training must not grow); the next write that fits starts with a note of
+        what was lost. ``final``: the exit record is in ``data``, so the run directory's disk
+        reserve is given up for it if that is what it takes."""
         if "recording" in self._disabled:
             return
+        note = self._loss_note(final)
+        if note:
+            data = note + data
+        written = self._write_all(data)
+        if written < 0 and final and rundir.release_reserve(self.run_dir):
+            written = self._write_all(data)
+        if written >= 0:
+            self._disk_full_since = None
+            self._lost_messages = self._lost_bytes = 0
+            if note:
+                self._output_lost_reported = self._output_seen
+            return
+        lost = data.count(b"\n") - (note.count(b"\n") if note else 0)
+        self._lost_messages += lost
+        self._lost_bytes += len(data) - len(note)
+        if self._disk_full_since is None:
+            self._disk_full_since = self.clock()
+
+    def _write_all(self, data: bytes) -> int:
+        """Writes ``data``; the byte count, or -1 when the disk is full. A write the disk cut
+        short is taken back (truncated off) so the recording never holds half a line; if even
+        that fails, the next write first ends the cut line."""
+        if self._cut:
+            data = b"\n" + data
+        view = memoryview(data)
+        written = 0
         try:
-            view = memoryview(data)
             while view:
-                view = view[os.write(self._fd, view):]
+                n = os.write(self._fd, view)
+                view = view[n:]
+                written += n
         except OSError as e:
-            # Disk full or similar: say so once on stderr (the script's output.log) and go on.
+            if e.errno in rundir.DISK_FULL_ERRNOS:
+                if written:
+                    try:  # O_APPEND: our bytes are the file's last ones (the file is as before)
+                        os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+                    except OSError:
+                        self._cut = True
+                return -1
+            # Anything else (the file system gone, ...): say so once on stderr and stop recording.
             self._disabled["recording"] = str(e)
             print(f"tpuwatch: cannot write {self._events_path}: {e}; the recording stops here", file=sys.stderr)
+            return 0
+        self._cut = False
+        return len(data)
+
+    def _output_guard_lost(self) -> int:
+        guard = self.output_guard
+        return guard.dropped_bytes if guard is not None else 0
+
+    def _loss_note(self, final: bool) -> bytes:
+        """The event saying what a full disk made the run lose since the last note ("" if nothing).
+        Output still being dropped waits for the next note (one note per full-disk episode, not
+        one per write), unless this is the last write."""
+        total = self._output_guard_lost()
+        settling, self._output_seen = total != self._output_seen, total
+        output = total - self._output_lost_reported
+        if settling and not final and not self._lost_messages:
+            output = 0
+        if not self._lost_messages and not output:
+            return b""
+        since = self._disk_full_since
+        if since is None and self.output_guard is not None:
+            since = self.output_guard.first_drop_t
+        parts = []
+        if self._lost_messages:
+            parts.append(f"{self._lost_messages:,} recorded message(s) ({self._lost_bytes:,} bytes)")
+        if output:
+            parts.append(f"{output:,} bytes of the script's output")
+        span = f" from {time.strftime('%H:%M:%S', time.localtime(since))}" if since else ""
+        return protocol.encode(Event(
+            t=self.clock(), level="warning", source=protocol.DISK_FULL_SOURCE,
+            message=f"the disk was full{span}: lost {' and '.join(parts)}; training went on"))
 
     @property
     def events_path(self) -> Path:
@@ -297,10 +396,26 @@ class Agent:
             os.close(self._fd)
         except OSError:
             pass
+        self.release_reserve()
         if self.server is not None:
             self.server.close()
         if _current is self:
             _current = None
+
+    def release_reserve(self) -> None:
+        if not self.forked and not os.environ.get(rundir.ENV_RUN_ID):
+            # Started on its own: no launcher comes after us to use the disk reserve.
+            rundir.release_reserve(self.run_dir)
+
+    def before_signal_death(self) -> None:
+        """The process is about to die by a signal (guards): remove what would be left stale."""
+        server = self.server
+        if server is not None and server.unix_path is not None:
+            try:
+                server.unix_path.unlink()
+            except OSError:
+                pass
+        self.release_reserve()
 
 
 def format_exception(exc: BaseException) -> str:

@@ -12,7 +12,13 @@ Unix socket (0600) in the run directory by default; TCP only when asked (``--lis
 Hard edges: nothing from the wire is ever unpickled or evaluated (lines go through the typed
 ``protocol`` decoder); a command line over 64 KiB is skipped whole; malformed lines are counted
 (``rejected``, and one summary event per viewer when it leaves); refused handshakes are counted
-(``refused``) and reported at most once a second; a viewer that takes nothing for
+(``refused``) and reported at most once a second. The first line must arrive within
+``HANDSHAKE_TIMEOUT_S`` in all; at most ``MAX_TCP_HANDSHAKES`` TCP connections may be
+unauthenticated at once (a new one evicts the oldest), and Unix and TCP viewers have separate
+``MAX_VIEWERS`` slots, so remote strangers never lock out local control. Each viewer may send
+``COMMANDS_PER_S`` commands a second (bursts of ``COMMAND_BURST``); more are skipped and counted,
+and after ``MAX_SKIPPED_COMMANDS`` the viewer is disconnected.
+A viewer that takes nothing for
 ``TPUWATCH_VIEWER_TIMEOUT_S`` (default 30 s) is dropped, and it can attach again from its offset.
 When the agent stops, each live stream is sent the rest of the recording (the ``exit``) first.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 import hmac
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -33,8 +40,12 @@ from tpuwatch.protocol import Attach, Command, Decoder
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
 
-MAX_VIEWERS = 16
-HANDSHAKE_TIMEOUT_S = 10.0
+MAX_VIEWERS = 16  # per listener kind: TCP viewers never take the local (Unix socket) slots
+MAX_TCP_HANDSHAKES = 32  # unauthenticated TCP connections at once; a new one evicts the oldest
+HANDSHAKE_TIMEOUT_S = 10.0  # for the whole first line, not per recv (a byte a second gains nothing)
+COMMANDS_PER_S = 5.0  # per viewer, with bursts of COMMAND_BURST; more are skipped and counted
+COMMAND_BURST = 20
+MAX_SKIPPED_COMMANDS = 100  # a viewer that overruns the limit this often is disconnected
 SEND_TIMEOUT_S = 30.0  # a viewer that takes nothing for this long is dropped (it can re-attach)
 MAX_COMMAND_BYTES = 64 * 1024
 CHUNK = 256 * 1024
@@ -67,6 +78,10 @@ class Server:
         self.rejected = 0  # malformed command lines
         self.dropped = 0  # viewers dropped for not reading
         self.viewers = 0
+        self.rate_limited = 0  # commands skipped for coming too fast
+        self._slots = {False: 0, True: 0}  # viewers per listener kind (TCP: after the token)
+        self._handshaking: list[socket.socket] = []  # unauthenticated TCP connections, oldest first
+        self.tcp_error = ""
         self.send_timeout_s = send_timeout_s()
         self._lock = threading.Lock()
         self._streams: list[threading.Thread] = []
@@ -95,15 +110,38 @@ class Server:
             host, port = tcp
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(8)
-            self.tcp_address = sock.getsockname()[:2]
-            self._listeners.append((sock, True))
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((host, port))
+                sock.listen(8)
+            except (OSError, OverflowError) as e:
+                # Local control must survive a TCP address that cannot be bound (the launcher
+                # checked it, but another process can take the port in between).
+                sock.close()
+                self.tcp_error = f"cannot listen on {host}:{port} ({getattr(e, 'strerror', None) or e})"
+            else:
+                self.tcp_address = sock.getsockname()[:2]
+                self._listeners.append((sock, True))
 
     def start(self) -> None:
+        if self.tcp_error:
+            why = f"{self.tcp_error}: remote viewers cannot attach; local viewers and commands work"
+            self.agent.event("error", "transport", why)
+            print(f"tpuwatch: {why}", file=sys.stderr)
         for sock, is_tcp in self._listeners:
             threading.Thread(target=self._accept, args=(sock, is_tcp), name="tpuwatch-accept", daemon=True).start()
+
+    def detach_after_fork(self) -> None:
+        """In a forked child: closes the child's copies of the listening sockets (the parent's
+        stay open) and never removes the socket file, which is the parent's."""
+        self.unix_path = None
+        self._closing.set()
+        for sock, _ in self._listeners:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self._listeners = []
 
     def close(self) -> None:
         """Stops accepting viewers; live streams get the rest of the recording (up to 1 s)."""
@@ -132,15 +170,22 @@ class Server:
                 conn, addr = sock.accept()
             except OSError:
                 return
-            with self._lock:
-                if self.viewers >= MAX_VIEWERS:
-                    self.refused += 1
-                    conn.close()
-                    continue
-                self.viewers += 1
+            evict = None
+            if is_tcp:
+                with self._lock:
+                    self._handshaking.append(conn)
+                    if len(self._handshaking) > MAX_TCP_HANDSHAKES:
+                        evict = self._handshaking.pop(0)
+            if evict is not None:
+                self._count_refusal("too many unauthenticated TCP connections; closed the oldest", "tcp")
+                try:  # its thread wakes from recv and ends
+                    evict.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
             threading.Thread(target=self._serve, args=(conn, is_tcp, addr), name="tpuwatch-viewer", daemon=True).start()
 
-    def _refuse(self, conn: socket.socket, why: str, peer: str) -> None:
+    def _count_refusal(self, why: str, peer: str) -> None:
+        """Counts a refusal; one warning event a second at most says how many and the last why."""
         now = time.monotonic()
         with self._lock:
             self.refused += 1
@@ -154,6 +199,9 @@ class Server:
             self.agent.event("warning", "transport",
                              f"refused viewer {peer}: {why} ({count} refused since the last report, "
                              f"{total} in all)")
+
+    def _refuse(self, conn: socket.socket, why: str, peer: str) -> None:
+        self._count_refusal(why, peer)
         try:
             conn.sendall(protocol.encode(protocol.Event(t=time.time(), level="error", source="transport", message=why)))
         except OSError:
@@ -162,10 +210,21 @@ class Server:
     def _serve(self, conn: socket.socket, is_tcp: bool, addr) -> None:
         peer = f"{addr[0]}:{addr[1]}" if is_tcp and addr else "unix"
         stream: threading.Thread | None = None
+        slot = False
         try:
-            conn.settimeout(HANDSHAKE_TIMEOUT_S)
             reader = _LineReader(conn, MAX_COMMAND_BYTES)
-            line = reader.readline()
+            reader.deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+            timed_out = False
+            try:
+                line = reader.readline()
+            except socket.timeout:
+                line, timed_out = None, True
+            if not self._handshake_done(conn, is_tcp):
+                return  # evicted for a newer connection (counted then)
+            if timed_out:
+                self._refuse(conn, f"no attach line within {HANDSHAKE_TIMEOUT_S:g} s", peer)
+                return
+            reader.deadline = None
             hello = None
             if line is not None:
                 try:
@@ -180,6 +239,15 @@ class Server:
                 return
             if is_tcp and not (self.token and hmac.compare_digest(hello.token.encode(), self.token.encode())):
                 self._refuse(conn, "wrong or missing token; pass --token-file with the run's token file", peer)
+                return
+            with self._lock:
+                slot = self._slots[is_tcp] < MAX_VIEWERS
+                if slot:
+                    self._slots[is_tcp] += 1
+                    self.viewers += 1
+            if not slot:
+                self._refuse(conn, f"{MAX_VIEWERS} {'TCP' if is_tcp else 'local'} viewers are attached already; "
+                                   "detach one and try again", peer)
                 return
             conn.settimeout(self.send_timeout_s)
             if hello.offset >= 0:
@@ -203,16 +271,32 @@ class Server:
                     except OSError:
                         pass
                     stream.join(CLOSE_FLUSH_S)
-            with self._lock:
-                self.viewers -= 1
+            if slot:
+                with self._lock:
+                    self._slots[is_tcp] -= 1
+                    self.viewers -= 1
+            self._handshake_done(conn, is_tcp)  # a first line that failed otherwise (too long, reset)
             try:
                 conn.close()
             except OSError:
                 pass
 
+    def _handshake_done(self, conn: socket.socket, is_tcp: bool) -> bool:
+        """Takes ``conn`` off the unauthenticated list; False if it was evicted from it."""
+        if not is_tcp:
+            return True
+        with self._lock:
+            try:
+                self._handshaking.remove(conn)
+            except ValueError:
+                return False
+        return True
+
     def _commands(self, conn: socket.socket, reader: "_LineReader", peer: str) -> None:
         decoder = Decoder()
-        rejected = too_long = 0
+        rejected = too_long = limited = 0
+        bucket = _TokenBucket(COMMANDS_PER_S, COMMAND_BURST)
+        last_said = float("-inf")
         # The socket keeps the send timeout (it applies to both directions, and the stream
         # thread's sends need it to drop a viewer that stopped reading): a quiet viewer's reads
         # time out and are simply retried.
@@ -235,6 +319,26 @@ class Server:
                     rejected += 1
                     with self._lock:
                         self.rejected += 1
+                    continue
+                # A flood must cost neither the training thread (each command a result, a
+                # handler call) nor the recording (one result line each): skipped, counted, said
+                # once a second, and a viewer that keeps at it is disconnected.
+                if not bucket.take():
+                    limited += 1
+                    with self._lock:
+                        self.rate_limited += 1
+                    if limited >= MAX_SKIPPED_COMMANDS:
+                        self.agent.event("warning", "transport",
+                                         f"viewer {peer} sends commands faster than {COMMANDS_PER_S:g}/s (bursts "
+                                         f"of {COMMAND_BURST}): disconnected after skipping {limited}; it can attach "
+                                         "again")
+                        return
+                    now = time.monotonic()
+                    if now - last_said >= REFUSAL_EVENT_INTERVAL_S:
+                        last_said = now
+                        self.agent.event("warning", "transport",
+                                         f"viewer {peer} sends commands faster than {COMMANDS_PER_S:g}/s "
+                                         f"(bursts of {COMMAND_BURST}); skipped {limited} so far, without results")
                     continue
                 self.agent.submit(msg)
         finally:
@@ -296,6 +400,23 @@ class _TooLong(Exception):
     pass
 
 
+class _TokenBucket:
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self.tokens = float(burst)
+        self.t = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
+        self.t = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
 class _LineReader:
     """Reads newline-terminated lines with a size limit (longer lines are skipped whole)."""
 
@@ -306,6 +427,8 @@ class _LineReader:
         self.skipping = False
         # Whether a read that timed out should wait again (None: the timeout is an error).
         self.retry_timeouts: "Callable[[], bool] | None" = None
+        # A monotonic time by which the whole line must have arrived (the handshake), or None.
+        self.deadline: float | None = None
 
     def readline(self) -> bytes | None:
         while True:
@@ -319,6 +442,11 @@ class _LineReader:
             if len(self.buf) > self.limit:
                 self.buf = b""
                 self.skipping = True
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout("line deadline passed")
+                self.conn.settimeout(left)
             try:
                 data = self.conn.recv(65536)
             except socket.timeout:

@@ -89,8 +89,13 @@ class AgentClient:
             raise AgentUnavailable("the training process is not accepting viewers (it has ended?)") from None
         except OSError as e:
             raise AgentUnavailable(f"cannot reach the agent: {e.strerror or e}") from None
-        sock.sendall(protocol.encode(Attach(protocol_version=protocol.PROTOCOL_VERSION, offset=offset,
-                                            token=self.token, viewer="tpuwatch")))
+        try:
+            sock.sendall(protocol.encode(Attach(protocol_version=protocol.PROTOCOL_VERSION, offset=offset,
+                                                token=self.token, viewer="tpuwatch")))
+        except OSError as e:  # the agent closed at once: it refused us (too many viewers, ...)
+            sock.close()
+            raise AgentUnavailable(f"the agent closed the connection ({e.strerror or e}); it may have too "
+                                   "many viewers, try again") from None
         return sock
 
     def send(self, cmd: Command) -> None:

@@ -136,7 +136,10 @@ class GroupLaunch:
         if len(self.ends) == len(self.workers):
             code = self.exit_code()
             meta.update(state="finished" if code == 0 else "crashed", exit_code=code, ended=clock())
-        rundir.write_meta(self.run_dir, meta)
+        try:
+            rundir.write_meta(self.run_dir, meta)
+        except OSError:
+            pass  # a full disk: each worker's own run.json (written with its reserve) still says it
 
     def stop(self, names: list[str] | None = None, grace_int_s: float = 15.0, grace_term_s: float = 10.0,
              report: Callable[[str], None] = lambda line: None) -> int:
@@ -183,9 +186,12 @@ def start_group(
     run_id = run_dir.name if run_dir else rundir.new_run_id(script, clock)
     run_dir = run_dir or rundir.runs_root() / run_id
     try:
-        rundir.create(run_dir)
+        rundir.create(run_dir, run_id, new=True)
+    except rundir.RunDirError as e:
+        raise LaunchError(f"run directory: {e.strerror}") from None
     except OSError as e:
         raise LaunchError(f"run directory {run_dir} is not writable ({e.strerror}); set TPUWATCH_HOME or pass --run-dir") from None
+    rundir.release_reserve(run_dir)  # the workers' directories hold the reserves that matter
     names = [worker_name(i) for i in range(workers)]
     started = clock()
     rundir.write_meta(run_dir, {

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, TextIO
 
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import RecordingReader, append
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.monitor.state import RunState
@@ -142,6 +143,7 @@ def summary(snap: RunSnapshot) -> str:
         health.append(f"{snap.malformed} malformed line(s)")
     if snap.unknown:
         health.append(f"{snap.unknown} line(s) of unknown kind")
+    health.extend(snap.recording_gaps)
     if health:
         row("recording", "; ".join(health))
     return "\n".join(lines)
@@ -175,7 +177,8 @@ def follow(
     return follow_group(
         _SingleReader(RecordingReader(recording)), is_alive, out, every_s, clock, on_end=on_end,
         exit_grace_s=exit_grace_s, poll_s=poll_s, sleep=sleep,
-        record_findings=(lambda new: append(recording, new)) if record_findings else None)
+        record_findings=(lambda new: append(recording, new)) if record_findings else None,
+        watch_disk=recording.parent)
 
 
 class _SingleReader:
@@ -239,6 +242,7 @@ def follow_group(
     poll_s: float = 0.2,
     sleep: Callable[[float], None] = time.sleep,
     record_findings: Callable[[list[Finding]], None] | None = None,
+    watch_disk: Path | None = None,
 ) -> RunSnapshot:
     """:func:`follow` over several workers' recordings merged into one state (``tpuwatch run
     --headless --workers N``): the merged progress line, then one line with each worker (step,
@@ -247,12 +251,15 @@ def follow_group(
     ``reader`` is a :class:`tpuwatch.monitor.group.GroupReader` (tagged messages).
     ``record_findings`` receives new findings to record (the owner writes them into the
     recording of the worker each concerns). A worker whose recording ends without an exit
-    record is reported lost; the others keep their own end.
+    record is reported lost; the others keep their own end. ``watch_disk``: say once (a line)
+    when the disk holding it fills up, and once when space returns (one statvfs a second).
     """
     state = RunState(clock=clock)
     diag = FindingsFeed(clock, on_new=record_findings)
     next_print = clock() + every_s
     last_key: tuple | None = None
+    disk_note = ""
+    next_disk_check = 0.0
 
     def take(tagged: list) -> None:
         for worker, msg in tagged:
@@ -270,6 +277,12 @@ def follow_group(
         if not alive:
             break
         now = clock()
+        if watch_disk is not None and now >= next_disk_check:
+            next_disk_check = now + 1.0
+            note = full_note(watch_disk)
+            if note != disk_note:
+                print(f"tpuwatch: {note}" if note else "tpuwatch: the disk has space again", file=out, flush=True)
+                disk_note = note
         if diag.evaluate(state, now):
             take([])
         if now >= next_print:

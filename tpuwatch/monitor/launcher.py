@@ -108,10 +108,18 @@ def start(
     a group names its group and index there)."""
     check_script(script, module)
     exe = check_python(python or sys.executable)
-    run_id = run_id or (run_dir.name if run_dir else rundir.new_run_id(script, clock))
-    run_dir = run_dir or rundir.runs_root() / run_id
     try:
-        rundir.create(run_dir)
+        rundir.check_listen(listen)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    run_id = run_id or (run_dir.name if run_dir else rundir.new_run_id(script, clock))
+    # Absolute from here on: the script may chdir, and the agent gets this path.
+    run_dir = Path(os.path.abspath(run_dir or rundir.runs_root() / run_id))
+    try:
+        rundir.create(run_dir, run_id, new=True)
+        rundir.socket_path(run_dir)
+    except rundir.RunDirError as e:
+        raise LaunchError(f"run directory: {e.strerror}") from None
     except OSError as e:
         raise LaunchError(f"run directory {run_dir} is not writable ({e.strerror}); set TPUWATCH_HOME or pass --run-dir") from None
     child_env = dict(os.environ if env is None else env)
@@ -138,7 +146,7 @@ def start(
         **(extra_meta or {}),
     }
     rundir.write_meta(run_dir, meta)
-    log = open(run_dir / rundir.OUTPUT, "ab")
+    log = os.fdopen(os.open(run_dir / rundir.OUTPUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=child_env, start_new_session=True)
@@ -160,17 +168,31 @@ def finish(launch: Launch, clock: Callable[[], float] = time.time) -> int:
     returncode = launch.proc.wait()
     code = exit_code_of(returncode)
     sig = -returncode if returncode < 0 else None
-    if not _agent_recorded_exit(launch.run_dir):
+    # The run is over: the disk reserve is for exactly these last records (on a full disk they
+    # would fail, leaving run.json "running").
+    rundir.release_reserve(launch.run_dir)
+    recorded = _recorded_exit_code(launch.run_dir)
+    if recorded != code:
         name = signal.Signals(sig).name if sig else ""
         reason = f"killed by {name}" if sig else "the agent did not record an exit (the process ended abruptly)"
+        if recorded is not None:
+            # Killed (or exited otherwise) after the agent recorded its exit: the process's real
+            # end is the one every view (ls, report, run.json, our exit code) must show.
+            reason = f"{reason if sig else f'exited with {code}'} after the agent recorded exit code {recorded}"
         events = launch.run_dir / rundir.EVENTS
         # A process killed mid-write can leave a cut last line: the record must start a line.
         cut = _ends_mid_line(events)
-        with open(events, "ab") as f:
-            f.write((b"\n" if cut else b"") + protocol.encode(
-                protocol.Exit(t=clock(), exit_code=code, signal=sig, source="launcher", reason=reason)))
-    stop_requested = bool(rundir.read_meta(launch.run_dir).get("stop_requested"))
-    rundir.update_meta(launch.run_dir, state=ended_state(code, stop_requested), exit_code=code, ended=clock())
+        try:
+            with open(events, "ab") as f:
+                f.write((b"\n" if cut else b"") + protocol.encode(
+                    protocol.Exit(t=clock(), exit_code=code, signal=sig, source="launcher", reason=reason)))
+        except OSError:
+            pass  # a full disk even now: run.json below still says how it ended
+    try:
+        stop_requested = bool(rundir.read_meta(launch.run_dir).get("stop_requested"))
+        rundir.update_meta(launch.run_dir, state=ended_state(code, stop_requested), exit_code=code, ended=clock())
+    except OSError:
+        pass  # never turn the script's exit code into ours
     return code
 
 
@@ -183,15 +205,22 @@ def _ends_mid_line(path: Path) -> bool:
         return False
 
 
-def _agent_recorded_exit(run_dir: Path) -> bool:
+def _recorded_exit_code(run_dir: Path) -> int | None:
+    """The exit code of the last exit record in the recording, None when there is none."""
     path = run_dir / rundir.EVENTS
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.path.getsize(path) - 65536))
             tail = f.read()
     except OSError:
-        return False
-    return b'{"kind":"exit"' in tail
+        return None
+    decoder = protocol.Decoder()
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b'{"kind":"exit"'):
+            msg = decoder.decode(line)
+            if isinstance(msg, protocol.Exit):
+                return msg.exit_code
+    return None
 
 
 def stop(

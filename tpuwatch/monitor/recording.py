@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from tpuwatch import protocol
+from tpuwatch import protocol, rundir
 from tpuwatch.protocol import Message, Step
 
 #: Default cap on bytes read per :meth:`RecordingReader.read_new` call, so a UI catching up on a
@@ -290,10 +290,14 @@ def read_all(path: str | os.PathLike[str]) -> tuple[list[Message], ReadStats]:
 
 def append(path: str | os.PathLike[str], messages: Iterable[Message]) -> None:
     """Appends messages to a recording in one ``O_APPEND`` write, so the lines never interleave
-    with the agent's (which also writes whole lines in each write)."""
+    with the agent's (which also writes whole lines in each write). On a full disk they are
+    dropped (findings are derived: a report computes them again)."""
     data = b"".join(protocol.encode(m) for m in messages)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
         os.write(fd, data)
+    except OSError as e:
+        if e.errno not in rundir.DISK_FULL_ERRNOS:
+            raise
     finally:
         os.close(fd)

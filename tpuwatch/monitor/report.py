@@ -133,6 +133,28 @@ def _finding_dict(f: Finding) -> dict[str, Any]:
     }
 
 
+def recording_problem(run_dir: str | Path) -> str | None:
+    """Why ``run_dir/events.jsonl`` cannot be read as a recording (one line), None when it can
+    (or is absent: a run that has not written yet). Reads at most the first line."""
+    events = Path(run_dir) / rundir.EVENTS
+    if not events.exists():
+        return None
+    if not events.is_file():
+        return f"{events} is not a file; a recording is a file of JSON lines"
+    try:
+        with open(events, "rb") as f:
+            first = f.readline(protocol.MAX_LINE_BYTES)
+    except OSError as e:
+        return f"cannot read {events} ({e.strerror or e})"
+    if not first or not first.endswith(b"\n"):
+        return None  # empty, or the first line still being written
+    msg = protocol.Decoder().decode(first)
+    if msg is None:
+        return (f"{events} is not a tpuwatch recording (its first line is not a tpuwatch message); "
+                "give the directory of a run recorded by `tpuwatch run`")
+    return None
+
+
 def build_report(run_dir: str | Path) -> dict[str, Any]:
     """The report of one run directory. Raises :class:`ReportError` when it holds no run.
 
@@ -147,7 +169,13 @@ def build_report(run_dir: str | Path) -> dict[str, Any]:
     workers = worker_dirs(run_dir)
     if workers is not None:
         return _build_group_report(run_dir, meta, workers)
+    problem = recording_problem(run_dir)
+    if problem:
+        raise ReportError(problem)
     if not events.is_file() and not meta:
+        if (run_dir / rundir.META).exists():
+            raise ReportError(f"{run_dir / rundir.META} is unreadable or not valid JSON and there is no "
+                              f"{rundir.EVENTS}: nothing to report")
         raise ReportError(f"{run_dir} is not a tpuwatch run (no {rundir.EVENTS}, no {rundir.META})")
 
     state = RunState()
@@ -337,6 +365,7 @@ def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
             for c in snap.commands
         ],
         "truncated_tail": snap.truncated_tail,
+        "recording_gaps": list(snap.recording_gaps),
         "dropped_bytes": stats.dropped_bytes if stats else 0,
         "malformed_lines": snap.malformed,
         "unknown_lines": snap.unknown,
@@ -412,6 +441,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         health.append(f"{s['malformed_lines']} malformed lines")
     if s["unknown_lines"]:
         health.append(f"{s['unknown_lines']} lines of unknown kind")
+    health.extend(s.get("recording_gaps", ()))
     rows_sum.append(f"recording\t{'; '.join(health) or 'complete'}")
     if s["disabled_probes"]:
         rows_sum.append("disabled probes\t" + ", ".join(

@@ -196,3 +196,6 @@ class RunSnapshot:
     malformed: int = 0
     unknown: int = 0
     truncated_tail: bool = False
+    recording_gaps: tuple[str, ...] = ()  # what the recording may be missing, one line each
+    # set by a live viewer (not the recording): the disk under the run directory is full
+    disk_full: str = ""

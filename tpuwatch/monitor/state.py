@@ -38,6 +38,7 @@ from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.monitor.run_stop import STOP_MESSAGE, STOP_SOURCE, ended_state
 from tpuwatch.monitor.stats import History, Rolling, SeriesHistory, StepStats
 from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
+from tpuwatch.protocol import DISK_FULL_SOURCE as DISK_FULL
 from tpuwatch.protocol import (
     Command,
     CommandState,
@@ -145,6 +146,7 @@ class _Worker:
 
 #: Event source of the agent's TPU runtime metrics sampler (tpuwatch.agent.tpu_metrics.SOURCE).
 TPU_METRICS_SOURCE = "tpu-metrics"
+DISK_FULL_SOURCE = DISK_FULL
 
 
 class RunState:
@@ -208,6 +210,8 @@ class RunState:
         self.unknown = 0
         self.truncated_tail = False
         self._tpu_note = ""
+        # What the recording may be missing: full-disk losses the agent noted, a hard end.
+        self._gaps: list[str] = []
         self._handlers: dict[type, Callable[[Message, _Worker], None]] = {
             Hello: self._hello,
             Topology: self._topology,
@@ -400,6 +404,8 @@ class RunState:
         self._log(msg.t, msg.level, msg.source, msg.message, w.name)
         if msg.source == STOP_SOURCE and msg.message.startswith(STOP_MESSAGE):
             self._stop_requested = True
+        if msg.source == DISK_FULL_SOURCE and len(self._gaps) < 100:
+            self._gaps.append(msg.message)
         if msg.source == TPU_METRICS_SOURCE:
             # "TPU metrics unavailable: <reason>" sets the note; metrics arriving clear it.
             head, sep, reason = msg.message.partition(": ")
@@ -417,6 +423,12 @@ class RunState:
         self._log(msg.t, "error", "script", f"{msg.type}: {w.exception.message}", w.name)
 
     def _exit(self, msg: Exit, w: _Worker) -> None:
+        if msg.source == "launcher" and w.exit is None and len(self._gaps) < 100:
+            # The agent did not end the run itself (killed, crashed hard): what it had not yet
+            # written (one flush interval, 1/sample-hz, 0.25 s by default) is not in the recording.
+            self._gaps.append(f"{w.name + ': ' if w.name else ''}the process ended abruptly ({msg.reason or 'no exit record'}); "
+                              "the last fraction of a second before it (one agent flush, 0.25 s by "
+                              "default) may be missing")
         w.exit = msg
         w.connected = False
         text = f"exited with code {msg.exit_code}"
@@ -555,7 +567,7 @@ class RunState:
         if p is None:
             return RunSnapshot(now=now, status="waiting", messages=self.messages,
                                malformed=self.malformed, unknown=self.unknown,
-                               truncated_tail=self.truncated_tail, events=tuple(self._events),
+                               truncated_tail=self.truncated_tail, recording_gaps=tuple(self._gaps), events=tuple(self._events),
                                commands=tuple(self._commands.values()))
         workers = sorted(self._workers.values(),
                          key=lambda w: (w.topology.worker_index if w.topology else 1 << 30,
@@ -669,7 +681,7 @@ class RunState:
             messages=self.messages,
             malformed=self.malformed,
             unknown=self.unknown,
-            truncated_tail=self.truncated_tail,
+            truncated_tail=self.truncated_tail, recording_gaps=tuple(self._gaps),
         )
 
     def _replica_losses(self, workers: list[_Worker]) -> tuple[ReplicaLoss, ...]:

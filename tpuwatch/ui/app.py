@@ -13,6 +13,7 @@ Entry points for the CLI: :func:`run_dashboard`, :func:`tpuwatch.ui.file_source.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import signal
 import time
@@ -29,6 +30,7 @@ from textual.widgets import Footer, Input
 
 from tpuwatch import rundir
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import append
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.protocol import Command, Message, Result
@@ -172,6 +174,8 @@ class TpuwatchApp(App[str]):
         self.hung_up = False
         self.source = source
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._disk_checked_at = float("-inf")
+        self._disk_note = ""
         if title:
             self.title = title
         self._clock = clock
@@ -243,6 +247,16 @@ class TpuwatchApp(App[str]):
 
     # --- data ------------------------------------------------------------------------------
 
+    def _disk_full_note(self) -> str:
+        """Live runs: whether the run directory's disk is full (one statvfs every 2 s)."""
+        if self.run_dir is None or not self.source.live:
+            return ""
+        t = time.monotonic()
+        if t >= self._disk_checked_at + 2.0:
+            self._disk_checked_at = t
+            self._disk_note = full_note(self.run_dir)
+        return self._disk_note
+
     def pull(self) -> None:
         """Drains the source into the run state and publishes one new snapshot."""
         replay = self._replay
@@ -283,9 +297,11 @@ class TpuwatchApp(App[str]):
         self._findings.evaluate(self._state, now)
         version = getattr(self._state, "version", None)  # a StateLike may not count its news
         snapshot = self._state.snapshot(now=now) if version is None else None
-        shown = self._pacer.due(news_key(snapshot) if snapshot is not None else version, time.monotonic())
+        disk = self._disk_full_note()
+        shown = self._pacer.due((news_key(snapshot) if snapshot is not None else version, disk), time.monotonic())
         if shown:
-            self.snapshot = snapshot if snapshot is not None else self._state.snapshot(now=now)
+            snap = snapshot if snapshot is not None else self._state.snapshot(now=now)
+            self.snapshot = dataclasses.replace(snap, disk_full=disk) if disk else snap
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done, self.snapshot.input_recent)
         self._toast_results()

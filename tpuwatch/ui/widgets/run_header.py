@@ -83,6 +83,12 @@ def progress_parts(s: RunSnapshot) -> list[str]:
     problem = problem_text(s)
     if problem:
         return [problem]
+    if s.disk_full:
+        return ["DISK FULL: output and events are being dropped, training goes on", *_progress_parts(s)]
+    return _progress_parts(s)
+
+
+def _progress_parts(s: RunSnapshot) -> list[str]:
     if s.status == "waiting":
         return ["waiting for the agent's first message"]
     if s.step == 0 and s.status == "starting":

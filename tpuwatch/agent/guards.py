@@ -1,0 +1,260 @@
+"""The agent's guards around the script's process: a full disk, fork(), a terminating SIGTERM.
+
+- **Full disk.** The script's stdout/stderr are ``output.log`` (DESIGN §1). On ENOSPC a plain
+  file object makes the script's own ``print`` raise, killing training. :class:`OutputGuard`
+  puts the same file descriptors behind a writer that drops what does not fit and counts it;
+  the agent's recording says what was lost when space returns (``Agent._loss_note``). Only the
+  "no space" errors are swallowed: a closed pipe or a bad descriptor still raises as before.
+  Cost: one Python-level ``write`` per print (~1 µs); nothing per step.
+- **fork().** A child made by ``os.fork`` (multiprocessing's fork start method, a script's own
+  fork) inherits the agent's objects but not its threads. Left alone, a child that exits
+  normally would run the agent's end: record a second exit, remove the parent's socket. The
+  child's agent is detached (:func:`_after_fork_in_child`): its messages are discarded and its
+  end touches neither the socket nor the recording. Cost: nothing per step; one callback per fork.
+- **SIGTERM.** A cluster's SIGTERM after the viewer has gone would otherwise leave no exit
+  record (the run looks "lost"). When the script leaves SIGTERM at its default, the agent
+  records the exit itself, then dies by the signal as before (:func:`_on_sigterm`). Python
+  runs that handler on the main thread between bytecodes; if the main thread is stuck in a long
+  native call, a watcher thread woken through the signal wakeup fd records the exit and ends the
+  process with the same default SIGTERM after :data:`SIGTERM_MAIN_THREAD_GRACE_S`, so a blocked
+  process still dies promptly. A script that installs its own SIGTERM handler keeps it untouched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import signal
+import stat
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, TextIO
+
+from tpuwatch import rundir
+from tpuwatch.protocol import Exit
+
+if TYPE_CHECKING:
+    from tpuwatch.agent.runtime import Agent
+
+#: How long the watcher waits for the main thread to run the SIGTERM handler before acting itself.
+SIGTERM_MAIN_THREAD_GRACE_S = 1.0
+#: How long a terminating process waits for its exit record to reach the disk.
+EXIT_FLUSH_S = 1.0
+
+_agent: "Agent | None" = None
+_pid = -1
+_wakeup_fds: tuple[int, int] | None = None  # the SIGTERM watcher's pipe (read end, write end)
+
+
+def install(agent: "Agent") -> None:
+    """Installs every guard for ``agent`` (call on the main thread, after ``agent.start()``)."""
+    global _agent, _pid
+    _agent, _pid = agent, os.getpid()
+    guard_output(agent)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    _install_sigterm(agent)
+
+
+# --- full disk ----------------------------------------------------------------------------------
+
+
+class OutputGuard:
+    """Counts the script output a full disk made us drop (shared by stdout and stderr)."""
+
+    def __init__(self) -> None:
+        self.dropped_bytes = 0
+        self.first_drop_t: float | None = None
+
+    def dropped(self, n: int) -> None:
+        if self.first_drop_t is None:
+            self.first_drop_t = time.time()
+        self.dropped_bytes += n
+
+
+class _DiskFullSafeWriter(io.RawIOBase):
+    """A raw writer on a file descriptor that drops, and counts, what a full disk refuses."""
+
+    def __init__(self, fd: int, guard: OutputGuard) -> None:
+        super().__init__()
+        self._fd = fd
+        self._guard = guard
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, b) -> int:  # type: ignore[override]
+        done = 0
+        try:
+            done = os.write(self._fd, b)
+            total = len(b)
+            if done == total:  # the common case: one syscall, as without the guard
+                return done
+            view = memoryview(b).cast("B")
+            total = len(view)
+            while done < total:
+                done += os.write(self._fd, view[done:])
+            return total
+        except OSError as e:
+            if e.errno not in rundir.DISK_FULL_ERRNOS:
+                raise
+            # What did not fit is dropped; the caller sees it written (nothing to retry).
+            total = memoryview(b).nbytes
+            self._guard.dropped(total - done)
+            return total
+
+    def close(self) -> None:  # the descriptor belongs to the process, not to this object
+        super().close()
+
+
+def _wrap(stream: TextIO | None, guard: OutputGuard) -> TextIO | None:
+    try:
+        fd = stream.fileno() if stream is not None else -1
+    except (OSError, ValueError, AttributeError):
+        return stream
+    if fd < 0 or not isinstance(stream, io.TextIOWrapper):
+        return stream
+    raw = _DiskFullSafeWriter(fd, guard)
+    unbuffered = isinstance(stream.buffer, io.RawIOBase)  # python -u / PYTHONUNBUFFERED
+    binary = raw if unbuffered else io.BufferedWriter(raw)
+    wrapped = io.TextIOWrapper(binary, encoding=stream.encoding, errors=stream.errors,
+                               line_buffering=stream.line_buffering, write_through=unbuffered)
+    return wrapped
+
+
+def guard_output(agent: "Agent") -> OutputGuard:
+    """Replaces ``sys.stdout``/``sys.stderr`` with writers on the same descriptors that survive a
+    full disk. Only regular files are guarded (a terminal or pipe keeps its own behaviour)."""
+    guard = OutputGuard()
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        try:
+            regular = stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not regular:
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+        setattr(sys, name, _wrap(stream, guard))
+    agent.output_guard = guard
+    return guard
+
+
+# --- fork ---------------------------------------------------------------------------------------
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child: the agent belongs to the parent. Discard what the child would record
+    and make its end a no-op (the parent's socket and recording stay the parent's)."""
+    agent = _agent
+    if agent is None:
+        return
+    try:
+        if _wakeup_fds is not None:
+            # The child shares the parent's wakeup pipe: a SIGTERM to the child (Pool.terminate)
+            # would wake the parent's watcher, which would end the parent. Point the child's
+            # write end at /dev/null (same descriptor number, so the C handler stays harmless).
+            r, w = _wakeup_fds
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, w, inheritable=False)
+            os.close(devnull)
+            os.close(r)
+        agent.detach_after_fork()
+    except Exception as e:  # never break the child's fork
+        print(f"tpuwatch: could not detach the agent in a forked child: {e}", file=sys.stderr)
+
+
+# --- SIGTERM ------------------------------------------------------------------------------------
+
+_terminating = threading.Event()
+
+
+def _record_signal_exit(sig: int) -> None:
+    agent = _agent
+    if agent is None or os.getpid() != _pid or agent.forked:
+        return
+    agent.emit(Exit(t=time.time(), exit_code=128 + sig, signal=sig, source="agent",
+                    reason=f"terminated by {signal.Signals(sig).name}"))
+    agent.flush(timeout=EXIT_FLUSH_S)
+    agent.before_signal_death()
+
+
+def _on_sigterm(signum: int, frame) -> None:
+    """Records the exit, then dies by SIGTERM exactly as the default action would."""
+    if not _terminating.is_set():
+        _terminating.set()
+        _record_signal_exit(signum)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_sigterm(agent: "Agent") -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # the script's parent chose a disposition (ignored, ...): keep it
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (OSError, ValueError):
+        return
+    if old != -1:  # someone else's wakeup fd: give it back, rely on the handler alone
+        signal.set_wakeup_fd(old)
+        os.close(r)
+        os.close(w)
+        return
+    global _wakeup_fds
+    _wakeup_fds = (r, w)
+    watcher = threading.Thread(target=_watch_wakeups, args=(r,), name="tpuwatch-signals", daemon=True)
+    watcher.start()
+
+    def stop_watching() -> None:
+        # Once the script has returned nothing blocks the main thread for long: the handler alone
+        # covers the rest, and the interpreter's finalization runs with no extra thread or fd.
+        global _wakeup_fds
+        _wakeup_fds = None
+        old = signal.set_wakeup_fd(-1)
+        if old != w:  # the script set its own since: leave it in place
+            signal.set_wakeup_fd(old)
+        os.close(w)  # the watcher reads EOF and ends
+        watcher.join(timeout=1.0)
+
+    agent.on_shutdown(stop_watching)
+
+
+def _watch_wakeups(fd: int) -> None:
+    """Wakes on every signal the process gets; for SIGTERM, if the main thread has not run the
+    handler within the grace (stuck in native code), records the exit and ends the process."""
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            data = b""
+        if not data:
+            os.close(fd)
+            return
+        if signal.SIGTERM not in data:
+            continue
+        deadline = time.monotonic() + SIGTERM_MAIN_THREAD_GRACE_S
+        while time.monotonic() < deadline and not _terminating.is_set():
+            time.sleep(0.05)
+        if _terminating.is_set() or signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+            continue  # handled on the main thread, or the script took SIGTERM over since
+        _terminating.set()
+        _record_signal_exit(signal.SIGTERM)
+        # signal.signal() only works on the main thread; reset the C-level disposition instead.
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal(int(signal.SIGTERM), ctypes.c_void_p(0))  # SIG_DFL
+        os.kill(os.getpid(), signal.SIGTERM)
