@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         agent.event("debug", "agent", f"interpreter teardown bounded at {bound:g} s (TPUWATCH_TEARDOWN_S)")
     agent.flush()
     agent.stop()
-    exit_guard.flush_open_files()
+    exit_guard.flush_std()  # the script's files were flushed once it ended (finish_python)
     if sig is not None:  # die by the signal, like Python does for SIGINT
         signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)

@@ -67,10 +67,14 @@ def finish_python() -> None:
     flush_open_files()
 
 
-def flush_open_files() -> None:
-    """Flushes every open Python file object (what finalization would do as it closes them)."""
+def flush_std() -> None:
     for stream in (sys.stdout, sys.stderr):
         _flush(stream)
+
+
+def flush_open_files() -> None:
+    """Flushes every open Python file object (what finalization would do as it closes them)."""
+    flush_std()
     try:
         objects = gc.get_objects()
     except Exception:
