@@ -1,5 +1,6 @@
-"""Crash: ``strategy.run`` called eagerly with a ``tf.function`` whose body needs a cross-replica
-``merge_call`` (the optimizer's apply_gradients): "merge_call called while defining a new graph"."""
+"""Crash: a nested ``tf.function`` inside the replica function of ``strategy.run`` holds a
+synchronization point (the optimizer's apply_gradients, which needs a cross-replica
+``merge_call``): "merge_call called while defining a new graph or a tf.function"."""
 import tensorflow as tf
 import keras
 
@@ -16,14 +17,22 @@ with strategy.scope():
 
 
 @tf.function
-def step_fn(inputs):
+def apply(grads):  # a nested tf.function with a synchronization point inside
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+
+def replica_step(inputs):
     xb, yb = inputs
     with tf.GradientTape() as tape:
         loss = loss_fn(yb, model(xb, training=True))
-    grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    apply(tape.gradient(loss, model.trainable_variables))
     return loss
 
 
+@tf.function
+def train_step(batch):
+    return strategy.run(replica_step, args=(batch,))
+
+
 for batch in ds:
-    strategy.run(step_fn, args=(batch,))  # eager strategy.run of a tf.function
+    train_step(batch)
