@@ -273,7 +273,9 @@ def test_remote_source_resynchronises_after_the_agent_drops_it(tmp_path):
     from tpuwatch.ui.remote_source import RemoteSource
 
     api_steps = 80_000  # ~20 MB: more than loopback TCP buffers hold
-    agent = start_agent(tmp_path, "--steps", "10", "--api-steps", str(api_steps), "--linger", "3",
+    # The agent serves the recording only while it lives: linger long enough for a reconnected
+    # viewer to catch up on ~20 MB on a loaded CI box (3 s lost the tail there once).
+    agent = start_agent(tmp_path, "--steps", "10", "--api-steps", str(api_steps), "--linger", "20",
                         listen="127.0.0.1:0", env={"TPUWATCH_VIEWER_TIMEOUT_S": "1"})
     source = None
     try:
