@@ -65,7 +65,6 @@ class StepProbe:
         # Called before the first top-level call of each tf.function (eager, cross-replica
         # context): probes make their variables there rather than inside the trace.
         self.before_first_call: list[Callable[[], None]] = []
-        self._called: weakref.WeakSet = weakref.WeakSet()
         self.epoch_source: Any = None  # keras_hooks.KerasHooks: its .epoch is the current epoch
         self._config_batch: int | None = None
         self.loss_every_s = _loss_every_s()
@@ -101,9 +100,6 @@ class StepProbe:
             return self.flags.get(fn) or {}
         except TypeError:
             return {}
-
-    def is_step_function(self, fn: Any) -> bool:
-        return "training" in self.flags_of(fn)
 
     # --- the wrapper of Function.__call__ -------------------------------------------------------
 
