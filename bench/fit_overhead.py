@@ -17,17 +17,21 @@ Configurations: ``steps_per_execution=1`` under MirroredStrategy over 4 logical 
 default strategy (Keras 3.15 crashes with ``steps_per_execution > 1`` under MirroredStrategy,
 keras-team/keras#19246). Each for a big step (``--width``) and a tiny step.
 
-    python bench/fit_overhead.py [--width 1024] [--blocks 8] [--steps 48] [--spe 8] [--repeat 2] [--only spe1|spek]
+    python bench/fit_overhead.py [--width 1024] [--blocks 8] [--steps 48] [--spe 8] [--repeat 2] [--only spe1|spek] [--calls 300]
 
 Prints, per configuration and repeat: plain and instrumented ms/step (medians over blocks), their
 ratio and the median of the per-pair ratios (with their range), the added µs per step and the
-1-minute load average. Asserts nothing.
+1-minute load average. Then, per configuration, the same from ``--calls`` direct calls of the two
+models' train functions interleaved call by call (as ``bench/overhead.py`` does; the agent adds
+nothing per batch to fit's Python loop), which a noisy box disturbs far less than whole fits.
+Asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -48,6 +52,8 @@ def main() -> None:
     p.add_argument("--spe", type=int, default=8, help="steps_per_execution of the second configuration")
     p.add_argument("--repeat", type=int, default=2, help="A/B runs per configuration")
     p.add_argument("--only", choices=("spe1", "spek"), help="run one configuration")
+    p.add_argument("--calls", type=int, default=300,
+                   help="interleaved direct calls of fit's train functions after the blocks (0: none)")
     a = p.parse_args()
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -141,6 +147,41 @@ def main() -> None:
                   f"range {pairs[0]:.3f}-{pairs[-1]:.3f})  added {(on_s - off_s) * 1e6:+7.1f} µs/step  "
                   f"load {load0:.2f}->{os.getloadavg()[0]:.2f}  ({a.blocks} pairs x {steps} steps; "
                   f"{recorded} steps recorded, {a.blocks * steps} expected)", flush=True)
+        if a.calls:
+            per_call(label, strategy, plain, instrumented, ds, spe)
+
+    def per_call(label: str, strategy, plain, instrumented, ds, spe: int) -> None:
+        """Fit's own train functions, called directly and interleaved call by call (the agent
+        adds nothing per batch to fit's Python loop: its Keras hooks are per epoch)."""
+        its = {name: iter(strategy.experimental_distribute_dataset(ds)) for name in ("agent", "plain", "graph")}
+        variants = {"agent": (instrumented.train_function, True), "plain": (plain.train_function, False),
+                    "graph": (instrumented.train_function, False)}
+
+        def once(name: str) -> float:
+            fn, on = variants[name]
+            agent_on(on)
+            start = time.perf_counter()
+            fn(its[name])
+            elapsed = time.perf_counter() - start
+            agent_on(False)
+            return elapsed / spe
+
+        names = list(variants)
+        for _ in range(10):
+            for name in names:
+                once(name)
+        rng = random.Random(0)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(a.calls):
+            rng.shuffle(names)
+            for name in names:
+                times[name].append(once(name))
+        med = {name: statistics.median(v) for name, v in times.items()}
+        print(f"{label:<38} per call: plain {med['plain'] * 1e3:8.3f} ms/step  with agent {med['agent'] * 1e3:8.3f} "
+              f"ms/step  ratio {med['agent'] / med['plain']:6.4f}  added {(med['agent'] - med['plain']) * 1e6:+7.1f} "
+              f"µs/step (in-graph {(med['graph'] - med['plain']) * 1e6:+7.1f}, Python "
+              f"{(med['agent'] - med['graph']) * 1e6:+7.1f})  load {os.getloadavg()[0]:.2f}  "
+              f"(medians of {a.calls} interleaved calls of fit's train function)", flush=True)
 
     configs = []
     if a.only in (None, "spe1"):

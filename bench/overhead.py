@@ -1,22 +1,28 @@
-"""What the agent costs a training step: the same loop with and without it, alternating in one process.
+"""What the agent costs a training step: the same loop with and without it, interleaved call by call
+in one process.
 
 The loop is a MirroredStrategy custom loop over 4 logical CPU devices whose step function takes
 the distributed iterator and calls ``next()`` inside (the in-graph input-wait, step-count and
 per-replica-loss probes all run). Two step functions are traced: one with the agent's patches
-installed (it carries the in-graph probes), one without. Blocks alternate: agent patches active +
-instrumented function, then patches suspended + plain function. The agent's thread (recording,
-sampling) runs throughout, and its CPU time is reported separately.
+installed (it carries the in-graph probes), one without. Calls are interleaved in a random order
+each round: the instrumented function with the patches active, the plain one with them suspended,
+and the instrumented one with them suspended (its in-graph probes alone). Each call is timed on its
+own and the medians are compared: on a shared, noisy box a per-call median shrugs off the
+preemptions that make block averages swing by more than the effect being measured. The agent's
+thread (recording, sampling) runs throughout, and its CPU time is reported separately.
 
-    python bench/overhead.py [--width 1024] [--blocks 12] [--steps 40]
+    python bench/overhead.py [--width 1024] [--rounds 600] [--big-rounds 60]
 
-Prints the ratio (instrumented / plain per-step wall time) and the added microseconds per step,
-for a ~20 ms step (``--width``) and for a tiny step (where the fixed cost is easiest to see).
+Prints the ratio (instrumented / plain median step time) and the added microseconds per step,
+for a ~20 ms step (``--width``) and for a tiny step (where the fixed cost is easiest to see), and
+the same for the middle 80% of calls (trimmed means).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -32,8 +38,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--width", type=int, default=1024, help="hidden units of the ~20 ms model")
     p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--blocks", type=int, default=12, help="alternating block pairs")
-    p.add_argument("--steps", type=int, default=40, help="steps per block")
+    p.add_argument("--rounds", type=int, default=600, help="interleaved rounds of the tiny step (one call of each variant)")
+    p.add_argument("--big-rounds", type=int, default=60, help="interleaved rounds of the ~20 ms step")
     a = p.parse_args()
 
     import tensorflow as tf
@@ -43,16 +49,16 @@ def main() -> None:
     from tpuwatch.agent import probes
     from tpuwatch.agent.runtime import Agent
 
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(a.replicas)])
     run_dir = Path(tempfile.mkdtemp(prefix="tpuwatch-bench-"))
     agent = Agent(run_dir, "bench", sample_hz=4)
     patches = probes.install_all(agent, "bench", ["bench"], set())
     agent.start()
+    # Made with the agent installed, as in a script run by tpuwatch (it prepares its variables).
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(a.replicas)])
     patches.suspend()
     agent_thread = next(t for t in __import__("threading").enumerate() if t.name == "tpuwatch-agent")
 
-    results = {}
-    for label, width in (("~20 ms step", a.width), ("tiny step", 8)):
+    for label, width, rounds in (("~20 ms step", a.width, a.big_rounds), ("tiny step", 8, a.rounds)):
         with strategy.scope():
             model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(width, activation="relu"),
                                          tf.keras.layers.Dense(width, activation="relu"), tf.keras.layers.Dense(1)])
@@ -79,50 +85,53 @@ def main() -> None:
         instrumented(it)  # trace with it: carries the in-graph probes
         patches.suspend()
 
-        def block(fn, n):
-            start = time.perf_counter()
-            for _ in range(n):
-                fn(it)
-            return (time.perf_counter() - start) / n
+        perf = time.perf_counter
 
-        for _ in range(3):  # warm up both
-            block(plain, a.steps)
-            patches.resume()
-            block(instrumented, a.steps)
-            patches.suspend()
-        graph_only: list[float] = []
-        on, off = [], []
+        def once(fn, active: bool) -> float:
+            if active:
+                patches.resume()
+            start = perf()
+            fn(it)
+            elapsed = perf() - start
+            if active:
+                patches.suspend()
+            return elapsed
+
+        variants = {"agent": (instrumented, True), "plain": (plain, False), "graph": (instrumented, False)}
+        for _ in range(20):  # warm up every variant
+            for fn, active in variants.values():
+                once(fn, active)
+        times: dict[str, list[float]] = {name: [] for name in variants}
         proc = psutil.Process()
         cpu0 = _thread_cpu(proc, agent_thread.native_id)
         steps0 = agent.global_step
-        for i in range(a.blocks):
-            order = (True, False) if i % 2 == 0 else (False, True)
-            for instrumented_phase in order:
-                if instrumented_phase:
-                    patches.resume()
-                    on.append(block(instrumented, a.steps))
-                    patches.suspend()
-                else:
-                    off.append(block(plain, a.steps))
-            # The instrumented graph with the Python patches suspended: what the in-graph probes
-            # cost by themselves (the rest of the difference is the Python side).
-            graph_only.append(block(instrumented, a.steps))
+        names = list(variants)
+        rng = random.Random(0)
+        for _ in range(rounds):
+            rng.shuffle(names)
+            for name in names:
+                times[name].append(once(*variants[name]))
         agent.flush()
         agent_cpu = _thread_cpu(proc, agent_thread.native_id) - cpu0
         recorded = agent.global_step - steps0
-        on_s, off_s = statistics.median(on), statistics.median(off)
-        graph_s = statistics.median(graph_only)
-        results[label] = (off_s, on_s, agent_cpu / max(recorded, 1))
-        print(f"{label:>12}: plain {off_s * 1e3:8.3f} ms/step   with agent {on_s * 1e3:8.3f} ms/step   "
-              f"ratio {on_s / off_s:6.4f}   added {(on_s - off_s) * 1e6:+7.1f} µs/step   "
-              f"agent thread {agent_cpu / max(recorded, 1) * 1e6:6.1f} µs CPU/step   "
-              f"(medians of {a.blocks} blocks x {a.steps} steps; {recorded} steps recorded; "
-              f"load {os.getloadavg()[0]:.2f})")
-        print(f"{'':>12}  of which in-graph probes {(graph_s - off_s) * 1e6:+7.1f} µs/step, "
-              f"Python side {(on_s - graph_s) * 1e6:+7.1f} µs/step")
+        med = {name: statistics.median(v) for name, v in times.items()}
+        mid = {name: _trimmed_mean(v) for name, v in times.items()}
+        print(f"{label:>12}: plain {med['plain'] * 1e3:8.3f} ms/step   with agent {med['agent'] * 1e3:8.3f} ms/step   "
+              f"ratio {med['agent'] / med['plain']:6.4f}   added {(med['agent'] - med['plain']) * 1e6:+7.1f} µs/step   "
+              f"(medians of {rounds} interleaved calls; load {os.getloadavg()[0]:.2f})")
+        print(f"{'':>12}  of which in-graph probes {(med['graph'] - med['plain']) * 1e6:+7.1f} µs/step, "
+              f"Python side {(med['agent'] - med['graph']) * 1e6:+7.1f} µs/step;   middle-80% means: ratio "
+              f"{mid['agent'] / mid['plain']:6.4f}, added {(mid['agent'] - mid['plain']) * 1e6:+7.1f} µs/step;   "
+              f"agent thread {agent_cpu / max(recorded, 1) * 1e6:6.1f} µs CPU/step ({recorded} steps recorded)")
     patches.resume()
     patches.restore()
     agent.stop()
+
+
+def _trimmed_mean(values: list[float]) -> float:
+    ordered = sorted(values)
+    cut = len(ordered) // 10
+    return statistics.fmean(ordered[cut:len(ordered) - cut])
 
 
 def _thread_cpu(proc: psutil.Process, tid: int) -> float:

@@ -56,8 +56,11 @@ class Patches:
     def suspend(self) -> None:
         """Puts the originals back without forgetting the wrappers (``resume`` re-applies them).
 
-        Lets a benchmark alternate instrumented and plain phases in one process.
+        Lets a benchmark alternate instrumented and plain phases in one process. Suspending twice
+        is the same as once (a second call would record the originals as the wrappers).
         """
+        if getattr(self, "_suspended", None):
+            return
         self._suspended = [(owner, name, getattr(owner, name)) for owner, name, _, _ in self._undo]
         for owner, name, original, _ in self._undo:
             setattr(owner, name, original)
