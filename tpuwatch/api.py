@@ -27,9 +27,10 @@ def step(examples: int | None = None) -> Iterator[StepInfo]:
     info = StepInfo(examples=examples)
     runtime = sys.modules.get("tpuwatch.agent.runtime")
     agent = runtime.current() if runtime is not None else None
-    probe = getattr(agent, "step_probe", None)
-    if probe is None:
+    if agent is None:
         yield info
         return
+    # The step probe is made when the script imports TensorFlow; a loop that never does gets it here.
+    probe = agent.manual_step_probe()
     with probe.manual_step(info):
         yield info

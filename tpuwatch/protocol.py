@@ -131,6 +131,22 @@ class Step(Message):
 
 
 @dataclass(frozen=True)
+class StepLoss(Message):
+    """The losses of a step recorded earlier without them, read once nothing has run since.
+
+    Losses are read at most every ~10 ms of training, so a record may carry none; when training
+    pauses (the script ends, an epoch ends, evaluation starts) the last step's losses are read
+    and sent here, for the step they belong to.
+    """
+
+    kind: ClassVar[str] = "step_loss"
+    t: float
+    step: int  # the global step of the record these losses belong to
+    loss: float | None  # mean over this worker's replicas
+    replica_losses: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
 class HostSample(Message):
     """Periodic host-side sample."""
 
@@ -169,6 +185,12 @@ class Retrace(Message):
     signature: str  # the new trace's input signature, short form
     change: str  # e.g. "x: shape (96, 28, 28, 1) -> (64, 28, 28, 1)"; "" for the first trace
     step: int | None = None  # global step when it happened
+
+
+#: ``Retrace.change`` of the trace TF makes again, same inputs, when a function's first call
+#: created variables (lazily built optimizer slots, a model built inside the step): a real trace,
+#: counted as TF counts it, but no retrace problem (it happens once per function).
+VARIABLES_MADE_CHANGE = "the first call created variables, so TF traced it again (same inputs)"
 
 
 @dataclass(frozen=True)
@@ -301,6 +323,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     Topology,
     Config,
     Step,
+    StepLoss,
     HostSample,
     DeviceSample,
     Retrace,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import statistics
 
@@ -85,10 +86,11 @@ def test_default_strategy_plain_dataset(run_agent):
 def test_input_wait_separates_a_starved_pipeline_from_a_fast_one(run_agent, mode):
     # Steps of ~25-35 ms, like real ones: a 4-replica eager fetch costs ~2 ms even when the
     # data is ready (DESIGN §3), which is no starvation at realistic step times. The slow
-    # pipeline takes 200 ms a batch, longer than a step, so prefetching cannot hide it.
+    # pipeline takes 400 ms a batch, well beyond a step even on a loaded box (at 200 ms, steps
+    # slowed to ~150-200 ms by load left almost no wait), so prefetching cannot hide it.
     # While the first step compiles, the distributed iterator buffers a batch per device (4
     # here), so the slow run is judged after those: its steady state.
-    slow = run_agent(LOOPS, "--mode", mode, "--input", "slow", "--sleep-ms", "200", "--steps", "16", "--width", "1024")
+    slow = run_agent(LOOPS, "--mode", mode, "--input", "slow", "--sleep-ms", "400", "--steps", "16", "--width", "1024")
     fast = run_agent(LOOPS, "--mode", mode, "--input", "fast", "--steps", "14", "--width", "1024")
     assert slow.returncode == 0 and fast.returncode == 0, slow.output + fast.output
     assert _wait_share(slow, skip=8) > 0.5, [(s.step_time_s, s.input_wait_s) for s in slow.steps]
@@ -156,6 +158,16 @@ def test_the_explicit_step_api_marks_steps_the_patches_cannot_see(run_agent):
     assert run.returncode == 0, run.output
     assert [(s.step, s.function, s.examples) for s in run.steps] == [(i, "tpuwatch.step", 32) for i in range(1, 6)]
     assert run.steps[0].loss == 0.0 and run.steps[1].loss == pytest.approx(0.81)
+
+
+def test_the_explicit_step_api_works_in_a_script_that_never_imports_tensorflow(run_agent):
+    """The tryout: README's pure-Python ``tpuwatch.step`` loop ended with "no training step
+    recorded" unless the script imported TensorFlow (the step probe was made at that import)."""
+    run = run_agent(SCRIPTS / "manual_no_tf.py")
+    assert run.returncode == 0, run.output
+    printed = [float(v) for v in re.findall(r"step \d+ loss (\S+)", run.output)]
+    assert [(s.step, s.function, s.examples) for s in run.steps] == [(i, "tpuwatch.step", 16) for i in range(1, 7)]
+    assert [s.loss for s in run.steps] == printed
 
 
 def test_the_explicit_step_api_is_inert_without_the_agent():

@@ -278,3 +278,25 @@ def test_sampled_losses_carry_their_step(tmp_path):
             assert s.loss == pytest.approx(printed[s.step], rel=1e-5)
         else:
             assert s.loss is None
+
+
+@pytest.mark.parametrize("shape,expected", [
+    ("unrolled", [2, 4, 6, 8]),
+    ("conditional", [1, 2]),
+    ("nested", [1, 2, 5, 8]),
+    ("no_strategy", [5, 10, 15, 20]),
+])
+def test_step_counts_follow_where_the_step_sits(tmp_path, shape, expected):
+    """Steps counted = the script's optimizer iterations, wherever the step sits: unrolled twice in
+    one function, under a tensor ``if`` (calls that only evaluate count nothing), in a function
+    also called from another function's ``tf.range`` loop, and in a graph loop with no strategy and
+    two tapes per batch."""
+    run = run_corpus(tmp_path, "step_shapes.py", "--shape", shape)
+    assert run.returncode == 0, run.describe()
+    printed = [int(k) for _, k in run.printed(r"call (\d+) iterations (\d+)")]
+    assert sorted(set(printed)) == expected, printed  # the script's own count
+    recorded = run.steps
+    assert [s.step for s in recorded] == expected, ([(s.step, s.steps) for s in recorded], run.describe())
+    assert sum(s.steps for s in recorded) == expected[-1]
+    assert not [e for e in run.of(protocol.Event) if e.level in ("warning", "error") and e.source.startswith("probe")], \
+        run.of(protocol.Event)

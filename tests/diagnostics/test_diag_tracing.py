@@ -108,3 +108,24 @@ def test_functions_are_per_worker():
         run.retrace("train_step", k, 1, "x: shape (8, 3) -> (7, 3)", worker=1)
     (f,) = findings(run.engine(), "retrace-storm")
     assert f.worker == "host1:101"
+
+
+def test_the_trace_again_after_a_first_call_made_variables_is_no_retrace_problem():
+    """Counted as TF counts it (the tryout's 17 traces), but it happens once per function: with
+    one partial-batch retrace after it, still silent, and the advice never mistakes it for a
+    changing Python value."""
+    from tpuwatch.protocol import VARIABLES_MADE_CHANGE
+
+    def run(shape_changes: int):
+        r = SyntheticRun()
+        r.retrace("train_step", 1, 1, "")
+        r.retrace("train_step", 2, 1, VARIABLES_MADE_CHANGE)
+        for k in range(shape_changes):
+            r.steps(20)
+            r.retrace("train_step", 3 + k, 1, f"x: shape (64, 28, 28, 1) -> ({37 - k}, 28, 28, 1)")
+        r.steps(5)
+        return r.engine()
+
+    assert findings(run(1), "retrace-storm") == []
+    (f,) = findings(run(2), "retrace-storm")
+    assert f.evidence["change_kind"] == "batch dimension" and VARIABLES_MADE_CHANGE not in f.evidence["recent_changes"]

@@ -6,6 +6,8 @@ import io
 import threading
 import time
 
+import pytest
+
 from monitor_recordings import DATA, encode_all, mr
 
 from tpuwatch import protocol
@@ -196,4 +198,25 @@ def test_a_loss_from_an_earlier_step_is_never_shown_as_current():
         s.apply(protocol.Step(step=i, t=mr.T0 + 1 + i * 0.01, step_time_s=0.01, input_wait_s=None, loss=None))
     snap = s.snapshot(mr.T0 + 3)
     assert snap.step == 135 and snap.loss_step == 10
-    assert "(at step 10; none since)" in headless.progress_line(snap)
+    assert "loss 2.4..2.6 (4 replicas) at step 10, none since" in headless.progress_line(snap)
+
+
+def test_the_last_steps_losses_read_after_it_make_it_current():
+    """The tryout's custom loop: 150 steps ran, losses were sampled every 10 ms, so step 150's
+    record went without them and the summary said "mean of the last step" of step 149's. Read
+    when training paused (StepLoss), they belong to step 150, and every line names its step."""
+    s = RunState()
+    s.apply(mr.hello())
+    s.apply(mr.topology(mr.T0))
+    s.apply(protocol.Step(step=149, t=mr.T0 + 1, step_time_s=0.01, input_wait_s=None, loss=0.2,
+                          replica_losses=(0.1, 0.2, 0.3, 0.2)))
+    s.apply(protocol.Step(step=150, t=mr.T0 + 1.01, step_time_s=0.01, input_wait_s=None, loss=None))
+    snap = s.snapshot(mr.T0 + 2)
+    assert snap.loss_step == 149 and "at step 149, none since" in headless.progress_line(snap)
+    s.apply(protocol.StepLoss(t=mr.T0 + 1.02, step=150, loss=0.25, replica_losses=(0.15, 0.25, 0.35, 0.25)))
+    snap = s.snapshot(mr.T0 + 2)
+    assert snap.loss_step == 150 and snap.loss == pytest.approx(0.25)
+    assert "none since" not in headless.progress_line(snap)
+    # A late read for an older step never replaces a newer loss.
+    s.apply(protocol.StepLoss(t=mr.T0 + 1.03, step=149, loss=9.0, replica_losses=(9.0, 9.0, 9.0, 9.0)))
+    assert s.snapshot(mr.T0 + 2).loss == pytest.approx(0.25)

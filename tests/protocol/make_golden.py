@@ -24,6 +24,7 @@ MESSAGES: list[p.Message] = [
            replica_losses=(2.30, 2.31, math.nan, math.inf, -math.inf, 2.29, 2.30, 2.31), steps=32, examples=1024,
            function="multi_step_on_iterator", epoch=0),
     p.Step(step=33, t=1795300002.1, step_time_s=0.02, input_wait_s=None, loss=None),
+    p.StepLoss(t=1795300002.2, step=33, loss=2.305, replica_losses=(2.30, 2.31)),
     p.HostSample(t=1795300002.5, rss_bytes=3_221_225_472, available_bytes=300_000_000_000,
                  total_bytes=400_000_000_000, cpu_percent=102.5),
     p.DeviceSample(t=1795300002.5, device="TPU:0", current_bytes=30_000_000_000, peak_bytes=31_000_000_000,

@@ -72,11 +72,13 @@ def add_constant(probe: "StepProbe", slot: int, value: float) -> None:
     probe.mark("acc")
 
 
-def add_vector(probe: "StepProbe", values: list) -> None:
-    """Adds ``values`` (one float64 scalar tensor per slot) from inside a traced function."""
+def add_vector(probe: "StepProbe", values: list) -> Any:
+    """Adds ``values`` (one float64 scalar tensor per slot) from inside a traced function; returns
+    the op."""
     import tensorflow as tf
 
     acc = ensure(probe)
     with tf.device("/device:CPU:0"):
-        acc.assign_add(tf.stack(values))
+        op = acc.assign_add(tf.stack(values), read_value=False)
     probe.mark("acc")
+    return op

@@ -28,6 +28,9 @@ def _examples_in(value) -> Any:
     """Batch size of a fetched element, as a tensor (summed over replicas); None if unknown."""
     import tensorflow as tf
 
+    static = _static_examples(value)
+    if static is not None:  # the usual case (TPUs need static shapes): one constant, no ops
+        return tf.constant(float(static), tf.float64)
     flat = tf.nest.flatten(value)
     if not flat:
         return None
@@ -151,7 +154,11 @@ class InputWaitProbe:
                     values[EXAMPLES] = tf.cast(examples, tf.float64)
             except Exception as e:
                 self.agent.probe_failed("examples", e)
-        accumulator.add_vector(self.probe, values)
+        op = accumulator.add_vector(self.probe, values)
+        # A tf.function called after this fetch in the same graph (Keras' step on the batch) runs
+        # after the fetch is timed: TF would otherwise start that call first and take the second
+        # timestamp only when a thread frees up, counting step time as input wait.
+        self.probe.fetch_timed[tf.compat.v1.get_default_graph()] = op
 
 
 def install(agent: "Agent", patches, probe: "StepProbe") -> InputWaitProbe:

@@ -156,6 +156,8 @@ def patch_callback_list(agent: "Agent", patches: "Patches", hooks: KerasHooks, c
         def on_epoch(self, *args, **kwargs):
             if agent.enabled(PROBE):
                 try:
+                    if phase == "end" and agent.step_probe is not None:
+                        agent.step_probe.read_unread_losses()  # the epoch's last step's losses
                     hooks.epoch_event(phase, _arg(args, kwargs, 0, "epoch"), _arg(args, kwargs, 1, "logs"),
                                       getattr(self, "model", None))
                 except Exception as e:

@@ -34,7 +34,6 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch.agent import accumulator
-from tpuwatch.agent.accumulator import RUNS
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -277,7 +276,7 @@ class ReplicaLossProbe:
             result = original(strategy, fn, args, kwargs, options)
             if probe.training_marks != marks:  # its replicas computed gradients: a training step
                 try:
-                    accumulator.add_constant(probe, RUNS, 1.0)
+                    probe.count_training_runs(_current_graph())
                     probe.mark("strategy", strategy)
                 except Exception as e:
                     agent.probe_failed("steps", e)

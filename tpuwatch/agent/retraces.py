@@ -8,11 +8,13 @@ tf.function re-created in a loop shows N objects each traced once, which no per-
 (``experimental_get_tracing_count``) can see.
 
 Not reported (noise the user cannot act on): tf.data's functions (``map``/``filter`` bodies carry
-the ``_tf_data_function`` attribute; the iterator helpers live in ``tensorflow/python/data``),
-TF's own internal helpers (any function whose Python code lives in the ``tensorflow`` package),
-and the second trace TF makes on a function's first call when that call created variables
-(same inputs, a "no variable creation" scope). Nested traces (Keras' ``one_step_on_data`` inside
-``multi_step_on_iterator``) are real and reported.
+the ``_tf_data_function`` attribute; the iterator helpers live in ``tensorflow/python/data``) and
+TF's own internal helpers (any function whose Python code lives in the ``tensorflow`` package).
+Reported, so that counts equal ``experimental_get_tracing_count()``: the second trace TF makes on a
+function's first call when that call created variables (same inputs, a "no variable creation"
+scope), with that as its change (:data:`VARIABLES_MADE`; building the variables before the first
+call saves it). Nested traces (Keras' ``one_step_on_data`` inside ``multi_step_on_iterator``) are
+real and reported.
 
 Everything here runs while TF traces (milliseconds), never on a step that does not trace; the
 ``Function.__init__`` wrapper costs a dict update.
@@ -27,7 +29,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
-from tpuwatch.protocol import Retrace
+from tpuwatch.protocol import VARIABLES_MADE_CHANGE, Retrace
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -38,6 +40,7 @@ PROBE = "retraces"
 # Traces TF makes for itself through tracing_compilation with a hard-coded name.
 _INTERNAL_NAMES = frozenset({"fn_with_cond", "initialize_variables", "cflow_gradient_wrapper"})
 _TF_DATA_ATTRIBUTE = "_tf_data_function"
+VARIABLES_MADE = VARIABLES_MADE_CHANGE
 _MAX_SIGNATURE = 300
 _MAX_CHANGE = 300
 _MAX_TRACKED = 4096
@@ -272,9 +275,10 @@ class RetraceProbe:
                 self._last_by_cache[cache] = (scope, key)
                 if len(self._last_by_cache) > _MAX_TRACKED:
                     self._last_by_cache.popitem(last=False)
-            if (prev_here is not None and prev_here[0] == "VARIABLE_CREATION"
-                    and scope == "NO_VARIABLE_CREATION" and prev_here[1] == key):
-                return  # the first call created variables: TF traces once more, same inputs
+            variables_made = (prev_here is not None and prev_here[0] == "VARIABLE_CREATION"
+                              and scope == "NO_VARIABLE_CREATION" and prev_here[1] == key)
+        else:
+            variables_made = False
         with self._lock:
             self._traces[name] += 1
             traces = self._traces[name]
@@ -282,7 +286,9 @@ class RetraceProbe:
             instances = max(self._instances[name], 1)
             previous = self._last.get(name)
             self._last[name] = (leaves, cache)
-        if previous is None:
+        if variables_made:  # a real trace (TF counts it, and compiles again), with its own cause
+            change = VARIABLES_MADE
+        elif previous is None:
             change = ""
         else:
             change = change_text(previous[0], leaves)

@@ -81,6 +81,14 @@ class Agent:
         self.forked = False  # True in a child made by fork(): the agent is the parent's
         self.step_probe = None  # steps.StepProbe, set by probes.install_all
 
+    def manual_step_probe(self):
+        """The step probe, made now if TensorFlow was never imported (``tpuwatch.step`` needs none)."""
+        if self.step_probe is None:
+            from tpuwatch.agent.steps import StepProbe
+
+            self.step_probe = StepProbe(self)
+        return self.step_probe
+
     # --- producing messages (any thread, never blocks) --------------------------------------
 
     def emit(self, msg: Message) -> None:

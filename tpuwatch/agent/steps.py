@@ -23,8 +23,9 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
+from tpuwatch.agent import accumulator
 from tpuwatch.agent.accumulator import EXAMPLES, FETCHES, RUNS, WAIT_S
-from tpuwatch.protocol import Config
+from tpuwatch.protocol import Config, StepLoss
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -41,10 +42,10 @@ class StepProbe:
         # propagate to every function being traced around it, so an outer function that calls an
         # inner one traced earlier is flagged too.
         self.flags: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # Functions being traced right now (outermost first). Only the training thread traces
-        # top-level functions; MirroredStrategy's replica threads run while it waits, so a plain
-        # list read from those threads is accurate.
-        self.tracing: list[Any] = []
+        # Functions being traced right now (outermost first), each with the graph it is called
+        # from. Only the training thread traces top-level functions; MirroredStrategy's replica
+        # threads run while it waits, so a plain list read from those threads is accurate.
+        self.tracing: list[tuple[Any, Any]] = []
         self.current_top: Any = None  # the top-level Function being called now
         self.in_eager_run = 0  # depth of top-level eager strategy.run calls
         self.eager_run_trained = False
@@ -69,13 +70,19 @@ class StepProbe:
         self._config_batch: int | None = None
         self.loss_every_s = _loss_every_s()
         self._loss_read_at = float("-inf")
+        self._unread: tuple[dict, int] | None = None  # (flags, step) of a record sent without losses
         self._last_strategy: Any = None
+        # Graph -> training steps traced into it that run once per call (see count_training_runs).
+        self._implicit_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._gradient_graphs: weakref.WeakSet = weakref.WeakSet()
+        # Graph -> the op that accounts its last timed in-graph fetch (see input_wait).
+        self.fetch_timed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     # --- flags ------------------------------------------------------------------------------
 
     def mark(self, key: str, value: Any = True) -> None:
         """Flags every function being traced (and the top-level one being called)."""
-        for fn in self.tracing:
+        for fn, _ in self.tracing:
             self._flag(fn, key, value)
         if self.current_top is not None:
             self._flag(self.current_top, key, value)
@@ -94,6 +101,53 @@ class StepProbe:
             flags[key] = value
         except TypeError:  # not weak-referenceable: never a step function
             pass
+
+    def propagate(self, flags: dict) -> None:
+        """A function traced earlier is called inside another's trace: what it does, the caller
+        does. Keys starting with ``_`` (its name, its first read) are its own, and its training
+        steps counted without an op are counted at the call site (``count_nested_runs``)."""
+        for key, value in flags.items():
+            if not key.startswith("_") and key != "implicit_runs":
+                self.mark(key, value)
+
+    def count_nested_runs(self, fn: Any, call_site: Any) -> None:
+        """``fn`` was just called inside another function's trace, from graph ``call_site``: the
+        training steps it runs once per call run as often as that call site does."""
+        runs = self.flags_of(fn).get("implicit_runs")
+        if runs and call_site is not None:
+            self.count_training_runs(call_site, runs)
+
+    def count_training_runs(self, graph: Any, n: int = 1) -> None:
+        """``n`` training steps were traced into ``graph`` (a ``strategy.run`` whose replicas
+        computed gradients, or a gradient outside any ``strategy.run``).
+
+        In a function's own graph they run exactly once per call of that function, so they are
+        counted with no op at all (the usual ``train_step``; a nested function's count is added
+        to its caller's at the call site). In a loop body, a branch, or a ``for x in dataset``
+        reduce function, one in-graph add counts each execution. The count is kept per function, not per trace: a
+        function retraced into another shape is counted by its last trace.
+        """
+        owner, call_site = self.tracing[-1] if self.tracing else (self.current_top, None)
+        outer = graph.outer_graph
+        # The function's own graph: made in its call site's graph (or outside any function, for a
+        # top-level call). Anything else is a loop body, a branch or a tf.data function inside it.
+        own = outer is call_site if call_site is not None else not getattr(outer, "building_function", False)
+        if owner is None or not own or getattr(graph, "is_control_flow_graph", False):
+            accumulator.add_constant(self, RUNS, float(n))
+            self.mark("runs")
+            return
+        total = self._implicit_runs.get(graph, 0) + n
+        self._implicit_runs[graph] = total
+        self._flag(owner, "implicit_runs", total)
+        self.mark("runs")
+
+    def count_gradient_step(self, graph: Any) -> None:
+        """A gradient outside any ``strategy.run`` (a loop with no strategy): one step per graph,
+        however many tapes it has (a GAN's two)."""
+        if graph in self._gradient_graphs:
+            return
+        self._gradient_graphs.add(graph)
+        self.count_training_runs(graph)
 
     def flags_of(self, fn: Any) -> dict:
         try:
@@ -117,17 +171,33 @@ class StepProbe:
             if probe.current_top is not None or probe.in_eager_run or not executing_eagerly():
                 # A nested call, a call while tracing, or one inside an eager strategy.run.
                 flags = probe.flags_of(fn)
-                for key, value in flags.items():
-                    probe.mark(key, value)
+                if flags:
+                    try:
+                        probe.propagate(flags)
+                    except Exception as e:
+                        agent.probe_failed("steps", e)
                 if executing_eagerly() and not probe.in_eager_run:
                     return original(fn, *args, **kwargs)
                 # Traced now, or called from an eager strategy.run (which traces it on first use:
                 # its trace's flags must land on it so later eager runs know what it does).
-                probe.tracing.append(fn)
+                call_site = _current_graph()
+                fetched = probe.fetch_timed.get(call_site) if call_site is not None else None
+                probe.tracing.append((fn, call_site))
+                first_new_op = len(call_site.get_operations()) if fetched is not None else 0
                 try:
-                    return original(fn, *args, **kwargs)
+                    result = original(fn, *args, **kwargs)
                 finally:
                     probe.tracing.pop()
+                if fetched is not None:
+                    try:
+                        _after(fetched, call_site.get_operations()[first_new_op:])
+                    except Exception as e:
+                        agent.probe_failed("input_wait", e)
+                try:
+                    probe.count_nested_runs(fn, call_site)
+                except Exception as e:
+                    agent.probe_failed("steps", e)
+                return result
             if "steps" in disabled:
                 return original(fn, *args, **kwargs)
             # A top-level eager call: a step boundary if this is a step function. Per call this
@@ -164,14 +234,15 @@ class StepProbe:
                     agent.probe_failed("steps", e)
             else:
                 # Evaluation, prediction, setup: neither their time nor their in-graph fetches
-                # belong to a training step.
+                # belong to a training step. Training paused: the last step's losses may be due.
                 probe.eager_wait_s = 0.0
                 probe.eager_examples = None
-                if probe.accumulator is not None and "acc" in flags:
-                    try:
+                try:
+                    if probe.accumulator is not None and "acc" in flags:
                         probe.acc_last = probe.read_accumulator().tolist()
-                    except Exception as e:
-                        agent.probe_failed("steps", e)
+                    probe.read_unread_losses(end)
+                except Exception as e:
+                    agent.probe_failed("steps", e)
             return result
 
         return __call__
@@ -180,7 +251,7 @@ class StepProbe:
 
     def record(self, flags: dict, call_s: float, now: float) -> None:
         """Emits one Step for a finished step call (on the training thread; no I/O)."""
-        steps = 1
+        steps = flags.get("implicit_runs", 0)
         wait_s = self.eager_wait_s
         measured_wait = wait_s > 0.0
         examples = self.eager_examples
@@ -189,15 +260,20 @@ class StepProbe:
             last = self.acc_last
             self.acc_last = acc
             if last is not None:
-                d_runs = int(round(acc[RUNS] - last[RUNS]))
-                if d_runs > 0:
-                    steps = d_runs
-                if acc[FETCHES] > last[FETCHES]:
+                steps += int(round(acc[RUNS] - last[RUNS]))
+                if steps > 0 and acc[FETCHES] > last[FETCHES]:
                     wait_s += acc[WAIT_S] - last[WAIT_S]
                     measured_wait = True
                     d_ex = acc[EXAMPLES] - last[EXAMPLES]
                     if d_ex > 0:
                         examples = int(round(d_ex / steps))
+        if steps <= 0:
+            if "runs" in flags:  # its training steps are counted, and this call ran none
+                self.eager_wait_s = 0.0
+                self.eager_examples = None
+                self.read_unread_losses(now)
+                return
+            steps = 1
         step_time_s = (call_s + self.eager_wait_s) / steps
         # Each replica's loss is read at most every loss_every_s of training (and at a function's
         # first record): on a TPU each read is a transfer per replica. A record without one says
@@ -213,6 +289,26 @@ class StepProbe:
             self._last_strategy = strategy
             self.on_training_strategy(strategy)
         self._emit(flags["_name"], steps, step_time_s, wait_s / steps if measured_wait else None, losses, examples)
+        # A record without its losses: they stay in the loss variables until the next training
+        # step, and are read if training pauses first (read_unread_losses).
+        self._unread = (flags, self.agent.global_step) if losses is None and "loss" in flags else None
+
+    def read_unread_losses(self, now: float | None = None) -> None:
+        """Training paused (evaluation began, an epoch or the script ended): the last step's
+        losses, if its record went without them, are read now and sent for that step. With
+        ``now``, only if a read is due anyway (at most one every ``loss_every_s``)."""
+        unread = self._unread
+        if unread is None or self.loss_reader is None:
+            return
+        if now is not None and now - self._loss_read_at < self.loss_every_s:
+            return
+        self._unread = None
+        flags, step = unread
+        losses = self.loss_reader(flags)
+        if losses:
+            self._loss_read_at = self.perf()
+            agent = self.agent
+            agent.emit(StepLoss(t=agent.clock(), step=step, loss=sum(losses) / len(losses), replica_losses=losses))
 
     def record_eager_run(self, call_s: float, losses: tuple[float, ...] | None) -> None:
         wait = self.eager_wait_s
@@ -304,6 +400,33 @@ class _Manual:
 _MANUAL = _Manual()
 
 
+def _after(fetched: Any, new_ops: list) -> None:
+    """The call ops just made start once the fetch before them is timed. Without this, TF may
+    start a nested step function (Keras' ``one_step_on_data``) first and take the fetch's second
+    timestamp only when a thread frees up, counting step time as input wait. (A
+    ``control_dependencies`` block would not do: the call's captured inputs are made inside it,
+    and TF then leaves the call op out.)"""
+    for op in new_ops:
+        if op.type in ("StatefulPartitionedCall", "PartitionedCall") and fetched not in op.control_inputs:
+            op._add_control_input(fetched)
+
+
+def _current_graph() -> Any:
+    """The graph being built now, or None when executing eagerly."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import ops
+
+    return None if context.executing_eagerly() else ops.get_default_graph()
+
+
+def _outside_strategy_run() -> bool:
+    """No ``strategy.run`` is running this code: no strategy at all, or cross-replica context."""
+    from tensorflow.python.distribute import distribute_lib
+
+    ctx = distribute_lib.get_replica_context()
+    return ctx is None or ctx is distribute_lib._get_default_replica_context()
+
+
 def _name_of(fn: Any) -> str:
     try:
         return str(fn.__name__)
@@ -315,13 +438,17 @@ def install(agent: "Agent", patches) -> StepProbe:
     from tensorflow.python.eager import backprop
     from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
-    probe = StepProbe(agent)
+    # A tpuwatch.step() loop may have made the probe before TensorFlow was imported: keep it.
+    probe = agent.step_probe if isinstance(agent.step_probe, StepProbe) else StepProbe(agent)
     patches.wrap(polymorphic_function.Function, "__call__", probe.make_call_wrapper)
 
     def make_gradient(original):
         def gradient(tape, *args, **kwargs):
             try:
                 probe.mark("training")
+                graph = _current_graph()
+                if graph is not None and _outside_strategy_run():
+                    probe.count_gradient_step(graph)
                 if probe.gradient_hooks:
                     target = args[0] if args else kwargs.get("target")
                     for hook in probe.gradient_hooks:

@@ -32,17 +32,21 @@ from tpuwatch.protocol import Finding
 
 
 def _loss_range(snap: RunSnapshot) -> str:
+    """The replicas' losses (their range when there are several), with the step they belong to
+    when newer steps carried none: a loss is never shown as current when it is not."""
     rows = snap.replica_losses
     if not rows:
         return f"loss {fmt_loss(snap.loss)}"
-    if snap.loss_step is not None and snap.loss_step < snap.step:
-        return f"loss {fmt_loss(snap.loss)} (at step {snap.loss_step:,}; none since)"
     bad = [r.index for r in rows if not r.finite]
     finite = [r.loss for r in rows if r.finite]
-    text = (f"loss {fmt_loss(min(finite))}..{fmt_loss(max(finite))} ({len(rows)} replicas)"
-            if finite else "loss")
+    if len(rows) == 1:
+        text = f"loss {fmt_loss(rows[0].loss)}"
+    else:
+        text = f"loss {fmt_loss(min(finite))}..{fmt_loss(max(finite))} ({len(rows)} replicas)" if finite else "loss"
     if bad:
         text += f" NON-FINITE on replica{'s' if len(bad) > 1 else ''} {','.join(map(str, bad))}"
+    if snap.loss_step is not None and snap.loss_step < snap.step:
+        text += f" at step {snap.loss_step:,}, none since"
     return text
 
 
@@ -112,8 +116,9 @@ def summary(snap: RunSnapshot) -> str:
         elif snap.input_wait_frac_total is not None:
             row("input", f"{fmt_pct(snap.input_wait_frac_total)} of step time waiting for input "
                          f"(last {fmt_pct(snap.input_wait_frac)})")
-        row("loss", f"{fmt_loss(snap.loss)} (mean of the last step); replicas "
-                    + _loss_range(snap).removeprefix("loss "))
+        at = f"step {snap.loss_step:,}" if snap.loss_step is not None else "the last step"
+        row("loss", f"{fmt_loss(snap.loss)}, the mean over replicas at {at}"
+                    + (f"; replicas {_loss_range(snap).removeprefix('loss ')}" if len(snap.replica_losses) > 1 else ""))
     else:
         row("steps", "no training step recorded")
     if snap.functions:

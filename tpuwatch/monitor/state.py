@@ -56,6 +56,7 @@ from tpuwatch.protocol import (
     Retrace,
     StackDump,
     Step,
+    StepLoss,
     Topology,
 )
 
@@ -217,6 +218,7 @@ class RunState:
             Topology: self._topology,
             Config: self._config_msg,
             Step: self._step,
+            StepLoss: self._step_loss,
             HostSample: self._host,
             DeviceSample: self._device,
             Retrace: self._retrace,
@@ -362,6 +364,13 @@ class RunState:
             self._last_t = t
         if msg.epoch is not None:
             self._epoch = msg.epoch
+
+    def _step_loss(self, msg: StepLoss, w: _Worker) -> None:
+        """The last step's losses, read after it: they belong to that step and nothing newer."""
+        last = w.last_step
+        if last is None or last.step != msg.step or (w.last_losses is not None and w.last_losses.step >= msg.step):
+            return
+        w.last_losses = replace(last, loss=msg.loss, replica_losses=msg.replica_losses)
 
     def _host(self, msg: HostSample, w: _Worker) -> None:
         w.host = msg

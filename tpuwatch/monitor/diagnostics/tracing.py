@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from tpuwatch.protocol import Finding, Message, Retrace
+from tpuwatch.protocol import VARIABLES_MADE_CHANGE, Finding, Message, Retrace
 
 from .rule import Rule
 from .telemetry import Telemetry, WorkerTelemetry
@@ -29,9 +29,13 @@ class FunctionHistory:
     causes: dict[str, int] = field(default_factory=dict)
     t: float = 0.0
 
+    #: traces TF made again because a first call created variables (once per object)
+    variable_traces: int = 0
+
     def excess(self, allowed_per_instance: int) -> int:
-        """Re-traces of existing objects beyond what partial batches explain."""
-        return self.traces - self.instances - allowed_per_instance * self.instances
+        """Re-traces of existing objects beyond what partial batches and first calls that
+        created variables explain."""
+        return self.traces - self.instances - self.variable_traces - allowed_per_instance * self.instances
 
 
 class _TracingRule(Rule):
@@ -54,10 +58,12 @@ class _TracingRule(Rule):
             if h.first_step is None:
                 h.first_step = msg.step
             h.last_step = msg.step
-        if msg.change and not msg.change.startswith("new tf.function object"):
+        if msg.change == VARIABLES_MADE_CHANGE:  # once per object, not a retrace problem
+            h.variable_traces += 1
+        elif msg.change and not msg.change.startswith("new tf.function object"):
             kind = classify_change(msg.change)[0]
             h.causes[kind] = h.causes.get(kind, 0) + 1
-        if msg.change and msg.change not in h.changes:
+        if msg.change and msg.change != VARIABLES_MADE_CHANGE and msg.change not in h.changes:
             h.changes.append(msg.change)
             del h.changes[:-_MAX_CHANGES]
         self.on_history(h, msg)

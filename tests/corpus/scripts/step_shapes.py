@@ -1,0 +1,119 @@
+"""Where the training step sits inside a tf.function, in the shapes users write; the script's own
+step count is its optimizer's ``iterations``, printed after every call as ``call N iterations K``.
+
+--shape unrolled     a Python loop of two ``strategy.run`` calls in one function (two steps a call)
+--shape conditional  the step trains only on even calls (an autograph ``if`` on a tensor), and
+                     evaluates on odd ones
+--shape nested       a tf.function step called eagerly per batch, then the same function called in
+                     a ``tf.range`` loop of another tf.function
+--shape no_strategy  no distribution strategy: a whole epoch in one tf.function, with two tapes and
+                     two optimizers per batch (a GAN's shape)
+"""
+
+import argparse
+
+import tensorflow as tf
+
+p = argparse.ArgumentParser()
+p.add_argument("--shape", required=True)
+p.add_argument("--replicas", type=int, default=2)
+p.add_argument("--calls", type=int, default=4)
+a = p.parse_args()
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * a.replicas)
+strategy = tf.distribute.MirroredStrategy() if a.shape != "no_strategy" else tf.distribute.get_strategy()
+GLOBAL_BATCH = 8 * strategy.num_replicas_in_sync
+
+features = tf.random.normal([GLOBAL_BATCH * 64, 6], seed=5)
+labels = tf.reduce_sum(features, axis=1, keepdims=True)
+dataset = tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(GLOBAL_BATCH, drop_remainder=True)
+
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(16, activation="relu"),
+                                 tf.keras.layers.Dense(1)])
+    critic = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+    optimizer = tf.keras.optimizers.SGD(0.01)
+    critic_optimizer = tf.keras.optimizers.SGD(0.01)
+
+
+def replica_step(x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return loss
+
+
+def replica_eval(x, y):
+    return tf.reduce_mean(tf.square(model(x, training=False) - y))
+
+
+if a.shape == "unrolled":
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+
+    @tf.function
+    def train_two(iterator):
+        for _ in range(2):  # a Python loop: unrolled into the graph
+            x, y = next(iterator)
+            strategy.run(replica_step, args=(x, y))
+
+    for call in range(a.calls):
+        train_two(iterator)
+        print(f"call {call + 1} iterations {int(optimizer.iterations.numpy())}", flush=True)
+
+elif a.shape == "conditional":
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+
+    @tf.function
+    def train_or_eval(iterator, call):
+        x, y = next(iterator)
+        if call % 2 == 0:
+            strategy.run(replica_step, args=(x, y))
+        else:
+            strategy.run(replica_eval, args=(x, y))
+
+    for call in range(a.calls):
+        train_or_eval(iterator, tf.constant(call))
+        print(f"call {call + 1} iterations {int(optimizer.iterations.numpy())}", flush=True)
+
+elif a.shape == "nested":
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+
+    @tf.function
+    def train_step(x, y):
+        strategy.run(replica_step, args=(x, y))
+
+    @tf.function
+    def train_many(iterator, n):
+        for _ in tf.range(n):
+            x, y = next(iterator)
+            train_step(x, y)
+
+    for call in range(a.calls):
+        if call < a.calls // 2:
+            x, y = next(iterator)
+            train_step(x, y)
+        else:
+            train_many(iterator, tf.constant(3))
+        print(f"call {call + 1} iterations {int(optimizer.iterations.numpy())}", flush=True)
+
+elif a.shape == "no_strategy":
+    epoch = dataset.take(5)
+
+    @tf.function
+    def train_epoch():
+        for x, y in epoch:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            with tf.GradientTape() as tape:
+                score = tf.reduce_mean(critic(model(x, training=False)))
+            critic_optimizer.apply_gradients(zip(tape.gradient(score, critic.trainable_variables),
+                                                 critic.trainable_variables))
+
+    for call in range(a.calls):
+        train_epoch()
+        print(f"call {call + 1} iterations {int(optimizer.iterations.numpy())}", flush=True)
+
+else:
+    raise SystemExit(f"unknown --shape {a.shape}")
