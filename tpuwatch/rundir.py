@@ -272,12 +272,15 @@ def check_runs_root() -> Path:
 
 
 def reference(run_dir: Path) -> str:
-    """How to name ``run_dir`` to another tpuwatch command, quoted for a shell: its id when it is
-    under the runs home (where :func:`find_run` looks ids up), else its absolute path."""
+    """How to name ``run_dir`` to another tpuwatch command, quoted for a shell: its id (or
+    ``<id>/worker-N``) when it is under the runs home (where :func:`find_run` looks ids up), else
+    its absolute path."""
     path = Path(os.path.abspath(run_dir))
-    if path.parent == runs_root():
-        return path.name
-    return shlex.quote(str(path))
+    try:
+        inside = path.relative_to(runs_root())
+    except ValueError:
+        inside = None
+    return shlex.quote(str(inside if inside and inside.parts else path))
 
 
 def find_run(ref: str | None) -> Path:
@@ -290,8 +293,12 @@ def find_run(ref: str | None) -> Path:
         path = Path(ref).expanduser()
         if (path / EVENTS).exists() or (path / META).exists():
             return path
-        # A path is never a run id (ids have no "/"); a prefix match by name, not a glob: "*" or
-        # "/tmp" in a glob pattern would match everything or raise.
+        # An id prefix is matched by name, not as a glob ("*" would match everything, "/tmp" raise).
+        # "<run-id>/worker-1" (one worker of a group) is looked up under the runs home.
+        inside = root / ref
+        if not path.is_absolute() and not ref.startswith(("~", ".")) and ((inside / EVENTS).exists()
+                                                                          or (inside / META).exists()):
+            return inside
         if os.sep in ref or ref in (".", "..") or ref.startswith("~") or not root.is_dir():
             candidates = []
         else:

@@ -65,6 +65,14 @@ def test_a_run_id_prefix_still_finds_the_run(home_with_runs):
     one_line_error(tpuwatch("report", "20261123-00000"), "ambiguous", "20261123-000000-train-aaaa")
 
 
+def test_one_worker_of_a_group_by_run_id(home_with_runs):
+    """docs/multihost.md: give `<run>/worker-1` to look at one worker alone."""
+    _fake_run(home_with_runs / "runs" / "20261123-000002-group-cccc", "worker-1")
+    proc = tpuwatch("report", "20261123-000002-group-cccc/worker-1", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    one_line_error(tpuwatch("report", "20261123-000002-group-cccc/worker-7"), "worker-7", "tpuwatch ls")
+
+
 def _last_hint(stderr: str) -> list[str]:
     last = [line for line in stderr.splitlines() if "for the" in line and "report" in line][-1]
     return shlex.split(last.split("`")[1])
