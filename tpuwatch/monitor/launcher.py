@@ -108,7 +108,10 @@ def check_module(module: str, exe: str, env: dict[str, str] | None = None) -> No
     as a "crashed" run with a traceback."""
     probe_env = dict(os.environ if env is None else env)
     probe_env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, probe_env.get("PYTHONPATH", "")) if p)
-    probe = subprocess.run([exe, "-c", _FIND_MODULE, module], capture_output=True, env=probe_env, timeout=120)
+    try:
+        probe = subprocess.run([exe, "-c", _FIND_MODULE, module], capture_output=True, env=probe_env, timeout=120)
+    except subprocess.TimeoutExpired:
+        return  # its packages import slowly (or hang): the run itself will show what happens
     if probe.returncode == 3:
         raise LaunchError(f"no module named {module!r} for {exe} (run from {os.getcwd()}); check the name, "
                           "or run from the directory that holds its package, or add that to PYTHONPATH")
