@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -32,13 +33,20 @@ Watch and diagnose TensorFlow training from the terminal.
   tpuwatch checkpoint [RUN]          save a checkpoint of a live run now
   tpuwatch doctor                    check TensorFlow, TPU, GCS and the run directory
 
-Runs are recorded under $TPUWATCH_HOME/runs (default ~/.tpuwatch/runs).
+Runs are recorded under $TPUWATCH_HOME/runs (default ~/.tpuwatch/runs), where run ids and
+`tpuwatch ls` look; a run recorded elsewhere with `run --run-dir DIR` is named by its path.
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad input is one line naming what is wrong and where the help is (not the usage block)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"tpuwatch: {message}; see `{self.prog} --help`\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tpuwatch", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="tpuwatch", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"tpuwatch {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -46,9 +54,12 @@ def _parser() -> argparse.ArgumentParser:
                          description="Run an unmodified TensorFlow training script under the tpuwatch agent. "
                                      "Options for tpuwatch go before the script; everything after it goes to the script.")
     run.add_argument("--headless", action="store_true",
-                     help="print progress lines instead of opening the dashboard (default when stdout is not a terminal)")
+                     help="print progress lines instead of opening the dashboard (default when stdout is not a "
+                          "terminal): the script's stdout and stderr, merged as in output.log, go to stdout, "
+                          "tpuwatch's own lines to stderr")
     run.add_argument("--run-dir", type=Path,
-                     help="where to record the run: a new or empty directory (default: $TPUWATCH_HOME/runs/<id>)")
+                     help="where to record the run: a new or empty directory (default: $TPUWATCH_HOME/runs/<id>); "
+                          "a run outside $TPUWATCH_HOME/runs is not in `tpuwatch ls`: name it by its path")
     run.add_argument("--python", help="interpreter to run the script with (default: this one)")
     run.add_argument("--listen", default="", metavar="HOST:PORT",
                      help="also serve remote viewers over TCP (token in the run directory: TPUWATCH_TOKEN from the "
@@ -68,14 +79,16 @@ def _parser() -> argparse.ArgumentParser:
                      help="with --workers: after a worker dies, stop the others this long after (default 15)")
     run.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
     run.add_argument("script", help="the training script (or module with -m)")
-    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    # argparse counts a REMAINDER positional as required ("required: script, args"); the script is.
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script").required = False
 
     attach = sub.add_parser("attach", help="re-join a run (the latest by default)")
     attach.add_argument("run", nargs="*", metavar="RUN",
                         help="run id, run directory, or HOST:PORT of agents started with --listen (default: the latest run)")
     attach.add_argument("--token-file", type=Path, help="token file for HOST:PORT viewers (the run's `token`)")
 
-    replay = sub.add_parser("replay", help="play a recorded run back in the dashboard")
+    replay = sub.add_parser("replay", help="play a recorded run back in the dashboard (needs a terminal; "
+                                           "`tpuwatch report` prints a run's summary)")
     replay.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
     replay.add_argument("--speed", type=float, default=10.0, help="playback speed (default 10x)")
 
@@ -83,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
     report.add_argument("--format", choices=("text", "markdown", "json"), default="text")
 
-    sub.add_parser("ls", help="list recorded runs")
+    sub.add_parser("ls", help="list the runs under $TPUWATCH_HOME/runs (fitted to the terminal's width)")
 
     profile = sub.add_parser("profile", help="capture a profile of a live run (TensorBoard/XProf format)")
     profile.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
@@ -107,7 +120,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    ns, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if unknown:
+        where = f"tpuwatch {ns.command}" if ns.command else "tpuwatch"
+        kind = "option" if unknown[0].startswith("-") else "argument"
+        order = " (tpuwatch's options go before the script, the script's after it)" if ns.command == "run" else ""
+        return _error(f"unrecognized {kind} {unknown[0]} for `{where}`{order}; see `{where} --help`")
     if ns.command is None:
         parser.print_help()
         return EXIT_USAGE
@@ -142,6 +160,13 @@ def _error(message: str) -> int:
 MIN_TOKEN_CHARS = 16
 
 
+def _ref(run_dir: Path) -> str:
+    """``run_dir`` as other tpuwatch commands take it (a --run-dir outside the runs home by its path)."""
+    from tpuwatch import rundir
+
+    return rundir.reference(run_dir)
+
+
 def _find_run(ref: str | None) -> Path:
     from tpuwatch import rundir
 
@@ -154,6 +179,8 @@ def _find_run(ref: str | None) -> Path:
 def cmd_run(ns: argparse.Namespace) -> int:
     from tpuwatch.monitor import launcher
 
+    if not ns.every > 0:  # NaN too
+        return _error(f"--every {ns.every:g}: give a positive number of seconds between progress lines")
     if ns.sample_hz is not None and not 0.5 <= ns.sample_hz <= 20:
         return _error(f"--sample-hz {ns.sample_hz}: must be between 0.5 and 20")
     shared = os.environ.get("TPUWATCH_TOKEN", "")
@@ -202,7 +229,7 @@ def _run_headless(launch, every_s: float) -> int:
     code = codes[0] if codes else launcher.finish(launch)
     done.set()
     copier.join(timeout=2)
-    print(f"tpuwatch: exit code {code}; `tpuwatch report {launch.run_id}` for the full report", file=sys.stderr)
+    print(f"tpuwatch: exit code {code}; `tpuwatch report {_ref(launch.run_dir)}` for the full report", file=sys.stderr)
     if sys.stderr.broken:
         _quiet_stdout()  # the copier's stdout may be the same closed pipe: keep exit quiet
     return code
@@ -288,7 +315,7 @@ def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
     merger.close()
     done.set()
     copier.join(timeout=2)
-    _say(f"exit code {code}; `tpuwatch report {group.run_id}` for the merged report")
+    _say(f"exit code {code}; `tpuwatch report {_ref(group.run_dir)}` for the merged report")
     return code
 
 
@@ -304,11 +331,11 @@ def _run_group_dashboard(group, supervisor, merger) -> int:
     elif choice == "detach" and group.alive():
         _say(f"detached; {len(group.workers)} workers go on (pids "
              f"{', '.join(str(w.pid) for w in group.workers)}), unsupervised: a dead worker's peers are not "
-             f"stopped. Re-join with `tpuwatch attach {group.run_id}`")
+             f"stopped. Re-join with `tpuwatch attach {_ref(group.run_dir)}`")
         return 0
     else:
         code = supervisor.wait()
-    _say(f"exit code {code}; `tpuwatch report {group.run_id}` for the merged report")
+    _say(f"exit code {code}; `tpuwatch report {_ref(group.run_dir)}` for the merged report")
     return code
 
 
@@ -430,11 +457,11 @@ def _run_dashboard(launch) -> int:
         code = codes[0]
     elif choice == "detach" and launch.alive():
         # A hangup lands here too: the terminal may be gone, so the message is best effort.
-        _say(f"detached; training goes on (pid {launch.pid}). Re-join with `tpuwatch attach {launch.run_id}`")
+        _say(f"detached; training goes on (pid {launch.pid}). Re-join with `tpuwatch attach {_ref(launch.run_dir)}`")
         return 0
     else:
         code = finish_once()
-    _say(f"exit code {code}; `tpuwatch report {launch.run_id}` for the full report")
+    _say(f"exit code {code}; `tpuwatch report {_ref(launch.run_dir)}` for the full report")
     return code
 
 
@@ -505,13 +532,11 @@ def _nothing_to_show(run_dir: Path) -> str:
 
 def _after_attach(run_dir: Path, choice: str) -> int:
     """What the user chose when leaving ``tpuwatch attach``: say it, and stop training if asked."""
-    from tpuwatch import rundir
     from tpuwatch.monitor import run_stop
     from tpuwatch.monitor.group import worker_dirs
 
-    run_id = str(rundir.read_meta(run_dir).get("run_id") or run_dir.name)
     if choice == "detach":
-        _say(f"detached; training goes on. Re-join with `tpuwatch attach {run_id}`")
+        _say(f"detached; training goes on. Re-join with `tpuwatch attach {_ref(run_dir)}`")
         return 0
     if choice != "stop":
         return 0
@@ -523,7 +548,7 @@ def _after_attach(run_dir: Path, choice: str) -> int:
         _say(f"cannot stop the run: {e}")
         return 1
     _say(f"training {run_stop.ended_state(code, True)} (exit code {code}); "
-         f"`tpuwatch report {run_id}` for the full report")
+         f"`tpuwatch report {_ref(run_dir)}` for the full report")
     return code
 
 
@@ -610,6 +635,9 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     problem = recording_problem(run_dir) or _nothing_to_show(run_dir)
     if problem:
         return _error(problem)
+    if not sys.stdout.isatty():  # a dashboard into a pipe: escape codes, waiting for keys forever
+        return _error(f"replay needs a terminal (stdout is not one); `tpuwatch report {_ref(run_dir)}` prints "
+                      "the run's summary and findings")
     _dashboard(run_dir, live=False, speed=ns.speed)
     return 0
 
@@ -646,13 +674,55 @@ def cmd_ls(ns: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs under {rundir.runs_root()}; start one with `tpuwatch run SCRIPT`")
         return 0
-    print(f"{'RUN':<40} {'STATE':<9} {'STARTED':<19} {'STEPS':>8} {'EXIT':>4}  SCRIPT")
-    for r in runs:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.start)) if r.start else "?"
-        steps = "" if r.steps is None else str(r.steps)
-        code = "" if r.exit_code is None else str(r.exit_code)
-        print(f"{r.id:<40} {r.state:<9} {started:<19} {steps:>8} {code:>4}  {r.script}")
+    rows = [{"RUN": r.id, "STATE": r.state,
+             "STARTED": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.start)) if r.start else "?",
+             "STEPS": "" if r.steps is None else str(r.steps),
+             "EXIT": "" if r.exit_code is None else str(r.exit_code), "SCRIPT": r.script} for r in runs]
+    # A terminal (or an explicit $COLUMNS) gets rows that never wrap; a pipe gets everything.
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() or os.environ.get("COLUMNS") else None
+    for line in _ls_lines(rows, width):
+        print(line)
     return 0
+
+
+#: What `tpuwatch ls` gives up, in order, to fit the terminal: (columns shown, narrowest script
+#: column). The start time goes first (the run id begins with it); the id, which every other
+#: command takes, is never cut.
+_LS_LAYOUTS = (
+    (("RUN", "STATE", "STARTED", "STEPS", "EXIT", "SCRIPT"), 24),
+    (("RUN", "STATE", "STEPS", "EXIT", "SCRIPT"), 12),
+    (("RUN", "STATE", "STEPS", "EXIT"), 0),
+    (("RUN", "STATE", "EXIT"), 0),
+    (("RUN", "STATE"), 0),
+)
+
+
+def _ls_lines(rows: list[dict[str, str]], width: int | None) -> list[str]:
+    """The header and one line per run, within ``width`` columns (None: no limit), cutting the
+    script's path from the left ("…/train.py") before dropping whole columns."""
+    right = {"STEPS", "EXIT"}
+    widths = {c: max([len(c)] + [len(r[c]) for r in rows]) for c in _LS_LAYOUTS[0][0]}
+    for columns, narrowest in _LS_LAYOUTS:
+        fixed = [c for c in columns if c != "SCRIPT"]
+        used = sum(widths[c] for c in fixed) + len(fixed) - 1
+        room = widths["SCRIPT"] if width is None else width - used - 2
+        if "SCRIPT" not in columns and (width is None or used <= width):
+            break
+        if "SCRIPT" in columns and room >= min(narrowest, widths["SCRIPT"]):
+            break
+    script_width = max(0, min(room, widths["SCRIPT"]))
+
+    def line(cells: dict[str, str]) -> str:
+        parts = [cells[c].rjust(widths[c]) if c in right else cells[c].ljust(widths[c]) for c in fixed]
+        text = " ".join(parts)
+        if "SCRIPT" in columns:
+            script = cells["SCRIPT"]
+            if len(script) > script_width:
+                script = "…" + script[len(script) - script_width + 1:]
+            text += "  " + script
+        return text.rstrip()
+
+    return [line({c: c for c in widths}), *(line(r) for r in rows)]
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ Layout of ``$TPUWATCH_HOME/runs/<run-id>/`` (mode 0700)::
     stacks/       stack dumps
     .reserve      disk space held back for the end of the run (released when the disk is full)
 
-Everything created here is private (directories 0700, files 0600): a recording holds the
-script's arguments, output and stacks.
+The run directory is private (0700: a recording holds the script's arguments, output and
+stacks), which covers everything inside; the files tpuwatch writes are 0600 too, while TensorFlow
+writes checkpoints and profiles with the user's umask.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import errno
 import hashlib
 import json
 import os
+import shlex
 import stat
 import secrets
 import socket
@@ -269,6 +271,18 @@ def check_runs_root() -> Path:
     return root
 
 
+def reference(run_dir: Path) -> str:
+    """How to name ``run_dir`` to another tpuwatch command, quoted for a shell: its id (or
+    ``<id>/worker-N``) when it is under the runs home (where :func:`find_run` looks ids up), else
+    its absolute path."""
+    path = Path(os.path.abspath(run_dir))
+    try:
+        inside = path.relative_to(runs_root())
+    except ValueError:
+        inside = None
+    return shlex.quote(str(inside if inside and inside.parts else path))
+
+
 def find_run(ref: str | None) -> Path:
     """A run directory from a reference: a path, a run id (or unique prefix), or None for the latest.
 
@@ -279,12 +293,27 @@ def find_run(ref: str | None) -> Path:
         path = Path(ref).expanduser()
         if (path / EVENTS).exists() or (path / META).exists():
             return path
-        candidates = sorted(p for p in root.glob(f"{ref}*") if p.is_dir()) if root.is_dir() else []
+        # An id prefix is matched by name, not as a glob ("*" would match everything, "/tmp" raise).
+        # "<run-id>/worker-1" (one worker of a group) is looked up under the runs home.
+        inside = root / ref
+        if not path.is_absolute() and not ref.startswith(("~", ".")) and ((inside / EVENTS).exists()
+                                                                          or (inside / META).exists()):
+            return inside
+        if os.sep in ref or ref in (".", "..") or ref.startswith("~") or not root.is_dir():
+            candidates = []
+        else:
+            candidates = sorted(p for p in root.iterdir() if p.name.startswith(ref) and p.is_dir())
         if len(candidates) == 1:
             return candidates[0]
         if len(candidates) > 1:
             names = ", ".join(p.name for p in candidates[:5])
             raise FileNotFoundError(f"run {ref!r} is ambiguous ({names}...); give more of the id")
+        if path.is_dir():
+            raise FileNotFoundError(f"{path} is not a run directory (no {EVENTS} or {META} in it); give a run "
+                                    "directory or a run id (`tpuwatch ls` lists runs)")
+        if path.exists():
+            raise FileNotFoundError(f"{path} is a file, not a run directory; give a run directory or a run id "
+                                    "(`tpuwatch ls` lists runs)")
         raise FileNotFoundError(f"no run {ref!r} (not a run directory, nor a run id under {root}); `tpuwatch ls` lists runs")
     runs = [p for p in root.iterdir() if p.is_dir() and ((p / META).exists() or (p / EVENTS).exists())] if root.is_dir() else []
     if not runs:

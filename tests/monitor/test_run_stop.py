@@ -128,7 +128,8 @@ def test_detach_from_attach_says_training_goes_on(tmp_path, monkeypatch, capsys)
     rundir.write_meta(run, {"run_id": "r-1"})
     monkeypatch.setattr(cli, "_dashboard", lambda run_dir, live, **kw: "detach")
     assert cli.main(["attach", str(run)]) == 0
-    assert "detached; training goes on. Re-join with `tpuwatch attach r-1`" in capsys.readouterr().err
+    # Outside the runs home the id names nothing: the hint names the directory.
+    assert f"detached; training goes on. Re-join with `tpuwatch attach {run}`" in capsys.readouterr().err
 
 
 def test_remote_stop_reports_the_agents_answer(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from textual.app import App
 
 from tpuwatch.monitor.snapshot import CommandView, RunSnapshot
@@ -29,6 +31,21 @@ def test_a_capture_on_another_machine_says_how_to_open_it(tmp_path):
     empty = tmp_path / "plugins" / "profile" / "2026_01_01_00_00_00"
     empty.mkdir(parents=True)
     assert "No summary: no .xplane.pb" in load_summary_text(_view("b", local_path=str(empty)))
+
+
+def test_without_xprof_the_popup_still_says_how_to_open_the_profile(tmp_path, monkeypatch):
+    """README's first install (`.[tf]`) has no xprof: before, the popup said only "No summary"."""
+    capture = tmp_path / "logs" / "plugins" / "profile" / "2026_01_01_00_00_00"
+    capture.mkdir(parents=True)
+    (capture / "host.xplane.pb").write_bytes(b"\0")
+    monkeypatch.setitem(sys.modules, "xprof", None)  # import xprof raises ImportError
+    monkeypatch.setitem(sys.modules, "xprof.convert", None)
+    text = load_summary_text(_view("a", path=str(capture), local_path=str(capture), logdir=str(tmp_path / "logs")))
+    assert "No summary: summaries need the xprof package" in text
+    assert f"tensorboard --logdir={tmp_path / 'logs'}" in text
+    assert f"xprof server --logdir={tmp_path / 'logs'}" in text
+    # a capture made without a logdir in its details: the directory above plugins/profile
+    assert f"tensorboard --logdir={tmp_path / 'logs'}" in load_summary_text(_view("b", local_path=str(capture)))
 
 
 @sync

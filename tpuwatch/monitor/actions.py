@@ -156,7 +156,7 @@ def request_from_cli(run_dir: Path, ns, out: TextIO | None = None) -> int:
     result = outcome.result
     if result is None:
         why = "the run ended" if outcome.ended else f"no result after {ns.timeout:g} s"
-        print(f"tpuwatch: {action}: {why}; the dashboard or `tpuwatch report {run_dir.name}` shows it if it "
+        print(f"tpuwatch: {action}: {why}; the dashboard or `tpuwatch report {rundir.reference(run_dir)}` shows it if it "
               "completes later", file=sys.stderr)
         return EXIT_FAILED
     print(f"tpuwatch: {describe_result(result)}", file=out, flush=True)

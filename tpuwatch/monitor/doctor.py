@@ -198,11 +198,19 @@ def rundir_check() -> Check:
     return Check("run directory", "ok", f"{root} is writable", required=True)
 
 
+def gcs_address_problem(url: str) -> str:
+    """One line when ``url`` is not a ``gs://BUCKET[/PATH]`` address, else ""."""
+    if not url.startswith("gs://") or not url[len("gs://"):].split("/", 1)[0]:
+        return f"--gcs {url!r}: expected gs://BUCKET[/PATH]"
+    return ""
+
+
 def gcs_check(url: str, timeout_s: float = 10.0) -> Check:
     """Bucket reachable and writable (a tiny object written and deleted under the path)."""
     name = "GCS"
-    if not url.startswith("gs://") or not url[len("gs://"):].split("/", 1)[0]:
-        return Check(name, "fail", f"--gcs {url!r}: expected gs://BUCKET[/PATH]", required=True)
+    problem = gcs_address_problem(url)
+    if problem:
+        return Check(name, "fail", problem, required=True)
     bucket_name, _, prefix = url[len("gs://"):].partition("/")
     where = os.environ.get("STORAGE_EMULATOR_HOST")
     via = f" (emulator {where})" if where else ""
@@ -254,7 +262,11 @@ def render(checks: list[Check], symbols: dict[str, str] = SYMBOLS) -> str:
 
 
 def main(python: str | None = None, gcs: str | None = None, out: TextIO | None = None) -> int:
-    """Runs every check, prints one line each; 0 when all required checks pass, else 1."""
+    """Runs every check, prints one line each; 0 when all required checks pass, 1 when one fails,
+    2 for a malformed ``gcs`` (said before the checks, which take seconds)."""
+    if gcs is not None and gcs_address_problem(gcs):
+        print(f"tpuwatch: {gcs_address_problem(gcs)}", file=sys.stderr)
+        return 2
     out = out or sys.stdout
     python = python or sys.executable
     symbols = _symbols(out)

@@ -183,6 +183,8 @@ def start_group(
         raise LaunchError(f"--worker-grace {grace_s}: must be 0 or more seconds")
     launcher.check_script(script, module)
     exe = launcher.check_python(python or sys.executable)
+    if module:
+        launcher.check_module(script, exe, env)
     run_id = run_dir.name if run_dir else rundir.new_run_id(script, clock)
     run_dir = run_dir or rundir.runs_root() / run_id
     try:

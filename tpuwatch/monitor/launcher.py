@@ -88,6 +88,35 @@ def check_python(python: str) -> str:
     return exe
 
 
+# Run by the training interpreter, where the child will run: finds the module as `python -m`
+# would (the working directory first), importing only its parent packages.
+_FIND_MODULE = """
+import importlib.util, sys
+name = sys.argv[1]
+try:
+    found = importlib.util.find_spec(name) is not None
+except ModuleNotFoundError as e:
+    found = not (e.name and (name == e.name or name.startswith(e.name + ".")))
+except BaseException:
+    found = True  # its package fails to import: the run records that error like any other
+sys.exit(0 if found else 3)
+"""
+
+
+def check_module(module: str, exe: str, env: dict[str, str] | None = None) -> None:
+    """Raises LaunchError when ``exe`` cannot find ``module`` (``-m``): before the run exists, not
+    as a "crashed" run with a traceback."""
+    probe_env = dict(os.environ if env is None else env)
+    probe_env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, probe_env.get("PYTHONPATH", "")) if p)
+    try:
+        probe = subprocess.run([exe, "-c", _FIND_MODULE, module], capture_output=True, env=probe_env, timeout=120)
+    except subprocess.TimeoutExpired:
+        return  # its packages import slowly (or hang): the run itself will show what happens
+    if probe.returncode == 3:
+        raise LaunchError(f"no module named {module!r} for {exe} (run from {os.getcwd()}); check the name, "
+                          "or run from the directory that holds its package, or add that to PYTHONPATH")
+
+
 def start(
     script: str,
     args: list[str],
@@ -108,6 +137,8 @@ def start(
     a group names its group and index there)."""
     check_script(script, module)
     exe = check_python(python or sys.executable)
+    if module:
+        check_module(script, exe, env)
     try:
         rundir.check_listen(listen)
     except ValueError as e:

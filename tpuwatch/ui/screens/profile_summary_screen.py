@@ -8,6 +8,7 @@ in a worker thread (0.01-0.3 s): :func:`load_summary_text` is what that worker r
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Iterable
 
 from textual.app import ComposeResult
@@ -54,7 +55,11 @@ def load_summary_text(command: CommandView, live: InputShare | None = None) -> s
     try:
         return profile_summary.render_text(profile_summary.summarize(local), live=live)
     except profile_summary.ProfileSummaryError as e:
-        return f"No summary: {e}"
+        # The capture is still there: say how to open it, as `tpuwatch profile` does.
+        parents = Path(local).parents  # <logdir>/plugins/profile/<capture>
+        where = logdir if logdir and not logdir.startswith("gs://") else str(parents[min(2, len(parents) - 1)])
+        return "\n".join([f"No summary: {e}", "Open it with:",
+                          *(f"  {c}" for c in profile_summary.open_commands(where))])
 
 
 class ProfileSummaryScreen(ModalScreen[None]):

@@ -1,0 +1,173 @@
+"""What a new user's first hour hit (the tryout report): every bad reference or option gets one
+line naming what is wrong and what to do; the hints tpuwatch prints work when pasted; `ls`
+fits the terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpuwatch_testing import child_env
+
+ROBUSTNESS = Path(__file__).resolve().parents[1] / "robustness"
+sys.path.insert(0, str(ROBUSTNESS))
+from hard_edges import one_line_error, tpuwatch, write_script  # noqa: E402
+
+
+def _fake_run(runs: Path, run_id: str, script: str = "train.py", steps: int | None = 10) -> Path:
+    d = runs / run_id
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"run_id": run_id, "script": script, "started": 1.0e9,
+                                            "exit_code": 0, "state": "finished", "steps": steps}))
+    (d / "events.jsonl").write_text("")
+    return d
+
+
+@pytest.fixture
+def home_with_runs(tmp_path) -> Path:
+    home = Path(os.environ["TPUWATCH_HOME"])
+    _fake_run(home / "runs", "20261123-000000-train-aaaa")
+    _fake_run(home / "runs", "20261123-000001-train-bbbb")
+    return home
+
+
+@pytest.mark.parametrize("command", ["report", "replay", "attach"])
+@pytest.mark.parametrize("what", ["empty-dir", "plain-dir", "file"])
+def test_a_path_that_is_not_a_run(tmp_path, home_with_runs, command, what):
+    """Before: `tpuwatch report /tmp` ended in NotImplementedError: Non-relative patterns are unsupported."""
+    target = tmp_path / "target"
+    if what == "file":
+        target.write_text("root:x:0:0\n")
+    else:
+        target.mkdir()
+        if what == "plain-dir":
+            (target / "notes.txt").write_text("x")
+    line = one_line_error(tpuwatch(command, str(target)), str(target), "not a run directory")
+    assert "tpuwatch ls" in line
+
+
+@pytest.mark.parametrize("command", ["report", "replay", "attach"])
+@pytest.mark.parametrize("ref", ["*", "2026*", "**", "[", "?"])
+def test_glob_characters_are_taken_literally(home_with_runs, command, ref):
+    """Before: `tpuwatch report '*'` globbed recursively ("ambiguous (runs, ...)")."""
+    one_line_error(tpuwatch(command, ref), f"no run {ref!r}", "tpuwatch ls")
+
+
+def test_a_run_id_prefix_still_finds_the_run(home_with_runs):
+    proc = tpuwatch("report", "20261123-000001", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    one_line_error(tpuwatch("report", "20261123-00000"), "ambiguous", "20261123-000000-train-aaaa")
+
+
+def test_one_worker_of_a_group_by_run_id(home_with_runs):
+    """docs/multihost.md: give `<run>/worker-1` to look at one worker alone."""
+    _fake_run(home_with_runs / "runs" / "20261123-000002-group-cccc", "worker-1")
+    proc = tpuwatch("report", "20261123-000002-group-cccc/worker-1", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    one_line_error(tpuwatch("report", "20261123-000002-group-cccc/worker-7"), "worker-7", "tpuwatch ls")
+
+
+def _last_hint(stderr: str) -> list[str]:
+    last = [line for line in stderr.splitlines() if "for the" in line and "report" in line][-1]
+    return shlex.split(last.split("`")[1])
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_the_end_hint_works_for_a_run_dir_outside_the_runs_home(tmp_path, workers):
+    """Before: `--run-dir /x/runs/mw` ended with "`tpuwatch report mw`", which said "no run 'mw'"."""
+    script = write_script(tmp_path / "hello.py", "print('hello')\n")
+    run_dir = tmp_path / "elsewhere" / "mw"
+    extra = ["--workers", str(workers)] if workers else []
+    proc = tpuwatch("run", "--headless", *extra, "--run-dir", str(run_dir), str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    hint = _last_hint(proc.stderr)
+    assert hint[:2] == ["tpuwatch", "report"] and Path(hint[2]) == run_dir, hint
+    # pasted from another directory, the hint still works
+    report = tpuwatch(*hint[1:], cwd=ROBUSTNESS)
+    assert report.returncode == 0, report.stderr
+
+
+def test_the_end_hint_is_the_run_id_under_the_runs_home(tmp_path):
+    script = write_script(tmp_path / "hello.py", "print('hello')\n")
+    proc = tpuwatch("run", "--headless", str(script))
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = (Path(os.environ["TPUWATCH_HOME"]) / "runs").iterdir()
+    assert _last_hint(proc.stderr) == ["tpuwatch", "report", run_dir.name]
+
+
+@pytest.mark.parametrize("every", ["-1", "0", "nan"])
+def test_every_must_be_positive(tmp_path, every):
+    script = write_script(tmp_path / "hello.py", "print('hello')\n")
+    one_line_error(tpuwatch("run", "--headless", "--every", every, str(script)), "--every", "positive")
+    assert not (Path(os.environ["TPUWATCH_HOME"]) / "runs").exists()
+
+
+def test_run_without_a_script_says_the_script_is_required():
+    line = one_line_error(tpuwatch("run"), "script", "tpuwatch run --help")
+    assert "args" not in line
+
+
+def test_an_unknown_option_names_it_and_the_help():
+    one_line_error(tpuwatch("run", "--headless", "--bogus", "x.py"), "--bogus", "tpuwatch run --help")
+    one_line_error(tpuwatch("report", "--bogus"), "--bogus", "tpuwatch report --help")
+    one_line_error(tpuwatch("bogus"), "bogus", "tpuwatch --help")
+
+
+def test_an_unknown_module(tmp_path):
+    """Before: a "crashed" run recorded and a multi-line traceback."""
+    line = one_line_error(tpuwatch("run", "--headless", "-m", "no.such.module", cwd=tmp_path), "no.such.module")
+    assert "no module named" in line.lower()
+    assert not (Path(os.environ["TPUWATCH_HOME"]) / "runs").exists()
+
+
+def test_doctor_rejects_a_gcs_address_before_checking_anything():
+    """Before: it imported TensorFlow for seconds, then failed the check."""
+    proc = tpuwatch("doctor", "--gcs", "notabucket")
+    one_line_error(proc, "notabucket", "gs://BUCKET")
+    assert proc.stdout == ""
+
+
+def test_replay_into_a_pipe_says_it_needs_a_terminal(home_with_runs):
+    """Before: escape codes into the pipe, and it never exited."""
+    one_line_error(tpuwatch("replay", "20261123-000001", timeout=60), "terminal", "tpuwatch report")
+
+
+def test_ls_fits_the_terminal(tmp_path):
+    runs = Path(os.environ["TPUWATCH_HOME"]) / "runs"
+    ids = [f"20261123-0{i}0000-{'a_rather_long_training_script_name'[: 10 + 6 * i]}-ab{i}d" for i in range(4)]
+    for i, run_id in enumerate(ids):
+        _fake_run(runs, run_id, script=f"/home/someone/projects/experiments/{'deep/' * i}train_{i}.py",
+                  steps=10 ** (i + 2))
+    for columns in (80, 100, 60):
+        proc = subprocess.run([sys.executable, "-m", "tpuwatch", "ls"], capture_output=True, text=True,
+                              env=child_env(COLUMNS=str(columns)), timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert len(lines) == 5
+        assert all(len(line) <= columns for line in lines), "\n".join(lines)
+        for run_id in ids:  # the id is what the other commands take: never cut
+            assert any(line.split()[0] == run_id for line in lines), (run_id, lines)
+    wide = subprocess.run([sys.executable, "-m", "tpuwatch", "ls"], capture_output=True, text=True,
+                          env=child_env(COLUMNS="250"), timeout=60).stdout
+    assert "/home/someone/projects/experiments/deep/deep/deep/train_3.py" in wide
+
+
+def test_headless_streams_are_as_the_readme_says(tmp_path):
+    """README: the script's stdout and stderr both reach tpuwatch's stdout (in the order written);
+    tpuwatch's own lines go to stderr (the tryout's s_err.py, whose "to-stderr" landed in `>out`)."""
+    script = write_script(tmp_path / "s_err.py", """
+        import sys
+        print("to-stdout", flush=True)
+        print("to-stderr", file=sys.stderr, flush=True)
+        sys.exit(3)
+    """)
+    proc = tpuwatch("run", "--headless", str(script))
+    assert proc.returncode == 3
+    assert proc.stdout.splitlines() == ["to-stdout", "to-stderr"], proc.stdout
+    assert "to-std" not in proc.stderr and "tpuwatch: exit code 3" in proc.stderr
