@@ -68,7 +68,8 @@ def input_text(s: RunSnapshot) -> Content:
     lines = [
         Content.assemble(("wait ", "dim"), (units.percent(share.share), style), ("  of step time", "dim")),
         Content.styled(verdict, style or "dim"),
-        Content.assemble(units.duration(share.wait_per_step_s), (" of ", "dim"),
+        # means (the share is their ratio), not the Step time panel's p50
+        Content.assemble(("mean ", "dim"), units.duration(share.wait_per_step_s), (" of ", "dim"),
                          units.duration(share.step_time_s), (f" per step · {share.steps} steps", "dim")),
     ]
     return Content("\n").join(lines)
