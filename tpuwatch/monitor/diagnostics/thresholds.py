@@ -138,7 +138,8 @@ class Thresholds:
     jitter_warning_ratio: float = 4.0
     #: p95 - p50 must also exceed this: a few ms of OS noise on a 5 ms CPU step is not jitter.
     jitter_min_spread_s: float = 0.020
-    #: Rising trend: latest window median vs the first post-warm-up window median.
+    #: Rising trend: median of the latest ``jitter_min_records`` eligible records vs the median of
+    #: the first ones after warm-up.
     trend_info_ratio: float = 1.5
     trend_warning_ratio: float = 3.0
     trend_min_rise_s: float = 0.020
