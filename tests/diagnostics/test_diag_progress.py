@@ -3,6 +3,7 @@
 from diag_synthetic import SyntheticRun, findings
 
 from tpuwatch.protocol import Config
+from tpuwatch.monitor.diagnostics import Engine
 
 
 def stalled(gap_s: float, **kw) -> SyntheticRun:
@@ -263,3 +264,27 @@ def test_live_stall_after_the_last_step_becomes_an_info_when_the_script_exits_cl
     run.exit(1)
     run.feed(eng)
     assert findings(eng, "stall")[0].severity == "warning"
+
+
+def test_rising_trend_baseline_is_the_same_live_and_in_a_report():
+    # the sample keras_fit run: replay said "138 ms now vs 84 ms (1.6x)", the report "vs 81 ms
+    # (1.7x)": the baseline was the window of the first check, and a live viewer checks every
+    # second while a report checks every 512 records. Steps drift from 80 to 90 ms early on.
+    def run():
+        r = SyntheticRun(step_time_s=0.08, time_noise=0.02)
+        r.steps(5, step_time_s=3.0)
+        r.steps(1200, step_time_s=lambda s: 0.08 + 0.01 * min(s / 500, 1) + (0.06 if s > 900 else 0.0))
+        return r
+
+    live = Engine(clock=lambda: 0.0)
+    next_t = None
+    for msg, worker in run().msgs:
+        live.apply(msg, worker=worker)
+        t = getattr(msg, "t", None)
+        if t is not None and (next_t is None or t >= next_t):
+            live.evaluate(now=t)  # a viewer evaluates about once a second
+            next_t = t + 1.0
+    (seen_live,) = [f for f in findings(live, "step-time-jitter") if "rising" in f.message]
+    (reported,) = [f for f in findings(run().engine(), "step-time-jitter") if "rising" in f.message]
+    assert seen_live.message == reported.message
+    assert seen_live.evidence["median_start_ms"] == reported.evidence["median_start_ms"] < 82

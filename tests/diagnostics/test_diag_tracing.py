@@ -129,3 +129,86 @@ def test_the_trace_again_after_a_first_call_made_variables_is_no_retrace_problem
     assert findings(run(1), "retrace-storm") == []
     (f,) = findings(run(2), "retrace-storm")
     assert f.evidence["change_kind"] == "batch dimension" and VARIABLES_MADE_CHANGE not in f.evidence["recent_changes"]
+
+
+def _s3_retraces(upto_step: int | None = None):
+    """The tester's s3_retrace.py (a Python int ``phase`` 0..3 and batch sizes 32/17/9/5): the
+    agent's 16 Retrace records, signature and change as recorded (the change is against the
+    previous trace)."""
+    from tpuwatch.protocol import Retrace
+
+    out, prev, traces = [], None, 0
+    for phase in range(4):
+        for i, bs in ((0, 32), (3, 17), (5, 9), (8, 5)):
+            traces += 1
+            sig = f"xb: float32({bs}, 8), yb: float32({bs}, 1), phase: {phase}"
+            if prev is None:
+                change = ""
+            else:
+                pbs, pphase = prev
+                change = f"xb: shape ({pbs}, 8) -> ({bs}, 8); yb: shape ({pbs}, 1) -> ({bs}, 1)"
+                if pphase != phase:
+                    change += f"; phase: python int {pphase} -> {phase}"
+            prev = (bs, phase)
+            step = 30 * phase + i
+            if upto_step is not None and step > upto_step:
+                return out
+            out.append(Retrace(t=1.0 + traces, function="train_step", traces=traces, instances=1,
+                               signature=sig, change=change, step=step))
+    return out
+
+
+def _engine_with(msgs):
+    run = SyntheticRun()
+    run.steps(2)
+    for m in msgs:
+        run.emit(m)
+    return run.engine()
+
+
+def test_retrace_cause_is_the_difference_to_the_closest_traced_signature():
+    # step 30: (32, 8) was traced already; only the Python int changed
+    (f,) = findings(_engine_with(_s3_retraces(upto_step=30)), "retrace-storm")
+    assert f.evidence["last_change"] == "phase: python int 0 -> 1"
+    # so far three re-traces for new batch sizes, one for the Python value: both named, the
+    # advice for each
+    assert f.message.endswith("changing: batch dimension (3), python value (1)")
+    assert "drop_remainder" in f.advice and "pass it as a tensor" in f.advice
+    assert f.advice.endswith("Last change: phase: python int 0 -> 1")
+
+
+def test_retrace_advice_follows_the_dominant_cause():
+    # the whole run: 12 of the 15 re-traces are the Python int (every batch size was traced
+    # with phase 0 already); the fix is to pass phase as a tensor
+    (f,) = findings(_engine_with(_s3_retraces()), "retrace-storm")
+    assert f.evidence["change_kind"] == "python value"
+    assert f.message.endswith("changing: python value (12), batch dimension (3)")
+    assert f.advice.startswith("a Python value changes between calls: pass it as a tensor")
+    assert f.evidence["last_change"] == "phase: python int 2 -> 3"
+
+
+def test_the_retraces_panel_and_screen_quote_the_same_cause():
+    # RunState feeds the Retraces panel ("last change") and screen (every retrace): the same
+    # difference to the closest traced signature as the finding
+    from tpuwatch.monitor.state import RunState
+
+    state = RunState()
+    for m in _s3_retraces(upto_step=33):
+        state.apply(m)
+    snap = state.snapshot(now=100.0)
+    (fn,) = snap.functions
+    assert fn.last_change == "phase: python int 0 -> 1"  # (17, 8) was traced with phase 0
+    assert [r.change for r in snap.retraces][-2:] == ["phase: python int 0 -> 1"] * 2
+
+
+def test_signatures_that_cannot_be_read_keep_the_agents_change():
+    from tpuwatch.monitor.diagnostics.tracing import closest_change, parse_signature
+
+    assert parse_signature("mode: 'a, b', x: float32(None, 8) x4") == {"mode": "'a, b'", "x": "float32(None, 8) x4"}
+    assert parse_signature("x: float32(8, 8), y: int32(8" + "..." ) is None  # cut at 300 characters
+    seen = [parse_signature("x: float32(32, 8), lr: 0.1")]
+    assert closest_change(seen, "x: float32(16, 8), lr: 0.2") == \
+        "x: shape (32, 8) -> (16, 8); lr: python float 0.1 -> 0.2"
+    assert closest_change(seen, "x: float32(32, 8), lr: 0.1") == ""  # same inputs: another object
+    assert closest_change(seen, "(x)") == ""
+    assert parse_signature("(x: float32[16, 28], y: int64[16])") is None  # an older agent's form

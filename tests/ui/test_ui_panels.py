@@ -243,3 +243,17 @@ def test_expanded_loss_panel_lists_every_epochs_keras_logs() -> None:
     assert "epoch      loss  val_loss" in text
     assert "    1       1.2       1.3" in text and "    2       0.7       0.9" in text
     assert "epoch      loss" not in replica_loss_text(s, 8).plain  # only when expanded
+
+
+@sync
+async def test_findings_at_80x24_show_the_worst_headline_and_count_findings(live_app) -> None:
+    # A crashed run: two critical findings and the raw error. The 4-row panel used to show the
+    # raw error's first line and "… 4 more" (lines); the diagnosis must be visible, and the
+    # count is of findings.
+    app = live_app("crashed", upto=10_000)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        body = str(app.query_one("#findings").query_one(".body").render())
+        assert body.startswith("!! script crashed:")
+        assert body.rstrip().endswith("… 2 more: z expands")
+        assert "!! crashed: FloatingPointError" not in body  # the diagnosis comes first

@@ -35,6 +35,7 @@ from tpuwatch.monitor.snapshot import (
     WorkerView,
 )
 from tpuwatch.monitor.diagnostics.input_share import InputShare
+from tpuwatch.monitor.diagnostics.tracing import closest_change, remember_signature
 from tpuwatch.monitor.run_stop import STOP_MESSAGE, STOP_SOURCE, ended_state
 from tpuwatch.monitor.stats import History, Rolling, SeriesHistory, StepStats
 from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
@@ -191,6 +192,7 @@ class RunState:
         self._new_findings: deque[Finding] = deque(maxlen=100)
         self._functions: dict[str, FunctionTraces] = {}
         self._retraces: deque[Retrace] = deque(maxlen=max_retraces)
+        self._signatures: dict[tuple[str, str], list[dict[str, str]]] = {}  # (worker, function)
         self._epoch_logs: deque[tuple[int, Mapping[str, object]]] = deque(maxlen=1000)
         # The newest sample per (worker, device); made into DeviceMemory at snapshot time only (a
         # pod's chips send thousands of samples between two snapshots).
@@ -386,6 +388,12 @@ class RunState:
             self._device_peaks[key] = peak
 
     def _retrace(self, msg: Retrace, w: _Worker) -> None:
+        # the change that made TF trace again: against the closest trace it has, as the
+        # retrace-storm finding says it (the agent's is against the previous trace)
+        seen = self._signatures.setdefault((w.name, msg.function), [])
+        if msg.change and not msg.change.startswith("new tf.function object"):
+            msg = replace(msg, change=closest_change(seen, msg.signature) or msg.change)
+        remember_signature(seen, msg.signature)
         self._retraces.append(msg)
         prev = self._functions.get(msg.function)
         if prev is None:

@@ -35,7 +35,7 @@ from tpuwatch.protocol import (
 
 from .crash import ScriptCrash
 from .input_pipeline import InputBound
-from .input_share import InputShare, combine, window_share
+from .input_share import InputShare, combine, recent_share
 from .loss import LossNonfinite, ReplicaLossSkew
 from .memory import DeviceMemoryHeadroom, HostMemoryGrowth
 from .progress import Stall, StepTimeJitter
@@ -91,6 +91,7 @@ class Engine:
         self._step_observers = self._observers.get(Step, ())
         self._countdown = self.thresholds.check_every_records
         self._step_workers = 0
+        self._check_due_t = float("inf")  # agent time of the next time-based check
         self._applied = 0  # messages applied
         self._checked_at = -1  # value of _applied at the last windowed check
         self._current: dict[tuple[str, str], Finding] = {}
@@ -109,14 +110,18 @@ class Engine:
                 observe(msg, w, tel)  # before the telemetry moves on: they see the previous step
             if w.records == 0:
                 self._step_workers += 1
+                if self._step_workers == 1:
+                    self._check_due_t = msg.t + self.thresholds.input_recent_s
             self._applied += 1
             w.on_step(msg)
             tel.steps_seen = True
             self._countdown -= 1
-            if self._countdown <= 0:
+            if self._countdown <= 0 or msg.t >= self._check_due_t:
                 # every worker's window moves on by about check_every_records between checks,
-                # so the cost per record does not grow with the number of workers
+                # so the cost per record does not grow with the number of workers; with slow
+                # steps the time limit comes first, so every input window is checked
                 self._countdown = self.thresholds.check_every_records * self._step_workers
+                self._check_due_t = msg.t + self.thresholds.input_recent_s
                 self._check_all()
             return
         self._applied += 1
@@ -176,11 +181,11 @@ class Engine:
         return _worst_first(new)
 
     def input_shares(self) -> tuple[InputShare | None, InputShare | None]:
-        """Input wait over the latest window of eligible steps and over the whole run, all
-        workers together (the definition in :mod:`.input_share`)."""
+        """Input wait over the live verdict's window (the last 30 s of eligible steps) and over
+        the whole run, all workers together (the definition in :mod:`.input_share`)."""
         th = self.thresholds
         ws = self.telemetry.step_workers()
-        return (combine((window_share(w.window, th) for w in ws), th),
+        return (combine((recent_share(w.window, th)[0] for w in ws), th),
                 combine((w.input_totals.share(th) for w in ws), th))
 
     def findings(self) -> list[Finding]:

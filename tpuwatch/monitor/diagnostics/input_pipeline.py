@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tpuwatch.protocol import Finding
 
-from .input_share import InputShare, window_share
+from .input_share import InputShare, recent_share
 from .robust_stats import sig
 from .rule import Rule
 from .units import ms
@@ -25,9 +25,11 @@ ADVICE = (
 class InputBound(Rule):
     """Share of step time spent waiting for input (the definition in :mod:`.input_share`).
 
-    Judged over the latest window of eligible steps while the run goes on (so an input-bound
-    hour stays in the findings even if the run recovers) and, once the run has ended, over
-    all of its eligible steps: a finished run's report judges the whole run.
+    Judged over the eligible steps of the last 30 s while the run goes on (so the verdict
+    follows the pipeline as it is now, and an input-bound hour stays in the findings even if
+    the run recovers) and, once the run has ended, over all of its eligible steps: a finished
+    run's report judges the whole run. The figures are means (total wait and total step time
+    over the steps judged), so the share equals their ratio; the message says so.
     """
 
     id = "input-bound"
@@ -38,8 +40,7 @@ class InputBound(Rule):
                 self._judge(w.name, w.last_step_t or 0.0, w.input_totals.share(self.th),
                             "over the whole run")
             else:
-                self._judge(w.name, w.last_step_t or 0.0, window_share(w.window, self.th),
-                            "over the latest steps")
+                self._judge(w.name, w.last_step_t or 0.0, *recent_share(w.window, self.th))
 
     def _judge(self, worker: str, t: float, s: InputShare | None, scope: str) -> None:
         th = self.th
@@ -51,7 +52,7 @@ class InputBound(Rule):
             t=t, rule=self.id, severity=severity,
             # no step count in the message: it would re-announce the finding every second
             message=(f"{s.verdict}: {pct}% of step time waiting for input "
-                     f"({ms(s.wait_per_step_s)} of {ms(s.step_time_s)} per step {scope})"),
+                     f"(mean {ms(s.wait_per_step_s)} of {ms(s.step_time_s)} per step {scope})"),
             advice=ADVICE,
             evidence={
                 "input_wait_pct": pct,

@@ -6,9 +6,10 @@ the records right after a retrace or an epoch boundary (tracing, compilation, a 
 filling its shuffle buffer). The wait counts every fetch the agent timed: in-graph fetches inside
 the compiled step (Keras ``fit``) and eager ``for x in dist_dataset`` fetches between steps.
 
-The verdict applies xprof's thresholds (>= 5 % "moderately", >= 20 % "highly" input-bound) only
-when the mean wait is at least 5 ms per step (an eager fetch of a distributed batch costs 2-3 ms
-from a fast pipeline) and at least ``input_min_records`` steps were measured.
+The verdict applies xprof's thresholds (>= 5 % "moderately", >= 20 % "highly" input-bound) to
+the share of step time, whatever the step's length, when the mean wait is at least
+``input_min_wait_s`` (0.1 ms: below it, timer noise) and at least ``input_min_records`` steps
+were measured.
 
 The ``input-bound`` finding, the Input panel, the headless lines, ``tpuwatch report`` and the
 profile summary all quote :class:`InputShare` values computed here, so they agree.
@@ -17,7 +18,7 @@ profile summary all quote :class:`InputShare` values computed here, so they agre
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Sequence
 
 from .thresholds import Thresholds
 
@@ -96,6 +97,42 @@ def window_share(records: Iterable[tuple], th: Thresholds) -> InputShare | None:
         if r[3] is not None:
             tot.add(r[0], r[2], r[3], r[4])
     return tot.share(th)
+
+
+def recent_records(records: Sequence[tuple], th: Thresholds) -> tuple[list[tuple], str]:
+    """The live window: the latest records within ``input_recent_s`` of the newest, reaching
+    back further only to have ``input_min_records`` measured steps to judge (plus the worst one,
+    left out). Returns the records and the scope in words, stable while the window's kind stays
+    ("over the last 30 s", or "over the last 1,024 steps" when the records run out first or
+    a slow run needs more than 30 s for its minimum)."""
+    if not records:
+        return [], ""
+    newest_t = records[-1][1]
+    need = th.input_min_records + 1
+    out: list[tuple] = []
+    measured = 0
+    reached_back = False  # a record older than the window was taken to reach the minimum
+    time_cut = False
+    for r in reversed(records):
+        if newest_t - r[1] > th.input_recent_s:
+            if measured >= need:
+                time_cut = True
+                break
+            reached_back = True
+        out.append(r)
+        if r[3] is not None:
+            measured += 1
+    out.reverse()
+    full = len(out) == len(records) and len(records) == th.window_records
+    if reached_back or (full and not time_cut):
+        return out, f"over the last {sum(r[4] for r in out):,} steps"
+    return out, f"over the last {th.input_recent_s:.0f} s"
+
+
+def recent_share(records: Sequence[tuple], th: Thresholds) -> tuple[InputShare | None, str]:
+    """The live verdict's share and its scope in words (:func:`recent_records`)."""
+    rs, scope = recent_records(records, th)
+    return window_share(rs, th), scope
 
 
 def combine(shares: Iterable[InputShare | None], th: Thresholds) -> InputShare | None:

@@ -178,10 +178,6 @@ class StepTimeJitter(Rule):
 
     id = "step-time-jitter"
 
-    def __init__(self, th) -> None:
-        super().__init__(th)
-        self._baseline: dict[tuple[str, str], float] = {}  # (worker, function) -> median s
-
     def check(self, tel: Telemetry) -> None:
         for w in tel.step_workers():
             by_fn: dict[str, list] = {}
@@ -192,17 +188,12 @@ class StepTimeJitter(Rule):
 
     def _check_fn(self, w: WorkerTelemetry, fn: str, recs: list) -> None:
         th = self.th
-        key = (w.name, fn)
         if len(recs) < th.jitter_min_records:
             return
         times = sorted(r[2] for r in recs)
         if sum(times) < th.jitter_min_window_s:
             return
         p50, p95 = quantile(times, 0.5), quantile(times, 0.95)
-        base = self._baseline.get(key)
-        if base is None:
-            # the first full window after warm-up is the reference for the trend
-            base = self._baseline[key] = p50
         label = f"'{fn}'" if fn else "the step function"
         advice = ("Find what makes some steps slow: input waits (see input-bound; prefetch), "
                   "host contention (other processes, too few CPU cores for tf.data), retraces "
@@ -226,9 +217,13 @@ class StepTimeJitter(Rule):
                 },
                 first_step=recs[0][0], last_step=recs[-1][0], worker=w.name,
             ))
-        # rising trend: needs a latest window that does not overlap the baseline window
-        if w.eligible < 3 * th.jitter_min_records:
+        # rising trend: the latest records against the first ones after warm-up (fixed once
+        # seen, so every check, live or in a report, compares with the same baseline); needs a
+        # latest window that does not overlap the baseline window
+        first = w.first_times.get(fn)
+        if w.eligible < 3 * th.jitter_min_records or first is None or len(first) < th.jitter_min_records:
             return
+        base = quantile(sorted(first), 0.5)
         latest = sorted(r[2] for r in recs[-th.jitter_min_records:])
         cur = quantile(latest, 0.5)
         rise = cur / base if base > 0 else 0.0

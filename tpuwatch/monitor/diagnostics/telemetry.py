@@ -21,6 +21,7 @@ from .thresholds import Thresholds
 Rec = tuple[int, float, float, "float | None", int, str]
 
 _MAX_EXAMPLE_SIZES = 16  # distinct Step.examples values remembered (batch sizes seen)
+_MAX_FIRST_FUNCTIONS = 16  # step functions whose first step times are kept (trend baselines)
 _MAX_BYTES = 1 << 60  # byte counts beyond this are corrupt: ignored, never a crash
 
 
@@ -75,6 +76,9 @@ class WorkerTelemetry:
     examples: Counter = field(default_factory=Counter)
     #: Input wait over every eligible record of the run (the whole-run verdict).
     input_totals: InputTotals = field(default_factory=InputTotals)
+    #: Step times of the first ``jitter_min_records`` eligible records per step function: the
+    #: rising-trend baseline, the same whenever the rules are checked (live or a report).
+    first_times: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.window = deque(maxlen=self.th.window_records)
@@ -122,6 +126,12 @@ class WorkerTelemetry:
             self.input_totals.add(m.step, st, wait, k)
         self.window.append((m.step, m.t, st, wait, k, m.function))
         self.eligible += 1
+        first = self.first_times.get(m.function)
+        if first is None:
+            if len(self.first_times) < _MAX_FIRST_FUNCTIONS:
+                self.first_times[m.function] = [st]
+        elif len(first) < self.th.jitter_min_records:
+            first.append(st)
 
     def on_retrace(self) -> None:
         # the step that traced (and the one after) compiled: not steady state

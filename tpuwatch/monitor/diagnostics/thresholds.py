@@ -31,13 +31,22 @@ class Thresholds:
     #: "highly" input-bound.
     input_info_frac: float = 0.05
     input_warning_frac: float = 0.20
-    #: Mean wait per step below this is not starvation: an eager fetch of a distributed batch
-    #: costs 2-3 ms even from a cached, prefetched pipeline (DESIGN §3).
-    input_min_wait_s: float = 0.005
+    #: Mean wait per step below this is noise, whatever its share: timing a fetch from a ready
+    #: prefetch buffer costs tens of microseconds. Kept far below a step's usual wait: a TPU
+    #: step of 2-5 ms that waits 3 ms for its batch is input-bound, and so is a custom loop's
+    #: eager fetch of a distributed batch (2-3 ms, time the step waits; the advice moves it
+    #: into the compiled step).
+    input_min_wait_s: float = 0.0001
     #: Minimum evidence: eligible steps (the worst one left out) that measured their wait. A
     #: share over 20 steps is already stable to a few percent; seconds of step time say nothing
     #: more (a 100-step run asking "am I input-bound?" must get its answer).
     input_min_records: int = 20
+    #: The live verdict's window: the eligible records of the last 30 s (at most the telemetry
+    #: window, at least ``input_min_records`` + 1). Short enough that a pipeline that slowed
+    #: down a minute ago shows its real share now; about the step-time panel's 200 records at
+    #: 150 ms steps. Windowed rules are also re-checked every this many seconds of step time,
+    #: so a replayed recording sees every window a live viewer saw.
+    input_recent_s: float = 30.0
 
     # --- retrace-storm / function-recreated ------------------------------------------------
     #: Re-traces of existing objects allowed per object (``traces - instances`` up to
@@ -129,7 +138,8 @@ class Thresholds:
     jitter_warning_ratio: float = 4.0
     #: p95 - p50 must also exceed this: a few ms of OS noise on a 5 ms CPU step is not jitter.
     jitter_min_spread_s: float = 0.020
-    #: Rising trend: latest window median vs the first post-warm-up window median.
+    #: Rising trend: median of the latest ``jitter_min_records`` eligible records vs the median of
+    #: the first ones after warm-up.
     trend_info_ratio: float = 1.5
     trend_warning_ratio: float = 3.0
     trend_min_rise_s: float = 0.020

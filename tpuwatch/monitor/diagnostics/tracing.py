@@ -12,6 +12,12 @@ from .telemetry import Telemetry, WorkerTelemetry
 
 _SHAPE_CHANGE = re.compile(r"shape\s*\(([^)]*)\)\s*->\s*\(([^)]*)\)")
 _MAX_CHANGES = 4  # distinct changes remembered per function
+_MAX_SIGNATURES = 64  # distinct traced signatures remembered per function (the latest)
+#: A tensor input in ``Retrace.signature``: ``float32(32, 8)``, ``int64(None,) x4`` (per replica).
+_TENSOR_TEXT = re.compile(r"^(\w+)\((.*)\)(?: x(\d+))?$")
+_INT_TEXT = re.compile(r"^-?\d+$")
+#: An input's path in a signature: ``x``, ``data[0]``, ``batch['image']``, ``s.lr``, ``x<replica 1>``.
+_PATH = re.compile(r"^[A-Za-z_]\w*(?:\[[^\]]*\]|\.\w+|<replica \d+>)*$")
 
 
 @dataclass
@@ -27,6 +33,8 @@ class FunctionHistory:
     changes: list[str] = field(default_factory=list)
     #: re-traces of existing objects per cause (classify_change's kind)
     causes: dict[str, int] = field(default_factory=dict)
+    #: inputs of the traces so far ({path: text}, from ``Retrace.signature``), oldest first
+    signatures: list[dict[str, str]] = field(default_factory=list)
     t: float = 0.0
 
     #: traces TF made again because a first call created variables (once per object)
@@ -58,18 +66,140 @@ class _TracingRule(Rule):
             if h.first_step is None:
                 h.first_step = msg.step
             h.last_step = msg.step
-        if msg.change == VARIABLES_MADE_CHANGE:  # once per object, not a retrace problem
+        change = msg.change
+        if change == VARIABLES_MADE_CHANGE:  # once per object, not a retrace problem
             h.variable_traces += 1
-        elif msg.change and not msg.change.startswith("new tf.function object"):
-            kind = classify_change(msg.change)[0]
+        elif change and not change.startswith("new tf.function object"):
+            # the agent's change is against the previous trace; what made TF trace again is
+            # what differs from the closest trace it already has
+            change = closest_change(h.signatures, msg.signature) or change
+            kind = classify_change(change)[0]
             h.causes[kind] = h.causes.get(kind, 0) + 1
-        if msg.change and msg.change != VARIABLES_MADE_CHANGE and msg.change not in h.changes:
-            h.changes.append(msg.change)
+        remember_signature(h.signatures, msg.signature)
+        if change and change != VARIABLES_MADE_CHANGE and change not in h.changes:
+            h.changes.append(change)
             del h.changes[:-_MAX_CHANGES]
         self.on_history(h, msg)
 
     def on_history(self, h: FunctionHistory, msg: Retrace) -> None:
         """Hook for the rule's own bookkeeping after ``h`` was updated."""
+
+
+def parse_signature(signature: str) -> dict[str, str] | None:
+    """``"xb: float32(32, 8), phase: 1"`` -> ``{"xb": "float32(32, 8)", "phase": "1"}``;
+    ``None`` when it cannot be read whole (cut at its length limit, or not ``path: text``)."""
+    if not signature or signature.endswith("..."):
+        return None
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(signature):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and signature.startswith(", ", i):
+            parts.append(signature[start:i])
+            start = i + 2
+    parts.append(signature[start:])
+    out: dict[str, str] = {}
+    for part in parts:
+        path, sep, text = part.partition(": ")
+        if not sep or not _PATH.match(path) or path in out:
+            return None
+        out[path] = text
+    return out
+
+
+def remember_signature(seen: list[dict[str, str]], signature: str) -> None:
+    sig = parse_signature(signature)
+    if sig is None:
+        return
+    if sig in seen:
+        seen.remove(sig)
+    seen.append(sig)
+    del seen[:-_MAX_SIGNATURES]
+
+
+def closest_change(seen: list[dict[str, str]], signature: str) -> str:
+    """What differs between ``signature`` and the closest of the ``seen`` traces (fewest inputs
+    differing; the latest of equals), in the agent's words (``xb: shape (5, 8) -> (32, 8)``,
+    ``phase: python int 0 -> 1``). "" when nothing is known or nothing differs (another object
+    of the same name, a context change): then the agent's own change stands."""
+    new = parse_signature(signature)
+    if new is None or not seen:
+        return ""
+    best: dict[str, str] | None = None
+    best_d = 0
+    for old in seen:
+        d = sum(old.get(p) != t for p, t in new.items()) + sum(p not in new for p in old)
+        if best is None or d <= best_d:
+            best, best_d = old, d
+    if best is None or best_d == 0:
+        return ""
+    parts = [f"new argument {p}" if p not in best else _input_change(p, best[p], t)
+             for p, t in new.items() if best.get(p) != t]
+    parts += [f"argument {p} removed" for p in best if p not in new]
+    return "; ".join(parts)
+
+
+def _input_change(path: str, old: str, new: str) -> str:
+    a, b = _TENSOR_TEXT.match(old), _TENSOR_TEXT.match(new)
+    if a and b:
+        bits = []
+        if a.group(1) != b.group(1):
+            bits.append(f"dtype {a.group(1)} -> {b.group(1)}")
+        if a.group(2) != b.group(2):
+            bits.append(f"shape ({a.group(2)}) -> ({b.group(2)})")
+        return f"{path}: " + (", ".join(bits) if bits else f"{old} -> {new}")
+    if a or b:
+        return f"{path}: " + (f"tensor {old}" if a else _python_text(old)) + " -> " + (
+            f"tensor {new}" if b else _python_text(new))
+    ta, tb = _python_type(old), _python_type(new)
+    if ta == tb:
+        return f"{path}: python {ta} {old} -> {new}" if ta != "None" else f"{path}: {old} -> {new}"
+    return f"{path}: {_python_text(old)} -> {_python_text(new)}"
+
+
+def _python_type(text: str) -> str:
+    if text in ("None", "True", "False"):
+        return "None" if text == "None" else "bool"
+    if _INT_TEXT.match(text):
+        return "int"
+    if text[:1] in ("'", '"'):
+        return "str"
+    try:
+        float(text)
+    except ValueError:
+        return "value"
+    return "float"
+
+
+def _python_text(text: str) -> str:
+    kind = _python_type(text)
+    return "python None" if kind == "None" else f"python {kind} {text}"
+
+
+#: The fix for each kind of change (classify_change's kinds).
+_ADVICE: dict[str, str] = {
+    "batch dimension": (
+        "only the batch dimension changes: batch with drop_remainder=True, or give the "
+        "tf.function an input_signature with a None batch dimension "
+        "(or reduce_retracing=True)"),
+    "shape": (
+        "input shapes change: pad to a few fixed lengths (padded_batch / bucket_by_sequence_"
+        "length), or use an input_signature with None for the varying dimensions "
+        "(or reduce_retracing=True)"),
+    "dtype": "input dtypes change: cast inputs to one dtype before the call",
+    "python value": (
+        "a Python value changes between calls: pass it as a tensor "
+        "(tf.constant / a tf.Variable) so one trace serves every value"),
+    "unknown": ("give the tf.function an input_signature, or reduce_retracing=True, so "
+                "varying inputs reuse one trace"),
+}
 
 
 def classify_change(change: str) -> tuple[str, str]:
@@ -79,23 +209,12 @@ def classify_change(change: str) -> tuple[str, str]:
         a = [d.strip() for d in m.group(1).split(",") if d.strip()]
         b = [d.strip() for d in m.group(2).split(",") if d.strip()]
         differing = [i for i in range(min(len(a), len(b))) if a[i] != b[i]]
-        if len(a) == len(b) and differing == [0]:
-            return "batch dimension", (
-                "only the batch dimension changes: batch with drop_remainder=True, or give the "
-                "tf.function an input_signature with a None batch dimension "
-                "(or reduce_retracing=True)")
-        return "shape", (
-            "input shapes change: pad to a few fixed lengths (padded_batch / bucket_by_sequence_"
-            "length), or use an input_signature with None for the varying dimensions "
-            "(or reduce_retracing=True)")
-    if "dtype" in change:
-        return "dtype", "input dtypes change: cast inputs to one dtype before the call"
-    if change:
-        return "python value", (
-            "a Python value changes between calls: pass it as a tensor "
-            "(tf.constant / a tf.Variable) so one trace serves every value")
-    return "unknown", ("give the tf.function an input_signature, or reduce_retracing=True, so "
-                       "varying inputs reuse one trace")
+        kind = "batch dimension" if len(a) == len(b) and differing == [0] else "shape"
+    elif "dtype" in change:
+        kind = "dtype"
+    else:
+        kind = "python value" if change else "unknown"
+    return kind, _ADVICE[kind]
 
 
 class RetraceStorm(_TracingRule):
@@ -111,7 +230,11 @@ class RetraceStorm(_TracingRule):
     def on_history(self, h: FunctionHistory, msg: Retrace) -> None:
         th = self.th
         excess = h.excess(th.retrace_allowed_per_instance)
-        kind, advice = classify_change(h.changes[-1] if h.changes else "")
+        # the cause behind most re-traces decides the advice (the latest change breaks ties)
+        latest_kind = classify_change(h.changes[-1] if h.changes else "")[0]
+        ranked = sorted(h.causes.items(), key=lambda kv: (-kv[1], kv[0] != latest_kind))
+        kind = ranked[0][0] if ranked else latest_kind
+        advice = _ADVICE[kind]
         same_cause = h.causes.get(kind, 0)
         if excess >= th.retrace_warning_excess:
             severity = "critical" if excess >= th.retrace_critical_excess else "warning"
@@ -125,11 +248,15 @@ class RetraceStorm(_TracingRule):
         if h.excess_first_step is None:
             h.excess_first_step = msg.step
         last_change = h.changes[-1] if h.changes else ""
+        changing = kind
+        if len(ranked) > 1:  # mixed causes: each with its count, and each one's fix
+            changing = ", ".join(f"{k} ({n})" for k, n in ranked)
+            advice += "".join(f". Also {k}: {_ADVICE[k]}" for k, _ in ranked[1:])
         self._keep(f"{h.worker}|{h.name}", Finding(
             t=h.t, rule=self.id, severity=severity,
             message=(f"{what}: tf.function '{h.name}' traced {h.traces} times "
                      f"({h.instances} object{'s' if h.instances != 1 else ''}); "
-                     f"changing: {kind}"),
+                     f"changing: {changing}"),
             advice=f"{advice}. Last change: {last_change}" if last_change else advice,
             evidence={
                 "function": h.name,

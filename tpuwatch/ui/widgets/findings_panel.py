@@ -12,35 +12,83 @@ _MARK = {"critical": ("!!", "$error bold"), "warning": ("! ", "$warning bold"), 
 
 
 def findings_text(s: RunSnapshot, rows: int, width: int = 10_000) -> Content:
-    """Worst first, each with its advice. Lines wrap at ``width``; what does not fit ``rows``
-    ends in a "more" line (Enter or z expands the panel, which then scrolls)."""
-    lines: list[Content] = []
-    if s.status == "lost":
-        lines.append(Content.assemble(("!! ", "$warning bold"), ("lost contact: ", "$warning bold"),
-                                      s.lost_reason or "no exit record from the training process"))
-    if s.exception:
-        lines.append(Content.assemble(("!! ", "$error bold"), ("crashed: ", "$error bold"), s.exception))
-    findings = sorted(s.findings, key=lambda f: (_RANK.get(f.severity, 3), -f.t))
-    for f in findings:
-        mark, style = _MARK.get(f.severity, ("  ", ""))
-        lines.append(Content.assemble((mark + " ", style), f.message))
-        if f.advice:
-            lines.append(Content.styled("   " + f.advice, "dim"))
-    for probe, reason in sorted(s.disabled_probes.items()):
-        lines.append(Content.styled(f"-  probe {probe} off: {reason}", "dim"))
-    if not lines:
+    """Worst first, each headline with its advice; a crash's diagnosis before the raw error.
+
+    Lines wrap at ``width``. When everything does not fit ``rows``, the headlines come first
+    (the worst one always, cut to the rows there are) and the advice of the shown findings takes
+    the rows left; when headlines are left out too, a last line counts them (Enter or z expands
+    the panel, which then scrolls)."""
+    items = _items(s)
+    if not items:
         return Content.styled("No findings", "dim")
-    heights = [max(1, -(-line.cell_length // max(1, width))) for line in lines]
-    if sum(heights) > rows:
-        kept, used = [], 0
-        for line, h in zip(lines, heights):
-            if used + h > rows - 1:
-                break
-            kept.append(line)
-            used += h
-        more = len(lines) - len(kept)
-        lines = kept + [Content.styled(f"… {more} more: z expands", "$text-muted italic")]
+    width = max(2, width)
+
+    def height(c: Content) -> int:
+        return max(1, len(c.wrap(width)))
+
+    if sum(height(head) + (height(more) if more else 0) for _, head, more in items) <= rows:
+        return Content("\n").join(c for _, head, more in items for c in (head, more) if c)
+    if rows <= 1:
+        return _cut(items[0][1], 1, width)
+    # every headline fits: no count line (a cut advice ends in "…"); else the last row counts
+    avail = rows if sum(height(head) for _, head, _ in items) <= rows else rows - 1
+    shown: list[list] = []  # [headline, rows, detail, rows]
+    used = 0
+    for _, head, more in items:
+        h = height(head)
+        if shown and used + h > avail:
+            break
+        h = min(h, avail)
+        shown.append([head, h, more, 0])
+        used += h
+    for entry in shown:
+        if entry[2] and used < avail:
+            entry[3] = min(height(entry[2]), avail - used)
+            used += entry[3]
+    lines = []
+    for head, h, more, mh in shown:
+        lines.append(_cut(head, h, width))
+        if mh:
+            lines.append(_cut(more, mh, width))
+    left = len(items) - len(shown)
+    if left:
+        lines.append(Content.styled(f"… {left} more: z expands", "$text-muted italic"))
     return Content("\n").join(lines)
+
+
+def _items(s: RunSnapshot) -> list[tuple[tuple[float, float], Content, Content | None]]:
+    """(rank, headline, detail) worst first. A crash's raw error ranks after the critical
+    findings: the ``script-crash`` diagnosis says what to change, the raw error only what TF said."""
+    items: list[tuple[tuple[float, float], Content, Content | None]] = []  # (rank, -t)
+    for f in s.findings:
+        mark, style = _MARK.get(f.severity, ("  ", ""))
+        advice = Content.styled("   " + f.advice, "dim") if f.advice else None
+        items.append(((_RANK.get(f.severity, 3), -f.t), Content.assemble((mark + " ", style), f.message), advice))
+    if s.exception:
+        first, _, rest = s.exception.partition("\n")
+        items.append(((0.5, 0.0), Content.assemble(("!! ", "$error bold"), ("crashed: ", "$error bold"), first),
+                      Content(rest.strip("\n")) if rest.strip() else None))
+    if s.status == "lost":
+        items.append(((0.6, 0.0), Content.assemble(("!! ", "$warning bold"), ("lost contact: ", "$warning bold"),
+                                            s.lost_reason or "no exit record from the training process"), None))
+    for probe, reason in sorted(s.disabled_probes.items()):
+        items.append(((4.0, 0.0), Content.styled(f"-  probe {probe} off: {reason}", "dim"), None))
+    items.sort(key=lambda item: item[0])
+    return items
+
+
+def _cut(c: Content, rows: int, width: int) -> Content:
+    """``c`` in at most ``rows`` rows of ``width`` cells; the last row filled and ending in "…"
+    when cut (word wrapping would leave it half empty)."""
+    lines = c.wrap(width)
+    if len(lines) <= rows:
+        return c
+    pos = 0
+    for line in lines[: rows - 1]:
+        pos = c.plain.index(line.plain, pos) + len(line.plain)
+    rest = c[pos:]
+    rest = rest[len(rest.plain) - len(rest.plain.lstrip()):]
+    return Content("\n").join([*lines[: rows - 1], Content.assemble(rest.truncate(width - 1), "…")])
 
 
 class FindingsPanel(Panel):

@@ -1,8 +1,8 @@
 """Input pipeline: how much of each step waits for data.
 
 The numbers and the verdict are the diagnostics' own (``snapshot.input_recent``, defined in
-``tpuwatch.monitor.diagnostics.input_share``): xprof's 5 % / 20 % thresholds, a 5 ms-per-step
-floor and 20 steps of evidence, so the panel never contradicts the ``input-bound`` finding.
+``tpuwatch.monitor.diagnostics.input_share``): xprof's 5 % / 20 % of step time (a wait under
+0.1 ms per step is noise) and 20 steps of evidence, so the panel never contradicts the ``input-bound`` finding.
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ from textual.content import Content
 from textual.widgets import Static
 
 from tpuwatch.monitor.diagnostics.input_share import InputLevel
+from tpuwatch.monitor.diagnostics.thresholds import Thresholds
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui import units
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
 from tpuwatch.ui.widgets.panel import Panel
 
 WaitLevel = InputLevel
+_TH = Thresholds()
 
 
 def input_level(s: RunSnapshot) -> WaitLevel:
@@ -36,7 +38,7 @@ def input_style(s: RunSnapshot) -> str:
 _VERDICT = {
     "high": "highly input-bound (≥20%)",
     "moderate": "moderately input-bound (≥5%)",
-    "low": "not input-bound (<5% or <5 ms/step)",
+    "low": "not input-bound (<5%)",
     "unknown": "input wait not measured",
 }
 
@@ -61,10 +63,13 @@ def input_text(s: RunSnapshot) -> Content:
     if share is None:
         return Content.styled(_VERDICT["unknown"], "dim")
     verdict = _VERDICT[level] if level != "unknown" else f"too few steps to judge ({share.steps} of 20)"
+    if level == "low" and share.share >= _TH.input_info_frac:
+        verdict = "not input-bound (<0.1 ms/step)"  # a large share of a microsecond step: noise
     lines = [
         Content.assemble(("wait ", "dim"), (units.percent(share.share), style), ("  of step time", "dim")),
         Content.styled(verdict, style or "dim"),
-        Content.assemble(units.duration(share.wait_per_step_s), (" of ", "dim"),
+        # means (the share is their ratio), not the Step time panel's p50
+        Content.assemble(("mean ", "dim"), units.duration(share.wait_per_step_s), (" of ", "dim"),
                          units.duration(share.step_time_s), (f" per step · {share.steps} steps", "dim")),
     ]
     return Content("\n").join(lines)
