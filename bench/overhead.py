@@ -5,13 +5,14 @@ The loop is a MirroredStrategy custom loop over 4 logical CPU devices whose step
 the distributed iterator and calls ``next()`` inside (the in-graph input-wait, step-count and
 per-replica-loss probes all run). Two step functions are traced: one with the agent's patches
 installed (it carries the in-graph probes), one without. Calls are interleaved in a random order
-each round: the instrumented function with the patches active, the plain one with them suspended,
-and the instrumented one with them suspended (its in-graph probes alone). Each call is timed on its
+each round, a few calls of each in a row: the instrumented function with the agent on, the plain one with the agent's step
+probe switched off (its call wrapper returns at its first line), and the instrumented one with it
+off (its in-graph probes alone). Each call is timed on its
 own and the medians are compared: on a shared, noisy box a per-call median shrugs off the
 preemptions that make block averages swing by more than the effect being measured. The agent's
 thread (recording, sampling) runs throughout, and its CPU time is reported separately.
 
-    python bench/overhead.py [--width 1024] [--rounds 600] [--big-rounds 60]
+    python bench/overhead.py [--width 1024] [--rounds 150] [--big-rounds 8] [--run 8]
 
 Prints the ratio (instrumented / plain median step time) and the added microseconds per step,
 for a ~20 ms step (``--width``) and for a tiny step (where the fixed cost is easiest to see), and
@@ -38,8 +39,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--width", type=int, default=1024, help="hidden units of the ~20 ms model")
     p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=600, help="interleaved rounds of the tiny step (one call of each variant)")
-    p.add_argument("--big-rounds", type=int, default=60, help="interleaved rounds of the ~20 ms step")
+    p.add_argument("--rounds", type=int, default=150, help="interleaved rounds of the tiny step (one call of each variant)")
+    p.add_argument("--big-rounds", type=int, default=8, help="interleaved rounds of the ~20 ms step")
+    p.add_argument("--run", type=int, default=8, help="calls of one variant in a row within a round")
     a = p.parse_args()
 
     import tensorflow as tf
@@ -55,7 +57,6 @@ def main() -> None:
     agent.start()
     # Made with the agent installed, as in a script run by tpuwatch (it prepares its variables).
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(a.replicas)])
-    patches.suspend()
     agent_thread = next(t for t in __import__("threading").enumerate() if t.name == "tpuwatch-agent")
 
     for label, width, rounds in (("~20 ms step", a.width, a.big_rounds), ("tiny step", 8, a.rounds)):
@@ -78,29 +79,35 @@ def main() -> None:
             x, y = next(iterator)
             return strategy.reduce("MEAN", strategy.run(replica_step, args=(x, y)), axis=None)
 
+        patches.suspend()
         plain = tf.function(step)
         plain(it)  # trace without the agent
         patches.resume()
         instrumented = tf.function(step)
         instrumented(it)  # trace with it: carries the in-graph probes
-        patches.suspend()
 
         perf = time.perf_counter
 
+        disabled = agent._disabled
+
         def once(fn, active: bool) -> float:
-            if active:
-                patches.resume()
+            # Toggled by the agent's own switch, not by re-patching classes per call (putting
+            # the wrappers back on every call cost ~0.7 ms a call by itself): with "steps" off,
+            # the call wrapper returns at its first line.
+            if not active:
+                disabled["steps"] = "bench"
             start = perf()
             fn(it)
             elapsed = perf() - start
-            if active:
-                patches.suspend()
+            disabled.pop("steps", None)
             return elapsed
 
         variants = {"agent": (instrumented, True), "plain": (plain, False), "graph": (instrumented, False)}
         for _ in range(20):  # warm up every variant
             for fn, active in variants.values():
                 once(fn, active)
+        # Steady state: the agent reads every record of a run's first 256 (see steps.READ_ALL_FIRST).
+        agent.step_probe._read_all_left = 0
         times: dict[str, list[float]] = {name: [] for name in variants}
         proc = psutil.Process()
         cpu0 = _thread_cpu(proc, agent_thread.native_id)
@@ -110,7 +117,9 @@ def main() -> None:
         for _ in range(rounds):
             rng.shuffle(names)
             for name in names:
-                times[name].append(once(*variants[name]))
+                # A few calls in a row: the agent's reads keep their real cadence (at most one
+                # every 10 ms of training), which single interleaved calls would not.
+                times[name].extend(once(*variants[name]) for _ in range(a.run))
         agent.flush()
         agent_cpu = _thread_cpu(proc, agent_thread.native_id) - cpu0
         recorded = agent.global_step - steps0
@@ -118,7 +127,7 @@ def main() -> None:
         mid = {name: _trimmed_mean(v) for name, v in times.items()}
         print(f"{label:>12}: plain {med['plain'] * 1e3:8.3f} ms/step   with agent {med['agent'] * 1e3:8.3f} ms/step   "
               f"ratio {med['agent'] / med['plain']:6.4f}   added {(med['agent'] - med['plain']) * 1e6:+7.1f} µs/step   "
-              f"(medians of {rounds} interleaved calls; load {os.getloadavg()[0]:.2f})")
+              f"(medians of {rounds} interleaved runs of {a.run} calls; load {os.getloadavg()[0]:.2f})")
         print(f"{'':>12}  of which in-graph probes {(med['graph'] - med['plain']) * 1e6:+7.1f} µs/step, "
               f"Python side {(med['agent'] - med['graph']) * 1e6:+7.1f} µs/step;   middle-80% means: ratio "
               f"{mid['agent'] / mid['plain']:6.4f}, added {(mid['agent'] - mid['plain']) * 1e6:+7.1f} µs/step;   "

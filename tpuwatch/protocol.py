@@ -134,9 +134,9 @@ class Step(Message):
 class StepLoss(Message):
     """The losses of a step recorded earlier without them, read once nothing has run since.
 
-    Losses are read at most every ~10 ms of training, so a record may carry none; when training
-    pauses (the script ends, an epoch ends, evaluation starts) the last step's losses are read
-    and sent here, for the step they belong to.
+    Losses are sampled (every record at first, then at most every 0.1 s of training), so a
+    record may carry none; when training pauses (the script ends, an epoch ends, evaluation
+    starts) the last step's losses are read and sent here, for the step they belong to.
     """
 
     kind: ClassVar[str] = "step_loss"

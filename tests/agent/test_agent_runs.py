@@ -97,6 +97,21 @@ def test_input_wait_separates_a_starved_pipeline_from_a_fast_one(run_agent, mode
     assert _wait_share(fast) < 0.2, [(s.step_time_s, s.input_wait_s) for s in fast.steps]
 
 
+def test_sampled_in_graph_input_wait_keeps_the_share(run_agent):
+    """Where a call's step count needs no read (fit's step on one batch), fit's in-graph input wait
+    is read like the losses, at most every TPUWATCH_LOSS_EVERY_S: records between reads carry
+    none, and a read spreads the wait since the last one over those steps, so the share holds."""
+    run = run_agent(LOOPS, "--mode", "fit", "--input", "slow", "--sleep-ms", "400", "--steps", "16",
+                    "--width", "1024", env={"TPUWATCH_LOSS_EVERY_S": "1.0"})
+    assert run.returncode == 0, run.output
+    assert sum(s.steps for s in run.steps) == 16
+    steady = run.steps[8:]
+    measured = [s for s in steady if s.input_wait_s is not None]
+    assert 0 < len(measured) < len(steady), [s.input_wait_s for s in run.steps]
+    assert sum(s.input_wait_s for s in measured) / sum(s.step_time_s for s in measured) > 0.5, \
+        [(s.step_time_s, s.input_wait_s) for s in run.steps]
+
+
 def test_retraces_of_ragged_batches_name_the_shape(run_agent):
     run = run_agent(LOOPS, "--mode", "custom", "--ragged", "--steps", "8")
     assert run.returncode == 0, run.output

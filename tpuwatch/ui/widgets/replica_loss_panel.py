@@ -57,7 +57,8 @@ def loss_state(s: RunSnapshot) -> str | None:
 
 def loss_stale(s: RunSnapshot) -> bool:
     """The losses shown belong to a step more than a second of training behind the run's (the
-    agent reads them at most every 10 ms: a few steps behind is normal, a second is not)."""
+    agent samples them at 10 Hz once a run is under way: a few steps behind is normal, a second is
+    not)."""
     if s.loss_step is None or s.loss_step >= s.step:
         return False
     rate = s.steps_per_s or 0.0
