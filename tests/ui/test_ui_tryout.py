@@ -24,3 +24,27 @@ async def test_help_at_80x24_shows_every_description_whole_and_one_bottom_border
         lines = text.splitlines()
         bottoms = [i for i, line in enumerate(lines) if line.startswith("╰")]
         assert not any(b + 1 in bottoms for b in bottoms), text
+
+
+@sync
+async def test_a_result_line_goes_after_a_while_and_stays_in_the_results_list(live_app) -> None:
+    # healthy_4replica's checkpoint ended 2 s before this point of the recording.
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert "checkpoint done" in screen_text(app)
+        output_rows = app.query_one("#output").size.height
+        app._clock.t += 15
+        app.pull()
+        await pilot.pause()
+        assert "checkpoint done" not in screen_text(app)
+        assert not app.query_one("#commands").display
+        assert app.query_one("#output").size.height > output_rows
+        await pilot.press("p")  # no answer comes: in flight, it stays
+        app._clock.t += 15
+        app.pull()
+        await pilot.pause()
+        assert "profile sent…" in screen_text(app)
+        await pilot.press("r")
+        await pilot.pause()
+        assert "checkpoint saved at step 150" in screen_text(app)

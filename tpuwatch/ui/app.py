@@ -302,6 +302,7 @@ class TpuwatchApp(App[str]):
         if shown:
             snap = snapshot if snapshot is not None else self._state.snapshot(now=now)
             self.snapshot = dataclasses.replace(snap, disk_full=disk) if disk else snap
+        self.query_one(CommandLine).tick(now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done, self.snapshot.input_recent)
         self._toast_results()
