@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from ui_support import screen_text, sync
 
+from tpuwatch import protocol, rundir
+
 from tpuwatch.ui.screens.help_screen import HelpScreen
 
 
@@ -48,3 +50,25 @@ async def test_a_result_line_goes_after_a_while_and_stays_in_the_results_list(li
         await pilot.press("r")
         await pilot.pause()
         assert "checkpoint saved at step 150" in screen_text(app)
+
+
+@sync
+async def test_results_list_names_each_path_once(live_app, sent) -> None:
+    app = live_app(upto=150)
+    run = app.run_dir
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("c")
+        await app.workers.wait_for_complete()
+        path = str(run / "checkpoints" / "ckpt-4268")
+        result = protocol.Result(t=app.snapshot.now, id=sent[0].id, action="checkpoint", ok=True,
+                                 message=f"saved step 4268 (model) to {path}",
+                                 details={"path": path, "bytes": 3 << 20, "step": 4268})
+        with open(run / rundir.EVENTS, "ab") as f:
+            f.write(protocol.encode(result))
+        app.pull()
+        await pilot.press("r")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "saved step 4268 (model) to" in text
+        assert text.count("ckpt-4268") == 1, text

@@ -469,7 +469,7 @@ class TpuwatchApp(App[str]):
 
     def action_results(self) -> None:
         if not isinstance(self.screen, TextScreen):
-            self.push_screen(ResultsScreen(self.snapshot, self.run_dir))
+            self.push_screen(ResultsScreen(self.snapshot))
 
     def _send(self, action: str) -> None:
         command = Command(id=f"{action}-{secrets.token_hex(4)}", action=action)
