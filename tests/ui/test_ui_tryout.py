@@ -72,3 +72,23 @@ async def test_results_list_names_each_path_once(live_app, sent) -> None:
         text = screen_text(app)
         assert "saved step 4268 (model) to" in text
         assert text.count("ckpt-4268") == 1, text
+
+
+@sync
+async def test_l_at_80x24_shows_the_loss_chart_then_changes_its_scale(live_app) -> None:
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        bars = app.query_one("#loss-bars")
+        assert not bars.region.area  # no room for it at this size
+        await pilot.press("l")
+        await pilot.pause()
+        assert bars.region.area and bars.display
+        panel = app.query_one("#loss")
+        assert panel.scale == "recent" and "l: scale" in panel.border_subtitle
+        await pilot.press("l")
+        await pilot.pause()
+        assert panel.scale == "log"
+        await pilot.press("z")
+        await pilot.pause()
+        assert not bars.region.area

@@ -464,7 +464,18 @@ class TpuwatchApp(App[str]):
         self.push_screen(StackScreen(request, lambda: (self.snapshot.commands, dumps())))
 
     def action_loss_scale(self) -> None:
-        scale = self.query_one(ReplicaLossPanel).next_scale()
+        panel = self.query_one(ReplicaLossPanel)
+        if not panel.query_one("#loss-bars").region.area:
+            # No room for the chart (80x24, or the output maximised): a scale change would show
+            # nothing, so the key shows the chart, expanded; l again changes its scale.
+            if self.screen.has_class("-output-max"):
+                self.action_toggle_output()
+            self._restore_panels()
+            self._expand(panel)
+            title = scale_title(panel.scale, self.snapshot).split(" · ")[0]
+            self.notify(f"loss chart: {title} (l: next scale, z: back)", timeout=3)
+            return
+        scale = panel.next_scale()
         self.notify(f"loss chart: {scale_title(scale, self.snapshot).split(' · ')[0]}", timeout=2)
 
     def action_results(self) -> None:
