@@ -92,3 +92,21 @@ async def test_l_at_80x24_shows_the_loss_chart_then_changes_its_scale(live_app) 
         await pilot.press("z")
         await pilot.pause()
         assert not bars.region.area
+
+
+@sync
+async def test_an_ended_run_offers_no_live_actions_and_a_key_says_why(live_app, sent) -> None:
+    app = live_app("crashed", upto=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.snapshot.status == "crashed"
+        footer = screen_text(app).splitlines()[-1]
+        for gone in ("Profile", "Checkpoint", "Detach"):
+            assert gone not in footer, footer
+        assert "Quit" in footer
+        for key in ("p", "c", "s", "d"):
+            await pilot.press(key)
+            await pilot.pause()
+        assert not sent and app.return_value is None
+        said = [n.message for n in app._notifications]
+        assert len(said) == 4 and all("crashed" in m and "\n" not in m for m in said), said

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Literal, Mapping, Protocol
 
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
@@ -77,6 +77,10 @@ TOAST_SLACK_S = 2.0
 ACTIVE = ("waiting", "starting", "running", "stalled")
 #: Actions that run inside training and take a command id.
 COMMAND_ACTIONS = ("profile", "checkpoint")
+#: Statuses after which no training process is left to ask or to leave running.
+ENDED = ("finished", "stopped", "crashed")
+#: Actions that need the training process: hidden once it ended (a key pressed says why).
+LIVE_ACTIONS = (*COMMAND_ACTIONS, "stacks", "detach")
 
 #: Panels in the order the number keys (1..8) jump to them.
 PANEL_IDS = ("step-time", "loss", "memory", "findings", "input", "retraces", "events", "output-log")
@@ -430,6 +434,8 @@ class TpuwatchApp(App[str]):
             return False  # they act on the dashboard's panels, not on a dialog or list on top
         if action in (*COMMAND_ACTIONS, "stacks") and self._replay is not None:
             return False  # a recording cannot be asked for anything: hidden, not just dimmed
+        if action in LIVE_ACTIONS and self._ended():
+            return False  # nothing left to ask or to leave running: hidden, see on_key
         if action in COMMAND_ACTIONS:
             # Shown but dimmed when it cannot run now: the key exists, the run cannot take it.
             if not (self.source.can_send and self._run_active()) or self._busy(action):
@@ -443,6 +449,20 @@ class TpuwatchApp(App[str]):
             # Hidden outside a replay; and while typing a search, arrows and space are text.
             return self._replay is not None and not isinstance(self.focused, Input)
         return True
+
+    def _ended(self) -> bool:
+        return self.source.live and self._replay is None and self.snapshot.status in ENDED
+
+    def on_key(self, event: events.Key) -> None:
+        """A key of an action hidden because the run ended reaches here unhandled: say why."""
+        if not self._ended():
+            return
+        for b in self._bindings.key_to_bindings.get(event.key, ()):
+            if b.action.split("(")[0] in LIVE_ACTIONS:
+                event.stop()
+                self.notify(f"{b.description}: the run has {self.snapshot.status}; there is no training "
+                            "process to act on (r: earlier results)", timeout=5)
+                return
 
     def action_profile(self) -> None:
         self._send("profile")
