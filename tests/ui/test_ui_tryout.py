@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ui_support import screen_text, sync
 
 from tpuwatch import protocol, rundir
 
 from tpuwatch.ui.screens.help_screen import HelpScreen
+from tpuwatch.ui.screens.retraces_screen import RetracesScreen
 
 
 @sync
@@ -110,3 +113,19 @@ async def test_an_ended_run_offers_no_live_actions_and_a_key_says_why(live_app, 
         assert not sent and app.return_value is None
         said = [n.message for n in app._notifications]
         assert len(said) == 4 and all("crashed" in m and "\n" not in m for m in said), said
+
+
+@sync
+async def test_a_long_retrace_signature_is_cut_on_its_line_keeping_its_replica_count(live_app) -> None:
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        first = app.snapshot.retraces[0]
+        long = "x: float32[16, 28, 28, 1] x4, y: int64[16] x4, sample_weight: float32[16, 1, 1, 1] x4"
+        app.snapshot = dataclasses.replace(app.snapshot, retraces=(dataclasses.replace(first, signature=long),))
+        app.push_screen(RetracesScreen(app.snapshot))
+        await pilot.pause()
+        lines = screen_text(app).splitlines()
+        (signature,) = [line for line in lines if "signature" in line]
+        assert "…" in signature and signature.rstrip(" │┃").endswith("… x4"), signature
+        assert not any(line.strip(" │┃") == "x4" for line in lines)
