@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
-from ui_support import screen_text, sync
+from ui_support import FakeClock, last_t, make_live_run, recording, screen_text, sync
 
 from tpuwatch import protocol, rundir
 
+from tpuwatch.ui.app import TpuwatchApp
+from tpuwatch.ui.file_source import FileSource
 from tpuwatch.ui.screens.help_screen import HelpScreen
 from tpuwatch.ui.screens.retraces_screen import RetracesScreen
 
@@ -129,3 +132,19 @@ async def test_a_long_retrace_signature_is_cut_on_its_line_keeping_its_replica_c
         (signature,) = [line for line in lines if "signature" in line]
         assert "…" in signature and signature.rstrip(" │┃").endswith("… x4"), signature
         assert not any(line.strip(" │┃") == "x4" for line in lines)
+
+
+@sync
+async def test_steps_without_input_wait_say_not_measured(tmp_path) -> None:
+    # A run with no tf.data input: its steps carry no input wait.
+    run = make_live_run(tmp_path, "crashed")
+    lines = (run / rundir.EVENTS).read_text().splitlines()
+    stripped = [json.dumps({**d, "input_wait_s": None} if "input_wait_s" in d else d) for d in map(json.loads, lines)]
+    (run / rundir.EVENTS).write_text("\n".join(stripped) + "\n")
+    app = TpuwatchApp(FileSource(run), run_dir=run, clock=FakeClock(last_t(recording("crashed")) + 0.5),
+                      refresh_hz=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.snapshot.step > 0 and app.snapshot.input_wait_frac is None
+        text = screen_text(app)
+        assert "no data yet" not in text and "wait not measured" in " ".join(text.split()), text
