@@ -689,7 +689,7 @@ class TpuwatchApp(App[str]):
         yield SystemCommand("Output: search", "Search the script's output", self.action_search_output)
         yield SystemCommand("Output: fold TensorFlow logs", "Hide / show TF's C++ log lines",
                             self.action_fold_native)
-        if self.source.live:
+        if self.check_action("detach", ()):
             yield SystemCommand("Detach", "Leave the dashboard; training keeps running", self.action_detach)
         if self._replay is not None:
             yield SystemCommand("Replay: pause / play", "Toggle playback", self.action_toggle_pause)
