@@ -113,6 +113,8 @@ async def test_an_ended_run_offers_no_live_actions_and_a_key_says_why(live_app, 
         for gone in ("Profile", "Checkpoint", "Detach"):
             assert gone not in footer, footer
         assert "Quit" in footer
+        palette = {c.title for c in app.get_system_commands(app.screen)}
+        assert not palette & {"Profile", "Checkpoint", "Stacks", "Detach"}, palette
         for key in ("p", "c", "s", "d"):
             await pilot.press(key)
             await pilot.pause()
