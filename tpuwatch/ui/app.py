@@ -492,8 +492,7 @@ class TpuwatchApp(App[str]):
                 self.action_toggle_output()
             self._restore_panels()
             self._expand(panel)
-            title = scale_title(panel.scale, self.snapshot).split(" · ")[0]
-            self.notify(f"loss chart: {title} (l: next scale, z: back)", timeout=3)
+            self.notify("loss chart, expanded: z puts it back", timeout=3)  # its scale: on its border
             return
         scale = panel.next_scale()
         self.notify(f"loss chart: {scale_title(scale, self.snapshot).split(' · ')[0]}", timeout=2)
