@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
-
 from ui_support import FakeClock, last_t, make_live_run, recording, screen_text, sync
 
 from tpuwatch import protocol, rundir
-
 from tpuwatch.ui.app import TpuwatchApp
 from tpuwatch.ui.file_source import FileSource
 from tpuwatch.ui.screens.help_screen import HelpScreen
 from tpuwatch.ui.screens.retraces_screen import RetracesScreen
+
+
+def _append(run: Path, msg: protocol.Message) -> None:
+    """A message arriving through the recording, as it does live."""
+    with open(run / rundir.EVENTS, "ab") as f:
+        f.write(protocol.encode(msg))
 
 
 @pytest.mark.parametrize("name", ["healthy_4replica", "crashed"])  # a tall help and a shorter one
@@ -73,8 +78,7 @@ async def test_results_list_names_each_path_once(live_app, sent) -> None:
         result = protocol.Result(t=app.snapshot.now, id=sent[0].id, action="checkpoint", ok=True,
                                  message=f"saved step 4268 (model) to {path}",
                                  details={"path": path, "bytes": 3 << 20, "step": 4268})
-        with open(run / rundir.EVENTS, "ab") as f:
-            f.write(protocol.encode(result))
+        _append(run, result)
         app.pull()
         await pilot.press("r")
         await pilot.pause()

@@ -11,7 +11,6 @@ from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui import units
 from tpuwatch.ui.screens.text_screen import TextScreen
 
-
 #: A signature's last leaf's replica count (" x4") and closing brackets: kept when it is cut.
 _TAIL = re.compile(r"\s+x\d+[)\]]*$")
 #: Columns the screen's scrollbar may take from the text.
