@@ -460,8 +460,8 @@ class TpuwatchApp(App[str]):
         for b in self._bindings.key_to_bindings.get(event.key, ()):
             if b.action.split("(")[0] in LIVE_ACTIONS:
                 event.stop()
-                self.notify(f"{b.description}: the run has {self.snapshot.status}; there is no training "
-                            "process to act on (r: earlier results)", timeout=5)
+                # One toast line at 80 columns: "Checkpoint: the run has finished".
+                self.notify(f"{b.description}: the run has {self.snapshot.status}", timeout=5)
                 return
 
     def action_profile(self) -> None:
