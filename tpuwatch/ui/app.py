@@ -457,7 +457,7 @@ class TpuwatchApp(App[str]):
         """A key of an action hidden because the run ended reaches here unhandled: say why."""
         if not self._ended():
             return
-        for b in self._bindings.key_to_bindings.get(event.key, ()):
+        for b in self._key_bindings().get(event.key, ()):
             if b.action.split("(")[0] in LIVE_ACTIONS:
                 event.stop()
                 # One toast line at 80 columns: "Checkpoint: the run has finished".
@@ -556,11 +556,20 @@ class TpuwatchApp(App[str]):
             return
         self.push_screen(HelpScreen(self.key_rows()))
 
+    def _key_bindings(self) -> dict[str, list[Binding]]:
+        """The app's keys as the keymap maps them (``_bindings`` holds the defaults: the help
+        listed ``?`` for a help remapped to f1)."""
+        bindings = self._bindings.copy()
+        if self._keymap:
+            bindings.apply_keymap(self._keymap)
+        return bindings.key_to_bindings
+
     def key_rows(self) -> list[tuple[str, str, bool]]:
         """(keys as currently mapped, description, enabled now) for the help screen."""
         rows: list[tuple[str, str, bool]] = []
         seen: set[str] = set()
-        for key, bindings in self._bindings.key_to_bindings.items():
+        key_bindings = self._key_bindings()
+        for key, bindings in key_bindings.items():
             for b in bindings:
                 if b.id is None or b.id.startswith("panel.") or b.id in seen:
                     continue
@@ -571,7 +580,7 @@ class TpuwatchApp(App[str]):
                     continue
                 keys = ", ".join(
                     self.get_key_display(x)
-                    for k, bs in self._bindings.key_to_bindings.items()
+                    for k, bs in key_bindings.items()
                     for x in bs
                     if x.id == b.id
                 )
