@@ -213,7 +213,9 @@ class TpuwatchApp(App[str]):
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header").data_bind(TpuwatchApp.snapshot)
-        yield CommandLine(self.run_dir, id="commands").data_bind(TpuwatchApp.snapshot)
+        # Held: the refresh timer may fire while the screen is torn down, when a query fails.
+        self._command_line = CommandLine(self.run_dir, id="commands")
+        yield self._command_line.data_bind(TpuwatchApp.snapshot)
         if self._replay is not None:
             yield ReplayBar(id="replay")
         with Grid(id="panels"):
@@ -306,7 +308,7 @@ class TpuwatchApp(App[str]):
         if shown:
             snap = snapshot if snapshot is not None else self._state.snapshot(now=now)
             self.snapshot = dataclasses.replace(snap, disk_full=disk) if disk else snap
-        self.query_one(CommandLine).tick(now)
+        self._command_line.tick(now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done, self.snapshot.input_recent)
         self._toast_results()

@@ -120,7 +120,8 @@ class CommandLine(Widget):
         """The dashboard's time, each refresh: a result line goes even when no new snapshot
         is drawn (an ended run's numbers do not change)."""
         self._now = now
-        self._update(self.snapshot)
+        if self.is_attached:
+            self._update(self.snapshot)
 
     def watch_snapshot(self, s: RunSnapshot) -> None:
         self._update(s)
