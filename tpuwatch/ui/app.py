@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Literal, Mapping, Protocol
 
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
@@ -77,6 +77,10 @@ TOAST_SLACK_S = 2.0
 ACTIVE = ("waiting", "starting", "running", "stalled")
 #: Actions that run inside training and take a command id.
 COMMAND_ACTIONS = ("profile", "checkpoint")
+#: Statuses after which no training process is left to ask or to leave running.
+ENDED = ("finished", "stopped", "crashed")
+#: Actions that need the training process: hidden once it ended (a key pressed says why).
+LIVE_ACTIONS = (*COMMAND_ACTIONS, "stacks", "detach")
 
 #: Panels in the order the number keys (1..8) jump to them.
 PANEL_IDS = ("step-time", "loss", "memory", "findings", "input", "retraces", "events", "output-log")
@@ -209,7 +213,9 @@ class TpuwatchApp(App[str]):
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header").data_bind(TpuwatchApp.snapshot)
-        yield CommandLine(self.run_dir, id="commands").data_bind(TpuwatchApp.snapshot)
+        # Held: the refresh timer may fire while the screen is torn down, when a query fails.
+        self._command_line = CommandLine(self.run_dir, id="commands")
+        yield self._command_line.data_bind(TpuwatchApp.snapshot)
         if self._replay is not None:
             yield ReplayBar(id="replay")
         with Grid(id="panels"):
@@ -302,6 +308,7 @@ class TpuwatchApp(App[str]):
         if shown:
             snap = snapshot if snapshot is not None else self._state.snapshot(now=now)
             self.snapshot = dataclasses.replace(snap, disk_full=disk) if disk else snap
+        self._command_line.tick(now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done, self.snapshot.input_recent)
         self._toast_results()
@@ -429,6 +436,8 @@ class TpuwatchApp(App[str]):
             return False  # they act on the dashboard's panels, not on a dialog or list on top
         if action in (*COMMAND_ACTIONS, "stacks") and self._replay is not None:
             return False  # a recording cannot be asked for anything: hidden, not just dimmed
+        if action in LIVE_ACTIONS and self._ended():
+            return False  # nothing left to ask or to leave running: hidden, see on_key
         if action in COMMAND_ACTIONS:
             # Shown but dimmed when it cannot run now: the key exists, the run cannot take it.
             if not (self.source.can_send and self._run_active()) or self._busy(action):
@@ -442,6 +451,20 @@ class TpuwatchApp(App[str]):
             # Hidden outside a replay; and while typing a search, arrows and space are text.
             return self._replay is not None and not isinstance(self.focused, Input)
         return True
+
+    def _ended(self) -> bool:
+        return self.source.live and self._replay is None and self.snapshot.status in ENDED
+
+    def on_key(self, event: events.Key) -> None:
+        """A key of an action hidden because the run ended reaches here unhandled: say why."""
+        if not self._ended():
+            return
+        for b in self._key_bindings().get(event.key, ()):
+            if b.action.split("(")[0] in LIVE_ACTIONS:
+                event.stop()
+                # One toast line at 80 columns: "Checkpoint: the run has finished".
+                self.notify(f"{b.description}: the run has {self.snapshot.status}", timeout=5)
+                return
 
     def action_profile(self) -> None:
         self._send("profile")
@@ -463,12 +486,22 @@ class TpuwatchApp(App[str]):
         self.push_screen(StackScreen(request, lambda: (self.snapshot.commands, dumps())))
 
     def action_loss_scale(self) -> None:
-        scale = self.query_one(ReplicaLossPanel).next_scale()
+        panel = self.query_one(ReplicaLossPanel)
+        if not panel.query_one("#loss-bars").region.area:
+            # No room for the chart (80x24, or the output maximised): a scale change would show
+            # nothing, so the key shows the chart, expanded; l again changes its scale.
+            if self.screen.has_class("-output-max"):
+                self.action_toggle_output()
+            self._restore_panels()
+            self._expand(panel)
+            self.notify("loss chart, expanded: z puts it back", timeout=3)  # its scale: on its border
+            return
+        scale = panel.next_scale()
         self.notify(f"loss chart: {scale_title(scale, self.snapshot).split(' · ')[0]}", timeout=2)
 
     def action_results(self) -> None:
         if not isinstance(self.screen, TextScreen):
-            self.push_screen(ResultsScreen(self.snapshot, self.run_dir))
+            self.push_screen(ResultsScreen(self.snapshot))
 
     def _send(self, action: str) -> None:
         command = Command(id=f"{action}-{secrets.token_hex(4)}", action=action)
@@ -525,11 +558,20 @@ class TpuwatchApp(App[str]):
             return
         self.push_screen(HelpScreen(self.key_rows()))
 
+    def _key_bindings(self) -> dict[str, list[Binding]]:
+        """The app's keys as the keymap maps them (``_bindings`` holds the defaults: the help
+        listed ``?`` for a help remapped to f1)."""
+        bindings = self._bindings.copy()
+        if self._keymap:
+            bindings.apply_keymap(self._keymap)
+        return bindings.key_to_bindings
+
     def key_rows(self) -> list[tuple[str, str, bool]]:
         """(keys as currently mapped, description, enabled now) for the help screen."""
         rows: list[tuple[str, str, bool]] = []
         seen: set[str] = set()
-        for key, bindings in self._bindings.key_to_bindings.items():
+        key_bindings = self._key_bindings()
+        for key, bindings in key_bindings.items():
             for b in bindings:
                 if b.id is None or b.id.startswith("panel.") or b.id in seen:
                     continue
@@ -540,7 +582,7 @@ class TpuwatchApp(App[str]):
                     continue
                 keys = ", ".join(
                     self.get_key_display(x)
-                    for k, bs in self._bindings.key_to_bindings.items()
+                    for k, bs in key_bindings.items()
                     for x in bs
                     if x.id == b.id
                 )
@@ -657,7 +699,7 @@ class TpuwatchApp(App[str]):
         yield SystemCommand("Output: search", "Search the script's output", self.action_search_output)
         yield SystemCommand("Output: fold TensorFlow logs", "Hide / show TF's C++ log lines",
                             self.action_fold_native)
-        if self.source.live:
+        if self.check_action("detach", ()):
             yield SystemCommand("Detach", "Leave the dashboard; training keeps running", self.action_detach)
         if self._replay is not None:
             yield SystemCommand("Replay: pause / play", "Toggle playback", self.action_toggle_pause)

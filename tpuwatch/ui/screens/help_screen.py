@@ -4,26 +4,27 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
 
-def help_text(rows: Sequence[tuple[str, str, bool]]) -> Content:
-    """``rows``: (keys, what it does, available now)."""
-    width = max((len(k) for k, _, _ in rows), default=4) + 2
-    lines = [Content.styled("Keys", "bold"), Content("")]
+def help_text(rows: Sequence[tuple[str, str, bool]]) -> Group:
+    """``rows``: (keys, what it does, available now). A grid, so a long description wraps under
+    itself at 80 columns instead of ending in an ellipsis."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
     for keys, description, enabled in rows:
-        lines.append(Content.assemble(
-            (keys.ljust(width), "bold" if enabled else "dim"),
-            (description, "" if enabled else "dim"),
-            ("  (off now)" if not enabled else "", "dim"),
-        ))
-    lines += [Content(""), Content.styled("Also: ctrl+p command palette · esc or ? closes this help", "dim")]
-    return Content("\n").join(lines)
+        table.add_row(Text(keys, style="bold" if enabled else "dim"),
+                      Text.assemble((description, "" if enabled else "dim"),
+                                    ("  (off now)" if not enabled else "", "dim")))
+    return Group(table, Text(""), Text("Also: ctrl+p command palette · esc or ? closes this help", style="dim"))
 
 
 class HelpScreen(ModalScreen[None]):

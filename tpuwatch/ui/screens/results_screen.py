@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from textual.content import Content
 
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui import units
 from tpuwatch.ui.screens.text_screen import TextScreen
-from tpuwatch.ui.widgets.command_line import _STYLE, _WORDS, result_path, short_path
+from tpuwatch.ui.widgets.command_line import _STYLE, _WORDS, result_path
 
 
-def results_text(s: RunSnapshot, width: int, run_dir: Path | None = None) -> Content:
-    """Newest first: when (run time), what, its state, the agent's message and the full path."""
+def results_text(s: RunSnapshot, width: int) -> Content:
+    """Newest first: when (run time), what, its state, the agent's message and the full path
+    (once: the agent's message usually names it already)."""
     if not s.commands:
         return Content.styled("No commands yet: p profiles, c checkpoints, s shows the stacks.", "dim")
     lines: list[Content] = []
@@ -29,15 +28,12 @@ def results_text(s: RunSnapshot, width: int, run_dir: Path | None = None) -> Con
         if c.message:
             lines.append(Content.assemble("          ", c.message))
         path = result_path(c)
-        if path:
-            short = short_path(path, run_dir)
+        if path and path not in c.message:  # the whole path once, to copy; no short form again
             lines.append(Content.assemble(("          path ", "dim"), path))
-            if short != path:
-                lines.append(Content.assemble(("          short ", "dim"), short))
         lines.append(Content(""))
     return Content("\n").join(lines)
 
 
 class ResultsScreen(TextScreen):
-    def __init__(self, snapshot: RunSnapshot, run_dir: Path | None) -> None:
-        super().__init__("Command results", lambda s, w: results_text(s, w, run_dir), snapshot)
+    def __init__(self, snapshot: RunSnapshot) -> None:
+        super().__init__("Command results", results_text, snapshot)

@@ -26,6 +26,10 @@ _STYLE = {
 _WORDS = {"pending": "sent…", "queued": "queued…", "running": "running…", "done": "done", "failed": "failed"}
 #: Most lines shown under the header; more kinds than this are in the results screen.
 MAX_LINES = 3
+#: An ended command's line goes this long after its result (seconds): at 80x24 three lines kept
+#: for the whole session left the Output panel two rows. The toast, ``r`` and the recording
+#: keep every result; a command still in flight stays until it ends.
+RESULT_SHOWN_S = 12.0
 
 
 def short_path(path: str, run_dir: Path | None, home: Path | None = None) -> str:
@@ -85,13 +89,19 @@ def latest_commands(s: RunSnapshot) -> list[CommandView]:
     return sorted(latest.values(), key=lambda c: c.t)
 
 
-def commands_text(s: RunSnapshot, run_dir: Path | None = None) -> Content:
-    views = latest_commands(s)[-MAX_LINES:]
-    return Content("\n").join(command_summary(c, run_dir) for c in views)
+def shown_commands(s: RunSnapshot, now: float | None = None) -> list[CommandView]:
+    """The newest command of each kind still in flight or ended under ``RESULT_SHOWN_S`` ago."""
+    now = s.now if now is None else max(now, s.now)
+    return [c for c in latest_commands(s)
+            if c.status not in ("done", "failed") or now - c.t < RESULT_SHOWN_S][-MAX_LINES:]
+
+
+def commands_text(s: RunSnapshot, run_dir: Path | None = None, now: float | None = None) -> Content:
+    return Content("\n").join(command_summary(c, run_dir) for c in shown_commands(s, now))
 
 
 class CommandLine(Widget):
-    """Hidden until a command was sent in this run; then one line per kind of command."""
+    """Hidden but while a command is in flight or just ended; then one line per kind of command."""
 
     DEFAULT_CSS = "CommandLine { height: auto; max-height: 3; text-wrap: nowrap; text-overflow: ellipsis; }"
     snapshot: reactive[RunSnapshot] = reactive(RunSnapshot, always_update=True)
@@ -101,15 +111,26 @@ class CommandLine(Widget):
         self.run_dir = run_dir
 
     def render(self) -> Content:
-        return commands_text(self.snapshot, self.run_dir)
+        return commands_text(self.snapshot, self.run_dir, self._now)
 
-    _lines = 0
+    _shown: tuple[tuple[str, str], ...] = ()
+    _now: float | None = None
+
+    def tick(self, now: float) -> None:
+        """The dashboard's time, each refresh: a result line goes even when no new snapshot
+        is drawn (an ended run's numbers do not change)."""
+        self._now = now
+        if self.is_attached:
+            self._update(self.snapshot)
 
     def watch_snapshot(self, s: RunSnapshot) -> None:
-        self.display = bool(s.commands)
-        latest = latest_commands(s)
-        self.set_class(bool(latest) and latest[-1].status == "failed", "-critical")
-        lines = min(len(latest), MAX_LINES)
-        if lines != self._lines:  # a new kind of command: one more line (height is auto)
-            self._lines = lines
+        self._update(s)
+
+    def _update(self, s: RunSnapshot) -> None:
+        shown = shown_commands(s, self._now)
+        self.display = bool(shown)
+        self.set_class(bool(shown) and shown[-1].status == "failed", "-critical")
+        key = tuple((c.id, c.status) for c in shown)
+        if key != self._shown:  # a line more, less or changed (height is auto)
+            self._shown = key
             self.refresh(layout=True)

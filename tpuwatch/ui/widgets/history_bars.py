@@ -41,6 +41,7 @@ class BarSeries:
     marked: tuple[int, ...] = ()  # indexes into ``values`` drawn with POINT_MARK on the top row
     bottom_label: str = ""  # the bottom of the scale (default: the series name)
     axis: tuple[str, str] = ("", "")  # labels under the first and last column (e.g. steps)
+    empty: str = "no data yet"  # shown when no value is measured
 
 
 _REDUCERS: dict[str, Callable[[list[float]], float]] = {
@@ -116,7 +117,8 @@ def render_series(series: BarSeries | None, width: int, height: int) -> Content:
     plot_width = width - GUTTER
     if series is None or not any(v is not None for v in series.values):
         name = (series.name if series else "").ljust(GUTTER)[:GUTTER]
-        return Content.assemble(*(["\n"] * (height - 1)), (name, "dim"), ("no data yet", "dim"))
+        return Content.assemble(*(["\n"] * (height - 1)), (name, "dim"),
+                                (series.empty if series else "no data yet", "dim"))
     cols = bucket(series.values, plot_width, series.reduce)
     axis = any(series.axis) and height >= 3
     rows = bar_rows(cols, height - 1 if axis else height, series.lo, series.hi)

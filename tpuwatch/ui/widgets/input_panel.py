@@ -51,7 +51,10 @@ def wait_series(s: RunSnapshot) -> BarSeries:
     )
     # The bottom label carries the current share: at 80x24 the plot is one row high.
     name = f"w {units.percent(s.input_wait_frac)}" if s.input_wait_frac is not None else "wait"
-    return BarSeries(values, 0.0, 1.0, name=name, top_label="100%", reduce="mean")
+    # Steps, or an ended run, without a wait: not coming (no tf.data input), not "yet".
+    measured = s.history or s.status in ("finished", "stopped", "crashed", "lost")
+    return BarSeries(values, 0.0, 1.0, name=name, top_label="100%", reduce="mean",
+                     empty="not measured" if measured else "no data yet")
 
 
 def input_text(s: RunSnapshot) -> Content:

@@ -1,0 +1,159 @@
+"""What a new user met at 80x24 (help, command results, the results list, l, an ended run, wording)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from ui_support import FakeClock, last_t, make_live_run, recording, screen_text, sync
+
+from tpuwatch import protocol, rundir
+from tpuwatch.ui.app import TpuwatchApp
+from tpuwatch.ui.file_source import FileSource
+from tpuwatch.ui.screens.help_screen import HelpScreen
+from tpuwatch.ui.screens.retraces_screen import RetracesScreen
+
+
+def _append(run: Path, msg: protocol.Message) -> None:
+    """A message arriving through the recording, as it does live."""
+    with open(run / rundir.EVENTS, "ab") as f:
+        f.write(protocol.encode(msg))
+
+
+@pytest.mark.parametrize("name", ["healthy_4replica", "crashed"])  # a tall help and a shorter one
+@sync
+async def test_help_at_80x24_shows_every_description_whole_and_one_bottom_border(live_app, name) -> None:
+    app = live_app(name, upto=None if name == "crashed" else 200)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        text = screen_text(app)
+        assert "…" not in text.replace("1 … 8", "").replace("findings, …", "")
+        words = " ".join(text.replace("│", " ").split())
+        for whole in ("whole screen (it scrolls); again to restore", "stacks) with full paths",
+                      *(["(a stalled or hung run)"] if name != "crashed" else [])):
+            assert whole in words
+        lines = text.splitlines()
+        bottoms = [i for i, line in enumerate(lines) if line.startswith(("╰", "┗"))]
+        assert not any(b + 1 in bottoms for b in bottoms), text
+
+
+@sync
+async def test_a_result_line_goes_after_a_while_and_stays_in_the_results_list(live_app) -> None:
+    # healthy_4replica's checkpoint ended 2 s before this point of the recording.
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert "checkpoint done" in screen_text(app)
+        output_rows = app.query_one("#output").size.height
+        app._clock.t += 15
+        app.pull()
+        await pilot.pause()
+        assert "checkpoint done" not in screen_text(app)
+        assert not app.query_one("#commands").display
+        assert app.query_one("#output").size.height > output_rows
+        await pilot.press("p")  # no answer comes: in flight, it stays
+        app._clock.t += 15
+        app.pull()
+        await pilot.pause()
+        assert "profile sent…" in screen_text(app)
+        await pilot.press("r")
+        await pilot.pause()
+        assert "checkpoint saved at step 150" in screen_text(app)
+
+
+@sync
+async def test_results_list_names_each_path_once(live_app, sent) -> None:
+    app = live_app(upto=150)
+    run = app.run_dir
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("c")
+        await app.workers.wait_for_complete()
+        path = str(run / "checkpoints" / "ckpt-4268")
+        result = protocol.Result(t=app.snapshot.now, id=sent[0].id, action="checkpoint", ok=True,
+                                 message=f"saved step 4268 (model) to {path}",
+                                 details={"path": path, "bytes": 3 << 20, "step": 4268})
+        _append(run, result)
+        app.pull()
+        await pilot.press("r")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "saved step 4268 (model) to" in text
+        assert text.count("ckpt-4268") == 1, text
+
+
+@sync
+async def test_l_at_80x24_shows_the_loss_chart_then_changes_its_scale(live_app) -> None:
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        bars = app.query_one("#loss-bars")
+        assert not bars.region.area  # no room for it at this size
+        await pilot.press("l")
+        await pilot.pause()
+        assert bars.region.area and bars.display
+        panel = app.query_one("#loss")
+        assert panel.scale == "recent" and "l: scale" in panel.border_subtitle
+        await pilot.press("l")
+        await pilot.pause()
+        assert panel.scale == "log"
+        await pilot.press("z")
+        await pilot.pause()
+        assert not bars.region.area
+
+
+@sync
+async def test_an_ended_run_offers_no_live_actions_and_a_key_says_why(live_app, sent) -> None:
+    app = live_app("crashed", upto=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.snapshot.status == "crashed"
+        footer = screen_text(app).splitlines()[-1]
+        for gone in ("Profile", "Checkpoint", "Detach"):
+            assert gone not in footer, footer
+        assert "Quit" in footer
+        palette = {c.title for c in app.get_system_commands(app.screen)}
+        assert not palette & {"Profile", "Checkpoint", "Stacks", "Detach"}, palette
+        for key in ("p", "c", "s", "d"):
+            await pilot.press(key)
+            await pilot.pause()
+        assert not sent and app.return_value is None
+        said = [n.message for n in app._notifications]
+        assert len(said) == 4 and all("crashed" in m and len(m) <= 36 for m in said), said
+
+
+@sync
+async def test_a_long_retrace_signature_is_cut_on_its_line_keeping_its_replica_count(live_app) -> None:
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        first = app.snapshot.retraces[0]
+        long = "x: float32[16, 28, 28, 1] x4, y: int64[16] x4, sample_weight: float32[16, 1, 1, 1] x4"
+        app.snapshot = dataclasses.replace(app.snapshot, retraces=(dataclasses.replace(first, signature=long),))
+        app.push_screen(RetracesScreen(app.snapshot))
+        await pilot.pause()
+        lines = screen_text(app).splitlines()
+        (signature,) = [line for line in lines if "signature" in line]
+        assert "…" in signature and signature.rstrip(" │┃").endswith("… x4"), signature
+        assert not any(line.strip(" │┃") == "x4" for line in lines)
+
+
+@sync
+async def test_steps_without_input_wait_say_not_measured(tmp_path) -> None:
+    # A run with no tf.data input: its steps carry no input wait.
+    run = make_live_run(tmp_path, "crashed")
+    lines = (run / rundir.EVENTS).read_text().splitlines()
+    stripped = [json.dumps({**d, "input_wait_s": None} if "input_wait_s" in d else d) for d in map(json.loads, lines)]
+    (run / rundir.EVENTS).write_text("\n".join(stripped) + "\n")
+    app = TpuwatchApp(FileSource(run), run_dir=run, clock=FakeClock(last_t(recording("crashed")) + 0.5),
+                      refresh_hz=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.snapshot.step > 0 and app.snapshot.input_wait_frac is None
+        text = screen_text(app)
+        assert "no data yet" not in text and "wait not measured" in " ".join(text.split()), text
