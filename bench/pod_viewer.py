@@ -157,8 +157,8 @@ def serve_pod(n: int, backlog_s: float, slow_host: int, ports_file: Path, second
 async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_host: int, deadline_s: float) -> dict:
     import psutil
 
+    from tpuwatch.sources.remote_source import make_remote_source
     from tpuwatch.ui.app import TpuwatchApp
-    from tpuwatch.ui.remote_source import make_remote_source
 
     attach_t = time.time()
     rss0 = psutil.Process().memory_info().rss
@@ -290,7 +290,7 @@ def main() -> None:
         serve_pod(a.serve, a.backlog, a.slow_host, a.ports, a.pod_seconds)
         return
     if a.view:
-        from tpuwatch.monitor.client import read_addresses
+        from tpuwatch.control.client import read_addresses
 
         addresses = read_addresses(["@" + str(a.view)])
         print(json.dumps(asyncio.run(view(addresses, a.n, a.seconds, a.slow_host, deadline_s=a.deadline))))

@@ -80,8 +80,8 @@ def rss_mib() -> float:
 async def measure(rate: float, seconds: float, size: tuple[int, int]) -> None:
     t_import = time.perf_counter()
     from tpuwatch import rundir
+    from tpuwatch.sources.file_source import make_file_source
     from tpuwatch.ui.app import TpuwatchApp
-    from tpuwatch.ui.file_source import make_file_source
 
     run = Path(tempfile.mkdtemp(prefix="tpuwatch-bench-"))
     rundir.create(run)

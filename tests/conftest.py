@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tpuwatch_testing import AgentRun, child_env, read_messages
 
 

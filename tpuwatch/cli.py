@@ -152,7 +152,7 @@ def _find_run(ref: str | None) -> Path:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    from tpuwatch.monitor import launcher
+    from tpuwatch.control import launcher
 
     if ns.sample_hz is not None and not 0.5 <= ns.sample_hz <= 20:
         return _error(f"--sample-hz {ns.sample_hz}: must be between 0.5 and 20")
@@ -188,7 +188,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 def _run_headless(launch, every_s: float) -> int:
     from tpuwatch import rundir
-    from tpuwatch.monitor import headless, launcher
+    from tpuwatch.console import headless
+    from tpuwatch.control import launcher
 
     # `tpuwatch run x.py 2>&1 | head -3`: a reader that goes away must not kill the launcher
     # (the run would stay "running" and our exit code would not be the script's).
@@ -236,7 +237,7 @@ class _Unbreakable:
 
 def _run_group(ns: argparse.Namespace, env: dict[str, str] | None) -> int:
     """``tpuwatch run --workers N``: N local workers, supervised as one group (docs/multihost.md)."""
-    from tpuwatch.monitor import group_launch, launcher
+    from tpuwatch.control import group_launch, launcher
 
     if ns.workers is None:
         return _error("--worker-grace needs --workers N")
@@ -259,9 +260,10 @@ def _run_group(ns: argparse.Namespace, env: dict[str, str] | None) -> int:
 
 def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
     from tpuwatch import rundir
+    from tpuwatch.console import headless
     from tpuwatch.monitor import group as groups
-    from tpuwatch.monitor import headless
     from tpuwatch.monitor.recording import append
+    from tpuwatch.sources.group_source import GroupSource
 
     pids = ", ".join(f"{n} pid {w.pid}" for n, w in zip(group.names, group.workers))
     _say(f"run {group.run_id}: {len(group.workers)} workers ({pids}), recording in {group.run_dir}")
@@ -281,9 +283,12 @@ def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
             path = dirs.get(f.worker) or dirs[group.names[0]]
             append(path / rundir.EVENTS, [f])
 
-    reader = groups.GroupReader(groups.worker_dirs(group.run_dir) or [])
-    headless.follow_group(reader, group.alive, out=sys.stderr, every_s=every_s,
-                          on_end=supervisor.wait, record_findings=record)
+    source = GroupSource(groups.worker_dirs(group.run_dir) or [])
+    try:
+        headless.follow_group(source, group.alive, out=sys.stderr, every_s=every_s,
+                              on_end=supervisor.wait, record_findings=record)
+    finally:
+        source.close()
     code = supervisor.wait()
     merger.close()
     done.set()
@@ -295,7 +300,7 @@ def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
 def _run_group_dashboard(group, supervisor, merger) -> int:
     choice = _dashboard(group.run_dir, live=True, owner=True)
     if choice == "stop" and group.alive():
-        from tpuwatch.monitor.run_stop import record_stop_request
+        from tpuwatch.control.run_stop import record_stop_request
 
         for w in group.workers:
             record_stop_request(w.run_dir, "the dashboard")
@@ -404,7 +409,7 @@ def _copy_output(path: Path, done: threading.Event) -> None:
 
 
 def _run_dashboard(launch) -> int:
-    from tpuwatch.monitor import launcher
+    from tpuwatch.control import launcher
 
     # Records the end as soon as the child ends (a kill by a signal leaves no exit record of the
     # agent's own), so the dashboard shows it while it is still open.
@@ -456,19 +461,22 @@ def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: boo
 
     workers = worker_dirs(run_dir)
     if workers is not None:
-        from tpuwatch.ui.group_source import make_group_replay_source, make_group_source
+        from tpuwatch.sources.group_source import (
+            make_group_replay_source,
+            make_group_source,
+        )
 
         source = make_group_source(workers) if live else make_group_replay_source(workers, speed=speed or 1.0)
         # Findings go into the workers' recordings (owner only), not into the group directory.
         return run_dashboard(run_dir, source, record_findings=False)
     if live:
-        from tpuwatch.monitor.client import AgentClient
-        from tpuwatch.ui.file_source import make_file_source
+        from tpuwatch.control.client import AgentClient
+        from tpuwatch.sources.file_source import make_file_source
 
         client = AgentClient.for_run(run_dir)
         source = make_file_source(run_dir, send=client.send)
     else:
-        from tpuwatch.ui.replay_source import make_replay_source
+        from tpuwatch.sources.replay_source import make_replay_source
 
         source = make_replay_source(run_dir, speed=speed or 1.0)
     return run_dashboard(run_dir, source, record_findings=owner)
@@ -495,8 +503,8 @@ def cmd_attach(ns: argparse.Namespace) -> int:
 
 def _nothing_to_show(run_dir: Path) -> str:
     """Why a viewer of ``run_dir`` could show nothing at all ("" when it can)."""
+    from tpuwatch.control.preflight import recording_problem
     from tpuwatch.monitor.group import worker_dirs
-    from tpuwatch.monitor.preflight import recording_problem
 
     workers = worker_dirs(run_dir)
     problems = [recording_problem(w.path) for w in workers] if workers is not None else [recording_problem(run_dir)]
@@ -506,8 +514,9 @@ def _nothing_to_show(run_dir: Path) -> str:
 def _after_attach(run_dir: Path, choice: str) -> int:
     """What the user chose when leaving ``tpuwatch attach``: say it, and stop training if asked."""
     from tpuwatch import rundir
-    from tpuwatch.monitor import run_stop
+    from tpuwatch.control import run_stop
     from tpuwatch.monitor.group import worker_dirs
+    from tpuwatch.monitor.runs import ended_state
 
     run_id = str(rundir.read_meta(run_dir).get("run_id") or run_dir.name)
     if choice == "detach":
@@ -522,7 +531,7 @@ def _after_attach(run_dir: Path, choice: str) -> int:
     except run_stop.StopError as e:
         _say(f"cannot stop the run: {e}")
         return 1
-    _say(f"training {run_stop.ended_state(code, True)} (exit code {code}); "
+    _say(f"training {ended_state(code, True)} (exit code {code}); "
          f"`tpuwatch report {run_id}` for the full report")
     return code
 
@@ -530,15 +539,15 @@ def _after_attach(run_dir: Path, choice: str) -> int:
 def _latest_live_run() -> Path:
     """The newest running run; the newest run of any state when none is running."""
     from tpuwatch import rundir
-    from tpuwatch.monitor import report
+    from tpuwatch.monitor.runs import list_runs
 
-    running = [r for r in report.list_runs(rundir.check_runs_root()) if r.state == "running"]
+    running = [r for r in list_runs(rundir.check_runs_root()) if r.state == "running"]
     return running[0].path if running else _find_run(None)
 
 
 def _attach_remote(ns: argparse.Namespace) -> int:
     from tpuwatch import rundir
-    from tpuwatch.monitor.client import read_addresses
+    from tpuwatch.control.client import read_addresses
 
     try:
         addresses = read_addresses(ns.run)
@@ -553,10 +562,9 @@ def _attach_remote(ns: argparse.Namespace) -> int:
     if not token:
         return _error("HOST:PORT viewers need the run's token: pass --token-file (the `token` file in the run "
                       "directory on the training host) or set TPUWATCH_TOKEN")
+    from tpuwatch.control.preflight import endpoint_problem
+    from tpuwatch.sources.remote_source import make_remote_source
     from tpuwatch.ui.app import run_dashboard
-    from tpuwatch.ui.remote_source import make_remote_source
-
-    from tpuwatch.monitor.preflight import endpoint_problem
 
     problems = [endpoint_problem(a, token) for a in addresses]
     if all(problems):  # nothing to show: say why, not a dashboard waiting forever
@@ -570,7 +578,7 @@ def _attach_remote(ns: argparse.Namespace) -> int:
     if choice == "detach":
         _say(f"detached; training goes on. Re-join with `tpuwatch attach {' '.join(ns.run)}`")
     elif choice == "stop":
-        from tpuwatch.monitor.remote_stop import stop_remote
+        from tpuwatch.control.remote_stop import stop_remote
 
         return stop_remote([(s.address, s.offset) for s in source.streams], token, report=_say)
     return 0
@@ -583,7 +591,7 @@ def _is_address(ref: str) -> bool:
 
 def cmd_action(ns: argparse.Namespace) -> int:
     """``tpuwatch profile`` / ``tpuwatch checkpoint``: one command to a live agent, its result printed."""
-    from tpuwatch.monitor import actions
+    from tpuwatch.control import actions
 
     try:
         run_dir = _find_run(ns.run)
@@ -593,7 +601,7 @@ def cmd_action(ns: argparse.Namespace) -> int:
 
 
 def cmd_doctor(ns: argparse.Namespace) -> int:
-    from tpuwatch.monitor import doctor
+    from tpuwatch.console import doctor
 
     return doctor.main(python=ns.python, gcs=ns.gcs)
 
@@ -601,7 +609,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 def cmd_replay(ns: argparse.Namespace) -> int:
     if ns.speed <= 0:
         return _error(f"--speed {ns.speed}: must be positive")
-    from tpuwatch.monitor.report import recording_problem
+    from tpuwatch.console.report import recording_problem
 
     try:
         run_dir = _find_run(ns.run)
@@ -615,7 +623,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
-    from tpuwatch.monitor import report
+    from tpuwatch.console import report
 
     try:
         run_dir = _find_run(ns.run)
@@ -636,22 +644,18 @@ def cmd_report(ns: argparse.Namespace) -> int:
 
 def cmd_ls(ns: argparse.Namespace) -> int:
     from tpuwatch import rundir
-    from tpuwatch.monitor import report
+    from tpuwatch.console.run_list import render_run_list
+    from tpuwatch.monitor.runs import list_runs
 
     try:
         root = rundir.check_runs_root()
     except FileNotFoundError as e:
         return _error(str(e))
-    runs = report.list_runs(root)
+    runs = list_runs(root)
     if not runs:
         print(f"no runs under {rundir.runs_root()}; start one with `tpuwatch run SCRIPT`")
         return 0
-    print(f"{'RUN':<40} {'STATE':<9} {'STARTED':<19} {'STEPS':>8} {'EXIT':>4}  SCRIPT")
-    for r in runs:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.start)) if r.start else "?"
-        steps = "" if r.steps is None else str(r.steps)
-        code = "" if r.exit_code is None else str(r.exit_code)
-        print(f"{r.id:<40} {r.state:<9} {started:<19} {steps:>8} {code:>4}  {r.script}")
+    print(render_run_list(runs))
     return 0
 
 

@@ -24,9 +24,9 @@ import errno
 import hashlib
 import json
 import os
-import stat
 import secrets
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from actions_live import LiveRun
+from tpuwatch_testing import child_env
+
 from tpuwatch import protocol
 from tpuwatch.monitor import profile_summary
-from tpuwatch_testing import child_env
 
 pytestmark = pytest.mark.tf
 

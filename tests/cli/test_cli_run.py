@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tpuwatch_testing import SCRIPTS, child_env
 
 

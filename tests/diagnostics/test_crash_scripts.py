@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tpuwatch_testing import SAMPLES, child_env
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]

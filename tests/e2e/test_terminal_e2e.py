@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from tpuwatch_testing import SAMPLES
 
 pytestmark = pytest.mark.tf

@@ -9,7 +9,12 @@ import pytest
 from monitor_recordings import DATA, encode_all, mr, step
 
 from tpuwatch import protocol
-from tpuwatch.monitor.recording import RecordingReader, _fast_step, iter_recording, read_all
+from tpuwatch.monitor.recording import (
+    RecordingReader,
+    _fast_step,
+    iter_recording,
+    read_all,
+)
 from tpuwatch.protocol import Exit, Hello, Step
 
 

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from tpuwatch import rundir
-from tpuwatch.monitor.group_launch import GroupLaunch, Supervisor, free_ports, tf_config
-from tpuwatch.monitor.launcher import Launch
+from tpuwatch.control.group_launch import GroupLaunch, Supervisor, free_ports, tf_config
+from tpuwatch.control.launcher import Launch
 
 IGNORES_SIGINT = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
 

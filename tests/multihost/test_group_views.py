@@ -10,12 +10,17 @@ import sys
 from pathlib import Path
 
 from tpuwatch import protocol, rundir
+from tpuwatch.console.headless import follow_group
+from tpuwatch.console.report import build_report, render_text
 from tpuwatch.monitor.group import GroupReader, read_group, worker_dirs
-from tpuwatch.monitor.headless import follow_group
-from tpuwatch.monitor.report import build_report, render_text, run_info
+from tpuwatch.monitor.runs import run_info
 from tpuwatch.protocol import DeviceSample, Exit, Hello, HostSample, Step, Topology
+from tpuwatch.sources.group_source import (
+    GroupSource,
+    apply_worker_health,
+    make_group_replay_source,
+)
 from tpuwatch.ui.app import TpuwatchApp
-from tpuwatch.ui.group_source import GroupSource, apply_worker_health, make_group_replay_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ui"))
 from ui_support import FakeClock, screen_text  # noqa: E402
@@ -106,7 +111,7 @@ def test_follow_group_marks_a_worker_without_exit_record_lost(tmp_path):
     run = make_group(tmp_path, w1_exit=None, w1_wait=0.001)
     out = io.StringIO()
     clock = FakeClock(T0 + 100)
-    snap = follow_group(GroupReader(worker_dirs(run)), lambda: False, out=out, clock=clock,
+    snap = follow_group(GroupSource(worker_dirs(run)), lambda: False, out=out, clock=clock,
                         sleep=lambda s: None, exit_grace_s=0)
     by = {w.name: w.status for w in snap.workers}
     assert by == {"worker:0": "crashed", "worker:1": "lost"}

@@ -13,11 +13,11 @@ import sys
 import time
 
 import pytest
+from tpuwatch_testing import SAMPLES, child_env
 
 from tpuwatch import rundir
 from tpuwatch.monitor.group import GroupReader, read_group, worker_dirs
 from tpuwatch.monitor.state import RunState
-from tpuwatch_testing import SAMPLES, child_env
 
 pytestmark = pytest.mark.tf
 

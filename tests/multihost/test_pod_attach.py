@@ -17,7 +17,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from tpuwatch_testing import ROOT, child_env
 
 pytestmark = pytest.mark.tf

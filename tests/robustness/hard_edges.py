@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from tpuwatch_testing import child_env, read_messages
+
 from tpuwatch import protocol
 from tpuwatch.protocol import Attach, Exit, Result
 

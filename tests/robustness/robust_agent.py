@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpuwatch_testing import child_env, read_messages
+
 from tpuwatch import protocol
-from tpuwatch.monitor.client import AgentClient, parse_address
+from tpuwatch.control.client import AgentClient, parse_address
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "robust_train.py"
 

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import psutil
-
 from tpuwatch_testing import ROOT, child_env
 
 

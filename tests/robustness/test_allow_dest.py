@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tpuwatch_testing import child_env
 
 pytestmark = pytest.mark.tf

@@ -12,10 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from robust_terminal import (
+    Tmux,
+    have_tmux,
+    tpuwatch_argv,
+    wait_file_int,
+    wait_gone,
+    wait_meta,
+)
 from tpuwatch_testing import child_env, read_messages
+
 from tpuwatch import protocol, rundir
-from robust_terminal import Tmux, have_tmux, tpuwatch_argv, wait_file_int, wait_gone, wait_meta
 
 pytestmark = [pytest.mark.tf, pytest.mark.skipif(not have_tmux(), reason="needs tmux (apt-get install tmux)")]
 

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hard_edges import (
     SCRIPTS,
     WaitingAgent,
@@ -34,9 +33,10 @@ from hard_edges import (
     write_script,
 )
 from tpuwatch_testing import child_env, read_messages
+
 from tpuwatch import protocol
 from tpuwatch.agent import transport
-from tpuwatch.monitor.client import AgentClient, new_command
+from tpuwatch.control.client import AgentClient, new_command
 from tpuwatch.protocol import Event, Exit, Hello
 
 # --- 1. a full disk ------------------------------------------------------------------------------

@@ -7,7 +7,14 @@ import sys
 import time
 
 import pytest
-from tpu_fakes import GiB, Clock, FakeMetricService, Served, make_sysfs, point_tpu_info_at
+from tpu_fakes import (
+    Clock,
+    FakeMetricService,
+    GiB,
+    Served,
+    make_sysfs,
+    point_tpu_info_at,
+)
 
 from tpuwatch import rundir
 from tpuwatch.agent import tpu_metrics

@@ -6,14 +6,24 @@ import math
 
 import pytest
 
-from tpuwatch.monitor.snapshot import DeviceMemory, HostMemory, ReplicaLoss, RunSnapshot, StepPoint
+from tpuwatch.monitor.snapshot import (
+    DeviceMemory,
+    HostMemory,
+    ReplicaLoss,
+    RunSnapshot,
+    StepPoint,
+)
 from tpuwatch.protocol import Finding
 from tpuwatch.ui import units
 from tpuwatch.ui.widgets.findings_panel import findings_text
 from tpuwatch.ui.widgets.history_bars import BarSeries, bar_rows, bucket, render_series
 from tpuwatch.ui.widgets.input_panel import input_level, input_text, wait_series
 from tpuwatch.ui.widgets.memory_panel import memory_text
-from tpuwatch.ui.widgets.replica_loss_panel import pick_rows, replica_loss_text, short_device
+from tpuwatch.ui.widgets.replica_loss_panel import (
+    pick_rows,
+    replica_loss_text,
+    short_device,
+)
 from tpuwatch.ui.widgets.run_header import header_text, progress_parts, status_text
 from tpuwatch.ui.widgets.step_time_panel import step_series
 

@@ -266,3 +266,22 @@ def render_text(s: ProfileSummary, width: int = 100, live: "InputShare | None" =
     lines.append("  open it with:")
     lines.extend(f"    {c}" for c in s.open_commands)
     return "\n".join(lines)
+
+
+def recent_input_share(run_dir: Path, nbytes: int = 4 * 1024 * 1024) -> InputShare | None:
+    """Input wait over the latest steps of a run (the ``input-bound`` rule's window and
+    definition), from the last ``nbytes`` of its recording: what ``tpuwatch profile`` shows
+    beside the profile's own input share."""
+    # The engine is imported here: the profile screen needs only the parsing above.
+    from tpuwatch.monitor.diagnostics import Engine
+    from tpuwatch.monitor.recording import tail_messages
+    from tpuwatch.protocol import Finding, Hello
+
+    eng = Engine(clock=lambda: 0.0)
+    worker = ""
+    for msg in tail_messages(Path(run_dir) / "events.jsonl", nbytes):
+        if isinstance(msg, Hello):
+            worker = msg.worker
+        if not isinstance(msg, Finding):
+            eng.apply(msg, worker)
+    return eng.input_shares()[0]

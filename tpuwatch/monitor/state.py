@@ -23,6 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
 
+from tpuwatch.monitor.diagnostics.input_share import InputShare
+from tpuwatch.monitor.runs import STOP_MESSAGE, STOP_SOURCE, ended_state
 from tpuwatch.monitor.snapshot import (
     CommandView,
     DeviceMemory,
@@ -34,8 +36,6 @@ from tpuwatch.monitor.snapshot import (
     RunStatus,
     WorkerView,
 )
-from tpuwatch.monitor.diagnostics.input_share import InputShare
-from tpuwatch.monitor.run_stop import STOP_MESSAGE, STOP_SOURCE, ended_state
 from tpuwatch.monitor.stats import History, Rolling, SeriesHistory, StepStats
 from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
 from tpuwatch.protocol import DISK_FULL_SOURCE as DISK_FULL

@@ -7,8 +7,8 @@ from tpuwatch.protocol import Finding
 from .input_share import InputShare, window_share
 from .robust_stats import sig
 from .rule import Rule
-from .units import ms
 from .telemetry import Telemetry
+from .units import ms
 
 ADVICE = (
     "Overlap input with compute: end the pipeline with .prefetch(tf.data.AUTOTUNE); "

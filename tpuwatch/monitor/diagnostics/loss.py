@@ -12,7 +12,6 @@ from .robust_stats import sig
 from .rule import Rule
 from .telemetry import Telemetry, WorkerTelemetry
 
-
 _MAX_VALUES_PER_CHECK = 16384
 
 

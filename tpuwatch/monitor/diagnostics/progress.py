@@ -8,8 +8,8 @@ from tpuwatch.protocol import Finding, Message, Step
 
 from .robust_stats import median, quantile, sig
 from .rule import Rule
-from .units import duration, ms
 from .telemetry import Telemetry, WorkerTelemetry
+from .units import duration, ms
 
 
 @dataclass(frozen=True)

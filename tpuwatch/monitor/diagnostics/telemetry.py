@@ -11,7 +11,15 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from tpuwatch.protocol import Config, DeviceSample, Epoch, Exit, HostSample, Step, Topology
+from tpuwatch.protocol import (
+    Config,
+    DeviceSample,
+    Epoch,
+    Exit,
+    HostSample,
+    Step,
+    Topology,
+)
 
 from .input_share import InputTotals
 from .thresholds import Thresholds

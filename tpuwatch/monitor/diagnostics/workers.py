@@ -6,8 +6,8 @@ from tpuwatch.protocol import Finding
 
 from .robust_stats import mad, median, sig
 from .rule import Rule
-from .units import ms
 from .telemetry import Telemetry
+from .units import ms
 
 _METRICS = (("input_wait", "input wait"), ("step_time", "step time"))
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from textual.content import Content
 
-from tpuwatch.monitor.headless import worker_exit_codes, worker_status_text
-from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes, worker_status_text
 from tpuwatch.ui import units
 from tpuwatch.ui.widgets.memory_panel import MemoryPanel
 from tpuwatch.ui.widgets.panel import Panel

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from tpuwatch import protocol, rundir
-from tpuwatch.monitor.run_stop import ended_state, record_stop_request
+from tpuwatch.control.run_stop import record_stop_request
+from tpuwatch.monitor.runs import ended_state
 
 #: Exit code for bad input (a missing script, no TensorFlow, ...), like argparse.
 EXIT_USAGE = 2

@@ -1,18 +1,26 @@
 """What feeds the dashboard: a *source* of protocol messages.
 
 Live tailing of events.jsonl, attaching over a socket and replaying a recording all look the
-same to :class:`tpuwatch.ui.app.TpuwatchApp`: it calls :meth:`Source.poll` at its refresh rate,
-applies every message to a ``RunState`` and renders one snapshot. The app never blocks on a
-source, so ``poll`` must return at once with whatever is new (possibly nothing).
+same to :class:`tpuwatch.ui.app.TpuwatchApp`: it calls :meth:`Source.poll_tagged` at its refresh
+rate, applies every message to a ``RunState`` (with the worker it came from) and renders one
+snapshot. The app never blocks on a source, so a poll must return at once with whatever is new
+(possibly nothing).
 
-Nothing here imports Textual: the same sources can feed a headless consumer.
+Nothing here imports Textual: headless mode (:mod:`tpuwatch.console.headless`) reads the same
+sources, through :class:`RecordingSource`.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
+from tpuwatch.monitor.recording import ReadStats
 from tpuwatch.protocol import Command, Message
+
+#: A message with the name of the worker it came from (``None``: the worker its Hello names).
+Tagged = tuple["str | None", Message]
+#: A worker's health as a source sees it: (connected, why it is lost or None).
+WorkerHealth = tuple[bool, "str | None"]
 
 
 @runtime_checkable
@@ -30,6 +38,20 @@ class Source(Protocol):
         """Messages that arrived since the last call, oldest first. Never blocks."""
         ...
 
+    def poll_tagged(self) -> Sequence[Tagged]:
+        """As :meth:`poll`, each message with its worker (several workers' streams feed one
+        state and must stay apart). Consumers call one of the two, never both."""
+        ...
+
+    def health(self) -> Mapping[str, WorkerHealth]:
+        """``{worker: (connected, lost reason or None)}`` for the workers this source can vouch
+        for; empty when it has no say (one recording, a replay, one TCP stream)."""
+        ...
+
+    def read_stats(self) -> ReadStats | None:
+        """Lines of the recording it could not read so far, when it reads a recording."""
+        ...
+
     def send(self, command: Command) -> None:
         """Hands a command to the agent. Raises ``OSError`` with a one-line reason on failure."""
         ...
@@ -43,6 +65,20 @@ class Source(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class RecordingSource(Source, Protocol):
+    """A source that reads recordings on this host and can tell when it has read all there is
+    (headless mode drains it before printing and at the end of the run)."""
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the last poll reached the end of every recording."""
+        ...
+
+    def finish(self) -> Sequence[Tagged]:
+        """The rest of every recording once the run has ended (a cut last line counts as cut)."""
+        ...
 
 
 @runtime_checkable
@@ -66,6 +102,9 @@ class ReplayControl(Protocol):
 
     @property
     def at_end(self) -> bool: ...
+
+    @property
+    def seek_step_s(self) -> float: ...  # how far one seek key moves, recorded seconds
 
     def toggle_pause(self) -> None: ...
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Callable
 
 from tpuwatch import rundir
-from tpuwatch.monitor import launcher
+from tpuwatch.control import launcher
+from tpuwatch.control.launcher import Launch, LaunchError
 from tpuwatch.monitor.group import worker_dir_name, worker_name
-from tpuwatch.monitor.launcher import Launch, LaunchError
 
 #: Seconds the other workers get to end by themselves after one died (``--worker-grace``).
 DEFAULT_GRACE_S = 15.0

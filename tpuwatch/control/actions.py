@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from tpuwatch import rundir
-from tpuwatch.monitor.client import AgentClient, AgentUnavailable, new_command
+from tpuwatch.control.client import AgentClient, AgentUnavailable, new_command
 from tpuwatch.monitor.recording import RecordingReader
 from tpuwatch.protocol import Command, CommandState, Exit, Message, Result
 
@@ -169,8 +169,7 @@ def request_from_cli(run_dir: Path, ns, out: TextIO | None = None) -> int:
 
 def _print_summary(result: Result, out: TextIO, run_dir: Path) -> None:
     from tpuwatch.monitor import profile_summary
-    from tpuwatch.monitor.report import recent_input_share
-
+    
     local = result.details.get("local_path") or result.details.get("path")
     if not isinstance(local, str) or not os.path.isdir(local):
         logdir = result.details.get("logdir")
@@ -183,4 +182,4 @@ def _print_summary(result: Result, out: TextIO, run_dir: Path) -> None:
         print(f"tpuwatch: no summary: {e}", file=out)
         print("open it with:\n  " + "\n  ".join(profile_summary.open_commands(str(Path(local).parents[2]))), file=out)
         return
-    print(profile_summary.render_text(summary, live=recent_input_share(run_dir)), file=out, flush=True)
+    print(profile_summary.render_text(summary, live=profile_summary.recent_input_share(run_dir)), file=out, flush=True)

@@ -1,4 +1,4 @@
-"""``tpuwatch report RUN`` and ``tpuwatch ls``: what a run did, from its run directory.
+"""``tpuwatch report RUN``: what a run did, from its run directory.
 
 :func:`build_report` reads ``run.json`` and streams the whole recording through
 :class:`~tpuwatch.monitor.state.RunState` and the diagnostics engine (when this build has one),
@@ -8,30 +8,25 @@ JSON-ready dict (non-finite floats become the strings "NaN"/"Infinity", as on th
     {"run": {...}, "summary": {...}, "findings": [...]}
 
 :func:`render_text` and :func:`render_markdown` format it; ``json.dumps(report)`` is the JSON
-form. :func:`list_runs` lists run directories cheaply (it reads only the tail of each
-recording).
+form. ``tpuwatch ls`` lives in :mod:`tpuwatch.monitor.runs` (what each run is) and
+:mod:`tpuwatch.console.run_list` (its table).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from array import array
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tpuwatch import protocol, rundir
-from tpuwatch.monitor.diagnostics import Engine
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
-from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
-from tpuwatch.monitor.headless import worker_exit_codes
 from tpuwatch.monitor.recording import iter_recording
-from tpuwatch.monitor.run_stop import ended_state
-from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.monitor.runs import run_alive
+from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes
 from tpuwatch.monitor.state import RunState
 from tpuwatch.monitor.stats import percentile
 from tpuwatch.monitor.units import (
@@ -43,10 +38,7 @@ from tpuwatch.monitor.units import (
     fmt_rate,
     fmt_seconds,
 )
-from tpuwatch.protocol import Exit, Finding, Hello, Message, Step
-
-#: Bytes of a recording's end that ``list_runs`` reads per run.
-TAIL_BYTES = 64 * 1024
+from tpuwatch.protocol import Finding, Step
 
 _SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
@@ -63,23 +55,6 @@ def _json_safe(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [_json_safe(x) for x in v]
     return v
-
-
-def pid_alive(pid: object) -> bool:
-    """Whether a process with this pid exists (and is not a zombie we could see)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    try:  # a zombie is gone for our purposes; /proc tells on Linux
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().split(b") ", 1)[-1][:1] != b"Z"
-    except OSError:
-        return True
 
 
 class _StepTimes:
@@ -189,7 +164,7 @@ def build_report(run_dir: str | Path) -> dict[str, Any]:
         state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                               truncated_tail=stats.truncated_tail)
 
-    running = not state.ended and pid_alive(meta.get("child_pid"))
+    running = not state.ended and run_alive(meta)
     if not state.ended and not running and state.last_message_t is not None:
         state.set_lost("the process is gone and left no exit record")
     return _finish_report(state, diag, times, meta, run_dir, running, stats)
@@ -234,7 +209,7 @@ def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[Worke
         diag.apply(m, name)
     state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                           truncated_tail=stats.truncated_tail)
-    alive = {w.name: pid_alive(rundir.read_meta(w.path).get("child_pid")) for w in workers}
+    alive = {w.name: run_alive(rundir.read_meta(w.path)) for w in workers}
     running = any(alive.values()) and not state.ended
     for view in state.snapshot(state.last_message_t or time.time()).workers:
         if view.status not in ("finished", "crashed") and not alive.get(view.name, False):
@@ -404,7 +379,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         f"status\t{outcome}",
         f"strategy\t{run['strategy'] or NA}"
         + (f", {run['replicas']} replicas on {run['device_kind']}" if run.get("replicas") else ""),
-        *([f"strategies\t" + "; ".join(f"{s['strategy']} ({s['replicas']} replicas): {s['training_steps']:,} "
+        *(["strategies\t" + "; ".join(f"{s['strategy']} ({s['replicas']} replicas): {s['training_steps']:,} "
                                          "training steps" for s in run["strategies"])]
           if len(run.get("strategies") or ()) > 1 else []),
         f"TensorFlow\t{run['tf_version'] or NA}",
@@ -547,145 +522,3 @@ def render_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, allow_nan=False)
 
 
-# --- tpuwatch ls --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """One line of ``tpuwatch ls``."""
-
-    id: str
-    path: Path
-    script: str
-    state: str  # running | finished | stopped | crashed | lost | unknown
-    start: float | None
-    steps: int | None  # last recorded global step
-    exit_code: int | None
-    end: float | None = None
-    last_t: float | None = None  # newest message time in the recording's tail
-
-
-def recent_input_share(run_dir: Path, nbytes: int = 4 * 1024 * 1024) -> InputShare | None:
-    """Input wait over the latest steps of a run (the ``input-bound`` rule's window and
-    definition), from the last ``nbytes`` of its recording: what ``tpuwatch profile`` shows
-    beside the profile's own input share."""
-    eng = Engine(clock=lambda: 0.0)
-    worker = ""
-    for msg in _tail_messages(Path(run_dir) / "events.jsonl", nbytes):
-        if isinstance(msg, Hello):
-            worker = msg.worker
-        if not isinstance(msg, Finding):
-            eng.apply(msg, worker)
-    return eng.input_shares()[0]
-
-
-def _tail_messages(path: Path, nbytes: int = TAIL_BYTES) -> list[Message]:
-    """Decodes the complete lines in the last ``nbytes`` of a recording."""
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            start = max(0, size - nbytes)
-            f.seek(start)
-            data = f.read(nbytes)
-    except OSError:
-        return []
-    lines = data.split(b"\n")
-    if start > 0:
-        lines = lines[1:]  # the first one is (probably) cut
-    dec = protocol.Decoder()
-    out = []
-    for line in lines:
-        if line.strip():
-            m = dec.decode(line)
-            if m is not None:
-                out.append(m)
-    return out
-
-
-def _first_hello(path: Path) -> Hello | None:
-    try:
-        with open(path, "rb") as f:
-            line = f.readline(protocol.MAX_LINE_BYTES)
-    except OSError:
-        return None
-    m = protocol.Decoder().decode(line) if line.endswith(b"\n") else None
-    return m if isinstance(m, Hello) else None
-
-
-def run_info(run_dir: Path) -> RunInfo:
-    """What ``ls`` shows for one run directory, reading run.json and the recording's ends."""
-    workers = worker_dirs(run_dir)
-    if workers is not None:
-        return _group_info(run_dir, workers)
-    meta = rundir.read_meta(run_dir)
-    events = run_dir / rundir.EVENTS
-    tail = _tail_messages(events)
-    hello = _first_hello(events)
-    last_step = next((m for m in reversed(tail) if isinstance(m, Step)), None)
-    exit_msg = next((m for m in reversed(tail) if isinstance(m, Exit)), None)
-    last_t = next((getattr(m, "t") for m in reversed(tail) if hasattr(m, "t")), None)
-    exit_code = exit_msg.exit_code if exit_msg else meta.get("exit_code")
-    stop_requested = bool(meta.get("stop_requested"))
-    if exit_msg is not None:
-        state = ended_state(exit_msg.exit_code, stop_requested)
-    elif pid_alive(meta.get("child_pid")):
-        state = "running"
-    elif isinstance(meta.get("exit_code"), int):
-        state = ended_state(meta["exit_code"], stop_requested)
-    elif meta or hello:
-        state = "lost"
-    else:
-        state = "unknown"
-    start = meta.get("started") if isinstance(meta.get("started"), (int, float)) else (
-        hello.t if hello else None)
-    return RunInfo(
-        id=str(meta.get("run_id") or (hello.run_id if hello else "") or run_dir.name),
-        path=run_dir,
-        script=str(meta.get("script") or (hello.script if hello else "")),
-        state=state,
-        start=start,
-        steps=last_step.step if last_step else None,
-        exit_code=exit_code if isinstance(exit_code, int) else None,
-        end=exit_msg.t if exit_msg else (meta.get("ended") if isinstance(meta.get("ended"),
-                                                                         (int, float)) else None),
-        last_t=last_t,
-    )
-
-
-def _group_info(run_dir: Path, workers: list[WorkerDir]) -> RunInfo:
-    """A group is running while any worker runs; it ended as its launcher recorded (the first
-    non-zero worker exit code), else as its workers did."""
-    meta = rundir.read_meta(run_dir)
-    infos = [run_info(w.path) for w in workers]
-    states = [i.state for i in infos]
-    code = meta.get("exit_code")
-    if "running" in states:
-        state = "running"
-    elif isinstance(code, int):
-        state = ended_state(code, bool(meta.get("stop_requested")) or "stopped" in states)
-    else:
-        state = next((s for s in ("crashed", "lost", "unknown", "stopped") if s in states), "finished")
-        code = next((i.exit_code for i in infos if i.exit_code), None)
-    steps = [i.steps for i in infos if i.steps is not None]
-    ends = [i.end for i in infos if i.end is not None]
-    lasts = [i.last_t for i in infos if i.last_t is not None]
-    return RunInfo(
-        id=str(meta.get("run_id") or run_dir.name), path=run_dir,
-        script=f"{meta.get('script', '')} ({len(workers)} workers)", state=state,
-        start=meta.get("started") if isinstance(meta.get("started"), (int, float)) else None,
-        steps=max(steps) if steps else None, exit_code=code if isinstance(code, int) else None,
-        end=max(ends) if ends and state != "running" else None, last_t=max(lasts) if lasts else None)
-
-
-def list_runs(root: str | Path | None = None) -> list[RunInfo]:
-    """Runs under ``root`` (default ``$TPUWATCH_HOME/runs``), newest first. A missing root is an
-    empty list."""
-    root = Path(root) if root is not None else rundir.runs_root()
-    try:
-        dirs = [d for d in root.iterdir() if d.is_dir()]
-    except FileNotFoundError:
-        return []
-    runs = [run_info(d) for d in dirs
-            if (d / rundir.META).exists() or (d / rundir.EVENTS).exists()]
-    runs.sort(key=lambda r: (r.start or 0.0, r.id), reverse=True)
-    return runs
