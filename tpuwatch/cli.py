@@ -597,7 +597,10 @@ def cmd_action(ns: argparse.Namespace) -> int:
         run_dir = _find_run(ns.run)
     except FileNotFoundError as e:
         return _error(str(e))
-    return actions.request_from_cli(run_dir, ns)
+    if ns.command == "profile":
+        return actions.request(run_dir, "profile", timeout_s=ns.timeout, steps=ns.steps, ms=ns.ms,
+                               logdir=ns.logdir)
+    return actions.request(run_dir, "checkpoint", timeout_s=ns.timeout, dest_dir=ns.dir)
 
 
 def cmd_doctor(ns: argparse.Namespace) -> int:

@@ -39,6 +39,8 @@ DISK_FULL_SOURCE = "disk-full"
 Scalar = Union[int, float, str, bool, None]
 Level = Literal["debug", "info", "warning", "error"]
 Severity = Literal["info", "warning", "critical"]
+#: Severities from the least to the most serious (every ordering of findings uses this).
+SEVERITY_RANK: Mapping[str, int] = {"info": 0, "warning": 1, "critical": 2}
 
 _NONFINITE_OUT = {math.inf: "Infinity", -math.inf: "-Infinity"}
 _NONFINITE_IN = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}

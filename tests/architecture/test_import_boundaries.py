@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from tpuwatch_testing import ROOT
 
 TF = {"tensorflow", "keras", "tf_keras"}

@@ -8,10 +8,10 @@ import pytest
 from textual.widgets import Button, Input, Static
 from ui_support import FakeClock, ended_replay, last_t, recording, screen_text, sync
 
+from tpuwatch import units
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import CommandState, Result
 from tpuwatch.sources.replay_source import ReplaySource
-from tpuwatch.ui import units
 from tpuwatch.ui.app import TpuwatchApp
 from tpuwatch.ui.screens.help_screen import HelpScreen
 from tpuwatch.ui.screens.quit_screen import QuitScreen

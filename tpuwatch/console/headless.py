@@ -18,8 +18,11 @@ from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import RecordingReader, append
 from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes, worker_status_text
 from tpuwatch.monitor.state import RunState
-from tpuwatch.monitor.units import (
-    NA,
+from tpuwatch.protocol import Finding
+from tpuwatch.sources.file_source import FileSource
+from tpuwatch.sources.source import RecordingSource, Tagged
+from tpuwatch.units import (
+    UNKNOWN,
     fmt_bytes,
     fmt_duration,
     fmt_loss,
@@ -27,9 +30,6 @@ from tpuwatch.monitor.units import (
     fmt_rate,
     fmt_seconds,
 )
-from tpuwatch.protocol import Finding
-from tpuwatch.sources.file_source import FileSource
-from tpuwatch.sources.source import RecordingSource, Tagged
 
 
 def _loss_range(snap: RunSnapshot) -> str:
@@ -98,7 +98,7 @@ def summary(snap: RunSnapshot) -> str:
     def row(label: str, text: str) -> None:
         lines.append(f"  {label:<10}{text}")
 
-    ident = snap.run_id or NA
+    ident = snap.run_id or UNKNOWN
     if snap.strategy:
         ident += f"  {snap.strategy}, {snap.replicas} replica(s) on {snap.device_kind or '?'}"
     if snap.tf_version:

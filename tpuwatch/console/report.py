@@ -29,8 +29,9 @@ from tpuwatch.monitor.runs import run_alive
 from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes
 from tpuwatch.monitor.state import RunState
 from tpuwatch.monitor.stats import percentile
-from tpuwatch.monitor.units import (
-    NA,
+from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
+from tpuwatch.units import (
+    UNKNOWN,
     fmt_bytes,
     fmt_duration,
     fmt_loss,
@@ -38,9 +39,6 @@ from tpuwatch.monitor.units import (
     fmt_rate,
     fmt_seconds,
 )
-from tpuwatch.protocol import Finding, Step
-
-_SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
 
 class ReportError(ValueError):
@@ -182,7 +180,7 @@ def _finish_report(state: RunState, diag: FindingsFeed, times: "_StepTimes", met
 
     p50, p95 = times.percentiles()
     steps_per_s = times.steps_per_s()
-    findings = sorted(snap.findings, key=lambda f: (_SEVERITY_RANK.get(f.severity, 3),
+    findings = sorted(snap.findings, key=lambda f: (-SEVERITY_RANK.get(f.severity, -1),
                                                     f.first_step if f.first_step is not None
                                                     else 1 << 62, f.rule))
     report = {
@@ -362,7 +360,7 @@ def _num(v: Any) -> float | None:
 
 def _when(t: Any) -> str:
     if not isinstance(t, (int, float)):
-        return NA
+        return UNKNOWN
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
@@ -375,14 +373,14 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     rows_run = [
         f"run\t{run['id']}",
         f"script\t{' '.join(run['argv']) or run['script']}",
-        f"host\t{run['host'] or NA}",
+        f"host\t{run['host'] or UNKNOWN}",
         f"status\t{outcome}",
-        f"strategy\t{run['strategy'] or NA}"
+        f"strategy\t{run['strategy'] or UNKNOWN}"
         + (f", {run['replicas']} replicas on {run['device_kind']}" if run.get("replicas") else ""),
         *(["strategies\t" + "; ".join(f"{s['strategy']} ({s['replicas']} replicas): {s['training_steps']:,} "
                                          "training steps" for s in run["strategies"])]
           if len(run.get("strategies") or ()) > 1 else []),
-        f"TensorFlow\t{run['tf_version'] or NA}",
+        f"TensorFlow\t{run['tf_version'] or UNKNOWN}",
         f"started\t{_when(run['start'])}",
         f"ended\t{_when(run['end'])}",
         f"duration\t{fmt_duration(_num(run['duration_s']))}",
@@ -445,10 +443,10 @@ def _worker_line(w: dict[str, Any]) -> str:
     state = w["status"]
     if w.get("exit_code") is not None and state in ("finished", "stopped", "crashed"):
         state += f" (exit {w['exit_code']}{', stopped' if w.get('stopped') else ''})"
-    return (f"{w['name']} on {w['host'] or NA} pid {w['pid'] or NA}: {state}; {w['steps']:,} steps, "
+    return (f"{w['name']} on {w['host'] or UNKNOWN} pid {w['pid'] or UNKNOWN}: {state}; {w['steps']:,} steps, "
             f"step p50 {fmt_seconds(_num(w['step_time_p50_s']))}, input wait "
             f"{fmt_pct(_num(w['input_wait_share']))}, RSS {fmt_bytes(_num(w['rss_bytes']))}, "
-            f"replicas {','.join(map(str, w['replicas'])) or NA}")
+            f"replicas {','.join(map(str, w['replicas'])) or UNKNOWN}")
 
 
 def render_text(report: dict[str, Any]) -> str:

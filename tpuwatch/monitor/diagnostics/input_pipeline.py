@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from tpuwatch.protocol import Finding
+from tpuwatch.units import finding_ms
 
 from .input_share import InputShare, window_share
 from .robust_stats import sig
 from .rule import Rule
 from .telemetry import Telemetry
-from .units import ms
 
 ADVICE = (
     "Overlap input with compute: end the pipeline with .prefetch(tf.data.AUTOTUNE); "
@@ -51,7 +51,7 @@ class InputBound(Rule):
             t=t, rule=self.id, severity=severity,
             # no step count in the message: it would re-announce the finding every second
             message=(f"{s.verdict}: {pct}% of step time waiting for input "
-                     f"({ms(s.wait_per_step_s)} of {ms(s.step_time_s)} per step {scope})"),
+                     f"({finding_ms(s.wait_per_step_s)} of {finding_ms(s.step_time_s)} per step {scope})"),
             advice=ADVICE,
             evidence={
                 "input_wait_pct": pct,

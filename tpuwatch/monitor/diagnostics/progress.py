@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tpuwatch.protocol import Finding, Message, Step
+from tpuwatch.units import finding_duration, finding_ms
 
 from .robust_stats import median, quantile, sig
 from .rule import Rule
 from .telemetry import Telemetry, WorkerTelemetry
-from .units import duration, ms
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Stall(Rule):
                 cadence = max(th.stall_gap_min_s, th.stall_p95_factor * p95)
                 if cadence < limit.seconds:
                     limit = StallLimit(cadence, f"{th.stall_p95_factor:g} x p95 step interval "
-                                                f"({ms(p95)}), at least {th.stall_gap_min_s:g} s")
+                                                f"({finding_ms(p95)}), at least {th.stall_gap_min_s:g} s")
         spe = tel.steps_per_epoch()
         if w.boundary_since_step or (spe and w.last_step % spe == 0):
             if w.longest_boundary_gap_s > 0:
@@ -124,7 +124,7 @@ class Stall(Rule):
         gap = ex.t - (w.last_step_t or ex.t)
         self._found[w.name] = replace(
             f, severity="info", t=ex.t,
-            message=(f"the script took {duration(gap)} to finish after its last step "
+            message=(f"the script took {finding_duration(gap)} to finish after its last step "
                      f"({w.last_step}), then exited cleanly"),
             advice=("Nothing to fix in training. If the wait at the end matters: TF can take "
                     "minutes destroying a live distributed iterator at exit (break out of "
@@ -152,12 +152,12 @@ class Stall(Rule):
         gaps = self.gaps.get(w.name, [])
         if gaps:
             evidence["long_gaps"] = len(gaps)
-            evidence["gaps"] = "; ".join(f"after step {a}: {duration(g)}" for a, g, _ in gaps)
+            evidence["gaps"] = "; ".join(f"after step {a}: {finding_duration(g)}" for a, g, _ in gaps)
         others = f" ({len(gaps)} long gaps in all: {evidence['gaps']})" if len(gaps) > 1 else ""
         self._keep(w.name, Finding(
             t=(w.last_step_t or 0.0) + gap, rule=self.id, severity=severity,
-            message=(f"stall: no step for {duration(gap)} after step {w.last_step} "
-                     f"(limit {duration(limit.seconds)}); {state}{others}"),
+            message=(f"stall: no step for {finding_duration(gap)} after step {w.last_step} "
+                     f"(limit {finding_duration(limit.seconds)}); {state}{others}"),
             advice=(f"Training stopped making progress after step {w.last_step}: take a stack "
                     "dump (the dashboard's stack-dump key, or the stack_dump command) to see where "
                     "every thread waits - a hung collective or a dead worker in multi-worker "
@@ -213,8 +213,8 @@ class StepTimeJitter(Rule):
             severity = "warning" if ratio >= th.jitter_warning_ratio else "info"
             self._keep(f"{w.name}|{fn}|jitter", Finding(
                 t=recs[-1][1], rule=self.id, severity=severity,
-                message=(f"irregular step time in {label}: p95 {ms(p95)} is "
-                         f"{ratio:.2g}x the median {ms(p50)}"),
+                message=(f"irregular step time in {label}: p95 {finding_ms(p95)} is "
+                         f"{ratio:.2g}x the median {finding_ms(p50)}"),
                 advice=advice,
                 evidence={
                     "function": fn,
@@ -236,8 +236,8 @@ class StepTimeJitter(Rule):
             severity = "warning" if rise >= th.trend_warning_ratio else "info"
             self._keep(f"{w.name}|{fn}|trend", Finding(
                 t=recs[-1][1], rule=self.id, severity=severity,
-                message=(f"step time of {label} is rising: median {ms(cur)} now vs "
-                         f"{ms(base)} after warm-up ({rise:.2g}x)"),
+                message=(f"step time of {label} is rising: median {finding_ms(cur)} now vs "
+                         f"{finding_ms(base)} after warm-up ({rise:.2g}x)"),
                 advice=advice + "; a steady rise often means growing Python state per step "
                                 "(see host-memory-growth) or a filling cache/queue",
                 evidence={

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from textual.content import Content
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.ui import units
 from tpuwatch.ui.screens.text_screen import TextScreen
 from tpuwatch.ui.widgets.command_line import _STYLE, _WORDS, result_path, short_path
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.content import Content
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.ui import units
 from tpuwatch.ui.widgets.panel import Panel
 
 _LEVEL = {"error": ("ERR ", "$error bold"), "warning": ("WARN", "$warning bold"), "info": ("info", "dim"), "debug": ("dbg ", "dim")}

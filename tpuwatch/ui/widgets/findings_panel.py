@@ -5,9 +5,9 @@ from __future__ import annotations
 from textual.content import Content
 
 from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.protocol import SEVERITY_RANK
 from tpuwatch.ui.widgets.panel import Panel
 
-_RANK = {"critical": 0, "warning": 1, "info": 2}
 _MARK = {"critical": ("!!", "$error bold"), "warning": ("! ", "$warning bold"), "info": ("i ", "$primary")}
 
 
@@ -20,7 +20,7 @@ def findings_text(s: RunSnapshot, rows: int, width: int = 10_000) -> Content:
                                       s.lost_reason or "no exit record from the training process"))
     if s.exception:
         lines.append(Content.assemble(("!! ", "$error bold"), ("crashed: ", "$error bold"), s.exception))
-    findings = sorted(s.findings, key=lambda f: (_RANK.get(f.severity, 3), -f.t))
+    findings = sorted(s.findings, key=lambda f: (-SEVERITY_RANK.get(f.severity, -1), -f.t))
     for f in findings:
         mark, style = _MARK.get(f.severity, ("  ", ""))
         lines.append(Content.assemble((mark + " ", style), f.message))

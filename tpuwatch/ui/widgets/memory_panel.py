@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from textual.content import Content
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import DeviceMemory, RunSnapshot
-from tpuwatch.ui import units
 from tpuwatch.ui.widgets.panel import Panel
-from tpuwatch.ui.widgets.replica_loss_panel import short_device
 
 WARN_FRAC = 0.85
 CRITICAL_FRAC = 0.95
@@ -34,7 +33,7 @@ def _libtpu_line(d: DeviceMemory, width: int) -> Content:
     if used.endswith(" " + unit):
         used = used[: -len(unit) - 1]
     style = _style(_use(d))
-    line = Content.assemble(f"{short_device(d.device)[:10]:<6}", (used, style), ("/", "dim"), total,
+    line = Content.assemble(f"{units.short_device(d.device)[:10]:<6}", (used, style), ("/", "dim"), total,
                             (f" {units.percent(d.current_bytes / d.limit_bytes)}", style or "dim"))
     extras = [Content.assemble(("  duty ", "dim"), f"{d.duty_cycle_pct:.0f}%")] if d.duty_cycle_pct is not None else []
     extras.insert(0, Content.assemble(("  ", ""), units.size(max(0, d.limit_bytes - d.current_bytes)), (" free", "dim")))
@@ -68,7 +67,7 @@ def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
             continue
         frac = _use(d)
         parts: list[Content | tuple[str, str] | str] = [
-            f"{short_device(d.device)[:10]:<10}", units.size(d.current_bytes),
+            f"{units.short_device(d.device)[:10]:<10}", units.size(d.current_bytes),
             ("  peak ", "dim"), (units.size(d.peak_bytes), _style(frac)),
         ]
         if d.limit_bytes:

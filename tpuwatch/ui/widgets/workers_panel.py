@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from textual.content import Content
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes, worker_status_text
-from tpuwatch.ui import units
 from tpuwatch.ui.widgets.memory_panel import MemoryPanel
 from tpuwatch.ui.widgets.panel import Panel
 
