@@ -147,7 +147,7 @@ def main() -> None:
         configs.append(("spe1", mirrored, 1))
     if a.only in (None, "spek"):
         configs.append(("spek", mirrored, a.spe))
-    for name, strategy, spe in configs:
+    for _name, strategy, spe in configs:
         for size, width in ((f"width {a.width}", a.width), ("tiny step", 8)):
             kind = "default strategy" if strategy is tf.distribute.get_strategy() else type(strategy).__name__
             try:

@@ -137,7 +137,9 @@ async def measure(rate: float, seconds: float, size: tuple[int, int]) -> None:
     cpu_pct = 100 * (cpu1 - cpu0) / (wall1 - wall0)
 
     def pct(xs: list[float], q: float) -> float:
-        return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) >= 2 else (xs[0] if xs else float("nan"))
+        if len(xs) < 2:
+            return xs[0] if xs else float("nan")
+        return statistics.quantiles(xs, n=100, method="inclusive")[q - 1]
 
     print(f"rate {rate:.0f} steps/s for {seconds:.0f} s, terminal {size[0]}x{size[1]}, headless")
     print(f"startup: imports {1e3 * import_s:.0f} ms, app to first frame {1e3 * first_frame_s:.0f} ms")

@@ -13,8 +13,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO, cast
 
-from tpuwatch import __version__
+from tpuwatch import __version__, address, settings
+
+if TYPE_CHECKING:
+    from tpuwatch.sources.source import Source
 
 EXIT_USAGE = 2
 
@@ -90,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     span = profile.add_mutually_exclusive_group()
     span.add_argument("--steps", type=int, help="training steps to capture (default 5)")
     span.add_argument("--ms", type=float, help="milliseconds to capture instead of a step count")
-    profile.add_argument("--logdir", help="where to write it: a directory or gs://bucket/path (default: the run's profiles/)")
+    profile.add_argument("--logdir",
+                         help="where to write it: a directory or gs://bucket/path (default: the run's profiles/)")
     profile.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the result (default 300)")
 
     checkpoint = sub.add_parser("checkpoint", help="save a checkpoint of a live run at the next step boundary")
@@ -156,7 +161,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     if ns.sample_hz is not None and not 0.5 <= ns.sample_hz <= 20:
         return _error(f"--sample-hz {ns.sample_hz}: must be between 0.5 and 20")
-    shared = os.environ.get("TPUWATCH_TOKEN", "")
+    shared = settings.TOKEN.get()
     if ns.listen and shared and len(shared.strip()) < MIN_TOKEN_CHARS:
         # The token is all that guards a listening agent: a short shared one is guessable.
         return _error(f"TPUWATCH_TOKEN has {len(shared.strip())} characters; a shared viewer token needs at least "
@@ -165,10 +170,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.allow_dest:
         # The agent's command validation reads this (tpuwatch/agent/destinations.py).
         env = dict(os.environ)
-        env["TPUWATCH_ALLOWED_DESTINATIONS"] = os.pathsep.join(
+        env[settings.ALLOWED_DESTINATIONS.name] = os.pathsep.join(
             d if d.startswith("gs://") else os.path.abspath(os.path.expanduser(d)) for d in ns.allow_dest)
     if ns.listen:
-        host = ns.listen.rpartition(":")[0].strip("[]")
+        try:
+            host = address.parse(ns.listen, listen=True)[0]
+        except ValueError:
+            host = ""  # the launcher names what is wrong with it
         if host in ("0.0.0.0", "::", "*"):
             _say(f"warning: --listen {ns.listen} accepts viewers from every network this machine is on "
                  "(anyone with the token can read the run and send commands); prefer 127.0.0.1:PORT with "
@@ -193,7 +201,8 @@ def _run_headless(launch, every_s: float) -> int:
 
     # `tpuwatch run x.py 2>&1 | head -3`: a reader that goes away must not kill the launcher
     # (the run would stay "running" and our exit code would not be the script's).
-    sys.stderr = _Unbreakable(sys.stderr)
+    guard = _Unbreakable(sys.stderr)
+    sys.stderr = cast(TextIO, guard)  # it quacks like one
     print(f"tpuwatch: run {launch.run_id} (pid {launch.pid}), recording in {launch.run_dir}", file=sys.stderr)
     done, copier = _start_copier(launch.run_dir / rundir.OUTPUT)
     _forward_interrupts("the training process group", lambda: [launch.pid])
@@ -204,7 +213,7 @@ def _run_headless(launch, every_s: float) -> int:
     done.set()
     copier.join(timeout=2)
     print(f"tpuwatch: exit code {code}; `tpuwatch report {launch.run_id}` for the full report", file=sys.stderr)
-    if sys.stderr.broken:
+    if guard.broken:
         _quiet_stdout()  # the copier's stdout may be the same closed pipe: keep exit quiet
     return code
 
@@ -372,11 +381,7 @@ def _forward_interrupts(what: str, targets) -> None:
 
 
 def _stop_grace_s() -> float:
-    try:
-        value = float(os.environ.get("TPUWATCH_STOP_GRACE_S", "15"))
-    except ValueError:
-        return 15.0
-    return value if value > 0 else 15.0
+    return settings.STOP_GRACE_S.positive_float()
 
 
 def _group_alive(pgid: int) -> bool:
@@ -459,6 +464,7 @@ def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: boo
     from tpuwatch.monitor.group import worker_dirs
     from tpuwatch.ui.app import run_dashboard
 
+    source: Source
     workers = worker_dirs(run_dir)
     if workers is not None:
         from tpuwatch.sources.group_source import (
@@ -553,7 +559,7 @@ def _attach_remote(ns: argparse.Namespace) -> int:
         addresses = read_addresses(ns.run)
     except ValueError as e:
         return _error(str(e))
-    token = os.environ.get("TPUWATCH_TOKEN", "")
+    token = settings.TOKEN.get()
     if ns.token_file is not None:
         try:
             token = rundir.read_token(ns.token_file)
@@ -585,8 +591,7 @@ def _attach_remote(ns: argparse.Namespace) -> int:
 
 
 def _is_address(ref: str) -> bool:
-    host, sep, port = ref.rpartition(":")
-    return bool(sep and host and port.isdigit()) and not Path(ref).exists()
+    return address.looks_like(ref) and not Path(ref).exists()
 
 
 def cmd_action(ns: argparse.Namespace) -> int:

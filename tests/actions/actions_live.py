@@ -8,12 +8,11 @@ import sys
 import time
 from pathlib import Path
 
-from tpuwatch_testing import child_env, read_messages
-
 from tpuwatch import protocol, rundir
 from tpuwatch.control.actions import Outcome, send_and_wait
 from tpuwatch.control.client import new_command
 from tpuwatch.monitor.recording import RecordingReader
+from tpuwatch_testing import child_env, read_messages
 
 HERE = Path(__file__).resolve().parent
 TRAINER = HERE / "scripts" / "trainer.py"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from actions_live import LiveRun
-from tpuwatch_testing import child_env
 
 from tpuwatch import protocol
 from tpuwatch.monitor import profile_summary
+from tpuwatch_testing import child_env
 
 pytestmark = pytest.mark.tf
 

@@ -6,9 +6,9 @@ import signal
 import statistics
 
 import pytest
-from tpuwatch_testing import SCRIPTS
 
 from tpuwatch import protocol
+from tpuwatch_testing import SCRIPTS
 
 pytestmark = pytest.mark.tf
 LOOPS = SCRIPTS / "loops.py"

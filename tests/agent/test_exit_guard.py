@@ -10,9 +10,9 @@ import sys
 import time
 
 import pytest
-from tpuwatch_testing import SCRIPTS, child_env, read_messages
 
 from tpuwatch import protocol
+from tpuwatch_testing import SCRIPTS, child_env, read_messages
 
 pytestmark = pytest.mark.tf
 

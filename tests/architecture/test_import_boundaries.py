@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+
 from tpuwatch_testing import ROOT
 
 TF = {"tensorflow", "keras", "tf_keras"}
@@ -46,7 +47,8 @@ def _import_all(package: str) -> set[str]:
     return _modules_after("\n".join(f"import {m}" for m in _every_module(package)))
 
 
-@pytest.mark.parametrize("module", ["tpuwatch", "tpuwatch.protocol", "tpuwatch.rundir", "tpuwatch.api"])
+@pytest.mark.parametrize("module", ["tpuwatch", "tpuwatch.protocol", "tpuwatch.rundir", "tpuwatch.api", "tpuwatch.settings",
+                                    "tpuwatch.address", "tpuwatch.units"])
 def test_core_modules_import_only_the_standard_library(module):
     extra = _top(_modules_after(f"import {module}")) - _top(_modules_after("pass"))
     assert extra <= {"tpuwatch"} | set(sys.stdlib_module_names), sorted(extra)

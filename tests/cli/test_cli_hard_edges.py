@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tpuwatch_testing import child_env
 
 ROBUSTNESS = Path(__file__).resolve().parents[1] / "robustness"

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tpuwatch_testing import SCRIPTS, child_env
 
 

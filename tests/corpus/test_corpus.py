@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tpuwatch_testing import child_env, read_messages
 
 from tpuwatch import protocol
+from tpuwatch_testing import child_env, read_messages
 
 pytestmark = pytest.mark.tf
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tpuwatch_testing import SAMPLES, child_env
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]

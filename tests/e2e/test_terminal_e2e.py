@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tpuwatch_testing import SAMPLES
 
 pytestmark = pytest.mark.tf

@@ -35,7 +35,7 @@ def _group(tmp_path: Path, codes: list[str], grace_s: float) -> GroupLaunch:
 
 def _exit_records(wdir: Path) -> list[dict]:
     path = wdir / rundir.EVENTS
-    return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_dead_worker_stops_the_hanging_peer_after_the_grace(tmp_path):

@@ -190,7 +190,7 @@ def test_dashboard_at_80x24_shows_workers_in_place_of_memory(tmp_path):
 def test_dashboard_wide_shows_workers_row_with_memory(tmp_path):
     text = _dashboard_text(make_group(tmp_path), (160, 48))
     assert "Workers" in text and "Memory" in text
-    row = next(l for l in text.splitlines() if "worker:1" in l and "crashed (exit 137)" in l)
+    row = next(line for line in text.splitlines() if "worker:1" in line and "crashed (exit 137)" in line)
     assert "straggler: input wait +59 ms" in row and "RSS 601 MiB" in row and "host1" in row
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import psutil
+
 from tpuwatch_testing import ROOT, child_env
 
 

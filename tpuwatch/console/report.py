@@ -426,7 +426,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
               f"{r['device'] or '?'}): {fmt_loss(_num(r['loss']))}"
               + ("" if r["finite"] else "  NON-FINITE")
               for r in s["replica_losses"]]
-    out = [("Run", "\n".join(rows_run), []), ("Summary", "\n".join(rows_sum), [])]
+    out: list[tuple[str, str, list[str]]] = [("Run", "\n".join(rows_run), []), ("Summary", "\n".join(rows_sum), [])]
     if report.get("workers"):
         out.append(("Workers", "", [_worker_line(w) for w in report["workers"]]))
     if traces:

@@ -167,7 +167,7 @@ def request(run_dir: Path, action: Action, *, timeout_s: float, steps: int | Non
 
 def _print_summary(result: Result, out: TextIO, run_dir: Path) -> None:
     from tpuwatch.monitor import profile_summary
-    
+
     local = result.details.get("local_path") or result.details.get("path")
     if not isinstance(local, str) or not os.path.isdir(local):
         logdir = result.details.get("logdir")

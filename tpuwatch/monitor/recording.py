@@ -204,7 +204,7 @@ class RecordingReader:
         for line in body.split(b"\n"):
             if not line or line.isspace():
                 continue
-            msg = _fast_step(line) if line.startswith(_STEP_PREFIX) else None
+            msg: Message | None = _fast_step(line) if line.startswith(_STEP_PREFIX) else None
             if msg is None:
                 msg = decode(line)
                 if msg is None:

@@ -92,7 +92,7 @@ def run_info(run_dir: Path) -> RunInfo:
     hello = _first_hello(events)
     last_step = next((m for m in reversed(tail) if isinstance(m, Step)), None)
     exit_msg = next((m for m in reversed(tail) if isinstance(m, Exit)), None)
-    last_t = next((getattr(m, "t") for m in reversed(tail) if hasattr(m, "t")), None)
+    last_t = next((m.t for m in reversed(tail) if hasattr(m, "t")), None)
     exit_code = exit_msg.exit_code if exit_msg else meta.get("exit_code")
     stop_requested = bool(meta.get("stop_requested"))
     if exit_msg is not None:

@@ -510,7 +510,7 @@ class TpuwatchApp(App[str]):
         """(keys as currently mapped, description, enabled now) for the help screen."""
         rows: list[tuple[str, str, bool]] = []
         seen: set[str] = set()
-        for key, bindings in self._bindings.key_to_bindings.items():
+        for bindings in self._bindings.key_to_bindings.values():
             for b in bindings:
                 if b.id is None or b.id.startswith("panel.") or b.id in seen:
                     continue
@@ -570,7 +570,7 @@ class TpuwatchApp(App[str]):
         expanded = list(self.query(".-maximised"))
         for w in expanded:
             w.remove_class("-maximised")
-            w.call_after_refresh(w.watch_snapshot, w.snapshot)
+            w.call_after_refresh(w.watch_snapshot, w.snapshot)  # type: ignore[attr-defined]  # a Panel
         self.screen.remove_class("-panel-max", "-max-bottom")
         return bool(expanded)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpuwatch.protocol import Finding
+from tpuwatch.protocol import Finding, Severity
 from tpuwatch.units import finding_ms
 
 from .input_share import InputShare, window_share
@@ -45,7 +45,7 @@ class InputBound(Rule):
         th = self.th
         if s is None or s.level not in ("moderate", "high"):
             return
-        severity = "warning" if s.level == "high" else "info"
+        severity: Severity = "warning" if s.level == "high" else "info"
         pct = round(100 * s.share)
         self._keep(worker, Finding(
             t=t, rule=self.id, severity=severity,

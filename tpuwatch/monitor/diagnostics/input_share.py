@@ -17,7 +17,7 @@ profile summary all quote :class:`InputShare` values computed here, so they agre
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Any, Iterable, Literal
 
 from .thresholds import Thresholds
 
@@ -89,7 +89,7 @@ class InputTotals:
         return _judge(self.wait, self.time, self.steps, self.first_step, self.last_step, th)
 
 
-def window_share(records: Iterable[tuple], th: Thresholds) -> InputShare | None:
+def window_share(records: Iterable[tuple[Any, ...]], th: Thresholds) -> InputShare | None:
     """The share over telemetry window records ``(step, t, step_time_s, wait_s, k, fn)``."""
     tot = InputTotals()
     for r in records:

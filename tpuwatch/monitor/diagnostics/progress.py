@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
-from tpuwatch.protocol import Finding, Message, Step
+from tpuwatch.protocol import Finding, Message, Severity, Step
 from tpuwatch.units import finding_duration, finding_ms
 
 from .robust_stats import median, quantile, sig
 from .rule import Rule
 from .telemetry import Telemetry, WorkerTelemetry
+from .thresholds import Thresholds
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class Stall(Rule):
     id = "stall"
     observes = (Step,)
 
-    def __init__(self, th) -> None:
+    def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
         #: worker -> long gaps that ended: (step before, seconds, step after)
         self.gaps: dict[str, list[tuple[int, float, int]]] = {}
@@ -101,7 +103,7 @@ class Stall(Rule):
                 if not killed:
                     self._finished_after_last_step(w)
                     continue
-                end = ex.t
+                end = ex.t if ex is not None else now  # killed: ex is there
             else:
                 end = w.last_alive_t if w.samples_seen and w.last_alive_t else now
             gap = end - w.last_step_t
@@ -135,7 +137,7 @@ class Stall(Rule):
     def _record(self, w: WorkerTelemetry, gap: float, limit: StallLimit, *, ongoing: bool,
                 resumed_at: int | None) -> None:
         th = self.th
-        severity = "critical" if gap >= th.stall_critical_factor * limit.seconds else "warning"
+        severity: Severity = "critical" if gap >= th.stall_critical_factor * limit.seconds else "warning"
         if ongoing:
             state = "still no step (the process is alive)"
         elif resumed_at is not None:
@@ -178,19 +180,19 @@ class StepTimeJitter(Rule):
 
     id = "step-time-jitter"
 
-    def __init__(self, th) -> None:
+    def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
         self._baseline: dict[tuple[str, str], float] = {}  # (worker, function) -> median s
 
     def check(self, tel: Telemetry) -> None:
         for w in tel.step_workers():
-            by_fn: dict[str, list] = {}
+            by_fn: dict[str, list[tuple[Any, ...]]] = {}
             for r in w.window:
                 by_fn.setdefault(r[5], []).append(r)
             for fn, recs in by_fn.items():
                 self._check_fn(w, fn, recs)
 
-    def _check_fn(self, w: WorkerTelemetry, fn: str, recs: list) -> None:
+    def _check_fn(self, w: WorkerTelemetry, fn: str, recs: list[tuple[Any, ...]]) -> None:
         th = self.th
         key = (w.name, fn)
         if len(recs) < th.jitter_min_records:
@@ -210,7 +212,7 @@ class StepTimeJitter(Rule):
                   "or periodic work in callbacks (logging, checkpoints) every few steps")
         ratio = p95 / p50 if p50 > 0 else 0.0
         if ratio >= th.jitter_info_ratio and p95 - p50 >= th.jitter_min_spread_s:
-            severity = "warning" if ratio >= th.jitter_warning_ratio else "info"
+            severity: Severity = "warning" if ratio >= th.jitter_warning_ratio else "info"
             self._keep(f"{w.name}|{fn}|jitter", Finding(
                 t=recs[-1][1], rule=self.id, severity=severity,
                 message=(f"irregular step time in {label}: p95 {finding_ms(p95)} is "

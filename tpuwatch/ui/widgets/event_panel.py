@@ -8,7 +8,8 @@ from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui.widgets.panel import Panel
 
-_LEVEL = {"error": ("ERR ", "$error bold"), "warning": ("WARN", "$warning bold"), "info": ("info", "dim"), "debug": ("dbg ", "dim")}
+_LEVEL = {"error": ("ERR ", "$error bold"), "warning": ("WARN", "$warning bold"), "info": ("info", "dim"),
+          "debug": ("dbg ", "dim")}
 
 
 def events_text(s: RunSnapshot, rows: int) -> Content:
