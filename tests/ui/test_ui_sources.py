@@ -125,3 +125,21 @@ def test_replay_keeps_offsets_not_messages_and_decodes_the_same(tmp_path):
     while batch := src.poll():
         released.extend(batch)
     assert released[:-1] == expected and released[-1] == tail
+
+
+def test_every_source_defines_every_method_of_the_source_protocol() -> None:
+    """The dashboard and headless mode call these without probing (no getattr); mypy checks the
+    signatures, this checks that nothing was left out of a source that mypy does not see used."""
+    from tpuwatch.sources.file_source import FileSource
+    from tpuwatch.sources.group_source import GroupReplaySource, GroupSource
+    from tpuwatch.sources.remote_source import RemoteSource
+    from tpuwatch.sources.source import RecordingSource, ReplayControl, Source
+
+    methods = {n for n, v in vars(Source).items() if callable(v) and not n.startswith("_")}
+    assert {"poll", "poll_tagged", "health", "read_stats", "send", "now", "close"} <= methods
+    for cls in (FileSource, GroupSource, RemoteSource, ReplaySource, GroupReplaySource):
+        assert not {n for n in methods if not callable(getattr(cls, n, None))}, cls
+    for cls in (FileSource, GroupSource):
+        assert callable(cls.finish) and isinstance(vars(cls)["caught_up"], property), cls
+    assert {"caught_up", "finish"} <= set(vars(RecordingSource))
+    assert isinstance(vars(ReplaySource)["seek_step_s"], property) and "seek_step_s" in vars(ReplayControl)
