@@ -15,11 +15,8 @@ from tpuwatch.console.report import build_report, render_text
 from tpuwatch.monitor.group import GroupReader, read_group, worker_dirs
 from tpuwatch.monitor.runs import run_info
 from tpuwatch.protocol import DeviceSample, Exit, Hello, HostSample, Step, Topology
-from tpuwatch.sources.group_source import (
-    GroupSource,
-    apply_worker_health,
-    make_group_replay_source,
-)
+from tpuwatch.sources.group_source import GroupSource, make_group_replay_source
+from tpuwatch.sources.source import apply_worker_health
 from tpuwatch.ui.app import TpuwatchApp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ui"))

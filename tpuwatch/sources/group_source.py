@@ -1,5 +1,6 @@
 """Sources for a multi-worker run directory (``tpuwatch run --workers N``, ``attach``/``replay`` of
-its group directory), and the worker health every multi-worker source reports to the state.
+its group directory). Their worker health reaches the state through
+:func:`tpuwatch.sources.source.apply_worker_health`.
 
 Like :class:`~tpuwatch.sources.remote_source.RemoteSource`, these hand the dashboard
 ``(worker, message)`` pairs through ``poll_tagged()`` so one ``RunState`` keeps each worker apart
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from tpuwatch import rundir
 from tpuwatch.control.client import AgentClient
@@ -20,7 +21,7 @@ from tpuwatch.monitor.recording import ReadStats
 from tpuwatch.monitor.runs import pid_alive
 from tpuwatch.protocol import Command, Exit, Message
 from tpuwatch.sources.replay_source import ReplaySource
-from tpuwatch.sources.source import Source, WorkerHealth, broadcast
+from tpuwatch.sources.source import WorkerHealth, broadcast
 
 #: A worker whose process is gone and whose launcher recorded no end for this long is lost.
 LOST_AFTER_S = 3.0
@@ -120,22 +121,3 @@ def make_group_replay_source(workers: Sequence[WorkerDir], speed: float = 1.0, *
     if not tagged:
         raise FileNotFoundError(f"no recording in any worker of {Path(workers[0].path).parent}")
     return GroupReplaySource(tagged, speed=speed, paused=paused)
-
-
-class HealthSink(Protocol):
-    """What :func:`apply_worker_health` tells (``tpuwatch.monitor.state.RunState``)."""
-
-    def set_connected(self, connected: bool, worker: str | None = None) -> None: ...
-
-    def set_lost(self, reason: str, worker: str | None = None) -> None: ...
-
-
-def apply_worker_health(source: Source, state: HealthSink) -> None:
-    """Tells ``state`` which workers are connected or lost, as far as ``source`` knows
-    (:meth:`Source.health`: a local group, or several TCP streams). A worker that went away is
-    marked (disconnected, lost), never silently dropped."""
-    health: Mapping[str, WorkerHealth] = source.health()
-    for name, (connected, lost) in health.items():
-        state.set_connected(connected, name)
-        if lost:
-            state.set_lost(lost, worker=name)

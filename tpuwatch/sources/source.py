@@ -131,3 +131,22 @@ def broadcast(command: Command, targets: Iterable[tuple[str, Callable[[Command],
             errors.append(f"{label}: {e}")
     if not sent:
         raise OSError("; ".join(errors) or none_left)
+
+
+class HealthSink(Protocol):
+    """What :func:`apply_worker_health` tells (``tpuwatch.monitor.state.RunState``)."""
+
+    def set_connected(self, connected: bool, worker: str | None = None) -> None: ...
+
+    def set_lost(self, reason: str, worker: str | None = None) -> None: ...
+
+
+def apply_worker_health(source: Source, state: HealthSink) -> None:
+    """Tells ``state`` which workers are connected or lost, as far as ``source`` knows
+    (:meth:`Source.health`: a local group, or several TCP streams). A worker that went away is
+    marked (disconnected, lost), never silently dropped."""
+    health: Mapping[str, WorkerHealth] = source.health()
+    for name, (connected, lost) in health.items():
+        state.set_connected(connected, name)
+        if lost:
+            state.set_lost(lost, worker=name)

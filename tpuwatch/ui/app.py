@@ -35,9 +35,8 @@ from tpuwatch.monitor.recording import append
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import Command, Result
-from tpuwatch.sources.group_source import apply_worker_health
 from tpuwatch.sources.replay_source import ReplaySource
-from tpuwatch.sources.source import ReplayControl, Source
+from tpuwatch.sources.source import ReplayControl, Source, apply_worker_health
 from tpuwatch.ui.hangup_driver import hangup_safe
 from tpuwatch.ui.output_tail import OutputTail
 from tpuwatch.ui.pacer import SHOW_PERIOD_S, Pacer
