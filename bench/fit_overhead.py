@@ -17,7 +17,8 @@ Configurations: ``steps_per_execution=1`` under MirroredStrategy over 4 logical 
 default strategy (Keras 3.15 crashes with ``steps_per_execution > 1`` under MirroredStrategy,
 keras-team/keras#19246). Each for a big step (``--width``) and a tiny step.
 
-    python bench/fit_overhead.py [--width 1024] [--blocks 8] [--steps 48] [--spe 8] [--repeat 2] [--only spe1|spek] [--calls 300]
+    python bench/fit_overhead.py [--width 1024] [--blocks 8] [--steps 48] [--spe 8] [--repeat 2]
+                                 [--only spe1|spek] [--calls 300]
 
 Prints, per configuration and repeat: plain and instrumented ms/step (medians over blocks), their
 ratio and the median of the per-pair ratios (with their range), the added µs per step and the
@@ -196,7 +197,7 @@ def main() -> None:
         configs.append(("spe1", mirrored, 1))
     if a.only in (None, "spek"):
         configs.append(("spek", mirrored, a.spe))
-    for name, strategy, spe in configs:
+    for _name, strategy, spe in configs:
         for size, width in ((f"width {a.width}", a.width), ("tiny step", 8)):
             kind = "default strategy" if strategy is tf.distribute.get_strategy() else type(strategy).__name__
             try:

@@ -131,9 +131,9 @@ def measure_state(path: Path) -> None:
 
 async def measure_app(path: Path, replay: bool) -> None:
     from tpuwatch import rundir
+    from tpuwatch.sources.file_source import FileSource
+    from tpuwatch.sources.replay_source import make_replay_source
     from tpuwatch.ui.app import TpuwatchApp
-    from tpuwatch.ui.file_source import FileSource
-    from tpuwatch.ui.replay_source import make_replay_source
 
     run_dir = Path(tempfile.mkdtemp(prefix="tpuwatch-longrun-"))
     (run_dir / rundir.EVENTS).symlink_to(path)

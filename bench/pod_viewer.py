@@ -157,8 +157,8 @@ def serve_pod(n: int, backlog_s: float, slow_host: int, ports_file: Path, second
 async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_host: int, deadline_s: float) -> dict:
     import psutil
 
+    from tpuwatch.sources.remote_source import make_remote_source
     from tpuwatch.ui.app import TpuwatchApp
-    from tpuwatch.ui.remote_source import make_remote_source
 
     attach_t = time.time()
     rss0 = psutil.Process().memory_info().rss
@@ -258,7 +258,8 @@ def run_size(n: int, a: argparse.Namespace) -> dict:
         load0 = os.getloadavg()[0]
         t = time.perf_counter()
         viewer = subprocess.run([sys.executable, __file__, "--view", str(ports), "--n", str(n), "--slow-host",
-                                 str(slow), "--seconds", str(a.seconds), "--deadline", str(a.deadline)], env=env, capture_output=True, text=True,
+                                 str(slow), "--seconds", str(a.seconds), "--deadline", str(a.deadline)],
+                                env=env, capture_output=True, text=True,
                                 timeout=a.seconds + 900)
         wall = time.perf_counter() - t
         pod_cpu = sum(pod_ps.cpu_times()[:2]) - pod_cpu0
@@ -290,7 +291,7 @@ def main() -> None:
         serve_pod(a.serve, a.backlog, a.slow_host, a.ports, a.pod_seconds)
         return
     if a.view:
-        from tpuwatch.monitor.client import read_addresses
+        from tpuwatch.control.client import read_addresses
 
         addresses = read_addresses(["@" + str(a.view)])
         print(json.dumps(asyncio.run(view(addresses, a.n, a.seconds, a.slow_host, deadline_s=a.deadline))))
@@ -310,10 +311,13 @@ def main() -> None:
                   f"{'found at %.1f s' % r['straggler_s'] if 'straggler_s' in r else 'not found'}; "
                   f"load {r['load'][0]:.2f}->{r['load'][1]:.2f}", flush=True)
             continue
+        straggler = ("found at %.1f s, names %s (%s)" % (r["straggler_s"], r["straggler_names"],
+                                                        "right" if r["straggler_right"] else "WRONG")
+                     if "straggler_s" in r else "NOT found")
         print(f"{n:4d} hosts: catch-up {r['catch_up_s']:.1f} s; lag p50/p95/max {ms(r['lag_primary'])} ms "
               f"(most-behind host {ms(r['lag_worst_host'])} ms); CPU {r['cpu_pct']:.1f}% of a core; RSS "
               f"{r['rss_mib']:.0f} MiB (peak {r['peak_rss_mib']:.0f}); {r['frames_per_s']:.2f} frames/s; "
-              f"straggler {'found at %.1f s, names %s (%s)' % (r['straggler_s'], r['straggler_names'], 'right' if r['straggler_right'] else 'WRONG') if 'straggler_s' in r else 'NOT found'}; "
+              f"straggler {straggler}; "
               f"{r['workers_shown']} workers, {r['replicas_shown']} replica losses shown; pod simulator CPU "
               f"{r['pod_cpu_pct']:.0f}%; load {r['load'][0]:.2f}->{r['load'][1]:.2f}", flush=True)
 

@@ -80,8 +80,8 @@ def rss_mib() -> float:
 async def measure(rate: float, seconds: float, size: tuple[int, int]) -> None:
     t_import = time.perf_counter()
     from tpuwatch import rundir
+    from tpuwatch.sources.file_source import make_file_source
     from tpuwatch.ui.app import TpuwatchApp
-    from tpuwatch.ui.file_source import make_file_source
 
     run = Path(tempfile.mkdtemp(prefix="tpuwatch-bench-"))
     rundir.create(run)
@@ -133,15 +133,17 @@ async def measure(rate: float, seconds: float, size: tuple[int, int]) -> None:
         cpu1, wall1 = time.process_time(), time.perf_counter()
         last = int(writer.stdout.read().split()[-1])
         await pilot.pause(0.6)  # one more refresh to catch the tail
-        shown = app.snapshot.step
+        final_step = app.snapshot.step  # not `shown`: the app may pull once more while it closes
     cpu_pct = 100 * (cpu1 - cpu0) / (wall1 - wall0)
 
     def pct(xs: list[float], q: float) -> float:
-        return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) >= 2 else (xs[0] if xs else float("nan"))
+        if len(xs) < 2:
+            return xs[0] if xs else float("nan")
+        return statistics.quantiles(xs, n=100, method="inclusive")[q - 1]
 
     print(f"rate {rate:.0f} steps/s for {seconds:.0f} s, terminal {size[0]}x{size[1]}, headless")
     print(f"startup: imports {1e3 * import_s:.0f} ms, app to first frame {1e3 * first_frame_s:.0f} ms")
-    print(f"steps written {last}, shown at the end {shown} ({shown / max(1, last):.3f} of written)")
+    print(f"steps written {last}, shown at the end {final_step} ({final_step / max(1, last):.3f} of written)")
     print(f"refreshes {len(pulls)} ({len(pulls) / (wall1 - wall0):.2f}/s)")
     print(f"refresh cost (drain+apply+snapshot): p50 {1e3 * pct(pulls, 50):.1f} ms, "
           f"p95 {1e3 * pct(pulls, 95):.1f} ms, max {1e3 * max(pulls):.1f} ms")

@@ -27,7 +27,8 @@ def run_agent(tmp_path):
     def run(script: Path | str, *args: str, timeout: float = 180, env: dict | None = None, agent_args=()) -> AgentRun:
         run_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
         cmd = [sys.executable, "-m", "tpuwatch.agent", "--run-dir", str(run_dir), *agent_args, str(script), *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(**(env or {})), cwd=tmp_path)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(**(env or {})),
+                              cwd=tmp_path)
         events = run_dir / "events.jsonl"
         messages = read_messages(events) if events.exists() else []
         return AgentRun(proc.returncode, proc.stdout + proc.stderr, run_dir, messages)

@@ -14,8 +14,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO, cast
 
-from tpuwatch import __version__
+from tpuwatch import __version__, address, settings
+
+if TYPE_CHECKING:
+    from tpuwatch.sources.source import Source
 
 EXIT_USAGE = 2
 
@@ -103,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     span = profile.add_mutually_exclusive_group()
     span.add_argument("--steps", type=int, help="training steps to capture (default 5)")
     span.add_argument("--ms", type=float, help="milliseconds to capture instead of a step count")
-    profile.add_argument("--logdir", help="where to write it: a directory or gs://bucket/path (default: the run's profiles/)")
+    profile.add_argument("--logdir",
+                         help="where to write it: a directory or gs://bucket/path (default: the run's profiles/)")
     profile.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the result (default 300)")
 
     checkpoint = sub.add_parser("checkpoint", help="save a checkpoint of a live run at the next step boundary")
@@ -177,13 +182,13 @@ def _find_run(ref: str | None) -> Path:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    from tpuwatch.monitor import launcher
+    from tpuwatch.control import launcher
 
     if not ns.every > 0:  # NaN too
         return _error(f"--every {ns.every:g}: give a positive number of seconds between progress lines")
     if ns.sample_hz is not None and not 0.5 <= ns.sample_hz <= 20:
         return _error(f"--sample-hz {ns.sample_hz}: must be between 0.5 and 20")
-    shared = os.environ.get("TPUWATCH_TOKEN", "")
+    shared = settings.TOKEN.get()
     if ns.listen and shared and len(shared.strip()) < MIN_TOKEN_CHARS:
         # The token is all that guards a listening agent: a short shared one is guessable.
         return _error(f"TPUWATCH_TOKEN has {len(shared.strip())} characters; a shared viewer token needs at least "
@@ -192,10 +197,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.allow_dest:
         # The agent's command validation reads this (tpuwatch/agent/destinations.py).
         env = dict(os.environ)
-        env["TPUWATCH_ALLOWED_DESTINATIONS"] = os.pathsep.join(
+        env[settings.ALLOWED_DESTINATIONS.name] = os.pathsep.join(
             d if d.startswith("gs://") else os.path.abspath(os.path.expanduser(d)) for d in ns.allow_dest)
     if ns.listen:
-        host = ns.listen.rpartition(":")[0].strip("[]")
+        try:
+            host = address.parse(ns.listen, listen=True)[0]
+        except ValueError:
+            host = ""  # the launcher names what is wrong with it
         if host in ("0.0.0.0", "::", "*"):
             _say(f"warning: --listen {ns.listen} accepts viewers from every network this machine is on "
                  "(anyone with the token can read the run and send commands); prefer 127.0.0.1:PORT with "
@@ -215,11 +223,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 def _run_headless(launch, every_s: float) -> int:
     from tpuwatch import rundir
-    from tpuwatch.monitor import headless, launcher
+    from tpuwatch.console import headless
+    from tpuwatch.control import launcher
 
     # `tpuwatch run x.py 2>&1 | head -3`: a reader that goes away must not kill the launcher
     # (the run would stay "running" and our exit code would not be the script's).
-    sys.stderr = _Unbreakable(sys.stderr)
+    guard = _Unbreakable(sys.stderr)
+    sys.stderr = cast(TextIO, guard)  # it quacks like one
     print(f"tpuwatch: run {launch.run_id} (pid {launch.pid}), recording in {launch.run_dir}", file=sys.stderr)
     done, copier = _start_copier(launch.run_dir / rundir.OUTPUT)
     _forward_interrupts("the training process group", lambda: [launch.pid])
@@ -230,7 +240,7 @@ def _run_headless(launch, every_s: float) -> int:
     done.set()
     copier.join(timeout=2)
     print(f"tpuwatch: exit code {code}; `tpuwatch report {_ref(launch.run_dir)}` for the full report", file=sys.stderr)
-    if sys.stderr.broken:
+    if guard.broken:
         _quiet_stdout()  # the copier's stdout may be the same closed pipe: keep exit quiet
     return code
 
@@ -263,7 +273,7 @@ class _Unbreakable:
 
 def _run_group(ns: argparse.Namespace, env: dict[str, str] | None) -> int:
     """``tpuwatch run --workers N``: N local workers, supervised as one group (docs/multihost.md)."""
-    from tpuwatch.monitor import group_launch, launcher
+    from tpuwatch.control import group_launch, launcher
 
     if ns.workers is None:
         return _error("--worker-grace needs --workers N")
@@ -286,9 +296,10 @@ def _run_group(ns: argparse.Namespace, env: dict[str, str] | None) -> int:
 
 def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
     from tpuwatch import rundir
+    from tpuwatch.console import headless
     from tpuwatch.monitor import group as groups
-    from tpuwatch.monitor import headless
     from tpuwatch.monitor.recording import append
+    from tpuwatch.sources.group_source import GroupSource
 
     pids = ", ".join(f"{n} pid {w.pid}" for n, w in zip(group.names, group.workers))
     _say(f"run {group.run_id}: {len(group.workers)} workers ({pids}), recording in {group.run_dir}")
@@ -308,9 +319,12 @@ def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
             path = dirs.get(f.worker) or dirs[group.names[0]]
             append(path / rundir.EVENTS, [f])
 
-    reader = groups.GroupReader(groups.worker_dirs(group.run_dir) or [])
-    headless.follow_group(reader, group.alive, out=sys.stderr, every_s=every_s,
-                          on_end=supervisor.wait, record_findings=record)
+    source = GroupSource(groups.worker_dirs(group.run_dir) or [])
+    try:
+        headless.follow_group(source, group.alive, out=sys.stderr, every_s=every_s,
+                              on_end=supervisor.wait, record_findings=record)
+    finally:
+        source.close()
     code = supervisor.wait()
     merger.close()
     done.set()
@@ -322,7 +336,7 @@ def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
 def _run_group_dashboard(group, supervisor, merger) -> int:
     choice = _dashboard(group.run_dir, live=True, owner=True)
     if choice == "stop" and group.alive():
-        from tpuwatch.monitor.run_stop import record_stop_request
+        from tpuwatch.control.run_stop import record_stop_request
 
         for w in group.workers:
             record_stop_request(w.run_dir, "the dashboard")
@@ -394,11 +408,7 @@ def _forward_interrupts(what: str, targets) -> None:
 
 
 def _stop_grace_s() -> float:
-    try:
-        value = float(os.environ.get("TPUWATCH_STOP_GRACE_S", "15"))
-    except ValueError:
-        return 15.0
-    return value if value > 0 else 15.0
+    return settings.STOP_GRACE_S.positive_float()
 
 
 def _group_alive(pgid: int) -> bool:
@@ -431,7 +441,7 @@ def _copy_output(path: Path, done: threading.Event) -> None:
 
 
 def _run_dashboard(launch) -> int:
-    from tpuwatch.monitor import launcher
+    from tpuwatch.control import launcher
 
     # Records the end as soon as the child ends (a kill by a signal leaves no exit record of the
     # agent's own), so the dashboard shows it while it is still open.
@@ -481,21 +491,25 @@ def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: boo
     from tpuwatch.monitor.group import worker_dirs
     from tpuwatch.ui.app import run_dashboard
 
+    source: Source
     workers = worker_dirs(run_dir)
     if workers is not None:
-        from tpuwatch.ui.group_source import make_group_replay_source, make_group_source
+        from tpuwatch.sources.group_source import (
+            make_group_replay_source,
+            make_group_source,
+        )
 
         source = make_group_source(workers) if live else make_group_replay_source(workers, speed=speed or 1.0)
         # Findings go into the workers' recordings (owner only), not into the group directory.
         return run_dashboard(run_dir, source, record_findings=False)
     if live:
-        from tpuwatch.monitor.client import AgentClient
-        from tpuwatch.ui.file_source import make_file_source
+        from tpuwatch.control.client import AgentClient
+        from tpuwatch.sources.file_source import make_file_source
 
         client = AgentClient.for_run(run_dir)
         source = make_file_source(run_dir, send=client.send)
     else:
-        from tpuwatch.ui.replay_source import make_replay_source
+        from tpuwatch.sources.replay_source import make_replay_source
 
         source = make_replay_source(run_dir, speed=speed or 1.0)
     return run_dashboard(run_dir, source, record_findings=owner)
@@ -522,8 +536,8 @@ def cmd_attach(ns: argparse.Namespace) -> int:
 
 def _nothing_to_show(run_dir: Path) -> str:
     """Why a viewer of ``run_dir`` could show nothing at all ("" when it can)."""
+    from tpuwatch.control.preflight import recording_problem
     from tpuwatch.monitor.group import worker_dirs
-    from tpuwatch.monitor.preflight import recording_problem
 
     workers = worker_dirs(run_dir)
     problems = [recording_problem(w.path) for w in workers] if workers is not None else [recording_problem(run_dir)]
@@ -532,8 +546,9 @@ def _nothing_to_show(run_dir: Path) -> str:
 
 def _after_attach(run_dir: Path, choice: str) -> int:
     """What the user chose when leaving ``tpuwatch attach``: say it, and stop training if asked."""
-    from tpuwatch.monitor import run_stop
+    from tpuwatch.control import run_stop
     from tpuwatch.monitor.group import worker_dirs
+    from tpuwatch.monitor.runs import ended_state
 
     if choice == "detach":
         _say(f"detached; training goes on. Re-join with `tpuwatch attach {_ref(run_dir)}`")
@@ -547,7 +562,7 @@ def _after_attach(run_dir: Path, choice: str) -> int:
     except run_stop.StopError as e:
         _say(f"cannot stop the run: {e}")
         return 1
-    _say(f"training {run_stop.ended_state(code, True)} (exit code {code}); "
+    _say(f"training {ended_state(code, True)} (exit code {code}); "
          f"`tpuwatch report {_ref(run_dir)}` for the full report")
     return code
 
@@ -555,21 +570,21 @@ def _after_attach(run_dir: Path, choice: str) -> int:
 def _latest_live_run() -> Path:
     """The newest running run; the newest run of any state when none is running."""
     from tpuwatch import rundir
-    from tpuwatch.monitor import report
+    from tpuwatch.monitor.runs import list_runs
 
-    running = [r for r in report.list_runs(rundir.check_runs_root()) if r.state == "running"]
+    running = [r for r in list_runs(rundir.check_runs_root()) if r.state == "running"]
     return running[0].path if running else _find_run(None)
 
 
 def _attach_remote(ns: argparse.Namespace) -> int:
     from tpuwatch import rundir
-    from tpuwatch.monitor.client import read_addresses
+    from tpuwatch.control.client import read_addresses
 
     try:
         addresses = read_addresses(ns.run)
     except ValueError as e:
         return _error(str(e))
-    token = os.environ.get("TPUWATCH_TOKEN", "")
+    token = settings.TOKEN.get()
     if ns.token_file is not None:
         try:
             token = rundir.read_token(ns.token_file)
@@ -578,10 +593,9 @@ def _attach_remote(ns: argparse.Namespace) -> int:
     if not token:
         return _error("HOST:PORT viewers need the run's token: pass --token-file (the `token` file in the run "
                       "directory on the training host) or set TPUWATCH_TOKEN")
+    from tpuwatch.control.preflight import endpoint_problem
+    from tpuwatch.sources.remote_source import make_remote_source
     from tpuwatch.ui.app import run_dashboard
-    from tpuwatch.ui.remote_source import make_remote_source
-
-    from tpuwatch.monitor.preflight import endpoint_problem
 
     problems = [endpoint_problem(a, token) for a in addresses]
     if all(problems):  # nothing to show: say why, not a dashboard waiting forever
@@ -595,30 +609,32 @@ def _attach_remote(ns: argparse.Namespace) -> int:
     if choice == "detach":
         _say(f"detached; training goes on. Re-join with `tpuwatch attach {' '.join(ns.run)}`")
     elif choice == "stop":
-        from tpuwatch.monitor.remote_stop import stop_remote
+        from tpuwatch.control.remote_stop import stop_remote
 
         return stop_remote([(s.address, s.offset) for s in source.streams], token, report=_say)
     return 0
 
 
 def _is_address(ref: str) -> bool:
-    host, sep, port = ref.rpartition(":")
-    return bool(sep and host and port.isdigit()) and not Path(ref).exists()
+    return address.looks_like(ref) and not Path(ref).exists()
 
 
 def cmd_action(ns: argparse.Namespace) -> int:
     """``tpuwatch profile`` / ``tpuwatch checkpoint``: one command to a live agent, its result printed."""
-    from tpuwatch.monitor import actions
+    from tpuwatch.control import actions
 
     try:
         run_dir = _find_run(ns.run)
     except FileNotFoundError as e:
         return _error(str(e))
-    return actions.request_from_cli(run_dir, ns)
+    if ns.command == "profile":
+        return actions.request(run_dir, "profile", timeout_s=ns.timeout, steps=ns.steps, ms=ns.ms,
+                               logdir=ns.logdir)
+    return actions.request(run_dir, "checkpoint", timeout_s=ns.timeout, dest_dir=ns.dir)
 
 
 def cmd_doctor(ns: argparse.Namespace) -> int:
-    from tpuwatch.monitor import doctor
+    from tpuwatch.console import doctor
 
     return doctor.main(python=ns.python, gcs=ns.gcs)
 
@@ -626,7 +642,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 def cmd_replay(ns: argparse.Namespace) -> int:
     if ns.speed <= 0:
         return _error(f"--speed {ns.speed}: must be positive")
-    from tpuwatch.monitor.report import recording_problem
+    from tpuwatch.console.report import recording_problem
 
     try:
         run_dir = _find_run(ns.run)
@@ -643,7 +659,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
-    from tpuwatch.monitor import report
+    from tpuwatch.console import report
 
     try:
         run_dir = _find_run(ns.run)
@@ -664,65 +680,21 @@ def cmd_report(ns: argparse.Namespace) -> int:
 
 def cmd_ls(ns: argparse.Namespace) -> int:
     from tpuwatch import rundir
-    from tpuwatch.monitor import report
+    from tpuwatch.console.run_list import render_run_list
+    from tpuwatch.monitor.runs import list_runs
 
     try:
         root = rundir.check_runs_root()
     except FileNotFoundError as e:
         return _error(str(e))
-    runs = report.list_runs(root)
+    runs = list_runs(root)
     if not runs:
         print(f"no runs under {rundir.runs_root()}; start one with `tpuwatch run SCRIPT`")
         return 0
-    rows = [{"RUN": r.id, "STATE": r.state,
-             "STARTED": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.start)) if r.start else "?",
-             "STEPS": "" if r.steps is None else str(r.steps),
-             "EXIT": "" if r.exit_code is None else str(r.exit_code), "SCRIPT": r.script} for r in runs]
     # A terminal (or an explicit $COLUMNS) gets rows that never wrap; a pipe gets everything.
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() or os.environ.get("COLUMNS") else None
-    for line in _ls_lines(rows, width):
-        print(line)
+    print(render_run_list(runs, width))
     return 0
-
-
-#: What `tpuwatch ls` gives up, in order, to fit the terminal: (columns shown, narrowest script
-#: column). The start time goes first (the run id begins with it); the id, which every other
-#: command takes, is never cut.
-_LS_LAYOUTS = (
-    (("RUN", "STATE", "STARTED", "STEPS", "EXIT", "SCRIPT"), 24),
-    (("RUN", "STATE", "STEPS", "EXIT", "SCRIPT"), 12),
-    (("RUN", "STATE", "STEPS", "EXIT"), 0),
-    (("RUN", "STATE", "EXIT"), 0),
-    (("RUN", "STATE"), 0),
-)
-
-
-def _ls_lines(rows: list[dict[str, str]], width: int | None) -> list[str]:
-    """The header and one line per run, within ``width`` columns (None: no limit), cutting the
-    script's path from the left ("…/train.py") before dropping whole columns."""
-    right = {"STEPS", "EXIT"}
-    widths = {c: max([len(c)] + [len(r[c]) for r in rows]) for c in _LS_LAYOUTS[0][0]}
-    for columns, narrowest in _LS_LAYOUTS:
-        fixed = [c for c in columns if c != "SCRIPT"]
-        used = sum(widths[c] for c in fixed) + len(fixed) - 1
-        room = widths["SCRIPT"] if width is None else width - used - 2
-        if "SCRIPT" not in columns and (width is None or used <= width):
-            break
-        if "SCRIPT" in columns and room >= min(narrowest, widths["SCRIPT"]):
-            break
-    script_width = max(0, min(room, widths["SCRIPT"]))
-
-    def line(cells: dict[str, str]) -> str:
-        parts = [cells[c].rjust(widths[c]) if c in right else cells[c].ljust(widths[c]) for c in fixed]
-        text = " ".join(parts)
-        if "SCRIPT" in columns:
-            script = cells["SCRIPT"]
-            if len(script) > script_width:
-                script = "…" + script[len(script) - script_width + 1:]
-            text += "  " + script
-        return text.rstrip()
-
-    return [line({c: c for c in widths}), *(line(r) for r in rows)]
 
 
 if __name__ == "__main__":

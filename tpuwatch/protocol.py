@@ -26,7 +26,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Mapping, Union
+from typing import Any, Callable, ClassVar, Literal, Mapping, Union
 
 PROTOCOL_VERSION = 1
 
@@ -39,6 +39,8 @@ DISK_FULL_SOURCE = "disk-full"
 Scalar = Union[int, float, str, bool, None]
 Level = Literal["debug", "info", "warning", "error"]
 Severity = Literal["info", "warning", "critical"]
+#: Severities from the least to the most serious (every ordering of findings uses this).
+SEVERITY_RANK: Mapping[str, int] = {"info": 0, "warning": 1, "critical": 2}
 
 _NONFINITE_OUT = {math.inf: "Infinity", -math.inf: "-Infinity"}
 _NONFINITE_IN = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -239,9 +241,6 @@ class Exit(Message):
 
 # --- commands ------------------------------------------------------------------------------
 
-Action = Literal["profile", "checkpoint", "stack_dump"]
-
-
 @dataclass(frozen=True)
 class Command(Message):
     """A viewer asks the agent to act. Gets exactly one :class:`Result` with the same ``id``."""
@@ -339,10 +338,6 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     Attach,
 )
 BY_KIND: dict[str, type[Message]] = {cls.kind: cls for cls in MESSAGE_TYPES}
-AnyMessage = Union[
-    Hello, Topology, Config, Step, HostSample, DeviceSample, Retrace, Epoch, Event,
-    ExceptionRaised, Exit, Command, CommandState, Result, StackDump, Finding, Attach,
-]
 
 
 # --- encoding ----------------------------------------------------------------------------------
@@ -386,14 +381,14 @@ _DUMPS = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 def encode(msg: Message) -> bytes:
     """One message as one JSON line (with the trailing newline)."""
-    data = _step_dict(msg) if type(msg) is Step else to_dict(msg)  # type: ignore[arg-type]
+    data = _step_dict(msg) if type(msg) is Step else to_dict(msg)
     return (_DUMPS(data) + "\n").encode()
 
 
 # --- decoding ----------------------------------------------------------------------------------
 
 
-def _checker(tp: Any):
+def _checker(tp: Any) -> Callable[[Any], Any]:
     """Builds a function that validates/converts one decoded JSON value for type ``tp``."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -402,7 +397,7 @@ def _checker(tp: Any):
     if origin in (Union, types.UnionType):
         checks = [_checker(a) for a in args]
 
-        def check_union(v):
+        def check_union(v: Any) -> Any:
             for c in checks:
                 try:
                     return c(v)
@@ -414,7 +409,7 @@ def _checker(tp: Any):
     if origin is Literal:
         allowed = set(args)
 
-        def check_literal(v):
+        def check_literal(v: Any) -> Any:
             if v not in allowed:
                 raise ProtocolError(f"{v!r} not one of {sorted(map(str, allowed))}")
             return v
@@ -423,16 +418,16 @@ def _checker(tp: Any):
     if origin is tuple:
         item = _checker(args[0])
 
-        def check_tuple(v):
+        def check_tuple(v: Any) -> Any:
             if not isinstance(v, list):
                 raise ProtocolError(f"expected a list, got {type(v).__name__}")
             return tuple(item(x) for x in v)
 
         return check_tuple
     if origin in (collections.abc.Mapping, dict):
-        val = _checker(args[1]) if args else (lambda v: v)
+        val: Callable[[Any], Any] = _checker(args[1]) if args else (lambda v: v)
 
-        def check_mapping(v):
+        def check_mapping(v: Any) -> Any:
             if not isinstance(v, dict):
                 raise ProtocolError(f"expected an object, got {type(v).__name__}")
             return {str(k): val(x) for k, x in v.items()}
@@ -440,7 +435,7 @@ def _checker(tp: Any):
         return check_mapping
     if tp is type(None):
 
-        def check_none(v):
+        def check_none(v: Any) -> Any:
             if v is not None:
                 raise ProtocolError("expected null")
             return None
@@ -448,7 +443,7 @@ def _checker(tp: Any):
         return check_none
     if tp is bool:
 
-        def check_bool(v):
+        def check_bool(v: Any) -> Any:
             if not isinstance(v, bool):
                 raise ProtocolError("expected a boolean")
             return v
@@ -456,7 +451,7 @@ def _checker(tp: Any):
         return check_bool
     if tp is int:
 
-        def check_int(v):
+        def check_int(v: Any) -> Any:
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ProtocolError(f"expected an integer, got {v!r}")
             return v
@@ -464,7 +459,7 @@ def _checker(tp: Any):
         return check_int
     if tp is float:
 
-        def check_float(v):
+        def check_float(v: Any) -> Any:
             if isinstance(v, bool):
                 raise ProtocolError("expected a number")
             if isinstance(v, (int, float)):
@@ -476,7 +471,7 @@ def _checker(tp: Any):
         return check_float
     if tp is str:
 
-        def check_str(v):
+        def check_str(v: Any) -> Any:
             if not isinstance(v, str):
                 raise ProtocolError(f"expected a string, got {type(v).__name__}")
             return v
@@ -493,7 +488,7 @@ def _scalar(v: Any) -> Any:
     raise ProtocolError(f"expected a plain value, got {type(v).__name__}")
 
 
-def _schema(cls: type[Message]):
+def _schema(cls: type[Message]) -> list[tuple[str, Callable[[Any], Any], bool]]:
     hints = typing.get_type_hints(cls, globalns={**globals(), "Scalar": Any})
     fields = []
     for f in dataclasses.fields(cls):
@@ -502,7 +497,7 @@ def _schema(cls: type[Message]):
         if typing.get_origin(tp) in (collections.abc.Mapping, dict):
             inner = check
 
-            def check(v, inner=inner):  # mapping values must be plain scalars
+            def check(v: Any, inner: Callable[[Any], Any] = inner) -> Any:  # mapping values must be plain scalars
                 return {k: _scalar(x) for k, x in inner(v).items()}
 
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING

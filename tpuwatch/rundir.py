@@ -25,14 +25,16 @@ import errno
 import hashlib
 import json
 import os
-import shlex
-import stat
 import secrets
+import shlex
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from tpuwatch import settings
 
 EVENTS = "events.jsonl"
 OUTPUT = "output.log"
@@ -48,11 +50,6 @@ RESERVE_BYTES = 256 * 1024
 #: errno values that mean "no space": the output and the recording drop data on these.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
-#: Environment variables the launcher sets for the agent.
-ENV_RUN_DIR = "TPUWATCH_RUN_DIR"
-ENV_RUN_ID = "TPUWATCH_RUN_ID"
-ENV_HOME = "TPUWATCH_HOME"
-
 # AF_UNIX paths are limited to 108 bytes on Linux (104 on macOS).
 _MAX_SOCKET_PATH = 100
 
@@ -63,7 +60,7 @@ class RunDirError(OSError):
 
 def home() -> Path:
     """``$TPUWATCH_HOME`` or ``~/.tpuwatch``, absolute (a script that chdirs must not move it)."""
-    env = os.environ.get(ENV_HOME)
+    env = settings.HOME.get()
     return Path(os.path.abspath(Path(env).expanduser() if env else Path.home() / ".tpuwatch"))
 
 
@@ -107,7 +104,7 @@ def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Pa
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(errno.ENOTDIR, f"{run_dir} is a file; give a new or empty directory")
     if run_dir.is_dir() and any(run_dir.iterdir()):
-        mine = run_id or os.environ.get(ENV_RUN_ID)
+        mine = run_id or settings.RUN_ID.get()
         if new or not mine or read_meta(run_dir).get("run_id") != mine:
             raise RunDirError(errno.EEXIST, f"{run_dir} is not empty and is not this run's directory; give a new "
                                             "or empty directory (a run never appends to another recording)")
@@ -214,44 +211,6 @@ def write_token(run_dir: Path, token: str | None = None) -> str:
     return token
 
 
-def parse_listen(value: str) -> tuple[str, int] | None:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) for ``--listen``; None for "". Raises ValueError with
-    one line naming what is wrong."""
-    if not value:
-        return None
-    host, sep, port = value.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    if not sep or not port.isdigit():
-        raise ValueError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:7711")
-    if not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen {value!r}: port {port} is out of range (0-65535)")
-    return host, int(port)
-
-
-def check_listen(value: str) -> tuple[str, int] | None:
-    """Parses ``--listen`` and binds it once (then lets it go), so a bad host or a port in use is
-    reported before the script starts. Raises ValueError with one line."""
-    address = parse_listen(value)
-    if address is None:
-        return None
-    host, port = address
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (socket.gaierror, UnicodeError) as e:
-        raise ValueError(f"--listen {value!r}: cannot resolve {host!r} ({e}); give an address of this "
-                         "machine, e.g. 127.0.0.1:7711") from None
-    family, _, _, _, sockaddr = infos[0]
-    probe = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind(sockaddr)
-    except OSError as e:
-        raise ValueError(f"--listen {value!r}: cannot listen there ({e.strerror or e}); choose a free port "
-                         "on an address of this machine") from None
-    finally:
-        probe.close()
-    return address
-
 def read_token(path: Path) -> str:
     return path.read_text().strip()
 
@@ -315,7 +274,8 @@ def find_run(ref: str | None) -> Path:
             raise FileNotFoundError(f"{path} is a file, not a run directory; give a run directory or a run id "
                                     "(`tpuwatch ls` lists runs)")
         raise FileNotFoundError(f"no run {ref!r} (not a run directory, nor a run id under {root}); `tpuwatch ls` lists runs")
-    runs = [p for p in root.iterdir() if p.is_dir() and ((p / META).exists() or (p / EVENTS).exists())] if root.is_dir() else []
+    runs = ([p for p in root.iterdir() if p.is_dir() and ((p / META).exists() or (p / EVENTS).exists())]
+            if root.is_dir() else [])
     if not runs:
         raise FileNotFoundError(f"no runs under {root}; start one with `tpuwatch run SCRIPT`")
     return max(runs, key=lambda p: (read_meta(p).get("started") or p.stat().st_mtime, p.name))

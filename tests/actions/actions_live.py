@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from tpuwatch import protocol, rundir
-from tpuwatch.monitor.actions import Outcome, send_and_wait
-from tpuwatch.monitor.client import new_command
+from tpuwatch.control.actions import Outcome, send_and_wait
+from tpuwatch.control.client import new_command
 from tpuwatch.monitor.recording import RecordingReader
 from tpuwatch_testing import child_env, read_messages
 

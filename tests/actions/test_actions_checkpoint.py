@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from actions_live import LiveRun, restore, weights_by_iteration
 
 pytestmark = pytest.mark.tf

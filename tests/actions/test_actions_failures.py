@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from actions_live import LiveRun
+
 from tpuwatch import protocol
-from tpuwatch.monitor.actions import send_and_wait
-from tpuwatch.monitor.client import new_command
+from tpuwatch.control.actions import send_and_wait
+from tpuwatch.control.client import new_command
 
 pytestmark = pytest.mark.tf
 

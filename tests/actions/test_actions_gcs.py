@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from actions_live import LiveRun, restore, weights_by_iteration
 
 pytestmark = pytest.mark.tf

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from actions_live import LiveRun
+
 from tpuwatch import protocol
 from tpuwatch.monitor import profile_summary
 from tpuwatch_testing import child_env

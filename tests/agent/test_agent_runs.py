@@ -9,7 +9,6 @@ import statistics
 import pytest
 
 from tpuwatch import protocol
-
 from tpuwatch_testing import SCRIPTS
 
 pytestmark = pytest.mark.tf

@@ -9,7 +9,11 @@ pytestmark = pytest.mark.tf
 
 
 def test_tpu_strategies_run_is_patched_and_restored(tmp_path):
-    from tensorflow.python.distribute import distribute_lib, one_device_strategy, tpu_strategy
+    from tensorflow.python.distribute import (
+        distribute_lib,
+        one_device_strategy,
+        tpu_strategy,
+    )
 
     from tpuwatch.agent import post_import, probes
     from tpuwatch.agent.runtime import Agent

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from diag_synthetic import SyntheticRun, findings
 
-from tpuwatch.monitor.tracebacks import script_frame, strip_own_frames, without_own_frames
+from tpuwatch.monitor.tracebacks import (
+    script_frame,
+    strip_own_frames,
+    without_own_frames,
+)
 from tpuwatch.protocol import ExceptionRaised
 
 TB = '''Traceback (most recent call last):

@@ -181,18 +181,14 @@ def steady_steps(n: int, start: int = 0):
                    examples=64, function="train_step", epoch=i // 10000)
 
 
-def test_apply_is_cheap_for_steps():
+def test_a_steady_run_raises_no_finding():
+    """50,000 steady steps (step time within 12%, balanced replicas, no input wait): nothing to
+    say. What apply and evaluate cost is measured by bench/model_costs.py."""
     eng = Engine(clock=lambda: 0.0)
-    msgs = list(steady_steps(50_000))
-    t0 = time.perf_counter()
-    for m in msgs:
+    for m in steady_steps(50_000):
         eng.apply(m, worker="h:1")
-    per_step_us = (time.perf_counter() - t0) / len(msgs) * 1e6
-    t0 = time.perf_counter()
     eng.evaluate(now=0.0)
-    evaluate_ms = (time.perf_counter() - t0) * 1e3
-    print(f"apply {per_step_us:.2f} us/step (with periodic checks), evaluate {evaluate_ms:.1f} ms")
-    assert eng.findings() == []  # speed is a benchmark's job (docs/performance.md), not an assert
+    assert eng.findings() == []
 
 
 def test_memory_is_bounded_over_a_long_run():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from diag_synthetic import SyntheticRun
 
+from tpuwatch.console.headless import progress_line, summary
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
-from tpuwatch.monitor.headless import progress_line, summary
 from tpuwatch.monitor.state import RunState
 
 

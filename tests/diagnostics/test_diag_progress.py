@@ -2,8 +2,8 @@
 
 from diag_synthetic import SyntheticRun, findings
 
-from tpuwatch.protocol import Config
 from tpuwatch.monitor.diagnostics import Engine
+from tpuwatch.protocol import Config
 
 
 def stalled(gap_s: float, **kw) -> SyntheticRun:

@@ -7,11 +7,10 @@ import threading
 import time
 
 import pytest
-
 from monitor_recordings import DATA, encode_all, mr
 
 from tpuwatch import protocol
-from tpuwatch.monitor import headless
+from tpuwatch.console import headless
 from tpuwatch.monitor.recording import read_all
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import Exit, Finding

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 from monitor_recordings import DATA, encode_all, mr, step
 
 from tpuwatch import protocol
-from tpuwatch.monitor.recording import RecordingReader, _fast_step, iter_recording, read_all
+from tpuwatch.monitor.recording import (
+    RecordingReader,
+    _fast_step,
+    iter_recording,
+    read_all,
+)
 from tpuwatch.protocol import Exit, Hello, Step
 
 
@@ -163,9 +167,9 @@ def test_read_all_of_a_missing_file_is_an_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_load_speed_lines_per_second(tmp_path):
-    """200,000 step lines: report the rate; must beat 20,000 lines/s even on a loaded CI box
-    (measured ~80,000-100,000 lines/s on the 2-core dev box)."""
+def test_read_all_decodes_every_line_of_a_long_recording(tmp_path):
+    """200,000 step lines (with the fast path for step lines) come back whole and in order. The
+    rate is measured by bench/model_costs.py, not asserted here."""
     path = tmp_path / "events.jsonl"
     # Real encoder output for one record, then the same shape with changing numbers (fast to
     # write; the reader sees what an agent writes).
@@ -174,8 +178,6 @@ def test_load_speed_lines_per_second(tmp_path):
     with open(path, "wb") as f:
         f.write(protocol.encode(mr.hello()))
         f.write(b"".join(head + b'"step":%d,' % i + tail for i in range(1, 200_001)))
-    t = time.perf_counter()
     messages, stats = read_all(path)
-    rate = len(messages) / (time.perf_counter() - t)
-    print(f"read_all: {rate:,.0f} lines/s")
     assert stats.messages == 200_001 and stats.malformed == 0
+    assert [m.step for m in messages[1:]] == list(range(1, 200_001))

@@ -10,8 +10,9 @@ import time
 import pytest
 from monitor_recordings import DATA, mr, write_run
 
-from tpuwatch.monitor import report
+from tpuwatch.console import report
 from tpuwatch.monitor.recording import read_all
+from tpuwatch.monitor.runs import list_runs
 from tpuwatch.protocol import Exit, Finding
 
 RUN_KEYS = {"id", "dir", "script", "argv", "host", "status", "strategy", "replicas", "device_kind",
@@ -121,14 +122,14 @@ def test_list_runs_states_from_meta_and_tail(tmp_path):
                                                     "started": 3.0})
     write_run(root / "d", mr.healthy_messages(20)[:-1],  # no exit, child gone
               meta={"run_id": "d", "script": "other.py", "child_pid": dead_pid(), "started": 4.0})
-    runs = report.list_runs(root)
+    runs = list_runs(root)
     by = {r.id: r for r in runs}
     assert [r.id for r in runs] == ["d", "c", "b", "a"]  # newest first
     assert by["a"].state == "finished" and by["a"].steps == 300 and by["a"].exit_code == 0
     assert by["b"].state == "crashed" and by["b"].exit_code == 1 and by["b"].steps == 150
     assert by["c"].state == "running" and by["c"].steps == 200
     assert by["d"].state == "lost" and by["d"].script == "other.py" and by["d"].steps == 20
-    assert report.list_runs(tmp_path / "nowhere") == []
+    assert list_runs(tmp_path / "nowhere") == []
 
 
 def test_list_runs_reads_only_the_tail_of_a_big_recording(tmp_path):
@@ -146,7 +147,7 @@ def test_list_runs_reads_only_the_tail_of_a_big_recording(tmp_path):
                                         input_wait_s=None, loss=1.0)))
         f.write(protocol.encode(Exit(t=mr.T0 + 2, exit_code=0)))
     t = time.perf_counter()
-    (info,) = report.list_runs(tmp_path)
+    (info,) = list_runs(tmp_path)
     elapsed = time.perf_counter() - t
     assert info.steps == 200_001 and info.state == "finished" and info.script == "train.py"
     print(f"list_runs on a {(d / 'events.jsonl').stat().st_size >> 20} MiB recording: {elapsed * 1e3:.0f} ms")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tpuwatch import cli, rundir
-from tpuwatch.monitor import launcher, run_stop
-from tpuwatch.monitor.report import run_info
+from tpuwatch.control import launcher, run_stop
+from tpuwatch.monitor.runs import STOP_MESSAGE, STOP_SOURCE, ended_state, run_info
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import Event, Exit, Hello
 
@@ -60,7 +60,7 @@ def test_stop_chosen_in_attach_stops_training_and_lists_it_stopped(tmp_path, mon
         state.apply_all(read_all(launch.run_dir / rundir.EVENTS)[0])
         snap = state.snapshot()
         assert (snap.status, snap.exit_code) == ("stopped", 130)
-        from tpuwatch.monitor.report import build_report, render_text
+        from tpuwatch.console.report import build_report, render_text
 
         assert "stopped (exit 130)" in render_text(build_report(launch.run_dir))
     finally:
@@ -114,11 +114,11 @@ def test_status_of_an_ended_run(code, requested, status):
     state.apply(Hello(protocol_version=1, agent_version="x", run_id="r", t=1.0, pid=1, host="h", worker="w",
                       python_version="3", tf_version="", keras_version="", script="s.py", argv=()))
     if requested:
-        state.apply(Event(t=2.0, level="warning", source=run_stop.STOP_SOURCE,
-                          message=f"{run_stop.STOP_MESSAGE} from test"))
+        state.apply(Event(t=2.0, level="warning", source=STOP_SOURCE,
+                          message=f"{STOP_MESSAGE} from test"))
     state.apply(Exit(t=3.0, exit_code=code, signal=code - 128 if code > 128 else None))
     assert state.snapshot(now=3.0).status == status
-    assert run_stop.ended_state(code, requested) == status
+    assert ended_state(code, requested) == status
 
 
 def test_detach_from_attach_says_training_goes_on(tmp_path, monkeypatch, capsys):
@@ -135,7 +135,7 @@ def test_detach_from_attach_says_training_goes_on(tmp_path, monkeypatch, capsys)
 def test_remote_stop_reports_the_agents_answer(tmp_path):
     # A viewer on another host can only ask the agent: it interrupts itself, and the viewer
     # reports the run's end as a stop.
-    from tpuwatch.monitor.remote_stop import stop_remote
+    from tpuwatch.control.remote_stop import stop_remote
 
     script = tmp_path / "train.py"
     script.write_text(LOOP)

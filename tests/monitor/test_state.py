@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 from monitor_recordings import DATA, mr, step
@@ -235,9 +234,9 @@ def test_config_merges_known_fields_and_eta():
 
 
 @pytest.mark.slow
-def test_apply_and_snapshot_cost_after_a_million_steps():
-    """Measured: apply ~2 us/step, snapshot ~0.2-1.5 ms on the 2-core dev box. The asserts leave
-    room for a loaded CI machine but would catch an O(n) snapshot or a slow hot path."""
+def test_a_million_steps_keep_the_history_bounded():
+    """After a million steps the snapshot's history stays bounded and the state keeps counting.
+    What apply and snapshot cost is measured by bench/model_costs.py, not asserted here."""
     s = RunState(clock=Clock())
     for m in mr.healthy_messages(20)[:8]:
         if not isinstance(m, Step):
@@ -245,21 +244,13 @@ def test_apply_and_snapshot_cost_after_a_million_steps():
     losses = (0.5, 0.51, 0.49, 0.5)
     steps = [Step(i, mr.T0 + i * 0.01, 0.01, 0.0002, 0.5, losses, 1, 64, "train_step")
              for i in range(1, 1_000_001)]
-    t = time.perf_counter()
     for m in steps:
         s.apply(m)
-    per_apply_us = (time.perf_counter() - t) / len(steps) * 1e6
     del steps
-    times = []
     for i in range(30):
         s.apply(Step(1_000_001 + i, mr.T0 + 10_001 + i * 0.01, 0.01, 0.0002, 0.5, losses))
-        t = time.perf_counter()
-        snap = s.snapshot()
-        times.append(time.perf_counter() - t)
-    times.sort()
-    print(f"apply {per_apply_us:.2f} us/step; snapshot p50 {times[15] * 1e3:.3f} ms, "
-          f"max {times[-1] * 1e3:.3f} ms")
-    assert len(snap.history) <= 2000 and snap.step == 1_000_030
+    snap = s.snapshot()
+    assert len(snap.history) <= 2000 and snap.step == 1_000_030 and snap.steps_total == 1_000_030
 
 
 def test_messages_before_the_hello_join_its_worker():

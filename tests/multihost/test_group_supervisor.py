@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from tpuwatch import rundir
-from tpuwatch.monitor.group_launch import GroupLaunch, Supervisor, free_ports, tf_config
-from tpuwatch.monitor.launcher import Launch
+from tpuwatch.control.group_launch import GroupLaunch, Supervisor, free_ports, tf_config
+from tpuwatch.control.launcher import Launch
 
 IGNORES_SIGINT = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
 
@@ -35,7 +35,7 @@ def _group(tmp_path: Path, codes: list[str], grace_s: float) -> GroupLaunch:
 
 def _exit_records(wdir: Path) -> list[dict]:
     path = wdir / rundir.EVENTS
-    return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_dead_worker_stops_the_hanging_peer_after_the_grace(tmp_path):

@@ -10,12 +10,14 @@ import sys
 from pathlib import Path
 
 from tpuwatch import protocol, rundir
+from tpuwatch.console.headless import follow_group
+from tpuwatch.console.report import build_report, render_text
 from tpuwatch.monitor.group import GroupReader, read_group, worker_dirs
-from tpuwatch.monitor.headless import follow_group
-from tpuwatch.monitor.report import build_report, render_text, run_info
+from tpuwatch.monitor.runs import run_info
 from tpuwatch.protocol import DeviceSample, Exit, Hello, HostSample, Step, Topology
+from tpuwatch.sources.group_source import GroupSource, make_group_replay_source
+from tpuwatch.sources.source import apply_worker_health
 from tpuwatch.ui.app import TpuwatchApp
-from tpuwatch.ui.group_source import GroupSource, apply_worker_health, make_group_replay_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ui"))
 from ui_support import FakeClock, screen_text  # noqa: E402
@@ -106,7 +108,7 @@ def test_follow_group_marks_a_worker_without_exit_record_lost(tmp_path):
     run = make_group(tmp_path, w1_exit=None, w1_wait=0.001)
     out = io.StringIO()
     clock = FakeClock(T0 + 100)
-    snap = follow_group(GroupReader(worker_dirs(run)), lambda: False, out=out, clock=clock,
+    snap = follow_group(GroupSource(worker_dirs(run)), lambda: False, out=out, clock=clock,
                         sleep=lambda s: None, exit_grace_s=0)
     by = {w.name: w.status for w in snap.workers}
     assert by == {"worker:0": "crashed", "worker:1": "lost"}
@@ -185,7 +187,7 @@ def test_dashboard_at_80x24_shows_workers_in_place_of_memory(tmp_path):
 def test_dashboard_wide_shows_workers_row_with_memory(tmp_path):
     text = _dashboard_text(make_group(tmp_path), (160, 48))
     assert "Workers" in text and "Memory" in text
-    row = next(l for l in text.splitlines() if "worker:1" in l and "crashed (exit 137)" in l)
+    row = next(line for line in text.splitlines() if "worker:1" in line and "crashed (exit 137)" in line)
     assert "straggler: input wait +59 ms" in row and "RSS 601 MiB" in row and "host1" in row
 
 

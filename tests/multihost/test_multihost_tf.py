@@ -117,7 +117,7 @@ def test_headless_printed_straggler_and_ls_lists_group(slowed_group):
     os.symlink(run, home / "runs" / "group", target_is_directory=True)
     ls = subprocess.run([sys.executable, "-m", "tpuwatch", "ls"], capture_output=True, text=True, timeout=60,
                         env=child_env(TPUWATCH_HOME=str(home)))
-    line = next(l for l in ls.stdout.splitlines() if l.startswith("group"))
+    line = next(line for line in ls.stdout.splitlines() if line.startswith("group"))
     assert line.split()[1] == "finished" and " 45 " in line and "(2 workers)" in line, ls.stdout
 
 
@@ -158,6 +158,6 @@ def test_killed_worker_is_marked_and_the_other_is_stopped(tmp_path):
     assert by["worker:1"]["status"] == "crashed" and by["worker:1"]["exit_code"] == 137
     assert by["worker:0"]["status"] in ("crashed", "finished")  # ended and recorded, not lost
     assert rep["run"]["exit_code"] == 137
-    kill_record = [json.loads(l) for l in events.read_text().splitlines() if '"kind":"exit"' in l]
+    kill_record = [json.loads(ln) for ln in events.read_text().splitlines() if '"kind":"exit"' in ln]
     assert kill_record and kill_record[-1]["signal"] == 9 and kill_record[-1]["source"] == "launcher"
     assert re.search(r"worker:1 step \d+ p50 \S+ \S+ input \S+ \[crashed \(exit 137\)\]", err), err[-2000:]

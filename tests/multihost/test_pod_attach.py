@@ -71,9 +71,9 @@ def test_one_viewer_attaches_to_two_separately_started_agents_sharing_a_token(tm
             log.close()
             hosts.append((proc, run_dir))
         addresses = []
-        for i, (proc, run_dir) in enumerate(hosts):
+        for i, (_proc, run_dir) in enumerate(hosts):
             output = lambda i=i: (tmp_path / f"host{i}.log").read_text()  # noqa: E731
-            addresses.append(_wait(lambda: _tcp(run_dir), 180, f"host {i}'s listener", output))
+            addresses.append(_wait(lambda run_dir=run_dir: _tcp(run_dir), 180, f"host {i}'s listener", output))
             # Each agent took the shared token from its environment, not a random one.
             assert (run_dir / "token").read_text().strip() == token
             _wait(lambda i=i: (tmp_path / f"ready{i}").exists(), 180, f"host {i}'s first step", output)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from make_golden import GOLDEN, MESSAGES
 
 from tpuwatch import protocol as p
-
-from make_golden import GOLDEN, MESSAGES
 
 
 def _same(a, b) -> bool:

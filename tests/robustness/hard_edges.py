@@ -12,9 +12,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from tpuwatch_testing import child_env, read_messages
 from tpuwatch import protocol
 from tpuwatch.protocol import Attach, Exit, Result
+from tpuwatch_testing import child_env, read_messages
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 

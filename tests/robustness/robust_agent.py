@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpuwatch import address, protocol
+from tpuwatch.control.client import AgentClient
 from tpuwatch_testing import child_env, read_messages
-from tpuwatch import protocol
-from tpuwatch.monitor.client import AgentClient, parse_address
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "robust_train.py"
 
@@ -56,7 +56,7 @@ class LiveAgent:
 
     @property
     def tcp(self) -> tuple[str, int]:
-        return parse_address(self.meta["tcp"])
+        return address.parse(self.meta["tcp"])
 
     @property
     def token(self) -> str:

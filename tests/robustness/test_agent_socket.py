@@ -5,23 +5,23 @@ that stops reading, file modes, and a checkpoint destination outside the allowed
 from __future__ import annotations
 
 import json
-from collections import Counter
 import re
 import socket
 import stat
 import time
+from collections import Counter
 
 import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from robust_agent import start_agent
+from robust_terminal import Tmux, have_tmux, tpuwatch_argv
 
 from tpuwatch import protocol
 from tpuwatch.agent.transport import MAX_COMMAND_BYTES
-from tpuwatch.monitor.client import AgentClient, new_command
+from tpuwatch.control.client import AgentClient, new_command
 from tpuwatch.protocol import Attach, Command, Decoder
-from robust_agent import start_agent
-from robust_terminal import Tmux, have_tmux, tpuwatch_argv
 
 pytestmark = pytest.mark.tf
 
@@ -270,7 +270,7 @@ def test_checkpoint_destination_outside_the_allowed_roots_is_refused(tmp_path):
 def test_remote_source_resynchronises_after_the_agent_drops_it(tmp_path):
     """A dashboard that falls far behind: the bounded queue fills, TCP pushes back, the agent drops
     the connection, and the source reconnects from its last whole line: every step exactly once."""
-    from tpuwatch.ui.remote_source import RemoteSource
+    from tpuwatch.sources.remote_source import RemoteSource
 
     api_steps = 80_000  # ~20 MB: more than loopback TCP buffers hold
     # The agent serves the recording only while it lives: linger long enough for a reconnected

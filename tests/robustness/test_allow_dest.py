@@ -21,7 +21,7 @@ def test_allow_dest_reaches_the_agent_as_absolute_paths(tmp_path):
                            "--allow-dest", str(tmp_path / "other"), str(SCRIPT)],
                           capture_output=True, text=True, env=child_env(), cwd=tmp_path, timeout=180)
     assert proc.returncode == 0, proc.stderr
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("ALLOWED="))
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("ALLOWED="))
     assert line == "ALLOWED=" + os.pathsep.join([str(tmp_path / "ckpts"), str(tmp_path / "other")])
 
 

@@ -12,10 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from robust_terminal import (
+    Tmux,
+    have_tmux,
+    tpuwatch_argv,
+    wait_file_int,
+    wait_gone,
+    wait_meta,
+)
 
-from tpuwatch_testing import child_env, read_messages
 from tpuwatch import protocol, rundir
-from robust_terminal import Tmux, have_tmux, tpuwatch_argv, wait_file_int, wait_gone, wait_meta
+from tpuwatch_testing import child_env, read_messages
 
 pytestmark = [pytest.mark.tf, pytest.mark.skipif(not have_tmux(), reason="needs tmux (apt-get install tmux)")]
 
@@ -63,7 +70,7 @@ def _finish_soon(tmp_path: Path, ready: Path) -> int:
 def _ls_state(run_id: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "tpuwatch", "ls"], capture_output=True, text=True,
                           env=child_env(), timeout=60)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith(run_id)]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(run_id)]
     assert len(lines) == 1, (proc.stdout, proc.stderr)
     return lines[0].split()[1]
 

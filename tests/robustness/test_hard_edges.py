@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hard_edges import (
     SCRIPTS,
     WaitingAgent,
@@ -33,11 +32,12 @@ from hard_edges import (
     wait_for,
     write_script,
 )
-from tpuwatch_testing import child_env, read_messages
+
 from tpuwatch import protocol
 from tpuwatch.agent import transport
-from tpuwatch.monitor.client import AgentClient, new_command
+from tpuwatch.control.client import AgentClient, new_command
 from tpuwatch.protocol import Event, Exit, Hello
+from tpuwatch_testing import child_env, read_messages
 
 # --- 1. a full disk ------------------------------------------------------------------------------
 
@@ -323,7 +323,7 @@ def test_relative_paths_survive_a_chdir(tmp_path, relative):
     went under the new cwd while the message named the run dir, and a stale socket was left."""
     work = tmp_path / "work"
     work.mkdir()
-    script = write_script(work / "chdir.py", CHDIR_SCRIPT)
+    write_script(work / "chdir.py", CHDIR_SCRIPT)
     ready, stop = tmp_path / "ready", tmp_path / "stop"
     args = ["run", "--headless"]
     env = {}

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from robust_agent import SCRIPT, start_agent
 
 from tpuwatch import protocol
-from tpuwatch.monitor.client import new_command
-from robust_agent import SCRIPT, start_agent
+from tpuwatch.control.client import new_command
 
 pytestmark = pytest.mark.tf
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import signal
 
+from tpuwatch.control.stack_request import StackRequest
 from tpuwatch.monitor.snapshot import CommandView
-from tpuwatch.monitor.stack_request import StackRequest
 from tpuwatch.protocol import StackDump
 
 

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tpuwatch_testing import ROOT, child_env
 from tpuwatch import protocol
 from tpuwatch.monitor.recording import RecordingReader
 from tpuwatch.protocol import Decoder, Step
+from tpuwatch_testing import ROOT, child_env
 
 DATA = ROOT / "tests" / "data"
 GOOD = [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.monitor import doctor
+from tpuwatch.console import doctor
 
 EMULATOR = Path(sys.executable).parent / "gcp-storage-emulator"
 
@@ -65,7 +65,7 @@ def test_doctor_on_this_machine_with_a_reachable_bucket(gcs_emulator):
     lines = {line.split()[1]: line for line in text.splitlines()[1:] if line[:1] in "✓✗–"}
     assert rc == 0, text
     tf_version = importlib.metadata.version("tensorflow")
-    assert lines["TensorFlow"].startswith(f"✓ TensorFlow") and f" {tf_version} (import took" in lines["TensorFlow"]
+    assert lines["TensorFlow"].startswith("✓ TensorFlow") and f" {tf_version} (import took" in lines["TensorFlow"]
     assert lines["TPU"].startswith("– TPU") and "no TPU: TPUClusterResolver() says 'Please provide a TPU Name" in text
     assert lines["devices"].startswith("✓ devices") and "CPU x1" in lines["devices"]
     assert lines["TPU"] and "– TPU metrics    no TPU chips found" in text

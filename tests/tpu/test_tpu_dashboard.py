@@ -14,11 +14,11 @@ from tpuwatch import rundir
 from tpuwatch.agent import environment, tpu_metrics
 from tpuwatch.agent.patches import Patches
 from tpuwatch.agent.runtime import Agent
-from tpuwatch.monitor import report
+from tpuwatch.console import report
 from tpuwatch.monitor.recording import read_all
 from tpuwatch.protocol import DeviceSample, Event
+from tpuwatch.sources.replay_source import ReplaySource
 from tpuwatch.ui.app import TpuwatchApp
-from tpuwatch.ui.replay_source import ReplaySource
 
 
 def _wait(pred, timeout: float = 10.0) -> None:

@@ -7,7 +7,14 @@ import sys
 import time
 
 import pytest
-from tpu_fakes import GiB, Clock, FakeMetricService, Served, make_sysfs, point_tpu_info_at
+from tpu_fakes import (
+    Clock,
+    FakeMetricService,
+    GiB,
+    Served,
+    make_sysfs,
+    point_tpu_info_at,
+)
 
 from tpuwatch import rundir
 from tpuwatch.agent import tpu_metrics
@@ -180,12 +187,10 @@ def test_run_state_takes_the_note_from_the_reason_and_clears_it(agent, v4_host, 
     assert state.snapshot().tpu_metrics_note == ""
 
 
-def test_sampling_cost_on_the_agent_thread(agent, v4_host, service):
+def test_repeated_reads_sample_every_device(agent, v4_host, service):
+    """Fifty reads in a row each give all four chips. What a read costs the agent thread is not
+    asserted here: a timing on a shared box is a benchmark's job."""
     sampler = tpu_metrics.TpuMetricsSampler(agent, ports=(service.port,), interval_s=0.0)
     sampler()  # connect
-    n = 50
-    t0 = time.perf_counter()
-    for _ in range(n):
+    for _ in range(50):
         assert len(samples(sampler())) == 4
-    per_call_ms = (time.perf_counter() - t0) / n * 1e3
-    print(f"tpu metrics sample: {per_call_ms:.2f} ms per read (3 RPCs, 4 devices)")

@@ -12,10 +12,11 @@ import pytest
 # (importlib mode does not put test folders on sys.path).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tpuwatch.protocol import Command  # noqa: E402
-from tpuwatch.ui.app import TpuwatchApp  # noqa: E402
-from tpuwatch.ui.file_source import FileSource  # noqa: E402
 from ui_support import FakeClock, last_t, make_live_run, recording  # noqa: E402
+
+from tpuwatch.protocol import Command  # noqa: E402
+from tpuwatch.sources.file_source import FileSource  # noqa: E402
+from tpuwatch.ui.app import TpuwatchApp  # noqa: E402
 
 
 @pytest.fixture

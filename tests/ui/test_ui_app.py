@@ -6,17 +6,16 @@ import math
 
 import pytest
 from textual.widgets import Button, Input, Static
+from ui_support import FakeClock, ended_replay, last_t, recording, screen_text, sync
 
+from tpuwatch import units
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import CommandState, Result
-from tpuwatch.ui import units
+from tpuwatch.sources.replay_source import ReplaySource
 from tpuwatch.ui.app import TpuwatchApp
-from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.screens.help_screen import HelpScreen
 from tpuwatch.ui.screens.quit_screen import QuitScreen
 from tpuwatch.ui.widgets.output_log import OutputLog
-
-from ui_support import FakeClock, ended_replay, last_t, recording, screen_text, sync
 
 
 def body(app: TpuwatchApp, panel_id: str) -> str:
@@ -347,7 +346,8 @@ async def test_replay_keys_do_not_steal_typing_in_search() -> None:
 @sync
 async def test_timer_refreshes_without_manual_pull(tmp_path) -> None:
     from ui_support import make_live_run
-    from tpuwatch.ui.file_source import FileSource
+
+    from tpuwatch.sources.file_source import FileSource
 
     run = make_live_run(tmp_path, "healthy_4replica", upto=50)
     app = TpuwatchApp(FileSource(run), run_dir=run, clock=FakeClock(1_750_000_003.0), refresh_hz=20)

@@ -8,15 +8,13 @@ import socket
 import time
 from pathlib import Path
 
-import pytest
+from ui_support import FakeClock, screen_text, sync
 
 from tpuwatch import cli, rundir
-from tpuwatch.monitor import launcher
+from tpuwatch.control import launcher
+from tpuwatch.sources.file_source import FileSource
 from tpuwatch.ui.app import TpuwatchApp
-from tpuwatch.ui.file_source import FileSource
 from tpuwatch.ui.screens.quit_screen import QuitScreen
-
-from ui_support import FakeClock, screen_text, sync
 
 GARBAGE = b"PK\x03\x04 not json\n{\"hello\": 1}\n\xff\xfe\n"
 

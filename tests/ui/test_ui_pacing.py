@@ -8,13 +8,13 @@ import dataclasses
 
 from textual.app import App, ComposeResult
 from textual.geometry import Region
+from ui_support import sync
 
 from tpuwatch.monitor.snapshot import CommandView, RunSnapshot
 from tpuwatch.protocol import Finding
 from tpuwatch.ui.pacer import Pacer, news_key
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
 from tpuwatch.ui.widgets.run_header import RunHeader
-from ui_support import sync
 
 RUNNING = RunSnapshot(status="running", script="train.py", step=10, started_t=100.0, now=110.0)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ui_support import screen_text, sync
+
 from tpuwatch.monitor.snapshot import RunSnapshot, StepPoint
 from tpuwatch.protocol import Finding, Step
 from tpuwatch.ui.widgets.replica_loss_panel import loss_state, replica_loss_text
 from tpuwatch.ui.widgets.step_time_panel import step_series, step_time_text
-
-from ui_support import screen_text, sync
 
 
 def _skewed_step(step: int, t: float) -> Step:
@@ -231,10 +231,9 @@ async def test_enter_in_the_quit_dialog_is_the_dialogs_not_expand(live_app) -> N
 
 
 def test_expanded_loss_panel_lists_every_epochs_keras_logs() -> None:
+    from tpuwatch.monitor.snapshot import ReplicaLoss
     from tpuwatch.ui.widgets.panel import EXPANDED_ROWS
     from tpuwatch.ui.widgets.replica_loss_panel import replica_loss_text
-
-    from tpuwatch.monitor.snapshot import ReplicaLoss
 
     s = RunSnapshot(loss=0.4, epoch_logs=((0, {"loss": 1.2, "val_loss": 1.3}), (1, {"loss": 0.7, "val_loss": 0.9})),
                     replica_losses=(ReplicaLoss(index=0, device="CPU:0", worker="w", loss=0.4, deviation=0.0,

@@ -5,11 +5,14 @@ from __future__ import annotations
 import sys
 
 from textual.app import App
+from ui_support import sync
 
 from tpuwatch.monitor.snapshot import CommandView, RunSnapshot
-from ui_support import sync
-from tpuwatch.ui.screens.profile_summary_screen import (ProfileSummaryScreen, load_summary_text,
-                                                          new_profile_results)
+from tpuwatch.ui.screens.profile_summary_screen import (
+    ProfileSummaryScreen,
+    load_summary_text,
+    new_profile_results,
+)
 
 
 def _view(id_: str, action: str = "profile", status: str = "done", **details) -> CommandView:

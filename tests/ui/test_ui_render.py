@@ -6,14 +6,20 @@ import math
 
 import pytest
 
-from tpuwatch.monitor.snapshot import DeviceMemory, HostMemory, ReplicaLoss, RunSnapshot, StepPoint
+from tpuwatch import units
+from tpuwatch.monitor.snapshot import (
+    DeviceMemory,
+    HostMemory,
+    ReplicaLoss,
+    RunSnapshot,
+    StepPoint,
+)
 from tpuwatch.protocol import Finding
-from tpuwatch.ui import units
 from tpuwatch.ui.widgets.findings_panel import findings_text
 from tpuwatch.ui.widgets.history_bars import BarSeries, bar_rows, bucket, render_series
 from tpuwatch.ui.widgets.input_panel import input_level, input_text, wait_series
 from tpuwatch.ui.widgets.memory_panel import memory_text
-from tpuwatch.ui.widgets.replica_loss_panel import pick_rows, replica_loss_text, short_device
+from tpuwatch.ui.widgets.replica_loss_panel import pick_rows, replica_loss_text
 from tpuwatch.ui.widgets.run_header import header_text, progress_parts, status_text
 from tpuwatch.ui.widgets.step_time_panel import step_series
 
@@ -128,7 +134,7 @@ def test_replica_rows_when_they_do_not_fit() -> None:
     assert hidden == 28 and len(rows) == 4
     assert rows[0].index == 0 or any(r.index == 5 for r in rows)
     assert any(r.index == 5 for r in rows)  # the non-finite replica is never hidden
-    assert short_device("/job:worker/replica:0/task:1/device:TPU:3") == "t1/TPU:3"
+    assert units.short_device("/job:worker/replica:0/task:1/device:TPU:3") == "t1/TPU:3"
     text = str(replica_loss_text(RunSnapshot(replica_losses=replicas(32, nan_at=5)), rows=6))
     assert "NON-FINITE" in text and "… 28 more replicas" in text
 

@@ -3,13 +3,13 @@ the replay_output rules behind it."""
 
 from __future__ import annotations
 
+from ui_support import FakeClock, recording, sync
+
 from tpuwatch import rundir
+from tpuwatch.sources.replay_source import ReplaySource
 from tpuwatch.ui.app import TpuwatchApp
 from tpuwatch.ui.replay_output import epoch_anchors, visible_lines
-from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.widgets.output_log import OutputLog, is_native_log
-
-from ui_support import FakeClock, recording, sync
 
 OUTPUT = ("I0000 00:00:1750000001.1 cudart_stub.cc:29] Could not find cuda drivers\n"
           "strategy: MirroredStrategy, 4 replicas\n"

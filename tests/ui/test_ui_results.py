@@ -6,14 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ui_support import screen_text, sync
 
 from tpuwatch import protocol, rundir
 from tpuwatch.monitor.snapshot import CommandView
 from tpuwatch.ui.screens.profile_summary_screen import ProfileSummaryScreen
 from tpuwatch.ui.screens.results_screen import ResultsScreen
 from tpuwatch.ui.widgets.command_line import command_summary, short_path
-
-from ui_support import screen_text, sync
 
 
 def _answer(run: Path, command: protocol.Command, t: float, details: dict) -> None:

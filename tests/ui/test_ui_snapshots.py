@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tpuwatch.ui.app import TpuwatchApp
-from tpuwatch.ui.file_source import FileSource
 from ui_support import FakeClock, last_t, make_live_run, recording
+
+from tpuwatch.sources.file_source import FileSource
+from tpuwatch.ui.app import TpuwatchApp
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ui_support import DATA, FakeClock
 
 from tpuwatch.protocol import Command, Event, Step
+from tpuwatch.sources.replay_source import ReplaySource, make_replay_source
 from tpuwatch.ui.output_tail import OutputTail, clean_line
-from tpuwatch.ui.replay_source import ReplaySource, make_replay_source
-from ui_support import DATA, FakeClock
 
 
 def steps(n: int, t0: float = 1000.0) -> list:
@@ -93,7 +93,7 @@ def test_output_tail_starts_near_the_end_of_a_long_log(tmp_path: Path) -> None:
 
 
 def test_replay_poll_is_bounded_per_call() -> None:
-    from tpuwatch.ui import replay_source
+    from tpuwatch.sources import replay_source
 
     src = ReplaySource(steps(replay_source.MAX_MESSAGES_PER_POLL + 5), clock=FakeClock(0.0), paused=True)
     src.seek_end()
@@ -106,7 +106,7 @@ def test_replay_keeps_offsets_not_messages_and_decodes_the_same(tmp_path):
     what it releases equals what the full reader reads, and a cut last line is said."""
     from tpuwatch import protocol
     from tpuwatch.monitor.recording import read_all
-    from tpuwatch.ui.replay_source import RecordedMessages
+    from tpuwatch.sources.replay_source import RecordedMessages
 
     src_path = Path(__file__).resolve().parents[1] / "data" / "healthy_4replica.jsonl"
     path = tmp_path / "events.jsonl"
@@ -125,3 +125,21 @@ def test_replay_keeps_offsets_not_messages_and_decodes_the_same(tmp_path):
     while batch := src.poll():
         released.extend(batch)
     assert released[:-1] == expected and released[-1] == tail
+
+
+def test_every_source_defines_every_method_of_the_source_protocol() -> None:
+    """The dashboard and headless mode call these without probing (no getattr); mypy checks the
+    signatures, this checks that nothing was left out of a source that mypy does not see used."""
+    from tpuwatch.sources.file_source import FileSource
+    from tpuwatch.sources.group_source import GroupReplaySource, GroupSource
+    from tpuwatch.sources.remote_source import RemoteSource
+    from tpuwatch.sources.source import RecordingSource, ReplayControl, Source
+
+    methods = {n for n, v in vars(Source).items() if callable(v) and not n.startswith("_")}
+    assert {"poll", "poll_tagged", "health", "read_stats", "send", "now", "close"} <= methods
+    for cls in (FileSource, GroupSource, RemoteSource, ReplaySource, GroupReplaySource):
+        assert not {n for n in methods if not callable(getattr(cls, n, None))}, cls
+    for cls in (FileSource, GroupSource):
+        assert callable(cls.finish) and isinstance(vars(cls)["caught_up"], property), cls
+    assert {"caught_up", "finish"} <= set(vars(RecordingSource))
+    assert isinstance(vars(ReplaySource)["seek_step_s"], property) and "seek_step_s" in vars(ReplayControl)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 from textual.color import Color
 from textual.theme import BUILTIN_THEMES
+from ui_support import sync
 
 from tpuwatch.protocol import Finding
-
-from ui_support import sync
 
 #: Least perceived-brightness difference that reads as a line on its background.
 MIN_CONTRAST = 0.12

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-
 from pathlib import Path
 
 from tpuwatch import rundir
 from tpuwatch.monitor.recording import read_all
 from tpuwatch.protocol import Message
+from tpuwatch.sources.replay_source import ReplaySource
 from tpuwatch.ui.app import TpuwatchApp
-from tpuwatch.ui.replay_source import ReplaySource
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from tpuwatch import rundir
+from tpuwatch import address, rundir, settings
 from tpuwatch.agent import exit_guard
 
 EXIT_USAGE = 2
@@ -46,7 +46,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def parse_listen(value: str) -> tuple[str, int] | None:
-    return rundir.parse_listen(value)
+    return address.parse_listen(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tpuwatch: {e}", file=sys.stderr)
         return EXIT_USAGE
 
-    run_dir = ns.run_dir or (Path(os.environ[rundir.ENV_RUN_DIR]) if os.environ.get(rundir.ENV_RUN_DIR) else None)
-    run_id = os.environ.get(rundir.ENV_RUN_ID) or rundir.new_run_id(target)
+    run_dir = ns.run_dir or (Path(settings.RUN_DIR.get()) if settings.RUN_DIR.get() else None)
+    run_id = settings.RUN_ID.get() or rundir.new_run_id(target)
     if run_dir is None:
         run_dir = rundir.runs_root() / run_id
     try:

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Iterable
 
-from tpuwatch import protocol, rundir
+from tpuwatch import protocol, rundir, settings
 from tpuwatch.protocol import Command, CommandState, Event, Message, Result
 
 Sampler = Callable[[], Iterable[Message]]
@@ -411,7 +411,7 @@ class Agent:
             _current = None
 
     def release_reserve(self) -> None:
-        if not self.forked and not os.environ.get(rundir.ENV_RUN_ID):
+        if not self.forked and not settings.RUN_ID.get():
             # Started on its own: no launcher comes after us to use the disk reserve.
             rundir.release_reserve(self.run_dir)
 

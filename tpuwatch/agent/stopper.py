@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
     from tpuwatch.protocol import Command
 
-#: Must match tpuwatch.monitor.run_stop (the viewer side; the agent cannot import it).
+#: Must match tpuwatch.monitor.runs (the viewer side; the agent cannot import it).
 STOP_SOURCE = "viewer"
 STOP_MESSAGE = "stop requested"
 GRACE_INT_S = 15.0

@@ -59,14 +59,11 @@ def worker_dirs(run_dir: str | os.PathLike[str]) -> list[WorkerDir] | None:
             continue
         index = e.get("index", n)
         index = index if isinstance(index, int) else n
-        name = e.get("name") if isinstance(e.get("name"), str) else worker_name(index)
-        sub = e.get("dir") if isinstance(e.get("dir"), str) else worker_dir_name(index)
+        name, sub = e.get("name"), e.get("dir")
+        name = name if isinstance(name, str) else worker_name(index)
+        sub = sub if isinstance(sub, str) else worker_dir_name(index)
         out.append(WorkerDir(name=name, index=index, path=run_dir / sub))
     return sorted(out, key=lambda w: w.index)
-
-
-def is_group(run_dir: str | os.PathLike[str]) -> bool:
-    return worker_dirs(run_dir) is not None
 
 
 def sum_stats(stats: Sequence[ReadStats]) -> ReadStats:
@@ -138,5 +135,5 @@ def read_group(workers: Sequence[WorkerDir]) -> tuple[list[Tagged], ReadStats]:
         msgs, st = read_all(path) if path.is_file() else ([], ReadStats())
         stats.append(st)
         streams.append([(t, w.index, n, w.name, m) for n, (t, m) in enumerate(zip(_release_times(msgs), msgs))])
-    merged: Iterator = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
+    merged: Iterator[tuple[float, int, int, str, Message]] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
     return [(name, m) for _, _, _, name, m in merged], sum_stats(stats)

@@ -87,7 +87,7 @@ def capture_files(profile_dir: Path) -> list[Path]:
     return sorted(profile_dir.glob("*.xplane.pb"))
 
 
-def _convert(paths: list[str], tool: str) -> list[dict]:
+def _convert(paths: list[str], tool: str) -> list[dict[str, Any]]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         from xprof.convert import raw_to_tool_data
@@ -118,7 +118,7 @@ def _float(value: Any) -> float | None:
     return None
 
 
-def _rows(table: dict) -> list[dict[str, Any]]:
+def _rows(table: dict[str, Any]) -> list[dict[str, Any]]:
     """A DataTable's rows as {column id: value}."""
     ids = [c.get("id", "") for c in table.get("cols", [])]
     out = []
@@ -128,7 +128,7 @@ def _rows(table: dict) -> list[dict[str, Any]]:
     return out
 
 
-def _find(tables: list[dict], column: str) -> dict | None:
+def _find(tables: list[dict[str, Any]], column: str) -> dict[str, Any] | None:
     for t in tables:
         if any(c.get("id") == column for c in t.get("cols", [])):
             return t
@@ -262,7 +262,27 @@ def render_text(s: ProfileSummary, width: int = 100, live: "InputShare | None" =
     if s.top_ops:
         lines.append("  top ops by self time:")
         for op in s.top_ops:
-            lines.append(f"    {op.self_ms:9.2f} ms {100 * op.share:5.1f}%  {op.where:<6} {op.op_type:<20} {op.name}"[:width])
+            row = f"    {op.self_ms:9.2f} ms {100 * op.share:5.1f}%  {op.where:<6} {op.op_type:<20} {op.name}"
+            lines.append(row[:width])
     lines.append("  open it with:")
     lines.extend(f"    {c}" for c in s.open_commands)
     return "\n".join(lines)
+
+
+def recent_input_share(run_dir: Path, nbytes: int = 4 * 1024 * 1024) -> InputShare | None:
+    """Input wait over the latest steps of a run (the ``input-bound`` rule's window and
+    definition), from the last ``nbytes`` of its recording: what ``tpuwatch profile`` shows
+    beside the profile's own input share."""
+    # The engine is imported here: the profile screen needs only the parsing above.
+    from tpuwatch.monitor.diagnostics import Engine
+    from tpuwatch.monitor.recording import tail_messages
+    from tpuwatch.protocol import Finding, Hello
+
+    eng = Engine(clock=lambda: 0.0)
+    worker = ""
+    for msg in tail_messages(Path(run_dir) / "events.jsonl", nbytes):
+        if isinstance(msg, Hello):
+            worker = msg.worker
+        if not isinstance(msg, Finding):
+            eng.apply(msg, worker)
+    return eng.input_shares()[0]

@@ -204,7 +204,7 @@ class RecordingReader:
         for line in body.split(b"\n"):
             if not line or line.isspace():
                 continue
-            msg = _fast_step(line) if line.startswith(_STEP_PREFIX) else None
+            msg: Message | None = _fast_step(line) if line.startswith(_STEP_PREFIX) else None
             if msg is None:
                 msg = decode(line)
                 if msg is None:
@@ -301,3 +301,30 @@ def append(path: str | os.PathLike[str], messages: Iterable[Message]) -> None:
             raise
     finally:
         os.close(fd)
+
+
+#: Bytes of a recording's end that ``tail_messages`` reads by default (``ls`` reads this much per run).
+TAIL_BYTES = 64 * 1024
+
+
+def tail_messages(path: Path, nbytes: int = TAIL_BYTES) -> list[Message]:
+    """Decodes the complete lines in the last ``nbytes`` of a recording."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            start = max(0, size - nbytes)
+            f.seek(start)
+            data = f.read(nbytes)
+    except OSError:
+        return []
+    lines = data.split(b"\n")
+    if start > 0:
+        lines = lines[1:]  # the first one is (probably) cut
+    dec = protocol.Decoder()
+    out = []
+    for line in lines:
+        if line.strip():
+            m = dec.decode(line)
+            if m is not None:
+                out.append(m)
+    return out

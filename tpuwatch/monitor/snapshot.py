@@ -199,3 +199,19 @@ class RunSnapshot:
     recording_gaps: tuple[str, ...] = ()  # what the recording may be missing, one line each
     # set by a live viewer (not the recording): the disk under the run directory is full
     disk_full: str = ""
+
+
+def worker_exit_codes(snap: RunSnapshot) -> dict[str, int]:
+    """Each ended worker's exit code."""
+    return {w.name: w.exit_code for w in snap.workers if w.exit_code is not None}
+
+
+def worker_status_text(snap: RunSnapshot, name: str, status: str, connected: bool = True,
+                       codes: dict[str, int] | None = None) -> str:
+    """``crashed (exit 137)``, ``lost``, ``disconnected``, ``running``: what one worker is doing."""
+    codes = worker_exit_codes(snap) if codes is None else codes
+    if status in ("crashed", "stopped", "finished") and name in codes:
+        return f"{status} (exit {codes[name]})"
+    if not connected and status not in ("finished", "stopped", "crashed", "lost"):
+        return "disconnected"
+    return status

@@ -21,9 +21,13 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
+from tpuwatch.monitor.diagnostics.input_share import InputShare
+from tpuwatch.monitor.diagnostics.tracing import closest_change, remember_signature
+from tpuwatch.monitor.runs import STOP_MESSAGE, STOP_SOURCE, ended_state
 from tpuwatch.monitor.snapshot import (
+    CommandStatus,
     CommandView,
     DeviceMemory,
     FunctionTraces,
@@ -34,9 +38,6 @@ from tpuwatch.monitor.snapshot import (
     RunStatus,
     WorkerView,
 )
-from tpuwatch.monitor.diagnostics.input_share import InputShare
-from tpuwatch.monitor.diagnostics.tracing import closest_change, remember_signature
-from tpuwatch.monitor.run_stop import STOP_MESSAGE, STOP_SOURCE, ended_state
 from tpuwatch.monitor.stats import History, Rolling, SeriesHistory, StepStats
 from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
 from tpuwatch.protocol import DISK_FULL_SOURCE as DISK_FULL
@@ -108,7 +109,7 @@ class _Worker:
     hello: Hello | None = None
     # Every strategy this worker announced, with the training steps run under it (the steps
     # after a Topology belong to it); ``topology`` is the one that trained most.
-    topologies: list[list] = field(default_factory=list)  # [Topology, steps]
+    topologies: list[list[Any]] = field(default_factory=list)  # [Topology, steps]
     current_topology: int = -1
     stats: StepStats = field(default_factory=StepStats)
     last_step: Step | None = None
@@ -127,7 +128,8 @@ class _Worker:
         if not self.topologies:
             return None
         best = max(range(len(self.topologies)), key=lambda i: (self.topologies[i][1], i))
-        return self.topologies[best][0]
+        topo: Topology = self.topologies[best][0]
+        return topo
 
     def add_topology(self, msg: Topology) -> bool:
         """Makes ``msg`` the current strategy; True if it was not seen before."""
@@ -215,7 +217,8 @@ class RunState:
         self._tpu_note = ""
         # What the recording may be missing: full-disk losses the agent noted, a hard end.
         self._gaps: list[str] = []
-        self._handlers: dict[type, Callable[[Message, _Worker], None]] = {
+        # Each handler takes the message of its own type (Any: a dict keyed by type cannot say so).
+        self._handlers: dict[type, Callable[[Any, _Worker], None]] = {
             Hello: self._hello,
             Topology: self._topology,
             Config: self._config_msg,
@@ -243,7 +246,7 @@ class RunState:
         (Attach) are ignored."""
         self.messages += 1
         if type(msg) is Step:  # the hot path: most messages of a run
-            w = self._workers.get(worker or self._default_worker or "")  # type: ignore[arg-type]
+            w = self._workers.get(worker or self._default_worker or "")
             if w is None:
                 w = self._worker(worker)
             self._step(msg, w)
@@ -254,7 +257,7 @@ class RunState:
         if type(msg) is not HostSample and type(msg) is not DeviceSample:
             self.version += 1
         if type(msg) is Hello and worker is None:
-            worker = msg.worker  # type: ignore[attr-defined]
+            worker = msg.worker
             anon = self._workers.get("")
             if anon is not None and anon.hello is None and worker not in self._workers:
                 # Messages before the first Hello (a viewer attached mid-run) belong to it.
@@ -443,7 +446,8 @@ class RunState:
         if msg.source == "launcher" and w.exit is None and len(self._gaps) < 100:
             # The agent did not end the run itself (killed, crashed hard): what it had not yet
             # written (one flush interval, 1/sample-hz, 0.25 s by default) is not in the recording.
-            self._gaps.append(f"{w.name + ': ' if w.name else ''}the process ended abruptly ({msg.reason or 'no exit record'}); "
+            who = f"{w.name}: " if w.name else ""
+            self._gaps.append(f"{who}the process ended abruptly ({msg.reason or 'no exit record'}); "
                               "the last fraction of a second before it (one agent flush, 0.25 s by "
                               "default) may be missing")
         w.exit = msg
@@ -455,7 +459,8 @@ class RunState:
             text += f": {msg.reason}"
         self._log(msg.t, "info" if msg.exit_code == 0 else "error", msg.source, text, w.name)
 
-    def _set_command(self, id_: str, action: str, status, message: str, details, t: float) -> None:
+    def _set_command(self, id_: str, action: str, status: CommandStatus, message: str, details: Mapping[str, object],
+                     t: float) -> None:
         self._commands.pop(id_, None)  # re-insert: most recently changed last
         self._commands[id_] = CommandView(id=id_, action=action, status=status, message=message,
                                           details=dict(details), t=t)
@@ -566,7 +571,7 @@ class RunState:
         """One status for several workers: the most alarming wins; finished only when all are."""
         for s in ("crashed", "lost", "stalled", "running", "starting"):
             if s in statuses:
-                return s  # type: ignore[return-value]
+                return s
         if statuses and all(s in ("finished", "stopped") for s in statuses):
             return "stopped" if "stopped" in statuses else "finished"
         return "waiting"
@@ -584,7 +589,8 @@ class RunState:
         if p is None:
             return RunSnapshot(now=now, status="waiting", messages=self.messages,
                                malformed=self.malformed, unknown=self.unknown,
-                               truncated_tail=self.truncated_tail, recording_gaps=tuple(self._gaps), events=tuple(self._events),
+                               truncated_tail=self.truncated_tail, recording_gaps=tuple(self._gaps),
+                               events=tuple(self._events),
                                commands=tuple(self._commands.values()))
         workers = sorted(self._workers.values(),
                          key=lambda w: (w.topology.worker_index if w.topology else 1 << 30,
@@ -634,7 +640,7 @@ class RunState:
             host=hello.host if hello else "",
             pid=hello.pid if hello else None,
             tf_version=hello.tf_version if hello else "",
-            keras_version=cfg.get("keras_version") or (hello.keras_version if hello else ""),
+            keras_version=str(cfg.get("keras_version") or (hello.keras_version if hello else "")),
             strategy=strategy_name(topo.strategy) if topo else "",
             strategies=tuple((strategy_name(t.strategy), t.replicas, n) for t, n in p.topologies),
             replicas=topo.replicas if topo else None,

@@ -6,8 +6,8 @@ new message to one ``RunState``, then sets ONE immutable ``RunSnapshot`` on the 
 every panel is bound to that reactive and renders from it. Rendering cost is per frame, not per
 message, which is what keeps up with thousands of steps per second.
 
-Entry points for the CLI: :func:`run_dashboard`, :func:`tpuwatch.ui.file_source.make_file_source`,
-:func:`tpuwatch.ui.replay_source.make_replay_source`.
+Entry points for the CLI: :func:`run_dashboard`, :func:`tpuwatch.sources.file_source.make_file_source`,
+:func:`tpuwatch.sources.replay_source.make_replay_source`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import secrets
 import signal
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Literal, Mapping, Protocol
+from typing import Callable, Iterable, Literal, Mapping
 
 from textual import events, work
 from textual.app import App, ComposeResult, SystemCommand
@@ -33,21 +33,25 @@ from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import append
 from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.protocol import Command, Message, Result
-from tpuwatch.ui.group_source import apply_worker_health
+from tpuwatch.monitor.state import RunState
+from tpuwatch.protocol import Command, Result
+from tpuwatch.sources.replay_source import ReplaySource
+from tpuwatch.sources.source import ReplayControl, Source, apply_worker_health
 from tpuwatch.ui.hangup_driver import hangup_safe
 from tpuwatch.ui.output_tail import OutputTail
-from tpuwatch.ui.pacer import SHOW_PERIOD_S, Pacer, news_key
+from tpuwatch.ui.pacer import SHOW_PERIOD_S, Pacer
 from tpuwatch.ui.replay_output import epoch_anchors, visible_lines
-from tpuwatch.ui.replay_source import ReplaySource
 from tpuwatch.ui.screens.help_screen import HelpScreen
-from tpuwatch.ui.screens.profile_summary_screen import ProfileSummaryScreen, load_summary_text, new_profile_results
+from tpuwatch.ui.screens.profile_summary_screen import (
+    ProfileSummaryScreen,
+    load_summary_text,
+    new_profile_results,
+)
 from tpuwatch.ui.screens.quit_screen import QuitScreen
 from tpuwatch.ui.screens.results_screen import ResultsScreen
 from tpuwatch.ui.screens.retraces_screen import RetracesScreen
-from tpuwatch.ui.screens.text_screen import TextScreen
 from tpuwatch.ui.screens.stack_screen import StackScreen
-from tpuwatch.ui.source import ReplayControl, Source
+from tpuwatch.ui.screens.text_screen import TextScreen
 from tpuwatch.ui.widgets.command_line import CommandLine, command_summary
 from tpuwatch.ui.widgets.event_panel import EventPanel
 from tpuwatch.ui.widgets.findings_panel import FindingsPanel
@@ -86,22 +90,8 @@ LIVE_ACTIONS = (*COMMAND_ACTIONS, "stacks", "detach")
 PANEL_IDS = ("step-time", "loss", "memory", "findings", "input", "retraces", "events", "output-log")
 
 
-class StateLike(Protocol):
-    """What the app needs from ``tpuwatch.monitor.state.RunState``."""
-
-    def apply(self, msg: Message, worker: str | None = None) -> None: ...
-
-    def snapshot(self, now: float | None = None) -> RunSnapshot: ...
-
-
-def _default_state(clock: Callable[[], float]) -> StateLike:
-    from tpuwatch.monitor.state import RunState
-
-    return RunState(clock=clock)
-
-
 class TpuwatchApp(App[str]):
-    """The dashboard. ``source`` feeds it (see :mod:`tpuwatch.ui.source`); ``run_dir`` is where
+    """The dashboard. ``source`` feeds it (see :mod:`tpuwatch.sources.source`); ``run_dir`` is where
     output.log is tailed from (``None``: no output panel content).
 
     ``clock`` (unix seconds) stamps live snapshots; ``refresh_hz=0`` turns the timer off, for
@@ -165,7 +155,6 @@ class TpuwatchApp(App[str]):
         title: str | None = None,
         clock: Callable[[], float] = time.time,
         refresh_hz: float = REFRESH_HZ,
-        state_factory: Callable[[Callable[[], float]], StateLike] = _default_state,
         keymap: Mapping[str, str] | None = None,
         handle_hangup: bool = False,
         record_findings: bool = False,
@@ -186,8 +175,7 @@ class TpuwatchApp(App[str]):
         self._refresh_hz = refresh_hz
         self._pacer = Pacer(SHOW_PERIOD_S if refresh_hz > 0 else 0.0)
         self._replay_key: tuple = ()
-        self._state_factory = state_factory
-        self._state = state_factory(clock)
+        self._state = RunState(clock=clock)
         self._findings = FindingsFeed(clock, on_new=self._on_new_findings)
         self._replay: ReplayControl | None = source if isinstance(source, ReplayControl) else None
         self._generation = self._replay.generation if self._replay else 0
@@ -269,30 +257,23 @@ class TpuwatchApp(App[str]):
         if replay is not None and replay.generation != self._generation:
             self._generation = replay.generation
             self._pacer.reset()
-            self._state = self._state_factory(self._clock)
+            self._state = RunState(clock=self._clock)
             self._findings = FindingsFeed(self._clock, on_new=self._on_new_findings)
         apply = self._state.apply
         diagnose = self._findings.apply
         # Several workers' streams (a group, several HOST:PORT): each message with its worker.
-        tagged = getattr(self.source, "poll_tagged", None)
+        poll = self.source.poll_tagged
         deadline = time.perf_counter() + APPLY_BUDGET_S
         try:
             while True:
-                if tagged is not None:
-                    batch = tagged()
-                    for worker, msg in batch:
-                        apply(msg, worker)
-                        diagnose(msg, worker)
-                else:
-                    batch = self.source.poll()
-                    for msg in batch:
-                        apply(msg)
-                        diagnose(msg)
+                batch = poll()
+                for worker, msg in batch:
+                    apply(msg, worker)
+                    diagnose(msg, worker)
                 if not batch or time.perf_counter() > deadline:
                     break
             apply_worker_health(self.source, self._state)
-            read_stats = getattr(self.source, "read_stats", None)
-            stats = read_stats() if read_stats is not None else None
+            stats = self.source.read_stats()
             if stats is not None:  # unreadable lines: the header says so when nothing else came
                 self._state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                                             truncated_tail=stats.truncated_tail)
@@ -301,12 +282,11 @@ class TpuwatchApp(App[str]):
         now = self.source.now()
         now = self._clock() if now is None else now
         self._findings.evaluate(self._state, now)
-        version = getattr(self._state, "version", None)  # a StateLike may not count its news
-        snapshot = self._state.snapshot(now=now) if version is None else None
         disk = self._disk_full_note()
-        shown = self._pacer.due((news_key(snapshot) if snapshot is not None else version, disk), time.monotonic())
+        # The state counts its news: a snapshot is built only when one is shown.
+        shown = self._pacer.due((self._state.version, disk), time.monotonic())
         if shown:
-            snap = snapshot if snapshot is not None else self._state.snapshot(now=now)
+            snap = self._state.snapshot(now=now)
             self.snapshot = dataclasses.replace(snap, disk_full=disk) if disk else snap
         self._command_line.tick(now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
@@ -475,9 +455,9 @@ class TpuwatchApp(App[str]):
     def action_stacks(self) -> None:
         if isinstance(self.screen, StackScreen):
             return
-        from tpuwatch.monitor.stack_request import StackRequest
+        from tpuwatch.control.stack_request import StackRequest
 
-        dumps = lambda: tuple(getattr(self._state, "stack_dumps", ()))  # noqa: E731
+        dumps = lambda: self._state.stack_dumps  # noqa: E731
         before = dumps()
         self._send("stack_dump")
         snap = self.snapshot
@@ -571,7 +551,7 @@ class TpuwatchApp(App[str]):
         rows: list[tuple[str, str, bool]] = []
         seen: set[str] = set()
         key_bindings = self._key_bindings()
-        for key, bindings in key_bindings.items():
+        for bindings in key_bindings.values():
             for b in bindings:
                 if b.id is None or b.id.startswith("panel.") or b.id in seen:
                     continue
@@ -631,7 +611,7 @@ class TpuwatchApp(App[str]):
         expanded = list(self.query(".-maximised"))
         for w in expanded:
             w.remove_class("-maximised")
-            w.call_after_refresh(w.watch_snapshot, w.snapshot)
+            w.call_after_refresh(w.watch_snapshot, w.snapshot)  # type: ignore[attr-defined]  # a Panel
         self.screen.remove_class("-panel-max", "-max-bottom")
         return bool(expanded)
 
@@ -667,8 +647,7 @@ class TpuwatchApp(App[str]):
 
     def action_seek(self, direction: int) -> None:
         assert self._replay is not None
-        step = getattr(self._replay, "seek_step_s", 5.0)
-        self._replay.seek(direction * step)
+        self._replay.seek(direction * self._replay.seek_step_s)
         self.pull()
 
     def action_seek_start(self) -> None:

@@ -9,7 +9,7 @@ matches no signature still gets a finding with the line and the error.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from tpuwatch.monitor.tracebacks import script_frame, strip_own_frames
 from tpuwatch.protocol import ExceptionRaised, Finding, Message
@@ -17,6 +17,7 @@ from tpuwatch.protocol import ExceptionRaised, Finding, Message
 from .robust_stats import sig
 from .rule import Rule
 from .telemetry import Telemetry, WorkerTelemetry
+from .thresholds import Thresholds
 
 MB = 1 << 20
 
@@ -141,7 +142,7 @@ class ScriptCrash(Rule):
     id = "script-crash"
     observes = (ExceptionRaised,)
 
-    def __init__(self, th) -> None:
+    def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
         self.crashes: dict[str, tuple[ExceptionRaised, Crash]] = {}
 
@@ -192,7 +193,7 @@ class ScriptCrash(Rule):
         )
 
 
-def _memory_context(tel: Telemetry, w: WorkerTelemetry | None, evidence: dict) -> str:
+def _memory_context(tel: Telemetry, w: WorkerTelemetry | None, evidence: dict[str, Any]) -> str:
     """Headroom history and per-replica batch for an out-of-memory crash."""
     parts: list[str] = []
     per_replica = tel.config.get("per_replica_batch_size")
@@ -207,13 +208,13 @@ def _memory_context(tel: Telemetry, w: WorkerTelemetry | None, evidence: dict) -
         evidence["per_replica_batch"] = per_replica
         parts.append(f"per-replica batch {per_replica}")
     if w is not None:
-        with_limit = [d for d in w.devices.values() if d.limit_bytes]
+        with_limit = [(d, d.limit_bytes) for d in w.devices.values() if d.limit_bytes]
         if with_limit:
-            d = max(with_limit, key=lambda d: d.peak_bytes / d.limit_bytes)
-            pct = round(100 * d.peak_bytes / d.limit_bytes)
+            d, limit = max(with_limit, key=lambda x: x[0].peak_bytes / x[1])
+            pct = round(100 * d.peak_bytes / limit)
             evidence["device_peak_pct"] = pct
             evidence["device"] = d.device
-            parts.append(f"device memory peaked at {pct}% of {d.limit_bytes / MB:.0f} MiB on {d.device}")
+            parts.append(f"device memory peaked at {pct}% of {limit / MB:.0f} MiB on {d.device}")
         elif w.devices:
             d = max(w.devices.values(), key=lambda d: d.peak_bytes)
             evidence["device_peak_mib"] = round(d.peak_bytes / MB)

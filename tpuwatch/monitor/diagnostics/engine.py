@@ -20,6 +20,7 @@ import time
 from typing import Callable
 
 from tpuwatch.protocol import (
+    SEVERITY_RANK,
     Config,
     DeviceSample,
     Epoch,
@@ -39,7 +40,7 @@ from .input_share import InputShare, combine, recent_share
 from .loss import LossNonfinite, ReplicaLossSkew
 from .memory import DeviceMemoryHeadroom, HostMemoryGrowth
 from .progress import Stall, StepTimeJitter
-from .rule import SEVERITY_RANK, Rule
+from .rule import Rule
 from .telemetry import Telemetry, WorkerTelemetry
 from .thresholds import Thresholds
 from .tpu_config import BatchSizeAlignment, Float32OnTpu

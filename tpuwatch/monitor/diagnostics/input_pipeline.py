@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from tpuwatch.protocol import Finding
+from tpuwatch.protocol import Finding, Severity
+from tpuwatch.units import finding_ms
 
 from .input_share import InputShare, recent_share
 from .robust_stats import sig
 from .rule import Rule
-from .units import ms
 from .telemetry import Telemetry
 
 ADVICE = (
@@ -46,13 +46,13 @@ class InputBound(Rule):
         th = self.th
         if s is None or s.level not in ("moderate", "high"):
             return
-        severity = "warning" if s.level == "high" else "info"
+        severity: Severity = "warning" if s.level == "high" else "info"
         pct = round(100 * s.share)
         self._keep(worker, Finding(
             t=t, rule=self.id, severity=severity,
             # no step count in the message: it would re-announce the finding every second
             message=(f"{s.verdict}: {pct}% of step time waiting for input "
-                     f"(mean {ms(s.wait_per_step_s)} of {ms(s.step_time_s)} per step {scope})"),
+                     f"(mean {finding_ms(s.wait_per_step_s)} of {finding_ms(s.step_time_s)} per step {scope})"),
             advice=ADVICE,
             evidence={
                 "input_wait_pct": pct,

@@ -18,7 +18,7 @@ profile summary all quote :class:`InputShare` values computed here, so they agre
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 from .thresholds import Thresholds
 
@@ -90,7 +90,7 @@ class InputTotals:
         return _judge(self.wait, self.time, self.steps, self.first_step, self.last_step, th)
 
 
-def window_share(records: Iterable[tuple], th: Thresholds) -> InputShare | None:
+def window_share(records: Iterable[tuple[Any, ...]], th: Thresholds) -> InputShare | None:
     """The share over telemetry window records ``(step, t, step_time_s, wait_s, k, fn)``."""
     tot = InputTotals()
     for r in records:
@@ -99,7 +99,7 @@ def window_share(records: Iterable[tuple], th: Thresholds) -> InputShare | None:
     return tot.share(th)
 
 
-def recent_records(records: Sequence[tuple], th: Thresholds) -> tuple[list[tuple], str]:
+def recent_records(records: Sequence[tuple[Any, ...]], th: Thresholds) -> tuple[list[tuple[Any, ...]], str]:
     """The live window: the latest records within ``input_recent_s`` of the newest, reaching
     back further only to have ``input_min_records`` measured steps to judge (plus the worst one,
     left out). Returns the records and the scope in words, stable while the window's kind stays
@@ -109,7 +109,7 @@ def recent_records(records: Sequence[tuple], th: Thresholds) -> tuple[list[tuple
         return [], ""
     newest_t = records[-1][1]
     need = th.input_min_records + 1
-    out: list[tuple] = []
+    out: list[tuple[Any, ...]] = []
     measured = 0
     reached_back = False  # a record older than the window was taken to reach the minimum
     time_cut = False
@@ -129,7 +129,7 @@ def recent_records(records: Sequence[tuple], th: Thresholds) -> tuple[list[tuple
     return out, f"over the last {th.input_recent_s:.0f} s"
 
 
-def recent_share(records: Sequence[tuple], th: Thresholds) -> tuple[InputShare | None, str]:
+def recent_share(records: Sequence[tuple[Any, ...]], th: Thresholds) -> tuple[InputShare | None, str]:
     """The live verdict's share and its scope in words (:func:`recent_records`)."""
     rs, scope = recent_records(records, th)
     return window_share(rs, th), scope

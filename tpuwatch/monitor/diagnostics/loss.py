@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any, Sequence, TypeAlias, cast
 
 from tpuwatch.protocol import Finding, Message, Step
 
 from .robust_stats import sig
 from .rule import Rule
 from .telemetry import Telemetry, WorkerTelemetry
-
+from .thresholds import Thresholds
 
 _MAX_VALUES_PER_CHECK = 16384
 
@@ -41,7 +42,10 @@ class Departure:
         return f"{times(self.ratio)} below the others'"
 
 
-def departure(rows: "deque[tuple[int, tuple[float, ...]]] | list", min_ratio: float) -> Departure | None:
+Rows: TypeAlias = "deque[tuple[int, tuple[float, ...]]] | list[tuple[int, tuple[float, ...]]]"
+
+
+def departure(rows: Rows, min_ratio: float) -> Departure | None:
     """The replica that left the others (loss >= ``min_ratio`` x the others' median, or, with
     three replicas or more, as many times below) on the latest rows ``(step, per-replica
     losses)``, and the step from which it did; None if no replica did."""
@@ -107,21 +111,22 @@ class LossNonfinite(Rule):
     id = "loss-nonfinite"
     observes = (Step,)
 
-    def __init__(self, th) -> None:
+    def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
         self.bad: dict[str, NonFinite] = {}
         #: worker -> the latest finite per-replica rows, to find where a non-finite loss began
-        self.recent: dict[str, deque] = {}
+        self.recent: dict[str, deque[tuple[int, tuple[float, ...]]]] = {}
 
     def observe(self, msg: Message, w: WorkerTelemetry, tel: Telemetry) -> None:
-        loss, rl = msg.loss, msg.replica_losses  # type: ignore[attr-defined]
+        msg = cast(Step, msg)  # observes = (Step,)
+        loss, rl = msg.loss, msg.replica_losses
         # sum() of finite values is finite; NaN or Inf anywhere makes it non-finite (fast path)
         if (loss is None or math.isfinite(loss)) and (not rl or math.isfinite(sum(rl))):
             if rl and w.name not in self.bad:
                 ring = self.recent.get(w.name)
                 if ring is None:
                     ring = self.recent[w.name] = deque(maxlen=self.th.skew_origin_lookback)
-                ring.append((msg.step, rl))  # type: ignore[attr-defined]
+                ring.append((msg.step, rl))
             return
         off = w.replica_offset()
         bad_idx = [i for i, v in enumerate(rl) if not math.isfinite(v)]
@@ -131,7 +136,7 @@ class LossNonfinite(Rule):
                 i = bad_idx[0]
                 nf = NonFinite(msg.step, msg.t, off + i, w.device_of(i), _fmt(rl[i]))
             else:
-                nf = NonFinite(msg.step, msg.t, None, "", _fmt(loss))
+                nf = NonFinite(msg.step, msg.t, None, "", _fmt(loss if loss is not None else math.nan))
             dep = departure(self.recent.pop(w.name, []), self.th.skew_origin_ratio)
             if dep is not None:
                 nf.origin, nf.origin_replica = dep, off + dep.column
@@ -154,7 +159,7 @@ class LossNonfinite(Rule):
                           f"{dep.describe()} from step {dep.from_step}")
                 look = (f"Replica {nf.origin_replica}'s data from step {dep.from_step} is the first "
                         "suspect (check its input shard for corrupt records); ")
-            evidence = {
+            evidence: dict[str, Any] = {
                 "first_step": nf.first_step,
                 "replica": nf.replica if nf.replica is not None else "mean",
                 "device": nf.device,
@@ -190,23 +195,24 @@ class ReplicaLossSkew(Rule):
     id = "replica-loss-skew"
     observes = (Step,)
 
-    def __init__(self, th) -> None:
+    def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
-        self.rings: dict[str, deque] = {}
+        self.rings: dict[str, deque[tuple[int, tuple[float, ...]]]] = {}
         self._went_nonfinite: set[str] = set()
 
     def observe(self, msg: Message, w: WorkerTelemetry, tel: Telemetry) -> None:
-        rl = msg.replica_losses  # type: ignore[attr-defined]
+        msg = cast(Step, msg)  # observes = (Step,)
+        rl = msg.replica_losses
         if rl:
             ring = self.rings.get(w.name)
             if ring is None:
                 ring = self.rings[w.name] = deque(maxlen=self.th.skew_window_steps)
             if w.name not in self._went_nonfinite and not math.isfinite(sum(rl)):
                 self._went_nonfinite.add(w.name)
-                self._before_nonfinite(w, ring, msg.step)  # type: ignore[attr-defined]
-            ring.append((msg.step, rl))  # type: ignore[attr-defined]
+                self._before_nonfinite(w, ring, msg.step)
+            ring.append((msg.step, rl))
 
-    def _before_nonfinite(self, w: WorkerTelemetry, ring: deque, step: int) -> None:
+    def _before_nonfinite(self, w: WorkerTelemetry, ring: deque[tuple[int, tuple[float, ...]]], step: int) -> None:
         """The steps before a non-finite loss: one replica that departed from the others is
         its origin, however few steps the run has (no 50-step window needed)."""
         rows = [r for r in list(ring)[-self.th.skew_origin_lookback:] if math.isfinite(sum(r[1]))]
@@ -237,7 +243,7 @@ class ReplicaLossSkew(Rule):
         ))
 
     def _aligned(self, tel: Telemetry
-                 ) -> tuple[list[int], list[list[float]], list[tuple[str, int, int]]]:
+                 ) -> tuple[list[int], list[Sequence[float]], list[tuple[str, int, int]]]:
         """Steps every worker reported (all finite), the rows of all replicas' losses at them,
         and per column (worker, global replica, local index)."""
         workers = sorted((tel.workers[n] for n in self.rings if n in tel.workers),
@@ -248,7 +254,8 @@ class ReplicaLossSkew(Rule):
             w = workers[0]
             ring = self.rings[w.name]
             width = len(ring[-1][1])
-            steps, rows = [], []
+            steps: list[int] = []
+            rows: list[Sequence[float]] = []
             for s, row in ring:
                 if len(row) == width and math.isfinite(sum(row)):
                     steps.append(s)
@@ -270,10 +277,10 @@ class ReplicaLossSkew(Rule):
         cols = [(w.name, w.replica_offset() + i, i) for w in workers for i in range(widths[w.name])]
         steps, rows = [], []
         for s in sorted(common):
-            row = [v for d in by_worker for v in d[s]]
-            if math.isfinite(sum(row)):
+            merged = [v for d in by_worker for v in d[s]]
+            if math.isfinite(sum(merged)):
                 steps.append(s)
-                rows.append(row)
+                rows.append(merged)
         return steps, rows, cols
 
     def check(self, tel: Telemetry) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from tpuwatch.protocol import Finding
+from tpuwatch.protocol import Finding, Severity
 
 from .robust_stats import sig, theil_sen
 from .rule import Rule
 from .telemetry import Telemetry, WorkerTelemetry
+from .thresholds import Thresholds
 
 MB = 1 << 20
 _MAX_FIT_POINTS = 60  # Theil-Sen is O(n^2): thin the window to this many points
@@ -36,7 +37,7 @@ class HostMemoryGrowth(Rule):
 
     id = "host-memory-growth"
 
-    def __init__(self, th) -> None:
+    def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
         self._checked_at: dict[str, float] = {}  # worker -> time of the last point analysed
         self._steps_checked_at: dict[str, int] = {}  # worker -> step of the last point analysed
@@ -124,7 +125,7 @@ class HostMemoryGrowth(Rule):
         mb_per_min = slope_bps * 60 / MB
         exhaust_s = (w.available_bytes / slope_bps
                      if w.available_bytes is not None and slope_bps > 0 else None)
-        severity = ("critical" if exhaust_s is not None and exhaust_s < th.rss_critical_exhaust_s
+        severity: Severity = ("critical" if exhaust_s is not None and exhaust_s < th.rss_critical_exhaust_s
                     else "warning")
         evidence: dict[str, float | int | str] = {
             "slope_mb_per_min": sig(mb_per_min, 2),
@@ -136,7 +137,7 @@ class HostMemoryGrowth(Rule):
         }
         tail = ""
         if exhaust_s is not None:
-            evidence["available_mb"] = sig(w.available_bytes / MB, 3)
+            evidence["available_mb"] = sig((w.available_bytes or 0) / MB, 3)  # known: exhaust_s needs it
             evidence["minutes_to_exhaustion"] = sig(exhaust_s / 60, 2)
             tail = f"; host memory runs out in ~{_when(exhaust_s)} at this rate"
         rate = (f"+{per_step / MB:.2g} MiB per step, " if per_step is not None else "")
@@ -151,7 +152,7 @@ class HostMemoryGrowth(Rule):
         ))
 
 
-def _thin(pts: list) -> list:
+def _thin(pts: list[tuple[float, int]]) -> list[tuple[float, int]]:
     stride = max(1, -(-len(pts) // _MAX_FIT_POINTS))
     thin = pts[::stride]
     if thin[-1] is not pts[-1]:
@@ -186,17 +187,17 @@ class DeviceMemoryHeadroom(Rule):
                 if d.limit_bytes and d.limit_bytes > 0:
                     frac = d.peak_bytes / d.limit_bytes
                     if frac >= th.device_warning_frac:
-                        over.append((frac, d))
+                        over.append((frac, d, d.limit_bytes))
             if not over:
                 continue
             over.sort(key=lambda x: -x[0])
-            frac, d = over[0]
-            severity = "critical" if frac >= th.device_critical_frac else "warning"
+            frac, d, limit = over[0]
+            severity: Severity = "critical" if frac >= th.device_critical_frac else "warning"
             pct = round(100 * frac)
             self._keep(w.name, Finding(
                 t=d.t, rule=self.id, severity=severity,
                 message=(f"device memory peak at {pct}% of the limit on {d.device} "
-                         f"({d.peak_bytes / MB:.0f} of {d.limit_bytes / MB:.0f} MiB); "
+                         f"({d.peak_bytes / MB:.0f} of {limit / MB:.0f} MiB); "
                          f"{len(over)} device(s) >= {round(100 * th.device_warning_frac)}%"),
                 advice=("Leave headroom before an out-of-memory: lower the per-replica batch size, "
                         "use keras.mixed_precision.set_global_policy('mixed_bfloat16') (halves "
@@ -205,7 +206,7 @@ class DeviceMemoryHeadroom(Rule):
                 evidence={
                     "device": d.device,
                     "peak_mib": round(d.peak_bytes / MB),
-                    "limit_mib": round(d.limit_bytes / MB),
+                    "limit_mib": round(limit / MB),
                     "peak_pct": pct,
                     "devices_over_threshold": len(over),
                     "source": d.source,

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
-from tpuwatch.protocol import Finding, Message, Step
+from tpuwatch.protocol import Finding, Message, Severity, Step
+from tpuwatch.units import finding_duration, finding_ms
 
 from .robust_stats import median, quantile, sig
 from .rule import Rule
-from .units import duration, ms
 from .telemetry import Telemetry, WorkerTelemetry
+from .thresholds import Thresholds
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class Stall(Rule):
     id = "stall"
     observes = (Step,)
 
-    def __init__(self, th) -> None:
+    def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
         #: worker -> long gaps that ended: (step before, seconds, step after)
         self.gaps: dict[str, list[tuple[int, float, int]]] = {}
@@ -64,7 +66,7 @@ class Stall(Rule):
                 cadence = max(th.stall_gap_min_s, th.stall_p95_factor * p95)
                 if cadence < limit.seconds:
                     limit = StallLimit(cadence, f"{th.stall_p95_factor:g} x p95 step interval "
-                                                f"({ms(p95)}), at least {th.stall_gap_min_s:g} s")
+                                                f"({finding_ms(p95)}), at least {th.stall_gap_min_s:g} s")
         spe = tel.steps_per_epoch()
         if w.boundary_since_step or (spe and w.last_step % spe == 0):
             if w.longest_boundary_gap_s > 0:
@@ -101,7 +103,7 @@ class Stall(Rule):
                 if not killed:
                     self._finished_after_last_step(w)
                     continue
-                end = ex.t
+                end = ex.t if ex is not None else now  # killed: ex is there
             else:
                 end = w.last_alive_t if w.samples_seen and w.last_alive_t else now
             gap = end - w.last_step_t
@@ -124,7 +126,7 @@ class Stall(Rule):
         gap = ex.t - (w.last_step_t or ex.t)
         self._found[w.name] = replace(
             f, severity="info", t=ex.t,
-            message=(f"the script took {duration(gap)} to finish after its last step "
+            message=(f"the script took {finding_duration(gap)} to finish after its last step "
                      f"({w.last_step}), then exited cleanly"),
             advice=("Nothing to fix in training. If the wait at the end matters: TF can take "
                     "minutes destroying a live distributed iterator at exit (break out of "
@@ -135,7 +137,7 @@ class Stall(Rule):
     def _record(self, w: WorkerTelemetry, gap: float, limit: StallLimit, *, ongoing: bool,
                 resumed_at: int | None) -> None:
         th = self.th
-        severity = "critical" if gap >= th.stall_critical_factor * limit.seconds else "warning"
+        severity: Severity = "critical" if gap >= th.stall_critical_factor * limit.seconds else "warning"
         if ongoing:
             state = "still no step (the process is alive)"
         elif resumed_at is not None:
@@ -152,12 +154,12 @@ class Stall(Rule):
         gaps = self.gaps.get(w.name, [])
         if gaps:
             evidence["long_gaps"] = len(gaps)
-            evidence["gaps"] = "; ".join(f"after step {a}: {duration(g)}" for a, g, _ in gaps)
+            evidence["gaps"] = "; ".join(f"after step {a}: {finding_duration(g)}" for a, g, _ in gaps)
         others = f" ({len(gaps)} long gaps in all: {evidence['gaps']})" if len(gaps) > 1 else ""
         self._keep(w.name, Finding(
             t=(w.last_step_t or 0.0) + gap, rule=self.id, severity=severity,
-            message=(f"stall: no step for {duration(gap)} after step {w.last_step} "
-                     f"(limit {duration(limit.seconds)}); {state}{others}"),
+            message=(f"stall: no step for {finding_duration(gap)} after step {w.last_step} "
+                     f"(limit {finding_duration(limit.seconds)}); {state}{others}"),
             advice=(f"Training stopped making progress after step {w.last_step}: take a stack "
                     "dump (the dashboard's stack-dump key, or the stack_dump command) to see where "
                     "every thread waits - a hung collective or a dead worker in multi-worker "
@@ -180,13 +182,13 @@ class StepTimeJitter(Rule):
 
     def check(self, tel: Telemetry) -> None:
         for w in tel.step_workers():
-            by_fn: dict[str, list] = {}
+            by_fn: dict[str, list[tuple[Any, ...]]] = {}
             for r in w.window:
                 by_fn.setdefault(r[5], []).append(r)
             for fn, recs in by_fn.items():
                 self._check_fn(w, fn, recs)
 
-    def _check_fn(self, w: WorkerTelemetry, fn: str, recs: list) -> None:
+    def _check_fn(self, w: WorkerTelemetry, fn: str, recs: list[tuple[Any, ...]]) -> None:
         th = self.th
         if len(recs) < th.jitter_min_records:
             return
@@ -201,11 +203,11 @@ class StepTimeJitter(Rule):
                   "or periodic work in callbacks (logging, checkpoints) every few steps")
         ratio = p95 / p50 if p50 > 0 else 0.0
         if ratio >= th.jitter_info_ratio and p95 - p50 >= th.jitter_min_spread_s:
-            severity = "warning" if ratio >= th.jitter_warning_ratio else "info"
+            severity: Severity = "warning" if ratio >= th.jitter_warning_ratio else "info"
             self._keep(f"{w.name}|{fn}|jitter", Finding(
                 t=recs[-1][1], rule=self.id, severity=severity,
-                message=(f"irregular step time in {label}: p95 {ms(p95)} is "
-                         f"{ratio:.2g}x the median {ms(p50)}"),
+                message=(f"irregular step time in {label}: p95 {finding_ms(p95)} is "
+                         f"{ratio:.2g}x the median {finding_ms(p50)}"),
                 advice=advice,
                 evidence={
                     "function": fn,
@@ -231,8 +233,8 @@ class StepTimeJitter(Rule):
             severity = "warning" if rise >= th.trend_warning_ratio else "info"
             self._keep(f"{w.name}|{fn}|trend", Finding(
                 t=recs[-1][1], rule=self.id, severity=severity,
-                message=(f"step time of {label} is rising: median {ms(cur)} now vs "
-                         f"{ms(base)} after warm-up ({rise:.2g}x)"),
+                message=(f"step time of {label} is rising: median {finding_ms(cur)} now vs "
+                         f"{finding_ms(base)} after warm-up ({rise:.2g}x)"),
                 advice=advice + "; a steady rise often means growing Python state per step "
                                 "(see host-memory-growth) or a filling cache/queue",
                 evidence={

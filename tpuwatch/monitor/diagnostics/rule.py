@@ -5,12 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import ClassVar
 
-from tpuwatch.protocol import Finding, Message
+from tpuwatch.protocol import SEVERITY_RANK, Finding, Message
 
 from .telemetry import Telemetry, WorkerTelemetry
 from .thresholds import Thresholds
-
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
 class Rule:

@@ -11,7 +11,15 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from tpuwatch.protocol import Config, DeviceSample, Epoch, Exit, HostSample, Step, Topology
+from tpuwatch.protocol import (
+    Config,
+    DeviceSample,
+    Epoch,
+    Exit,
+    HostSample,
+    Step,
+    Topology,
+)
 
 from .input_share import InputTotals
 from .thresholds import Thresholds
@@ -47,11 +55,11 @@ class WorkerTelemetry:
     last_step_t: float | None = None
     first_step_t: float | None = None
     #: Eligible records only (warm-up and boundary records left out).
-    window: deque = field(default_factory=deque)
+    window: deque[Rec] = field(default_factory=deque)
     eligible: int = 0  # eligible records ever (the window keeps the latest)
     skip_left: int = 0
     #: Wall time between consecutive step records: the stall baseline.
-    intervals: deque = field(default_factory=lambda: deque(maxlen=101))
+    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=101))
     # liveness
     last_alive_t: float | None = None  # latest t of any message from this worker
     samples_seen: bool = False  # the agent's sampler thread reports, so silence means no steps
@@ -65,15 +73,15 @@ class WorkerTelemetry:
     epoch_begin_seen: bool = False
     longest_boundary_gap_s: float = 0.0
     # host memory: one point per bucket (latest RSS in it), bounded
-    rss_points: deque = field(default_factory=deque)
+    rss_points: deque[tuple[float, int]] = field(default_factory=deque)
     rss_first_t: float | None = None
     rss_bucket_start_t: float = -math.inf
     #: (step, t, rss_bytes) at host samples taken after a new step, bounded by thinning.
-    rss_step_points: list = field(default_factory=list)
+    rss_step_points: list[tuple[int, float, int]] = field(default_factory=list)
     available_bytes: int | None = None
     total_bytes: int | None = None
     devices: dict[str, DevicePeak] = field(default_factory=dict)
-    examples: Counter = field(default_factory=Counter)
+    examples: Counter[int] = field(default_factory=Counter)
     #: Input wait over every eligible record of the run (the whole-run verdict).
     input_totals: InputTotals = field(default_factory=InputTotals)
     #: Step times of the first ``jitter_min_records`` eligible records per step function: the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpuwatch.protocol import Finding
+from tpuwatch.protocol import Finding, Severity
 
 from .rule import Rule
 from .telemetry import Telemetry
@@ -51,7 +51,7 @@ class BatchSizeAlignment(Rule):
         lower, upper = (b // m) * m, (b // m + 1) * m
         suggest = f"{upper}" if lower == 0 else f"{lower} or {upper}"
         padded = -(-b // m_min) * m_min
-        severity = "warning" if b % m_min else "info"
+        severity: Severity = "warning" if b % m_min else "info"
         replicas = tel.topology.replicas if tel.topology else None
         gsuggest = (f" (global {upper * replicas}" + (f" or {lower * replicas})" if lower else ")")
                     if replicas else "")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from tpuwatch.protocol import VARIABLES_MADE_CHANGE, Finding, Message, Retrace
+from tpuwatch.protocol import VARIABLES_MADE_CHANGE, Finding, Message, Retrace, Severity
 
 from .rule import Rule
 from .telemetry import Telemetry, WorkerTelemetry
+from .thresholds import Thresholds
 
 _SHAPE_CHANGE = re.compile(r"shape\s*\(([^)]*)\)\s*->\s*\(([^)]*)\)")
 _MAX_CHANGES = 4  # distinct changes remembered per function
@@ -49,7 +50,7 @@ class FunctionHistory:
 class _TracingRule(Rule):
     observes = (Retrace,)
 
-    def __init__(self, th) -> None:
+    def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
         self.functions: dict[tuple[str, str], FunctionHistory] = {}
 
@@ -237,7 +238,7 @@ class RetraceStorm(_TracingRule):
         advice = _ADVICE[kind]
         same_cause = h.causes.get(kind, 0)
         if excess >= th.retrace_warning_excess:
-            severity = "critical" if excess >= th.retrace_critical_excess else "warning"
+            severity: Severity = "critical" if excess >= th.retrace_critical_excess else "warning"
             what = "retrace storm"
         elif same_cause > th.retrace_allowed_per_instance * h.instances:
             # the second re-trace of one object with the same cause is a pattern, not the last
@@ -284,7 +285,7 @@ class FunctionRecreated(_TracingRule):
             return
         if h.instances_first_step is None:
             h.instances_first_step = msg.step
-        severity = "critical" if h.instances >= th.recreated_critical_instances else "warning"
+        severity: Severity = "critical" if h.instances >= th.recreated_critical_instances else "warning"
         self._keep(f"{h.worker}|{h.name}", Finding(
             t=h.t, rule=self.id, severity=severity,
             message=(f"tf.function '{h.name}' was created {h.instances} times "

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from tpuwatch.protocol import Finding
+from tpuwatch.units import finding_ms
 
 from .robust_stats import mad, median, sig
 from .rule import Rule
-from .units import ms
 from .telemetry import Telemetry
 
 _METRICS = (("input_wait", "input wait"), ("step_time", "step time"))
@@ -71,8 +71,8 @@ class StragglerHost(Rule):
             first, last, t = self._span[name]
             self._keep(f"{name}|{metric}", Finding(
                 t=t, rule=self.id, severity="warning",
-                message=(f"straggler: worker {name} median {label} {ms(v)} vs "
-                         f"{ms(ref)} on the other workers (+{ms(excess)})"),
+                message=(f"straggler: worker {name} median {label} {finding_ms(v)} vs "
+                         f"{finding_ms(ref)} on the other workers (+{finding_ms(excess)})"),
                 advice=(f"Look at host {name.split(':')[0]}: "
                         + ("its input pipeline is slower - uneven shards/files, slower disk or "
                            "network to the data, fewer CPU cores or other load; balance the "

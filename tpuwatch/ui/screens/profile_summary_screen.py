@@ -45,7 +45,8 @@ def load_summary_text(command: CommandView, live: InputShare | None = None) -> s
 
     d = command.details
     local = d.get("local_path") or d.get("path")
-    logdir = d.get("logdir") if isinstance(d.get("logdir"), str) else None
+    raw_logdir = d.get("logdir")
+    logdir: str | None = raw_logdir if isinstance(raw_logdir, str) else None
     if not isinstance(local, str) or not os.path.isdir(local):
         where = f" ({local})" if isinstance(local, str) else ""
         lines = [f"The capture is not on this machine{where}; open it where it is:"]
@@ -57,9 +58,9 @@ def load_summary_text(command: CommandView, live: InputShare | None = None) -> s
     except profile_summary.ProfileSummaryError as e:
         # The capture is still there: say how to open it, as `tpuwatch profile` does.
         parents = Path(local).parents  # <logdir>/plugins/profile/<capture>
-        where = logdir if logdir and not logdir.startswith("gs://") else str(parents[min(2, len(parents) - 1)])
+        open_dir = logdir if logdir and not logdir.startswith("gs://") else str(parents[min(2, len(parents) - 1)])
         return "\n".join([f"No summary: {e}", "Open it with:",
-                          *(f"  {c}" for c in profile_summary.open_commands(where))])
+                          *(f"  {c}" for c in profile_summary.open_commands(open_dir))])
 
 
 class ProfileSummaryScreen(ModalScreen[None]):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.content import Content
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.ui import units
 from tpuwatch.ui.screens.text_screen import TextScreen
 from tpuwatch.ui.widgets.command_line import _STYLE, _WORDS, result_path
 

@@ -7,8 +7,8 @@ import re
 
 from textual.content import Content
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.ui import units
 from tpuwatch.ui.screens.text_screen import TextScreen
 
 #: A signature's last leaf's replica count (" x4") and closing brackets: kept when it is cut.

@@ -1,6 +1,6 @@
 """The stacks of the training process (key ``s``): for a run that stalls or hangs.
 
-Follows a :class:`~tpuwatch.monitor.stack_request.StackRequest` at a few Hz until it has the
+Follows a :class:`~tpuwatch.control.stack_request.StackRequest` at a few Hz until it has the
 dump (from the agent's ``stack_dump`` command, or from faulthandler after SIGUSR1 when the agent
 cannot answer) and shows it, the training thread first.
 """
@@ -15,8 +15,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, TextArea
 
+from tpuwatch.control.stack_request import StackRequest, StackView
 from tpuwatch.monitor.snapshot import CommandView
-from tpuwatch.monitor.stack_request import StackRequest, StackView
 from tpuwatch.protocol import StackDump
 
 POLL_HZ = 4.0

@@ -13,8 +13,8 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import CommandView, RunSnapshot
-from tpuwatch.ui import units
 
 _STYLE = {
     "pending": "$text-muted",

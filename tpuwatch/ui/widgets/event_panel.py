@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from textual.content import Content
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.ui import units
 from tpuwatch.ui.widgets.panel import Panel
 
-_LEVEL = {"error": ("ERR ", "$error bold"), "warning": ("WARN", "$warning bold"), "info": ("info", "dim"), "debug": ("dbg ", "dim")}
+_LEVEL = {"error": ("ERR ", "$error bold"), "warning": ("WARN", "$warning bold"), "info": ("info", "dim"),
+          "debug": ("dbg ", "dim")}
 
 
 def events_text(s: RunSnapshot, rows: int) -> Content:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from textual.content import Content
 
 from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.protocol import SEVERITY_RANK
 from tpuwatch.ui.widgets.panel import Panel
 
-_RANK = {"critical": 0, "warning": 1, "info": 2}
 _MARK = {"critical": ("!!", "$error bold"), "warning": ("! ", "$warning bold"), "info": ("i ", "$primary")}
 
 
@@ -63,7 +63,9 @@ def _items(s: RunSnapshot) -> list[tuple[tuple[float, float], Content, Content |
     for f in s.findings:
         mark, style = _MARK.get(f.severity, ("  ", ""))
         advice = Content.styled("   " + f.advice, "dim") if f.advice else None
-        items.append(((_RANK.get(f.severity, 3), -f.t), Content.assemble((mark + " ", style), f.message), advice))
+        # critical 0, warning 1, info 2 (unknown severities 3): lower ranks first
+        rank = 2 - SEVERITY_RANK[f.severity] if f.severity in SEVERITY_RANK else 3
+        items.append(((rank, -f.t), Content.assemble((mark + " ", style), f.message), advice))
     if s.exception:
         first, _, rest = s.exception.partition("\n")
         items.append(((0.5, 0.0), Content.assemble(("!! ", "$error bold"), ("crashed: ", "$error bold"), first),

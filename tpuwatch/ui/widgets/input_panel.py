@@ -11,10 +11,10 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import Static
 
+from tpuwatch import units
 from tpuwatch.monitor.diagnostics.input_share import InputLevel
 from tpuwatch.monitor.diagnostics.thresholds import Thresholds
 from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.ui import units
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
 from tpuwatch.ui.widgets.panel import Panel
 

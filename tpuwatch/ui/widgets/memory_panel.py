@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from textual.content import Content
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import DeviceMemory, RunSnapshot
-from tpuwatch.ui import units
 from tpuwatch.ui.widgets.panel import Panel
-from tpuwatch.ui.widgets.replica_loss_panel import short_device
 
 WARN_FRAC = 0.85
 CRITICAL_FRAC = 0.95
@@ -29,15 +28,16 @@ def _style(frac: float | None) -> str:
 def _libtpu_line(d: DeviceMemory, width: int) -> Content:
     """A device read from libtpu: HBM used/total now, then headroom and duty cycle if they fit
     (``TPU:3 30.0/32.0 GiB 94%  2.00 GiB free  duty 99%``). Coloured by the peak's share."""
-    used, total = units.size(d.current_bytes), units.size(d.limit_bytes)
+    limit = d.limit_bytes or 0  # the caller shows this line only for a device with a limit
+    used, total = units.size(d.current_bytes), units.size(limit)
     unit = total.rpartition(" ")[2]
     if used.endswith(" " + unit):
         used = used[: -len(unit) - 1]
     style = _style(_use(d))
-    line = Content.assemble(f"{short_device(d.device)[:10]:<6}", (used, style), ("/", "dim"), total,
-                            (f" {units.percent(d.current_bytes / d.limit_bytes)}", style or "dim"))
+    line = Content.assemble(f"{units.short_device(d.device)[:10]:<6}", (used, style), ("/", "dim"), total,
+                            (f" {units.percent(d.current_bytes / limit)}", style or "dim"))
     extras = [Content.assemble(("  duty ", "dim"), f"{d.duty_cycle_pct:.0f}%")] if d.duty_cycle_pct is not None else []
-    extras.insert(0, Content.assemble(("  ", ""), units.size(max(0, d.limit_bytes - d.current_bytes)), (" free", "dim")))
+    extras.insert(0, Content.assemble(("  ", ""), units.size(max(0, limit - d.current_bytes)), (" free", "dim")))
     for extra in extras:
         if line.cell_length + extra.cell_length <= width:
             line += extra
@@ -48,7 +48,8 @@ def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
     lines: list[Content] = []
     for h in s.host_memory:
         free = h.available_bytes / h.total_bytes if h.total_bytes else None
-        style = "" if free is None else "$error bold" if free < HOST_CRITICAL_FREE else "$warning bold" if free < HOST_WARN_FREE else ""
+        style = ("" if free is None else "$error bold" if free < HOST_CRITICAL_FREE
+                 else "$warning bold" if free < HOST_WARN_FREE else "")
         who = "host" if len(s.host_memory) == 1 else h.worker[:10]
         line = Content.assemble(
             (f"{who:<10}", "bold"), units.size(h.rss_bytes), (" RSS ", "dim"),
@@ -68,7 +69,7 @@ def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
             continue
         frac = _use(d)
         parts: list[Content | tuple[str, str] | str] = [
-            f"{short_device(d.device)[:10]:<10}", units.size(d.current_bytes),
+            f"{units.short_device(d.device)[:10]:<10}", units.size(d.current_bytes),
             ("  peak ", "dim"), (units.size(d.peak_bytes), _style(frac)),
         ]
         if d.limit_bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from rich.highlighter import Highlighter
+from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
@@ -26,8 +27,8 @@ def is_native_log(line: str) -> bool:
 class _TermHighlighter(Highlighter):
     def __init__(self) -> None:
         self.term = ""
-        self.style = None
-        self.native_style = None
+        self.style: Style | None = None
+        self.native_style: Style | None = None
 
     def highlight(self, text: Text) -> None:
         if self.native_style is not None and is_native_log(text.plain):
@@ -57,7 +58,7 @@ class OutputLog(Log):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(highlight=True, max_lines=MAX_LINES, auto_scroll=True, **kwargs)
-        self.highlighter = _TermHighlighter()
+        self.highlighter: _TermHighlighter = _TermHighlighter()
         self.term = ""
         self.matches: list[int] = []
         self.current: int | None = None  # index into matches

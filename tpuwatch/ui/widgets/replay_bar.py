@@ -8,7 +8,7 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from tpuwatch.ui import units
+from tpuwatch import units
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import Static
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import ReplicaLoss, RunSnapshot
-from tpuwatch.ui import units
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
 from tpuwatch.ui.widgets.panel import EXPANDED_ROWS, Panel
 
@@ -18,16 +18,6 @@ from tpuwatch.ui.widgets.panel import EXPANDED_ROWS, Panel
 #: off on one step is noise near zero loss; the skew rule decides what is persistent.
 LOSS_RULES = ("loss-nonfinite", "replica-loss-skew")
 _SEVERITY_CLASS = {"critical": "-critical", "warning": "-warning"}
-
-
-def short_device(device: str) -> str:
-    """``/job:worker/replica:0/task:1/device:TPU:3`` -> ``t1/TPU:3`` (``TPU:3`` on task 0)."""
-    name = device.rsplit("device:", 1)[-1] if "device:" in device else device
-    task = ""
-    for part in device.split("/"):
-        if part.startswith("task:") and part != "task:0":
-            task = "t" + part[5:] + "/"
-    return task + name
 
 
 def _mean(s: RunSnapshot) -> float | None:
@@ -107,7 +97,7 @@ def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
     for r in shown:
         # r<index> <device> <loss> <deviation>: 33 columns, fits a panel at 80x24. With several
         # workers the device says whose it is (each worker numbers its own devices from 0).
-        device = short_device(r.device)
+        device = units.short_device(r.device)
         if several_workers:
             device = f"{short_worker(r.worker)}/{device}"
         label = f"r{r.index:<3}{device[:9]:<9}"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.content import Content
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import FunctionTraces, RunSnapshot
-from tpuwatch.ui import units
 from tpuwatch.ui.widgets.panel import Panel
 
 #: More traces than this for one function is worth a look (shapes or Python values changing).

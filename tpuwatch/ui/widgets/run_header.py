@@ -7,8 +7,8 @@ from textual.geometry import Region
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.ui import units
 
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 

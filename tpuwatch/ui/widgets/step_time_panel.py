@@ -6,8 +6,8 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import Static
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.ui import units
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
 from tpuwatch.ui.widgets.input_panel import input_level, input_style, wait_series
 from tpuwatch.ui.widgets.panel import Panel

@@ -10,14 +10,10 @@ from __future__ import annotations
 
 from textual.content import Content
 
-from tpuwatch.monitor.headless import worker_exit_codes, worker_status_text
-from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.ui import units
+from tpuwatch import units
+from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes, worker_status_text
 from tpuwatch.ui.widgets.memory_panel import MemoryPanel
 from tpuwatch.ui.widgets.panel import Panel
-
-#: Rows the panel takes at most (then "… N more"); the panel is its rows plus the border.
-MAX_ROWS = 8
 
 _STATE_STYLE = {"crashed": "$error bold", "lost": "$warning bold", "disconnected": "$warning bold",
                 "stalled": "$warning bold", "finished": "$success", "running": ""}

@@ -12,10 +12,12 @@ import bisect
 import time
 from array import array
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from tpuwatch import rundir
+from tpuwatch.monitor.recording import ReadStats
 from tpuwatch.protocol import Command, Decoder, Event, Message
+from tpuwatch.sources.source import Tagged, WorkerHealth
 
 #: Most messages one poll returns: a jump to the end of a million-step recording is applied
 #: over several refreshes (the app stops draining when its time budget is spent).
@@ -69,6 +71,15 @@ class ReplaySource:
         out = self._messages[self._next : stop]
         self._next = stop
         return out
+
+    def poll_tagged(self) -> Sequence[Tagged]:
+        return [(None, m) for m in self.poll()]
+
+    def health(self) -> Mapping[str, WorkerHealth]:
+        return {}  # a recording's workers are as it says
+
+    def read_stats(self) -> ReadStats | None:
+        return None  # read whole before the replay starts; its problems are in the messages
 
     def send(self, command: Command) -> None:
         raise OSError("a replay cannot send commands")

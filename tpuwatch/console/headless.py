@@ -11,15 +11,18 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Protocol, TextIO
+from typing import Callable, Sequence, TextIO
 
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import RecordingReader, append
-from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes, worker_status_text
 from tpuwatch.monitor.state import RunState
-from tpuwatch.monitor.units import (
-    NA,
+from tpuwatch.protocol import Finding
+from tpuwatch.sources.file_source import FileSource
+from tpuwatch.sources.source import RecordingSource, Tagged
+from tpuwatch.units import (
+    UNKNOWN,
     fmt_bytes,
     fmt_duration,
     fmt_loss,
@@ -27,8 +30,6 @@ from tpuwatch.monitor.units import (
     fmt_rate,
     fmt_seconds,
 )
-from tpuwatch.protocol import Finding
-
 
 
 def _loss_range(snap: RunSnapshot) -> str:
@@ -101,7 +102,7 @@ def summary(snap: RunSnapshot) -> str:
     def row(label: str, text: str) -> None:
         lines.append(f"  {label:<10}{text}")
 
-    ident = snap.run_id or NA
+    ident = snap.run_id or UNKNOWN
     if snap.strategy:
         ident += f"  {snap.strategy}, {snap.replicas} replica(s) on {snap.device_kind or '?'}"
     if snap.tf_version:
@@ -179,47 +180,12 @@ def follow(
     final snapshot.
     """
     recording = Path(events_path)
+    source = FileSource(recording.parent, reader=RecordingReader(recording))
     return follow_group(
-        _SingleReader(RecordingReader(recording)), is_alive, out, every_s, clock, on_end=on_end,
+        source, is_alive, out, every_s, clock, on_end=on_end,
         exit_grace_s=exit_grace_s, poll_s=poll_s, sleep=sleep,
         record_findings=(lambda new: append(recording, new)) if record_findings else None,
         watch_disk=recording.parent)
-
-
-class _SingleReader:
-    """One recording as a group of one: its messages untagged (the worker comes from its Hello)."""
-
-    def __init__(self, reader: RecordingReader) -> None:
-        self._reader = reader
-
-    @property
-    def caught_up(self) -> bool:
-        return self._reader.caught_up
-
-    @property
-    def stats(self) -> Any:
-        return self._reader.stats
-
-    def read_new(self) -> list:
-        return [(None, m) for m in self._reader.read_new()]
-
-    def finish(self) -> list:
-        return [(None, m) for m in self._reader.finish()]
-
-def worker_exit_codes(snap: RunSnapshot) -> dict[str, int]:
-    """Each ended worker's exit code."""
-    return {w.name: w.exit_code for w in snap.workers if w.exit_code is not None}
-
-
-def worker_status_text(snap: RunSnapshot, name: str, status: str, connected: bool = True,
-                       codes: dict[str, int] | None = None) -> str:
-    """``crashed (exit 137)``, ``lost``, ``disconnected``, ``running``: what one worker is doing."""
-    codes = worker_exit_codes(snap) if codes is None else codes
-    if status in ("crashed", "stopped", "finished") and name in codes:
-        return f"{status} (exit {codes[name]})"
-    if not connected and status not in ("finished", "stopped", "crashed", "lost"):
-        return "disconnected"
-    return status
 
 
 def workers_line(snap: RunSnapshot) -> str:
@@ -236,7 +202,7 @@ def workers_line(snap: RunSnapshot) -> str:
 
 
 def follow_group(
-    reader: "GroupReaderLike",
+    source: RecordingSource,
     is_alive: Callable[[], bool],
     out: TextIO = sys.stderr,
     every_s: float = 5.0,
@@ -253,7 +219,8 @@ def follow_group(
     --headless --workers N``): the merged progress line, then one line with each worker (step,
     step time, input wait, state); findings once; the summary at the end with each worker's end.
 
-    ``reader`` is a :class:`tpuwatch.monitor.group.GroupReader` (tagged messages).
+    ``source`` is a :class:`~tpuwatch.sources.group_source.GroupSource` (or, for :func:`follow`,
+    a :class:`~tpuwatch.sources.file_source.FileSource`): tagged messages, read to the end.
     ``record_findings`` receives new findings to record (the owner writes them into the
     recording of the worker each concerns). A worker whose recording ends without an exit
     record is reported lost; the others keep their own end. ``watch_disk``: say once (a line)
@@ -266,7 +233,7 @@ def follow_group(
     disk_note = ""
     next_disk_check = 0.0
 
-    def take(tagged: list) -> None:
+    def take(tagged: Sequence[Tagged]) -> None:
         for worker, msg in tagged:
             state.apply(msg, worker)
             diag.apply(msg, worker)
@@ -276,8 +243,8 @@ def follow_group(
     while True:
         alive = is_alive()
         while True:
-            take(reader.read_new())
-            if reader.caught_up:
+            take(source.poll_tagged())
+            if source.caught_up:
                 break
         if not alive:
             break
@@ -307,15 +274,16 @@ def follow_group(
         on_end()
     deadline = clock() + (0.0 if on_end is not None else exit_grace_s)
     while True:
-        take(reader.read_new())
-        if reader.caught_up and (state.ended or clock() >= deadline):
+        take(source.poll_tagged())
+        if source.caught_up and (state.ended or clock() >= deadline):
             break
-        if reader.caught_up:
+        if source.caught_up:
             sleep(poll_s)
-    take(reader.finish())
-    stats = reader.stats
-    state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
-                          truncated_tail=stats.truncated_tail)
+    take(source.finish())
+    stats = source.read_stats()
+    if stats is not None:
+        state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
+                              truncated_tail=stats.truncated_tail)
     workers = state.snapshot(clock()).workers
     for w in workers:
         if w.status not in ("finished", "crashed"):
@@ -330,14 +298,3 @@ def follow_group(
     if len(snap.workers) > 1:
         print(workers_line(snap), file=out, flush=True)
     return snap
-
-
-class GroupReaderLike(Protocol):
-    caught_up: bool
-
-    def read_new(self) -> list: ...
-
-    def finish(self) -> list: ...
-
-    @property
-    def stats(self) -> Any: ...

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from tpuwatch import protocol, rundir
-from tpuwatch.monitor.client import AgentClient, AgentUnavailable
+from tpuwatch.control.client import AgentClient, AgentUnavailable
 
 #: Bytes of a recording's start read to decide whether it is one.
 HEAD_BYTES = 1 << 16

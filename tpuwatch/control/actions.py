@@ -13,12 +13,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Callable, Literal, TextIO
 
 from tpuwatch import rundir
-from tpuwatch.monitor.client import AgentClient, AgentUnavailable, new_command
+from tpuwatch.control.client import AgentClient, AgentUnavailable, new_command
 from tpuwatch.monitor.recording import RecordingReader
 from tpuwatch.protocol import Command, CommandState, Exit, Message, Result
+from tpuwatch.units import fmt_bytes
+
+Action = Literal["profile", "checkpoint"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -37,9 +40,11 @@ class Outcome:
     ended: bool  # the run exited while we waited
 
 
-def command_from_args(action: str, ns, cwd: Path | None = None) -> Command:
-    """The Command for ``tpuwatch profile|checkpoint`` arguments; local paths made absolute here
-    (the agent's working directory is not the shell's)."""
+def command_for(action: str, *, steps: int | None = None, ms: float | None = None, logdir: str | None = None,
+                dest_dir: str | None = None, cwd: Path | None = None) -> Command:
+    """The Command for ``tpuwatch profile`` (``steps`` or ``ms``, ``logdir``) or ``tpuwatch
+    checkpoint`` (``dest_dir``); local paths made absolute here (the agent's working directory is
+    not the shell's). Raises ValueError for another action."""
 
     def absolute(value: str | None) -> str | None:
         if not value or value.startswith("gs://"):
@@ -47,10 +52,9 @@ def command_from_args(action: str, ns, cwd: Path | None = None) -> Command:
         return str((cwd or Path.cwd()) / Path(value).expanduser())
 
     if action == "profile":
-        return new_command("profile", steps=getattr(ns, "steps", None), ms=getattr(ns, "ms", None),
-                           logdir=absolute(getattr(ns, "logdir", None)))
+        return new_command("profile", steps=steps, ms=ms, logdir=absolute(logdir))
     if action == "checkpoint":
-        return new_command("checkpoint", dir=absolute(getattr(ns, "dir", None)))
+        return new_command("checkpoint", dir=absolute(dest_dir))
     raise ValueError(f"unknown action {action!r}")
 
 
@@ -116,7 +120,7 @@ def describe_result(result: Result) -> str:
     if isinstance(d.get("path"), str):
         bits.append(str(d["path"]))
     if isinstance(d.get("bytes"), (int, float)):
-        bits.append(_size(float(d["bytes"])))  # type: ignore[arg-type]
+        bits.append(fmt_bytes(float(d["bytes"]), decimal_from="KiB"))  # type: ignore[arg-type]
     if isinstance(d.get("seconds"), (int, float)):
         bits.append(f"{float(d['seconds']):.2f} s")  # type: ignore[arg-type]
     if isinstance(d.get("step"), int):
@@ -126,20 +130,14 @@ def describe_result(result: Result) -> str:
     return f"{result.action} failed: {result.message}"
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-def request_from_cli(run_dir: Path, ns, out: TextIO | None = None) -> int:
-    """``tpuwatch profile|checkpoint [RUN]``: sends, prints progress and the result; returns the exit code."""
+def request(run_dir: Path, action: Action, *, timeout_s: float, steps: int | None = None,
+            ms: float | None = None, logdir: str | None = None, dest_dir: str | None = None,
+            out: TextIO | None = None) -> int:
+    """``tpuwatch profile|checkpoint [RUN]``: sends, prints progress and the result (waiting at most
+    ``timeout_s``); returns the exit code."""
     out = out or sys.stdout
-    action = ns.command
     try:
-        command = command_from_args(action, ns)
+        command = command_for(action, steps=steps, ms=ms, logdir=logdir, dest_dir=dest_dir)
     except ValueError as e:
         print(f"tpuwatch: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -149,13 +147,13 @@ def request_from_cli(run_dir: Path, ns, out: TextIO | None = None) -> int:
         print(f"tpuwatch: {action} {s.state}{where}", file=out, flush=True)
 
     try:
-        outcome = send_and_wait(run_dir, command, ns.timeout, on_state)
+        outcome = send_and_wait(run_dir, command, timeout_s, on_state)
     except AgentUnavailable as e:
         print(f"tpuwatch: run {run_dir.name} is not live: {e}", file=sys.stderr)
         return EXIT_NOT_LIVE
     result = outcome.result
     if result is None:
-        why = "the run ended" if outcome.ended else f"no result after {ns.timeout:g} s"
+        why = "the run ended" if outcome.ended else f"no result after {timeout_s:g} s"
         print(f"tpuwatch: {action}: {why}; the dashboard or `tpuwatch report {rundir.reference(run_dir)}` shows it if it "
               "completes later", file=sys.stderr)
         return EXIT_FAILED
@@ -169,7 +167,6 @@ def request_from_cli(run_dir: Path, ns, out: TextIO | None = None) -> int:
 
 def _print_summary(result: Result, out: TextIO, run_dir: Path) -> None:
     from tpuwatch.monitor import profile_summary
-    from tpuwatch.monitor.report import recent_input_share
 
     local = result.details.get("local_path") or result.details.get("path")
     if not isinstance(local, str) or not os.path.isdir(local):
@@ -183,4 +180,4 @@ def _print_summary(result: Result, out: TextIO, run_dir: Path) -> None:
         print(f"tpuwatch: no summary: {e}", file=out)
         print("open it with:\n  " + "\n  ".join(profile_summary.open_commands(str(Path(local).parents[2]))), file=out)
         return
-    print(profile_summary.render_text(summary, live=recent_input_share(run_dir)), file=out, flush=True)
+    print(profile_summary.render_text(summary, live=profile_summary.recent_input_share(run_dir)), file=out, flush=True)

@@ -1,6 +1,6 @@
 """Stopping a run on purpose, from any viewer on the training host, and telling it apart.
 
-``tpuwatch run`` stops its own child (:func:`tpuwatch.monitor.launcher.stop`); a ``tpuwatch
+``tpuwatch run`` stops its own child (:func:`tpuwatch.control.launcher.stop`); a ``tpuwatch
 attach`` viewer is not the child's parent, so it signals the process group named in run.json and
 watches the process disappear instead of waiting for it. Either way the stop request is recorded
 first (run.json ``stop_requested`` and an ``Event`` in the recording), so that ``ls``, ``report``,
@@ -18,28 +18,14 @@ from typing import Callable, Sequence
 
 from tpuwatch import protocol, rundir
 from tpuwatch.monitor.recording import append
+from tpuwatch.monitor.runs import STOP_MESSAGE, STOP_SOURCE, ended_state, pid_alive
 
-#: Source of the recorded stop request (``Event.source``); RunState looks for it.
-STOP_SOURCE = "viewer"
-STOP_MESSAGE = "stop requested"
-#: Exit codes of a process ended by the signals a stop sends (SIGINT, SIGTERM, SIGKILL).
-STOP_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
 #: How often the liveness of a process that is not our child is checked while waiting (s).
 POLL_S = 0.1
 
 
 class StopError(Exception):
     """The run cannot be stopped from here: one line saying why and what to do."""
-
-
-def ended_state(exit_code: int, stop_requested: bool) -> str:
-    """The word ``ls`` shows for an ended run. An interrupt (SIGINT, exit 130) is always someone
-    stopping the run (Ctrl-C, or a viewer); SIGTERM/SIGKILL only when a stop was requested."""
-    if exit_code == 0:
-        return "finished"
-    if exit_code == STOP_CODES[0] or (stop_requested and exit_code in STOP_CODES):
-        return "stopped"
-    return "crashed"
 
 
 def record_stop_request(run_dir: Path, by: str, clock: Callable[[], float] = time.time) -> None:
@@ -75,7 +61,7 @@ class Target:
             pass
 
     def alive(self) -> bool:
-        return _pid_alive(self.pid) and not _exit_recorded(self.run_dir)
+        return pid_alive(self.pid) and not _exit_recorded(self.run_dir)
 
 
 def target_of(run_dir: Path) -> Target:
@@ -89,7 +75,7 @@ def target_of(run_dir: Path) -> Target:
                         f"(`tpuwatch attach` on {host}, or attach with --listen and its token)")
     if not isinstance(pid, int) or pid <= 0:
         raise StopError(f"{run_dir}/run.json names no training process; stop it where it was started")
-    if not _pid_alive(pid) or _exit_recorded(run_dir):
+    if not pid_alive(pid) or _exit_recorded(run_dir):
         raise StopError("the training process has already ended")
     pgid = meta.get("pgid")
     return Target(run_dir=run_dir, pid=pid, pgid=pgid if isinstance(pgid, int) and pgid > 0 else None)
@@ -136,7 +122,7 @@ def _finish(target: Target, last_signal: int, clock: Callable[[], float]) -> int
         # Our signal killed it before its agent could write (SIGKILL) or the process is stuck
         # past every grace period: record what we know, as the launcher would.
         name = signal.Signals(last_signal).name
-        alive = _pid_alive(target.pid)
+        alive = pid_alive(target.pid)
         code = 128 + last_signal
         reason = (f"killed by {name} (stopped by the user)" if not alive
                   else f"still running after {name} (stopped by the user)")
@@ -154,13 +140,6 @@ def _finish(target: Target, last_signal: int, clock: Callable[[], float]) -> int
         except OSError:
             pass
     return code
-
-
-def _pid_alive(pid: int) -> bool:
-    # report imports this module (for ended_state): import it when first needed.
-    from tpuwatch.monitor.report import pid_alive
-
-    return pid_alive(pid)
 
 
 def _tail(run_dir: Path, limit: int = 65536) -> bytes:

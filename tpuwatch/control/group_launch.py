@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tpuwatch import rundir
-from tpuwatch.monitor import launcher
+from tpuwatch import address, rundir, settings
+from tpuwatch.control import launcher
+from tpuwatch.control.launcher import Launch, LaunchError
 from tpuwatch.monitor.group import worker_dir_name, worker_name
-from tpuwatch.monitor.launcher import Launch, LaunchError
 
 #: Seconds the other workers get to end by themselves after one died (``--worker-grace``).
 DEFAULT_GRACE_S = 15.0
@@ -58,10 +58,11 @@ def _worker_listen(listen: str, index: int) -> str:
     """``HOST:PORT`` for worker ``index``: the given port plus the index (one listener each)."""
     if not listen:
         return ""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
+    try:
+        _, port = address.parse(listen, listen=True)
+    except ValueError:
         return listen  # the agent reports a malformed address itself
-    return f"{host}:{int(port) + index}" if int(port) else listen
+    return f"{listen.strip().rpartition(':')[0]}:{port + index}" if port else listen
 
 
 @dataclass(frozen=True)
@@ -126,9 +127,9 @@ class GroupLaunch:
 
     def _write_meta(self, clock: Callable[[], float]) -> None:
         meta = rundir.read_meta(self.run_dir)
-        entries = meta.get("workers") if isinstance(meta.get("workers"), list) else []
-        for e in entries:
-            end = self.ends.get(e.get("name")) if isinstance(e, dict) else None
+        entries = meta.get("workers")
+        for e in entries if isinstance(entries, list) else []:
+            end = self.ends.get(str(e.get("name"))) if isinstance(e, dict) else None
             if end is not None:
                 e.update(state="finished" if end.exit_code == 0 else "crashed", exit_code=end.exit_code,
                          ended=end.t, stopped=end.stopped)
@@ -151,7 +152,7 @@ class GroupLaunch:
 
         def one(i: int) -> None:
             launcher.terminate(self.workers[i], grace_int_s, grace_term_s,
-                               report=lambda line, n=self.names[i]: report(f"{n}: {line}"))
+                               report=lambda line, n=self.names[i]: report(f"{n}: {line}"))  # type: ignore[misc]
             self.finish_worker(i)
 
         threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in targets]
@@ -192,7 +193,8 @@ def start_group(
     except rundir.RunDirError as e:
         raise LaunchError(f"run directory: {e.strerror}") from None
     except OSError as e:
-        raise LaunchError(f"run directory {run_dir} is not writable ({e.strerror}); set TPUWATCH_HOME or pass --run-dir") from None
+        raise LaunchError(f"run directory {run_dir} is not writable ({e.strerror}); "
+                          "set TPUWATCH_HOME or pass --run-dir") from None
     rundir.release_reserve(run_dir)  # the workers' directories hold the reserves that matter
     names = [worker_name(i) for i in range(workers)]
     started = clock()
@@ -207,7 +209,7 @@ def start_group(
     base_env = dict(os.environ if env is None else env)
     if listen:
         # One token for every worker, so `tpuwatch attach H1:P1 H2:P2 --token-file F` opens them all.
-        base_env.setdefault("TPUWATCH_TOKEN", rundir.write_token(run_dir))
+        base_env.setdefault(settings.TOKEN.name, rundir.write_token(run_dir))
     launches: list[Launch] = []
     try:
         for i in range(workers):
@@ -223,8 +225,8 @@ def start_group(
             launcher.stop(launch, grace_int_s=2.0, grace_term_s=2.0)
         raise
     meta = rundir.read_meta(run_dir)
-    for e, launch in zip(meta["workers"], launches):
-        e["child_pid"] = launch.pid
+    for entry, launch in zip(meta["workers"], launches):
+        entry["child_pid"] = launch.pid
     rundir.write_meta(run_dir, meta)
     return GroupLaunch(run_dir=run_dir, run_id=run_id, workers=launches, names=names, started=started,
                        grace_s=grace_s)

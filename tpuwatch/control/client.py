@@ -12,7 +12,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from tpuwatch import protocol, rundir
+from tpuwatch import address, protocol, rundir
 from tpuwatch.protocol import Attach, Command
 
 CONNECT_TIMEOUT_S = 5.0
@@ -25,13 +25,6 @@ class AgentUnavailable(ConnectionError):
 def new_command(action: str, **args: object) -> Command:
     plain = {k: v for k, v in args.items() if v is not None}
     return Command(id=uuid.uuid4().hex[:12], action=action, args=plain)  # type: ignore[arg-type]
-
-
-def parse_address(value: str) -> tuple[str, int]:
-    host, sep, port = value.strip().rpartition(":")
-    if not sep or not port.isdigit() or not host or not 0 < int(port) < 65536:
-        raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:7711)")
-    return host.strip("[]"), int(port)
 
 
 def read_addresses(refs: list[str]) -> list[tuple[str, int]]:
@@ -49,11 +42,11 @@ def read_addresses(refs: list[str]) -> list[tuple[str, int]]:
                 entry = line.split("#", 1)[0].strip()
                 if entry:
                     try:
-                        out.append(parse_address(entry))
+                        out.append(address.parse(entry))
                     except ValueError as e:
                         raise ValueError(f"{path}:{n}: {e}") from None
         else:
-            out.append(parse_address(ref))
+            out.append(address.parse(ref))
     if not out:
         raise ValueError("no HOST:PORT given (the host list is empty)")
     return out

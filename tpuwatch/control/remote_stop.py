@@ -13,8 +13,8 @@ import time
 from typing import Callable, Sequence
 
 from tpuwatch import protocol
-from tpuwatch.monitor.client import AgentClient, AgentUnavailable, new_command
-from tpuwatch.monitor.run_stop import ended_state
+from tpuwatch.control.client import AgentClient, AgentUnavailable, new_command
+from tpuwatch.monitor.runs import ended_state
 
 #: Longest wait for an agent's exit after asking it to stop (its own grace periods: 15 + 10 s).
 WAIT_S = 40.0

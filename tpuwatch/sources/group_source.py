@@ -1,7 +1,8 @@
 """Sources for a multi-worker run directory (``tpuwatch run --workers N``, ``attach``/``replay`` of
-its group directory), and the worker health every multi-worker source reports to the state.
+its group directory). Their worker health reaches the state through
+:func:`tpuwatch.sources.source.apply_worker_health`.
 
-Like :class:`~tpuwatch.ui.remote_source.RemoteSource`, these hand the dashboard
+Like :class:`~tpuwatch.sources.remote_source.RemoteSource`, these hand the dashboard
 ``(worker, message)`` pairs through ``poll_tagged()`` so one ``RunState`` keeps each worker apart
 (``RunState.apply(msg, worker=name)``): per-host step time and memory, and global replica indexes
 from each worker's topology. Nothing here imports Textual.
@@ -14,12 +15,13 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tpuwatch import rundir
-from tpuwatch.monitor.client import AgentClient
+from tpuwatch.control.client import AgentClient
 from tpuwatch.monitor.group import GroupReader, Tagged, WorkerDir, read_group
-from tpuwatch.monitor.report import pid_alive
+from tpuwatch.monitor.recording import ReadStats
+from tpuwatch.monitor.runs import pid_alive
 from tpuwatch.protocol import Command, Exit, Message
-from tpuwatch.ui.replay_source import ReplaySource
-from tpuwatch.ui.source import broadcast
+from tpuwatch.sources.replay_source import ReplaySource
+from tpuwatch.sources.source import WorkerHealth, broadcast
 
 #: A worker whose process is gone and whose launcher recorded no end for this long is lost.
 LOST_AFTER_S = 3.0
@@ -53,7 +55,17 @@ class GroupSource:
                 self._ended.add(name)
         return out
 
-    def worker_health(self) -> dict[str, tuple[bool, str | None]]:
+    @property
+    def caught_up(self) -> bool:
+        return self._reader.caught_up
+
+    def finish(self) -> list[Tagged]:
+        return self._reader.finish()
+
+    def read_stats(self) -> ReadStats:
+        return self._reader.stats
+
+    def health(self) -> dict[str, WorkerHealth]:
         """``{worker: (connected, lost reason or None)}`` for workers seen and not ended: a worker
         whose process is gone with no end recorded (its launcher died too) is lost."""
         out: dict[str, tuple[bool, str | None]] = {}
@@ -109,25 +121,3 @@ def make_group_replay_source(workers: Sequence[WorkerDir], speed: float = 1.0, *
     if not tagged:
         raise FileNotFoundError(f"no recording in any worker of {Path(workers[0].path).parent}")
     return GroupReplaySource(tagged, speed=speed, paused=paused)
-
-
-def apply_worker_health(source: object, state: object) -> None:
-    """Tells ``state`` which workers are connected or lost, for sources that know: a local group
-    (:meth:`GroupSource.worker_health`) or several TCP streams (``RemoteSource.streams``). A
-    worker that went away is marked (disconnected, lost), never silently dropped."""
-    set_connected = getattr(state, "set_connected", None)
-    set_lost = getattr(state, "set_lost", None)
-    if set_connected is None or set_lost is None:
-        return
-    health = getattr(source, "worker_health", None)
-    if callable(health):
-        for name, (connected, lost) in health().items():
-            set_connected(connected, name)
-            if lost:
-                set_lost(lost, worker=name)
-        return
-    streams = getattr(source, "streams", None)
-    if isinstance(streams, list) and len(streams) > 1:
-        for s in streams:
-            if s.worker is not None and not s.ended:
-                set_connected(bool(s.connected), s.worker)

@@ -17,11 +17,12 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
-from tpuwatch.monitor.client import AgentClient, AgentUnavailable
+from tpuwatch.control.client import AgentClient, AgentUnavailable
+from tpuwatch.monitor.recording import ReadStats
 from tpuwatch.protocol import Command, Decoder, Event, Exit, Hello, Message
-from tpuwatch.ui.source import broadcast
+from tpuwatch.sources.source import Tagged, WorkerHealth, broadcast
 
 #: Messages held between the stream threads and the dashboard (all streams together).
 QUEUE_MESSAGES = 50_000
@@ -32,7 +33,6 @@ POLL_MESSAGES = 2_000
 #: Reconnect back-off, seconds: doubles from the first to the last value.
 RECONNECT_S = (0.25, 5.0)
 
-Tagged = tuple["str | None", Message]
 
 
 @dataclass
@@ -102,6 +102,17 @@ class RemoteSource:
         except queue.Empty:
             pass
         return out
+
+    def health(self) -> Mapping[str, WorkerHealth]:
+        """With several streams, whether each worker's is connected (one stream says it in its
+        own events). A stream never says a worker is lost: the agent may come back."""
+        if len(self.streams) < 2:
+            return {}
+        return {s.worker: (bool(s.connected), None) for s in self.streams
+                if s.worker is not None and not s.ended}
+
+    def read_stats(self) -> ReadStats | None:
+        return None  # unreadable lines are counted per stream and said in the events
 
     def send(self, command: Command) -> None:
         """Sends ``command`` to every agent still running (a checkpoint or a stack dump of a

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Mapping, Sequence
 
 from tpuwatch import rundir
+from tpuwatch.monitor.recording import ReadStats, RecordingReader
 from tpuwatch.protocol import Command, Message
-
-
-class _Reader(Protocol):
-    def read_new(self, max_bytes: int | None = None) -> list[Message]: ...
+from tpuwatch.sources.source import Tagged, WorkerHealth
 
 
 class FileSource:
@@ -26,11 +24,9 @@ class FileSource:
         *,
         send: Callable[[Command], None] | None = None,
         live: bool = True,
-        reader: _Reader | None = None,
+        reader: RecordingReader | None = None,
     ) -> None:
         if reader is None:
-            from tpuwatch.monitor.recording import RecordingReader
-
             reader = RecordingReader(Path(run_dir) / rundir.EVENTS)
         self._reader = reader
         self._send = send
@@ -43,6 +39,20 @@ class FileSource:
         # recording never freezes the screen for more than a fraction of a second.
         return self._reader.read_new(max_bytes=POLL_BYTES)
 
+    def poll_tagged(self) -> list[Tagged]:
+        # One run: its messages untagged (the worker comes from its Hello).
+        return [(None, m) for m in self.poll()]
+
+    def health(self) -> Mapping[str, WorkerHealth]:
+        return {}
+
+    @property
+    def caught_up(self) -> bool:
+        return self._reader.caught_up
+
+    def finish(self) -> list[Tagged]:
+        return [(None, m) for m in self._reader.finish()]
+
     def send(self, command: Command) -> None:
         if self._send is None:
             raise OSError("this viewer cannot send commands to the run")
@@ -51,14 +61,12 @@ class FileSource:
     def now(self) -> float | None:
         return None
 
-    def read_stats(self):
-        """The reader's :class:`~tpuwatch.monitor.recording.ReadStats` (unreadable lines), if any."""
-        return getattr(self._reader, "stats", None)
+    def read_stats(self) -> ReadStats:
+        """The reader's count of unreadable lines."""
+        return self._reader.stats
 
     def close(self) -> None:
-        close = getattr(self._reader, "close", None)
-        if callable(close):
-            close()
+        pass  # the reader opens the recording for each read: nothing stays open
 
 
 POLL_BYTES = 256 << 10

@@ -19,11 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tpuwatch import protocol, rundir
-from tpuwatch.monitor.run_stop import ended_state, record_stop_request
-
-#: Exit code for bad input (a missing script, no TensorFlow, ...), like argparse.
-EXIT_USAGE = 2
+from tpuwatch import address, protocol, rundir, settings
+from tpuwatch.control.run_stop import record_stop_request
+from tpuwatch.monitor.runs import ended_state
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -140,7 +138,7 @@ def start(
     if module:
         check_module(script, exe, env)
     try:
-        rundir.check_listen(listen)
+        address.check_listen(listen)
     except ValueError as e:
         raise LaunchError(str(e)) from None
     run_id = run_id or (run_dir.name if run_dir else rundir.new_run_id(script, clock))
@@ -152,16 +150,17 @@ def start(
     except rundir.RunDirError as e:
         raise LaunchError(f"run directory: {e.strerror}") from None
     except OSError as e:
-        raise LaunchError(f"run directory {run_dir} is not writable ({e.strerror}); set TPUWATCH_HOME or pass --run-dir") from None
+        raise LaunchError(f"run directory {run_dir} is not writable ({e.strerror}); "
+                          "set TPUWATCH_HOME or pass --run-dir") from None
     child_env = dict(os.environ if env is None else env)
-    child_env[rundir.ENV_RUN_DIR] = str(run_dir)
-    child_env[rundir.ENV_RUN_ID] = run_id
+    child_env[settings.RUN_DIR.name] = str(run_dir)
+    child_env[settings.RUN_ID.name] = run_id
     child_env["PYTHONUNBUFFERED"] = "1"  # the script's prints reach output.log as they happen
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, child_env.get("PYTHONPATH", "")) if p)
     if listen:
-        child_env["TPUWATCH_LISTEN"] = listen
+        child_env[settings.LISTEN.name] = listen
     if sample_hz:
-        child_env["TPUWATCH_SAMPLE_HZ"] = str(sample_hz)
+        child_env[settings.SAMPLE_HZ.name] = str(sample_hz)
     cmd = [exe, "-m", "tpuwatch.agent"] + (["-m", script] if module else [script]) + list(args)
     started = clock()
     meta = {

@@ -1,4 +1,4 @@
-"""``tpuwatch report RUN`` and ``tpuwatch ls``: what a run did, from its run directory.
+"""``tpuwatch report RUN``: what a run did, from its run directory.
 
 :func:`build_report` reads ``run.json`` and streams the whole recording through
 :class:`~tpuwatch.monitor.state.RunState` and the diagnostics engine (when this build has one),
@@ -8,34 +8,30 @@ JSON-ready dict (non-finite floats become the strings "NaN"/"Infinity", as on th
     {"run": {...}, "summary": {...}, "findings": [...]}
 
 :func:`render_text` and :func:`render_markdown` format it; ``json.dumps(report)`` is the JSON
-form. :func:`list_runs` lists run directories cheaply (it reads only the tail of each
-recording).
+form. ``tpuwatch ls`` lives in :mod:`tpuwatch.monitor.runs` (what each run is) and
+:mod:`tpuwatch.console.run_list` (its table).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from array import array
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tpuwatch import protocol, rundir
-from tpuwatch.monitor.diagnostics import Engine
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
-from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
-from tpuwatch.monitor.headless import worker_exit_codes
 from tpuwatch.monitor.recording import iter_recording
-from tpuwatch.monitor.run_stop import ended_state
-from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.monitor.runs import run_alive
+from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes
 from tpuwatch.monitor.state import RunState
 from tpuwatch.monitor.stats import percentile
-from tpuwatch.monitor.units import (
-    NA,
+from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
+from tpuwatch.units import (
+    UNKNOWN,
     fmt_bytes,
     fmt_duration,
     fmt_loss,
@@ -43,12 +39,6 @@ from tpuwatch.monitor.units import (
     fmt_rate,
     fmt_seconds,
 )
-from tpuwatch.protocol import Exit, Finding, Hello, Message, Step
-
-#: Bytes of a recording's end that ``list_runs`` reads per run.
-TAIL_BYTES = 64 * 1024
-
-_SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
 
 class ReportError(ValueError):
@@ -63,23 +53,6 @@ def _json_safe(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [_json_safe(x) for x in v]
     return v
-
-
-def pid_alive(pid: object) -> bool:
-    """Whether a process with this pid exists (and is not a zombie we could see)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    try:  # a zombie is gone for our purposes; /proc tells on Linux
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().split(b") ", 1)[-1][:1] != b"Z"
-    except OSError:
-        return True
 
 
 class _StepTimes:
@@ -189,7 +162,7 @@ def build_report(run_dir: str | Path) -> dict[str, Any]:
         state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                               truncated_tail=stats.truncated_tail)
 
-    running = not state.ended and pid_alive(meta.get("child_pid"))
+    running = not state.ended and run_alive(meta)
     if not state.ended and not running and state.last_message_t is not None:
         state.set_lost("the process is gone and left no exit record")
     return _finish_report(state, diag, times, meta, run_dir, running, stats)
@@ -207,7 +180,7 @@ def _finish_report(state: RunState, diag: FindingsFeed, times: "_StepTimes", met
 
     p50, p95 = times.percentiles()
     steps_per_s = times.steps_per_s()
-    findings = sorted(snap.findings, key=lambda f: (_SEVERITY_RANK.get(f.severity, 3),
+    findings = sorted(snap.findings, key=lambda f: (-SEVERITY_RANK.get(f.severity, -1),
                                                     f.first_step if f.first_step is not None
                                                     else 1 << 62, f.rule))
     report = {
@@ -234,7 +207,7 @@ def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[Worke
         diag.apply(m, name)
     state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                           truncated_tail=stats.truncated_tail)
-    alive = {w.name: pid_alive(rundir.read_meta(w.path).get("child_pid")) for w in workers}
+    alive = {w.name: run_alive(rundir.read_meta(w.path)) for w in workers}
     running = any(alive.values()) and not state.ended
     for view in state.snapshot(state.last_message_t or time.time()).workers:
         if view.status not in ("finished", "crashed") and not alive.get(view.name, False):
@@ -387,7 +360,7 @@ def _num(v: Any) -> float | None:
 
 def _when(t: Any) -> str:
     if not isinstance(t, (int, float)):
-        return NA
+        return UNKNOWN
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
@@ -400,14 +373,14 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     rows_run = [
         f"run\t{run['id']}",
         f"script\t{' '.join(run['argv']) or run['script']}",
-        f"host\t{run['host'] or NA}",
+        f"host\t{run['host'] or UNKNOWN}",
         f"status\t{outcome}",
-        f"strategy\t{run['strategy'] or NA}"
+        f"strategy\t{run['strategy'] or UNKNOWN}"
         + (f", {run['replicas']} replicas on {run['device_kind']}" if run.get("replicas") else ""),
-        *([f"strategies\t" + "; ".join(f"{s['strategy']} ({s['replicas']} replicas): {s['training_steps']:,} "
+        *(["strategies\t" + "; ".join(f"{s['strategy']} ({s['replicas']} replicas): {s['training_steps']:,} "
                                          "training steps" for s in run["strategies"])]
           if len(run.get("strategies") or ()) > 1 else []),
-        f"TensorFlow\t{run['tf_version'] or NA}",
+        f"TensorFlow\t{run['tf_version'] or UNKNOWN}",
         f"started\t{_when(run['start'])}",
         f"ended\t{_when(run['end'])}",
         f"duration\t{fmt_duration(_num(run['duration_s']))}",
@@ -453,7 +426,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
               f"{r['device'] or '?'}): {fmt_loss(_num(r['loss']))}"
               + ("" if r["finite"] else "  NON-FINITE")
               for r in s["replica_losses"]]
-    out = [("Run", "\n".join(rows_run), []), ("Summary", "\n".join(rows_sum), [])]
+    out: list[tuple[str, str, list[str]]] = [("Run", "\n".join(rows_run), []), ("Summary", "\n".join(rows_sum), [])]
     if report.get("workers"):
         out.append(("Workers", "", [_worker_line(w) for w in report["workers"]]))
     if traces:
@@ -470,10 +443,10 @@ def _worker_line(w: dict[str, Any]) -> str:
     state = w["status"]
     if w.get("exit_code") is not None and state in ("finished", "stopped", "crashed"):
         state += f" (exit {w['exit_code']}{', stopped' if w.get('stopped') else ''})"
-    return (f"{w['name']} on {w['host'] or NA} pid {w['pid'] or NA}: {state}; {w['steps']:,} steps, "
+    return (f"{w['name']} on {w['host'] or UNKNOWN} pid {w['pid'] or UNKNOWN}: {state}; {w['steps']:,} steps, "
             f"step p50 {fmt_seconds(_num(w['step_time_p50_s']))}, input wait "
             f"{fmt_pct(_num(w['input_wait_share']))}, RSS {fmt_bytes(_num(w['rss_bytes']))}, "
-            f"replicas {','.join(map(str, w['replicas'])) or NA}")
+            f"replicas {','.join(map(str, w['replicas'])) or UNKNOWN}")
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -547,145 +520,3 @@ def render_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, allow_nan=False)
 
 
-# --- tpuwatch ls --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """One line of ``tpuwatch ls``."""
-
-    id: str
-    path: Path
-    script: str
-    state: str  # running | finished | stopped | crashed | lost | unknown
-    start: float | None
-    steps: int | None  # last recorded global step
-    exit_code: int | None
-    end: float | None = None
-    last_t: float | None = None  # newest message time in the recording's tail
-
-
-def recent_input_share(run_dir: Path, nbytes: int = 4 * 1024 * 1024) -> InputShare | None:
-    """Input wait over the latest steps of a run (the ``input-bound`` rule's window and
-    definition), from the last ``nbytes`` of its recording: what ``tpuwatch profile`` shows
-    beside the profile's own input share."""
-    eng = Engine(clock=lambda: 0.0)
-    worker = ""
-    for msg in _tail_messages(Path(run_dir) / "events.jsonl", nbytes):
-        if isinstance(msg, Hello):
-            worker = msg.worker
-        if not isinstance(msg, Finding):
-            eng.apply(msg, worker)
-    return eng.input_shares()[0]
-
-
-def _tail_messages(path: Path, nbytes: int = TAIL_BYTES) -> list[Message]:
-    """Decodes the complete lines in the last ``nbytes`` of a recording."""
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            start = max(0, size - nbytes)
-            f.seek(start)
-            data = f.read(nbytes)
-    except OSError:
-        return []
-    lines = data.split(b"\n")
-    if start > 0:
-        lines = lines[1:]  # the first one is (probably) cut
-    dec = protocol.Decoder()
-    out = []
-    for line in lines:
-        if line.strip():
-            m = dec.decode(line)
-            if m is not None:
-                out.append(m)
-    return out
-
-
-def _first_hello(path: Path) -> Hello | None:
-    try:
-        with open(path, "rb") as f:
-            line = f.readline(protocol.MAX_LINE_BYTES)
-    except OSError:
-        return None
-    m = protocol.Decoder().decode(line) if line.endswith(b"\n") else None
-    return m if isinstance(m, Hello) else None
-
-
-def run_info(run_dir: Path) -> RunInfo:
-    """What ``ls`` shows for one run directory, reading run.json and the recording's ends."""
-    workers = worker_dirs(run_dir)
-    if workers is not None:
-        return _group_info(run_dir, workers)
-    meta = rundir.read_meta(run_dir)
-    events = run_dir / rundir.EVENTS
-    tail = _tail_messages(events)
-    hello = _first_hello(events)
-    last_step = next((m for m in reversed(tail) if isinstance(m, Step)), None)
-    exit_msg = next((m for m in reversed(tail) if isinstance(m, Exit)), None)
-    last_t = next((getattr(m, "t") for m in reversed(tail) if hasattr(m, "t")), None)
-    exit_code = exit_msg.exit_code if exit_msg else meta.get("exit_code")
-    stop_requested = bool(meta.get("stop_requested"))
-    if exit_msg is not None:
-        state = ended_state(exit_msg.exit_code, stop_requested)
-    elif pid_alive(meta.get("child_pid")):
-        state = "running"
-    elif isinstance(meta.get("exit_code"), int):
-        state = ended_state(meta["exit_code"], stop_requested)
-    elif meta or hello:
-        state = "lost"
-    else:
-        state = "unknown"
-    start = meta.get("started") if isinstance(meta.get("started"), (int, float)) else (
-        hello.t if hello else None)
-    return RunInfo(
-        id=str(meta.get("run_id") or (hello.run_id if hello else "") or run_dir.name),
-        path=run_dir,
-        script=str(meta.get("script") or (hello.script if hello else "")),
-        state=state,
-        start=start,
-        steps=last_step.step if last_step else None,
-        exit_code=exit_code if isinstance(exit_code, int) else None,
-        end=exit_msg.t if exit_msg else (meta.get("ended") if isinstance(meta.get("ended"),
-                                                                         (int, float)) else None),
-        last_t=last_t,
-    )
-
-
-def _group_info(run_dir: Path, workers: list[WorkerDir]) -> RunInfo:
-    """A group is running while any worker runs; it ended as its launcher recorded (the first
-    non-zero worker exit code), else as its workers did."""
-    meta = rundir.read_meta(run_dir)
-    infos = [run_info(w.path) for w in workers]
-    states = [i.state for i in infos]
-    code = meta.get("exit_code")
-    if "running" in states:
-        state = "running"
-    elif isinstance(code, int):
-        state = ended_state(code, bool(meta.get("stop_requested")) or "stopped" in states)
-    else:
-        state = next((s for s in ("crashed", "lost", "unknown", "stopped") if s in states), "finished")
-        code = next((i.exit_code for i in infos if i.exit_code), None)
-    steps = [i.steps for i in infos if i.steps is not None]
-    ends = [i.end for i in infos if i.end is not None]
-    lasts = [i.last_t for i in infos if i.last_t is not None]
-    return RunInfo(
-        id=str(meta.get("run_id") or run_dir.name), path=run_dir,
-        script=f"{meta.get('script', '')} ({len(workers)} workers)", state=state,
-        start=meta.get("started") if isinstance(meta.get("started"), (int, float)) else None,
-        steps=max(steps) if steps else None, exit_code=code if isinstance(code, int) else None,
-        end=max(ends) if ends and state != "running" else None, last_t=max(lasts) if lasts else None)
-
-
-def list_runs(root: str | Path | None = None) -> list[RunInfo]:
-    """Runs under ``root`` (default ``$TPUWATCH_HOME/runs``), newest first. A missing root is an
-    empty list."""
-    root = Path(root) if root is not None else rundir.runs_root()
-    try:
-        dirs = [d for d in root.iterdir() if d.is_dir()]
-    except FileNotFoundError:
-        return []
-    runs = [run_info(d) for d in dirs
-            if (d / rundir.META).exists() or (d / rundir.EVENTS).exists()]
-    runs.sort(key=lambda r: (r.start or 0.0, r.id), reverse=True)
-    return runs

@@ -1,0 +1,2 @@
+"""Plain-text output for the terminal, without Textual: headless progress lines, ``report``,
+``ls`` and ``doctor``."""

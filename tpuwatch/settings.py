@@ -1,0 +1,75 @@
+"""Every ``TPUWATCH_*`` environment variable: its name, default, meaning and parsing, here and
+nowhere else. Standard library only (the agent reads these too). Tests override a variable by
+setting it in the child's environment, never by patching this module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+PREFIX = "TPUWATCH_"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: ``name``, the ``default`` used when it is unset, what it does."""
+
+    name: str
+    default: str
+    doc: str
+
+    def get(self, env: Mapping[str, str] | None = None) -> str:
+        """The raw value (``default`` when unset) from ``env`` (default ``os.environ``)."""
+        return (os.environ if env is None else env).get(self.name, self.default)
+
+    def positive_float(self, env: Mapping[str, str] | None = None) -> float:
+        """The value as a number > 0; the default when unset, unparseable or not positive."""
+        try:
+            value = float(self.get(env))
+        except ValueError:
+            return float(self.default)
+        return value if value > 0 else float(self.default)
+
+
+# --- where runs live (read on both sides) ----------------------------------------------------------
+
+HOME = Variable("TPUWATCH_HOME", "", "Where runs are recorded (``$TPUWATCH_HOME/runs/<run-id>/``); "
+                "default ``~/.tpuwatch``.")
+RUN_DIR = Variable("TPUWATCH_RUN_DIR", "", "Set by the launcher for the agent: the run directory to record into.")
+RUN_ID = Variable("TPUWATCH_RUN_ID", "", "Set by the launcher for the agent: the run's id (the directory it made).")
+
+# --- remote viewers ---------------------------------------------------------------------------------
+
+TOKEN = Variable("TPUWATCH_TOKEN", "", "A viewer token shared by every host of a job (``run --listen``: written "
+                 "to each run directory instead of a random one; ``attach HOST:PORT``: presented to the agents). "
+                 "At least 16 characters.")
+ALLOWED_DESTINATIONS = Variable("TPUWATCH_ALLOWED_DESTINATIONS", "", "Set by ``tpuwatch run --allow-dest`` for "
+                                "the agent: ``os.pathsep``-separated directories and ``gs://`` prefixes a viewer "
+                                "may write profiles and checkpoints to, besides the run's own.")
+
+# --- the viewer ---------------------------------------------------------------------------------------
+
+STOP_GRACE_S = Variable("TPUWATCH_STOP_GRACE_S", "15", "Seconds ``tpuwatch run`` waits after SIGINT before "
+                        "SIGTERM, and after SIGTERM before SIGKILL, when the user stops the run.")
+
+# --- the agent (read inside the training process) ---------------------------------------------------
+
+SAMPLE_HZ = Variable("TPUWATCH_SAMPLE_HZ", "4", "The agent's sampling rate (host and device memory, flushes), "
+                     "the default of ``--sample-hz``.")
+LISTEN = Variable("TPUWATCH_LISTEN", "", "The default of the agent's ``--listen HOST:PORT``.")
+DISABLE = Variable("TPUWATCH_DISABLE", "", "The default of the agent's ``--disable``: comma-separated probes "
+                   "to leave off.")
+VIEWER_TIMEOUT_S = Variable("TPUWATCH_VIEWER_TIMEOUT_S", "30", "Seconds a viewer may take nothing before the "
+                            "agent drops it (it can re-attach).")
+TEARDOWN_S = Variable("TPUWATCH_TEARDOWN_S", "10", "Seconds the agent lets TensorFlow tear down at interpreter "
+                      "exit before it ends the process; 0 turns the guard off.")
+LOSS_EVERY_S = Variable("TPUWATCH_LOSS_EVERY_S", "0.01", "Least seconds between two in-graph per-replica loss "
+                        "reads (0: every step).")
+TEST_FAIL_PROBE = Variable("TPUWATCH_TEST_FAIL_PROBE", "", "Tests only: the probe whose installation fails on "
+                           "purpose (fault injection).")
+
+#: Every variable above, for ``doctor`` and the docs.
+ALL = (HOME, RUN_DIR, RUN_ID, TOKEN, ALLOWED_DESTINATIONS, STOP_GRACE_S, SAMPLE_HZ, LISTEN, DISABLE,
+       VIEWER_TIMEOUT_S, TEARDOWN_S, LOSS_EVERY_S, TEST_FAIL_PROBE)
