@@ -10,8 +10,8 @@ import pytest
 from ui_support import FakeClock, last_t, make_live_run, recording, screen_text, sync
 
 from tpuwatch import protocol, rundir
+from tpuwatch.sources.file_source import FileSource
 from tpuwatch.ui.app import TpuwatchApp
-from tpuwatch.ui.file_source import FileSource
 from tpuwatch.ui.screens.help_screen import HelpScreen
 from tpuwatch.ui.screens.retraces_screen import RetracesScreen
 
