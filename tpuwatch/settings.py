@@ -65,8 +65,9 @@ VIEWER_TIMEOUT_S = Variable("TPUWATCH_VIEWER_TIMEOUT_S", "30", "Seconds a viewer
                             "agent drops it (it can re-attach).")
 TEARDOWN_S = Variable("TPUWATCH_TEARDOWN_S", "10", "Seconds the agent lets TensorFlow tear down at interpreter "
                       "exit before it ends the process; 0 turns the guard off.")
-LOSS_EVERY_S = Variable("TPUWATCH_LOSS_EVERY_S", "0.01", "Least seconds between two in-graph per-replica loss "
-                        "reads (0: every step).")
+LOSS_EVERY_S = Variable("TPUWATCH_LOSS_EVERY_S", "", "Least seconds of training between two reads of the "
+                        "replicas' losses and fit's in-graph input wait. Unset: every step call of a run's first 256, "
+                        "then at most every 0.1 s; set, it applies from the first call (0: every call).")
 TEST_FAIL_PROBE = Variable("TPUWATCH_TEST_FAIL_PROBE", "", "Tests only: the probe whose installation fails on "
                            "purpose (fault injection).")
 

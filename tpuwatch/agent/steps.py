@@ -414,10 +414,10 @@ def _loss_every_s() -> tuple[float, int]:
     record of the first READ_ALL_FIRST, then at most every 0.1 s (a 10 Hz sample: a read of
     every replica's loss costs ~0.5 ms on this project's 2-core CPU box, too much for every 5 ms
     step). Set, it applies from the first record (0 reads after every step call)."""
-    import os
+    from tpuwatch import settings
 
-    raw = os.environ.get("TPUWATCH_LOSS_EVERY_S")
-    if raw is None:
+    raw = settings.LOSS_EVERY_S.get()
+    if not raw:
         return 0.1, READ_ALL_FIRST
     try:
         return max(0.0, float(raw)), 0
