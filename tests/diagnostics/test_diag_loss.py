@@ -148,3 +148,13 @@ def test_a_replica_whose_loss_collapses_to_zero_before_a_nonfinite_loss_is_named
     (skew,) = findings(eng, "replica-loss-skew")
     assert skew.evidence["direction"] == "lower" and skew.evidence["from_step"] == 20
     assert "loss was 0 against the others'" in skew.message
+
+
+def test_one_more_non_finite_replica_is_named_in_the_singular():
+    """The tryout read "later also replicas 0" for a single replica."""
+    run = SyntheticRun()
+    run.steps(10)
+    run.steps(1, loss=lambda s, r, v: math.nan if r == 2 else v)
+    run.steps(5, loss=lambda s, r, v: math.nan if r in (1, 2) else v)
+    (f,) = findings(run.engine(), "loss-nonfinite")
+    assert "later also replica 1" in f.message and "replicas 1" not in f.message

@@ -27,11 +27,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         description="Run a TensorFlow training script under the tpuwatch agent.",
     )
     p.add_argument("--run-dir", type=Path, help="run directory (default: $TPUWATCH_RUN_DIR or a new one)")
-    p.add_argument("--sample-hz", type=float, default=float(os.environ.get("TPUWATCH_SAMPLE_HZ", "4")),
+    p.add_argument("--sample-hz", type=float, default=settings.SAMPLE_HZ.positive_float(),
                    help="periodic sampling rate, 0.5-20 Hz (default 4)")
-    p.add_argument("--listen", default=os.environ.get("TPUWATCH_LISTEN", ""),
+    p.add_argument("--listen", default=settings.LISTEN.get(),
                    help="also serve viewers over TCP at HOST:PORT (token in the run directory)")
-    p.add_argument("--disable", default=os.environ.get("TPUWATCH_DISABLE", ""),
+    p.add_argument("--disable", default=settings.DISABLE.get(),
                    help="comma-separated probes to leave out")
     p.add_argument("-m", dest="module", help="run a module (like python -m)")
     p.add_argument("script", nargs="?", help="the training script")
@@ -125,7 +125,7 @@ def _start_server(agent, run_dir: Path, listen: tuple[str, int] | None) -> None:
     from tpuwatch.agent.transport import Server
 
     # Workers of one job may share a token (TPUWATCH_TOKEN), so one viewer can attach to all.
-    token = rundir.write_token(run_dir, os.environ.get("TPUWATCH_TOKEN") or None) if listen else None
+    token = rundir.write_token(run_dir, settings.TOKEN.get() or None) if listen else None
     try:
         agent.server = Server(agent, rundir.socket_path(run_dir), listen, token)
         agent.server.start()

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from tpuwatch import rundir
+from tpuwatch import rundir, settings
 from tpuwatch.agent import gcs
 from tpuwatch.agent.runtime import CommandRefused
 
-ENV_ALLOWED = "TPUWATCH_ALLOWED_DESTINATIONS"
+ENV_ALLOWED = settings.ALLOWED_DESTINATIONS.name
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def env_roots() -> list[str]:
     The list is ``os.pathsep``-separated, which on POSIX is ":" and so also splits "gs://b/p" into
     "gs" and "//b/p": such pairs are joined back.
     """
-    parts = os.environ.get(ENV_ALLOWED, "").split(os.pathsep)
+    parts = settings.ALLOWED_DESTINATIONS.get().split(os.pathsep)
     out: list[str] = []
     i = 0
     while i < len(parts):

@@ -43,7 +43,9 @@ _keep: list = []  # what the native timers use must outlive every Python object
 
 
 def bound_s() -> float:
-    raw = os.environ.get("TPUWATCH_TEARDOWN_S", "").strip()
+    from tpuwatch import settings
+
+    raw = settings.TEARDOWN_S.get().strip()
     if not raw:
         return DEFAULT_BOUND_S
     try:

@@ -76,7 +76,7 @@ class Agent:
         self._output_seen = 0
         self.output_guard = None  # guards.OutputGuard, set by guards.install
         # Fault injection for tests: the named probe raises the first time it does its work.
-        self._fault = os.environ.get("TPUWATCH_TEST_FAIL_PROBE", "")
+        self._fault = settings.TEST_FAIL_PROBE.get()
         self.server = None  # transport.Server, set by the runner
         self.forked = False  # True in a child made by fork(): the agent is the parent's
         self.step_probe = None  # steps.StepProbe, set by probes.install_all

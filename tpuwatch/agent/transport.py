@@ -56,11 +56,9 @@ REFUSAL_EVENT_INTERVAL_S = 1.0  # a flood of bad handshakes becomes one event a 
 
 def send_timeout_s() -> float:
     """``TPUWATCH_VIEWER_TIMEOUT_S`` (seconds a viewer may take nothing before it is dropped)."""
-    try:
-        value = float(os.environ.get("TPUWATCH_VIEWER_TIMEOUT_S", SEND_TIMEOUT_S))
-    except ValueError:
-        return SEND_TIMEOUT_S
-    return value if value > 0 else SEND_TIMEOUT_S
+    from tpuwatch import settings
+
+    return settings.VIEWER_TIMEOUT_S.positive_float()
 
 
 class Server:

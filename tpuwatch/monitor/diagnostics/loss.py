@@ -151,7 +151,8 @@ class LossNonfinite(Rule):
             where = (f"replica {nf.replica}" + (f" ({nf.device})" if nf.device else "")
                      if nf.replica is not None else "the mean loss")
             others = sorted(nf.bad_replicas - {nf.replica})
-            also = f"; later also replicas {', '.join(map(str, others))}" if others else ""
+            also = (f"; later also replica{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
+                    if others else "")
             dep = nf.origin
             origin = look = ""
             if dep is not None:
