@@ -156,7 +156,7 @@ def test_first_call_creating_variables_counts_as_tf_counts_it(probe):
     messages = probe()
     seen = _retraces(messages, "counter")
     assert [m.traces for m in seen] == [1, counter.experimental_get_tracing_count()] == [1, 2]
-    assert seen[1].change == retraces.VARIABLES_MADE
+    assert seen[1].change == protocol.VARIABLES_MADE_CHANGE
     assert [m.traces for m in _retraces(messages, "prebuilt")] == [prebuilt.experimental_get_tracing_count()] == [1]
 
 

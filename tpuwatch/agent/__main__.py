@@ -97,10 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     guards.install(agent)  # full disk, fork(), SIGTERM
     code, sig, reason = _run_script(agent, ns, target)
     code, sig, reason = _finish_python(code, sig, reason)
-    step_probe = getattr(agent, "step_probe", None)
-    if step_probe is not None:  # the last step's losses, if its record went without them
+    if agent.step_probe is not None:  # the last step's losses, if its record went without them
         try:
-            step_probe.read_unread_losses()
+            agent.step_probe.read_unread_losses()
         except Exception as e:
             agent.probe_failed("steps", e)
     from tpuwatch.protocol import Exit

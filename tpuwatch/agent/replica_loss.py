@@ -34,6 +34,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch.agent import accumulator
+from tpuwatch.agent.steps import current_graph
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -91,14 +92,6 @@ def scale_for(flags: dict, replicas: int) -> float:
     """What a captured per-replica value is multiplied by to give that replica's own mean loss."""
     kind = flags.get("loss_reduce") or (SUM if flags.get("loss_scaled") else MEAN)
     return float(replicas) if kind == SUM and replicas > 1 else 1.0
-
-
-def _current_graph():
-    """The graph being built now, or None when executing eagerly."""
-    from tensorflow.python.eager import context
-    from tensorflow.python.framework import ops
-
-    return None if context.executing_eagerly() else ops.get_default_graph()
 
 
 class ReplicaLossProbe:
@@ -188,7 +181,7 @@ class ReplicaLossProbe:
         if not self.agent.enabled(PROBE):
             return
         try:
-            graph = _current_graph()
+            graph = current_graph()
             if keras is not None and keras[0] is graph:
                 self.capture(keras[1], graph, keras_value=True)
             else:
@@ -238,7 +231,7 @@ class ReplicaLossProbe:
 
     def keep_keras_loss(self, loss: Any) -> None:
         """Keras computed this replica's training loss (used by the next gradient call)."""
-        self._local.keras_loss = (_current_graph(), loss)
+        self._local.keras_loss = (current_graph(), loss)
 
     # --- strategy.run and strategy.reduce ------------------------------------------------------
 
@@ -276,7 +269,7 @@ class ReplicaLossProbe:
             result = original(strategy, fn, args, kwargs, options)
             if probe.training_marks != marks:  # its replicas computed gradients: a training step
                 try:
-                    probe.count_training_runs(_current_graph())
+                    probe.count_training_runs(current_graph())
                     probe.mark("strategy", strategy)
                 except Exception as e:
                     agent.probe_failed("steps", e)
@@ -312,7 +305,7 @@ class ReplicaLossProbe:
 
         def reduce(strategy, reduce_op, value, *args, **kwargs):
             try:
-                if this._captured and this.agent.enabled(PROBE) and _current_graph() is not None:
+                if this._captured and this.agent.enabled(PROBE) and current_graph() is not None:
                     kind = _reduce_kind(reduce_op)
                     if kind is not None:
                         for part in strategy.experimental_local_results(value):

@@ -12,7 +12,7 @@ the ``_tf_data_function`` attribute; the iterator helpers live in ``tensorflow/p
 TF's own internal helpers (any function whose Python code lives in the ``tensorflow`` package).
 Reported, so that counts equal ``experimental_get_tracing_count()``: the second trace TF makes on a
 function's first call when that call created variables (same inputs, a "no variable creation"
-scope), with that as its change (:data:`VARIABLES_MADE`; building the variables before the first
+scope), with that as its change (``protocol.VARIABLES_MADE_CHANGE``; building the variables before the first
 call saves it). Nested traces (Keras' ``one_step_on_data`` inside ``multi_step_on_iterator``) are
 real and reported.
 
@@ -40,7 +40,6 @@ PROBE = "retraces"
 # Traces TF makes for itself through tracing_compilation with a hard-coded name.
 _INTERNAL_NAMES = frozenset({"fn_with_cond", "initialize_variables", "cflow_gradient_wrapper"})
 _TF_DATA_ATTRIBUTE = "_tf_data_function"
-VARIABLES_MADE = VARIABLES_MADE_CHANGE
 _MAX_SIGNATURE = 300
 _MAX_CHANGE = 300
 _MAX_TRACKED = 4096
@@ -287,7 +286,7 @@ class RetraceProbe:
             previous = self._last.get(name)
             self._last[name] = (leaves, cache)
         if variables_made:  # a real trace (TF counts it, and compiles again), with its own cause
-            change = VARIABLES_MADE
+            change = VARIABLES_MADE_CHANGE
         elif previous is None:
             change = ""
         else:

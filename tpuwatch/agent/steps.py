@@ -126,8 +126,8 @@ class StepProbe:
         In a function's own graph they run exactly once per call of that function, so they are
         counted with no op at all (the usual ``train_step``; a nested function's count is added
         to its caller's at the call site). In a loop body, a branch, or a ``for x in dataset``
-        reduce function, one in-graph add counts each execution. The count is kept per function, not per trace: a
-        function retraced into another shape is counted by its last trace.
+        reduce function, one in-graph add counts each execution. The count is kept per function,
+        not per trace: a function retraced into another shape is counted by its last trace.
         """
         owner, call_site = self.tracing[-1] if self.tracing else (self.current_top, None)
         outer = graph.outer_graph
@@ -183,7 +183,7 @@ class StepProbe:
                     return original(fn, *args, **kwargs)
                 # Traced now, or called from an eager strategy.run (which traces it on first use:
                 # its trace's flags must land on it so later eager runs know what it does).
-                call_site = _current_graph()
+                call_site = current_graph()
                 fetched = probe.fetch_timed.get(call_site) if call_site is not None else None
                 probe.tracing.append((fn, call_site))
                 first_new_op = len(call_site.get_operations()) if fetched is not None else 0
@@ -259,12 +259,14 @@ class StepProbe:
         wait_s = self.eager_wait_s
         measured_wait = wait_s > 0.0
         examples = self.eager_examples
-        waited_over = 1  # steps the in-graph wait read now was spent over
+        # One of the run's first records: every sampled value is read (a short run's diagnostics
+        # see every step); later ones at most every loss_every_s of training.
+        read_all = self._read_all_left > 0
         if self.accumulator is not None and "acc" in flags:
             # Read after every call when the call's step count is in there (a loop); otherwise it
             # holds only input wait and examples, which are sampled like losses: a read gives
             # their sum since the last one, spread over the steps in between.
-            if "acc_runs" in flags or self._read_all_left > 0 or now - self._acc_read_at >= self.loss_every_s:
+            if "acc_runs" in flags or read_all or now - self._acc_read_at >= self.loss_every_s:
                 acc = self.read_accumulator().tolist()  # Python floats: cheaper than numpy scalars
                 self._acc_read_at = now
                 last = self.acc_last
@@ -288,18 +290,14 @@ class StepProbe:
                 self.read_unread_losses(now)
                 return
             steps = 1
-        step_time_s = (call_s + self.eager_wait_s) / steps
-        # Each replica's loss is read after each of the run's first records (a short run gets
-        # every loss for its diagnostics), then at most every loss_every_s of training (and at a
-        # function's first record): each read is a transfer per replica on a TPU, ~0.1 ms per
-        # replica on a CPU. A record without one says so (loss None); the dashboard shows the last
-        # loss with the step it belongs to.
-        losses = None
-        if self._read_all_left > 0:
+        if read_all:
             self._read_all_left -= 1
-            due = True
-        else:
-            due = now - self._loss_read_at >= self.loss_every_s or "_read" not in flags
+        step_time_s = (call_s + self.eager_wait_s) / steps
+        # Each replica's loss is sampled like the wait (and read at a function's first record):
+        # each read is a transfer per replica on a TPU, ~0.1 ms per replica on a CPU. A record
+        # without one says so (loss None); the dashboard shows the last loss with its step.
+        losses = None
+        due = read_all or now - self._loss_read_at >= self.loss_every_s or "_read" not in flags
         if self.loss_reader is not None and due:
             losses = self.loss_reader(flags)
             if losses is not None:
@@ -443,7 +441,7 @@ def _after(fetched: Any, new_ops: list) -> None:
             op._add_control_input(fetched)
 
 
-def _current_graph() -> Any:
+def current_graph() -> Any:
     """The graph being built now, or None when executing eagerly."""
     from tensorflow.python.eager import context
     from tensorflow.python.framework import ops
@@ -478,7 +476,7 @@ def install(agent: "Agent", patches) -> StepProbe:
         def gradient(tape, *args, **kwargs):
             try:
                 probe.mark("training")
-                graph = _current_graph()
+                graph = current_graph()
                 if graph is not None and _outside_strategy_run():
                     probe.count_gradient_step(graph)
                 if probe.gradient_hooks:
