@@ -18,13 +18,15 @@ default strategy (Keras 3.15 crashes with ``steps_per_execution > 1`` under Mirr
 keras-team/keras#19246). Each for a big step (``--width``) and a tiny step.
 
     python bench/fit_overhead.py [--width 1024] [--blocks 8] [--steps 48] [--spe 8] [--repeat 2]
-                                 [--only spe1|spek] [--calls 300]
+                                 [--only spe1|spek] [--size big|tiny] [--calls 300] [--instances 3]
 
 Prints, per configuration and repeat: plain and instrumented ms/step (medians over blocks), their
 ratio and the median of the per-pair ratios (with their range), the added µs per step and the
 1-minute load average. Then, per configuration, the same from ``--calls`` direct calls of the two
 models' train functions interleaved call by call (as ``bench/overhead.py`` does; the agent adds
-nothing per batch to fit's Python loop), which a noisy box disturbs far less than whole fits.
+nothing per batch to fit's Python loop), which a noisy box disturbs far less than whole fits. For
+those, ``--instances`` models of each arm are traced and medians over them compared: two traces
+of one graph differ in speed by more than the probes cost (bench/_instances.py).
 Asserts nothing.
 """
 
@@ -40,6 +42,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _instances  # noqa: E402
 
 
 def main() -> None:
@@ -53,6 +58,10 @@ def main() -> None:
     p.add_argument("--spe", type=int, default=8, help="steps_per_execution of the second configuration")
     p.add_argument("--repeat", type=int, default=2, help="A/B runs per configuration")
     p.add_argument("--only", choices=("spe1", "spek"), help="run one configuration")
+    p.add_argument("--size", choices=("big", "tiny"), help="run one step size")
+    p.add_argument("--instances", type=int, default=3,
+                   help="models (traces) of each arm for --calls (two traces of one graph differ in speed: "
+                        "bench/_instances.py)")
     p.add_argument("--calls", type=int, default=300,
                    help="interleaved direct calls of fit's train functions after the blocks (0: none)")
     a = p.parse_args()
@@ -149,48 +158,62 @@ def main() -> None:
                   f"load {load0:.2f}->{os.getloadavg()[0]:.2f}  ({a.blocks} pairs x {steps} steps; "
                   f"{recorded} steps recorded, {a.blocks * steps} expected)", flush=True)
         if a.calls:
-            per_call(label, strategy, plain, instrumented, ds, spe)
+            plains, instrumenteds = [plain], [instrumented]
+            for _ in range(a.instances - 1):  # more traces of each: see bench/_instances.py
+                plains.append(make(strategy, width, spe))
+                block(plains[-1], ds, steps)
+                instrumenteds.append(make(strategy, width, spe))
+                agent_on(True)
+                block(instrumenteds[-1], ds, steps)
+                agent_on(False)
+            per_call(label, strategy, plains, instrumenteds, ds, spe)
 
-    def per_call(label: str, strategy, plain, instrumented, ds, spe: int) -> None:
+    def per_call(label: str, strategy, plains, instrumenteds, ds, spe: int) -> None:
         """Fit's own train functions, called directly and interleaved call by call (the agent
         adds nothing per batch to fit's Python loop: its Keras hooks are per epoch)."""
-        its = {name: iter(strategy.experimental_distribute_dataset(ds)) for name in ("agent", "plain", "graph")}
-        variants = {"agent": (instrumented.train_function, True), "plain": (plain.train_function, False),
-                    "graph": (instrumented.train_function, False)}
+        variants = {}
+        for i, (plain, instrumented) in enumerate(zip(plains, instrumenteds)):
+            variants[("agent", i)] = (instrumented.train_function, True)
+            variants[("plain", i)] = (plain.train_function, False)
+            variants[("graph", i)] = (instrumented.train_function, False)
+        its = {key: iter(strategy.experimental_distribute_dataset(ds)) for key in variants}
 
         disabled = agent._disabled
 
-        def once(name: str) -> float:
+        def once(key: tuple[str, int]) -> float:
             # The agent's own switch, not re-patching per call (that alone cost ~0.7 ms a call):
             # with "steps" off the call wrapper returns at its first line.
-            fn, on = variants[name]
+            fn, on = variants[key]
             if not on:
                 disabled["steps"] = "bench"
             start = time.perf_counter()
-            fn(its[name])
+            fn(its[key])
             elapsed = time.perf_counter() - start
             disabled.pop("steps", None)
             return elapsed / spe
 
         agent_on(True)
-        names = list(variants)
+        keys = list(variants)
         for _ in range(10):
-            for name in names:
-                once(name)
+            for key in keys:
+                once(key)
         agent.step_probe._read_all_left = 0  # steady state (the first 256 records are all read)
         rng = random.Random(0)
-        times: dict[str, list[float]] = {name: [] for name in names}
+        times: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
+        load0 = os.getloadavg()[0]
         for _ in range(max(1, a.calls // 8)):
-            rng.shuffle(names)
-            for name in names:  # a few calls in a row keep the agent's read cadence real
-                times[name].extend(once(name) for _ in range(8))
+            rng.shuffle(keys)
+            for key in keys:  # a few calls in a row keep the agent's read cadence real
+                times[key].extend(once(key) for _ in range(8))
         agent_on(False)
-        med = {name: statistics.median(v) for name, v in times.items()}
-        print(f"{label:<38} per call: plain {med['plain'] * 1e3:8.3f} ms/step  with agent {med['agent'] * 1e3:8.3f} "
-              f"ms/step  ratio {med['agent'] / med['plain']:6.4f}  added {(med['agent'] - med['plain']) * 1e6:+7.1f} "
-              f"µs/step (in-graph {(med['graph'] - med['plain']) * 1e6:+7.1f}, Python "
-              f"{(med['agent'] - med['graph']) * 1e6:+7.1f})  load {os.getloadavg()[0]:.2f}  "
-              f"(medians of {a.calls} calls of fit's train functions, interleaved 8 at a time)", flush=True)
+        med = _instances.medians(times)
+        plain_s, agent_s, graph_s = (_instances.over_instances(med, v) for v in ("plain", "agent", "graph"))
+        print(f"{label:<38} per call: plain {plain_s * 1e3:8.3f} ms/step  with agent {agent_s * 1e3:8.3f} "
+              f"ms/step  ratio {agent_s / plain_s:6.4f}  added {(agent_s - plain_s) * 1e6:+7.1f} µs/step "
+              f"(in-graph {(graph_s - plain_s) * 1e6:+7.1f}, plain traces spread "
+              f"{_instances.spread(med, 'plain') * 1e6:.1f}; Python {_instances.paired(med, 'agent', 'graph') * 1e6:+7.1f}, "
+              f"same trace)  load {load0:.2f}->{os.getloadavg()[0]:.2f}  (medians over {len(plains)} traces of each, "
+              f"{a.calls} calls each, interleaved 8 at a time)", flush=True)
 
     configs = []
     if a.only in (None, "spe1"):
@@ -198,7 +221,8 @@ def main() -> None:
     if a.only in (None, "spek"):
         configs.append(("spek", mirrored, a.spe))
     for _name, strategy, spe in configs:
-        for size, width in ((f"width {a.width}", a.width), ("tiny step", 8)):
+        sizes = {"big": (f"width {a.width}", a.width), "tiny": ("tiny step", 8)}
+        for size, width in [sizes[a.size]] if a.size else sizes.values():
             kind = "default strategy" if strategy is tf.distribute.get_strategy() else type(strategy).__name__
             try:
                 ab(f"fit spe={spe} {kind} {size}", strategy, width, spe)

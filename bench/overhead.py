@@ -3,20 +3,23 @@ in one process.
 
 The loop is a MirroredStrategy custom loop over 4 logical CPU devices whose step function takes
 the distributed iterator and calls ``next()`` inside (the in-graph input-wait, step-count and
-per-replica-loss probes all run). Two step functions are traced: one with the agent's patches
-installed (it carries the in-graph probes), one without. Calls are interleaved in a random order
-each round, a few calls of each in a row: the instrumented function with the agent on, the plain one with the agent's step
-probe switched off (its call wrapper returns at its first line), and the instrumented one with it
-off (its in-graph probes alone). Each call is timed on its
-own and the medians are compared: on a shared, noisy box a per-call median shrugs off the
-preemptions that make block averages swing by more than the effect being measured. The agent's
-thread (recording, sampling) runs throughout, and its CPU time is reported separately.
+per-replica-loss probes all run). Step functions are traced ``--instances`` times each without the
+agent's patches (plain) and with them (instrumented, carrying the in-graph probes): two traces of
+one graph differ in speed by more than the probes cost (bench/_instances.py), so one of each
+cannot tell. Calls are interleaved in a random order each round, a few calls of each in a row:
+each instrumented function with the agent on, each plain one with the agent's step probe switched
+off (its call wrapper returns at its first line), and each instrumented one with it off (its
+in-graph probes alone). Each call is timed on its own and medians are compared: on a shared, noisy
+box a per-call median shrugs off the preemptions that make block averages swing by more than the
+effect being measured. The agent's thread (recording, sampling) runs throughout, and its CPU time
+is reported separately.
 
-    python bench/overhead.py [--width 1024] [--rounds 150] [--big-rounds 8] [--run 8]
+    python bench/overhead.py [--width 1024] [--rounds 150] [--big-rounds 8] [--run 8] [--instances 3]
 
-Prints the ratio (instrumented / plain median step time) and the added microseconds per step,
-for a ~20 ms step (``--width``) and for a tiny step (where the fixed cost is easiest to see), and
-the same for the middle 80% of calls (trimmed means).
+Prints the ratio (instrumented / plain step time, medians over instances) and the added
+microseconds per step, for a ~20 ms step (``--width``) and for a tiny step (where the fixed cost is
+easiest to see); then the in-graph part beside the plain traces' own spread, and the Python part
+(the agent on vs off for the same trace, so free of that spread).
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -33,6 +35,9 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _instances  # noqa: E402
 
 
 def main() -> None:
@@ -42,6 +47,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=150, help="interleaved rounds of the tiny step (one call of each variant)")
     p.add_argument("--big-rounds", type=int, default=8, help="interleaved rounds of the ~20 ms step")
     p.add_argument("--run", type=int, default=8, help="calls of one variant in a row within a round")
+    p.add_argument("--instances", type=int, default=3,
+                   help="traces of each variant (two traces of one graph differ in speed: bench/_instances.py)")
     a = p.parse_args()
 
     import tensorflow as tf
@@ -79,12 +86,14 @@ def main() -> None:
             x, y = next(iterator)
             return strategy.reduce("MEAN", strategy.run(replica_step, args=(x, y)), axis=None)
 
-        patches.suspend()
-        plain = tf.function(step)
-        plain(it)  # trace without the agent
-        patches.resume()
-        instrumented = tf.function(step)
-        instrumented(it)  # trace with it: carries the in-graph probes
+        plains, instrumented = [], []
+        for _ in range(a.instances):  # several traces of each: see bench/_instances.py
+            patches.suspend()
+            plains.append(tf.function(step))
+            plains[-1](it)  # traced without the agent
+            patches.resume()
+            instrumented.append(tf.function(step))
+            instrumented[-1](it)  # traced with it: carries the in-graph probes
 
         perf = time.perf_counter
 
@@ -102,45 +111,64 @@ def main() -> None:
             disabled.pop("steps", None)
             return elapsed
 
-        variants = {"agent": (instrumented, True), "plain": (plain, False), "graph": (instrumented, False)}
+        variants = {}
+        probe = agent.step_probe
+        record = type(probe).record
+        in_record = [0.0, 0]
+
+        def timed_record(*args, **kwargs):  # the training thread's time in the agent after a call
+            start = perf()
+            try:
+                return record(probe, *args, **kwargs)
+            finally:
+                in_record[0] += perf() - start
+                in_record[1] += 1
+
+        probe.record = timed_record
+        for i in range(a.instances):
+            variants[("agent", i)] = (instrumented[i], True)
+            variants[("plain", i)] = (plains[i], False)
+            variants[("graph", i)] = (instrumented[i], False)
         for _ in range(20):  # warm up every variant
             for fn, active in variants.values():
                 once(fn, active)
         # Steady state: the agent reads every record of a run's first 256 (see steps.READ_ALL_FIRST).
         agent.step_probe._read_all_left = 0
-        times: dict[str, list[float]] = {name: [] for name in variants}
+        times: dict[tuple[str, int], list[float]] = {key: [] for key in variants}
         proc = psutil.Process()
         cpu0 = _thread_cpu(proc, agent_thread.native_id)
         steps0 = agent.global_step
-        names = list(variants)
+        keys = list(variants)
         rng = random.Random(0)
+        load0 = os.getloadavg()[0]
         for _ in range(rounds):
-            rng.shuffle(names)
-            for name in names:
+            rng.shuffle(keys)
+            for key in keys:
                 # A few calls in a row: the agent's reads keep their real cadence (at most one
-                # every 10 ms of training), which single interleaved calls would not.
-                times[name].extend(once(*variants[name]) for _ in range(a.run))
+                # every 0.1 s of training), which single interleaved calls would not.
+                times[key].extend(once(*variants[key]) for _ in range(a.run))
         agent.flush()
+        record_s, records = in_record[0], in_record[1]
+        in_record[:] = [0.0, 0]
         agent_cpu = _thread_cpu(proc, agent_thread.native_id) - cpu0
         recorded = agent.global_step - steps0
-        med = {name: statistics.median(v) for name, v in times.items()}
-        mid = {name: _trimmed_mean(v) for name, v in times.items()}
-        print(f"{label:>12}: plain {med['plain'] * 1e3:8.3f} ms/step   with agent {med['agent'] * 1e3:8.3f} ms/step   "
-              f"ratio {med['agent'] / med['plain']:6.4f}   added {(med['agent'] - med['plain']) * 1e6:+7.1f} µs/step   "
-              f"(medians of {rounds} interleaved runs of {a.run} calls; load {os.getloadavg()[0]:.2f})")
-        print(f"{'':>12}  of which in-graph probes {(med['graph'] - med['plain']) * 1e6:+7.1f} µs/step, "
-              f"Python side {(med['agent'] - med['graph']) * 1e6:+7.1f} µs/step;   middle-80% means: ratio "
-              f"{mid['agent'] / mid['plain']:6.4f}, added {(mid['agent'] - mid['plain']) * 1e6:+7.1f} µs/step;   "
+        med = _instances.medians(times)
+        plain_s, agent_s, graph_s = (_instances.over_instances(med, v) for v in ("plain", "agent", "graph"))
+        python_s = _instances.paired(med, "agent", "graph")
+        print(f"{label:>12}: plain {plain_s * 1e3:8.3f} ms/step   with agent {agent_s * 1e3:8.3f} ms/step   "
+              f"ratio {agent_s / plain_s:6.4f}   added {(agent_s - plain_s) * 1e6:+7.1f} µs/step   "
+              f"(medians over {a.instances} traces of each, {rounds} interleaved runs of {a.run} calls; "
+              f"load {load0:.2f}->{os.getloadavg()[0]:.2f})")
+        print(f"{'':>12}  in-graph probes {(graph_s - plain_s) * 1e6:+7.1f} µs/step (plain traces alone spread "
+              f"{_instances.spread(med, 'plain') * 1e6:.1f} µs: differences below that mean nothing), "
+              f"Python side {python_s * 1e6:+7.1f} µs/step (same trace, agent on vs off);   "
               f"agent thread {agent_cpu / max(recorded, 1) * 1e6:6.1f} µs CPU/step ({recorded} steps recorded)")
+        print(f"{'':>12}  measured directly: the training thread spends {record_s / max(records, 1) * 1e6:.1f} µs "
+              f"a call in the agent's record (reads of losses and the accumulator included)")
+        del probe.record
     patches.resume()
     patches.restore()
     agent.stop()
-
-
-def _trimmed_mean(values: list[float]) -> float:
-    ordered = sorted(values)
-    cut = len(ordered) // 10
-    return statistics.fmean(ordered[cut:len(ordered) - cut])
 
 
 def _thread_cpu(proc: psutil.Process, tid: int) -> float:

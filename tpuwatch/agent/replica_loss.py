@@ -325,8 +325,8 @@ class ReplicaLossProbe:
 
         def compute_loss(model, *args, **kwargs):
             loss = original(model, *args, **kwargs)
-            if kwargs.get("training", True) is False:
-                return loss
+            if kwargs.get("training", True) is False or not this.agent.enabled(PROBE):
+                return loss  # a disabled probe adds no op to the step (the unscale below is two)
             try:
                 this.keep_keras_loss(unscale(loss) if unscale is not None else loss)
             except Exception as e:
