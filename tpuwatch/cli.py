@@ -86,10 +86,14 @@ def _parser() -> argparse.ArgumentParser:
     # argparse counts a REMAINDER positional as required ("required: script, args"); the script is.
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script").required = False
 
-    attach = sub.add_parser("attach", help="re-join a run (the latest by default)")
+    attach = sub.add_parser("attach", help="re-join a run (the latest by default); into a pipe or file, its "
+                                           "progress lines until it ends")
     attach.add_argument("run", nargs="*", metavar="RUN",
                         help="run id, run directory, or HOST:PORT of agents started with --listen (default: the latest run)")
     attach.add_argument("--token-file", type=Path, help="token file for HOST:PORT viewers (the run's `token`)")
+    attach.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
+                        help="when stdout is not a terminal: a progress line every SECONDS (default 5) until "
+                             "the run ends, then its summary")
 
     replay = sub.add_parser("replay", help="play a recorded run back in the dashboard (needs a terminal; "
                                            "`tpuwatch report` prints a run's summary)")
@@ -520,6 +524,8 @@ def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: boo
 
 def cmd_attach(ns: argparse.Namespace) -> int:
     """``tpuwatch attach [RUN | HOST:PORT... | @HOSTS]``: catch up from the recording, then follow."""
+    if not ns.every > 0:  # NaN too
+        return _error(f"--every {ns.every:g}: give a positive number of seconds between progress lines")
     if any(_is_address(r) or r.startswith("@") for r in ns.run):
         return _attach_remote(ns)
     if len(ns.run) > 1:
@@ -531,7 +537,36 @@ def cmd_attach(ns: argparse.Namespace) -> int:
     problem = _nothing_to_show(run_dir)
     if problem:
         return _error(problem)
+    if not sys.stdout.isatty():  # into a pipe or a file: progress lines, not a dashboard waiting for keys
+        return _attach_headless(run_dir, ns.every)
     return _after_attach(run_dir, _dashboard(run_dir, live=True))
+
+
+def _attach_headless(run_dir: Path, every_s: float) -> int:
+    """``tpuwatch attach RUN > file``: the headless progress lines on stdout (a run's own headless
+    view writes them to stderr, beside the script's output) until the run ends, then its summary.
+    Reads only: findings are recorded by the process that owns the run."""
+    from tpuwatch import rundir
+    from tpuwatch.console import headless
+    from tpuwatch.monitor.group import worker_dirs
+    from tpuwatch.monitor.runs import run_alive
+    from tpuwatch.sources.group_source import GroupSource
+
+    workers = worker_dirs(run_dir)
+    dirs = [w.path for w in workers] if workers is not None else [run_dir]
+
+    def alive() -> bool:
+        return any(run_alive(rundir.read_meta(d)) for d in dirs)
+
+    if workers is None:
+        headless.follow(run_dir / rundir.EVENTS, alive, out=sys.stdout, every_s=every_s)
+    else:
+        source = GroupSource(workers)
+        try:
+            headless.follow_group(source, alive, out=sys.stdout, every_s=every_s)
+        finally:
+            source.close()
+    return 0
 
 
 def _nothing_to_show(run_dir: Path) -> str:
@@ -584,6 +619,9 @@ def _attach_remote(ns: argparse.Namespace) -> int:
         addresses = read_addresses(ns.run)
     except ValueError as e:
         return _error(str(e))
+    if not sys.stdout.isatty():  # a dashboard into a pipe: escape codes, waiting for keys forever
+        return _error("attaching to HOST:PORT needs a terminal (stdout is not one); run it in a terminal, or "
+                      "`tpuwatch attach RUN > FILE` on the training host for progress lines")
     token = settings.TOKEN.get()
     if ns.token_file is not None:
         try:

@@ -171,3 +171,52 @@ def test_headless_streams_are_as_the_readme_says(tmp_path):
     assert proc.returncode == 3
     assert proc.stdout.splitlines() == ["to-stdout", "to-stderr"], proc.stdout
     assert "to-std" not in proc.stderr and "tpuwatch: exit code 3" in proc.stderr
+
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _recorded_run(home: Path, run_id: str, child_pid: int | None, exit_code: int | None) -> Path:
+    d = home / "runs" / run_id
+    d.mkdir(parents=True)
+    meta = {"run_id": run_id, "script": "train.py", "started": 1.75e9, "child_pid": child_pid}
+    if exit_code is not None:
+        meta.update(exit_code=exit_code, state="finished")
+    (d / "run.json").write_text(json.dumps(meta))
+    (d / "events.jsonl").write_bytes((DATA / "healthy_4replica.jsonl").read_bytes())
+    return d
+
+
+def test_attach_into_a_pipe_prints_the_summary_of_an_ended_run(tmp_path):
+    """Before: a dashboard into the pipe, waiting for keys forever."""
+    home = Path(os.environ["TPUWATCH_HOME"])
+    _recorded_run(home, "20261123-000002-train-cccc", child_pid=None, exit_code=0)
+    proc = tpuwatch("attach", "20261123-000002", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b[" not in proc.stdout  # no escape codes into the pipe
+    assert "MirroredStrategy" in proc.stdout and "steps" in proc.stdout, proc.stdout
+
+
+def test_attach_into_a_pipe_follows_a_running_run_until_it_ends(tmp_path):
+    home = Path(os.environ["TPUWATCH_HOME"])
+    training = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _recorded_run(home, "20261123-000003-train-dddd", child_pid=training.pid, exit_code=None)
+        viewer = subprocess.Popen([sys.executable, "-m", "tpuwatch", "attach", "20261123-000003", "--every", "0.3"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                viewer.wait(timeout=3)  # still following: the training process runs
+        finally:
+            training.kill()
+            training.wait()
+        out, err = viewer.communicate(timeout=60)
+    finally:
+        training.kill()
+    assert viewer.returncode == 0, err
+    assert "step" in out and "MirroredStrategy" in out, out
+
+
+def test_attach_to_an_address_into_a_pipe_says_it_needs_a_terminal():
+    proc = tpuwatch("attach", "127.0.0.1:9", env={"TPUWATCH_TOKEN": "x" * 32}, timeout=60)
+    one_line_error(proc, "terminal", "attach RUN")
