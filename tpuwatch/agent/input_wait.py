@@ -2,7 +2,8 @@
 
 Keras 3 ``fit`` fetches input *inside* the compiled step (``iterator.get_next()`` /
 ``get_next_as_optional()`` in ``multi_step_on_iterator``), so the fetch is timed in-graph:
-``tf.timestamp()`` before and after it, with control dependencies, and the difference added into
+``tf.timestamp()`` before it (no edge: it runs as the step starts) and after it (once every
+replica's part has arrived), and the difference added into
 the step probe's host-CPU accumulator (together with the examples fetched). Eager fetches
 (``for x in dist_dataset``, ``next(iterator)``) are timed with ``perf_counter`` and charged to the
 next step. Only the outermost fetch is timed: a distributed iterator's ``get_next`` calls the
@@ -125,8 +126,10 @@ class InputWaitProbe:
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
             return original(it, *args, **kwargs)
-        with tf.control_dependencies([t0]):
-            result = original(it, *args, **kwargs)
+        # No control edge from t0 to the fetch: it has no inputs, so it runs as the step (or loop
+        # iteration) starts, like the fetch; an edge to every replica's fetch put a cross-device
+        # hop on every step's critical path.
+        result = original(it, *args, **kwargs)
         try:
             self._account(result, optional, t0)
         except Exception as e:

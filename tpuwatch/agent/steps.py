@@ -69,9 +69,13 @@ class StepProbe:
         self.epoch_source: Any = None  # keras_hooks.KerasHooks: its .epoch is the current epoch
         self._config_batch: int | None = None
         self.loss_every_s, self._read_all_left = _loss_every_s()
-        self._loss_read_at = float("-inf")
+        # Reads are paced by training time (the step calls' own time), not by the wall clock: a
+        # pause (evaluation, a checkpoint) does not make the next step's read due.
+        self._trained_s = 0.0
+        self._loss_read_trained = float("-inf")
+        self._loss_read_at = float("-inf")  # wall clock (perf) of the last loss read: pauses use it
         self._unread: tuple[dict, int] | None = None  # (flags, step) of a record sent without losses
-        self._acc_read_at = float("-inf")
+        self._acc_read_trained = float("-inf")
         self._acc_unread_steps = 0  # training steps since the accumulator was last read
         self._last_strategy: Any = None
         # Graph -> training steps traced into it that run once per call (see count_training_runs).
@@ -262,13 +266,14 @@ class StepProbe:
         # One of the run's first records: every sampled value is read (a short run's diagnostics
         # see every step); later ones at most every loss_every_s of training.
         read_all = self._read_all_left > 0
+        trained = self._trained_s = self._trained_s + call_s
         if self.accumulator is not None and "acc" in flags:
             # Read after every call when the call's step count is in there (a loop); otherwise it
             # holds only input wait and examples, which are sampled like losses: a read gives
             # their sum since the last one, spread over the steps in between.
-            if "acc_runs" in flags or read_all or now - self._acc_read_at >= self.loss_every_s:
+            if "acc_runs" in flags or read_all or trained - self._acc_read_trained >= self.loss_every_s:
                 acc = self.read_accumulator().tolist()  # Python floats: cheaper than numpy scalars
-                self._acc_read_at = now
+                self._acc_read_trained = trained
                 last = self.acc_last
                 self.acc_last = acc
                 pending, self._acc_unread_steps = self._acc_unread_steps, 0
@@ -297,10 +302,11 @@ class StepProbe:
         # each read is a transfer per replica on a TPU, ~0.1 ms per replica on a CPU. A record
         # without one says so (loss None); the dashboard shows the last loss with its step.
         losses = None
-        due = read_all or now - self._loss_read_at >= self.loss_every_s or "_read" not in flags
+        due = read_all or trained - self._loss_read_trained >= self.loss_every_s or "_read" not in flags
         if self.loss_reader is not None and due:
             losses = self.loss_reader(flags)
             if losses is not None:
+                self._loss_read_trained = trained
                 self._loss_read_at = now
                 flags["_read"] = True
         strategy = flags.get("strategy")
@@ -433,12 +439,30 @@ _MANUAL = _Manual()
 def _after(fetched: Any, new_ops: list) -> None:
     """The call ops just made start once the fetch before them is timed. Without this, TF may
     start a nested step function (Keras' ``one_step_on_data``) first and take the fetch's second
-    timestamp only when a thread frees up, counting step time as input wait. (A
-    ``control_dependencies`` block would not do: the call's captured inputs are made inside it,
-    and TF then leaves the call op out.)"""
+    timestamp only when a thread frees up, counting step time as input wait.
+
+    The order is on the data: each input of the call that is not a resource goes through an
+    ``Identity`` that waits for the timestamp. A control input on the call op itself cost a
+    4-replica tiny ``fit`` step ~400 µs (bench/ingraph_cost.py --fit), the identities about half
+    that; gating only the first input left the other replicas free to start first, and the
+    cached pipeline read 20-30% wait again. A ``control_dependencies`` block would not do either
+    (the call's captured inputs are made inside it, and TF then leaves the call op out). A call
+    with no such input gets the control input."""
+    import tensorflow as tf
+
     for op in new_ops:
-        if op.type in ("StatefulPartitionedCall", "PartitionedCall") and fetched not in op.control_inputs:
+        if op.type not in ("StatefulPartitionedCall", "PartitionedCall") or fetched in op.control_inputs:
+            continue
+        data = [(i, t) for i, t in enumerate(op.inputs) if t.dtype != tf.resource]
+        if not data:
             op._add_control_input(fetched)
+            continue
+        for index, tensor in data:
+            if tensor.op.type == "Identity" and fetched in tensor.op.control_inputs:
+                continue  # already ordered
+            with op.graph.as_default(), tf.control_dependencies([fetched]), tf.device(tensor.device):
+                gated = tf.identity(tensor)
+            op._update_input(index, gated)
 
 
 def current_graph() -> Any:
