@@ -1,12 +1,13 @@
 """Comparing traced functions across instances: two traces of the *same* graph can differ in speed.
 
-Measured on this project's 2-core box (``bench/ingraph_cost.py --fit``, identical graphs traced
-twice): a tiny step's two plain traces differed by 5–8%, 330–420 µs, consistently over 40 rounds.
-That is more than the in-graph probes' whole cost, so one plain and one instrumented trace cannot
-tell that cost apart. The benches therefore trace several instances of each variant, interleave
-all of them, and compare medians over instances; the plain instances' own spread is printed as the
-floor below which a difference means nothing. Differences measured on the *same* instance (the
-agent on and off for one traced function: the Python side) have no such floor.
+Measured on this project's 2-core box (``bench/ingraph_cost.py --fit``, one graph traced twice,
+40 interleaved rounds): a tiny step's two plain traces differed by 327 µs (5.5%); over 3 traces,
+the plain spread was 50–1,100 µs from run to run. That is as much as the in-graph probes' whole
+cost, so one plain and one instrumented trace cannot tell that cost apart. The benches therefore
+trace several instances of each variant, interleave all of them, and compare medians over
+instances; the plain instances' own spread is printed as the floor below which a difference
+means nothing. Differences measured on the *same* instance (the agent on and off for one traced
+function: the Python side) have no such floor.
 """
 
 from __future__ import annotations
