@@ -619,9 +619,6 @@ def _attach_remote(ns: argparse.Namespace) -> int:
         addresses = read_addresses(ns.run)
     except ValueError as e:
         return _error(str(e))
-    if not sys.stdout.isatty():  # a dashboard into a pipe: escape codes, waiting for keys forever
-        return _error("attaching to HOST:PORT needs a terminal (stdout is not one); run it in a terminal, or "
-                      "`tpuwatch attach RUN > FILE` on the training host for progress lines")
     token = settings.TOKEN.get()
     if ns.token_file is not None:
         try:
@@ -641,6 +638,9 @@ def _attach_remote(ns: argparse.Namespace) -> int:
             _say(p)
         print(f"tpuwatch: {problems[-1]}", file=sys.stderr)
         return 1
+    if not sys.stdout.isatty():  # a dashboard into a pipe: escape codes, waiting for keys forever
+        return _error("attaching to HOST:PORT needs a terminal (stdout is not one); run it in a terminal, or "
+                      "`tpuwatch attach RUN > FILE` on the training host for progress lines")
     source = make_remote_source(addresses, token)
     names = ", ".join(f"{h}:{p}" for h, p in addresses[:3]) + (" ..." if len(addresses) > 3 else "")
     choice = run_dashboard(None, source, title=f"tpuwatch — {names}")

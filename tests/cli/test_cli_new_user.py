@@ -216,7 +216,3 @@ def test_attach_into_a_pipe_follows_a_running_run_until_it_ends(tmp_path):
     assert viewer.returncode == 0, err
     assert "step" in out and "MirroredStrategy" in out, out
 
-
-def test_attach_to_an_address_into_a_pipe_says_it_needs_a_terminal():
-    proc = tpuwatch("attach", "127.0.0.1:9", env={"TPUWATCH_TOKEN": "x" * 32}, timeout=60)
-    one_line_error(proc, "terminal", "attach RUN")

@@ -44,6 +44,7 @@ def test_stop_chosen_in_attach_stops_training_and_lists_it_stopped(tmp_path, mon
     try:
         # The dashboard's answer is what matters here: the user pressed q, then "Stop training".
         monkeypatch.setattr(cli, "_dashboard", lambda run_dir, live, **kw: "stop")
+        monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: True)  # a dashboard needs a terminal
         code = cli.main(["attach", str(launch.run_dir)])
         err = capsys.readouterr().err
         assert code == 130, err
@@ -127,6 +128,7 @@ def test_detach_from_attach_says_training_goes_on(tmp_path, monkeypatch, capsys)
     (run / rundir.EVENTS).write_bytes(b"")
     rundir.write_meta(run, {"run_id": "r-1"})
     monkeypatch.setattr(cli, "_dashboard", lambda run_dir, live, **kw: "detach")
+    monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: True)  # a dashboard needs a terminal
     assert cli.main(["attach", str(run)]) == 0
     # Outside the runs home the id names nothing: the hint names the directory.
     assert f"detached; training goes on. Re-join with `tpuwatch attach {run}`" in capsys.readouterr().err
