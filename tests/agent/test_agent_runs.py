@@ -111,6 +111,19 @@ def test_sampled_in_graph_input_wait_keeps_the_share(run_agent):
         [(s.step_time_s, s.input_wait_s) for s in run.steps]
 
 
+def test_losses_are_sampled_by_step_time_in_an_input_bound_loop(run_agent):
+    """Reads are paced by training time, which includes the wait for the next batch: a loop whose
+    2 ms steps wait ~60 ms each for an eagerly fetched batch is still read ~every 0.1 s of it (every
+    second step), not every 50 steps (its calls alone add up to 0.1 s only that rarely)."""
+    run = run_agent(LOOPS, "--mode", "custom", "--input", "slow", "--sleep-ms", "60", "--steps", "30",
+                    env={"TPUWATCH_LOSS_EVERY_S": "0.1"})
+    assert run.returncode == 0, run.output
+    assert sum(s.steps for s in run.steps) == 30
+    read = [s for s in run.steps if s.replica_losses]
+    # Steady steps take >= 60 ms: at least one read every 2 steps (about 15); allow half.
+    assert len(read) >= 8, [(round(s.step_time_s, 3), bool(s.replica_losses)) for s in run.steps]
+
+
 def test_retraces_of_ragged_batches_name_the_shape(run_agent):
     run = run_agent(LOOPS, "--mode", "custom", "--ragged", "--steps", "8")
     assert run.returncode == 0, run.output

@@ -35,3 +35,48 @@ def test_tpu_strategies_run_is_patched_and_restored(tmp_path):
         agent.stop()
     for cls in owners:
         assert vars(cls)["run"] is before[cls]
+
+
+def test_a_step_inside_a_tpu_computation_is_not_ordered_through_it(tmp_path):
+    """Keras' step under TPUStrategy is a nested call inside ``tpu.replicate``. The identities
+    that order a step after its fetch's (float64, host) timestamp must not land inside the TPU
+    computation: TPUReplicateContext pulls their control input in as an F64 identity, which XLA
+    on a TPU cannot compile. Traced only (no TPU here); the graph is what would be compiled."""
+    import tensorflow as tf
+
+    from tpuwatch.agent import post_import, probes
+    from tpuwatch.agent.runtime import Agent
+
+    agent = Agent(tmp_path, "t")
+    patches = probes.install_all(agent, "t.py", ["t.py"], set())
+    try:
+        @tf.function
+        def one_step(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = tf.reduce_sum(x * x)
+            return tape.gradient(y, x)
+
+        @tf.function
+        def multi_step(iterator):
+            x = next(iterator)
+            return tf.compat.v1.tpu.replicate(lambda v: one_step(v), inputs=[[x]])
+
+        iterator = iter(tf.data.Dataset.from_tensors(tf.ones([2])).repeat())
+        # Called as a script calls it, so the agent sees a top-level step call; the trace is what
+        # counts: running it needs a TPU system, which this machine has not.
+        try:
+            multi_step(iterator)
+        except (tf.errors.OpError, ValueError, RuntimeError):
+            pass
+        graph = multi_step.get_concrete_function(iterator).graph
+        assert agent.enabled("input_wait")
+        in_tpu = [op for op in graph.get_operations() if "_tpu_replicate" in op.node_def.attr]
+        assert any(op.type in ("StatefulPartitionedCall", "PartitionedCall") for op in in_tpu)
+        doubles = [op.name for op in in_tpu
+                   if any(t.dtype == tf.float64 for t in list(op.inputs) + list(op.outputs))]
+        assert doubles == [], doubles
+    finally:
+        probes.uninstall(patches)
+        post_import.cancel_all()
+        agent.stop()

@@ -69,8 +69,8 @@ class StepProbe:
         self.epoch_source: Any = None  # keras_hooks.KerasHooks: its .epoch is the current epoch
         self._config_batch: int | None = None
         self.loss_every_s, self._read_all_left = _loss_every_s()
-        # Reads are paced by training time (the step calls' own time), not by the wall clock: a
-        # pause (evaluation, a checkpoint) does not make the next step's read due.
+        # Reads are paced by training time (the step calls' time and their eager input wait), not
+        # by the wall clock: a pause (evaluation, a checkpoint) does not make the next read due.
         self._trained_s = 0.0
         self._loss_read_trained = float("-inf")
         self._loss_read_at = float("-inf")  # wall clock (perf) of the last loss read: pauses use it
@@ -81,7 +81,7 @@ class StepProbe:
         # Graph -> training steps traced into it that run once per call (see count_training_runs).
         self._implicit_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._gradient_graphs: weakref.WeakSet = weakref.WeakSet()
-        # Graph -> the op that accounts its last timed in-graph fetch (see input_wait).
+        # Graph -> the second timestamp of its last timed in-graph fetch (see input_wait, _after).
         self.fetch_timed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     # --- flags ------------------------------------------------------------------------------
@@ -266,7 +266,9 @@ class StepProbe:
         # One of the run's first records: every sampled value is read (a short run's diagnostics
         # see every step); later ones at most every loss_every_s of training.
         read_all = self._read_all_left > 0
-        trained = self._trained_s = self._trained_s + call_s
+        # Training time is the step's own time, its wait for the batch included (an input-bound
+        # loop is read as often as any other); evaluation and other pauses are not in it.
+        trained = self._trained_s = self._trained_s + call_s + wait_s
         if self.accumulator is not None and "acc" in flags:
             # Read after every call when the call's step count is in there (a loop); otherwise it
             # holds only input wait and examples, which are sampled like losses: a read gives
@@ -447,11 +449,17 @@ def _after(fetched: Any, new_ops: list) -> None:
     that; gating only the first input left the other replicas free to start first, and the
     cached pipeline read 20-30% wait again. A ``control_dependencies`` block would not do either
     (the call's captured inputs are made inside it, and TF then leaves the call op out). A call
-    with no such input gets the control input."""
+    with no such input gets the control input.
+
+    A call inside a TPU (XLA) computation is left alone: ``TPUReplicateContext`` would pull the
+    host's float64 timestamp into the computation, which a TPU cannot compile; there the step's
+    work runs on the chips, so it cannot hold up the timestamp's host thread anyway."""
     import tensorflow as tf
 
     for op in new_ops:
         if op.type not in ("StatefulPartitionedCall", "PartitionedCall") or fetched in op.control_inputs:
+            continue
+        if op._get_control_flow_context() is not None:  # TPU/XLA (TF2's own control flow has none)
             continue
         data = [(i, t) for i, t in enumerate(op.inputs) if t.dtype != tf.resource]
         if not data:
