@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO, cast
+from typing import TYPE_CHECKING, Callable, TextIO, cast
 
 from tpuwatch import __version__, address, settings
 
@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
                           "run directory and the script's checkpoint directory (repeatable)")
     run.add_argument("--sample-hz", type=float, default=None, help="agent sampling rate, 0.5-20 Hz (default 4)")
     run.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
-                     help="headless: seconds between progress lines (default 5)")
+                     help="headless: at most one progress line every SECONDS, when something moved (default 5)")
     run.add_argument("--workers", type=int, default=None, metavar="N",
                      help="start N MultiWorkerMirroredStrategy workers on this machine (TF_CONFIG with free "
                           "localhost ports), one agent each, shown merged (docs/multihost.md)")
@@ -92,8 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="run id, run directory, or HOST:PORT of agents started with --listen (default: the latest run)")
     attach.add_argument("--token-file", type=Path, help="token file for HOST:PORT viewers (the run's `token`)")
     attach.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
-                        help="when stdout is not a terminal: a progress line every SECONDS (default 5) until "
-                             "the run ends, then its summary")
+                        help="when stdout is not a terminal: at most one progress line every SECONDS, when "
+                             "something moved (default 5), until the run ends; then its summary and its exit code")
 
     replay = sub.add_parser("replay", help="play a recorded run back in the dashboard (needs a terminal; "
                                            "`tpuwatch report` prints a run's summary)")
@@ -188,7 +188,7 @@ def _find_run(ref: str | None) -> Path:
 def cmd_run(ns: argparse.Namespace) -> int:
     from tpuwatch.control import launcher
 
-    if not ns.every > 0:  # NaN too
+    if not 0 < ns.every < float("inf"):  # NaN too
         return _error(f"--every {ns.every:g}: give a positive number of seconds between progress lines")
     if ns.sample_hz is not None and not 0.5 <= ns.sample_hz <= 20:
         return _error(f"--sample-hz {ns.sample_hz}: must be between 0.5 and 20")
@@ -524,7 +524,7 @@ def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: boo
 
 def cmd_attach(ns: argparse.Namespace) -> int:
     """``tpuwatch attach [RUN | HOST:PORT... | @HOSTS]``: catch up from the recording, then follow."""
-    if not ns.every > 0:  # NaN too
+    if not 0 < ns.every < float("inf"):  # NaN too
         return _error(f"--every {ns.every:g}: give a positive number of seconds between progress lines")
     if any(_is_address(r) or r.startswith("@") for r in ns.run):
         return _attach_remote(ns)
@@ -558,15 +558,38 @@ def _attach_headless(run_dir: Path, every_s: float) -> int:
     def alive() -> bool:
         return any(run_alive(rundir.read_meta(d)) for d in dirs)
 
+    sleep = _sleep_watching_stdout()
     if workers is None:
-        headless.follow(run_dir / rundir.EVENTS, alive, out=sys.stdout, every_s=every_s)
+        snap = headless.follow(run_dir / rundir.EVENTS, alive, out=sys.stdout, every_s=every_s, sleep=sleep)
     else:
         source = GroupSource(workers)
         try:
-            headless.follow_group(source, alive, out=sys.stdout, every_s=every_s)
+            snap = headless.follow_group(source, alive, out=sys.stdout, every_s=every_s, sleep=sleep)
         finally:
             source.close()
-    return 0
+    # The script's own code, as `tpuwatch run` exits with it; a run lost without one failed.
+    if snap.exit_code is not None:
+        return snap.exit_code
+    return 1 if snap.status in ("lost", "crashed") else 0
+
+
+def _sleep_watching_stdout() -> Callable[[float], None]:
+    """``time.sleep`` that ends with BrokenPipeError once stdout's reader has gone (`| head`):
+    a quiet run writes nothing for a long time, and the pipeline would wait for it. A pipe's
+    writer sees POLLERR when its last reader closes; a file or a terminal never does."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLERR)
+    except (AttributeError, OSError, ValueError):
+        return time.sleep
+
+    def sleep(seconds: float) -> None:
+        if poller.poll(max(0, int(seconds * 1000))):
+            raise BrokenPipeError("stdout's reader has gone")
+
+    return sleep
 
 
 def _nothing_to_show(run_dir: Path) -> str:

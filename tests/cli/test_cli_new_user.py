@@ -9,6 +9,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ def test_the_end_hint_is_the_run_id_under_the_runs_home(tmp_path):
     assert _last_hint(proc.stderr) == ["tpuwatch", "report", run_dir.name]
 
 
-@pytest.mark.parametrize("every", ["-1", "0", "nan"])
+@pytest.mark.parametrize("every", ["-1", "0", "nan", "inf"])
 def test_every_must_be_positive(tmp_path, every):
     script = write_script(tmp_path / "hello.py", "print('hello')\n")
     one_line_error(tpuwatch("run", "--headless", "--every", every, str(script)), "--every", "positive")
@@ -176,14 +177,15 @@ def test_headless_streams_are_as_the_readme_says(tmp_path):
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-def _recorded_run(home: Path, run_id: str, child_pid: int | None, exit_code: int | None) -> Path:
+def _recorded_run(home: Path, run_id: str, child_pid: int | None, exit_code: int | None,
+                  recording: str = "healthy_4replica.jsonl") -> Path:
     d = home / "runs" / run_id
     d.mkdir(parents=True)
     meta = {"run_id": run_id, "script": "train.py", "started": 1.75e9, "child_pid": child_pid}
     if exit_code is not None:
-        meta.update(exit_code=exit_code, state="finished")
+        meta.update(exit_code=exit_code, state="finished" if exit_code == 0 else "crashed")
     (d / "run.json").write_text(json.dumps(meta))
-    (d / "events.jsonl").write_bytes((DATA / "healthy_4replica.jsonl").read_bytes())
+    (d / "events.jsonl").write_bytes((DATA / recording).read_bytes())
     return d
 
 
@@ -197,22 +199,75 @@ def test_attach_into_a_pipe_prints_the_summary_of_an_ended_run(tmp_path):
     assert "MirroredStrategy" in proc.stdout and "steps" in proc.stdout, proc.stdout
 
 
+def test_attach_into_a_pipe_exits_with_the_scripts_code():
+    """As `tpuwatch run` does (docs/remote.md): `tpuwatch attach RUN > log && deploy` must not go on
+    after a crash. Before: 0 whatever the run did."""
+    home = Path(os.environ["TPUWATCH_HOME"])
+    _recorded_run(home, "20261123-000004-train-eeee", child_pid=None, exit_code=1, recording="crashed.jsonl")
+    proc = tpuwatch("attach", "20261123-000004", timeout=60)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "crashed" in proc.stdout, proc.stdout
+
+
+def _progress_lines(stream, want: int, deadline_s: float = 60.0) -> list[str]:
+    """Lines read from a viewer's stdout until ``want`` progress lines (``p50 ... input``) came;
+    a bound on a hang, not a timing check."""
+    lines: list[str] = []
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and sum("p50" in line for line in lines) < want:
+        line = stream.readline()
+        if not line:
+            break
+        lines.append(line)
+    return lines
+
+
 def test_attach_into_a_pipe_follows_a_running_run_until_it_ends(tmp_path):
     home = Path(os.environ["TPUWATCH_HOME"])
-    training = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    training = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        _recorded_run(home, "20261123-000003-train-dddd", child_pid=training.pid, exit_code=None)
+        _recorded_run(home, "20261123-000003-train-dddd", child_pid=training.pid, exit_code=None,
+                      recording="running_truncated.jsonl")
         viewer = subprocess.Popen([sys.executable, "-m", "tpuwatch", "attach", "20261123-000003", "--every", "0.3"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
         try:
-            with pytest.raises(subprocess.TimeoutExpired):
-                viewer.wait(timeout=3)  # still following: the training process runs
+            first = _progress_lines(viewer.stdout, 1)
+            assert any("p50" in line for line in first), first  # a progress line while training runs
+            assert viewer.poll() is None, first
         finally:
             training.kill()
             training.wait()
         out, err = viewer.communicate(timeout=60)
     finally:
         training.kill()
-    assert viewer.returncode == 0, err
-    assert "step" in out and "MirroredStrategy" in out, out
+    # Killed with no exit record: the run is lost, and attach says so in its code too.
+    assert viewer.returncode == 1, err
+    assert "lost" in out and "MirroredStrategy" in out, out
+
+
+def test_attach_into_a_pipe_whose_reader_left_ends_while_the_run_is_quiet(tmp_path):
+    """`tpuwatch attach RUN | head -1` on a run that stalled (evaluation, a hang): nothing new to
+    write, so the broken pipe was noticed only at the next step, and the shell waited. Before:
+    attach lived until the run moved or ended."""
+    home = Path(os.environ["TPUWATCH_HOME"])
+    training = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        _recorded_run(home, "20261123-000005-train-ffff", child_pid=training.pid, exit_code=None,
+                      recording="running_truncated.jsonl")
+        viewer = subprocess.Popen([sys.executable, "-m", "tpuwatch", "attach", "20261123-000005", "--every", "0.3"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+        try:
+            # Stalled (its steps are old): after this line nothing changes to print.
+            lines = _progress_lines(viewer.stdout, 1)
+            assert "stalled" in lines[-1], lines
+            viewer.stdout.close()  # what `head` does after its lines
+            code = viewer.wait(timeout=30)
+        finally:
+            viewer.kill()
+        assert training.poll() is None  # the run itself is untouched
+    finally:
+        training.kill()
+        training.wait()
+    assert code == 141
+
 

@@ -60,21 +60,43 @@ def test_attach_to_a_closed_port_exits_non_zero_naming_it(tmp_path, capsys) -> N
     assert f"127.0.0.1:{port}" in err and "not accepting viewers" in err, err
 
 
-def test_attach_with_a_wrong_token_exits_non_zero_saying_so(tmp_path, capsys) -> None:
+def _listening_run(tmp_path: Path) -> tuple[launcher.Launch, str]:
+    """A real agent on 127.0.0.1 (a script that sleeps), and its address once it listens."""
     script = tmp_path / "train.py"
     script.write_text("import time\nfor i in range(100000):\n    time.sleep(0.05)\n")
     launch = launcher.start(str(script), [], run_dir=tmp_path / "run", listen="127.0.0.1:0")
+    deadline = time.monotonic() + 60
+    while not rundir.read_meta(launch.run_dir).get("tcp"):
+        if time.monotonic() > deadline or not launch.alive():
+            launch.proc.kill()
+            raise AssertionError((launch.run_dir / rundir.OUTPUT).read_text())
+        time.sleep(0.1)
+    return launch, rundir.read_meta(launch.run_dir)["tcp"]
+
+
+def test_attach_with_a_wrong_token_exits_non_zero_saying_so(tmp_path, capsys) -> None:
+    launch, address = _listening_run(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not rundir.read_meta(launch.run_dir).get("tcp"):
-            assert time.monotonic() < deadline and launch.alive(), (launch.run_dir / rundir.OUTPUT).read_text()
-            time.sleep(0.1)
-        address = rundir.read_meta(launch.run_dir)["tcp"]
         wrong = tmp_path / "wrong-token"
         wrong.write_text("0" * 32)
         assert cli.main(["attach", address, "--token-file", str(wrong)]) == 1
         err = capsys.readouterr().err
         assert f"{address} refused this viewer" in err and "token" in err, err
+    finally:
+        launch.proc.kill()
+        launch.proc.wait()
+
+
+def test_attach_to_a_live_agent_into_a_pipe_needs_a_terminal(tmp_path, capsys, monkeypatch) -> None:
+    """The agent answers, but stdout is a pipe: one line saying so, not a dashboard's escape codes
+    into the pipe waiting for keys."""
+    launch, address = _listening_run(tmp_path)
+    try:
+        monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: False)
+        token = launch.run_dir / rundir.TOKEN
+        assert cli.main(["attach", address, "--token-file", str(token)]) == 2
+        err = capsys.readouterr().err
+        assert "needs a terminal" in err and len(err.strip().splitlines()) == 1, err
     finally:
         launch.proc.kill()
         launch.proc.wait()
