@@ -134,6 +134,7 @@ def main() -> None:
                 once(fn, active)
         # Steady state: the agent reads every record of a run's first 256 (see steps.READ_ALL_FIRST).
         agent.step_probe._read_all_left = 0
+        in_record[:] = [0.0, 0]  # the warm-up's records were read every call: not the steady state
         times: dict[tuple[str, int], list[float]] = {key: [] for key in variants}
         proc = psutil.Process()
         cpu0 = _thread_cpu(proc, agent_thread.native_id)
@@ -145,7 +146,7 @@ def main() -> None:
             rng.shuffle(keys)
             for key in keys:
                 # A few calls in a row: the agent's reads keep their real cadence (at most one
-                # every 0.1 s of training), which single interleaved calls would not.
+                # every 0.25 s of training), which single interleaved calls would not.
                 times[key].extend(once(*variants[key]) for _ in range(a.run))
         agent.flush()
         record_s, records = in_record[0], in_record[1]

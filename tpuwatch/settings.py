@@ -67,7 +67,7 @@ TEARDOWN_S = Variable("TPUWATCH_TEARDOWN_S", "10", "Seconds the agent lets Tenso
                       "exit before it ends the process; 0 turns the guard off.")
 LOSS_EVERY_S = Variable("TPUWATCH_LOSS_EVERY_S", "", "Least seconds of training between two reads of the "
                         "replicas' losses and fit's in-graph input wait. Unset: every step call of a run's first 256, "
-                        "then at most every 0.1 s; set, it applies from the first call (0: every call).")
+                        "then at most every 0.25 s; set, it applies from the first call (0: every call).")
 TEST_FAIL_PROBE = Variable("TPUWATCH_TEST_FAIL_PROBE", "", "Tests only: the probe whose installation fails on "
                            "purpose (fault injection).")
 

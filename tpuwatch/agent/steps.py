@@ -414,21 +414,28 @@ class StepProbe:
 READ_ALL_FIRST = 256
 
 
+#: The least training time between two reads after a run's first READ_ALL_FIRST records: a 4 Hz
+#: sample, the agent's default sampling rate. A read of every replica's loss and the accumulator
+#: costs 0.3-0.9 ms on this project's 2-core CPU box right after a step (an eager op there costs
+#: ~100 µs while tf.data refills), ~0.1 ms a replica of transfers on a TPU: at 10 Hz that was
+#: ~100 µs a step at 20 ms steps. People read a number at 1-2 Hz; every step is still counted.
+LOSS_EVERY_S = 0.25
+
+
 def _loss_every_s() -> tuple[float, int]:
     """TPUWATCH_LOSS_EVERY_S: the least training time between two reads of the replicas' losses
     and the in-graph input wait, and how many first records are read regardless. Default: every
-    record of the first READ_ALL_FIRST, then at most every 0.1 s (a 10 Hz sample: a read of
-    every replica's loss costs ~0.5 ms on this project's 2-core CPU box, too much for every 5 ms
-    step). Set, it applies from the first record (0 reads after every step call)."""
+    record of the first READ_ALL_FIRST, then at most every LOSS_EVERY_S. Set, it applies from the
+    first record (0 reads after every step call)."""
     from tpuwatch import settings
 
     raw = settings.LOSS_EVERY_S.get()
     if not raw:
-        return 0.1, READ_ALL_FIRST
+        return LOSS_EVERY_S, READ_ALL_FIRST
     try:
         return max(0.0, float(raw)), 0
     except ValueError:
-        return 0.1, READ_ALL_FIRST
+        return LOSS_EVERY_S, READ_ALL_FIRST
 
 
 class _Manual:

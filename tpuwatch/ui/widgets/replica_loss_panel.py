@@ -47,7 +47,7 @@ def loss_state(s: RunSnapshot) -> str | None:
 
 def loss_stale(s: RunSnapshot) -> bool:
     """The losses shown belong to a step more than a second of training behind the run's (the
-    agent samples them at 10 Hz once a run is under way: a few steps behind is normal, a second is
+    agent samples them at 4 Hz once a run is under way: a few steps behind is normal, a second is
     not)."""
     if s.loss_step is None or s.loss_step >= s.step:
         return False
