@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _instances  # noqa: E402
+from _custom_loop import custom_loop  # noqa: E402
 
 ALL = ("steps", "input_wait", "examples", "replica_loss")
 VARIANTS = {
@@ -68,23 +69,7 @@ def main() -> None:
     agent.start()
     patches.suspend()
 
-    with strategy.scope():
-        model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(8, activation="relu"),
-                                     tf.keras.layers.Dense(1)])
-        opt = tf.keras.optimizers.SGD(0.001)
-    ds = tf.data.Dataset.from_tensor_slices((tf.random.normal([4096, 64]), tf.random.normal([4096, 1])))
-    it = iter(strategy.experimental_distribute_dataset(
-        ds.repeat().batch(64 * a.replicas, drop_remainder=True).prefetch(tf.data.AUTOTUNE)))
-
-    def replica_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    def step(iterator):
-        x, y = next(iterator)
-        return strategy.reduce("MEAN", strategy.run(replica_step, args=(x, y)), axis=None)
+    step, it = custom_loop(strategy, a.replicas, 8, hidden=1)
 
     if a.fit:
         import keras

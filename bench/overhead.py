@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _instances  # noqa: E402
+from _custom_loop import custom_loop  # noqa: E402
 
 
 def main() -> None:
@@ -67,24 +68,7 @@ def main() -> None:
     agent_thread = next(t for t in __import__("threading").enumerate() if t.name == "tpuwatch-agent")
 
     for label, width, rounds in (("~20 ms step", a.width, a.big_rounds), ("tiny step", 8, a.rounds)):
-        with strategy.scope():
-            model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(width, activation="relu"),
-                                         tf.keras.layers.Dense(width, activation="relu"), tf.keras.layers.Dense(1)])
-            opt = tf.keras.optimizers.SGD(0.001)
-        x = tf.random.normal([4096, 64])
-        y = tf.random.normal([4096, 1])
-        ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(64 * a.replicas, drop_remainder=True)
-        it = iter(strategy.experimental_distribute_dataset(ds.prefetch(tf.data.AUTOTUNE)))
-
-        def replica_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-            return loss
-
-        def step(iterator):
-            x, y = next(iterator)
-            return strategy.reduce("MEAN", strategy.run(replica_step, args=(x, y)), axis=None)
+        step, it = custom_loop(strategy, a.replicas, width)
 
         plains, instrumented = [], []
         for _ in range(a.instances):  # several traces of each: see bench/_instances.py
