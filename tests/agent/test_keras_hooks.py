@@ -89,6 +89,28 @@ def test_plain_logs():
     assert keras_hooks.plain_logs(None) == {}
 
 
+@pytest.mark.parametrize(("logged", "says"), [(8.0, True), (2.0, False), (2.00001, False)])
+def test_a_logged_loss_summed_over_replicas_is_explained_once(tmp_path, logged, says):
+    """Keras 3.0 (TF 2.16's first Keras) sums its logs over replicas outside TPUs: with 4 replicas
+    whose mean is 2.0 its progress bar says 8.0. Seen on Keras 3.0.5 + TF 2.16.2 with the agent's
+    own fit test script; later Keras versions log the mean, so this is the decision alone, on the
+    values a run's first batch gives it."""
+    from tpuwatch.agent.steps import StepProbe
+
+    agent = Agent(tmp_path, "t")
+    agent.step_probe = StepProbe(agent)
+    agent.global_step = 5
+    agent.step_probe.last_loss = (5, 2.0, 4)
+    hooks = keras_hooks.KerasHooks(agent)
+    hooks.check_logged_loss({"loss": logged})
+    hooks.check_logged_loss({"loss": logged})  # checked once
+    assert hooks.logs_checked
+    notes = [m for m in agent._buf if isinstance(m, protocol.Event) and m.source == "keras"]
+    assert len(notes) == (1 if says else 0), notes
+    if says:
+        assert "summed over the 4 replicas" in notes[0].message and "8 at step 5" in notes[0].message
+
+
 def test_patches_a_module_when_it_is_imported_later(tmp_path, monkeypatch):
     (tmp_path / "late_mod_tw.py").write_text("VALUE = 41\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -84,6 +84,31 @@ class KerasHooks:
     def __init__(self, agent: "Agent") -> None:
         self.agent = agent
         self.epoch: int | None = None  # the epoch running now (0-based), for other probes
+        self.logs_checked = False  # Keras' logged loss compared with the agent's (once a run)
+
+    def check_logged_loss(self, logs: Any) -> None:
+        """After a batch: is Keras' logged loss the replicas' losses summed, not their mean?
+
+        Keras 3.0 reduces its logs by summing each replica's values (its "auto" is "sum", TPUs
+        included), so its progress bar shows N times the loss the model computes, and every
+        metric N times too (seen on Keras 3.0.5 + TF 2.16.2; 3.3 and later average). The agent keeps each replica's own mean;
+        this says, once, why the two numbers differ. Done at the first batch whose losses were
+        read (a run's first records always are)."""
+        last = self.agent.step_probe.last_loss if self.agent.step_probe is not None else None
+        if self.logs_checked or last is None or not isinstance(logs, dict) or "loss" not in logs:
+            return
+        step, mean, replicas = last
+        self.logs_checked = True
+        if step != self.agent.global_step or replicas < 2:
+            return
+        logged = float(logs["loss"])
+        summed = replicas * mean
+        if abs(logged - summed) <= 1e-4 * abs(summed) and abs(logged - mean) > 1e-3 * abs(mean):
+            self.agent.event("warning", "keras", (
+                f"Keras logs the loss summed over the {replicas} replicas, not their mean: its progress "
+                f"bar shows {logged:.6g} at step {step}, {replicas}x the {mean:.6g} the model computes (and "
+                f"its metrics {replicas}x too). tpuwatch shows each replica's own mean. Keras 3.0 sums its "
+                f"logs over replicas; Keras 3.3 and later average them."))
 
     def train_begin(self, callbacks: Any) -> None:
         params = getattr(callbacks, "params", None) or {}
@@ -166,7 +191,19 @@ def patch_callback_list(agent: "Agent", patches: "Patches", hooks: KerasHooks, c
 
         return on_epoch
 
+    def make_batch_end(original):
+        def on_train_batch_end(self, *args, **kwargs):
+            if not hooks.logs_checked and agent.enabled(PROBE):
+                try:
+                    hooks.check_logged_loss(_arg(args, kwargs, 1, "logs"))
+                except Exception as e:
+                    agent.probe_failed(PROBE, e)
+            return original(self, *args, **kwargs)
+
+        return on_train_batch_end
+
     patches.wrap(cls, "on_train_begin", make_train_begin)
+    patches.wrap(cls, "on_train_batch_end", make_batch_end)
     patches.wrap(cls, "on_epoch_begin", lambda original: make_epoch(original, "begin"))
     patches.wrap(cls, "on_epoch_end", lambda original: make_epoch(original, "end"))
 

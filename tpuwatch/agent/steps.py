@@ -68,6 +68,7 @@ class StepProbe:
         self.before_first_call: list[Callable[[], None]] = []
         self.epoch_source: Any = None  # keras_hooks.KerasHooks: its .epoch is the current epoch
         self._config_batch: int | None = None
+        self.last_loss: tuple[int, float, int] | None = None  # (step, mean, replicas) last read
         self.loss_every_s, self._read_all_left = _loss_every_s()
         # Reads are paced by training time (the step calls' time and their eager input wait), not
         # by the wall clock: a pause (evaluation, a checkpoint) does not make the next read due.
@@ -355,6 +356,8 @@ class StepProbe:
         self.eager_wait_s = 0.0
         self.eager_examples = None
         loss = sum(losses) / len(losses) if losses else None
+        if losses:
+            self.last_loss = (agent.global_step, sum(losses) / len(losses), len(losses))
         # The Step itself is built on the agent's thread (emit_step): a frozen dataclass of 11
         # fields costs microseconds the training thread need not spend.
         agent.emit_step((agent.global_step, agent.clock(), step_time_s, wait_s, loss, losses or (), steps,
