@@ -185,11 +185,18 @@ def _find_run(ref: str | None) -> Path:
 # --- run -----------------------------------------------------------------------------------------
 
 
+def _bad_every(every: float) -> int | None:
+    """The usage error for an --every that is not a positive, finite number (NaN too), else None."""
+    if 0 < every < float("inf"):
+        return None
+    return _error(f"--every {every:g}: give a positive number of seconds between progress lines")
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     from tpuwatch.control import launcher
 
-    if not 0 < ns.every < float("inf"):  # NaN too
-        return _error(f"--every {ns.every:g}: give a positive number of seconds between progress lines")
+    if (bad := _bad_every(ns.every)) is not None:
+        return bad
     if ns.sample_hz is not None and not 0.5 <= ns.sample_hz <= 20:
         return _error(f"--sample-hz {ns.sample_hz}: must be between 0.5 and 20")
     shared = settings.TOKEN.get()
@@ -524,8 +531,8 @@ def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: boo
 
 def cmd_attach(ns: argparse.Namespace) -> int:
     """``tpuwatch attach [RUN | HOST:PORT... | @HOSTS]``: catch up from the recording, then follow."""
-    if not 0 < ns.every < float("inf"):  # NaN too
-        return _error(f"--every {ns.every:g}: give a positive number of seconds between progress lines")
+    if (bad := _bad_every(ns.every)) is not None:
+        return bad
     if any(_is_address(r) or r.startswith("@") for r in ns.run):
         return _attach_remote(ns)
     if len(ns.run) > 1:

@@ -91,7 +91,7 @@ def test_plain_logs():
 
 @pytest.mark.parametrize(("logged", "says"), [(8.0, True), (2.0, False), (2.00001, False)])
 def test_a_logged_loss_summed_over_replicas_is_explained_once(tmp_path, logged, says):
-    """Keras 3.0 (TF 2.16's first Keras) sums its logs over replicas outside TPUs: with 4 replicas
+    """Keras 3.0 (TF 2.16's first Keras) sums its logs over replicas, TPUs included: with 4 replicas
     whose mean is 2.0 its progress bar says 8.0. Seen on Keras 3.0.5 + TF 2.16.2 with the agent's
     own fit test script; later Keras versions log the mean, so this is the decision alone, on the
     values a run's first batch gives it."""

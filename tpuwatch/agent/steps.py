@@ -355,9 +355,10 @@ class StepProbe:
         agent.global_step += steps
         self.eager_wait_s = 0.0
         self.eager_examples = None
-        loss = sum(losses) / len(losses) if losses else None
+        loss = None
         if losses:
-            self.last_loss = (agent.global_step, sum(losses) / len(losses), len(losses))
+            loss = sum(losses) / len(losses)
+            self.last_loss = (agent.global_step, loss, len(losses))
         # The Step itself is built on the agent's thread (emit_step): a frozen dataclass of 11
         # fields costs microseconds the training thread need not spend.
         agent.emit_step((agent.global_step, agent.clock(), step_time_s, wait_s, loss, losses or (), steps,
