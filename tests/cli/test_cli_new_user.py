@@ -4,6 +4,7 @@ fits the terminal."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -222,24 +223,33 @@ def _progress_lines(stream, want: int, deadline_s: float = 60.0) -> list[str]:
     return lines
 
 
-def test_attach_into_a_pipe_follows_a_running_run_until_it_ends(tmp_path):
+@contextlib.contextmanager
+def _viewer_of_a_running_run(run_id: str):
+    """A recorded run whose training process (a sleeper) is alive, and `tpuwatch attach` into a
+    pipe following it: yields ``(training, viewer)``; both are killed on the way out."""
     home = Path(os.environ["TPUWATCH_HOME"])
     training = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    viewer = None
     try:
-        _recorded_run(home, "20261123-000003-train-dddd", child_pid=training.pid, exit_code=None,
-                      recording="running_truncated.jsonl")
-        viewer = subprocess.Popen([sys.executable, "-m", "tpuwatch", "attach", "20261123-000003", "--every", "0.3"],
+        _recorded_run(home, run_id, child_pid=training.pid, exit_code=None, recording="running_truncated.jsonl")
+        viewer = subprocess.Popen([sys.executable, "-m", "tpuwatch", "attach", run_id[:15], "--every", "0.3"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-        try:
-            first = _progress_lines(viewer.stdout, 1)
-            assert any("p50" in line for line in first), first  # a progress line while training runs
-            assert viewer.poll() is None, first
-        finally:
-            training.kill()
-            training.wait()
-        out, err = viewer.communicate(timeout=60)
+        yield training, viewer
     finally:
+        for proc in (viewer, training):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+def test_attach_into_a_pipe_follows_a_running_run_until_it_ends(tmp_path):
+    with _viewer_of_a_running_run("20261123-000003-train-dddd") as (training, viewer):
+        first = _progress_lines(viewer.stdout, 1)
+        assert any("p50" in line for line in first), first  # a progress line while training runs
+        assert viewer.poll() is None, first
         training.kill()
+        training.wait()
+        out, err = viewer.communicate(timeout=60)
     # Killed with no exit record: the run is lost, and attach says so in its code too.
     assert viewer.returncode == 1, err
     assert "lost" in out and "MirroredStrategy" in out, out
@@ -249,25 +259,11 @@ def test_attach_into_a_pipe_whose_reader_left_ends_while_the_run_is_quiet(tmp_pa
     """`tpuwatch attach RUN | head -1` on a run that stalled (evaluation, a hang): nothing new to
     write, so the broken pipe was noticed only at the next step, and the shell waited. Before:
     attach lived until the run moved or ended."""
-    home = Path(os.environ["TPUWATCH_HOME"])
-    training = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    try:
-        _recorded_run(home, "20261123-000005-train-ffff", child_pid=training.pid, exit_code=None,
-                      recording="running_truncated.jsonl")
-        viewer = subprocess.Popen([sys.executable, "-m", "tpuwatch", "attach", "20261123-000005", "--every", "0.3"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-        try:
-            # Stalled (its steps are old): after this line nothing changes to print.
-            lines = _progress_lines(viewer.stdout, 1)
-            assert "stalled" in lines[-1], lines
-            viewer.stdout.close()  # what `head` does after its lines
-            code = viewer.wait(timeout=30)
-        finally:
-            viewer.kill()
+    with _viewer_of_a_running_run("20261123-000005-train-ffff") as (training, viewer):
+        # Stalled (its steps are old): after this line nothing changes to print.
+        lines = _progress_lines(viewer.stdout, 1)
+        assert "stalled" in lines[-1], lines
+        viewer.stdout.close()  # what `head` does after its lines
+        code = viewer.wait(timeout=30)
         assert training.poll() is None  # the run itself is untouched
-    finally:
-        training.kill()
-        training.wait()
     assert code == 141
-
-
