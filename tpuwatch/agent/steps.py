@@ -454,18 +454,24 @@ def _after(fetched: Any, new_ops: list) -> None:
     start a nested step function (Keras' ``one_step_on_data``) first and take the fetch's second
     timestamp only when a thread frees up, counting step time as input wait.
 
-    The order is on the data: each input of the call that is not a resource goes through an
-    ``Identity`` that waits for the timestamp. A control input on the call op itself cost a
-    4-replica tiny ``fit`` step ~400 µs (bench/ingraph_cost.py --fit), the identities about half
-    that; gating only the first input left the other replicas free to start first, and the
-    cached pipeline read 20-30% wait again. A ``control_dependencies`` block would not do either
-    (the call's captured inputs are made inside it, and TF then leaves the call op out). A call
-    with no such input gets the control input.
+    The order is on the data: each input of the call that the step computed (not a resource, nor
+    one of the function's captured inputs where it has others) goes through an
+    ``Identity`` that waits for the timestamp, **colocated with that input**: TF inlines the call,
+    so each replica's part starts once its own batch is timed, and the batch stays on its device.
+    (Unplaced, the identities went to the default device: every replica's batch made a round trip
+    through device 0, ~12 send/receive pairs a 4-replica tiny ``fit`` step here, an inter-device
+    copy of each batch on GPUs.) A control input on the call op itself gates every op of the
+    inlined body (~400 µs a tiny 4-replica step, bench/ingraph_cost.py --fit); gating only the
+    first input left the other replicas free to start first, and the cached pipeline read 20-30%
+    wait again. A ``control_dependencies`` block would not do either (the call's captured inputs
+    are made inside it, and TF then leaves the call op out). A call with no such input gets the
+    control input.
 
     A call inside a TPU (XLA) computation is left alone: ``TPUReplicateContext`` would pull the
     host's float64 timestamp into the computation, which a TPU cannot compile; there the step's
     work runs on the chips, so it cannot hold up the timestamp's host thread anyway."""
     import tensorflow as tf
+    from tensorflow.python.framework import ops
 
     for op in new_ops:
         if op.type not in ("StatefulPartitionedCall", "PartitionedCall") or fetched in op.control_inputs:
@@ -473,13 +479,14 @@ def _after(fetched: Any, new_ops: list) -> None:
         if op._get_control_flow_context() is not None:  # TPU/XLA (TF2's own control flow has none)
             continue
         data = [(i, t) for i, t in enumerate(op.inputs) if t.dtype != tf.resource]
+        data = [(i, t) for i, t in data if t.op.type != "Placeholder"] or data
         if not data:
             op._add_control_input(fetched)
             continue
         for index, tensor in data:
             if tensor.op.type == "Identity" and fetched in tensor.op.control_inputs:
                 continue  # already ordered
-            with op.graph.as_default(), tf.control_dependencies([fetched]), tf.device(tensor.device):
+            with op.graph.as_default(), ops.colocate_with(tensor.op), tf.control_dependencies([fetched]):
                 gated = tf.identity(tensor)
             op._update_input(index, gated)
 
