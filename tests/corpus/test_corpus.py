@@ -285,12 +285,15 @@ def test_sampled_losses_carry_their_step(tmp_path):
     ("conditional", [1, 2]),
     ("nested", [1, 2, 5, 8]),
     ("no_strategy", [5, 10, 15, 20]),
+    ("lazy_state", [1, 2, 3, 4]),
 ])
 def test_step_counts_follow_where_the_step_sits(tmp_path, shape, expected):
     """Steps counted = the script's optimizer iterations, wherever the step sits: unrolled twice in
     one function, under a tensor ``if`` (calls that only evaluate count nothing), in a function
-    also called from another function's ``tf.range`` loop, and in a graph loop with no strategy and
-    two tapes per batch."""
+    also called from another function's ``tf.range`` loop, in a graph loop with no strategy and
+    two tapes per batch, and in a step TF traces again inside its own variable-initialising ``cond``
+    (a variable made on the first call, as the TPU guide's lazily built optimizer does on TF 2.16:
+    its steps were counted twice)."""
     run = run_corpus(tmp_path, "step_shapes.py", "--shape", shape)
     assert run.returncode == 0, run.describe()
     printed = [int(k) for _, k in run.printed(r"call (\d+) iterations (\d+)")]

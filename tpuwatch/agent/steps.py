@@ -136,9 +136,13 @@ class StepProbe:
         """
         owner, call_site = self.tracing[-1] if self.tracing else (self.current_top, None)
         outer = graph.outer_graph
-        # The function's own graph: made in its call site's graph (or outside any function, for a
-        # top-level call). Anything else is a loop body, a branch or a tf.data function inside it.
-        own = outer is call_site if call_site is not None else not getattr(outer, "building_function", False)
+        # The function's own graph: made in its call site's graph (or, for a top-level call,
+        # outside any function or inside TF's own initialising wrapper). Anything else is a loop
+        # body, a branch or a tf.data function inside it.
+        if call_site is not None:
+            own = outer is call_site
+        else:
+            own = not getattr(outer, "building_function", False) or _initialising_wrapper(outer)
         if owner is None or not own or getattr(graph, "is_control_flow_graph", False):
             accumulator.add_constant(self, RUNS, float(n))
             self.mark("runs")
@@ -489,6 +493,16 @@ def _after(fetched: Any, new_ops: list) -> None:
             with op.graph.as_default(), ops.colocate_with(tensor.op), tf.control_dependencies([fetched]):
                 gated = tf.identity(tensor)
             op._update_input(index, gated)
+
+
+def _initialising_wrapper(graph: Any) -> bool:
+    """``graph`` is the branch of the ``cond`` TF wraps a function in when its first call made
+    variables whose initial values TF cannot lift out (``fn_with_cond`` in
+    ``polymorphic_function.Function._call``, TF 2.16-2.21): the function's second trace, the one
+    every later call runs, is made inside it. (The TPU guide's loop with a lazily built optimizer
+    on TF 2.16: its steps were counted twice.)"""
+    return bool(getattr(graph, "is_control_flow_graph", False)) and \
+        getattr(getattr(graph, "outer_graph", None), "name", None) == "fn_with_cond"
 
 
 def current_graph() -> Any:

@@ -8,6 +8,10 @@ step count is its optimizer's ``iterations``, printed after every call as ``call
                      a ``tf.range`` loop of another tf.function
 --shape no_strategy  no distribution strategy: a whole epoch in one tf.function, with two tapes and
                      two optimizers per batch (a GAN's shape)
+--shape lazy_state   the step makes a variable on its first call from its learning-rate argument
+                     (as an optimizer built lazily does: TensorFlow then traces the step a second
+                     time, inside a ``cond`` that initialises the variable on first use); a plain
+                     SGD update by hand
 """
 
 import argparse
@@ -114,6 +118,34 @@ elif a.shape == "no_strategy":
     for call in range(a.calls):
         train_epoch()
         print(f"call {call + 1} iterations {int(optimizer.iterations.numpy())}", flush=True)
+
+elif a.shape == "lazy_state":
+    # A plain SGD update by hand (TF's "basic training loops" guide), scaled by a variable made on
+    # the first call: Keras 3's optimizers cannot make their own variables inside that cond.
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    with strategy.scope():
+        iterations = tf.Variable(0, dtype=tf.int64, trainable=False)
+    state = {}
+
+    def replica_sgd_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        for v, g in zip(model.trainable_variables, grads):
+            v.assign_sub(0.01 * state["lr_scale"] * g)
+        return loss
+
+    @tf.function
+    def train_step(iterator, lr_scale):
+        if "lr_scale" not in state:  # made from an argument: TF cannot lift its initializer
+            state["lr_scale"] = tf.Variable(lr_scale, trainable=False)
+        x, y = next(iterator)
+        strategy.run(replica_sgd_step, args=(x, y))
+        iterations.assign_add(1)
+
+    for call in range(a.calls):
+        train_step(iterator, tf.constant(0.5))
+        print(f"call {call + 1} iterations {int(iterations.numpy())}", flush=True)
 
 else:
     raise SystemExit(f"unknown --shape {a.shape}")
