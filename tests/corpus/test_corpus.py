@@ -147,6 +147,20 @@ def test_tutorial_custom_loop_loss_is_the_scripts(tmp_path, reduction, replicas,
     assert all(1.5 < v < 3.5 for s in run.steps for v in s.replica_losses), [s.replica_losses for s in run.steps]
 
 
+@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
+def test_mixed_precision_loop_shows_the_unscaled_loss(tmp_path, replicas, legacy):
+    """The mixed-precision guide's loop takes the gradient of the loss times the loss scale (2**15
+    at first); the loss shown is the one the step computes, not the scaled gradient target."""
+    run = run_corpus(tmp_path, "mixed_precision_loop.py", "--replicas", str(replicas), "--steps", "6",
+                     env={"TF_USE_LEGACY_KERAS": "1"} if legacy else None)
+    printed = {int(step): float(loss) for step, loss in run.printed(r"step (\d+) loss (\S+)")}
+    assert len(printed) == 6, run.describe()
+    assert_common(run, steps=6, replicas=replicas,
+                  strategy="MirroredStrategy" if replicas > 1 else "_DefaultDistributionStrategy")
+    assert_losses_equal(run, printed)
+
+
 @pytest.mark.parametrize("steps_per_call", [1, 4])
 def test_tpu_guide_loop_that_returns_nothing(tmp_path, steps_per_call):
     """The replica function returns None and updates a Mean metric; steps run in a tf.range loop."""

@@ -4,7 +4,9 @@ Which value is a replica's loss: in every training loop it is the target of
 ``GradientTape.gradient`` in that replica, so that is what is captured — unless Keras computed it
 (``Trainer._compute_loss`` from Keras 3.5, ``Trainer.compute_loss`` before; tf_keras'
 ``Model.compute_loss``), in which case Keras' own value, unscaled the way Keras' loss tracker
-unscales it, is taken (the gradient target there may carry loss scaling).
+unscales it, is taken (the gradient target there may carry loss scaling). A gradient target that
+a loss-scale optimizer made (mixed precision: Keras 3's ``scale_loss``, tf_keras'
+``get_scaled_loss``) is the loss times the scale: the loss it was made from is taken.
 
 Where it is kept:
 - traced (inside a tf.function): assigned into a variable with ``synchronization=ON_READ,
@@ -109,6 +111,9 @@ class ReplicaLossProbe:
         self._in_run = threading.local()
         # The loss tensors captured while tracing, to recognise them in strategy.reduce.
         self._captured: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        # Loss-scaled tensors (id -> the scaled tensor, id -> the loss it was made from).
+        self._scaled: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        self._unscaled: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         probe.loss_reader = self.read_for
         probe.gradient_hooks.append(self.on_gradient)
 
@@ -185,7 +190,7 @@ class ReplicaLossProbe:
             if keras is not None and keras[0] is graph:
                 self.capture(keras[1], graph, keras_value=True)
             else:
-                self.capture(_first_float(target), graph, scaled=scaled)
+                self.capture(self.unscaled(_first_float(target)), graph, scaled=scaled)
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
 
@@ -224,6 +229,24 @@ class ReplicaLossProbe:
         probe.mark("loss_scaled", scaled and not keras_value)
         if keras_value:
             probe.mark("loss_reduce", MEAN)  # Keras logs the mean over replicas
+
+    def note_loss_scaled(self, loss: Any, scaled: Any) -> None:
+        """A loss-scale optimizer made ``scaled`` from ``loss`` (mixed precision)."""
+        if scaled is loss or loss is None:
+            return
+        try:
+            self._scaled[id(scaled)] = scaled
+            self._unscaled[id(scaled)] = loss
+        except TypeError:  # not weak-referenceable: the gradient target is taken as it is
+            pass
+
+    def unscaled(self, target: Any) -> Any:
+        """The loss a loss-scaled gradient target was made from (else the target itself)."""
+        if target is not None and self._scaled.get(id(target)) is target:
+            loss = self._unscaled.get(id(target))
+            if loss is not None:
+                return _first_float(loss)
+        return target
 
     def note_scaled(self) -> None:
         """compute_average_loss / scale_regularization_loss ran in this replica."""
@@ -335,6 +358,21 @@ class ReplicaLossProbe:
 
         return compute_loss
 
+    def make_loss_scale_wrapper(self, original: Callable) -> Callable:
+        """``optimizer.scale_loss(loss)`` / ``get_scaled_loss(loss)``: remember what it scaled."""
+        this = self
+
+        def scale(optimizer, loss, *args, **kwargs):
+            scaled = original(optimizer, loss, *args, **kwargs)
+            if this.agent.enabled(PROBE):
+                try:
+                    this.note_loss_scaled(loss, scaled)
+                except Exception as e:
+                    this.agent.probe_failed(PROBE, e)
+            return scaled
+
+        return scale
+
     def make_scaling_wrapper(self, original: Callable) -> Callable:
         this = self
 
@@ -383,6 +421,7 @@ def install(agent: "Agent", patches, probe: "StepProbe", announce: Callable[[Any
                 patches.wrap(cls, "run", rl.make_run_wrapper)
     _install_scaling(patches, rl)
     _install_keras(agent, patches, rl)
+    _install_loss_scale(agent, patches, rl)
     return rl
 
 
@@ -396,6 +435,34 @@ def _install_scaling(patches, rl: ReplicaLossProbe) -> None:
         for name in ("compute_average_loss", "scale_regularization_loss"):
             if getattr(owner, name, None) is not None:
                 patches.wrap(owner, name, rl.make_scaling_wrapper)
+
+
+#: Where loss-scale optimizers scale a loss (mixed precision), and with what method: Keras 3
+#: (``BaseOptimizer.scale_loss`` applies an optional ``loss_scale_factor``) and tf_keras.
+LOSS_SCALE_METHODS = (
+    ("keras.src.optimizers.base_optimizer", ("BaseOptimizer",), "scale_loss"),
+    ("keras.src.optimizers.loss_scale_optimizer", ("LossScaleOptimizer",), "scale_loss"),
+    ("tf_keras.src.mixed_precision.loss_scale_optimizer",
+     ("BaseLossScaleOptimizer", "LossScaleOptimizer", "LossScaleOptimizerV3"), "get_scaled_loss"),
+)
+
+
+def _install_loss_scale(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
+    """Patches each class's own loss-scaling method when the script imports its module (never
+    importing Keras or tf_keras for it)."""
+    from tpuwatch.agent import post_import
+
+    def patcher(class_names: tuple[str, ...], method: str) -> Callable[[Any], None]:
+        def patch(module: Any) -> None:
+            for name in class_names:
+                cls = getattr(module, name, None)
+                if cls is not None and method in vars(cls):
+                    patches.wrap(cls, method, rl.make_loss_scale_wrapper)
+
+        return patch
+
+    for module, class_names, method in LOSS_SCALE_METHODS:
+        post_import.when_imported(module, patcher(class_names, method), lambda e: agent.probe_failed(PROBE, e))
 
 
 def _unscale_tf_keras(loss):
