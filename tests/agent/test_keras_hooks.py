@@ -91,7 +91,7 @@ def test_plain_logs():
 
 @pytest.mark.parametrize(("logged", "says"), [(8.0, True), (2.0, False), (2.00001, False)])
 def test_a_logged_loss_summed_over_replicas_is_explained_once(tmp_path, logged, says):
-    """Keras 3.0 (TF 2.16's first Keras) sums its logs over replicas, TPUs included: with 4 replicas
+    """Keras 3.0-3.2 (TF 2.16's first Keras) sum their logs over replicas, TPUs included: with 4 replicas
     whose mean is 2.0 its progress bar says 8.0. Seen on Keras 3.0.5 + TF 2.16.2 with the agent's
     own fit test script; later Keras versions log the mean, so this is the decision alone, on the
     values a run's first batch gives it."""
@@ -109,6 +109,17 @@ def test_a_logged_loss_summed_over_replicas_is_explained_once(tmp_path, logged, 
     assert len(notes) == (1 if says else 0), notes
     if says:
         assert "summed over the 4 replicas" in notes[0].message and "8 at step 5" in notes[0].message
+
+
+@pytest.mark.parametrize(("version", "sums"), [
+    ("3.0.5", True), ("3.1.1", True), ("3.2.1", True), ("3.3.3", False), ("3.6.0", False), ("3.15.1", False),
+    ("tf_keras 2.21.0", False), (None, False),
+])
+def test_only_the_keras_versions_that_sum_their_logs_are_checked(version, sums):
+    """Keras 3.0-3.2 turn "auto" into "sum" in reduce_per_replica (read in their sources); 3.3 and
+    later average. A tf_keras train_step's compiled loss is 1/N of its logged loss, which once made
+    the check say, wrongly, that Keras sums."""
+    assert keras_hooks.sums_logs_over_replicas(version) is sums
 
 
 def test_patches_a_module_when_it_is_imported_later(tmp_path, monkeypatch):

@@ -193,13 +193,7 @@ def test_fit_with_validation_callbacks_and_a_reloaded_model(tmp_path):
     assert run.printed(r"Reloaded eval loss")
     assert_common(run, steps=10, replicas=4)
     # Keras logs the running mean of the epoch's loss: each step's own loss follows from it.
-    running: dict[int, float] = {}
-    for epoch, batch, value in run.printed(r"epoch (\d+) batch (\d+) running_loss (\S+)"):
-        running[(int(epoch) - 1) * 5 + int(batch)] = float(value)
-    printed = {}
-    for step, mean in running.items():
-        k = (step - 1) % 5 + 1
-        printed[step] = k * mean - (k - 1) * running[step - 1] if k > 1 else mean
+    printed = _steps_from_running_means(run, 5)
     recorded = {s.step: s.loss for s in run.steps}
     for step, value in printed.items():
         assert recorded[step] == pytest.approx(value, rel=2e-5, abs=2e-5), (step, recorded[step], value)
@@ -211,6 +205,36 @@ def test_fit_with_validation_callbacks_and_a_reloaded_model(tmp_path):
     ends = [e for e in run.of(protocol.Epoch) if e.phase == "end"]
     assert [e.logs["learning_rate"] for e in ends] == pytest.approx(printed_lr, rel=1e-6)
     assert all("val_loss" in e.logs for e in ends)
+
+
+def _steps_from_running_means(run: CorpusRun, steps_per_epoch: int) -> dict[int, float]:
+    """Each step's own loss, from the running mean of its epoch that Keras logs after it."""
+    running: dict[int, float] = {}
+    for epoch, batch, value in run.printed(r"epoch (\d+) batch (\d+) running_loss (\S+)"):
+        running[(int(epoch) - 1) * steps_per_epoch + int(batch)] = float(value)
+    steps = {}
+    for step, mean in running.items():
+        k = (step - 1) % steps_per_epoch + 1
+        steps[step] = k * mean - (k - 1) * running[step - 1] if k > 1 else mean
+    return steps
+
+
+@pytest.mark.parametrize("variant", ["keras3", "keras3_mixed", "tf_keras"])
+def test_overridden_train_step_loss_is_what_keras_logs(tmp_path, variant):
+    """The "Customizing fit" guide's train_step under MirroredStrategy: Keras 3's compute_loss (with
+    and without mixed precision's scale_loss), tf_keras' compiled_loss (which divides the loss by the
+    replicas for the gradient, but logs it whole). The loss shown is the one Keras logs."""
+    args = ["--replicas", "4", "--epochs", "2", "--steps", "4"] + (["--mixed"] if variant == "keras3_mixed" else [])
+    run = run_corpus(tmp_path, "custom_train_step.py", *args,
+                     env={"TF_USE_LEGACY_KERAS": "1"} if variant == "tf_keras" else None)
+    assert_common(run, steps=8, replicas=4)
+    printed = _steps_from_running_means(run, 4)
+    assert len(printed) == 8, run.describe()
+    recorded = {s.step: s.loss for s in run.steps}
+    for step, value in printed.items():
+        assert recorded[step] == pytest.approx(value, rel=2e-5, abs=2e-5), (step, recorded[step], value)
+    # No warning that Keras sums its logs over replicas: it does not here.
+    assert not [e for e in run.of(protocol.Event) if e.source == "keras"], run.of(protocol.Event)
 
 
 def test_several_phases_in_one_script(tmp_path):

@@ -80,6 +80,16 @@ def keras_of(cls: type) -> str | None:
     return version if package == "keras" else f"{package} {version}"
 
 
+def sums_logs_over_replicas(version: str | None) -> bool:
+    """Whether this Keras reduces fit's logs by summing the replicas' values: Keras 3.0-3.2 (their
+    ``reduce_per_replica`` turns "auto" into "sum", TPUs included). Keras 3.3 and later average
+    them (TPUs: replica 0's), and tf_keras' logs are its synchronised metrics."""
+    if not version or not version[:1].isdigit():
+        return False  # tf_keras ("tf_keras 2.21.0") or unknown
+    parts = version.split(".")
+    return parts[0] == "3" and len(parts) > 1 and parts[1] in ("0", "1", "2")
+
+
 class KerasHooks:
     def __init__(self, agent: "Agent") -> None:
         self.agent = agent
@@ -89,11 +99,12 @@ class KerasHooks:
     def check_logged_loss(self, logs: Any) -> None:
         """After a batch: is Keras' logged loss the replicas' losses summed, not their mean?
 
-        Keras 3.0 reduces its logs by summing each replica's values (its "auto" is "sum", TPUs
-        included), so its progress bar shows N times the loss the model computes, and every
-        metric N times too (seen on Keras 3.0.5 + TF 2.16.2; 3.3 and later average). The agent keeps each replica's own mean;
-        this says, once, why the two numbers differ. Done at the first batch whose losses were
-        read (a run's first records always are)."""
+        Keras 3.0-3.2 reduce their logs by summing each replica's values (their "auto" is "sum",
+        TPUs included), so the progress bar shows N times the loss the model computes, and every
+        metric N times too (seen on Keras 3.0.5 + TF 2.16.2; 3.3 and later average). The agent
+        keeps each replica's own mean; this says, once, why the two numbers differ. Done at the
+        first batch whose losses were read (a run's first records always are), and only for the
+        Keras versions that sum (``sums_logs_over_replicas``)."""
         last = self.agent.step_probe.last_loss if self.agent.step_probe is not None else None
         if self.logs_checked or last is None or not isinstance(logs, dict) or "loss" not in logs:
             return
@@ -107,8 +118,8 @@ class KerasHooks:
             self.agent.event("warning", "keras", (
                 f"Keras logs the loss summed over the {replicas} replicas, not their mean: its progress "
                 f"bar shows {logged:.6g} at step {step}, {replicas}x the {mean:.6g} the model computes (and "
-                f"its metrics {replicas}x too). tpuwatch shows each replica's own mean. Keras 3.0 sums its "
-                f"logs over replicas; Keras 3.3 and later average them."))
+                f"its metrics {replicas}x too). tpuwatch shows each replica's own mean. Keras 3.0-3.2 sum "
+                f"their logs over replicas; Keras 3.3 and later average them."))
 
     def train_begin(self, callbacks: Any) -> None:
         params = getattr(callbacks, "params", None) or {}
@@ -191,9 +202,11 @@ def patch_callback_list(agent: "Agent", patches: "Patches", hooks: KerasHooks, c
 
         return on_epoch
 
+    summing = sums_logs_over_replicas(keras_of(cls))
+
     def make_batch_end(original):
         def on_train_batch_end(self, *args, **kwargs):
-            if not hooks.logs_checked and agent.enabled(PROBE):
+            if summing and not hooks.logs_checked and agent.enabled(PROBE):
                 try:
                     hooks.check_logged_loss(_arg(args, kwargs, 1, "logs"))
                 except Exception as e:

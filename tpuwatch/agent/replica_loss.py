@@ -3,7 +3,7 @@
 Which value is a replica's loss: in every training loop it is the target of
 ``GradientTape.gradient`` in that replica, so that is what is captured — unless Keras computed it
 (``Trainer._compute_loss`` from Keras 3.5, ``Trainer.compute_loss`` before; tf_keras'
-``Model.compute_loss``), in which case Keras' own value, unscaled the way Keras' loss tracker
+compiled loss, ``LossesContainer.__call__``), in which case Keras' own value, unscaled the way Keras' loss tracker
 unscales it, is taken (the gradient target there may carry loss scaling). A gradient target that
 a loss-scale optimizer made (mixed precision: Keras 3's ``scale_loss``, tf_keras'
 ``get_scaled_loss``) is the loss times the scale: the loss it was made from is taken.
@@ -348,7 +348,7 @@ class ReplicaLossProbe:
 
         def compute_loss(model, *args, **kwargs):
             loss = original(model, *args, **kwargs)
-            if kwargs.get("training", True) is False or not this.agent.enabled(PROBE):
+            if loss is None or kwargs.get("training", True) is False or not this.agent.enabled(PROBE):
                 return loss  # a disabled probe adds no op to the step (the unscale below is two)
             try:
                 this.keep_keras_loss(unscale(loss) if unscale is not None else loss)
@@ -466,7 +466,7 @@ def _install_loss_scale(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
 
 
 def _unscale_tf_keras(loss):
-    """tf_keras divides each replica's loss by the replicas in sync (losses_utils.
+    """tf_keras' compiled loss divides each replica's loss by the replicas in sync (losses_utils.
     scale_loss_for_distribution); its loss metric, like ours, is the unscaled value."""
     import tensorflow as tf
 
@@ -493,13 +493,14 @@ def _install_keras(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
         except Exception as e:
             agent.event("info", f"probe:{PROBE}", f"Keras 3 loss hook not installed ({type(e).__name__}: {e}); "
                                                   "using the gradient target")
-    # Legacy Keras 2 (tf_keras): patch only when the script selects it, to avoid importing it.
-    import os
+    # Legacy Keras 2 (tf_keras), when the script imports it (with TF_USE_LEGACY_KERAS=1 or directly):
+    # its compiled loss, which Model.compute_loss calls and an overridden train_step may call itself.
+    from tpuwatch.agent import post_import
 
-    if os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true") and importlib.util.find_spec("tf_keras"):
-        try:
-            from tf_keras.src.engine import training as tfk_training
+    def patch_tf_keras(compile_utils: Any) -> None:
+        patches.wrap(compile_utils.LossesContainer, "__call__",
+                     lambda orig: rl.make_compute_loss_wrapper(orig, _unscale_tf_keras))
 
-            patches.wrap(tfk_training.Model, "compute_loss", lambda orig: rl.make_compute_loss_wrapper(orig, _unscale_tf_keras))
-        except Exception as e:
-            agent.event("info", f"probe:{PROBE}", f"tf_keras loss hook not installed ({type(e).__name__}: {e})")
+    post_import.when_imported("tf_keras.src.engine.compile_utils", patch_tf_keras,
+                              lambda e: agent.event("info", f"probe:{PROBE}", f"tf_keras loss hook not installed "
+                                                                              f"({type(e).__name__}: {e})"))
