@@ -219,3 +219,19 @@ def test_the_last_steps_losses_read_after_it_make_it_current():
     # A late read for an older step never replaces a newer loss.
     s.apply(protocol.StepLoss(t=mr.T0 + 1.03, step=149, loss=9.0, replica_losses=(9.0, 9.0, 9.0, 9.0)))
     assert s.snapshot(mr.T0 + 2).loss == pytest.approx(0.25)
+
+
+def test_space_that_returns_just_before_the_end_is_said(tmp_path, monkeypatch):
+    """CI: the script freed the disk and ended within the viewer's one-second disk check, so
+    "is full" was the last word on the disk. The end checks once more."""
+    disk = iter(["the disk holding x is full: ...", ""])
+    monkeypatch.setattr(headless, "full_note", lambda path: next(disk, ""))
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(encode_all(mr.healthy_messages(10)))
+    alive = iter([True])
+    out = io.StringIO()
+    ft = FakeTime()
+    headless.follow(path, lambda: next(alive, False), out=out, clock=ft.clock, sleep=ft.sleep, poll_s=0.0)
+    lines = out.getvalue().splitlines()
+    assert "tpuwatch: the disk holding x is full: ..." in lines
+    assert "tpuwatch: the disk has space again" in lines, lines

@@ -224,7 +224,8 @@ def follow_group(
     ``record_findings`` receives new findings to record (the owner writes them into the
     recording of the worker each concerns). A worker whose recording ends without an exit
     record is reported lost; the others keep their own end. ``watch_disk``: say once (a line)
-    when the disk holding it fills up, and once when space returns (one statvfs a second).
+    when the disk holding it fills up, and once when space returns (one statvfs a second, and
+    one more at the end if the disk was last seen full).
     """
     state = RunState(clock=clock)
     diag = FindingsFeed(clock, on_new=record_findings)
@@ -232,6 +233,13 @@ def follow_group(
     last_key: tuple | None = None
     disk_note = ""
     next_disk_check = 0.0
+
+    def check_disk() -> None:
+        nonlocal disk_note
+        note = full_note(watch_disk) if watch_disk is not None else ""
+        if note != disk_note:
+            print(f"tpuwatch: {note}" if note else "tpuwatch: the disk has space again", file=out, flush=True)
+            disk_note = note
 
     def take(tagged: Sequence[Tagged]) -> None:
         for worker, msg in tagged:
@@ -247,14 +255,13 @@ def follow_group(
             if source.caught_up:
                 break
         if not alive:
+            if disk_note:  # space that returned within the last check's second is said too
+                check_disk()
             break
         now = clock()
-        if watch_disk is not None and now >= next_disk_check:
+        if now >= next_disk_check:
             next_disk_check = now + 1.0
-            note = full_note(watch_disk)
-            if note != disk_note:
-                print(f"tpuwatch: {note}" if note else "tpuwatch: the disk has space again", file=out, flush=True)
-                disk_note = note
+            check_disk()
         if diag.evaluate(state, now):
             take([])
         if now >= next_print:
