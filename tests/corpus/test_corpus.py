@@ -341,3 +341,26 @@ def test_step_counts_follow_where_the_step_sits(tmp_path, shape, expected):
     assert sum(s.steps for s in recorded) == expected[-1]
     assert not [e for e in run.of(protocol.Event) if e.level in ("warning", "error") and e.source.startswith("probe")], \
         run.of(protocol.Event)
+
+
+@pytest.mark.parametrize("shape", ["walkthrough", "accumulate", "fit"])
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
+def test_an_eager_loop_counts_its_updates(tmp_path, shape, legacy):
+    """No tf.function at all (TF's custom training walkthrough; Keras' loop from scratch before it
+    adds one; fit with run_eagerly=True): each optimizer update is a step, with the loss the script
+    computed for it; several micro-batches' gradients before one update are one step; a gradient
+    with respect to the input and no update (FGSM) is none. Before: no step at all."""
+    run = run_corpus(tmp_path, "eager_loop.py", "--shape", shape, "--epochs", "2", "--batches", "5",
+                     env={"TF_USE_LEGACY_KERAS": "1"} if legacy else None)
+    (updates,) = [int(u) for (u,) in run.printed(r"^updates (\d+)")]
+    assert updates == 10
+    assert_common(run, steps=10, replicas=1, strategy="_DefaultDistributionStrategy")
+    if shape == "fit":
+        printed = _steps_from_running_means(run, 5)
+        recorded = {s.step: s.loss for s in run.steps}
+        assert sorted(printed) == sorted(recorded)
+        for step, value in printed.items():
+            assert recorded[step] == pytest.approx(value, rel=2e-5, abs=2e-5), (step, recorded[step], value)
+    else:
+        assert_losses_equal(run, {int(step): float(loss) for step, loss in run.printed(r"^step (\d+) loss (\S+)")})
+    assert all(s.step_time_s > 0 for s in run.steps)

@@ -206,7 +206,9 @@ class ReplicaLossProbe:
             return
         probe = self.probe
         if graph is None:
-            if not probe.in_eager_run:  # an eager loop that is no step: nothing to read it
+            if not probe.in_eager_run:  # a loop with no tf.function: its first gradient's loss
+                if probe.current_top is None and probe.eager_loop_loss is None:
+                    probe.eager_loop_loss = loss
                 return
             rid = int(ctx.replica_id_in_sync_group)
             if rid not in probe.eager_losses:

@@ -7,6 +7,12 @@ functions are not. A top-level eager call of a step function is one record (``st
 the call runs several training steps: Keras ``steps_per_execution`` or a ``tf.range`` loop, counted
 in-graph). An eager ``strategy.run`` whose replicas compute gradients is a step too.
 
+A loop with no tf.function at all (TF's custom training walkthrough) has no call to time: there a
+step is an eager optimizer update (Keras 3 ``apply``, tf_keras ``apply_gradients``) after at least
+one eager gradient, timed from the first gradient tape opened since the last step; its loss is the
+first of those gradients' target. An update whose gradients a tf.function computed was counted
+with that function; a gradient with no update (an FGSM probe) is no step.
+
 Per-step figures that live inside the compiled function (input wait, training steps run, examples)
 are accumulated in-graph (:mod:`tpuwatch.agent.accumulator`), read once after each step call;
 per-replica losses come from :mod:`tpuwatch.agent.replica_loss`. Only training counts: the
@@ -84,6 +90,12 @@ class StepProbe:
         self._gradient_graphs: weakref.WeakSet = weakref.WeakSet()
         # Graph -> the second timestamp of its last timed in-graph fetch (see input_wait, _after).
         self.fetch_timed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # An eager loop's step in progress (see eager_applied): when its first tape opened, whether
+        # an eager gradient ran, the loss tensor of the first one, and optimizer-update nesting.
+        self.eager_step_start: float | None = None
+        self.eager_gradients = False
+        self.eager_loop_loss: Any = None
+        self._applying = 0
 
     # --- flags ------------------------------------------------------------------------------
 
@@ -371,6 +383,85 @@ class StepProbe:
             self._config_batch = examples
             agent.emit(Config(t=agent.clock(), global_batch_size=examples))
 
+    # --- loops with no tf.function ----------------------------------------------------------
+
+    def eager_top(self) -> bool:
+        """Eager code outside any step being measured (a tf.function call, an eager
+        ``strategy.run``, a ``tpuwatch.step()``)."""
+        from tensorflow.python.eager import context
+
+        return self.current_top is None and not self.in_eager_run and context.executing_eagerly()
+
+    def tape_entered(self) -> None:
+        """An eager gradient tape opened: the first one since the last step starts the next."""
+        if self.eager_gradients or not self.eager_top():
+            return
+        if self.agent.has_pending:
+            self.agent.safe_point()
+        self.eager_step_start = self.perf()
+
+    def eager_gradient(self) -> None:
+        """An eager top-level ``tape.gradient`` ran (its loss is kept by the replica-loss probe)."""
+        if self.eager_step_start is None:  # a tape entered before the agent was installed
+            self.eager_step_start = self.perf()
+        self.eager_gradients = True
+
+    def eager_applied(self) -> None:
+        """An eager optimizer update ended: one step of a loop with no tf.function, if eager
+        gradients were computed for it (on the training thread; no I/O)."""
+        if not self.eager_gradients:
+            return
+        now = self.perf()
+        call_s = now - (self.eager_step_start if self.eager_step_start is not None else now)
+        target = self.eager_loop_loss
+        self.eager_gradients = False
+        self.eager_step_start = None
+        self.eager_loop_loss = None
+        read_all = self._read_all_left > 0
+        if read_all:
+            self._read_all_left -= 1
+        wait_s = self.eager_wait_s
+        trained = self._trained_s = self._trained_s + call_s + wait_s
+        losses = None
+        if target is not None and (read_all or trained - self._loss_read_trained >= self.loss_every_s):
+            import tensorflow as tf
+
+            losses = (float(tf.reduce_mean(tf.cast(target, tf.float32)).numpy()),)
+            self._loss_read_trained = trained
+            self._loss_read_at = now
+        if self._last_strategy is None and self.on_training_strategy is not None:
+            self._last_strategy = tf_strategy = _current_strategy()
+            self.on_training_strategy(tf_strategy)
+        self._emit("eager loop", 1, call_s + wait_s, wait_s if wait_s > 0 else None, losses, self.eager_examples)
+
+    def make_update_wrapper(self, original: Callable) -> Callable:
+        """Wraps an optimizer's update method: an eager top-level update may end a step."""
+        probe = self
+        agent = self.agent
+
+        def update(optimizer, *args, **kwargs):
+            if probe._applying or "steps" in agent._disabled:
+                return original(optimizer, *args, **kwargs)
+            try:
+                top = probe.eager_top()
+            except Exception as e:
+                agent.probe_failed("steps", e)
+                top = False
+            if not top:
+                return original(optimizer, *args, **kwargs)
+            probe._applying += 1
+            try:
+                result = original(optimizer, *args, **kwargs)
+            finally:
+                probe._applying -= 1
+            try:
+                probe.eager_applied()
+            except Exception as e:
+                agent.probe_failed("steps", e)
+            return result
+
+        return update
+
     # --- the explicit API (tpuwatch.step) ---------------------------------------------------
 
     @contextlib.contextmanager
@@ -521,6 +612,12 @@ def _outside_strategy_run() -> bool:
     return ctx is None or ctx is distribute_lib._get_default_replica_context()
 
 
+def _current_strategy() -> Any:
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()
+
+
 def _name_of(fn: Any) -> str:
     try:
         return str(fn.__name__)
@@ -543,6 +640,8 @@ def install(agent: "Agent", patches) -> StepProbe:
                 graph = current_graph()
                 if graph is not None and _outside_strategy_run():
                     probe.count_gradient_step(graph)
+                elif graph is None and probe.current_top is None and not probe.in_eager_run:
+                    probe.eager_gradient()
                 if probe.gradient_hooks:
                     target = args[0] if args else kwargs.get("target")
                     for hook in probe.gradient_hooks:
@@ -553,5 +652,47 @@ def install(agent: "Agent", patches) -> StepProbe:
 
         return gradient
 
+    def make_enter(original):
+        def __enter__(tape, *args, **kwargs):
+            try:
+                probe.tape_entered()
+            except Exception as e:
+                agent.probe_failed("steps", e)
+            return original(tape, *args, **kwargs)
+
+        return __enter__
+
     patches.wrap(backprop.GradientTape, "gradient", make_gradient)
+    patches.wrap(backprop.GradientTape, "__enter__", make_enter)
+    _install_updates(agent, patches, probe)
     return probe
+
+
+#: Optimizer methods that update the variables (the outermost call of an eager update ends a step
+#: of a loop with no tf.function): Keras 3's ``apply`` (``apply_gradients`` calls it), tf_keras'
+#: ``apply_gradients`` (``minimize`` calls it), each loss-scale optimizer's own.
+UPDATE_METHODS = (
+    ("keras.src.optimizers.base_optimizer", ("BaseOptimizer",), "apply"),
+    ("keras.src.optimizers.loss_scale_optimizer", ("LossScaleOptimizer",), "apply"),
+    ("tf_keras.src.optimizers.optimizer", ("_BaseOptimizer", "Optimizer"), "apply_gradients"),
+    ("tf_keras.src.optimizers.legacy.optimizer_v2", ("OptimizerV2",), "apply_gradients"),
+    ("tf_keras.src.mixed_precision.loss_scale_optimizer", ("LossScaleOptimizer", "LossScaleOptimizerV3"),
+     "apply_gradients"),
+)
+
+
+def _install_updates(agent: "Agent", patches, probe: StepProbe) -> None:
+    """Patches each class's own update method when the script imports its module."""
+    from tpuwatch.agent import post_import
+
+    def patcher(class_names: tuple[str, ...], method: str) -> Callable[[Any], None]:
+        def patch(module: Any) -> None:
+            for name in class_names:
+                cls = getattr(module, name, None)
+                if cls is not None and method in vars(cls):
+                    patches.wrap(cls, method, probe.make_update_wrapper)
+
+        return patch
+
+    for module, class_names, method in UPDATE_METHODS:
+        post_import.when_imported(module, patcher(class_names, method), lambda e: agent.probe_failed("steps", e))
