@@ -364,3 +364,65 @@ def test_an_eager_loop_counts_its_updates(tmp_path, shape, legacy):
     else:
         assert_losses_equal(run, {int(step): float(loss) for step, loss in run.printed(r"^step (\d+) loss (\S+)")})
     assert all(s.step_time_s > 0 for s in run.steps)
+
+
+@pytest.mark.parametrize("shape,legacy,extra", [
+    ("gan", False, []),
+    ("gan", True, []),
+    ("gan", False, ["--numpy"]),
+    ("walkthrough", False, ["--numpy"]),
+    ("adversarial", False, []),
+    ("adversarial", True, []),
+    ("adversarial", False, ["--compile"]),
+    ("compiled_grads", False, []),
+    ("minimize", True, ["--forward-sleep", "0.03"]),
+    ("minimize", True, ["--forward-sleep", "0.03", "--loss-scale"]),
+], ids=["gan-keras3", "gan-tf_keras", "gan-numpy", "walkthrough-numpy", "adversarial-keras3", "adversarial-tf_keras",
+        "adversarial-tf.function", "compiled_grads",
+        "minimize-legacy", "minimize-loss_scale"])
+def test_eager_loops_of_other_shapes(tmp_path, shape, legacy, extra):
+    """Eager loops as users write them beyond the walkthrough: a GAN's two updates on one batch are
+    one step with the discriminator's loss (as under tf.function; it counted two), from a dataset
+    or NumPy slices, and one optimizer's updates on NumPy slices after a peek at the dataset are
+    a step each; adversarial
+    training shows the loss it trains on, not the first gradient's (taken with respect to the
+    batch), eagerly or in a tf.function; an eager gradient before training does not turn a later eager update of gradients a
+    tf.function computed into an extra step; ``minimize(loss, variables, tape=tape)``, which
+    enters the script's tape again, keeps the forward pass in the step's time."""
+    run = run_corpus(tmp_path, "eager_loop.py", "--shape", shape, "--epochs", "2", "--batches", "5", *extra,
+                     env={"TF_USE_LEGACY_KERAS": "1"} if legacy else None)
+    assert run.returncode == 0, run.describe()
+    (updates,) = [int(u) for (u,) in run.printed(r"^updates (\d+)")]
+    assert updates == 10
+    assert_common(run, steps=10, replicas=1, strategy="_DefaultDistributionStrategy")
+    assert_losses_equal(run, {int(step): float(loss) for step, loss in run.printed(r"^step (\d+) loss (\S+)")})
+    if "--forward-sleep" in extra:
+        assert min(s.step_time_s for s in run.steps) >= 0.03, [s.step_time_s for s in run.steps]
+
+
+@pytest.mark.parametrize("shape,per_step,extra", [
+    ("accumulate", 3, []),
+    ("compiled_forward", 1, []),
+    ("walkthrough", 1, ["--jit-optimizer"]),
+], ids=["accumulate", "compiled_forward", "tf_keras-xla-update"])
+def test_an_eager_loops_input_wait_is_counted_once(tmp_path, shape, per_step, extra):
+    """A slow pipeline (50 ms a batch) under an eager loop: the wait is every fetch of the step,
+    counted once in its time (gradient accumulation fetches inside the step: its later fetches were
+    counted twice, ~100 ms too much), and a tf.function called inside the step (a compiled forward
+    pass; tf_keras' XLA update per variable, its default on a GPU) no longer wipes the wait and the
+    examples (they were None)."""
+    fetch = 0.05
+    run = run_corpus(tmp_path, "eager_loop.py", "--shape", shape, "--epochs", "1", "--batches", "4",
+                     "--fetch-sleep", str(fetch), *extra,
+                     env={"TF_USE_LEGACY_KERAS": "1"} if "--jit-optimizer" in extra else None)
+    assert run.returncode == 0, run.describe()
+    assert [s.step for s in run.steps] == [1, 2, 3, 4]
+    for s in run.steps:
+        assert s.examples == 32 * per_step, s
+        assert s.input_wait_s is not None and s.input_wait_s >= 0.9 * fetch * per_step, s
+        assert s.step_time_s >= s.input_wait_s, s
+    took = {int(step): float(t) for step, t in run.printed(r"^step (\d+) took (\S+)")}
+    for s in run.steps[1:]:  # the first step's interval also holds the iterator's creation
+        # At most the script's own time from one update to the next (a fetch counted twice was
+        # ~100 ms more than that).
+        assert s.step_time_s <= took[s.step] + 0.01, (s, took[s.step])

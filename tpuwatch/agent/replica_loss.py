@@ -201,15 +201,16 @@ class ReplicaLossProbe:
         import tensorflow as tf
 
         self.agent.inject_fault(PROBE)
+        probe = self.probe
+        if graph is None and not probe.in_eager_run:
+            # A loop with no tf.function (inside a strategy's scope too): its first gradient's loss.
+            if probe.current_top is None and probe.eager_loop_loss is None:
+                probe.eager_loop_loss = loss
+            return
         ctx = tf.distribute.get_replica_context()
         if ctx is None:  # cross-replica context: not a replica's loss
             return
-        probe = self.probe
         if graph is None:
-            if not probe.in_eager_run:  # a loop with no tf.function: its first gradient's loss
-                if probe.current_top is None and probe.eager_loop_loss is None:
-                    probe.eager_loop_loss = loss
-                return
             rid = int(ctx.replica_id_in_sync_group)
             if rid not in probe.eager_losses:
                 probe.eager_losses[rid] = float(tf.reduce_mean(tf.cast(loss, tf.float32)).numpy())

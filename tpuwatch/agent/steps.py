@@ -9,9 +9,15 @@ in-graph). An eager ``strategy.run`` whose replicas compute gradients is a step 
 
 A loop with no tf.function at all (TF's custom training walkthrough) has no call to time: there a
 step is an eager optimizer update (Keras 3 ``apply``, tf_keras ``apply_gradients``) after at least
-one eager gradient, timed from the first gradient tape opened since the last step; its loss is the
-first of those gradients' target. An update whose gradients a tf.function computed was counted
-with that function; a gradient with no update (an FGSM probe) is no step.
+one eager gradient with respect to variables, timed from the outermost gradient tape first opened
+since the last step, plus the input wait before that tape (a fetch inside the step is in its time
+already); its loss is the first of those gradients' target. An update by another optimizer with no
+input fetched since the last eager step (a GAN's generator update after its discriminator's, on
+one batch) belongs to that step, and its time is added to the next step's; the same optimizer
+again is the next step (a loop over NumPy slices fetches nothing). Micro-batches accumulated
+before one update are one step. An update
+whose gradients a tf.function computed was counted with that function; a gradient with respect to
+tensors only (an FGSM or gradient-penalty probe) is neither a step nor a loss, eager or traced.
 
 Per-step figures that live inside the compiled function (input wait, training steps run, examples)
 are accumulated in-graph (:mod:`tpuwatch.agent.accumulator`), read once after each step call;
@@ -96,6 +102,13 @@ class StepProbe:
         self.eager_gradients = False
         self.eager_loop_loss: Any = None
         self._applying = 0
+        self.eager_fetches = 0  # eager input fetches since the last step
+        self._eager_tape: Any = None  # weak reference to the tape that opened the step
+        self._eager_wait_at_start = 0.0  # eager input wait before that tape opened
+        self._eager_last = False  # the last step recorded was an eager loop's
+        self._eager_extra_s = 0.0  # time of later updates on that step's batch (a GAN's generator)
+        self._eager_optimizers: list[int] = []  # ids of the optimizers that updated in that step
+        self._eager_cycle = 1  # how many updates the step before it had (a GAN's: 2)
 
     # --- flags ------------------------------------------------------------------------------
 
@@ -184,9 +197,11 @@ class StepProbe:
     def make_call_wrapper(self, original: Callable) -> Callable:
         probe = self
         agent = self.agent
+        from tensorflow.python import pywrap_tfe
         from tensorflow.python.eager import context
 
         executing_eagerly = context.executing_eagerly
+        tape_set_is_empty = pywrap_tfe.TFE_Py_TapeSetIsEmpty
         disabled = agent._disabled  # read per call: a dict lookup, not a method call
         pending = agent._pending
         perf = self.perf
@@ -256,6 +271,8 @@ class StepProbe:
                     probe.record(flags, end - start, end)
                 except Exception as e:
                     agent.probe_failed("steps", e)
+            elif probe._applying or not tape_set_is_empty():
+                pass  # a helper inside an eager loop's step (its forward pass, tf_keras' XLA update)
             else:
                 # Evaluation, prediction, setup: neither their time nor their in-graph fetches
                 # belong to a training step. Training paused: the last step's losses may be due.
@@ -329,6 +346,8 @@ class StepProbe:
                 self._loss_read_at = now
                 flags["_read"] = True
         strategy = flags.get("strategy")
+        if strategy is None and self._last_strategy is None:
+            strategy = _current_strategy()  # a step with no strategy.run trains on the current one
         if strategy is not None and strategy is not self._last_strategy and self.on_training_strategy is not None:
             self._last_strategy = strategy
             self.on_training_strategy(strategy)
@@ -371,6 +390,15 @@ class StepProbe:
         agent.global_step += steps
         self.eager_wait_s = 0.0
         self.eager_examples = None
+        # Whatever kind of step this was, eager gradients before it belonged to it (or to nothing).
+        self.eager_gradients = False
+        self.eager_step_start = None
+        self.eager_loop_loss = None
+        self.eager_fetches = 0
+        self._eager_tape = None
+        self._eager_last = False
+        self._eager_extra_s = 0.0
+        self._eager_optimizers = []
         loss = None
         if losses:
             loss = sum(losses) / len(losses)
@@ -392,21 +420,48 @@ class StepProbe:
 
         return self.current_top is None and not self.in_eager_run and context.executing_eagerly()
 
-    def tape_entered(self) -> None:
-        """An eager gradient tape opened: the first one since the last step starts the next."""
+    def tape_entered(self, tape: Any) -> None:
+        """An eager gradient tape opened: the outermost one first opened since the last step starts
+        the next (a tape nested in it, or the same tape entered again by tf_keras' ``minimize(...,
+        tape=tape)``, does not)."""
         if self.eager_gradients or not self.eager_top():
             return
-        if self.agent.has_pending:
+        from tensorflow.python import pywrap_tfe
+
+        if not pywrap_tfe.TFE_Py_TapeSetIsEmpty():
+            return
+        if self._eager_tape is not None and self._eager_tape() is tape:
+            return
+        # Commands wait while the step's batch has updates to come (a checkpoint between a GAN's
+        # discriminator and generator updates would hold one updated and not the other).
+        if self.agent.has_pending and not (self._continues_step() and len(self._eager_optimizers) < self._eager_cycle):
             self.agent.safe_point()
+        self._start_eager_step()
+        try:
+            self._eager_tape = weakref.ref(tape)
+        except TypeError:
+            self._eager_tape = None
+
+    def _start_eager_step(self) -> None:
         self.eager_step_start = self.perf()
+        self._eager_wait_at_start = self.eager_wait_s
+
+    def _continues_step(self, optimizer: Any = None) -> bool:
+        """More work on the last eager step's batch: no fetch since, and (given) another optimizer."""
+        return self._eager_last and self.eager_fetches == 0 and id(optimizer) not in self._eager_optimizers
+
+    def eager_fetched(self) -> None:
+        """The script fetched a batch eagerly (the input-wait probe has added its wait)."""
+        self.eager_fetches += 1
 
     def eager_gradient(self) -> None:
-        """An eager top-level ``tape.gradient`` ran (its loss is kept by the replica-loss probe)."""
+        """An eager top-level ``tape.gradient`` with respect to variables ran (its loss is kept by
+        the replica-loss probe)."""
         if self.eager_step_start is None:  # a tape entered before the agent was installed
-            self.eager_step_start = self.perf()
+            self._start_eager_step()
         self.eager_gradients = True
 
-    def eager_applied(self) -> None:
+    def eager_applied(self, optimizer: Any) -> None:
         """An eager optimizer update ended: one step of a loop with no tf.function, if eager
         gradients were computed for it (on the training thread; no I/O)."""
         if not self.eager_gradients:
@@ -417,22 +472,35 @@ class StepProbe:
         self.eager_gradients = False
         self.eager_step_start = None
         self.eager_loop_loss = None
+        self._eager_tape = None
+        if self._continues_step(optimizer):
+            self._eager_extra_s += call_s  # counted in the next step's time
+            self._eager_optimizers.append(id(optimizer))
+            return
+        cycle = len(self._eager_optimizers) or 1
         read_all = self._read_all_left > 0
         if read_all:
             self._read_all_left -= 1
-        wait_s = self.eager_wait_s
-        trained = self._trained_s = self._trained_s + call_s + wait_s
+        wait_s = self.eager_wait_s  # every fetch of the step; those after its tape opened are in call_s
+        step_time_s = call_s + self._eager_wait_at_start + self._eager_extra_s
+        trained = self._trained_s = self._trained_s + step_time_s
         losses = None
         if target is not None and (read_all or trained - self._loss_read_trained >= self.loss_every_s):
-            import tensorflow as tf
+            try:
+                import tensorflow as tf
 
-            losses = (float(tf.reduce_mean(tf.cast(target, tf.float32)).numpy()),)
-            self._loss_read_trained = trained
-            self._loss_read_at = now
+                losses = (float(tf.reduce_mean(tf.cast(target, tf.float32)).numpy()),)
+                self._loss_read_trained = trained
+                self._loss_read_at = now
+            except Exception as e:
+                self.agent.probe_failed("replica_loss", e)
         if self._last_strategy is None and self.on_training_strategy is not None:
             self._last_strategy = tf_strategy = _current_strategy()
             self.on_training_strategy(tf_strategy)
-        self._emit("eager loop", 1, call_s + wait_s, wait_s if wait_s > 0 else None, losses, self.eager_examples)
+        self._emit("eager loop", 1, step_time_s, wait_s if wait_s > 0 else None, losses, self.eager_examples)
+        self._eager_last = True
+        self._eager_optimizers = [id(optimizer)]
+        self._eager_cycle = cycle
 
     def make_update_wrapper(self, original: Callable) -> Callable:
         """Wraps an optimizer's update method: an eager top-level update may end a step."""
@@ -455,7 +523,7 @@ class StepProbe:
             finally:
                 probe._applying -= 1
             try:
-                probe.eager_applied()
+                probe.eager_applied(optimizer)
             except Exception as e:
                 agent.probe_failed("steps", e)
             return result
@@ -625,6 +693,19 @@ def _name_of(fn: Any) -> str:
         return "tf.function"
 
 
+def _with_respect_to_variables(sources: Any) -> bool:
+    """Whether ``tape.gradient``'s sources hold anything but plain tensors (variables: tf's, Keras
+    3's, distributed ones)."""
+    import tensorflow as tf
+
+    plain = tf.Tensor
+    if isinstance(sources, (list, tuple)) and sources and not isinstance(sources[0], (list, tuple, dict)):
+        first = sources[0]  # the usual case: model.trainable_variables
+        if not isinstance(first, plain):
+            return True
+    return any(not isinstance(s, plain) for s in tf.nest.flatten(sources))
+
+
 def install(agent: "Agent", patches) -> StepProbe:
     from tensorflow.python.eager import backprop
     from tensorflow.python.eager.polymorphic_function import polymorphic_function
@@ -636,16 +717,19 @@ def install(agent: "Agent", patches) -> StepProbe:
     def make_gradient(original):
         def gradient(tape, *args, **kwargs):
             try:
-                probe.mark("training")
-                graph = current_graph()
-                if graph is not None and _outside_strategy_run():
-                    probe.count_gradient_step(graph)
-                elif graph is None and probe.current_top is None and not probe.in_eager_run:
-                    probe.eager_gradient()
-                if probe.gradient_hooks:
-                    target = args[0] if args else kwargs.get("target")
-                    for hook in probe.gradient_hooks:
-                        hook(target)
+                # A gradient with respect to tensors only (an FGSM perturbation, a gradient
+                # penalty, a saliency map) neither trains nor is the loss.
+                if _with_respect_to_variables(args[1] if len(args) > 1 else kwargs.get("sources")):
+                    probe.mark("training")
+                    graph = current_graph()
+                    if graph is not None and _outside_strategy_run():
+                        probe.count_gradient_step(graph)
+                    elif graph is None and probe.current_top is None and not probe.in_eager_run:
+                        probe.eager_gradient()
+                    if probe.gradient_hooks:
+                        target = args[0] if args else kwargs.get("target")
+                        for hook in probe.gradient_hooks:
+                            hook(target)
             except Exception as e:
                 agent.probe_failed("steps", e)
             return original(tape, *args, **kwargs)
@@ -655,7 +739,7 @@ def install(agent: "Agent", patches) -> StepProbe:
     def make_enter(original):
         def __enter__(tape, *args, **kwargs):
             try:
-                probe.tape_entered()
+                probe.tape_entered(tape)
             except Exception as e:
                 agent.probe_failed("steps", e)
             return original(tape, *args, **kwargs)

@@ -1,0 +1,88 @@
+"""Where an eager loop's steps begin and end, and where its commands run: the step probe driven
+call by call as a loop with no tf.function drives it (real tapes, real TensorFlow context; the
+corpus runs the same shapes end to end)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpuwatch.agent.runtime import Agent
+
+tf = pytest.importorskip("tensorflow")
+
+
+class _PendingAgent(Agent):
+    """An agent with a command always queued, which counts the safe points it is given."""
+
+    safe_points: list[int]
+
+    @property
+    def has_pending(self) -> bool:
+        return True
+
+    def safe_point(self) -> None:
+        self.safe_points.append(self.global_step)
+
+
+def _probe(tmp_path):
+    from tpuwatch.agent.steps import StepProbe
+
+    agent = _PendingAgent(tmp_path, "t")
+    agent.safe_points = []
+    probe = agent.step_probe = StepProbe(agent)
+    return agent, probe
+
+
+def _update(probe, optimizer, fetch: bool) -> None:
+    """One tape, one gradient with respect to variables, one eager update (after a fetch)."""
+    if fetch:
+        probe.eager_fetched()
+    probe.tape_entered(tf.GradientTape())
+    probe.eager_gradient()
+    probe.eager_applied(optimizer)
+
+
+@pytest.mark.parametrize("fetches", [True, False], ids=["dataset", "numpy"])
+def test_a_gan_batch_is_one_step_and_commands_wait_for_its_generator(tmp_path, fetches):
+    """A discriminator then a generator update on each of 4 batches: 4 steps, and a queued command
+    (a checkpoint) runs before a discriminator update, never between the two (after the first
+    batch, where the loop's shape is not known yet)."""
+    agent, probe = _probe(tmp_path)
+    d, g = object(), object()
+    for _ in range(4):
+        _update(probe, d, fetch=fetches)
+        _update(probe, g, fetch=False)
+    assert agent.global_step == 4
+    # Before each discriminator update (at global steps 0..3), and before the first generator's.
+    assert agent.safe_points == [0, 1, 1, 2, 3]
+
+
+def test_one_optimizer_without_fetches_is_a_step_per_update(tmp_path):
+    """A loop over NumPy slices (it fetched one batch from a dataset once, to look at it): each
+    update of its one optimizer is a step, and each has a safe point before it."""
+    agent, probe = _probe(tmp_path)
+    opt = object()
+    probe.eager_fetched()
+    for _ in range(5):
+        _update(probe, opt, fetch=False)
+    assert agent.global_step == 5
+    assert agent.safe_points == [0, 1, 2, 3, 4]
+
+
+def test_micro_batches_are_one_step_and_a_compiled_step_clears_eager_gradients(tmp_path):
+    """Three fetched micro-batches' gradients, one update: one step. An eager gradient, then a step
+    some other way (a tf.function's record), then an eager update of gradients that function
+    returned: no second step."""
+    agent, probe = _probe(tmp_path)
+    opt = object()
+    for _ in range(3):
+        probe.eager_fetched()
+        probe.tape_entered(tf.GradientTape())
+        probe.eager_gradient()
+    probe.eager_applied(opt)
+    assert agent.global_step == 1
+    probe.tape_entered(tf.GradientTape())
+    probe.eager_gradient()
+    probe._emit("train_step", 1, 0.01, None, None, None)  # what a tf.function step's record ends in
+    probe.eager_applied(opt)
+    assert agent.global_step == 2
