@@ -33,13 +33,13 @@ def _probe(tmp_path):
     return agent, probe
 
 
-def _update(probe, optimizer, fetch: bool) -> None:
-    """One tape, one gradient with respect to variables, one eager update (after a fetch)."""
+def _update(probe, variables: tuple[int, ...], fetch: bool) -> None:
+    """One tape, one gradient with respect to ``variables`` (ids), one eager update (after a fetch)."""
     if fetch:
         probe.eager_fetched()
     probe.tape_entered(tf.GradientTape())
-    probe.eager_gradient()
-    probe.eager_applied(optimizer)
+    probe.eager_gradient(variables)
+    probe.eager_applied()
 
 
 @pytest.mark.parametrize("fetches", [True, False], ids=["dataset", "numpy"])
@@ -48,7 +48,7 @@ def test_a_gan_batch_is_one_step_and_commands_wait_for_its_generator(tmp_path, f
     (a checkpoint) runs before a discriminator update, never between the two (after the first
     batch, where the loop's shape is not known yet)."""
     agent, probe = _probe(tmp_path)
-    d, g = object(), object()
+    d, g = (1, 2), (3, 4)  # the discriminator's variables, the generator's
     for _ in range(4):
         _update(probe, d, fetch=fetches)
         _update(probe, g, fetch=False)
@@ -57,14 +57,14 @@ def test_a_gan_batch_is_one_step_and_commands_wait_for_its_generator(tmp_path, f
     assert agent.safe_points == [0, 1, 1, 2, 3]
 
 
-def test_one_optimizer_without_fetches_is_a_step_per_update(tmp_path):
+def test_updates_of_the_same_variables_without_fetches_are_a_step_each(tmp_path):
     """A loop over NumPy slices (it fetched one batch from a dataset once, to look at it): each
-    update of its one optimizer is a step, and each has a safe point before it."""
+    update of the same variables is a step, whatever optimizer object makes it (one made anew
+    each epoch to change the learning rate), and each has a safe point before it."""
     agent, probe = _probe(tmp_path)
-    opt = object()
     probe.eager_fetched()
     for _ in range(5):
-        _update(probe, opt, fetch=False)
+        _update(probe, (1, 2), fetch=False)
     assert agent.global_step == 5
     assert agent.safe_points == [0, 1, 2, 3, 4]
 
@@ -74,15 +74,32 @@ def test_micro_batches_are_one_step_and_a_compiled_step_clears_eager_gradients(t
     some other way (a tf.function's record), then an eager update of gradients that function
     returned: no second step."""
     agent, probe = _probe(tmp_path)
-    opt = object()
     for _ in range(3):
         probe.eager_fetched()
         probe.tape_entered(tf.GradientTape())
-        probe.eager_gradient()
-    probe.eager_applied(opt)
+        probe.eager_gradient((1, 2))
+    probe.eager_applied()
     assert agent.global_step == 1
     probe.tape_entered(tf.GradientTape())
-    probe.eager_gradient()
+    probe.eager_gradient((1, 2))
     probe._emit("train_step", 1, 0.01, None, None, None)  # what a tf.function step's record ends in
-    probe.eager_applied(opt)
+    probe.eager_applied()
     assert agent.global_step == 2
+
+
+def test_an_fgsm_tape_starts_the_step_it_belongs_to(tmp_path):
+    """Adversarial training: the perturbation's tape (a gradient with respect to the batch) opens
+    the step, and the training tape after it does not restart its clock or give commands a
+    safe point; the next batch's fetch does."""
+    agent, probe = _probe(tmp_path)
+    for _ in range(2):
+        probe.eager_fetched()
+        probe.tape_entered(tf.GradientTape())
+        probe.eager_probe_gradient()
+        started = probe.eager_step_start
+        probe.tape_entered(tf.GradientTape())
+        assert probe.eager_step_start == started
+        probe.eager_gradient((1, 2))
+        probe.eager_applied()
+    assert agent.global_step == 2
+    assert agent.safe_points == [0, 1]

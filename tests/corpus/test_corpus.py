@@ -374,21 +374,28 @@ def test_an_eager_loop_counts_its_updates(tmp_path, shape, legacy):
     ("adversarial", False, []),
     ("adversarial", True, []),
     ("adversarial", False, ["--compile"]),
+    ("adversarial", False, ["--attack-sleep", "0.03"]),
+    ("embedding", False, []),
     ("compiled_grads", False, []),
     ("minimize", True, ["--forward-sleep", "0.03"]),
     ("minimize", True, ["--forward-sleep", "0.03", "--loss-scale"]),
 ], ids=["gan-keras3", "gan-tf_keras", "gan-numpy", "walkthrough-numpy", "adversarial-keras3", "adversarial-tf_keras",
-        "adversarial-tf.function", "compiled_grads",
+        "adversarial-tf.function", "adversarial-timed", "embedding", "compiled_grads",
         "minimize-legacy", "minimize-loss_scale"])
 def test_eager_loops_of_other_shapes(tmp_path, shape, legacy, extra):
-    """Eager loops as users write them beyond the walkthrough: a GAN's two updates on one batch are
-    one step with the discriminator's loss (as under tf.function; it counted two), from a dataset
-    or NumPy slices, and one optimizer's updates on NumPy slices after a peek at the dataset are
-    a step each; adversarial
-    training shows the loss it trains on, not the first gradient's (taken with respect to the
-    batch), eagerly or in a tf.function; an eager gradient before training does not turn a later eager update of gradients a
-    tf.function computed into an extra step; ``minimize(loss, variables, tape=tape)``, which
-    enters the script's tape again, keeps the forward pass in the step's time."""
+    """Loops as users write them beyond the walkthrough (each of these failed before its fix):
+    - a GAN's two updates on one batch are one step with the discriminator's loss (as under
+      tf.function; it counted two), from a dataset or NumPy slices;
+    - one model's updates on NumPy slices after a peek at the dataset are a step each;
+    - adversarial training shows the loss it trains on, not the first gradient's (taken with
+      respect to the batch), eagerly or in a tf.function, and its steps' time holds the
+      perturbation's;
+    - a tf.function whose only gradient is with respect to tensors (a TPU embedding's
+      activations) trains;
+    - an eager gradient before training does not turn a later eager update of gradients a
+      tf.function computed into an extra step;
+    - ``minimize(loss, variables, tape=tape)``, which enters the script's tape again, keeps the
+      forward pass in the step's time."""
     run = run_corpus(tmp_path, "eager_loop.py", "--shape", shape, "--epochs", "2", "--batches", "5", *extra,
                      env={"TF_USE_LEGACY_KERAS": "1"} if legacy else None)
     assert run.returncode == 0, run.describe()
@@ -396,7 +403,7 @@ def test_eager_loops_of_other_shapes(tmp_path, shape, legacy, extra):
     assert updates == 10
     assert_common(run, steps=10, replicas=1, strategy="_DefaultDistributionStrategy")
     assert_losses_equal(run, {int(step): float(loss) for step, loss in run.printed(r"^step (\d+) loss (\S+)")})
-    if "--forward-sleep" in extra:
+    if "--forward-sleep" in extra or "--attack-sleep" in extra:
         assert min(s.step_time_s for s in run.steps) >= 0.03, [s.step_time_s for s in run.steps]
 
 

@@ -176,8 +176,10 @@ class ReplicaLossProbe:
                 self.agent.event("debug", f"probe:{PROBE}", f"loss variable for {type(strategy).__name__} "
                                  f"deferred to its first trace: {type(e).__name__}: {e}")
 
-    def on_gradient(self, target: Any) -> None:
-        """``tape.gradient(target, ...)`` is being called: keep this replica's loss."""
+    def on_gradient(self, target: Any, of_variables: bool = True) -> None:
+        """``tape.gradient(target, ...)`` is being called: keep this replica's loss (a gradient
+        with respect to variables is the loss over one with respect to tensors only, an FGSM
+        perturbation's, taken before it)."""
         local = self._local
         keras = getattr(local, "keras_loss", None)
         scaled = getattr(local, "scaled", False)
@@ -188,14 +190,16 @@ class ReplicaLossProbe:
         try:
             graph = current_graph()
             if keras is not None and keras[0] is graph:
-                self.capture(keras[1], graph, keras_value=True)
+                self.capture(keras[1], graph, keras_value=True, of_variables=of_variables)
             else:
-                self.capture(self.unscaled(_first_float(target)), graph, scaled=scaled)
+                self.capture(self.unscaled(_first_float(target)), graph, scaled=scaled, of_variables=of_variables)
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
 
-    def capture(self, loss: Any, graph: Any, *, scaled: bool = False, keras_value: bool = False) -> None:
-        """Keeps ``loss`` as the current replica's loss (replica context; first one per graph)."""
+    def capture(self, loss: Any, graph: Any, *, scaled: bool = False, keras_value: bool = False,
+                of_variables: bool = True) -> None:
+        """Keeps ``loss`` as the current replica's loss (replica context; the first one per graph,
+        or the first of a gradient with respect to variables after ones that were not)."""
         if loss is None:
             return
         import tensorflow as tf
@@ -204,8 +208,10 @@ class ReplicaLossProbe:
         probe = self.probe
         if graph is None and not probe.in_eager_run:
             # A loop with no tf.function (inside a strategy's scope too): its first gradient's loss.
-            if probe.current_top is None and probe.eager_loop_loss is None:
+            if probe.current_top is None and (probe.eager_loop_loss is None
+                                              or (of_variables and not probe.eager_loop_loss_of_variables)):
                 probe.eager_loop_loss = loss
+                probe.eager_loop_loss_of_variables = of_variables
             return
         ctx = tf.distribute.get_replica_context()
         if ctx is None:  # cross-replica context: not a replica's loss
@@ -218,15 +224,15 @@ class ReplicaLossProbe:
             return
         done = getattr(self._local, "captured", None)
         if done is None:
-            done = self._local.captured = weakref.WeakSet()
-        if graph in done:
+            done = self._local.captured = weakref.WeakKeyDictionary()  # graph -> of variables
+        if graph in done and (done[graph] or not of_variables):
             return
         slot = self._slots.get(id(ctx.strategy))
         if slot is None:  # made in cross-replica context by the strategy.run wrapper or prepare
             return
         value = loss if loss.shape.rank == 0 else tf.reduce_mean(loss)
-        slot.var.assign(tf.cast(value, tf.float32))
-        done.add(graph)
+        slot.var.assign(tf.cast(value, tf.float32))  # a later assign in the graph runs later
+        done[graph] = of_variables
         self._captured[id(loss)] = loss
         probe.mark("loss", slot)
         probe.mark("loss_scaled", scaled and not keras_value)

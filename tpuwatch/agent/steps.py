@@ -11,13 +11,15 @@ A loop with no tf.function at all (TF's custom training walkthrough) has no call
 step is an eager optimizer update (Keras 3 ``apply``, tf_keras ``apply_gradients``) after at least
 one eager gradient with respect to variables, timed from the outermost gradient tape first opened
 since the last step, plus the input wait before that tape (a fetch inside the step is in its time
-already); its loss is the first of those gradients' target. An update by another optimizer with no
+already); its loss is the first of those gradients' target. An update of other variables with no
 input fetched since the last eager step (a GAN's generator update after its discriminator's, on
-one batch) belongs to that step, and its time is added to the next step's; the same optimizer
-again is the next step (a loop over NumPy slices fetches nothing). Micro-batches accumulated
-before one update are one step. An update
-whose gradients a tf.function computed was counted with that function; a gradient with respect to
-tensors only (an FGSM or gradient-penalty probe) is neither a step nor a loss, eager or traced.
+one batch) belongs to that step, and its time is added to the next step's; an update of the same
+variables again is the next step (a loop over NumPy slices fetches nothing). Micro-batches
+accumulated before one update are one step. An update whose gradients a tf.function computed was
+counted with that function. A gradient with respect to tensors only (an FGSM perturbation, a
+gradient penalty) is no eager step, though its tape is part of the next one; its target is the
+loss shown only if no gradient with respect to variables follows (traced, it trains: a TPU
+embedding's activations).
 
 Per-step figures that live inside the compiled function (input wait, training steps run, examples)
 are accumulated in-graph (:mod:`tpuwatch.agent.accumulator`), read once after each step call;
@@ -70,8 +72,9 @@ class StepProbe:
         self.acc_last: Any = None
         self.loss_reader: Callable[[dict], tuple[float, ...] | None] | None = None  # from a function's flags
         self.eager_losses: dict[int, float] = {}
-        # Called on each tape.gradient(target, ...) with the target (the loss in every training loop).
-        self.gradient_hooks: list[Callable[[Any], None]] = []
+        # Called on each tape.gradient(target, sources) with the target (the loss in every training
+        # loop) and whether any source is a variable.
+        self.gradient_hooks: list[Callable[[Any, bool], None]] = []
         # Called with the strategy object of a step that trained (topology follows training).
         self.on_training_strategy: Callable[[Any], None] | None = None
         self.step_context: Callable[[int], ContextManager] | None = None  # set by the profiler
@@ -101,14 +104,21 @@ class StepProbe:
         self.eager_step_start: float | None = None
         self.eager_gradients = False
         self.eager_loop_loss: Any = None
+        self.eager_loop_loss_of_variables = False
         self._applying = 0
         self.eager_fetches = 0  # eager input fetches since the last step
         self._eager_tape: Any = None  # weak reference to the tape that opened the step
         self._eager_wait_at_start = 0.0  # eager input wait before that tape opened
         self._eager_last = False  # the last step recorded was an eager loop's
         self._eager_extra_s = 0.0  # time of later updates on that step's batch (a GAN's generator)
-        self._eager_optimizers: list[int] = []  # ids of the optimizers that updated in that step
-        self._eager_cycle = 1  # how many updates the step before it had (a GAN's: 2)
+        # Which variables (ids of the first and last source of each gradient) the gradients of the
+        # step in progress, and of that step, were taken with respect to; its updates, and how
+        # many updates the step before it had (a GAN's: 2).
+        self._window_vars: set[int] = set()
+        self._step_vars: set[int] = set()
+        self._step_updates = 0
+        self._eager_cycle = 1
+        self._eager_held_at: int | None = None  # fetch count when a tensors-only gradient held the clock
 
     # --- flags ------------------------------------------------------------------------------
 
@@ -394,11 +404,15 @@ class StepProbe:
         self.eager_gradients = False
         self.eager_step_start = None
         self.eager_loop_loss = None
+        self.eager_loop_loss_of_variables = False
         self.eager_fetches = 0
         self._eager_tape = None
         self._eager_last = False
         self._eager_extra_s = 0.0
-        self._eager_optimizers = []
+        self._window_vars = set()
+        self._step_vars = set()
+        self._step_updates = 0
+        self._eager_held_at = None
         loss = None
         if losses:
             loss = sum(losses) / len(losses)
@@ -432,9 +446,11 @@ class StepProbe:
             return
         if self._eager_tape is not None and self._eager_tape() is tape:
             return
+        if self._eager_held_at is not None and self._eager_held_at == self.eager_fetches:
+            return  # after an FGSM-style gradient on this batch: the step began at its tape
         # Commands wait while the step's batch has updates to come (a checkpoint between a GAN's
         # discriminator and generator updates would hold one updated and not the other).
-        if self.agent.has_pending and not (self._continues_step() and len(self._eager_optimizers) < self._eager_cycle):
+        if self.agent.has_pending and not (self._continues_step() and self._step_updates < self._eager_cycle):
             self.agent.safe_point()
         self._start_eager_step()
         try:
@@ -446,22 +462,31 @@ class StepProbe:
         self.eager_step_start = self.perf()
         self._eager_wait_at_start = self.eager_wait_s
 
-    def _continues_step(self, optimizer: Any = None) -> bool:
-        """More work on the last eager step's batch: no fetch since, and (given) another optimizer."""
-        return self._eager_last and self.eager_fetches == 0 and id(optimizer) not in self._eager_optimizers
+    def _continues_step(self) -> bool:
+        """More work on the last eager step's batch: no fetch since, and (once the gradients are
+        known) other variables."""
+        return self._eager_last and self.eager_fetches == 0 and not (self._window_vars & self._step_vars)
 
     def eager_fetched(self) -> None:
         """The script fetched a batch eagerly (the input-wait probe has added its wait)."""
         self.eager_fetches += 1
 
-    def eager_gradient(self) -> None:
+    def eager_gradient(self, variables: tuple[int, ...]) -> None:
         """An eager top-level ``tape.gradient`` with respect to variables ran (its loss is kept by
-        the replica-loss probe)."""
+        the replica-loss probe); ``variables``: ids of its first and last source."""
         if self.eager_step_start is None:  # a tape entered before the agent was installed
             self._start_eager_step()
         self.eager_gradients = True
+        self._window_vars.update(variables)
 
-    def eager_applied(self, optimizer: Any) -> None:
+    def eager_probe_gradient(self) -> None:
+        """An eager top-level gradient with respect to tensors only (an FGSM perturbation): no
+        step, but the work of the one that follows on this batch (the clock runs on)."""
+        if self.eager_step_start is None:
+            self._start_eager_step()
+        self._eager_held_at = self.eager_fetches
+
+    def eager_applied(self) -> None:
         """An eager optimizer update ended: one step of a loop with no tf.function, if eager
         gradients were computed for it (on the training thread; no I/O)."""
         if not self.eager_gradients:
@@ -472,12 +497,16 @@ class StepProbe:
         self.eager_gradients = False
         self.eager_step_start = None
         self.eager_loop_loss = None
+        self.eager_loop_loss_of_variables = False
         self._eager_tape = None
-        if self._continues_step(optimizer):
+        self._eager_held_at = None
+        window_vars, self._window_vars = self._window_vars, set()
+        if self._eager_last and self.eager_fetches == 0 and not (window_vars & self._step_vars):
             self._eager_extra_s += call_s  # counted in the next step's time
-            self._eager_optimizers.append(id(optimizer))
+            self._step_vars |= window_vars
+            self._step_updates += 1
             return
-        cycle = len(self._eager_optimizers) or 1
+        cycle = self._step_updates or 1
         read_all = self._read_all_left > 0
         if read_all:
             self._read_all_left -= 1
@@ -499,7 +528,8 @@ class StepProbe:
             self.on_training_strategy(tf_strategy)
         self._emit("eager loop", 1, step_time_s, wait_s if wait_s > 0 else None, losses, self.eager_examples)
         self._eager_last = True
-        self._eager_optimizers = [id(optimizer)]
+        self._step_vars = window_vars
+        self._step_updates = 1
         self._eager_cycle = cycle
 
     def make_update_wrapper(self, original: Callable) -> Callable:
@@ -523,7 +553,7 @@ class StepProbe:
             finally:
                 probe._applying -= 1
             try:
-                probe.eager_applied(optimizer)
+                probe.eager_applied()
             except Exception as e:
                 agent.probe_failed("steps", e)
             return result
@@ -693,17 +723,19 @@ def _name_of(fn: Any) -> str:
         return "tf.function"
 
 
-def _with_respect_to_variables(sources: Any) -> bool:
-    """Whether ``tape.gradient``'s sources hold anything but plain tensors (variables: tf's, Keras
-    3's, distributed ones)."""
+def _variables_of(sources: Any) -> tuple[int, ...]:
+    """Ids of the first and last of ``tape.gradient``'s sources if any of them is not a plain
+    tensor (a variable: tf's, Keras 3's, distributed), else ``()``: a gradient with respect to
+    tensors only."""
     import tensorflow as tf
 
     plain = tf.Tensor
-    if isinstance(sources, (list, tuple)) and sources and not isinstance(sources[0], (list, tuple, dict)):
-        first = sources[0]  # the usual case: model.trainable_variables
-        if not isinstance(first, plain):
-            return True
-    return any(not isinstance(s, plain) for s in tf.nest.flatten(sources))
+    flat = sources if isinstance(sources, list) and sources and not isinstance(sources[0], (list, tuple, dict)) \
+        else tf.nest.flatten(sources)
+    for s in flat:
+        if not isinstance(s, plain):
+            return (id(flat[0]), id(flat[-1]))
+    return ()
 
 
 def install(agent: "Agent", patches) -> StepProbe:
@@ -717,19 +749,25 @@ def install(agent: "Agent", patches) -> StepProbe:
     def make_gradient(original):
         def gradient(tape, *args, **kwargs):
             try:
-                # A gradient with respect to tensors only (an FGSM perturbation, a gradient
-                # penalty, a saliency map) neither trains nor is the loss.
-                if _with_respect_to_variables(args[1] if len(args) > 1 else kwargs.get("sources")):
+                variables = _variables_of(args[1] if len(args) > 1 else kwargs.get("sources"))
+                graph = current_graph()
+                if graph is None and probe.current_top is None and not probe.in_eager_run:
+                    # An eager loop's gradient: with respect to tensors only (FGSM), it is no step.
+                    if variables:
+                        probe.mark("training")
+                        probe.eager_gradient(variables)
+                    else:
+                        probe.eager_probe_gradient()
+                else:
+                    # Traced (or in an eager strategy.run), every gradient trains: a TPU
+                    # embedding's is taken with respect to its activations.
                     probe.mark("training")
-                    graph = current_graph()
                     if graph is not None and _outside_strategy_run():
                         probe.count_gradient_step(graph)
-                    elif graph is None and probe.current_top is None and not probe.in_eager_run:
-                        probe.eager_gradient()
-                    if probe.gradient_hooks:
-                        target = args[0] if args else kwargs.get("target")
-                        for hook in probe.gradient_hooks:
-                            hook(target)
+                if probe.gradient_hooks:
+                    target = args[0] if args else kwargs.get("target")
+                    for hook in probe.gradient_hooks:
+                        hook(target, bool(variables))
             except Exception as e:
                 agent.probe_failed("steps", e)
             return original(tape, *args, **kwargs)

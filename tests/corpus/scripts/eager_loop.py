@@ -14,6 +14,9 @@ own words, synthetic penguin-like data: 4 features, 3 classes).
                          optimizer (it enters the script's tape again); ``--loss-scale`` wraps it
                          in a LossScaleOptimizer
 ``--shape compiled_forward``  the model's forward pass is a tf.function called inside the tape
+``--shape embedding``    a tf.function step in the TPU embedding guide's shape: the gradient is taken
+                         with respect to the looked-up activations (tensors), and the table is
+                         updated from it by hand
 ``--shape compiled_grads``  a tf.function returns the gradients and the update is eager, after one
                          eager gradient norm printed as a start-up check
 
@@ -22,7 +25,8 @@ its update is a tf.function called once per variable inside ``apply_gradients``.
 ``--compile`` makes the adversarial step a tf.function (the same rule holds in a graph).
 ``--numpy`` trains on NumPy slices after one batch peeked at from the dataset (no eager fetch).
 ``--fetch-sleep S`` makes every batch take S seconds to fetch (a slow input pipeline);
-``--forward-sleep S`` sleeps S seconds inside the tape, after the forward pass.
+``--forward-sleep S`` sleeps S seconds inside the tape, after the forward pass;
+``--attack-sleep S`` inside the adversarial shape's perturbation tape.
 
 Each shape also runs an FGSM-style probe after training (a gradient with respect to the input,
 no optimizer): that is not a training step. Prints ``step N loss X`` for every update (its loss
@@ -39,7 +43,8 @@ import tensorflow as tf
 
 p = argparse.ArgumentParser()
 p.add_argument("--shape", choices=("walkthrough", "accumulate", "fit", "gan", "adversarial", "minimize",
-                                   "compiled_forward", "compiled_grads"), default="walkthrough")
+                                   "compiled_forward", "compiled_grads", "embedding"),
+               default="walkthrough")
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--batches", type=int, default=5)
 p.add_argument("--micro", type=int, default=3)
@@ -49,6 +54,7 @@ p.add_argument("--loss-scale", action="store_true")
 p.add_argument("--compile", action="store_true")
 p.add_argument("--jit-optimizer", action="store_true")
 p.add_argument("--numpy", action="store_true")
+p.add_argument("--attack-sleep", type=float, default=0.0)
 a = p.parse_args()
 
 if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
@@ -161,6 +167,8 @@ elif a.shape == "adversarial":
         with tf.GradientTape() as tape:
             tape.watch(x)
             clean_loss = loss_object(y, model(x))
+            if a.attack_sleep:
+                time.sleep(a.attack_sleep)
         x_adv = x + 0.1 * tf.sign(tape.gradient(clean_loss, x))
         loss_value, grads = grad(x_adv, y)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
@@ -190,6 +198,28 @@ elif a.shape == "compiled_grads":
         for x, y in batches():
             loss_value, grads = gradients_of(x, y)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            step += 1
+            report(step, loss_value)
+elif a.shape == "embedding":
+    table = tf.Variable(tf.random.normal((16, 4), seed=3))
+    head = tf.constant(rng.normal(size=(4, 3)).astype("float32"))
+
+    @tf.function
+    def embedding_step(ids, y):
+        with tf.GradientTape() as tape:
+            activations = tf.nn.embedding_lookup(table, ids)
+            tape.watch(activations)
+            loss_value = loss_object(y, tf.matmul(activations, head))
+        activation_grads = tape.gradient(loss_value, activations)
+        table.scatter_sub(tf.IndexedSlices(0.05 * activation_grads, ids))
+        optimizer.iterations.assign_add(1)
+        return loss_value
+
+    step = 0
+    for epoch in range(a.epochs):
+        for x, y in batches():
+            ids = tf.cast(tf.abs(x[:, 0]) * 4, tf.int32) % 16
+            loss_value = embedding_step(ids, y)
             step += 1
             report(step, loss_value)
 elif a.shape == "minimize":
