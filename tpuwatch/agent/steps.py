@@ -401,18 +401,12 @@ class StepProbe:
         self.eager_wait_s = 0.0
         self.eager_examples = None
         # Whatever kind of step this was, eager gradients before it belonged to it (or to nothing).
-        self.eager_gradients = False
-        self.eager_step_start = None
-        self.eager_loop_loss = None
-        self.eager_loop_loss_of_variables = False
+        self._clear_eager_window()
         self.eager_fetches = 0
-        self._eager_tape = None
         self._eager_last = False
         self._eager_extra_s = 0.0
-        self._window_vars = set()
         self._step_vars = set()
         self._step_updates = 0
-        self._eager_held_at = None
         loss = None
         if losses:
             loss = sum(losses) / len(losses)
@@ -458,6 +452,16 @@ class StepProbe:
         except TypeError:
             self._eager_tape = None
 
+    def _clear_eager_window(self) -> None:
+        """Forgets the eager work since the last update: its tapes, gradients and loss."""
+        self.eager_gradients = False
+        self.eager_step_start = None
+        self.eager_loop_loss = None
+        self.eager_loop_loss_of_variables = False
+        self._eager_tape = None
+        self._eager_held_at = None
+        self._window_vars = set()
+
     def _start_eager_step(self) -> None:
         self.eager_step_start = self.perf()
         self._eager_wait_at_start = self.eager_wait_s
@@ -494,14 +498,10 @@ class StepProbe:
         now = self.perf()
         call_s = now - (self.eager_step_start if self.eager_step_start is not None else now)
         target = self.eager_loop_loss
-        self.eager_gradients = False
-        self.eager_step_start = None
-        self.eager_loop_loss = None
-        self.eager_loop_loss_of_variables = False
-        self._eager_tape = None
-        self._eager_held_at = None
-        window_vars, self._window_vars = self._window_vars, set()
-        if self._eager_last and self.eager_fetches == 0 and not (window_vars & self._step_vars):
+        window_vars = self._window_vars
+        continues = self._continues_step()
+        self._clear_eager_window()
+        if continues:
             self._eager_extra_s += call_s  # counted in the next step's time
             self._step_vars |= window_vars
             self._step_updates += 1
