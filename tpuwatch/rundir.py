@@ -242,6 +242,15 @@ def reference(run_dir: Path) -> str:
     return shlex.quote(str(inside if inside and inside.parts else path))
 
 
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` holds a run: its run.json (written before anything else), or a recording
+    with something in it (events.jsonl copied on its own). An empty events.jsonl alone is not one."""
+    try:
+        return (path / META).exists() or (path / EVENTS).stat().st_size > 0
+    except OSError:
+        return False
+
+
 def find_run(ref: str | None) -> Path:
     """A run directory from a reference: a path, a run id (or unique prefix), or None for the latest.
 
@@ -250,13 +259,12 @@ def find_run(ref: str | None) -> Path:
     root = check_runs_root()
     if ref:
         path = Path(ref).expanduser()
-        if (path / EVENTS).exists() or (path / META).exists():
+        if is_run_dir(path):
             return path
         # An id prefix is matched by name, not as a glob ("*" would match everything, "/tmp" raise).
         # "<run-id>/worker-1" (one worker of a group) is looked up under the runs home.
         inside = root / ref
-        if not path.is_absolute() and not ref.startswith(("~", ".")) and ((inside / EVENTS).exists()
-                                                                          or (inside / META).exists()):
+        if not path.is_absolute() and not ref.startswith(("~", ".")) and is_run_dir(inside):
             return inside
         if os.sep in ref or ref in (".", "..") or ref.startswith("~") or not root.is_dir():
             candidates = []
@@ -268,14 +276,14 @@ def find_run(ref: str | None) -> Path:
             names = ", ".join(p.name for p in candidates[:5])
             raise FileNotFoundError(f"run {ref!r} is ambiguous ({names}...); give more of the id")
         if path.is_dir():
-            raise FileNotFoundError(f"{path} is not a run directory (no {EVENTS} or {META} in it); give a run "
+            found = f"no {META}, and its {EVENTS} is empty" if (path / EVENTS).exists() else f"no {EVENTS} or {META} in it"
+            raise FileNotFoundError(f"{path} is not a run directory ({found}); give a run "
                                     "directory or a run id (`tpuwatch ls` lists runs)")
         if path.exists():
             raise FileNotFoundError(f"{path} is a file, not a run directory; give a run directory or a run id "
                                     "(`tpuwatch ls` lists runs)")
         raise FileNotFoundError(f"no run {ref!r} (not a run directory, nor a run id under {root}); `tpuwatch ls` lists runs")
-    runs = ([p for p in root.iterdir() if p.is_dir() and ((p / META).exists() or (p / EVENTS).exists())]
-            if root.is_dir() else [])
+    runs = [p for p in root.iterdir() if p.is_dir() and is_run_dir(p)] if root.is_dir() else []
     if not runs:
         raise FileNotFoundError(f"no runs under {root}; start one with `tpuwatch run SCRIPT`")
     return max(runs, key=lambda p: (read_meta(p).get("started") or p.stat().st_mtime, p.name))

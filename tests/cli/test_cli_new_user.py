@@ -40,9 +40,11 @@ def home_with_runs(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("command", ["report", "replay", "attach"])
-@pytest.mark.parametrize("what", ["empty-dir", "plain-dir", "file"])
+@pytest.mark.parametrize("what", ["empty-dir", "plain-dir", "file", "empty-events-only"])
 def test_a_path_that_is_not_a_run(tmp_path, home_with_runs, command, what):
-    """Before: `tpuwatch report /tmp` ended in NotImplementedError: Non-relative patterns are unsupported."""
+    """Before: `tpuwatch report /tmp` ended in NotImplementedError: Non-relative patterns are unsupported.
+    A directory with nothing but an empty events.jsonl (tpuwatch writes run.json before anything
+    else) was attached as a run that was "lost" (exit 1)."""
     target = tmp_path / "target"
     if what == "file":
         target.write_text("root:x:0:0\n")
@@ -50,6 +52,8 @@ def test_a_path_that_is_not_a_run(tmp_path, home_with_runs, command, what):
         target.mkdir()
         if what == "plain-dir":
             (target / "notes.txt").write_text("x")
+        if what == "empty-events-only":
+            (target / "events.jsonl").write_text("")
     line = one_line_error(tpuwatch(command, str(target)), str(target), "not a run directory")
     assert "tpuwatch ls" in line
 

@@ -154,7 +154,6 @@ def list_runs(root: str | Path | None = None) -> list[RunInfo]:
         dirs = [d for d in root.iterdir() if d.is_dir()]
     except FileNotFoundError:
         return []
-    runs = [run_info(d) for d in dirs
-            if (d / rundir.META).exists() or (d / rundir.EVENTS).exists()]
+    runs = [run_info(d) for d in dirs if rundir.is_run_dir(d)]
     runs.sort(key=lambda r: (r.start or 0.0, r.id), reverse=True)
     return runs
