@@ -132,10 +132,14 @@ def assert_losses_equal(run: CorpusRun, printed: dict[int, float]) -> None:
     ("sum", 8, []),
     ("mean", 4, []),
     ("manual", 2, ["--regularize"]),
-])
+    ("sum", 2, ["--run-functions-eagerly"]),
+    ("manual", 2, ["--run-functions-eagerly"]),
+    ("mean", 1, ["--run-functions-eagerly"]),
+], ids=lambda v: "".join(v) if isinstance(v, list) else None)
 def test_tutorial_custom_loop_loss_is_the_scripts(tmp_path, reduction, replicas, extra):
     """compute_average_loss + SUM (the tutorial), plain MEAN, and a hand-scaled SUM; a test step per
-    epoch (not counted) and a checkpoint per epoch."""
+    epoch (not counted) and a checkpoint per epoch. With ``tf.config.run_functions_eagerly(True)``
+    (the tutorials' debugging switch) the loss showed "—" and the strategy "default strategy"."""
     run = run_corpus(tmp_path, "custom_loop_tutorial.py", "--replicas", str(replicas), "--reduction", reduction,
                      "--epochs", "2", "--batches", "4", *extra)
     printed = {int(step): float(loss) for step, loss in run.printed(r"train step (\d+) loss (\S+)")}
@@ -186,10 +190,13 @@ def test_epoch_loop_inside_one_function(tmp_path):
     assert all(s.examples == 32 for s in run.steps), run.steps
 
 
-def test_fit_with_validation_callbacks_and_a_reloaded_model(tmp_path):
+@pytest.mark.parametrize("eagerly", [False, True], ids=["graph", "run_functions_eagerly"])
+def test_fit_with_validation_callbacks_and_a_reloaded_model(tmp_path, eagerly):
     """Validation and evaluation steps are not training steps; a model reloaded and evaluated
-    outside the strategy's scope does not relabel the run."""
-    run = run_corpus(tmp_path, "fit_callbacks.py", "--epochs", "2", "--steps", "5", "--reload")
+    outside the strategy's scope does not relabel the run. With ``run_functions_eagerly`` too
+    (it showed no loss, and the default strategy)."""
+    run = run_corpus(tmp_path, "fit_callbacks.py", "--epochs", "2", "--steps", "5", "--reload",
+                     *(["--run-functions-eagerly"] if eagerly else []))
     assert run.printed(r"Reloaded eval loss")
     assert_common(run, steps=10, replicas=4)
     # Keras logs the running mean of the epoch's loss: each step's own loss follows from it.
@@ -325,20 +332,28 @@ def test_sampled_losses_carry_their_step(tmp_path):
     ("no_strategy", [5, 10, 15, 20]),
     ("lazy_state", [1, 2, 3, 4]),
 ])
-def test_step_counts_follow_where_the_step_sits(tmp_path, shape, expected):
+@pytest.mark.parametrize("eagerly", [False, True], ids=["graph", "run_functions_eagerly"])
+def test_step_counts_follow_where_the_step_sits(tmp_path, shape, expected, eagerly):
     """Steps counted = the script's optimizer iterations, wherever the step sits: unrolled twice in
     one function, under a tensor ``if`` (calls that only evaluate count nothing), in a function
     also called from another function's ``tf.range`` loop, in a graph loop with no strategy and
     two tapes per batch, and in a step TF traces again inside its own variable-initialising ``cond``
     (a variable made on the first call, as the TPU guide's lazily built optimizer does on TF 2.16:
-    its steps were counted twice)."""
-    run = run_corpus(tmp_path, "step_shapes.py", "--shape", shape)
+    its steps were counted twice). The same with ``tf.config.run_functions_eagerly(True)``, where
+    no graph counts them (the tensor ``if`` counted every call; the loop with no strategy one step
+    a call, with its first batch's loss)."""
+    run = run_corpus(tmp_path, "step_shapes.py", "--shape", shape, *(["--run-functions-eagerly"] if eagerly else []))
     assert run.returncode == 0, run.describe()
     printed = [int(k) for _, k in run.printed(r"call (\d+) iterations (\d+)")]
     assert sorted(set(printed)) == expected, printed  # the script's own count
     recorded = run.steps
     assert [s.step for s in recorded] == expected, ([(s.step, s.steps) for s in recorded], run.describe())
     assert sum(s.steps for s in recorded) == expected[-1]
+    # Where the script prints its last batch's loss, that is the loss of the call's last step.
+    losses = {int(k): float(v) for _, k, v in run.printed(r"call (\d+) iterations (\d+) loss (\S+)")}
+    assert losses or shape != "no_strategy"
+    for step, value in losses.items():
+        assert {s.step: s.loss for s in recorded}[step] == pytest.approx(value, rel=1e-5), (step, recorded)
     assert not [e for e in run.of(protocol.Event) if e.level in ("warning", "error") and e.source.startswith("probe")], \
         run.of(protocol.Event)
 

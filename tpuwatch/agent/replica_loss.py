@@ -120,9 +120,14 @@ class ReplicaLossProbe:
     # --- reading (training thread, after a step call) ---------------------------------------
 
     def read_for(self, flags: dict) -> tuple[float, ...] | None:
-        """Each local replica's loss after a call of the function with these flags."""
+        """Each local replica's loss after a call of the function with these flags (kept as it ran
+        if the function ran eagerly: ``tf.config.run_functions_eagerly``)."""
+        if not self.agent.enabled(PROBE):
+            return None
+        if self.probe.eager_losses:
+            return self._kept_eagerly(flags)
         slot = flags.get("loss")
-        if slot is None or not self.agent.enabled(PROBE):
+        if slot is None:
             return None
         try:
             scale = scale_for(flags, slot.replicas)
@@ -136,14 +141,18 @@ class ReplicaLossProbe:
         probe = self.probe
         flags = probe.eager_run_flags
         if probe.eager_losses:
-            strategy = flags.get("strategy")
-            replicas = int(getattr(strategy, "num_replicas_in_sync", len(probe.eager_losses)) or 1)
-            scale = scale_for(flags, replicas)
-            return tuple(v * scale for _, v in sorted(probe.eager_losses.items()))
+            return self._kept_eagerly(flags)
         slot = flags.get("loss")  # the run called a tf.function that keeps the loss in-graph
         if slot is None:
             return None
         return tuple(v * scale_for(flags, slot.replicas) for v in slot.read())
+
+    def _kept_eagerly(self, flags: dict) -> tuple[float, ...]:
+        losses = self.probe.eager_losses
+        strategy = flags.get("strategy")
+        replicas = int(getattr(strategy, "num_replicas_in_sync", len(losses)) or 1)
+        scale = scale_for(flags, replicas)
+        return tuple(v * scale for _, (_, v) in sorted(losses.items()))
 
     # --- capturing (replica context) ----------------------------------------------------------
 
@@ -206,10 +215,9 @@ class ReplicaLossProbe:
 
         self.agent.inject_fault(PROBE)
         probe = self.probe
-        if graph is None and not probe.in_eager_run:
+        if graph is None and not probe.in_eager_run and probe.current_top is None:
             # A loop with no tf.function (inside a strategy's scope too): its first gradient's loss.
-            if probe.current_top is None and (probe.eager_loop_loss is None
-                                              or (of_variables and not probe.eager_loop_loss_of_variables)):
+            if probe.eager_loop_loss is None or (of_variables and not probe.eager_loop_loss_of_variables):
                 probe.eager_loop_loss = loss
                 probe.eager_loop_loss_of_variables = of_variables
             return
@@ -217,10 +225,22 @@ class ReplicaLossProbe:
         if ctx is None:  # cross-replica context: not a replica's loss
             return
         if graph is None:
+            # An eager strategy.run, or a tf.function run eagerly (tf.config.run_functions_eagerly):
+            # each replica's loss kept as a value, the first of its step (a loop inside the
+            # function: the last step's), of variables over tensors only.
             rid = int(ctx.replica_id_in_sync_group)
-            if rid not in probe.eager_losses:
-                probe.eager_losses[rid] = float(tf.reduce_mean(tf.cast(loss, tf.float32)).numpy())
-                probe.eager_run_flags["loss_scaled"] = scaled and not keras_value
+            counts = probe.eager_function_gradients
+            rank = (max(counts.values()) if counts else 0, of_variables)
+            kept = probe.eager_losses.get(rid)
+            if kept is None or rank > kept[0]:
+                probe.eager_losses[rid] = (rank, float(tf.reduce_mean(tf.cast(loss, tf.float32)).numpy()))
+                self._captured[id(loss)] = loss
+                if probe.in_eager_run:
+                    probe.eager_run_flags["loss_scaled"] = scaled and not keras_value
+                else:
+                    probe.mark("loss_scaled", scaled and not keras_value)
+                    if keras_value:
+                        probe.mark("loss_reduce", MEAN)
             return
         done = getattr(self._local, "captured", None)
         if done is None:
@@ -306,8 +326,20 @@ class ReplicaLossProbe:
                 except Exception as e:
                     agent.probe_failed("steps", e)
             return result
-        if probe.current_top is not None or probe.in_eager_run:
+        if probe.in_eager_run:
             return original(strategy, fn, args, kwargs, options)
+        if probe.current_top is not None:
+            # Inside a tf.function that runs eagerly (tf.config.run_functions_eagerly): a training
+            # step of that call if its replicas compute gradients, with their losses.
+            marks = probe.training_marks
+            kept, probe.eager_losses = probe.eager_losses, {}
+            result = original(strategy, fn, args, kwargs, options)
+            if probe.training_marks != marks:
+                probe.eager_function_runs += 1
+                probe.mark("strategy", strategy)
+            else:
+                probe.eager_losses = kept
+            return result
         # A top-level eager strategy.run: a step if its replicas compute gradients.
         with probe.eager_run():
             start = probe.perf()
@@ -337,7 +369,8 @@ class ReplicaLossProbe:
 
         def reduce(strategy, reduce_op, value, *args, **kwargs):
             try:
-                if this._captured and this.agent.enabled(PROBE) and current_graph() is not None:
+                if this._captured and this.agent.enabled(PROBE) and (
+                        current_graph() is not None or this.probe.current_top is not None):
                     kind = _reduce_kind(reduce_op)
                     if kind is not None:
                         for part in strategy.experimental_local_results(value):

@@ -21,6 +21,11 @@ gradient penalty) is no eager step, though its tape is part of the next one; its
 loss shown only if no gradient with respect to variables follows (traced, it trains: a TPU
 embedding's activations).
 
+A step function running eagerly (``tf.config.run_functions_eagerly(True)``) has no graph to count
+in: its call counts its ``strategy.run``s whose replicas computed gradients, else the most
+gradients taken with respect to one set of variables outside any (a loop over batches with a
+GAN's two tapes each counts its batches), and none if it computed no gradient.
+
 Per-step figures that live inside the compiled function (input wait, training steps run, examples)
 are accumulated in-graph (:mod:`tpuwatch.agent.accumulator`), read once after each step call;
 per-replica losses come from :mod:`tpuwatch.agent.replica_loss`. Only training counts: the
@@ -71,7 +76,14 @@ class StepProbe:
         self.read_accumulator: Callable[[], Any] = lambda: None
         self.acc_last: Any = None
         self.loss_reader: Callable[[dict], tuple[float, ...] | None] | None = None  # from a function's flags
-        self.eager_losses: dict[int, float] = {}
+        # Each replica's loss kept as a value by a top-level eager strategy.run or a tf.function
+        # running eagerly (tf.config.run_functions_eagerly): {replica id: ((step within the call,
+        # of variables), loss)}; and how many strategy.runs of such a function trained.
+        self.eager_losses: dict[int, tuple[tuple[int, bool], float]] = {}
+        self.eager_function_runs = 0
+        # Gradients taken outside any strategy.run by a tf.function running eagerly, by the
+        # variables they were taken with respect to (see _eager_function_steps).
+        self.eager_function_gradients: dict[tuple[int, ...], int] = {}
         # Called on each tape.gradient(target, sources) with the target (the loss in every training
         # loop) and whether any source is a variable.
         self.gradient_hooks: list[Callable[[Any, bool], None]] = []
@@ -334,8 +346,13 @@ class StepProbe:
                             examples = int(round(d_ex / waited_over))
             else:
                 self._acc_unread_steps += steps
+        counted = "runs" in flags
+        if self.eager_function_runs or self.eager_function_gradients or "_eager" in flags:
+            eager_steps = self._eager_function_steps(flags)
+            if eager_steps is not None:
+                steps, counted = eager_steps, True
         if steps <= 0:
-            if "runs" in flags:  # its training steps are counted, and this call ran none
+            if counted:  # its training steps are counted, and this call ran none
                 self.eager_wait_s = 0.0
                 self.eager_examples = None
                 self.read_unread_losses(now)
@@ -349,7 +366,7 @@ class StepProbe:
         # without one says so (loss None); the dashboard shows the last loss with its step.
         losses = None
         due = read_all or trained - self._loss_read_trained >= self.loss_every_s or "_read" not in flags
-        if self.loss_reader is not None and due:
+        if self.loss_reader is not None and (due or self.eager_losses):
             losses = self.loss_reader(flags)
             if losses is not None:
                 self._loss_read_trained = trained
@@ -365,6 +382,27 @@ class StepProbe:
         # A record without its losses: they stay in the loss variables until the next training
         # step, and are read if training pauses first (read_unread_losses).
         self._unread = (flags, self.agent.global_step) if losses is None and "loss" in flags else None
+
+    def _eager_function_steps(self, flags: dict) -> int | None:
+        """Training steps of a call of a tf.function that ran eagerly
+        (``tf.config.run_functions_eagerly``), where no in-graph count exists: its strategy.runs
+        whose replicas computed gradients; else the most gradients taken with respect to one set of
+        variables (a loop over batches with a GAN's two tapes each: one step a batch); 0 if it
+        computed none. None if the function ran as a graph."""
+        runs, gradients = self.eager_function_runs, self.eager_function_gradients
+        self.eager_function_runs = 0
+        self.eager_function_gradients = {}
+        if runs or gradients:
+            flags["_eager"] = True
+            return runs or max(gradients.values())
+        from tensorflow.python.eager.polymorphic_function import eager_function_run
+
+        return 0 if eager_function_run.RUN_FUNCTIONS_EAGERLY else None
+
+    def eager_function_gradient(self, variables: tuple[int, ...]) -> None:
+        """A tf.function running eagerly took a gradient outside any strategy.run."""
+        counts = self.eager_function_gradients
+        counts[variables] = counts.get(variables, 0) + 1
 
     def read_unread_losses(self, now: float | None = None) -> None:
         """Training paused (evaluation began, an epoch or the script ended): the last step's
@@ -400,6 +438,8 @@ class StepProbe:
         agent.global_step += steps
         self.eager_wait_s = 0.0
         self.eager_examples = None
+        if self.eager_losses:
+            self.eager_losses = {}
         # Whatever kind of step this was, eager gradients before it belonged to it (or to nothing).
         self._clear_eager_window()
         self.eager_fetches = 0
@@ -759,11 +799,14 @@ def install(agent: "Agent", patches) -> StepProbe:
                     else:
                         probe.eager_probe_gradient()
                 else:
-                    # Traced (or in an eager strategy.run), every gradient trains: a TPU
-                    # embedding's is taken with respect to its activations.
+                    # Traced (or in an eager strategy.run, or a tf.function running eagerly),
+                    # every gradient trains: a TPU embedding's is taken with respect to its activations.
                     probe.mark("training")
-                    if graph is not None and _outside_strategy_run():
-                        probe.count_gradient_step(graph)
+                    if graph is not None:
+                        if _outside_strategy_run():
+                            probe.count_gradient_step(graph)
+                    elif not probe.in_eager_run and _outside_strategy_run():
+                        probe.eager_function_gradient(variables)  # a tf.function running eagerly
                 if probe.gradient_hooks:
                     target = args[0] if args else kwargs.get("target")
                     for hook in probe.gradient_hooks:

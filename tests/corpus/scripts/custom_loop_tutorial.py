@@ -20,7 +20,11 @@ p.add_argument("--batches", type=int, default=6, help="training batches per epoc
 p.add_argument("--reduction", choices=["sum", "mean", "manual"], default="sum")
 p.add_argument("--regularize", action="store_true")
 p.add_argument("--checkpoint-dir", default="")
+p.add_argument("--run-functions-eagerly", action="store_true",
+               help="tf.config.run_functions_eagerly(True), as the tutorial suggests for debugging")
 a = p.parse_args()
+if a.run_functions_eagerly:
+    tf.config.run_functions_eagerly(True)
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * a.replicas)

@@ -17,7 +17,10 @@ p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--steps", type=int, default=5, help="training batches per epoch")
 p.add_argument("--reload", action="store_true")
 p.add_argument("--steps-per-execution", type=int, default=1)
+p.add_argument("--run-functions-eagerly", action="store_true", help="tf.config.run_functions_eagerly(True)")
 a = p.parse_args()
+if a.run_functions_eagerly:
+    tf.config.run_functions_eagerly(True)
 
 if a.replicas > 1:
     cpu = tf.config.list_physical_devices("CPU")[0]

@@ -22,7 +22,10 @@ p = argparse.ArgumentParser()
 p.add_argument("--shape", required=True)
 p.add_argument("--replicas", type=int, default=2)
 p.add_argument("--calls", type=int, default=4)
+p.add_argument("--run-functions-eagerly", action="store_true", help="tf.config.run_functions_eagerly(True)")
 a = p.parse_args()
+if a.run_functions_eagerly:
+    tf.config.run_functions_eagerly(True)
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * a.replicas)
@@ -106,6 +109,7 @@ elif a.shape == "no_strategy":
 
     @tf.function
     def train_epoch():
+        last = tf.constant(0.0)
         for x, y in epoch:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
@@ -114,10 +118,12 @@ elif a.shape == "no_strategy":
                 score = tf.reduce_mean(critic(model(x, training=False)))
             critic_optimizer.apply_gradients(zip(tape.gradient(score, critic.trainable_variables),
                                                  critic.trainable_variables))
+            last = loss
+        return last
 
     for call in range(a.calls):
-        train_epoch()
-        print(f"call {call + 1} iterations {int(optimizer.iterations.numpy())}", flush=True)
+        last = train_epoch()
+        print(f"call {call + 1} iterations {int(optimizer.iterations.numpy())} loss {float(last)!r}", flush=True)
 
 elif a.shape == "lazy_state":
     # A plain SGD update by hand (TF's "basic training loops" guide), scaled by a variable made on
