@@ -168,6 +168,8 @@ def main() -> None:
                 agent_on(False)
             per_call(label, strategy, plains, instrumenteds, ds, spe)
 
+    kept_iterators: list = []
+
     def per_call(label: str, strategy, plains, instrumenteds, ds, spe: int) -> None:
         """Fit's own train functions, called directly and interleaved call by call (the agent
         adds nothing per batch to fit's Python loop: its Keras hooks are per epoch)."""
@@ -177,6 +179,10 @@ def main() -> None:
             variants[("plain", i)] = (plain.train_function, False)
             variants[("graph", i)] = (instrumented.train_function, False)
         its = {key: iter(strategy.experimental_distribute_dataset(ds)) for key in variants}
+        # Never destroyed: TF's multi-device iterator over a repeated, prefetched dataset can block
+        # in its destructor for minutes (seen here, tf.data threads idle); the process ends with
+        # os._exit instead.
+        kept_iterators.append(its)
 
         disabled = agent._disabled
 
@@ -237,6 +243,8 @@ def main() -> None:
     agent_on(True)
     patches.restore()
     agent.stop()
+    sys.stdout.flush()
+    os._exit(0)  # see kept_iterators
 
 
 if __name__ == "__main__":
