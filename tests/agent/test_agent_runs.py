@@ -187,6 +187,16 @@ def test_the_explicit_step_api_marks_steps_the_patches_cannot_see(run_agent):
     assert run.steps[0].loss == 0.0 and run.steps[1].loss == pytest.approx(0.81)
 
 
+def test_explicit_steps_then_a_step_function_count_each_step_once(run_agent):
+    """A tpuwatch.step() loop's gradients are the script's own steps: they were also counted
+    as the steps of the first tf.function call after them (4 + 4 + 2 = 10 for 7)."""
+    run = run_agent(SCRIPTS / "manual_then_function.py")
+    assert run.returncode == 0, run.output
+    assert "ran 7 steps" in run.output
+    assert [(s.step, s.function, s.steps) for s in run.steps] == (
+        [(i, "tpuwatch.step", 1) for i in range(1, 5)] + [(i, "train_step", 1) for i in range(5, 8)])
+
+
 def test_the_explicit_step_api_works_in_a_script_that_never_imports_tensorflow(run_agent):
     """The tryout: README's pure-Python ``tpuwatch.step`` loop ended with "no training step
     recorded" unless the script imported TensorFlow (the step probe was made at that import)."""

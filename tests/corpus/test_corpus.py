@@ -331,6 +331,7 @@ def test_sampled_losses_carry_their_step(tmp_path):
     ("nested", [1, 2, 5, 8]),
     ("no_strategy", [5, 10, 15, 20]),
     ("lazy_state", [1, 2, 3, 4]),
+    ("perturbed", [1, 2, 3, 4]),
 ])
 @pytest.mark.parametrize("eagerly", [False, True], ids=["graph", "run_functions_eagerly"])
 def test_step_counts_follow_where_the_step_sits(tmp_path, shape, expected, eagerly):
@@ -339,9 +340,11 @@ def test_step_counts_follow_where_the_step_sits(tmp_path, shape, expected, eager
     also called from another function's ``tf.range`` loop, in a graph loop with no strategy and
     two tapes per batch, and in a step TF traces again inside its own variable-initialising ``cond``
     (a variable made on the first call, as the TPU guide's lazily built optimizer does on TF 2.16:
-    its steps were counted twice). The same with ``tf.config.run_functions_eagerly(True)``, where
-    no graph counts them (the tensor ``if`` counted every call; the loop with no strategy one step
-    a call, with its first batch's loss)."""
+    its steps were counted twice), and after gradients with respect to its input (adversarial
+    training: they are no steps, and the loss shown is the model's). The same with
+    ``tf.config.run_functions_eagerly(True)``, where no graph counts them (the tensor ``if``
+    counted every call; the loop with no strategy one step a call, with its first batch's loss;
+    the input's gradients three steps a call)."""
     run = run_corpus(tmp_path, "step_shapes.py", "--shape", shape, *(["--run-functions-eagerly"] if eagerly else []))
     assert run.returncode == 0, run.describe()
     printed = [int(k) for _, k in run.printed(r"call (\d+) iterations (\d+)")]

@@ -115,19 +115,15 @@ class ReplicaLossProbe:
         self._scaled: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._unscaled: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         probe.loss_reader = self.read_for
+        probe.eager_function_loss_reader = self.read_eager_function
         probe.gradient_hooks.append(self.on_gradient)
 
     # --- reading (training thread, after a step call) ---------------------------------------
 
     def read_for(self, flags: dict) -> tuple[float, ...] | None:
-        """Each local replica's loss after a call of the function with these flags (kept as it ran
-        if the function ran eagerly: ``tf.config.run_functions_eagerly``)."""
-        if not self.agent.enabled(PROBE):
-            return None
-        if self.probe.eager_losses:
-            return self._kept_eagerly(flags)
+        """Each local replica's loss after a call of the function with these flags."""
         slot = flags.get("loss")
-        if slot is None:
+        if slot is None or not self.agent.enabled(PROBE):
             return None
         try:
             scale = scale_for(flags, slot.replicas)
@@ -146,6 +142,13 @@ class ReplicaLossProbe:
         if slot is None:
             return None
         return tuple(v * scale_for(flags, slot.replicas) for v in slot.read())
+
+    def read_eager_function(self, flags: dict) -> tuple[float, ...] | None:
+        """Each replica's loss after a call of a function that ran eagerly
+        (``tf.config.run_functions_eagerly``): kept as values while it ran."""
+        if not self.probe.eager_losses or not self.agent.enabled(PROBE):
+            return None
+        return self._kept_eagerly(flags)
 
     def _kept_eagerly(self, flags: dict) -> tuple[float, ...]:
         losses = self.probe.eager_losses
@@ -215,9 +218,11 @@ class ReplicaLossProbe:
 
         self.agent.inject_fault(PROBE)
         probe = self.probe
-        if graph is None and not probe.in_eager_run and probe.current_top is None:
-            # A loop with no tf.function (inside a strategy's scope too): its first gradient's loss.
-            if probe.eager_loop_loss is None or (of_variables and not probe.eager_loop_loss_of_variables):
+        if graph is None and not probe.in_eager_run and not probe.eager_function_call:
+            # A loop with no tf.function (inside a strategy's scope too): its first gradient's loss
+            # (inside a tpuwatch.step(), the script gives its own).
+            if probe.current_top is None and (probe.eager_loop_loss is None
+                                              or (of_variables and not probe.eager_loop_loss_of_variables)):
                 probe.eager_loop_loss = loss
                 probe.eager_loop_loss_of_variables = of_variables
             return
@@ -229,8 +234,7 @@ class ReplicaLossProbe:
             # each replica's loss kept as a value, the first of its step (a loop inside the
             # function: the last step's), of variables over tensors only.
             rid = int(ctx.replica_id_in_sync_group)
-            counts = probe.eager_function_gradients
-            rank = (max(counts.values()) if counts else 0, of_variables)
+            rank = (probe.eager_function_step_index() if probe.eager_function_call else 0, of_variables)
             kept = probe.eager_losses.get(rid)
             if kept is None or rank > kept[0]:
                 probe.eager_losses[rid] = (rank, float(tf.reduce_mean(tf.cast(loss, tf.float32)).numpy()))
@@ -326,20 +330,25 @@ class ReplicaLossProbe:
                 except Exception as e:
                     agent.probe_failed("steps", e)
             return result
-        if probe.in_eager_run:
-            return original(strategy, fn, args, kwargs, options)
-        if probe.current_top is not None:
+        if probe.eager_function_call:
             # Inside a tf.function that runs eagerly (tf.config.run_functions_eagerly): a training
             # step of that call if its replicas compute gradients, with their losses.
             marks = probe.training_marks
             kept, probe.eager_losses = probe.eager_losses, {}
-            result = original(strategy, fn, args, kwargs, options)
-            if probe.training_marks != marks:
-                probe.eager_function_runs += 1
-                probe.mark("strategy", strategy)
-            else:
-                probe.eager_losses = kept
+            try:
+                result = original(strategy, fn, args, kwargs, options)
+            finally:
+                try:
+                    if probe.training_marks != marks:
+                        probe.eager_function_runs += 1
+                        probe.mark("strategy", strategy)
+                    else:
+                        probe.eager_losses = kept
+                except Exception as e:
+                    agent.probe_failed("steps", e)
             return result
+        if probe.current_top is not None or probe.in_eager_run:
+            return original(strategy, fn, args, kwargs, options)
         # A top-level eager strategy.run: a step if its replicas compute gradients.
         with probe.eager_run():
             start = probe.perf()
@@ -370,7 +379,7 @@ class ReplicaLossProbe:
         def reduce(strategy, reduce_op, value, *args, **kwargs):
             try:
                 if this._captured and this.agent.enabled(PROBE) and (
-                        current_graph() is not None or this.probe.current_top is not None):
+                        current_graph() is not None or this.probe.eager_function_call):
                     kind = _reduce_kind(reduce_op)
                     if kind is not None:
                         for part in strategy.experimental_local_results(value):

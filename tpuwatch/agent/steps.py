@@ -24,7 +24,8 @@ embedding's activations).
 A step function running eagerly (``tf.config.run_functions_eagerly(True)``) has no graph to count
 in: its call counts its ``strategy.run``s whose replicas computed gradients, else the most
 gradients taken with respect to one set of variables outside any (a loop over batches with a
-GAN's two tapes each counts its batches), and none if it computed no gradient.
+GAN's two tapes each counts its batches; gradients with respect to tensors only count none), and
+none if it computed no gradient. Whether a call runs eagerly is read when it starts.
 
 Per-step figures that live inside the compiled function (input wait, training steps run, examples)
 are accumulated in-graph (:mod:`tpuwatch.agent.accumulator`), read once after each step call;
@@ -80,10 +81,12 @@ class StepProbe:
         # running eagerly (tf.config.run_functions_eagerly): {replica id: ((step within the call,
         # of variables), loss)}; and how many strategy.runs of such a function trained.
         self.eager_losses: dict[int, tuple[tuple[int, bool], float]] = {}
+        self.eager_function_call = False  # a top-level tf.function call running eagerly is under way
         self.eager_function_runs = 0
-        # Gradients taken outside any strategy.run by a tf.function running eagerly, by the
-        # variables they were taken with respect to (see _eager_function_steps).
+        # Gradients taken outside any strategy.run by that call, by the variables they were taken
+        # with respect to (``()``: tensors only); see eager_function_steps.
         self.eager_function_gradients: dict[tuple[int, ...], int] = {}
+        self.eager_function_loss_reader: Callable[[dict], tuple[float, ...] | None] | None = None
         # Called on each tape.gradient(target, sources) with the target (the loss in every training
         # loop) and whether any source is a variable.
         self.gradient_hooks: list[Callable[[Any, bool], None]] = []
@@ -227,6 +230,7 @@ class StepProbe:
         disabled = agent._disabled  # read per call: a dict lookup, not a method call
         pending = agent._pending
         perf = self.perf
+        switch = _functions_eagerly_switch()
 
         def __call__(fn, *args, **kwargs):
             if probe.current_top is not None or probe.in_eager_run or not executing_eagerly():
@@ -277,6 +281,9 @@ class StepProbe:
             if was_step and pending:
                 agent.safe_point()
             ctx = probe.step_context
+            eagerly = switch.RUN_FUNCTIONS_EAGERLY  # tf.config.run_functions_eagerly(True)
+            if eagerly:
+                probe.start_eager_function()
             probe.current_top = fn
             start = perf()
             try:
@@ -287,10 +294,11 @@ class StepProbe:
                     result = original(fn, *args, **kwargs)
             finally:
                 probe.current_top = None
+                probe.eager_function_call = False
             end = perf()
             if was_step or "training" in flags:
                 try:
-                    probe.record(flags, end - start, end)
+                    probe.record(flags, end - start, end, eagerly)
                 except Exception as e:
                     agent.probe_failed("steps", e)
             elif probe._applying or not tape_set_is_empty():
@@ -313,8 +321,9 @@ class StepProbe:
 
     # --- records --------------------------------------------------------------------------------
 
-    def record(self, flags: dict, call_s: float, now: float) -> None:
-        """Emits one Step for a finished step call (on the training thread; no I/O)."""
+    def record(self, flags: dict, call_s: float, now: float, eagerly: bool = False) -> None:
+        """Emits one Step for a finished step call (on the training thread; no I/O); ``eagerly``:
+        the call ran eagerly (``tf.config.run_functions_eagerly``)."""
         steps = flags.get("implicit_runs", 0)
         wait_s = self.eager_wait_s
         measured_wait = wait_s > 0.0
@@ -347,10 +356,8 @@ class StepProbe:
             else:
                 self._acc_unread_steps += steps
         counted = "runs" in flags
-        if self.eager_function_runs or self.eager_function_gradients or "_eager" in flags:
-            eager_steps = self._eager_function_steps(flags)
-            if eager_steps is not None:
-                steps, counted = eager_steps, True
+        if eagerly:  # no graph counted them
+            steps, counted = self.eager_function_steps(), True
         if steps <= 0:
             if counted:  # its training steps are counted, and this call ran none
                 self.eager_wait_s = 0.0
@@ -366,7 +373,13 @@ class StepProbe:
         # without one says so (loss None); the dashboard shows the last loss with its step.
         losses = None
         due = read_all or trained - self._loss_read_trained >= self.loss_every_s or "_read" not in flags
-        if self.loss_reader is not None and (due or self.eager_losses):
+        if eagerly:  # kept as values while it ran
+            reader = self.eager_function_loss_reader
+            losses = reader(flags) if reader is not None else None
+            if losses is not None:
+                self._loss_read_trained = trained
+                self._loss_read_at = now
+        elif self.loss_reader is not None and due:
             losses = self.loss_reader(flags)
             if losses is not None:
                 self._loss_read_trained = trained
@@ -381,23 +394,30 @@ class StepProbe:
         self._emit(flags["_name"], steps, step_time_s, wait_s / steps if measured_wait else None, losses, examples)
         # A record without its losses: they stay in the loss variables until the next training
         # step, and are read if training pauses first (read_unread_losses).
-        self._unread = (flags, self.agent.global_step) if losses is None and "loss" in flags else None
+        self._unread = (flags, self.agent.global_step) if losses is None and "loss" in flags and not eagerly else None
 
-    def _eager_function_steps(self, flags: dict) -> int | None:
-        """Training steps of a call of a tf.function that ran eagerly
-        (``tf.config.run_functions_eagerly``), where no in-graph count exists: its strategy.runs
-        whose replicas computed gradients; else the most gradients taken with respect to one set of
-        variables (a loop over batches with a GAN's two tapes each: one step a batch); 0 if it
-        computed none. None if the function ran as a graph."""
-        runs, gradients = self.eager_function_runs, self.eager_function_gradients
+    def start_eager_function(self) -> None:
+        """A top-level tf.function call is about to run eagerly (``tf.config.run_functions_eagerly``)."""
+        self.eager_function_call = True
         self.eager_function_runs = 0
         self.eager_function_gradients = {}
-        if runs or gradients:
-            flags["_eager"] = True
-            return runs or max(gradients.values())
-        from tensorflow.python.eager.polymorphic_function import eager_function_run
+        self.eager_losses = {}
 
-        return 0 if eager_function_run.RUN_FUNCTIONS_EAGERLY else None
+    def eager_function_steps(self) -> int:
+        """Training steps of a call that ran eagerly, where no in-graph count exists: its
+        strategy.runs whose replicas computed gradients; else its step index (below); 0 if it
+        computed no gradient."""
+        return self.eager_function_runs or self.eager_function_step_index()
+
+    def eager_function_step_index(self) -> int:
+        """Steps so far of a call running eagerly, by its gradients outside any strategy.run: the
+        most taken with respect to one set of variables (a loop over batches with a GAN's two tapes
+        each: one a batch; an FGSM-style gradient w.r.t. tensors is none), or 1 if all were w.r.t.
+        tensors only (traced, those train: a TPU embedding's)."""
+        counts = self.eager_function_gradients
+        if not counts:
+            return 0
+        return max((n for key, n in counts.items() if key), default=1)
 
     def eager_function_gradient(self, variables: tuple[int, ...]) -> None:
         """A tf.function running eagerly took a gradient outside any strategy.run."""
@@ -438,8 +458,6 @@ class StepProbe:
         agent.global_step += steps
         self.eager_wait_s = 0.0
         self.eager_examples = None
-        if self.eager_losses:
-            self.eager_losses = {}
         # Whatever kind of step this was, eager gradients before it belonged to it (or to nothing).
         self._clear_eager_window()
         self.eager_fetches = 0
@@ -742,6 +760,23 @@ def current_graph() -> Any:
     return None if context.executing_eagerly() else ops.get_default_graph()
 
 
+def _functions_eagerly_switch() -> Any:
+    """The module holding ``tf.config.run_functions_eagerly``'s switch (read per call: a module
+    attribute)."""
+    try:
+        from tensorflow.python.eager.polymorphic_function import eager_function_run
+
+        if isinstance(getattr(eager_function_run, "RUN_FUNCTIONS_EAGERLY", None), bool):
+            return eager_function_run
+    except ImportError:
+        pass
+
+    class _Never:
+        RUN_FUNCTIONS_EAGERLY = False
+
+    return _Never
+
+
 def _outside_strategy_run() -> bool:
     """No ``strategy.run`` is running this code: no strategy at all, or cross-replica context."""
     from tensorflow.python.distribute import distribute_lib
@@ -805,8 +840,8 @@ def install(agent: "Agent", patches) -> StepProbe:
                     if graph is not None:
                         if _outside_strategy_run():
                             probe.count_gradient_step(graph)
-                    elif not probe.in_eager_run and _outside_strategy_run():
-                        probe.eager_function_gradient(variables)  # a tf.function running eagerly
+                    elif probe.eager_function_call and _outside_strategy_run():
+                        probe.eager_function_gradient(variables)
                 if probe.gradient_hooks:
                     target = args[0] if args else kwargs.get("target")
                     for hook in probe.gradient_hooks:

@@ -29,7 +29,8 @@ if a.run_functions_eagerly:
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * a.replicas)
-strategy = tf.distribute.MirroredStrategy() if a.shape != "no_strategy" else tf.distribute.get_strategy()
+strategy = (tf.distribute.MirroredStrategy() if a.shape not in ("no_strategy", "perturbed")
+            else tf.distribute.get_strategy())
 GLOBAL_BATCH = 8 * strategy.num_replicas_in_sync
 
 features = tf.random.normal([GLOBAL_BATCH * 64, 6], seed=5)
@@ -124,6 +125,29 @@ elif a.shape == "no_strategy":
     for call in range(a.calls):
         last = train_epoch()
         print(f"call {call + 1} iterations {int(optimizer.iterations.numpy())} loss {float(last)!r}", flush=True)
+
+elif a.shape == "perturbed":
+    # Adversarial training (PGD-style, no strategy): three gradients with respect to the input
+    # make the batch it trains on, then one with respect to the model's variables.
+    iterator = iter(dataset)
+
+    @tf.function
+    def train_step(iterator):
+        x, y = next(iterator)
+        x_adv = x
+        for _ in range(3):  # a Python loop: unrolled
+            with tf.GradientTape() as tape:
+                tape.watch(x_adv)
+                attack = tf.reduce_mean(tf.square(model(x_adv, training=False) - y))
+            x_adv = x_adv + 0.01 * tf.sign(tape.gradient(attack, x_adv))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x_adv, training=True) - y))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    for call in range(a.calls):
+        loss = train_step(iterator)
+        print(f"call {call + 1} iterations {int(optimizer.iterations.numpy())} loss {float(loss)!r}", flush=True)
 
 elif a.shape == "lazy_state":
     # A plain SGD update by hand (TF's "basic training loops" guide), scaled by a variable made on
