@@ -116,3 +116,46 @@ def test_no_runtime_means_no_device_samples(tmp_path, monkeypatch):
     sampler = memory.MemorySampler(agent)
     assert [type(m) for m in sampler()] == [protocol.HostSample]
     agent.stop()
+
+
+_IMPORT_SPY = textwrap.dedent(
+    """
+    import sys, threading
+    seen = []
+
+    class Spy:
+        def find_spec(self, name, path=None, target=None):
+            if threading.current_thread().name == "tpuwatch-agent":
+                seen.append(name)
+            return None
+
+    sys.meta_path.insert(0, Spy())
+    """
+)
+
+
+def test_the_agent_thread_imports_nothing_while_the_script_imports(tmp_path):
+    """The agent's thread imported psutil (and with it datetime, subprocess, locale...) at its
+    first host sample, while the script imported TensorFlow on the main thread: on TF 2.16 (which
+    imports setuptools -> plistlib -> datetime) the two imports deadlocked, and the script hung
+    at start (1 run in 8 here). Every module the agent's thread needs is imported before it starts."""
+    (tmp_path / "import_spy.py").write_text(_IMPORT_SPY)
+    (tmp_path / "sitecustomize.py").write_text("import import_spy\n")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(
+        """
+        import time
+        import tensorflow as tf
+        tf.constant(1.0) + 1.0  # the runtime starts: device samples begin
+        time.sleep(1.0)         # several samples, records drained
+        import import_spy
+        print("AGENT THREAD IMPORTED", sorted(set(import_spy.seen)), flush=True)
+        """
+    ))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "TPUWATCH_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([sys.executable, "-m", "tpuwatch.agent", str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("AGENT THREAD IMPORTED"))
+    assert line == "AGENT THREAD IMPORTED []", line

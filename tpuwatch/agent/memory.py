@@ -66,6 +66,15 @@ class MemorySampler:
         self._devices: list[tuple[str, int | None, str]] | None = None  # (name, limit, source)
         self._failed_devices: set[str] = set()
         self._seen_logical: Any = None
+        # Imported here, on the script's thread, never first on the agent's: there psutil's imports
+        # (datetime, subprocess...) deadlocked against the script's own import of TensorFlow
+        # (TF 2.16 imports setuptools -> plistlib -> datetime), hanging the script at start.
+        import psutil
+
+        from tpuwatch.agent import tpu_metrics
+
+        self._psutil = psutil
+        self._tpu_metrics = tpu_metrics
 
     def __call__(self) -> list[Message]:
         out: list[Message] = []
@@ -87,8 +96,7 @@ class MemorySampler:
     # --- host ------------------------------------------------------------------------------
 
     def host_sample(self) -> HostSample:
-        import psutil
-
+        psutil = self._psutil
         if self._process is None:
             self._process = psutil.Process(os.getpid())
             self._process.cpu_percent(None)  # the first call only starts the measurement
@@ -107,9 +115,7 @@ class MemorySampler:
         if self._devices is None:
             self._devices = self._discover(tf)
         out = []
-        from tpuwatch.agent import tpu_metrics
-
-        covered = tpu_metrics.covered_devices(self.agent)  # libtpu's figures win while it answers
+        covered = self._tpu_metrics.covered_devices(self.agent)  # libtpu's figures win while it answers
         for name, limit, limit_source in self._devices:
             if name in self._failed_devices or name in covered:
                 continue
