@@ -17,18 +17,23 @@ from tpuwatch.protocol import Event, Exit, Hello
 # A pure-Python "training" loop: the agent runs it without importing TensorFlow (fast), and the
 # test process (not the viewer) is its parent, as the `tpuwatch run` that detached would be.
 LOOP = "import time\nfor i in range(100000):\n    print('step', i, flush=True)\n    time.sleep(0.05)\n"
-STUBBORN = ("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+STUBBORN = ("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('ignoring SIGINT', flush=True)\n"
             "for i in range(100000):\n    time.sleep(0.05)\n")
 
 
-def _start(tmp_path: Path, source: str) -> launcher.Launch:
+def _start(tmp_path: Path, source: str, ready: bytes = b"") -> launcher.Launch:
+    """Starts ``source`` under the agent; returns once the agent said hello and the script printed
+    ``ready`` (the agent says hello before the script runs: a signal sent then meets Python's
+    default handlers, not the script's)."""
     script = tmp_path / "train.py"
     script.write_text(source)
     launch = launcher.start(str(script), [], run_dir=tmp_path / "run")
     deadline = time.monotonic() + 60
     events = launch.run_dir / rundir.EVENTS
+    output = launch.run_dir / rundir.OUTPUT
     try:
-        while not events.exists() or b'"kind":"hello"' not in events.read_bytes():
+        while (not events.exists() or b'"kind":"hello"' not in events.read_bytes()
+               or (ready and ready not in output.read_bytes())):
             assert time.monotonic() < deadline, (launch.run_dir / rundir.OUTPUT).read_text()
             assert launch.alive(), (launch.run_dir / rundir.OUTPUT).read_text()
             time.sleep(0.1)
@@ -71,7 +76,7 @@ def test_stop_chosen_in_attach_stops_training_and_lists_it_stopped(tmp_path, mon
 
 
 def test_a_process_ignoring_sigint_gets_sigterm_after_the_grace_period(tmp_path):
-    launch = _start(tmp_path, STUBBORN)
+    launch = _start(tmp_path, STUBBORN, ready=b"ignoring SIGINT")
     lines: list[str] = []
     try:
         code = run_stop.stop_runs([launch.run_dir], by="test", grace_int_s=1.0, grace_term_s=10.0,
