@@ -373,18 +373,15 @@ class StepProbe:
         # without one says so (loss None); the dashboard shows the last loss with its step.
         losses = None
         due = read_all or trained - self._loss_read_trained >= self.loss_every_s or "_read" not in flags
-        if eagerly:  # kept as values while it ran
-            reader = self.eager_function_loss_reader
-            losses = reader(flags) if reader is not None else None
+        # A call that ran eagerly kept its losses as values while it ran: they are always taken.
+        reader = self.eager_function_loss_reader if eagerly else self.loss_reader if due else None
+        if reader is not None:
+            losses = reader(flags)
             if losses is not None:
                 self._loss_read_trained = trained
                 self._loss_read_at = now
-        elif self.loss_reader is not None and due:
-            losses = self.loss_reader(flags)
-            if losses is not None:
-                self._loss_read_trained = trained
-                self._loss_read_at = now
-                flags["_read"] = True
+                if not eagerly:
+                    flags["_read"] = True
         strategy = flags.get("strategy")
         if strategy is None and self._last_strategy is None:
             strategy = _current_strategy()  # a step with no strategy.run trains on the current one
