@@ -25,18 +25,18 @@ def looks_like(value: str) -> bool:
     return bool(sep and host and port.isdigit())
 
 
-def parse(value: str, *, listen: bool = False) -> tuple[str, int]:
+def parse(value: str, *, listen: bool = False, option: str = "--listen") -> tuple[str, int]:
     """``(host, port)`` of ``value``; brackets around an IPv6 host removed. ``listen``: an address
     to bind (host optional, port 0 allowed). Raises ValueError with one line naming what is wrong
-    (for ``--listen``, prefixed with the option)."""
+    (for an address to bind, prefixed with ``option``)."""
     host, sep, port = _split(value)
     host = host.strip("[]")
     if listen:
         host = host or "127.0.0.1"
         if not sep or not port.isdigit():
-            raise ValueError(f"--listen {value!r}: expected HOST:PORT, e.g. {EXAMPLE}")
+            raise ValueError(f"{option} {value!r}: expected HOST:PORT, e.g. {EXAMPLE}")
         if not 0 <= int(port) <= 65535:
-            raise ValueError(f"--listen {value!r}: port {port} is out of range (0-65535)")
+            raise ValueError(f"{option} {value!r}: port {port} is out of range (0-65535)")
     elif not sep or not port.isdigit() or not host or not 0 < int(port) <= 65535:
         raise ValueError(f"{value!r} is not HOST:PORT (e.g. {EXAMPLE})")
     return host, int(port)

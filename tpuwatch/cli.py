@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Callable, TextIO, cast
 from tpuwatch import __version__, address, settings
 
 if TYPE_CHECKING:
+    from tpuwatch.console.alerts import Alerts
+    from tpuwatch.console.relay import Relay
     from tpuwatch.sources.source import Source
 
 EXIT_USAGE = 2
@@ -81,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
                           "localhost ports), one agent each, shown merged (docs/multihost.md)")
     run.add_argument("--worker-grace", type=float, default=None, metavar="SECONDS",
                      help="with --workers: after a worker dies, stop the others this long after (default 15)")
+    _add_outlet_options(run)
     run.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
     run.add_argument("script", help="the training script (or module with -m)")
     # argparse counts a REMAINDER positional as required ("required: script, args"); the script is.
@@ -94,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     attach.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
                         help="when stdout is not a terminal: at most one progress line every SECONDS, when "
                              "something moved (default 5), until the run ends; then its summary and its exit code")
+
+    _add_outlet_options(attach)
 
     replay = sub.add_parser("replay", help="play a recorded run back in the dashboard (needs a terminal; "
                                            "`tpuwatch report` prints a run's summary)")
@@ -219,17 +224,24 @@ def cmd_run(ns: argparse.Namespace) -> int:
             _say(f"warning: --listen {ns.listen} accepts viewers from every network this machine is on "
                  "(anyone with the token can read the run and send commands); prefer 127.0.0.1:PORT with "
                  "SSH port forwarding (docs/remote.md)")
-    if ns.workers is not None or ns.worker_grace is not None:
-        return _run_group(ns, env)
+    outlets = _Outlets(ns)
+    if problem := outlets.open():
+        return _error(problem)
     try:
-        launch = launcher.start(ns.script, ns.args, module=ns.module, run_dir=ns.run_dir, python=ns.python,
-                                listen=ns.listen, sample_hz=ns.sample_hz, env=env)
-    except launcher.LaunchError as e:
-        return _error(str(e))
-    headless = ns.headless or not sys.stdout.isatty()
-    if headless:
-        return _run_headless(launch, ns.every)
-    return _run_dashboard(launch)
+        if ns.workers is not None or ns.worker_grace is not None:
+            return _run_group(ns, env, outlets)
+        try:
+            launch = launcher.start(ns.script, ns.args, module=ns.module, run_dir=ns.run_dir, python=ns.python,
+                                    listen=ns.listen, sample_hz=ns.sample_hz, env=env)
+        except launcher.LaunchError as e:
+            return _error(str(e))
+        headless = ns.headless or not sys.stdout.isatty()
+        outlets.start(launch.run_dir, launch.alive, quiet=not headless)
+        if headless:
+            return _run_headless(launch, ns.every)
+        return _run_dashboard(launch)
+    finally:
+        outlets.close()
 
 
 def _run_headless(launch, every_s: float) -> int:
@@ -282,7 +294,7 @@ class _Unbreakable:
         return getattr(self._stream, name)
 
 
-def _run_group(ns: argparse.Namespace, env: dict[str, str] | None) -> int:
+def _run_group(ns: argparse.Namespace, env: dict[str, str] | None, outlets: "_Outlets") -> int:
     """``tpuwatch run --workers N``: N local workers, supervised as one group (docs/multihost.md)."""
     from tpuwatch.control import group_launch, launcher
 
@@ -297,8 +309,10 @@ def _run_group(ns: argparse.Namespace, env: dict[str, str] | None) -> int:
         return _error(str(e))
     merger = group_launch.OutputMerger(group).start()
     supervisor = group_launch.Supervisor(group, say=_say).start()
+    headless = ns.headless or not sys.stdout.isatty()
+    outlets.start(group.run_dir, group.alive, quiet=not headless)
     try:
-        if ns.headless or not sys.stdout.isatty():
+        if headless:
             return _run_group_headless(group, supervisor, merger, ns.every)
         return _run_group_dashboard(group, supervisor, merger)
     finally:
@@ -534,6 +548,9 @@ def cmd_attach(ns: argparse.Namespace) -> int:
     if (bad := _bad_every(ns.every)) is not None:
         return bad
     if any(_is_address(r) or r.startswith("@") for r in ns.run):
+        if ns.notify:
+            return _error("--notify works with a run recorded on this host; on each training host, run "
+                          "`tpuwatch attach RUN --notify CMD` (docs/alerts.md)")
         return _attach_remote(ns)
     if len(ns.run) > 1:
         return _error("give one run id or directory (or HOST:PORT addresses of agents started with --listen)")
@@ -544,9 +561,17 @@ def cmd_attach(ns: argparse.Namespace) -> int:
     problem = _nothing_to_show(run_dir)
     if problem:
         return _error(problem)
-    if not sys.stdout.isatty():  # into a pipe or a file: progress lines, not a dashboard waiting for keys
-        return _attach_headless(run_dir, ns.every)
-    return _after_attach(run_dir, _dashboard(run_dir, live=True))
+    outlets = _Outlets(ns)
+    if problem := outlets.open():
+        return _error(problem)
+    try:
+        headless = not sys.stdout.isatty()
+        outlets.start(run_dir, _run_dir_alive(run_dir), quiet=not headless)
+        if headless:  # into a pipe or a file: progress lines, not a dashboard waiting for keys
+            return _attach_headless(run_dir, ns.every)
+        return _after_attach(run_dir, _dashboard(run_dir, live=True))
+    finally:
+        outlets.close()
 
 
 def _attach_headless(run_dir: Path, every_s: float) -> int:
@@ -556,15 +581,10 @@ def _attach_headless(run_dir: Path, every_s: float) -> int:
     from tpuwatch import rundir
     from tpuwatch.console import headless
     from tpuwatch.monitor.group import worker_dirs
-    from tpuwatch.monitor.runs import run_alive
     from tpuwatch.sources.group_source import GroupSource
 
     workers = worker_dirs(run_dir)
-    dirs = [w.path for w in workers] if workers is not None else [run_dir]
-
-    def alive() -> bool:
-        return any(run_alive(rundir.read_meta(d)) for d in dirs)
-
+    alive = _run_dir_alive(run_dir)
     sleep = _sleep_watching_stdout()
     if workers is None:
         snap = headless.follow(run_dir / rundir.EVENTS, alive, out=sys.stdout, every_s=every_s, sleep=sleep)
@@ -578,6 +598,17 @@ def _attach_headless(run_dir: Path, every_s: float) -> int:
     if snap.exit_code is not None:
         return snap.exit_code
     return 1 if snap.status in ("lost", "crashed") else 0
+
+
+def _run_dir_alive(run_dir: Path) -> Callable[[], bool]:
+    """Whether the run recorded in ``run_dir`` (any of its workers) still runs, asked anew each call."""
+    from tpuwatch import rundir
+    from tpuwatch.monitor.group import worker_dirs
+    from tpuwatch.monitor.runs import run_alive
+
+    workers = worker_dirs(run_dir)
+    dirs = [w.path for w in workers] if workers is not None else [run_dir]
+    return lambda: any(run_alive(rundir.read_meta(d)) for d in dirs)
 
 
 def _sleep_watching_stdout() -> Callable[[float], None]:
@@ -763,6 +794,68 @@ def cmd_ls(ns: argparse.Namespace) -> int:
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() or os.environ.get("COLUMNS") else None
     print(render_run_list(runs, width))
     return 0
+
+
+# --- alerts, Prometheus, TensorBoard (docs/alerts.md, docs/prometheus.md, docs/tensorboard.md) ----
+
+
+def _add_outlet_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--notify", action="append", default=[], metavar="CMD",
+                   help="run shell command CMD on every new warning or critical finding, a stall, a crash and the "
+                        "end of the run: the event as JSON on its stdin, TPUWATCH_EVENT_KIND/RULE/SEVERITY/RUN/"
+                        "STATUS/MESSAGE in its environment (repeatable; killed after TPUWATCH_NOTIFY_TIMEOUT_S, "
+                        "default 10 s; docs/alerts.md)")
+    p.add_argument("--notify-min-severity", choices=("info", "warning", "critical"), default="warning",
+                   help="the least severe finding --notify sends (default warning); stalls, crashes and the end "
+                        "of the run are always sent")
+
+
+class _Outlets:
+    """What the options above ask for: checked before the script starts, fed by a relay (its own
+    thread, tailing the recording) while the run is watched, closed after the view."""
+
+    def __init__(self, ns: argparse.Namespace) -> None:
+        self.ns = ns
+        self.relay: Relay | None = None
+        self.alerts: Alerts | None = None
+        self._quiet = False  # the dashboard has the terminal: say things after it closes
+        self._held: list[str] = []
+
+    def open(self) -> str:
+        """Checks the options; returns what is wrong with them ("" when nothing is)."""
+        return ""
+
+    def start(self, run_dir: Path, is_alive: Callable[[], bool], *, quiet: bool) -> None:
+        from tpuwatch.console.relay import Outlet, Relay, relay_source
+
+        self._quiet = quiet
+        outlets: list[Outlet] = []
+        if self.ns.notify:
+            from tpuwatch.console.alerts import Alerts
+
+            self.alerts = Alerts(self.ns.notify, min_severity=self.ns.notify_min_severity, report=self._report,
+                                 run_dir=str(run_dir))
+            outlets.append(self.alerts)
+        if outlets:
+            self.relay = Relay(relay_source(run_dir), is_alive, outlets).start()
+
+    def _report(self, line: str) -> None:
+        if self._quiet:
+            self._held.append(line)
+        else:
+            _say(line)
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+            if self.relay.error is not None:
+                self._held.append(f"alerts/metrics stopped early: {self.relay.error!r}")
+        self._quiet = False
+        for line in self._held:
+            _say(line)
+        self._held.clear()
+        if self.alerts is not None:
+            _say(self.alerts.summary())
 
 
 if __name__ == "__main__":

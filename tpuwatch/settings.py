@@ -53,6 +53,18 @@ ALLOWED_DESTINATIONS = Variable("TPUWATCH_ALLOWED_DESTINATIONS", "", "Set by ``t
 
 STOP_GRACE_S = Variable("TPUWATCH_STOP_GRACE_S", "15", "Seconds ``tpuwatch run`` waits after SIGINT before "
                         "SIGTERM, and after SIGTERM before SIGKILL, when the user stops the run.")
+NOTIFY_TIMEOUT_S = Variable("TPUWATCH_NOTIFY_TIMEOUT_S", "10", "Seconds a ``--notify`` command may run on one "
+                            "event before it is killed (with everything it started), counted and reported.")
+# Set by ``--notify`` for its command (docs/alerts.md); the event itself is JSON on the command's stdin.
+EVENT_KIND = Variable("TPUWATCH_EVENT_KIND", "", "Set for a ``--notify`` command: finding, stall, crash or end.")
+EVENT_RULE = Variable("TPUWATCH_EVENT_RULE", "", "Set for a ``--notify`` command: the finding's rule (\"\" for "
+                      "crash and end).")
+EVENT_SEVERITY = Variable("TPUWATCH_EVENT_SEVERITY", "", "Set for a ``--notify`` command: info, warning or critical.")
+EVENT_RUN = Variable("TPUWATCH_EVENT_RUN", "", "Set for a ``--notify`` command: the run id.")
+EVENT_STATUS = Variable("TPUWATCH_EVENT_STATUS", "", "Set for a ``--notify`` command: the run's status (running, "
+                        "stalled, finished, crashed, ...).")
+EVENT_MESSAGE = Variable("TPUWATCH_EVENT_MESSAGE", "", "Set for a ``--notify`` command: the event in one line "
+                         "(run, what, step, message), for a notification or a mail subject.")
 
 # --- the agent (read inside the training process) ---------------------------------------------------
 
@@ -72,5 +84,6 @@ TEST_FAIL_PROBE = Variable("TPUWATCH_TEST_FAIL_PROBE", "", "Tests only: the prob
                            "purpose (fault injection).")
 
 #: Every variable above, for ``doctor`` and the docs.
-ALL = (HOME, RUN_DIR, RUN_ID, TOKEN, ALLOWED_DESTINATIONS, STOP_GRACE_S, SAMPLE_HZ, LISTEN, DISABLE,
+ALL = (HOME, RUN_DIR, RUN_ID, TOKEN, ALLOWED_DESTINATIONS, STOP_GRACE_S, NOTIFY_TIMEOUT_S, EVENT_KIND, EVENT_RULE,
+       EVENT_SEVERITY, EVENT_RUN, EVENT_STATUS, EVENT_MESSAGE, SAMPLE_HZ, LISTEN, DISABLE,
        VIEWER_TIMEOUT_S, TEARDOWN_S, LOSS_EVERY_S, TEST_FAIL_PROBE)
