@@ -20,6 +20,7 @@ from tpuwatch import __version__, address, settings
 
 if TYPE_CHECKING:
     from tpuwatch.console.alerts import Alerts
+    from tpuwatch.console.metrics_server import MetricsServer
     from tpuwatch.console.relay import Relay
     from tpuwatch.sources.source import Source
 
@@ -548,9 +549,9 @@ def cmd_attach(ns: argparse.Namespace) -> int:
     if (bad := _bad_every(ns.every)) is not None:
         return bad
     if any(_is_address(r) or r.startswith("@") for r in ns.run):
-        if ns.notify:
-            return _error("--notify works with a run recorded on this host; on each training host, run "
-                          "`tpuwatch attach RUN --notify CMD` (docs/alerts.md)")
+        if ns.notify or ns.metrics:
+            return _error("--notify and --metrics work with a run recorded on this host; on each training host, "
+                          "run `tpuwatch attach RUN --notify CMD --metrics PORT` (docs/alerts.md, docs/prometheus.md)")
         return _attach_remote(ns)
     if len(ns.run) > 1:
         return _error("give one run id or directory (or HOST:PORT addresses of agents started with --listen)")
@@ -805,6 +806,9 @@ def _add_outlet_options(p: argparse.ArgumentParser) -> None:
                         "end of the run: the event as JSON on its stdin, TPUWATCH_EVENT_KIND/RULE/SEVERITY/RUN/"
                         "STATUS/MESSAGE in its environment (repeatable; killed after TPUWATCH_NOTIFY_TIMEOUT_S, "
                         "default 10 s; docs/alerts.md)")
+    p.add_argument("--metrics", default="", metavar="HOST:PORT",
+                   help="serve the run's numbers on http://HOST:PORT/metrics for Prometheus, from this process "
+                        "(HOST defaults to 127.0.0.1: give 127.0.0.1:PORT or just PORT; docs/prometheus.md)")
     p.add_argument("--notify-min-severity", choices=("info", "warning", "critical"), default="warning",
                    help="the least severe finding --notify sends (default warning); stalls, crashes and the end "
                         "of the run are always sent")
@@ -818,11 +822,20 @@ class _Outlets:
         self.ns = ns
         self.relay: Relay | None = None
         self.alerts: Alerts | None = None
+        self.metrics: MetricsServer | None = None
         self._quiet = False  # the dashboard has the terminal: say things after it closes
         self._held: list[str] = []
 
     def open(self) -> str:
         """Checks the options; returns what is wrong with them ("" when nothing is)."""
+        if self.ns.metrics:
+            from tpuwatch.console.metrics_server import MetricsServer
+
+            value = self.ns.metrics
+            try:
+                self.metrics = MetricsServer.open(f"127.0.0.1:{value}" if value.isdigit() else value)
+            except ValueError as e:
+                return str(e)
         return ""
 
     def start(self, run_dir: Path, is_alive: Callable[[], bool], *, quiet: bool) -> None:
@@ -836,6 +849,9 @@ class _Outlets:
             self.alerts = Alerts(self.ns.notify, min_severity=self.ns.notify_min_severity, report=self._report,
                                  run_dir=str(run_dir))
             outlets.append(self.alerts)
+        if self.metrics is not None:
+            _say(f"Prometheus metrics on {self.metrics.url}")
+            outlets.append(self.metrics.metrics)
         if outlets:
             self.relay = Relay(relay_source(run_dir), is_alive, outlets).start()
 
@@ -856,6 +872,8 @@ class _Outlets:
         self._held.clear()
         if self.alerts is not None:
             _say(self.alerts.summary())
+        if self.metrics is not None:
+            self.metrics.close()
 
 
 if __name__ == "__main__":
