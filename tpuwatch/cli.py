@@ -1,4 +1,4 @@
-"""The ``tpuwatch`` command: run | attach | replay | report | ls.
+"""The ``tpuwatch`` command: run | attach | replay | report | export | ls | profile | checkpoint | doctor.
 
 Imports nothing heavy at module level: ``tpuwatch --help`` must stay fast and never needs
 TensorFlow (the UI process never imports it at all).
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tpuwatch.console.alerts import Alerts
     from tpuwatch.console.metrics_server import MetricsServer
     from tpuwatch.console.relay import Relay
+    from tpuwatch.console.tensorboard_export import TensorBoardExport
     from tpuwatch.sources.source import Source
 
 EXIT_USAGE = 2
@@ -35,6 +36,7 @@ Watch and diagnose TensorFlow training from the terminal.
   tpuwatch attach [RUN]              re-join a run (the latest by default)
   tpuwatch replay RUN                play a recorded run back
   tpuwatch report RUN                summary and findings of a run
+  tpuwatch export RUN --tensorboard LOGDIR   its series as TensorBoard scalars
   tpuwatch ls                        list runs
   tpuwatch profile [RUN]             capture a profile of a live run now
   tpuwatch checkpoint [RUN]          save a checkpoint of a live run now
@@ -110,6 +112,12 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
     report.add_argument("--format", choices=("text", "markdown", "json"), default="text")
 
+    export = sub.add_parser("export", help="write a run's series for another tool: TensorBoard scalars")
+    export.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
+    export.add_argument("--tensorboard", type=Path, metavar="LOGDIR", required=True,
+                        help="write step time, input wait, each replica's loss and memory as TensorBoard scalars "
+                             "into LOGDIR/tpuwatch-<run-id> (needs the tensorboard package; docs/tensorboard.md)")
+
     sub.add_parser("ls", help="list the runs under $TPUWATCH_HOME/runs (fitted to the terminal's width)")
 
     profile = sub.add_parser("profile", help="capture a profile of a live run (TensorBoard/XProf format)")
@@ -145,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     handler = {"run": cmd_run, "attach": cmd_attach, "replay": cmd_replay, "report": cmd_report, "ls": cmd_ls,
-               "profile": cmd_action, "checkpoint": cmd_action, "doctor": cmd_doctor}[ns.command]
+               "export": cmd_export, "profile": cmd_action, "checkpoint": cmd_action, "doctor": cmd_doctor}[ns.command]
     try:
         return handler(ns)
     except KeyboardInterrupt:
@@ -549,9 +557,9 @@ def cmd_attach(ns: argparse.Namespace) -> int:
     if (bad := _bad_every(ns.every)) is not None:
         return bad
     if any(_is_address(r) or r.startswith("@") for r in ns.run):
-        if ns.notify or ns.metrics:
-            return _error("--notify and --metrics work with a run recorded on this host; on each training host, "
-                          "run `tpuwatch attach RUN --notify CMD --metrics PORT` (docs/alerts.md, docs/prometheus.md)")
+        if ns.notify or ns.metrics or ns.tensorboard:
+            return _error("--notify, --metrics and --tensorboard work with a run recorded on this host; on each "
+                          "training host, run `tpuwatch attach RUN --notify CMD --metrics PORT` (docs/alerts.md)")
         return _attach_remote(ns)
     if len(ns.run) > 1:
         return _error("give one run id or directory (or HOST:PORT addresses of agents started with --listen)")
@@ -778,6 +786,28 @@ def cmd_report(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(ns: argparse.Namespace) -> int:
+    """``tpuwatch export RUN --tensorboard LOGDIR``: a recorded run's series as TensorBoard scalars."""
+    from tpuwatch.console import tensorboard_export
+    from tpuwatch.console.relay import relay_source
+    from tpuwatch.monitor.group import worker_dirs
+
+    try:
+        run_dir = _find_run(ns.run)
+    except FileNotFoundError as e:
+        return _error(str(e))
+    if problem := _nothing_to_show(run_dir) or tensorboard_export.problem(ns.tensorboard, run_dir.name):
+        return _error(problem)
+    done = tensorboard_export.export(relay_source(run_dir), ns.tensorboard, run_dir.name,
+                                     per_worker=worker_dirs(run_dir) is not None)
+    if not done.points:
+        _say(f"{_ref(run_dir)} has no step records or memory samples: nothing written")
+        return 1
+    _say(f"wrote {sum(done.points.values()):,} scalars in {len(done.points)} series to {done.folder}; "
+         f"see them with `tensorboard --logdir {ns.tensorboard}`")
+    return 0
+
+
 def cmd_ls(ns: argparse.Namespace) -> int:
     from tpuwatch import rundir
     from tpuwatch.console.run_list import render_run_list
@@ -809,6 +839,10 @@ def _add_outlet_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics", default="", metavar="HOST:PORT",
                    help="serve the run's numbers on http://HOST:PORT/metrics for Prometheus, from this process "
                         "(HOST defaults to 127.0.0.1: give 127.0.0.1:PORT or just PORT; docs/prometheus.md)")
+    p.add_argument("--tensorboard", type=Path, metavar="LOGDIR",
+                   help="also write step time, input wait, each replica's loss and memory as TensorBoard scalars "
+                        "into LOGDIR/tpuwatch-<run-id> as the run goes (needs the tensorboard package; "
+                        "docs/tensorboard.md)")
     p.add_argument("--notify-min-severity", choices=("info", "warning", "critical"), default="warning",
                    help="the least severe finding --notify sends (default warning); stalls, crashes and the end "
                         "of the run are always sent")
@@ -823,11 +857,17 @@ class _Outlets:
         self.relay: Relay | None = None
         self.alerts: Alerts | None = None
         self.metrics: MetricsServer | None = None
+        self.tensorboard: TensorBoardExport | None = None
         self._quiet = False  # the dashboard has the terminal: say things after it closes
         self._held: list[str] = []
 
     def open(self) -> str:
         """Checks the options; returns what is wrong with them ("" when nothing is)."""
+        if self.ns.tensorboard is not None:
+            from tpuwatch.console import tensorboard_export
+
+            if problem := tensorboard_export.problem(self.ns.tensorboard, None):
+                return problem
         if self.ns.metrics:
             from tpuwatch.console.metrics_server import MetricsServer
 
@@ -849,6 +889,14 @@ class _Outlets:
             self.alerts = Alerts(self.ns.notify, min_severity=self.ns.notify_min_severity, report=self._report,
                                  run_dir=str(run_dir))
             outlets.append(self.alerts)
+        if self.ns.tensorboard is not None:
+            from tpuwatch.console import tensorboard_export
+            from tpuwatch.monitor.group import worker_dirs
+
+            self.tensorboard = tensorboard_export.TensorBoardExport(
+                self.ns.tensorboard, run_dir.name, per_worker=worker_dirs(run_dir) is not None)
+            _say(f"TensorBoard scalars into {self.tensorboard.folder}")
+            outlets.append(self.tensorboard)
         if self.metrics is not None:
             _say(f"Prometheus metrics on {self.metrics.url}")
             outlets.append(self.metrics.metrics)
