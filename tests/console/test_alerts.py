@@ -142,3 +142,25 @@ def test_a_crash_is_sent_once_with_its_error_and_the_end_once(tmp_path):
     assert (events[-1]["status"], events[-1]["exit_code"]) == ("crashed", 1)
     assert "ran past 2 s" in proc.stderr and "timed out (killed)" in proc.stderr
     _no_hanger_left(tmp_path)
+
+
+def test_attach_alerts_for_a_recorded_run_it_did_not_start(tmp_path):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_bytes((Path(__file__).parents[1] / "data" / "crashed.jsonl").read_bytes())
+    append, _ = _commands(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "tpuwatch", "attach", str(run_dir), "--notify", append],
+                          capture_output=True, text=True, timeout=120,
+                          env=child_env(TPUWATCH_HOME=str(tmp_path / "home")))
+    assert proc.returncode == 1, proc.stderr  # the run's own exit code
+    events = _lines(tmp_path / "events.jsonl")
+    assert [(e["kind"], e["rule"]) for e in events] == [
+        ("finding", "loss-nonfinite"), ("finding", "script-crash"), ("crash", ""), ("end", "")]
+    assert events[2]["message"] == "FloatingPointError: loss is nan at step 150"
+    assert "notify: 4 event(s) to 1 command(s)" in proc.stderr
+
+
+def test_notify_on_a_remote_attach_is_refused_in_one_line():
+    proc = subprocess.run([sys.executable, "-m", "tpuwatch", "attach", "127.0.0.1:9", "--notify", "true"],
+                          capture_output=True, text=True, timeout=60, env=child_env())
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "on each training host" in proc.stderr
