@@ -913,7 +913,8 @@ class _Outlets:
         if self.relay is not None:
             self.relay.close()
             if self.relay.error is not None:
-                self._held.append(f"alerts/metrics stopped early: {self.relay.error!r}")
+                self._held.append(f"--notify/--metrics/--tensorboard stopped early: {self.relay.error!r}")
+            self._held.extend(self.relay.errors)
         self._quiet = False
         for line in self._held:
             _say(line)

@@ -69,7 +69,8 @@ class Relay:
         self._leave = threading.Event()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tpuwatch-relay", daemon=True)
-        self.error: Exception | None = None
+        self.error: Exception | None = None  # the relay itself failed (reading the recording)
+        self.errors: list[str] = []  # outlets that failed and were dropped
         self.final: RunSnapshot | None = None
 
     def start(self) -> "Relay":
@@ -93,8 +94,8 @@ class Relay:
             if not isinstance(msg, Finding):  # the relay's own engine makes them (the same ones)
                 self.state.apply(msg, worker)
                 self._feed.apply(msg, worker)
-            for outlet in self.outlets:
-                outlet.take(name, msg)
+            for outlet in list(self.outlets):
+                self._call(outlet, outlet.take, name, msg)
 
     def _drain(self) -> None:
         while True:
@@ -128,8 +129,8 @@ class Relay:
                 next_update = now + UPDATE_EVERY_S
                 snap = self.state.snapshot(now)
                 new = self.state.drain_new_findings()
-                for outlet in self.outlets:
-                    outlet.update(snap, new)
+                for outlet in list(self.outlets):
+                    self._call(outlet, outlet.update, snap, new)
             self._leave.wait(self.poll_s)
         ended = not self.is_alive()
         if ended:
@@ -145,8 +146,17 @@ class Relay:
         snap = self.state.snapshot(end_t)
         self.final = snap
         new = self.state.drain_new_findings()
-        for outlet in self.outlets:
-            outlet.close(snap, new)
+        for outlet in list(self.outlets):
+            self._call(outlet, outlet.close, snap, new)
+
+    def _call(self, outlet: Outlet, method: Callable[..., object], *args: object) -> None:
+        """One outlet's failure (a full disk under --tensorboard) ends that outlet, said once
+        (:attr:`errors`), never the others or the view."""
+        try:
+            method(*args)
+        except Exception as e:  # reported by the owner at the end, with the outlet's name
+            self.outlets.remove(outlet)
+            self.errors.append(f"{type(outlet).__name__} stopped: {type(e).__name__}: {e}")
 
 
 def relay_source(run_dir: Path) -> RecordingSource:
