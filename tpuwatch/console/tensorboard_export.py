@@ -91,39 +91,44 @@ class TensorBoardExport:
         self._step: dict[str, int] = {}  # each worker's latest global step (memory samples are put there)
         self.points: dict[str, int] = {}  # tag -> scalars written
 
-    def _write(self, worker: str, tag: str, step: int, value: float, wall_time: float) -> None:
+    def _write(self, worker: str, step: int, wall_time: float, values: Sequence[tuple[str, float]]) -> None:
+        """One event holding ``values`` (tag, value) at ``step`` (one event per record: TensorBoard's
+        stub checksums every byte in Python, so fewer, fuller events cost less)."""
+        if not values:
+            return
         key = worker if self.per_worker else ""
         writer = self._writers.get(key)
         if writer is None:
             path = self.folder / _tag_part(worker) if self.per_worker else self.folder
             writer = self._writer_cls(str(path), flush_secs=self.flush_s, filename_suffix=".tpuwatch")
             self._writers[key] = writer
-        summary = self._summary_pb2.Summary(value=[self._summary_pb2.Summary.Value(tag=tag, simple_value=value)])
+        Value = self._summary_pb2.Summary.Value
+        summary = self._summary_pb2.Summary(value=[Value(tag=tag, simple_value=v) for tag, v in values])
         writer.add_event(self._event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
-        self.points[tag] = self.points.get(tag, 0) + 1
+        for tag, _ in values:
+            self.points[tag] = self.points.get(tag, 0) + 1
 
-    def _losses(self, worker: str, step: int, t: float, loss: float | None, replicas: Sequence[float]) -> None:
-        if loss is not None:
-            self._write(worker, LOSS, step, loss, t)
-        for i, value in enumerate(replicas):
-            self._write(worker, REPLICA_LOSS.format(index=i), step, value, t)
+    @staticmethod
+    def _losses(loss: float | None, replicas: Sequence[float]) -> list[tuple[str, float]]:
+        out = [(LOSS, loss)] if loss is not None else []
+        return out + [(REPLICA_LOSS.format(index=i), v) for i, v in enumerate(replicas)]
 
     # --- Outlet ----------------------------------------------------------------------------------
 
     def take(self, worker: str, msg: Message) -> None:
         if isinstance(msg, Step):
             self._step[worker] = msg.step
-            self._write(worker, STEP_TIME, msg.step, msg.step_time_s, msg.t)
+            values = [(STEP_TIME, msg.step_time_s)]
             if msg.input_wait_s is not None:
-                self._write(worker, INPUT_WAIT, msg.step, msg.input_wait_s, msg.t)
-            self._losses(worker, msg.step, msg.t, msg.loss, msg.replica_losses)
+                values.append((INPUT_WAIT, msg.input_wait_s))
+            self._write(worker, msg.step, msg.t, values + self._losses(msg.loss, msg.replica_losses))
         elif isinstance(msg, StepLoss):
-            self._losses(worker, msg.step, msg.t, msg.loss, msg.replica_losses)
+            self._write(worker, msg.step, msg.t, self._losses(msg.loss, msg.replica_losses))
         elif isinstance(msg, HostSample):
-            self._write(worker, HOST_RSS, self._step.get(worker, 0), msg.rss_bytes, msg.t)
+            self._write(worker, self._step.get(worker, 0), msg.t, [(HOST_RSS, msg.rss_bytes)])
         elif isinstance(msg, DeviceSample):
             tag = DEVICE_MEMORY.format(device=_tag_part(msg.device.rsplit("/", 1)[-1].removeprefix("device:")))
-            self._write(worker, tag, self._step.get(worker, 0), msg.current_bytes, msg.t)
+            self._write(worker, self._step.get(worker, 0), msg.t, [(tag, msg.current_bytes)])
 
     def update(self, snap: RunSnapshot, new_findings: Sequence[Finding]) -> None:
         pass  # the writers flush every flush_s on their own threads
