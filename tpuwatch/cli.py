@@ -571,7 +571,7 @@ def cmd_attach(ns: argparse.Namespace) -> int:
     if problem:
         return _error(problem)
     outlets = _Outlets(ns)
-    if problem := outlets.open():
+    if problem := outlets.open(run_dir.name):
         return _error(problem)
     try:
         headless = not sys.stdout.isatty()
@@ -861,12 +861,13 @@ class _Outlets:
         self._quiet = False  # the dashboard has the terminal: say things after it closes
         self._held: list[str] = []
 
-    def open(self) -> str:
-        """Checks the options; returns what is wrong with them ("" when nothing is)."""
+    def open(self, run_id: str | None = None) -> str:
+        """Checks the options (for the run ``run_id`` when it exists already); binds --metrics.
+        Returns what is wrong with them ("" when nothing is)."""
         if self.ns.tensorboard is not None:
             from tpuwatch.console import tensorboard_export
 
-            if problem := tensorboard_export.problem(self.ns.tensorboard, None):
+            if problem := tensorboard_export.problem(self.ns.tensorboard, run_id):
                 return problem
         if self.ns.metrics:
             from tpuwatch.console.metrics_server import MetricsServer
