@@ -217,7 +217,7 @@ def gcs_check(url: str, timeout_s: float = 10.0) -> Check:
     try:
         from google.cloud import storage
     except ImportError:
-        return Check(name, "fail", "google-cloud-storage is not installed (pip install google-cloud-storage)",
+        return Check(name, "fail", "google-cloud-storage is not installed (pip install 'tpuwatch[gcs]'; README, Install)",
                      required=True)
     try:
         client = storage.Client()
