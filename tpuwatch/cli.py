@@ -836,6 +836,9 @@ def _add_outlet_options(p: argparse.ArgumentParser) -> None:
                         "end of the run: the event as JSON on its stdin, TPUWATCH_EVENT_KIND/RULE/SEVERITY/RUN/"
                         "STATUS/MESSAGE in its environment (repeatable; killed after TPUWATCH_NOTIFY_TIMEOUT_S, "
                         "default 10 s; docs/alerts.md)")
+    p.add_argument("--notify-min-severity", choices=("info", "warning", "critical"), default="warning",
+                   help="the least severe finding --notify sends (default warning); stalls, crashes and the end "
+                        "of the run are always sent")
     p.add_argument("--metrics", default="", metavar="HOST:PORT",
                    help="serve the run's numbers on http://HOST:PORT/metrics for Prometheus, from this process "
                         "(HOST defaults to 127.0.0.1: give 127.0.0.1:PORT or just PORT; docs/prometheus.md)")
@@ -843,9 +846,6 @@ def _add_outlet_options(p: argparse.ArgumentParser) -> None:
                    help="also write step time, input wait, each replica's loss and memory as TensorBoard scalars "
                         "into LOGDIR/tpuwatch-<run-id> as the run goes (needs the tensorboard package; "
                         "docs/tensorboard.md)")
-    p.add_argument("--notify-min-severity", choices=("info", "warning", "critical"), default="warning",
-                   help="the least severe finding --notify sends (default warning); stalls, crashes and the end "
-                        "of the run are always sent")
 
 
 class _Outlets:
