@@ -44,6 +44,7 @@ def _start(tmp_path: Path, source: str, ready: bytes = b"") -> launcher.Launch:
     return launch
 
 
+@pytest.mark.tf
 def test_stop_chosen_in_attach_stops_training_and_lists_it_stopped(tmp_path, monkeypatch, capsys):
     launch = _start(tmp_path, LOOP)
     try:
@@ -75,6 +76,7 @@ def test_stop_chosen_in_attach_stops_training_and_lists_it_stopped(tmp_path, mon
             launch.proc.wait()
 
 
+@pytest.mark.tf
 def test_a_process_ignoring_sigint_gets_sigterm_after_the_grace_period(tmp_path):
     launch = _start(tmp_path, STUBBORN, ready=b"ignoring SIGINT")
     lines: list[str] = []
@@ -92,6 +94,7 @@ def test_a_process_ignoring_sigint_gets_sigterm_after_the_grace_period(tmp_path)
     assert (info.state, info.exit_code) == ("stopped", 143)
 
 
+@pytest.mark.tf
 def test_stopping_an_ended_run_says_so(tmp_path):
     launch = _start(tmp_path, "print('done')\n")
     launch.proc.wait(timeout=60)
@@ -139,6 +142,7 @@ def test_detach_from_attach_says_training_goes_on(tmp_path, monkeypatch, capsys)
     assert f"detached; training goes on. Re-join with `tpuwatch attach {run}`" in capsys.readouterr().err
 
 
+@pytest.mark.tf
 def test_remote_stop_reports_the_agents_answer(tmp_path):
     # A viewer on another host can only ask the agent: it interrupts itself, and the viewer
     # reports the run's end as a stop.
