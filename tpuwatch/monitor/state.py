@@ -38,7 +38,7 @@ from tpuwatch.monitor.snapshot import (
     RunStatus,
     WorkerView,
 )
-from tpuwatch.monitor.stats import History, Rolling, SeriesHistory, StepStats
+from tpuwatch.monitor.stats import History, Rolling, StepStats
 from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
 from tpuwatch.protocol import DISK_FULL_SOURCE as DISK_FULL
 from tpuwatch.protocol import (
@@ -120,7 +120,6 @@ class _Worker:
     connected: bool = True
     host: HostSample | None = None
     rss_peak: int = 0
-    rss_history: SeriesHistory = field(default_factory=SeriesHistory)
     last_t: float | None = None
 
     @property
@@ -304,11 +303,6 @@ class RunState:
             w.connected = connected
             self.version += 1
 
-    def set_tpu_metrics_note(self, note: str) -> None:
-        if note != self._tpu_note:
-            self._tpu_note = note
-            self.version += 1
-
     # --- handlers ------------------------------------------------------------------------------
 
     def _worker(self, name: str | None) -> _Worker:
@@ -381,7 +375,6 @@ class RunState:
         w.host = msg
         if msg.rss_bytes > w.rss_peak:
             w.rss_peak = msg.rss_bytes
-        w.rss_history.add(msg.t, msg.rss_bytes)
 
     def _device(self, msg: DeviceSample, w: _Worker) -> None:
         key = (w.name, msg.device)
@@ -693,7 +686,6 @@ class RunState:
                              total_bytes=w.host.total_bytes, cpu_percent=w.host.cpu_percent,
                              t=w.host.t) for w in workers if w.host is not None),
             host_rss_peak_bytes=max((w.rss_peak for w in workers), default=0) or None,
-            host_rss_history=p.rss_history.points(),
             tpu_metrics_note=self._tpu_note,
             events=tuple(self._events),
             commands=tuple(self._commands.values()),
