@@ -10,9 +10,9 @@ import pytest
 
 from tpuwatch import cli, rundir
 from tpuwatch.control import launcher, run_stop
-from tpuwatch.monitor.runs import STOP_MESSAGE, STOP_SOURCE, ended_state, run_info
+from tpuwatch.monitor.runs import ended_state, run_info
 from tpuwatch.monitor.state import RunState
-from tpuwatch.protocol import Event, Exit, Hello
+from tpuwatch.protocol import STOP_SOURCE, Event, EventFact, Exit, Hello
 
 # A pure-Python "training" loop: the agent runs it without importing TensorFlow (fast), and the
 # test process (not the viewer) is its parent, as the `tpuwatch run` that detached would be.
@@ -123,8 +123,8 @@ def test_status_of_an_ended_run(code, requested, status):
     state.apply(Hello(protocol_version=1, agent_version="x", run_id="r", t=1.0, pid=1, host="h", worker="w",
                       python_version="3", tf_version="", keras_version="", script="s.py", argv=()))
     if requested:
-        state.apply(Event(t=2.0, level="warning", source=STOP_SOURCE,
-                          message=f"{STOP_MESSAGE} from test"))
+        state.apply(Event(t=2.0, level="warning", source=STOP_SOURCE, message="stop requested from test",
+                          fact=EventFact.STOP_REQUESTED, subject="test"))
     state.apply(Exit(t=3.0, exit_code=code, signal=code - 128 if code > 128 else None))
     assert state.snapshot(now=3.0).status == status
     assert ended_state(code, requested) == status
