@@ -29,6 +29,13 @@ NO_TF = ("needs TensorFlow, which is not installed here: pip install -e '.[dev]'
          "or run the fast lane: pytest -m 'not tf and not slow'")
 
 
+def pytest_collection_finish(session):
+    if "tensorflow" in sys.modules:
+        raise pytest.UsageError(
+            "a test module imported TensorFlow at collection (every xdist worker pays for it, and the fast lane "
+            "cannot run without it): import it inside the test (the tf fixture) and mark the test tf")
+
+
 def pytest_collection_modifyitems(config, items):
     if HAVE_TF:
         return
