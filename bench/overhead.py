@@ -16,17 +16,36 @@ is reported separately.
 
     python bench/overhead.py [--width 1024] [--rounds 150] [--big-rounds 8] [--run 8] [--instances 3]
 
-Prints the ratio (instrumented / plain step time, medians over instances) and the added
-microseconds per step, for a ~20 ms step (``--width``) and for a tiny step (where the fixed cost is
-easiest to see); then the in-graph part beside the plain traces' own spread, and the Python part
-(the agent on vs off for the same trace, so free of that spread).
+Prints, for a ~20 ms step (``--width``) and for a tiny step (where the fixed cost is easiest to see):
+
+- the A/B: the ratio (instrumented / plain step time, medians over instances) and the added
+  microseconds per step;
+- its own A/A floor, by the same procedure: a second set of plain traces against the first, and a
+  second set of instrumented traces (agent on) against the first, interleaved in the same rounds.
+  A difference between two sets of the same thing is noise (trace-to-trace and box); an A/B
+  smaller than it says nothing;
+- the in-graph part (instrumented traces with the agent off) and the Python part (the agent on vs
+  off for the same trace, so free of the trace spread);
+- the Python time per call timed directly: each instrumented call's wall time minus the time the
+  agent's wrapper measured inside TensorFlow's own ``__call__`` (wrapper, bookkeeping and
+  ``record`` together), and ``record`` alone;
+- the ops the probes add to the step's graph (instrumented minus plain trace, nested functions
+  included), by type;
+- a verdict on the 100 µs budget on this box: *missed* when the directly timed Python part alone
+  (its median: a lower bound of the cost) is over it; otherwise *unresolved* when other processes
+  used more than a tenth of the box's CPU during the measurement (their work, not the agent, then
+  decides the figures); otherwise *missed* when the A/B minus its floor is over the budget, *met* when the A/B
+  plus its floor is within it, *unresolved* in between (the floor is wider than the distance to
+  the budget).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -39,6 +58,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _instances  # noqa: E402
 from _custom_loop import custom_loop  # noqa: E402
+
+BUDGET_S = 100e-6  # the agent's budget per step (README, docs/performance.md)
+BUSY_SHARE = 0.10  # other processes' share of the box's CPU above which no verdict is given
+
+
+def verdict(added_s: float, floor_s: float, python_s: float, others_share: float) -> str:
+    """MET / MISSED / UNRESOLVED for the budget, given the A/B, its A/A floor, the directly timed
+    Python part (a lower bound of the cost: the in-graph part is not negative) and the share of
+    the box's CPU that other processes used while it was measured."""
+    if python_s > BUDGET_S:
+        return "MISSED (the Python part alone)"
+    if others_share > BUSY_SHARE:
+        return f"UNRESOLVED (other processes used {others_share:.0%} of the box's CPU meanwhile)"
+    if added_s - floor_s > BUDGET_S:
+        return "MISSED"
+    if added_s + floor_s <= BUDGET_S:
+        return "MET"
+    return "UNRESOLVED (the A/A floor is wider than the distance to the budget)"
+
+
+def graph_ops(fn, it) -> collections.Counter:
+    """Op types of ``fn``'s trace for ``it``, the functions it calls included."""
+    graph = fn.get_concrete_function(it).graph.as_graph_def()
+    ops = collections.Counter(node.op for node in graph.node)
+    for f in graph.library.function:
+        ops.update(node.op for node in f.node_def)
+    return ops
 
 
 def main() -> None:
@@ -70,14 +116,29 @@ def main() -> None:
     for label, width, rounds in (("~20 ms step", a.width, a.big_rounds), ("tiny step", 8, a.rounds)):
         step, it = custom_loop(strategy, a.replicas, width)
 
-        plains, instrumented = [], []
+        # Two sets of each, traced alike: the second set is the A/A floor's (bench/_instances.py).
+        plains, plains2, instrumented, instrumented2 = [], [], [], []
         for _ in range(a.instances):  # several traces of each: see bench/_instances.py
+            for plain_set, instrumented_set in ((plains, instrumented), (plains2, instrumented2)):
+                patches.suspend()
+                plain_set.append(tf.function(step))
+                plain_set[-1](it)  # traced without the agent
+                patches.resume()
+                instrumented_set.append(tf.function(step))
+                instrumented_set[-1](it)  # traced with it: carries the in-graph probes
+        try:
             patches.suspend()
-            plains.append(tf.function(step))
-            plains[-1](it)  # traced without the agent
+            plain_ops = graph_ops(plains[0], it)
             patches.resume()
-            instrumented.append(tf.function(step))
-            instrumented[-1](it)  # traced with it: carries the in-graph probes
+            added_ops = graph_ops(instrumented[0], it)
+            added_ops.subtract(plain_ops)
+            captured = added_ops.pop("Placeholder", 0)  # the probes' variables, captured as inputs
+            ops_text = (f"{sum(added_ops.values()):+d} ops/step ("
+                        + ", ".join(f"{op} {n:+d}" for op, n in added_ops.most_common() if n)
+                        + f"), {captured:+d} captured variable handles")
+        except Exception as e:  # a private graph API moved: the timings still stand
+            patches.resume()
+            ops_text = f"not counted ({type(e).__name__}: {e})"
 
         perf = time.perf_counter
 
@@ -98,27 +159,39 @@ def main() -> None:
         variants = {}
         probe = agent.step_probe
         record = type(probe).record
-        in_record = [0.0, 0]
+        record_calls: list[float] = []  # per agent call: the training thread's time in record
+        inside_tf = [0.0]  # the last call's time inside TensorFlow's __call__, as the wrapper timed it
 
-        def timed_record(*args, **kwargs):  # the training thread's time in the agent after a call
+        def timed_record(flags, call_s, *args, **kwargs):  # the training thread's time in record
+            inside_tf[0] = call_s
             start = perf()
             try:
-                return record(probe, *args, **kwargs)
+                return record(probe, flags, call_s, *args, **kwargs)
             finally:
-                in_record[0] += perf() - start
-                in_record[1] += 1
+                record_calls.append(perf() - start)
+
+        python_calls: list[float] = []  # per agent call: its wall time minus its time inside TF
+
+        def once_agent(fn) -> float:
+            inside_tf[0] = float("nan")
+            elapsed = once(fn, True)
+            python_calls.append(elapsed - inside_tf[0])
+            return elapsed
 
         probe.record = timed_record
         for i in range(a.instances):
             variants[("agent", i)] = (instrumented[i], True)
+            variants[("agent2", i)] = (instrumented2[i], True)
             variants[("plain", i)] = (plains[i], False)
+            variants[("plain2", i)] = (plains2[i], False)
             variants[("graph", i)] = (instrumented[i], False)
         for _ in range(20):  # warm up every variant
             for fn, active in variants.values():
                 once(fn, active)
         # Steady state: the agent reads every record of a run's first 256 (see steps.READ_ALL_FIRST).
         agent.step_probe._read_all_left = 0
-        in_record[:] = [0.0, 0]  # the warm-up's records were read every call: not the steady state
+        record_calls.clear()  # the warm-up's records were read every call: not the steady state
+        python_calls.clear()
         times: dict[tuple[str, int], list[float]] = {key: [] for key in variants}
         proc = psutil.Process()
         cpu0 = _thread_cpu(proc, agent_thread.native_id)
@@ -126,34 +199,69 @@ def main() -> None:
         keys = list(variants)
         rng = random.Random(0)
         load0 = os.getloadavg()[0]
+        cores = os.cpu_count() or 1
+        own0 = proc.cpu_times()
+        since = (_busy_s(psutil.cpu_times()), own0.user + own0.system, time.monotonic())
         for _ in range(rounds):
             rng.shuffle(keys)
             for key in keys:
                 # A few calls in a row: the agent's reads keep their real cadence (at most one
                 # every 0.25 s of training), which single interleaved calls would not.
-                times[key].extend(once(*variants[key]) for _ in range(a.run))
+                fn, active = variants[key]
+                if active:
+                    times[key].extend(once_agent(fn) for _ in range(a.run))
+                else:
+                    times[key].extend(once(fn, False) for _ in range(a.run))
+        others_share = _others_share(proc, since, cores)
         agent.flush()
-        record_s, records = in_record[0], in_record[1]
-        in_record[:] = [0.0, 0]
         agent_cpu = _thread_cpu(proc, agent_thread.native_id) - cpu0
         recorded = agent.global_step - steps0
         med = _instances.medians(times)
-        plain_s, agent_s, graph_s = (_instances.over_instances(med, v) for v in ("plain", "agent", "graph"))
+        plain_s, agent_s, graph_s, plain2_s, agent2_s = (
+            _instances.over_instances(med, v) for v in ("plain", "agent", "graph", "plain2", "agent2"))
         python_s = _instances.paired(med, "agent", "graph")
+        added_s = agent_s - plain_s
+        aa_plain_s, aa_agent_s = plain2_s - plain_s, agent2_s - agent_s
+        floor_s = max(abs(aa_plain_s), abs(aa_agent_s))
+        python_direct_s = statistics.median(python_calls)
+        in_record = (statistics.median(record_calls), statistics.fmean(record_calls)) if record_calls else (0.0, 0.0)
         print(f"{label:>12}: plain {plain_s * 1e3:8.3f} ms/step   with agent {agent_s * 1e3:8.3f} ms/step   "
-              f"ratio {agent_s / plain_s:6.4f}   added {(agent_s - plain_s) * 1e6:+7.1f} µs/step   "
+              f"ratio {agent_s / plain_s:6.4f}   added {added_s * 1e6:+7.1f} µs/step   "
               f"(medians over {a.instances} traces of each, {rounds} interleaved runs of {a.run} calls; "
               f"load {load0:.2f}->{os.getloadavg()[0]:.2f})")
+        print(f"{'':>12}  A/A floor, same procedure: plain vs plain {aa_plain_s * 1e6:+7.1f} µs/step "
+              f"(ratio {plain2_s / plain_s:6.4f}), agent vs agent {aa_agent_s * 1e6:+7.1f} µs/step "
+              f"(ratio {agent2_s / agent_s:6.4f}): floor {floor_s * 1e6:.1f} µs")
         print(f"{'':>12}  in-graph probes {(graph_s - plain_s) * 1e6:+7.1f} µs/step (plain traces alone spread "
               f"{_instances.spread(med, 'plain') * 1e6:.1f} µs: differences below that mean nothing), "
               f"Python side {python_s * 1e6:+7.1f} µs/step (same trace, agent on vs off);   "
               f"agent thread {agent_cpu / max(recorded, 1) * 1e6:6.1f} µs CPU/step ({recorded} steps recorded)")
-        print(f"{'':>12}  measured directly: the training thread spends {record_s / max(records, 1) * 1e6:.1f} µs "
-              f"a call in the agent's record (reads of losses and the accumulator included)")
+        print(f"{'':>12}  measured directly: the training thread spends {python_direct_s * 1e6:.1f} µs a call "
+              f"in the agent's Python (median; mean {statistics.fmean(python_calls) * 1e6:.1f} µs; "
+              f"{len(python_calls)} calls: wall time minus time inside TF), in record median "
+              f"{in_record[0] * 1e6:.1f} µs, mean {in_record[1] * 1e6:.1f} µs (its periodic reads of losses "
+              f"and the accumulator are in the mean)")
+        print(f"{'':>12}  in-graph ops the probes add: {ops_text}")
+        print(f"{'':>12}  verdict on this box: {verdict(added_s, floor_s, python_direct_s, others_share)}: "
+              f"<= 100 µs/step (added {added_s * 1e6:+.1f} ± {floor_s * 1e6:.1f} µs, Python alone "
+              f"{python_direct_s * 1e6:.1f} µs; other processes {others_share:.0%} of {cores} cores, "
+              f"load {os.getloadavg()[0]:.2f})")
         del probe.record
     patches.resume()
     patches.restore()
     agent.stop()
+
+
+def _busy_s(t) -> float:
+    return t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+
+
+def _others_share(proc: psutil.Process, since: tuple, cores: int) -> float:
+    """Share of the box's CPU (all cores) used by other processes since ``since``."""
+    sys0, own0, wall0 = since
+    own = proc.cpu_times()
+    others = (_busy_s(psutil.cpu_times()) - sys0) - ((own.user + own.system) - own0)
+    return max(0.0, others) / max((time.monotonic() - wall0) * cores, 1e-9)
 
 
 def _thread_cpu(proc: psutil.Process, tid: int) -> float:

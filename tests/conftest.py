@@ -1,14 +1,56 @@
-"""Shared fixtures: isolated TPUWATCH_HOME, and running real scripts under the real agent."""
+"""Shared fixtures: isolated TPUWATCH_HOME, and running real scripts under the real agent; the test
+lanes (``tf`` tests skipped where TensorFlow is not installed) and hypothesis' profiles."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tpuwatch_testing import AgentRun, child_env, read_messages
+
+# CI (CI=true) draws the same examples every run, a bounded number, and keeps no database: a
+# failure there is one anybody can reproduce with HYPOTHESIS_PROFILE=ci. Elsewhere hypothesis
+# explores (tests still bound their own max_examples).
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, max_examples=100,
+                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+# Found, not imported: importing TensorFlow at collection costs every xdist worker seconds and
+# ~0.5 GB. A test that needs it is marked ``tf`` and imports it inside the test.
+HAVE_TF = importlib.util.find_spec("tensorflow") is not None
+NO_TF = ("needs TensorFlow, which is not installed here: pip install -e '.[dev]' for the full suite, "
+         "or run the fast lane: pytest -m 'not tf and not slow'")
+
+
+def pytest_collection_finish(session):
+    if "tensorflow" in sys.modules:
+        raise pytest.UsageError(
+            "a test module imported TensorFlow at collection (every xdist worker pays for it, and the fast lane "
+            "cannot run without it): import it inside the test (the tf fixture) and mark the test tf")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAVE_TF:
+        return
+    skip = pytest.mark.skip(reason=NO_TF)
+    for item in items:
+        if item.get_closest_marker("tf") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def tf():
+    """TensorFlow, imported when a ``tf`` test runs (never at collection)."""
+    import tensorflow
+
+    return tensorflow
 
 
 @pytest.fixture(autouse=True)

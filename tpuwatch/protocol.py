@@ -26,7 +26,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Mapping, Union
+from typing import Any, Callable, ClassVar, Final, Literal, Mapping, Union
 
 PROTOCOL_VERSION = 1
 
@@ -205,6 +205,18 @@ class Epoch(Message):
     logs: Mapping[str, Scalar] = field(default_factory=dict)
 
 
+class EventFact:
+    """What an :class:`Event` states for a reader that acts on it (``Event.fact``), beside the
+    message written for people. The agent, the launcher and the viewer import these, so a
+    reworded message changes no panel. On the wire a plain string: a reader skips one it does
+    not know, and ``""`` is an event for the log only."""
+
+    STOP_REQUESTED: Final = "stop-requested"  # subject: who asked (the run is stopped, not crashed)
+    PROBE_DISABLED: Final = "probe-disabled"  # subject: the probe; reason: why it was switched off
+    TPU_METRICS_UNAVAILABLE: Final = "tpu-metrics-unavailable"  # reason: why libtpu's metrics are absent
+    TPU_METRICS_AVAILABLE: Final = "tpu-metrics-available"  # they arrive (again)
+
+
 @dataclass(frozen=True)
 class Event(Message):
     """A run event worth a line in the event log (probe disabled, strategy detected, ...)."""
@@ -214,6 +226,33 @@ class Event(Message):
     level: Level
     source: str  # "agent", "probe:<name>", "launcher", "keras", ...
     message: str
+    fact: str = ""  # an EventFact, or "" (read it with event_fact: older recordings lack it)
+    subject: str = ""
+    reason: str = ""
+
+
+#: ``Event.source`` of the events about TPU metrics, and of a stop request (older recordings).
+TPU_METRICS_SOURCE = "tpu-metrics"
+STOP_SOURCE = "viewer"
+_LEGACY_STOP = "stop requested"
+_LEGACY_TPU_UNAVAILABLE = "TPU metrics unavailable: "
+
+
+def event_fact(msg: Event) -> tuple[str, str, str]:
+    """``(fact, subject, reason)`` of an event: its fields, or for a recording made before they
+    existed (agent 0.1 without ``Event.fact``) what its message said in the words of that time."""
+    if msg.fact:
+        return msg.fact, msg.subject, msg.reason
+    if msg.source == STOP_SOURCE and msg.message.startswith(_LEGACY_STOP):
+        return EventFact.STOP_REQUESTED, msg.message[len(_LEGACY_STOP):].removeprefix(" from "), ""
+    if msg.source == TPU_METRICS_SOURCE:
+        if msg.message.startswith(_LEGACY_TPU_UNAVAILABLE):
+            return EventFact.TPU_METRICS_UNAVAILABLE, "", msg.message[len(_LEGACY_TPU_UNAVAILABLE):]
+        return EventFact.TPU_METRICS_AVAILABLE, "", ""
+    if msg.source.startswith("probe:") and "disabled" in msg.message:
+        _, _, reason = msg.message.partition("disabled: ")
+        return EventFact.PROBE_DISABLED, msg.source[len("probe:"):], reason or msg.message
+    return "", "", ""
 
 
 @dataclass(frozen=True)

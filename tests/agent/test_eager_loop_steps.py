@@ -8,7 +8,14 @@ import pytest
 
 from tpuwatch.agent.runtime import Agent
 
-tf = pytest.importorskip("tensorflow")
+pytestmark = pytest.mark.tf
+
+
+def _tape():
+    """A real tape; TensorFlow is imported here, when a test runs, not at collection."""
+    import tensorflow as tf
+
+    return tf.GradientTape()
 
 
 class _PendingAgent(Agent):
@@ -37,7 +44,7 @@ def _update(probe, variables: tuple[int, ...], fetch: bool) -> None:
     """One tape, one gradient with respect to ``variables`` (ids), one eager update (after a fetch)."""
     if fetch:
         probe.eager_fetched()
-    probe.tape_entered(tf.GradientTape())
+    probe.tape_entered(_tape())
     probe.eager_gradient(variables)
     probe.eager_applied()
 
@@ -76,11 +83,11 @@ def test_micro_batches_are_one_step_and_a_compiled_step_clears_eager_gradients(t
     agent, probe = _probe(tmp_path)
     for _ in range(3):
         probe.eager_fetched()
-        probe.tape_entered(tf.GradientTape())
+        probe.tape_entered(_tape())
         probe.eager_gradient((1, 2))
     probe.eager_applied()
     assert agent.global_step == 1
-    probe.tape_entered(tf.GradientTape())
+    probe.tape_entered(_tape())
     probe.eager_gradient((1, 2))
     probe._emit("train_step", 1, 0.01, None, None, None)  # what a tf.function step's record ends in
     probe.eager_applied()
@@ -94,10 +101,10 @@ def test_an_fgsm_tape_starts_the_step_it_belongs_to(tmp_path):
     agent, probe = _probe(tmp_path)
     for _ in range(2):
         probe.eager_fetched()
-        probe.tape_entered(tf.GradientTape())
+        probe.tape_entered(_tape())
         probe.eager_probe_gradient()
         started = probe.eager_step_start
-        probe.tape_entered(tf.GradientTape())
+        probe.tape_entered(_tape())
         assert probe.eager_step_start == started
         probe.eager_gradient((1, 2))
         probe.eager_applied()

@@ -78,6 +78,7 @@ def test_short_device():
     assert environment.short_device("/job:worker/replica:0/task:1/device:TPU:0") == "TPU:0"
 
 
+@pytest.mark.tf
 def test_hello_without_importing_tensorflow(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     hello = environment.hello("r1", "train.py", ["train.py", "--x"], clock=lambda: 12.5)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -20,13 +19,11 @@ pytestmark = pytest.mark.tf
 def test_hanging_teardown_is_bounded_and_keeps_the_exit_code(tmp_path):
     run_dir = tmp_path / "run"
     out = tmp_path / "unflushed.txt"
-    t0 = time.monotonic()
+    # Without the guard the destructor holds the process for 600 s: the 120 s timeout fails the test.
     proc = subprocess.run([sys.executable, "-m", "tpuwatch.agent", "--run-dir", str(run_dir),
                            str(SCRIPTS / "teardown_hang.py"), "--code", "3", "--out", str(out)],
                           capture_output=True, text=True, timeout=120, env=child_env(TPUWATCH_TEARDOWN_S="4"))
-    took = time.monotonic() - t0
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert took < 60, took  # without the guard the destructor holds the process for 600 s
     assert "thread trained 5 steps" in proc.stdout and "atexit handler ran" in proc.stdout
     assert out.read_text() == "written-but-not-flushed"
     messages = read_messages(run_dir / "events.jsonl")

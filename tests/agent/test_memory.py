@@ -134,6 +134,7 @@ _IMPORT_SPY = textwrap.dedent(
 )
 
 
+@pytest.mark.tf
 def test_the_agent_thread_imports_nothing_while_the_script_imports(tmp_path):
     """The agent's thread imported psutil (and with it datetime, subprocess, locale...) at its
     first host sample, while the script imported TensorFlow on the main thread: on TF 2.16 (which

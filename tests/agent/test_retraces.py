@@ -9,10 +9,6 @@ from tpuwatch.agent import retraces
 from tpuwatch.agent.patches import Patches
 from tpuwatch.agent.runtime import Agent
 
-tf = pytest.importorskip("tensorflow")
-
-pytestmark = pytest.mark.tf
-
 
 @pytest.fixture
 def probe(tmp_path):
@@ -43,7 +39,8 @@ def _no_probe_failures(messages):
     assert failures == []
 
 
-def test_ragged_batches_retrace_once_per_shape_and_name_the_shape(probe):
+@pytest.mark.tf
+def test_ragged_batches_retrace_once_per_shape_and_name_the_shape(probe, tf):
     # 96, 96, 64 then 40, 40, 16: two datasets whose last batch is short (no drop_remainder).
     images = tf.zeros((256, 28, 28, 1))
     more = tf.zeros((96, 28, 28, 1))
@@ -72,7 +69,8 @@ def test_ragged_batches_retrace_once_per_shape_and_name_the_shape(probe):
     assert {m.function for m in messages if isinstance(m, protocol.Retrace)} == {"train_step"}
 
 
-def test_static_shapes_trace_exactly_once(probe):
+@pytest.mark.tf
+def test_static_shapes_trace_exactly_once(probe, tf):
     ds = tf.data.Dataset.from_tensor_slices(tf.zeros((64, 4))).batch(16, drop_remainder=True)
 
     @tf.function
@@ -88,7 +86,8 @@ def test_static_shapes_trace_exactly_once(probe):
     assert seen[0].traces == 1
 
 
-def test_python_float_argument_change_is_the_cause(probe):
+@pytest.mark.tf
+def test_python_float_argument_change_is_the_cause(probe, tf):
     @tf.function
     def apply(x, lr):
         return x * lr
@@ -104,7 +103,8 @@ def test_python_float_argument_change_is_the_cause(probe):
     assert seen[1].change == "lr: python float 0.1 -> 0.05"
 
 
-def test_dtype_change_and_new_argument(probe):
+@pytest.mark.tf
+def test_dtype_change_and_new_argument(probe, tf):
     @tf.function
     def f(y, z=None):
         return y if z is None else y + z
@@ -118,7 +118,8 @@ def test_dtype_change_and_new_argument(probe):
     assert seen[2].change == "z: python None -> tensor float64(2,)"
 
 
-def test_function_recreated_in_a_loop_counts_instances(probe):
+@pytest.mark.tf
+def test_function_recreated_in_a_loop_counts_instances(probe, tf):
     for i in range(4):
         @tf.function
         def scale(x):
@@ -132,7 +133,8 @@ def test_function_recreated_in_a_loop_counts_instances(probe):
     assert seen[1].change == "new tf.function object, same inputs"
 
 
-def test_first_call_creating_variables_counts_as_tf_counts_it(probe):
+@pytest.mark.tf
+def test_first_call_creating_variables_counts_as_tf_counts_it(probe, tf):
     """TF traces twice when the first call creates variables (the tryout's lazily built Adam
     slots: the script printed 17 traces, tpuwatch said 16). Both are counted, the second with its
     cause; a function whose variables exist beforehand traces once."""
@@ -160,7 +162,8 @@ def test_first_call_creating_variables_counts_as_tf_counts_it(probe):
     assert [m.traces for m in _retraces(messages, "prebuilt")] == [prebuilt.experimental_get_tracing_count()] == [1]
 
 
-def test_nested_keras_functions_are_reported(probe):
+@pytest.mark.tf
+def test_nested_keras_functions_are_reported(probe, tf):
     keras = pytest.importorskip("keras")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
@@ -172,7 +175,8 @@ def test_nested_keras_functions_are_reported(probe):
     assert "one_step_on_data" in names and names & {"multi_step_on_iterator", "one_step_on_iterator"}, names
 
 
-def test_user_exceptions_pass_through_and_patches_restore(probe):
+@pytest.mark.tf
+def test_user_exceptions_pass_through_and_patches_restore(probe, tf):
     from tensorflow.python.eager.polymorphic_function import tracing_compilation
 
     original = tracing_compilation._create_concrete_function.__tpuwatch_original__
@@ -188,7 +192,8 @@ def test_user_exceptions_pass_through_and_patches_restore(probe):
     assert tracing_compilation._create_concrete_function is original
 
 
-def test_probe_failure_disables_it_and_tracing_goes_on(probe, monkeypatch):
+@pytest.mark.tf
+def test_probe_failure_disables_it_and_tracing_goes_on(probe, monkeypatch, tf):
     def boom(self, function_type, tracing_options):
         raise RuntimeError("probe bug")
 

@@ -76,6 +76,7 @@ def test_ls_into_head(tmp_path):
     assert code in ("0", "141"), code
 
 
+@pytest.mark.tf
 def test_run_headless_into_head(tmp_path):
     """`tpuwatch run --headless x.py 2>&1 | head -3`: the launcher outlives its reader, records
     the end and exits with the script's code. Before: exit 1, run.json left "running"."""

@@ -85,6 +85,7 @@ def _last_hint(stderr: str) -> list[str]:
 
 
 @pytest.mark.parametrize("workers", [None, 2])
+@pytest.mark.tf
 def test_the_end_hint_works_for_a_run_dir_outside_the_runs_home(tmp_path, workers):
     """Before: `--run-dir /x/runs/mw` ended with "`tpuwatch report mw`", which said "no run 'mw'"."""
     script = write_script(tmp_path / "hello.py", "print('hello')\n")
@@ -99,6 +100,7 @@ def test_the_end_hint_works_for_a_run_dir_outside_the_runs_home(tmp_path, worker
     assert report.returncode == 0, report.stderr
 
 
+@pytest.mark.tf
 def test_the_end_hint_is_the_run_id_under_the_runs_home(tmp_path):
     script = write_script(tmp_path / "hello.py", "print('hello')\n")
     proc = tpuwatch("run", "--headless", str(script))
@@ -125,6 +127,7 @@ def test_an_unknown_option_names_it_and_the_help():
     one_line_error(tpuwatch("bogus"), "bogus", "tpuwatch --help")
 
 
+@pytest.mark.tf
 def test_an_unknown_module(tmp_path):
     """Before: a "crashed" run recorded and a multi-line traceback."""
     line = one_line_error(tpuwatch("run", "--headless", "-m", "no.such.module", cwd=tmp_path), "no.such.module")
@@ -164,6 +167,7 @@ def test_ls_fits_the_terminal(tmp_path):
     assert "/home/someone/projects/experiments/deep/deep/deep/train_3.py" in wide
 
 
+@pytest.mark.tf
 def test_headless_streams_are_as_the_readme_says(tmp_path):
     """README: the script's stdout and stderr both reach tpuwatch's stdout (in the order written);
     tpuwatch's own lines go to stderr (the tryout's s_err.py, whose "to-stderr" landed in `>out`)."""

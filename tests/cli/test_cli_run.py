@@ -50,6 +50,7 @@ def test_interpreter_without_tensorflow(tmp_path):
                     "TensorFlow is not importable", "pip install 'tpuwatch[tf]'")
 
 
+@pytest.mark.tf
 def test_unwritable_run_directory(tmp_path):
     if os.geteuid() == 0:
         # root writes anywhere: make the parent a file instead, which nobody can create dirs under.

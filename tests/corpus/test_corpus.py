@@ -28,7 +28,6 @@ from tpuwatch_testing import child_env, read_messages
 pytestmark = pytest.mark.tf
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-EXIT_WITHIN_S = 15.0
 
 
 @dataclass
@@ -37,7 +36,6 @@ class CorpusRun:
     stdout: list[tuple[float, str]]  # (arrival time, line) of the script's own output
     stderr: str
     run_dir: Path
-    ended: float
 
     @property
     def messages(self) -> list:
@@ -54,10 +52,6 @@ class CorpusRun:
     def printed(self, pattern: str) -> list[tuple[str, ...]]:
         rx = re.compile(pattern)
         return [m.groups() for _, line in self.stdout for m in [rx.search(line)] if m]
-
-    @property
-    def exit_delay_s(self) -> float:
-        return self.ended - self.stdout[-1][0]
 
     def report(self) -> dict:
         out = subprocess.run([sys.executable, "-m", "tpuwatch", "report", str(self.run_dir), "--format", "json"],
@@ -93,9 +87,8 @@ def run_corpus(tmp_path: Path, script: str, *args: str, workers: int = 0, timeou
     finally:
         if proc.poll() is None:
             proc.kill()
-    ended = time.monotonic()
     reader.join(5)
-    return CorpusRun(proc.returncode, lines, "".join(err), run_dir, ended)
+    return CorpusRun(proc.returncode, lines, "".join(err), run_dir)
 
 
 def assert_common(run: CorpusRun, *, steps: int, replicas: int, strategy: str = "MirroredStrategy") -> None:
@@ -113,7 +106,6 @@ def assert_common(run: CorpusRun, *, steps: int, replicas: int, strategy: str = 
     assert topologies[-1].strategy.endswith(strategy) or topologies[-1].strategy == strategy, topologies
     assert not [e for e in run.of(protocol.Event) if e.level in ("warning", "error") and e.source.startswith("probe")], \
         run.of(protocol.Event)
-    assert run.exit_delay_s < EXIT_WITHIN_S, run.exit_delay_s
     exits = run.of(protocol.Exit)
     assert exits and exits[0].exit_code == 0
 

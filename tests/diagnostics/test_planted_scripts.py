@@ -13,8 +13,12 @@ import pytest
 
 from tpuwatch_testing import SAMPLES, child_env
 
-pytestmark = [pytest.mark.tf, pytest.mark.slow]
+# Every test here trains for real; the long runs (minutes) are also ``slow``, and each has a short
+# twin that checks the same rule in seconds in the default lane (test_short_planted_script_yields_its_rule,
+# and the healthy scripts' default lengths).
+pytestmark = pytest.mark.tf
 PLANTED = SAMPLES / "planted"
+LONG = pytest.mark.slow
 
 
 def _run_and_report(tmp_path: Path, script: str, *args: str, timeout: float = 420) -> dict:
@@ -41,8 +45,8 @@ def _alarms(report: dict) -> list[dict]:
     ("loss_nonfinite.py", (), "loss-nonfinite", {"replica": 1}),
     ("replica_loss_skew.py", (), "replica-loss-skew", {"replica": 2}),
     ("step_time_jitter.py", (), "step-time-jitter", {}),
-    ("stall.py", (), "stall", {}),
-    ("host_memory_growth.py", (), "host-memory-growth", {}),
+    pytest.param("stall.py", (), "stall", {}, marks=LONG),  # twin: stall_fast_loop.py
+    pytest.param("host_memory_growth.py", (), "host-memory-growth", {}, marks=LONG),  # twin: host_memory_growth_short.py
 ])
 def test_planted_script_yields_its_rule(tmp_path, script, args, rule, evidence):
     _check_planted(tmp_path, script, args, rule, evidence, ("warning", "critical"))
@@ -95,7 +99,7 @@ def _check_planted(tmp_path, script, args, rule, evidence, severities) -> dict:
     ("healthy_custom_loop.py", ()),
     # longer: 600 fit steps over 3 epochs, 1,500 custom-loop steps
     ("healthy_fit.py", ("--epochs", "3", "--steps-per-epoch", "200")),
-    ("healthy_custom_loop.py", ("--steps", "1500")),
+    pytest.param("healthy_custom_loop.py", ("--steps", "1500"), marks=LONG),
 ])
 def test_healthy_scripts_raise_no_alarm(tmp_path, script, args):
     report = _run_and_report(tmp_path, script, *args)

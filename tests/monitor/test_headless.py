@@ -141,9 +141,7 @@ def test_follow_reports_lost_and_truncated_without_exit(tmp_path):
     path = tmp_path / "events.jsonl"
     path.write_bytes((DATA / "running_truncated.jsonl").read_bytes())
     out = io.StringIO()
-    t0 = time.monotonic()
     snap = headless.follow(path, lambda: False, out=out, exit_grace_s=0.2, poll_s=0.02)
-    assert time.monotonic() - t0 < 5
     assert snap.status == "lost" and snap.truncated_tail
     assert "lost: the process ended without an exit record" in out.getvalue()
 

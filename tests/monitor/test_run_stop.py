@@ -10,9 +10,9 @@ import pytest
 
 from tpuwatch import cli, rundir
 from tpuwatch.control import launcher, run_stop
-from tpuwatch.monitor.runs import STOP_MESSAGE, STOP_SOURCE, ended_state, run_info
+from tpuwatch.monitor.runs import ended_state, run_info
 from tpuwatch.monitor.state import RunState
-from tpuwatch.protocol import Event, Exit, Hello
+from tpuwatch.protocol import STOP_SOURCE, Event, EventFact, Exit, Hello
 
 # A pure-Python "training" loop: the agent runs it without importing TensorFlow (fast), and the
 # test process (not the viewer) is its parent, as the `tpuwatch run` that detached would be.
@@ -44,6 +44,7 @@ def _start(tmp_path: Path, source: str, ready: bytes = b"") -> launcher.Launch:
     return launch
 
 
+@pytest.mark.tf
 def test_stop_chosen_in_attach_stops_training_and_lists_it_stopped(tmp_path, monkeypatch, capsys):
     launch = _start(tmp_path, LOOP)
     try:
@@ -75,6 +76,7 @@ def test_stop_chosen_in_attach_stops_training_and_lists_it_stopped(tmp_path, mon
             launch.proc.wait()
 
 
+@pytest.mark.tf
 def test_a_process_ignoring_sigint_gets_sigterm_after_the_grace_period(tmp_path):
     launch = _start(tmp_path, STUBBORN, ready=b"ignoring SIGINT")
     lines: list[str] = []
@@ -92,6 +94,7 @@ def test_a_process_ignoring_sigint_gets_sigterm_after_the_grace_period(tmp_path)
     assert (info.state, info.exit_code) == ("stopped", 143)
 
 
+@pytest.mark.tf
 def test_stopping_an_ended_run_says_so(tmp_path):
     launch = _start(tmp_path, "print('done')\n")
     launch.proc.wait(timeout=60)
@@ -120,8 +123,8 @@ def test_status_of_an_ended_run(code, requested, status):
     state.apply(Hello(protocol_version=1, agent_version="x", run_id="r", t=1.0, pid=1, host="h", worker="w",
                       python_version="3", tf_version="", keras_version="", script="s.py", argv=()))
     if requested:
-        state.apply(Event(t=2.0, level="warning", source=STOP_SOURCE,
-                          message=f"{STOP_MESSAGE} from test"))
+        state.apply(Event(t=2.0, level="warning", source=STOP_SOURCE, message="stop requested from test",
+                          fact=EventFact.STOP_REQUESTED, subject="test"))
     state.apply(Exit(t=3.0, exit_code=code, signal=code - 128 if code > 128 else None))
     assert state.snapshot(now=3.0).status == status
     assert ended_state(code, requested) == status
@@ -139,6 +142,7 @@ def test_detach_from_attach_says_training_goes_on(tmp_path, monkeypatch, capsys)
     assert f"detached; training goes on. Re-join with `tpuwatch attach {run}`" in capsys.readouterr().err
 
 
+@pytest.mark.tf
 def test_remote_stop_reports_the_agents_answer(tmp_path):
     # A viewer on another host can only ask the agent: it interrupts itself, and the viewer
     # reports the run's end as a stop.

@@ -14,12 +14,14 @@ from tpuwatch.protocol import (
     CommandState,
     Config,
     Event,
+    EventFact,
     ExceptionRaised,
     Exit,
     Finding,
     Result,
     Retrace,
     Step,
+    decode,
 )
 
 
@@ -359,3 +361,48 @@ def test_only_the_primary_worker_keeps_a_full_step_history():
     assert len(other.stats.history.points()) <= SECONDARY_HISTORY_POINTS
     snap = state.snapshot()
     assert len(snap.history) == 1000 and {w.step for w in snap.workers} == {1000}
+
+
+# --- facts carried by Events as fields, not prose (issue 27, item 5) ------------------------------
+
+def test_facts_are_read_from_the_events_fields_whatever_the_wording():
+    """A probe's state, TPU metrics' availability and a stop request are typed fields of the Event
+    both sides import (protocol.EventFact): rewording a message changes no panel."""
+    s = RunState(clock=Clock())
+    s.apply(mr.hello())
+    s.apply(Event(t=mr.T0 + 1, level="warning", source="agent", message="input timing is off from here on",
+                  fact=EventFact.PROBE_DISABLED, subject="input_wait", reason="AttributeError: no get_next"))
+    s.apply(Event(t=mr.T0 + 2, level="warning", source="agent", message="no HBM figures from libtpu",
+                  fact=EventFact.TPU_METRICS_UNAVAILABLE, reason="no libtpu metrics server on :8431"))
+    snap = s.snapshot()
+    assert snap.disabled_probes == {"input_wait": "AttributeError: no get_next"}
+    assert snap.tpu_metrics_note == "no libtpu metrics server on :8431"
+    s.apply(Event(t=mr.T0 + 3, level="info", source="agent", message="libtpu answers now",
+                  fact=EventFact.TPU_METRICS_AVAILABLE))
+    s.apply(Event(t=mr.T0 + 4, level="warning", source="agent", message="the user wants it to end",
+                  fact=EventFact.STOP_REQUESTED, subject="tpuwatch stop"))
+    s.apply(Exit(t=mr.T0 + 5, exit_code=143, signal=15, source="launcher", reason="SIGTERM"))
+    snap = s.snapshot()
+    assert snap.tpu_metrics_note == ""
+    assert snap.status == "stopped"
+
+
+def test_events_recorded_before_the_fact_fields_are_read_as_before():
+    """Recordings made by earlier versions carry the facts in the message text only."""
+    s = RunState(clock=Clock())
+    s.apply(mr.hello())
+    for line in (
+        b'{"kind":"event","t":1795300004.5,"level":"warning","source":"probe:replica_loss",'
+        b'"message":"probe replica_loss disabled: x"}',
+        b'{"kind":"event","t":1795300005,"level":"warning","source":"tpu-metrics",'
+        b'"message":"TPU metrics unavailable: no TPU chips found"}',
+        b'{"kind":"event","t":1795300006,"level":"warning","source":"viewer","message":"stop requested from ls"}',
+    ):
+        msg = decode(line)
+        assert isinstance(msg, Event) and msg.fact == ""
+        s.apply(msg)
+    snap = s.snapshot()
+    assert snap.disabled_probes == {"replica_loss": "x"}
+    assert snap.tpu_metrics_note == "no TPU chips found"
+    s.apply(Exit(t=mr.T0 + 5, exit_code=143, signal=15, source="launcher", reason="SIGTERM"))
+    assert s.snapshot().status == "stopped"

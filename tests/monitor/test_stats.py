@@ -8,7 +8,7 @@ import sys
 import pytest
 from monitor_recordings import step
 
-from tpuwatch.monitor.stats import History, SeriesHistory, StepStats, percentile
+from tpuwatch.monitor.stats import History, StepStats, percentile
 from tpuwatch.protocol import Step
 
 
@@ -41,7 +41,6 @@ def test_input_wait_share_and_rates():
         st.add(step(i, i * 0.1, step_time_s=0.1, wait=0.025, examples=32))
     r = st.rolling()
     assert r.input_wait_frac == pytest.approx(0.25)
-    assert r.input_wait_p50_s == pytest.approx(0.025)
     assert r.steps_per_s == pytest.approx(10.0)
     assert r.examples_per_s == pytest.approx(320.0)
     assert st.input_wait_frac_total() == pytest.approx(0.25)
@@ -63,7 +62,7 @@ def test_no_wait_measured_gives_none():
     st = StepStats()
     st.add(step(1, 1.0, wait=None))
     r = st.rolling()
-    assert r.input_wait_frac is None and r.input_wait_p50_s is None
+    assert r.input_wait_frac is None
     assert r.steps_per_s == pytest.approx(20.0)  # one record: 1 / its step time
 
 
@@ -106,13 +105,3 @@ def test_memory_stays_bounded_over_a_million_steps():
     pts = h.points()
     assert pts[-1].step == 1_000_000
     assert sum(1 for _ in pts) == len(h)
-
-
-def test_series_history_keeps_peaks():
-    s = SeriesHistory(max_points=4)
-    for i, v in enumerate([1, 9, 2, 3, 4, 5, 6, 7]):
-        s.add(float(i), v)
-    pts = s.points()
-    assert len(pts) <= 4
-    assert max(v for _, v in pts) == 9
-    assert pts[-1][0] == 7.0

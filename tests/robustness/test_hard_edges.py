@@ -110,6 +110,7 @@ print("child", os.waitstatus_to_exitcode(status), "socket-still-there", os.path.
 """
 
 
+@pytest.mark.tf
 def test_a_forked_child_leaves_the_agent_to_the_parent(tmp_path):
     """A child made by fork() that exits normally, a multiprocessing fork pool, and a child ended by
     SIGTERM must neither remove the parent's socket, nor write a second exit record, nor end the
@@ -128,6 +129,7 @@ def test_a_forked_child_leaves_the_agent_to_the_parent(tmp_path):
 # --- 4. slow unauthenticated TCP clients ------------------------------------------------------------
 
 
+@pytest.mark.tf
 def test_slow_tcp_clients_never_lock_out_control(tmp_path):
     """40 TCP clients that dribble a byte every 0.3 s and never finish their first line: local
     commands (and `tpuwatch checkpoint`) still work, a TCP viewer with the token still attaches,
@@ -205,6 +207,7 @@ def _long_dir(base: Path, tag: str) -> Path:
     return d
 
 
+@pytest.mark.tf
 def test_long_run_directories_never_share_a_socket(tmp_path):
     """Two run directories both named `run`, too long for AF_UNIX: each gets its own socket, and a
     command sent to A is answered by A. Before: both used /tmp/tpuwatch-<uid>/run.sock, and
@@ -230,6 +233,7 @@ def test_long_run_directories_never_share_a_socket(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["other-owner", "group-readable"])
+@pytest.mark.tf
 def test_a_foreign_socket_directory_is_refused(tmp_path, how):
     """The fallback directory for long run directories must be ours and 0700, else the run is
     refused with one line (another user could take the socket). Before: accepted."""
@@ -259,6 +263,7 @@ def test_a_foreign_socket_directory_is_refused(tmp_path, how):
     ("no-such-host.invalid:7711", ["cannot resolve"]),
     ("BUSY", ["cannot listen there"]),
 ])
+@pytest.mark.tf
 def test_listen_is_checked_before_the_script_starts(tmp_path, listen, words):
     """A --listen that cannot work is one line and exit 2 before anything runs. Before: the run
     started, and 99999 raised OverflowError inside the agent."""
@@ -278,6 +283,7 @@ def test_listen_is_checked_before_the_script_starts(tmp_path, listen, words):
         (Path(os.environ["TPUWATCH_HOME"]) / "runs").iterdir())
 
 
+@pytest.mark.tf
 def test_local_control_survives_a_tcp_port_in_use(tmp_path):
     """The agent itself (the port taken between the launcher's check and its bind): the Unix
     socket still works and the failure is said on stderr and in the recording. Before: no socket
@@ -361,6 +367,7 @@ def test_relative_paths_survive_a_chdir(tmp_path, relative):
 # --- 8. foreign run directories ---------------------------------------------------------------------
 
 
+@pytest.mark.tf
 def test_a_non_empty_foreign_run_dir_is_refused(tmp_path):
     """--run-dir at a directory with someone's files, or at an old run: one line, exit 2, the
     directory untouched (mode and contents). Before: chmodded to 0700 and appended to."""
@@ -392,6 +399,7 @@ def test_a_non_empty_foreign_run_dir_is_refused(tmp_path):
 # --- 9. file modes ----------------------------------------------------------------------------------
 
 
+@pytest.mark.tf
 def test_everything_tpuwatch_creates_is_private(tmp_path):
     """A new TPUWATCH_HOME: home, runs/, the run directory 0700; output.log, run.json,
     events.jsonl, token 0600. A --listen on every address warns. Before: home and runs 0755,
@@ -431,6 +439,7 @@ while time.monotonic() < deadline:
 """
 
 
+@pytest.mark.tf
 def test_an_ignored_sigint_is_escalated(tmp_path):
     """Ctrl-C on `tpuwatch run --headless` whose script ignores SIGINT: after the grace period
     SIGTERM follows by itself, said on stderr, and the exit code is 143. Before: "sending SIGINT"
@@ -453,6 +462,7 @@ def test_an_ignored_sigint_is_escalated(tmp_path):
     assert launcher.returncode == 143, err
 
 
+@pytest.mark.tf
 def test_a_sigterm_without_a_viewer_is_recorded(tmp_path):
     """SIGTERM to an agent nobody supervises (the viewer detached): the agent records the exit
     itself and the process still dies by SIGTERM. Before: no exit record, `ls` said lost."""
@@ -476,6 +486,7 @@ hashlib.pbkdf2_hmac("sha256", b"pw", b"salt", 2_000_000_000)  # minutes in C, no
 """
 
 
+@pytest.mark.tf
 def test_a_sigterm_ends_a_process_stuck_in_native_code(tmp_path):
     """The recording handler must not delay SIGTERM while the main thread is in native code: the
     watcher thread records the exit and ends the process with SIGTERM."""
@@ -503,6 +514,7 @@ print("done")
 """
 
 
+@pytest.mark.tf
 def test_one_ending_everywhere(tmp_path):
     """Killed after the agent recorded exit 0 (an atexit handler): ls, report, run.json and the
     exit code all say 137. Before: ls "finished 0", run.json and the exit code 137."""
@@ -517,6 +529,7 @@ def test_one_ending_everywhere(tmp_path):
     assert run["status"] == "crashed" and run["exit_code"] == 137
 
 
+@pytest.mark.tf
 def test_a_hard_crash_says_what_may_be_missing(tmp_path):
     """A process killed hard: the report's recording line says the last flush may be missing.
     Before: "recording complete"."""
@@ -531,6 +544,7 @@ def test_a_hard_crash_says_what_may_be_missing(tmp_path):
 # --- 12. command floods -----------------------------------------------------------------------------
 
 
+@pytest.mark.tf
 def test_a_command_flood_is_rate_limited(tmp_path):
     """A viewer (valid, local) sends 3,000 commands at once: a bounded number reach the agent
     (each would cost a result line and training-thread work), the rest are skipped, counted and

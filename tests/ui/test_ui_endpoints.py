@@ -8,6 +8,7 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
 from ui_support import FakeClock, screen_text, sync
 
 from tpuwatch import cli, rundir
@@ -74,6 +75,7 @@ def _listening_run(tmp_path: Path) -> tuple[launcher.Launch, str]:
     return launch, rundir.read_meta(launch.run_dir)["tcp"]
 
 
+@pytest.mark.tf
 def test_attach_with_a_wrong_token_exits_non_zero_saying_so(tmp_path, capsys) -> None:
     launch, address = _listening_run(tmp_path)
     try:
@@ -87,6 +89,7 @@ def test_attach_with_a_wrong_token_exits_non_zero_saying_so(tmp_path, capsys) ->
         launch.proc.wait()
 
 
+@pytest.mark.tf
 def test_attach_to_a_live_agent_into_a_pipe_needs_a_terminal(tmp_path, capsys, monkeypatch) -> None:
     """The agent answers, but stdout is a pipe: one line saying so, not a dashboard's escape codes
     into the pipe waiting for keys."""

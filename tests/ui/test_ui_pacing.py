@@ -10,9 +10,8 @@ from textual.app import App, ComposeResult
 from textual.geometry import Region
 from ui_support import sync
 
-from tpuwatch.monitor.snapshot import CommandView, RunSnapshot
-from tpuwatch.protocol import Finding
-from tpuwatch.ui.pacer import Pacer, news_key
+from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.ui.pacer import Pacer
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
 from tpuwatch.ui.widgets.run_header import RunHeader
 
@@ -20,28 +19,26 @@ RUNNING = RunSnapshot(status="running", script="train.py", step=10, started_t=10
 
 
 def test_numbers_are_shown_once_a_second_and_news_at_once() -> None:
+    # The news is what the app passes: the state's version (it counts every change a person must
+    # see at once) beside the disk-full note.
     pacer = Pacer(1.0)
-    assert pacer.due(news_key(RUNNING), 0.0)  # the first snapshot always
-    assert not pacer.due(news_key(dataclasses.replace(RUNNING, step=20, now=110.25)), 0.25)
-    assert not pacer.due(news_key(dataclasses.replace(RUNNING, step=30, now=110.5)), 0.5)
-    assert pacer.due(news_key(dataclasses.replace(RUNNING, step=40, now=111.0)), 1.0)  # the clock ticks
-    finding = Finding(t=111.1, rule="input-bound", severity="warning", message="input-bound", advice="")
-    assert pacer.due(news_key(dataclasses.replace(RUNNING, step=41, findings=(finding,))), 1.1)
-    command = CommandView(id="c1", action="profile", status="running", message="", details={}, t=111.2)
-    assert pacer.due(news_key(dataclasses.replace(RUNNING, commands=(command,), findings=(finding,))), 1.2)
-    done = dataclasses.replace(command, status="done")
-    assert pacer.due(news_key(dataclasses.replace(RUNNING, commands=(done,), findings=(finding,))), 1.3)
-    assert pacer.due(news_key(dataclasses.replace(RUNNING, status="finished", commands=(done,), findings=(finding,))), 1.4)
+    assert pacer.due((1, ""), 0.0)  # the first snapshot always
+    assert not pacer.due((1, ""), 0.25)  # only numbers moved
+    assert not pacer.due((1, ""), 0.5)
+    assert pacer.due((1, ""), 1.0)  # the clock ticks
+    assert pacer.due((2, ""), 1.1)  # a finding, a command's progress, the end of the run
+    assert not pacer.due((2, ""), 1.2)
+    assert pacer.due((2, "disk full"), 1.3)
 
 
 def test_period_zero_shows_every_snapshot_and_reset_shows_the_next() -> None:
     every = Pacer(0.0)
-    assert all(every.due(news_key(dataclasses.replace(RUNNING, step=s)), s * 0.01) for s in range(5))
+    assert all(every.due((1, ""), s * 0.01) for s in range(5))
     pacer = Pacer(1.0)
-    assert pacer.due(news_key(RUNNING), 5.0) and not pacer.due(news_key(RUNNING), 5.1)
+    assert pacer.due((1, ""), 5.0) and not pacer.due((1, ""), 5.1)
     pacer.reset()  # a replay seek
-    assert pacer.due(news_key(RUNNING), 5.2)
-    assert pacer.due(news_key(RUNNING), 1.0)  # a clock that went backwards never freezes the screen
+    assert pacer.due((1, ""), 5.2)
+    assert pacer.due((1, ""), 1.0)  # a clock that went backwards never freezes the screen
 
 
 class _Plots(App):

@@ -20,9 +20,6 @@ from tpuwatch import rundir, settings
 from tpuwatch.agent import gcs
 from tpuwatch.agent.runtime import CommandRefused
 
-ENV_ALLOWED = settings.ALLOWED_DESTINATIONS.name
-
-
 @dataclass(frozen=True)
 class Destination:
     """A resolved destination: ``url`` is what results name, ``local`` where files are written."""

@@ -98,8 +98,12 @@ class Agent:
         """A Step given as its fields in declaration order; built on the agent's thread."""
         self._buf.append(fields)
 
-    def event(self, level: str, source: str, message: str) -> None:
-        self.emit(Event(t=self.clock(), level=level, source=source, message=message))
+    def event(self, level: str, source: str, message: str, *, fact: str = "", subject: str = "",
+              reason: str = "") -> None:
+        """One event; ``fact`` (a ``protocol.EventFact``) with its subject and reason is what a
+        viewer acts on, ``message`` what a person reads."""
+        self.emit(Event(t=self.clock(), level=level, source=source, message=message, fact=fact, subject=subject,
+                        reason=reason))
 
     def probe_failed(self, probe: str, exc: BaseException | str) -> None:
         """Disables ``probe`` and records one warning. Safe to call repeatedly."""
@@ -108,7 +112,8 @@ class Agent:
         reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
         reason = reason.splitlines()[0][:300] if reason else "unknown error"
         self._disabled[probe] = reason
-        self.event("warning", f"probe:{probe}", f"probe {probe} disabled: {reason}")
+        self.event("warning", f"probe:{probe}", f"probe {probe} disabled: {reason}",
+                   fact=protocol.EventFact.PROBE_DISABLED, subject=probe, reason=reason)
 
     def inject_fault(self, probe: str) -> None:
         if self._fault == probe:

@@ -14,13 +14,12 @@ import signal
 import threading
 from typing import TYPE_CHECKING
 
+from tpuwatch.protocol import STOP_SOURCE, EventFact
+
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
     from tpuwatch.protocol import Command
 
-#: Must match tpuwatch.monitor.runs (the viewer side; the agent cannot import it).
-STOP_SOURCE = "viewer"
-STOP_MESSAGE = "stop requested"
 GRACE_INT_S = 15.0
 GRACE_TERM_S = 10.0
 
@@ -36,7 +35,9 @@ class Stopper:
         if self._started.is_set():
             return "a stop is already under way", {}
         self._started.set()
-        self.agent.event("warning", STOP_SOURCE, f"{STOP_MESSAGE} from a remote viewer (command {cmd.id})")
+        by = f"a remote viewer (command {cmd.id})"
+        self.agent.event("warning", STOP_SOURCE, f"stop requested from {by}", fact=EventFact.STOP_REQUESTED,
+                         subject=by)
         threading.Thread(target=self._escalate, name="tpuwatch-stop", daemon=True).start()
         return (f"stopping: SIGINT now, SIGTERM after {self.grace_int_s:g} s, "
                 f"SIGKILL after {self.grace_int_s + self.grace_term_s:g} s"), {}

@@ -15,9 +15,9 @@ answers would hang the agent thread, and with it the recording. Here one channel
 port and every call has a short deadline; an unreachable service is retried with backoff.
 
 When metrics are absent the sampler says why once, as an :class:`~tpuwatch.protocol.Event` with
-source ``"tpu-metrics"`` and a message ``"TPU metrics unavailable: <reason>"``; when the reason
-changes or metrics arrive it says so again (the monitor shows the latest reason as the memory
-panel's note; any other "tpu-metrics" message clears it). TF's own ``get_memory_info`` samples (the memory
+source ``"tpu-metrics"``, fact ``EventFact.TPU_METRICS_UNAVAILABLE`` and the reason; when the reason
+changes or metrics arrive (``EventFact.TPU_METRICS_AVAILABLE``) it says so again (the monitor shows
+the latest reason as the memory panel's note). TF's own ``get_memory_info`` samples (the memory
 probe, with the chip-table limit) remain the fallback.
 """
 
@@ -29,7 +29,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from tpuwatch.protocol import DeviceSample, Event, Message
+from tpuwatch.protocol import TPU_METRICS_SOURCE, DeviceSample, Event, EventFact, Message
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -37,9 +37,7 @@ if TYPE_CHECKING:
 
 PROBE = "tpu_metrics"
 #: ``Event.source`` of every message about TPU metrics availability.
-SOURCE = "tpu-metrics"
-#: Prefix of an Event message that says why TPU metrics are absent (the rest is the reason).
-UNAVAILABLE = "TPU metrics unavailable: "
+SOURCE = TPU_METRICS_SOURCE
 DEFAULT_PORT = 8431
 PORTS_ENV = "TPU_RUNTIME_METRICS_PORTS"
 
@@ -303,7 +301,8 @@ class TpuMetricsSampler:
         if self.reason != "":
             self.reason = ""
             out.append(Event(t=self.agent.clock(), level="info", source=SOURCE,
-                             message=f"TPU metrics from libtpu on port {port}: {self._chips} x {self._chip}"))
+                             message=f"TPU metrics from libtpu on port {port}: {self._chips} x {self._chip}",
+                             fact=EventFact.TPU_METRICS_AVAILABLE))
         t = self.agent.clock()
         for u in usage:
             peak = max(self._peaks.get(u.device_id, 0), u.used_bytes)
@@ -337,7 +336,8 @@ class TpuMetricsSampler:
         if reason == self.reason:
             return []
         self.reason = reason
-        return [Event(t=self.agent.clock(), level=level, source=SOURCE, message=UNAVAILABLE + reason)]
+        return [Event(t=self.agent.clock(), level=level, source=SOURCE, message=f"TPU metrics unavailable: {reason}",
+                      fact=EventFact.TPU_METRICS_UNAVAILABLE, reason=reason)]
 
     def close(self) -> None:
         if self._reader is not None:

@@ -46,7 +46,6 @@ HANDSHAKE_TIMEOUT_S = 10.0  # for the whole first line, not per recv (a byte a s
 COMMANDS_PER_S = 5.0  # per viewer, with bursts of COMMAND_BURST; more are skipped and counted
 COMMAND_BURST = 20
 MAX_SKIPPED_COMMANDS = 100  # a viewer that overruns the limit this often is disconnected
-SEND_TIMEOUT_S = 30.0  # a viewer that takes nothing for this long is dropped (it can re-attach)
 MAX_COMMAND_BYTES = 64 * 1024
 CHUNK = 256 * 1024
 POLL_S = 0.05  # how often a caught-up stream looks for new lines

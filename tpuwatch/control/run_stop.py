@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from tpuwatch import protocol, rundir
 from tpuwatch.monitor.recording import append
-from tpuwatch.monitor.runs import STOP_MESSAGE, STOP_SOURCE, ended_state, pid_alive
+from tpuwatch.monitor.runs import ended_state, pid_alive
 
 #: How often the liveness of a process that is not our child is checked while waiting (s).
 POLL_S = 0.1
@@ -37,8 +37,9 @@ def record_stop_request(run_dir: Path, by: str, clock: Callable[[], float] = tim
     except OSError:
         pass  # the signal still goes out; the run is then listed by its exit code alone
     try:
-        append(run_dir / rundir.EVENTS, [protocol.Event(t=t, level="warning", source=STOP_SOURCE,
-                                                        message=f"{STOP_MESSAGE} from {by}")])
+        append(run_dir / rundir.EVENTS, [protocol.Event(t=t, level="warning", source=protocol.STOP_SOURCE,
+                                                        message=f"stop requested from {by}",
+                                                        fact=protocol.EventFact.STOP_REQUESTED, subject=by)])
     except OSError:
         pass  # as above: never let bookkeeping block the stop
 

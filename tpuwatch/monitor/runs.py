@@ -17,9 +17,6 @@ from tpuwatch.monitor.group import WorkerDir, worker_dirs
 from tpuwatch.monitor.recording import tail_messages
 from tpuwatch.protocol import Exit, Hello, Step
 
-#: Source of the recorded stop request (``Event.source``); RunState looks for it.
-STOP_SOURCE = "viewer"
-STOP_MESSAGE = "stop requested"
 #: Exit codes of a process ended by the signals a stop sends (SIGINT, SIGTERM, SIGKILL).
 STOP_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
 

@@ -183,7 +183,6 @@ class RunSnapshot:
     device_peaks: tuple[tuple[str, str, int], ...] = ()  # (worker, device, peak bytes) over the run
     host_memory: tuple[HostMemory, ...] = ()
     host_rss_peak_bytes: int | None = None  # largest RSS sampled on any worker
-    host_rss_history: tuple[tuple[float, int], ...] = ()  # (t, rss_bytes), bounded
     tpu_metrics_note: str = ""  # why TPU runtime metrics are absent, when they are
     # events, commands, findings
     events: tuple[LogEntry, ...] = ()  # most recent last, bounded

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.monitor.diagnostics.tracing import closest_change, remember_signature
-from tpuwatch.monitor.runs import STOP_MESSAGE, STOP_SOURCE, ended_state
+from tpuwatch.monitor.runs import ended_state
 from tpuwatch.monitor.snapshot import (
     CommandStatus,
     CommandView,
@@ -38,7 +38,7 @@ from tpuwatch.monitor.snapshot import (
     RunStatus,
     WorkerView,
 )
-from tpuwatch.monitor.stats import History, Rolling, SeriesHistory, StepStats
+from tpuwatch.monitor.stats import History, Rolling, StepStats
 from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
 from tpuwatch.protocol import DISK_FULL_SOURCE as DISK_FULL
 from tpuwatch.protocol import (
@@ -48,6 +48,7 @@ from tpuwatch.protocol import (
     DeviceSample,
     Epoch,
     Event,
+    EventFact,
     ExceptionRaised,
     Exit,
     Finding,
@@ -60,6 +61,7 @@ from tpuwatch.protocol import (
     Step,
     StepLoss,
     Topology,
+    event_fact,
 )
 
 #: A run is stalled after no step for max(STALL_MIN_S, STALL_MEDIANS x median step time).
@@ -120,7 +122,6 @@ class _Worker:
     connected: bool = True
     host: HostSample | None = None
     rss_peak: int = 0
-    rss_history: SeriesHistory = field(default_factory=SeriesHistory)
     last_t: float | None = None
 
     @property
@@ -148,8 +149,6 @@ class _Worker:
             self.topologies[self.current_topology][1] += steps
 
 
-#: Event source of the agent's TPU runtime metrics sampler (tpuwatch.agent.tpu_metrics.SOURCE).
-TPU_METRICS_SOURCE = "tpu-metrics"
 DISK_FULL_SOURCE = DISK_FULL
 
 
@@ -304,11 +303,6 @@ class RunState:
             w.connected = connected
             self.version += 1
 
-    def set_tpu_metrics_note(self, note: str) -> None:
-        if note != self._tpu_note:
-            self._tpu_note = note
-            self.version += 1
-
     # --- handlers ------------------------------------------------------------------------------
 
     def _worker(self, name: str | None) -> _Worker:
@@ -381,7 +375,6 @@ class RunState:
         w.host = msg
         if msg.rss_bytes > w.rss_peak:
             w.rss_peak = msg.rss_bytes
-        w.rss_history.add(msg.t, msg.rss_bytes)
 
     def _device(self, msg: DeviceSample, w: _Worker) -> None:
         key = (w.name, msg.device)
@@ -422,19 +415,17 @@ class RunState:
 
     def _event(self, msg: Event, w: _Worker) -> None:
         self._log(msg.t, msg.level, msg.source, msg.message, w.name)
-        if msg.source == STOP_SOURCE and msg.message.startswith(STOP_MESSAGE):
-            self._stop_requested = True
         if msg.source == DISK_FULL_SOURCE and len(self._gaps) < 100:
             self._gaps.append(msg.message)
-        if msg.source == TPU_METRICS_SOURCE:
-            # "TPU metrics unavailable: <reason>" sets the note; metrics arriving clear it.
-            head, sep, reason = msg.message.partition(": ")
-            self._tpu_note = reason if sep and head == "TPU metrics unavailable" else ""
-        # The agent reports a disabled probe as: source "probe:<name>", "probe <name> disabled: why"
-        if msg.source.startswith("probe:") and "disabled" in msg.message:
-            name = msg.source[len("probe:"):]
-            _, _, reason = msg.message.partition("disabled: ")
-            self._disabled[name] = reason or msg.message
+        fact, subject, reason = event_fact(msg)  # typed fields (older recordings: their words)
+        if fact == EventFact.STOP_REQUESTED:
+            self._stop_requested = True
+        elif fact == EventFact.TPU_METRICS_UNAVAILABLE:
+            self._tpu_note = reason
+        elif fact == EventFact.TPU_METRICS_AVAILABLE:
+            self._tpu_note = ""
+        elif fact == EventFact.PROBE_DISABLED:
+            self._disabled[subject] = reason
 
     def _exception(self, msg: ExceptionRaised, w: _Worker) -> None:
         # shown to the user: without tpuwatch's own frames (runpy, the agent), saying so
@@ -693,7 +684,6 @@ class RunState:
                              total_bytes=w.host.total_bytes, cpu_percent=w.host.cpu_percent,
                              t=w.host.t) for w in workers if w.host is not None),
             host_rss_peak_bytes=max((w.rss_peak for w in workers), default=0) or None,
-            host_rss_history=p.rss_history.points(),
             tpu_metrics_note=self._tpu_note,
             events=tuple(self._events),
             commands=tuple(self._commands.values()),

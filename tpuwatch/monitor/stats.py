@@ -7,8 +7,7 @@ a viewer can follow a million-step run (or load its recording) without growing:
 - :class:`StepStats`: a ring of the last ``window`` records for rolling p50/p95 and input-wait
   share, a time window for steps/s and examples/s, and a :class:`History` for plots;
 - :class:`History`: at most ``max_points`` buckets; when full, neighbouring buckets are merged
-  pairwise and each new bucket covers twice as many records;
-- :class:`SeriesHistory`: the same for a plain ``(t, value)`` series (host RSS).
+  pairwise and each new bucket covers twice as many records.
 """
 
 from __future__ import annotations
@@ -180,35 +179,6 @@ class History:
         return self._cache
 
 
-class SeriesHistory:
-    """A bounded ``(t, value)`` series: when full, neighbouring pairs merge keeping the later time
-    and the larger value (peaks stay visible)."""
-
-    def __init__(self, max_points: int = 600) -> None:
-        if max_points < 4 or max_points % 2:
-            raise ValueError(f"max_points must be an even number >= 4, got {max_points}")
-        self.max_points = max_points
-        self.samples_per_point = 1
-        self._points: list[tuple[float, int]] = []
-        self._open: tuple[float, int] | None = None
-        self._open_n = 0
-
-    def add(self, t: float, value: int) -> None:
-        self._open = (t, value if self._open is None else max(value, self._open[1]))
-        self._open_n += 1
-        if self._open_n >= self.samples_per_point:
-            self._points.append(self._open)
-            self._open, self._open_n = None, 0
-            if len(self._points) >= self.max_points:
-                p = self._points
-                self._points = [(p[i + 1][0], max(p[i][1], p[i + 1][1]))
-                                for i in range(0, len(p) - 1, 2)]
-                self.samples_per_point *= 2
-
-    def points(self) -> tuple[tuple[float, int], ...]:
-        return tuple(self._points) + ((self._open,) if self._open is not None else ())
-
-
 @dataclass(frozen=True)
 class Rolling:
     """Rolling figures over the recent window (``None`` where not measurable yet)."""
@@ -216,7 +186,6 @@ class Rolling:
     step_p50_s: float | None
     step_p95_s: float | None
     input_wait_frac: float | None  # share of step time spent waiting for input
-    input_wait_p50_s: float | None
     steps_per_s: float | None
     examples_per_s: float | None
 
@@ -286,20 +255,19 @@ class StepStats:
     def _compute_rolling(self) -> Rolling:
         recent = self._recent
         if not recent:
-            return Rolling(None, None, None, None, None, None)
+            return Rolling(None, None, None, None, None)
         times = sorted(s.step_time_s for s in recent)
-        waits = sorted(s.input_wait_s for s in recent if s.input_wait_s is not None)
+        waited = any(s.input_wait_s is not None for s in recent)
         wait_sum = sum(s.input_wait_s * s.steps for s in recent if s.input_wait_s is not None)
         wait_time = sum(s.step_time_s * s.steps for s in recent if s.input_wait_s is not None)
         frac = None  # the share is over the records that measured their wait
-        if waits and wait_time > 0:
+        if waited and wait_time > 0:
             frac = min(1.0, wait_sum / wait_time)
         steps_per_s, examples_per_s = self._rates()
         return Rolling(
             step_p50_s=percentile(times, 50),
             step_p95_s=percentile(times, 95),
             input_wait_frac=frac,
-            input_wait_p50_s=percentile(waits, 50) if waits else None,
             steps_per_s=steps_per_s,
             examples_per_s=examples_per_s,
         )

@@ -20,32 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpuwatch.monitor.snapshot import RunSnapshot
-
 #: Seconds between two frames when only numbers changed.
 SHOW_PERIOD_S = 1.0
-
-
-def news_key(s: RunSnapshot) -> tuple:
-    """What a viewer must see without waiting for the next periodic frame; cheap to compute.
-
-    Compared with ``==`` only (findings carry dicts, so it is not hashable)."""
-    return (
-        s.status, s.exit_code, s.exit_signal, s.exception, s.lost_reason, s.ended_t is None,
-        s.script, s.strategy, s.replicas, s.num_workers, s.total_steps, s.epoch, s.tpu_metrics_note,
-        len(s.disabled_probes), s.truncated_tail,
-        len(s.events), s.events[-1].t if s.events else None,
-        tuple((c.id, c.status) for c in s.commands),
-        len(s.findings), s.findings[-1] if s.findings else None,
-        sum(f.traces for f in s.functions), len(s.functions),
-        tuple((w.name, w.status, w.connected, w.exit_code) for w in s.workers),
-    )
 
 
 @dataclass
 class Pacer:
     """``due(news, now)`` says whether to show the state drained so far; call it once per drain
-    with what identifies the news (``RunState.version``, or :func:`news_key` of a snapshot) and a
+    with what identifies the news (``RunState.version``: it changes whenever the state does) and a
     monotonic time in seconds.
 
     ``period_s`` = 0 shows every drain (tests that drive ``pull`` themselves).
