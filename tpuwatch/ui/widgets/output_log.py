@@ -86,7 +86,13 @@ class OutputLog(Log):
         # interrupted by new lines. Before the first layout there is no size to judge by.
         if self.size.height:
             self._follow = self.is_vertical_scroll_end or self.max_scroll_y == 0
+        full = self.line_count + len(lines) > MAX_LINES
         self.write_lines(lines, scroll_end=self._follow)
+        if full:
+            # Log repaints the new lines' indices counted before it dropped the oldest, i.e.
+            # below its end, and a view already at the end does not scroll: without this the
+            # panel kept showing line 20,000 of a run at 10k lines/s until a resize.
+            self.refresh()
         if self.term:
             self._find_matches()
 
