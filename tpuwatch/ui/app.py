@@ -24,6 +24,7 @@ from textual import events, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
+from textual.notifications import SeverityLevel
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Input
@@ -196,6 +197,13 @@ class TpuwatchApp(App[str]):
         self._binding_key: tuple = ()
         self._source_error = ""
         self._keymap = dict(keymap or {})
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """A toast, as plain text unless asked otherwise: toasts carry paths, messages and names
+        from the run, and Textual would read ``[/]`` in them as markup (an error that ended the
+        dashboard) and ``[lr=0.1]`` as a style (silently eaten)."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     # --- layout ----------------------------------------------------------------------------
 

@@ -61,7 +61,7 @@ class StackScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="stack-dialog"):
             yield Label("Stacks of the training process", id="stack-title")
-            yield Label("", id="stack-note")
+            yield Label("", id="stack-note", markup=False)  # the agent's message and paths, as they are
             yield TextArea("", id="stack-text", read_only=True, show_line_numbers=False, soft_wrap=False)
 
     def on_mount(self) -> None:

@@ -8,6 +8,7 @@ from rich.highlighter import Highlighter
 from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
+from textual.content import Content
 from textual.message import Message
 from textual.widgets import Log
 
@@ -147,13 +148,14 @@ class OutputLog(Log):
             self.current = len(self.matches) - 1 if self.current is None else (self.current - 1) % len(self.matches)
             self._show_current()
 
-    def match_status(self) -> str:
+    def match_status(self) -> Content:
+        """The panel's border subtitle: plain text (a term like ``[/]`` is no markup)."""
         if not self.term:
-            return ""
+            return Content("")
         if not self.matches:
-            return f"/{self.term}: no match"
+            return Content(f"/{self.term}: no match")
         pos = (self.current or 0) + 1
-        return f"/{self.term}: {pos}/{len(self.matches)} (n/N)"
+        return Content(f"/{self.term}: {pos}/{len(self.matches)} (n/N)")
 
     def _find_matches(self) -> None:
         term = self.term
