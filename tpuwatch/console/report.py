@@ -29,6 +29,7 @@ from tpuwatch.monitor.runs import run_alive
 from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes
 from tpuwatch.monitor.state import RunState
 from tpuwatch.monitor.stats import percentile
+from tpuwatch.printable import printable
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
 from tpuwatch.units import (
     UNKNOWN,
@@ -450,7 +451,7 @@ def _worker_line(w: dict[str, Any]) -> str:
 
 
 def render_text(report: dict[str, Any]) -> str:
-    """Plain text for a terminal."""
+    """Plain text for a terminal (control characters from the run shown escaped)."""
     parts: list[str] = []
     for title, rows, extra in _lines(report):
         parts.append(title)
@@ -470,7 +471,7 @@ def render_text(report: dict[str, Any]) -> str:
                 if f["advice"]:
                     parts.append(f"      advice: {f['advice']}")
         parts.append("")
-    return "\n".join(parts).rstrip() + "\n"
+    return printable("\n".join(parts).rstrip() + "\n")
 
 
 def _md_escape(text: str) -> str:
@@ -478,7 +479,8 @@ def _md_escape(text: str) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    """GitHub-flavoured Markdown (tables), e.g. for an issue or a pull request."""
+    """GitHub-flavoured Markdown (tables), e.g. for an issue or a pull request; control
+    characters from the run shown escaped (it is printed to a terminal as often as pasted)."""
     run = report["run"]
     parts = [f"# tpuwatch report: {run['id']}", ""]
     for title, rows, extra in _lines(report):
@@ -513,7 +515,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                     parts.append("")
         if extra:
             parts.append("")
-    return "\n".join(parts).rstrip() + "\n"
+    return printable("\n".join(parts).rstrip() + "\n")
 
 
 def render_json(report: dict[str, Any]) -> str:
