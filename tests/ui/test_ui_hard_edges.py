@@ -3,10 +3,21 @@ terminal escapes, and an Output panel fed faster than it can hold."""
 
 from __future__ import annotations
 
-from ui_support import screen_text, sync
+import re
+import sys
+from pathlib import Path
 
-from tpuwatch.protocol import Result
+from ui_support import DATA, screen_text, sync
+
+from tpuwatch import rundir
+from tpuwatch.protocol import Event, ExceptionRaised, Finding, Result
+from tpuwatch.sources.file_source import FileSource
+from tpuwatch.ui.app import TpuwatchApp
+from tpuwatch.ui.output_tail import clean_line
 from tpuwatch.ui.widgets.output_log import MAX_LINES, OutputLog
+
+sys.path.insert(0, str(DATA))
+import make_recordings as mr  # noqa: E402
 
 
 @sync
@@ -87,3 +98,61 @@ async def test_markup_in_an_output_search_term_is_shown_literally(live_app) -> N
         await pilot.pause()
         assert app.is_running
         assert "/[/]: 1/1 (n/N)" in screen_text(app)
+
+
+#: OSC 52 (clipboard), OSC 0 (title), ESC c (reset), ESC 7/8, 8-bit CSI and OSC, DEL.
+HOSTILE = "\x1b]52;c;cHduZWQ=\x07\x1b]0;pwned\x07\x1bc\x1b7\x1b8\x9b2J\x9d0;t\x9c\x7f"
+CONTROLS = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def hostile_run(tmp_path: Path) -> Path:
+    """A crashed run whose script name, host, events, exception, finding and output carry
+    terminal controls."""
+    msgs = mr.crashed_messages(60, nan_at=50)
+    msgs[0] = mr.hello(script=f"tr{HOSTILE}ain.py", host=f"h{HOSTILE}")
+    at = next(i for i, m in enumerate(msgs) if isinstance(m, ExceptionRaised))
+    t = msgs[at].t
+    msgs[at:at + 1] = [
+        Event(t=t, level="warning", source="agent", message=f"event {HOSTILE}"),
+        ExceptionRaised(t=t, type="ValueError", message=f"bad {HOSTILE}",
+                        traceback=f"Traceback (most recent call last):\nValueError: bad {HOSTILE}\n"),
+        Finding(t=t, rule="custom", severity="warning", message=f"finding {HOSTILE}", advice=f"advice {HOSTILE}"),
+    ]
+    run = tmp_path / "run"
+    rundir.create(run)
+    mr.write(run / rundir.EVENTS, msgs)
+    (run / rundir.OUTPUT).write_text(f"out {HOSTILE}\n\x1b[32mgreen\x1b[0m\n")
+    return run
+
+
+@sync
+async def test_terminal_controls_from_the_run_are_shown_escaped(tmp_path) -> None:
+    run = hostile_run(tmp_path)
+    app = TpuwatchApp(FileSource(run), run_dir=run, refresh_hz=0)
+    async with app.run_test(size=(200, 90), notifications=True) as pilot:
+        await pilot.pause()
+        app.pull()
+        await pilot.pause()
+        app.notify(f"toast {HOSTILE}")
+        await pilot.pause(0.2)
+        shown = screen_text(app)
+        assert not CONTROLS.findall(shown), CONTROLS.findall(shown)
+        # (Textual drops BEL from text it is given before we see it; nothing else.)
+        for text in ("tr\\x1b]52;c;cHduZWQ=", "\\x1bc\\x1b7\\x1b8\\x9b2J\\x9d0;t\\x9c\\x7fain.py",
+                     "finding \\x1b]52;c;", "ValueError: bad \\x1b]52;c;",
+                     "event \\x1b]52;c;", "out \\x1b]52;c;cHduZWQ=\\x07\\x1b]0;pwned\\x07\\x1bc\\x1b7\\x1b8\\x9b2J"):
+            assert text in shown, (text, shown)
+        assert "green" in shown and "\\x1b[32m" not in shown  # colour codes are dropped, as before
+        toasts = [toast.render().plain for toast in app.screen.query("Toast")]
+        assert toasts and all(not CONTROLS.findall(t) for t in toasts), toasts
+        await pilot.press("r")  # the results screen
+        await pilot.pause()
+        assert not CONTROLS.findall(screen_text(app))
+
+
+def test_output_lines_keep_colourless_text_and_escape_every_other_control() -> None:
+    assert clean_line("\x1b[1;32mok\x1b[0m\tdone") == "ok\tdone"
+    assert clean_line("a\x1bcb\x1b7c\x1b8") == "a\\x1bcb\\x1b7c\\x1b8"
+    assert clean_line("\x1b]52;c;cHduZWQ=\x07x") == "\\x1b]52;c;cHduZWQ=\\x07x"
+    assert clean_line("\x9b2J\x9d0;t\x9c\x7f") == "\\x9b2J\\x9d0;t\\x9c\\x7f"
+    assert clean_line("10/10 [====]\x08\x08\r10/10 done") == "10/10 done"

@@ -35,6 +35,7 @@ from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import append
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.monitor.state import RunState
+from tpuwatch.printable import printable
 from tpuwatch.protocol import Command, Result
 from tpuwatch.sources.replay_source import ReplaySource
 from tpuwatch.sources.source import ReplayControl, Source, apply_worker_health
@@ -202,8 +203,9 @@ class TpuwatchApp(App[str]):
                timeout: float | None = None, markup: bool = False) -> None:
         """A toast, as plain text unless asked otherwise: toasts carry paths, messages and names
         from the run, and Textual would read ``[/]`` in them as markup (an error that ended the
-        dashboard) and ``[lr=0.1]`` as a style (silently eaten)."""
-        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+        dashboard) and ``[lr=0.1]`` as a style (silently eaten); their control characters are
+        shown escaped."""
+        super().notify(printable(message), title=title, severity=severity, timeout=timeout, markup=markup)
 
     # --- layout ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from textual.widget import Widget
 
 from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.ui.printable_content import printable_content
 
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 
@@ -148,7 +149,7 @@ class RunHeader(Widget):
     def _draw(self) -> tuple[int, Content, list[str]]:
         width = self.size.width
         if self._drawn is None or self._drawn[0] != width:
-            content = header_text(self.snapshot, width)
+            content = printable_content(header_text(self.snapshot, width))
             self._drawn = (width, content, [line.plain for line in content.split("\n")])
         return self._drawn
 
