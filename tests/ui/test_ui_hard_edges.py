@@ -7,10 +7,10 @@ import re
 import sys
 from pathlib import Path
 
-from ui_support import DATA, screen_text, sync
+from ui_support import DATA, FakeClock, screen_text, sync
 
-from tpuwatch import rundir
-from tpuwatch.protocol import Event, ExceptionRaised, Finding, Result
+from tpuwatch import protocol, rundir
+from tpuwatch.protocol import Event, ExceptionRaised, Exit, Finding, HostSample, Result, Step
 from tpuwatch.sources.file_source import FileSource
 from tpuwatch.ui.app import TpuwatchApp
 from tpuwatch.ui.output_tail import clean_line
@@ -156,3 +156,59 @@ def test_output_lines_keep_colourless_text_and_escape_every_other_control() -> N
     assert clean_line("\x1b]52;c;cHduZWQ=\x07x") == "\\x1b]52;c;cHduZWQ=\\x07x"
     assert clean_line("\x9b2J\x9d0;t\x9c\x7f") == "\\x9b2J\\x9d0;t\\x9c\\x7f"
     assert clean_line("10/10 [====]\x08\x08\r10/10 done") == "10/10 done"
+
+
+def samples(t0: float, seconds: float) -> list[HostSample]:
+    """The agent's sampler (2 Hz) for ``seconds`` after ``t0``: the process is alive."""
+    return [HostSample(t=t0 + 0.5 * i, rss_bytes=1 << 30, available_bytes=8 << 30, total_bytes=16 << 30,
+                       cpu_percent=3.0) for i in range(1, int(seconds * 2) + 1)]
+
+
+def hung_run(tmp_path: Path, sampling_s: float) -> tuple[Path, float]:
+    """A live run that hangs after step 150 of 300 while its agent samples for ``sampling_s``."""
+    msgs = [m for m in mr.healthy_messages(300) if not isinstance(m, Exit)]
+    last_t = next(m.t for m in msgs if isinstance(m, Step) and m.step == 150)
+    msgs = [m for m in msgs if getattr(m, "t", 0.0) <= last_t] + samples(last_t, sampling_s)
+    run = tmp_path / "run"
+    rundir.create(run)
+    mr.write(run / rundir.EVENTS, msgs)
+    (run / rundir.OUTPUT).write_text("")
+    return run, last_t
+
+
+@sync
+async def test_the_stalled_badge_and_the_findings_panel_agree_during_a_hang(tmp_path) -> None:
+    run, last_t = hung_run(tmp_path, sampling_s=30)
+    clock = FakeClock(last_t + 30)
+    app = TpuwatchApp(FileSource(run), run_dir=run, clock=clock, refresh_hz=0)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        app.pull()
+        await pilot.pause()
+        shown = screen_text(app)
+        assert "RUNNING" in shown and "stall:" not in shown
+        assert "20.0 steps/s" in shown
+        # Past the stall limit (60 s), the agent still sampling: the badge and the finding at once.
+        with open(run / rundir.EVENTS, "ab") as f:
+            f.write(b"".join(protocol.encode(m) for m in samples(last_t + 30, 60)))
+        clock.t = last_t + 90
+        app.pull()
+        await pilot.pause()
+        shown = screen_text(app)
+        assert "STALLED 1:30" in shown
+        assert "stall: no step for 90 s after step 150" in shown, shown
+        assert "0 steps/s" in shown and "20.0 steps/s" not in shown
+
+
+@sync
+async def test_a_silent_process_is_stalled_and_the_findings_panel_says_why(tmp_path) -> None:
+    run, last_t = hung_run(tmp_path, sampling_s=5)
+    clock = FakeClock(last_t + 600)
+    app = TpuwatchApp(FileSource(run), run_dir=run, clock=clock, refresh_hz=0)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        app.pull()
+        await pilot.pause()
+        shown = screen_text(app)
+        assert "STALLED 10:00" in shown
+        assert "silent: nothing from the training process for" in shown and "9:55" in shown, shown
