@@ -95,3 +95,20 @@ def test_headless_lines_escape_controls_from_the_run(tmp_path):
     assert_no_controls(text)
     assert "[warning] custom: finding \\x1b]52;c;" in text
     assert "  error     ValueError: bad \\x1b]52;c;" in text
+
+
+def test_a_command_result_from_the_agent_is_printed_escaped(tmp_path, monkeypatch, capsys):
+    # `tpuwatch checkpoint RUN --dir '/etc/x[/]y'`: the agent's answer quotes the path it was given.
+    from tpuwatch.control import actions
+
+    def answer(run_dir, command, timeout_s, on_state):
+        result = protocol.Result(t=1.0, id=command.id, action="checkpoint", ok=False,
+                                 message=f"cannot write /etc/x[/]y{HOSTILE}")
+        return actions.Outcome(command, 1.0, (), result, False)
+
+    monkeypatch.setattr(actions, "send_and_wait", answer)
+    code = actions.request(tmp_path, "checkpoint", timeout_s=1.0, dest_dir="/etc/x[/]y")
+    out = capsys.readouterr()
+    assert code == actions.EXIT_FAILED
+    assert_no_controls(out.out + out.err)
+    assert "checkpoint failed: cannot write /etc/x[/]y\\x1b]52;c;cHduZWQ=\\x07" in out.out
