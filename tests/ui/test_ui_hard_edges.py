@@ -10,11 +10,13 @@ from pathlib import Path
 from ui_support import DATA, FakeClock, screen_text, sync
 
 from tpuwatch import protocol, rundir
+from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.protocol import Event, ExceptionRaised, Exit, Finding, HostSample, Result, Step
 from tpuwatch.sources.file_source import FileSource
 from tpuwatch.ui.app import TpuwatchApp
 from tpuwatch.ui.output_tail import clean_line
 from tpuwatch.ui.widgets.output_log import MAX_LINES, OutputLog
+from tpuwatch.ui.widgets.run_header import header_text
 
 sys.path.insert(0, str(DATA))
 import make_recordings as mr  # noqa: E402
@@ -212,3 +214,11 @@ async def test_a_silent_process_is_stalled_and_the_findings_panel_says_why(tmp_p
         shown = screen_text(app)
         assert "STALLED 10:00" in shown
         assert "silent: nothing from the training process for" in shown and "9:55" in shown, shown
+
+
+def test_a_newline_in_the_script_name_keeps_the_header_on_two_lines() -> None:
+    s = RunSnapshot(status="running", script="tr\nain\x1b[2J.py", host="h\r1", step=5, started_t=0.0, now=10.0)
+    text = header_text(s, 80).plain
+    line1, line2 = text.split("\n")
+    assert line1.startswith("tr\\nain\\x1b[2J.py · h\\r1") and line1.rstrip().endswith("RUNNING")
+    assert len(line1) == 80 and line2.startswith("step 5")
