@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import re
 
-#: C0 controls, DEL, C1 controls, and lone surrogates.
-_UNSAFE = "\x00-\x1f\x7f-\x9f\ud800-\udfff"
 _PATTERNS: dict[str, re.Pattern[str]] = {}
 
 
 def _pattern(keep: str) -> re.Pattern[str]:
+    """C0 controls but ``keep``, DEL, C1 controls and lone surrogates: one character class (a
+    look-ahead for ``keep`` made the search 5 times slower)."""
     pattern = _PATTERNS.get(keep)
     if pattern is None:
-        kept = "".join(re.escape(c) for c in keep)
-        pattern = re.compile(f"(?![{kept}])[{_UNSAFE}]" if kept else f"[{_UNSAFE}]")
+        c0 = "".join(re.escape(chr(c)) for c in range(0x20) if chr(c) not in keep)
+        pattern = re.compile(f"[{c0}\x7f-\x9f\ud800-\udfff]")
         _PATTERNS[keep] = pattern
     return pattern
 
@@ -48,11 +48,14 @@ def _escape(match: re.Match[str]) -> str:
 def printable(text: str, keep: str = "\n\t") -> str:
     """``text`` with every control character except those in ``keep`` shown as an escape:
     ``"a\\x1bcb"`` becomes ``"a\\\\x1bcb"`` (the four characters ``\\x1b``). Text without any
-    is returned as it is (the common case costs one regex search)."""
-    pattern = _pattern(keep)
-    if pattern.search(text) is None:
+    is returned as it is (the common case costs a ``str.isprintable``)."""
+    probe = text
+    for char in keep:
+        if char in probe:
+            probe = probe.replace(char, "")
+    if probe.isprintable():  # the common case, in C: nothing to escape
         return text
-    return pattern.sub(_escape, text)
+    return _pattern(keep).sub(_escape, text)  # (other non-printables, e.g. a no-break space, stay)
 
 
 def one_line(text: str) -> str:
