@@ -80,6 +80,8 @@ def test_ls_report_and_attach_escape_controls_from_the_run(tmp_path):
         assert_no_controls(rep.stdout + rep.stderr)
         for shown in ("tr\\x1b]52;c;cHduZWQ=\\x07", "bad \\x1b]52;c;", "finding \\x1b]52;c;", "advice \\x1b]52;"):
             assert shown in rep.stdout, (fmt, shown, rep.stdout)
+        (script,) = [line for line in rep.stdout.splitlines() if "script" in line and "tr\\x1b" in line]
+        assert "\\x7f\\nnextain.py" in script  # the name's newline does not break the row
 
     # attach into a file or a pipe: the headless lines.
     att = tpuwatch("attach", str(run), env=env)
@@ -95,6 +97,7 @@ def test_headless_lines_escape_controls_from_the_run(tmp_path):
     assert_no_controls(text)
     assert "[warning] custom: finding \\x1b]52;c;" in text
     assert "  error     ValueError: bad \\x1b]52;c;" in text
+    assert "tpuwatch: tr\\x1b]52;c;cHduZWQ=\\x07" in text and "\\x7f\\nnextain.py crashed (exit 1)" in text
 
 
 def test_a_command_result_from_the_agent_is_printed_escaped(tmp_path, monkeypatch, capsys):

@@ -20,7 +20,7 @@ from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import RecordingReader, append
 from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes, worker_status_text
 from tpuwatch.monitor.state import RunState
-from tpuwatch.printable import printable
+from tpuwatch.printable import one_line, printable
 from tpuwatch.protocol import Finding
 from tpuwatch.sources.file_source import FileSource
 from tpuwatch.sources.source import RecordingSource, Tagged
@@ -87,7 +87,7 @@ def finding_line(f: Finding) -> str:
 
 def summary(snap: RunSnapshot) -> str:
     """The end-of-run summary, several lines."""
-    name = snap.script or "run"
+    name = one_line(snap.script) or "run"  # one line: the summary's first line names it
     if snap.status == "finished":
         head = f"{name} finished (exit 0)"
     elif snap.status in ("crashed", "stopped"):

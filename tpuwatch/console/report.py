@@ -29,7 +29,7 @@ from tpuwatch.monitor.runs import run_alive
 from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes
 from tpuwatch.monitor.state import RunState
 from tpuwatch.monitor.stats import percentile
-from tpuwatch.printable import printable
+from tpuwatch.printable import one_line, printable
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
 from tpuwatch.units import (
     UNKNOWN,
@@ -371,10 +371,11 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     outcome = run["status"]
     if run.get("exit_code") is not None:
         outcome += f" (exit {run['exit_code']})"
+    # Names from the run are one line each: a newline or a tab in them would break the rows.
     rows_run = [
-        f"run\t{run['id']}",
-        f"script\t{' '.join(run['argv']) or run['script']}",
-        f"host\t{run['host'] or UNKNOWN}",
+        f"run\t{one_line(run['id'])}",
+        f"script\t{one_line(' '.join(run['argv']) or run['script'])}",
+        f"host\t{one_line(run['host'] or UNKNOWN)}",
         f"status\t{outcome}",
         f"strategy\t{run['strategy'] or UNKNOWN}"
         + (f", {run['replicas']} replicas on {run['device_kind']}" if run.get("replicas") else ""),
@@ -390,7 +391,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         first = next((ln for ln in run["exception"].splitlines() if ln.strip()), "")
         rows_run.append(f"exception\t{first}")
     if run.get("lost_reason"):
-        rows_run.append(f"lost\t{run['lost_reason']}")
+        rows_run.append(f"lost\t{one_line(run['lost_reason'])}")
     rows_sum = [
         f"steps\t{s['steps']:,}" + (f" of {s['total_steps']:,}" if s.get("total_steps") else ""),
         f"step time\tp50 {fmt_seconds(_num(s['step_time_p50_s']))}, "
