@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TextIO, cast
 
 from tpuwatch import __version__, address, settings
+from tpuwatch.printable import printable
 
 if TYPE_CHECKING:
     from tpuwatch.console.alerts import Alerts
@@ -175,7 +176,7 @@ def _quiet_stdout() -> None:
 
 
 def _error(message: str) -> int:
-    print(f"tpuwatch: {message}", file=sys.stderr)
+    print(f"tpuwatch: {printable(message)}", file=sys.stderr)  # it may quote a run's id or path
     return EXIT_USAGE
 
 
@@ -512,7 +513,7 @@ def _run_dashboard(launch) -> int:
 def _say(line: str) -> None:
     """A status line on stderr; a closed terminal (hangup) is not an error worth a traceback."""
     try:
-        print(f"tpuwatch: {line}", file=sys.stderr, flush=True)
+        print(f"tpuwatch: {printable(line)}", file=sys.stderr, flush=True)
     except OSError:
         pass
 
@@ -706,7 +707,7 @@ def _attach_remote(ns: argparse.Namespace) -> int:
     if all(problems):  # nothing to show: say why, not a dashboard waiting forever
         for p in problems[:-1]:
             _say(p)
-        print(f"tpuwatch: {problems[-1]}", file=sys.stderr)
+        print(f"tpuwatch: {printable(problems[-1])}", file=sys.stderr)
         return 1
     if not sys.stdout.isatty():  # a dashboard into a pipe: escape codes, waiting for keys forever
         return _error("attaching to HOST:PORT needs a terminal (stdout is not one); run it in a terminal, or "

@@ -48,7 +48,7 @@ def _import_all(package: str) -> set[str]:
 
 
 @pytest.mark.parametrize("module", ["tpuwatch", "tpuwatch.protocol", "tpuwatch.rundir", "tpuwatch.api", "tpuwatch.settings",
-                                    "tpuwatch.address", "tpuwatch.units"])
+                                    "tpuwatch.address", "tpuwatch.units", "tpuwatch.printable"])
 def test_core_modules_import_only_the_standard_library(module):
     extra = _top(_modules_after(f"import {module}")) - _top(_modules_after("pass"))
     assert extra <= {"tpuwatch"} | set(sys.stdlib_module_names), sorted(extra)

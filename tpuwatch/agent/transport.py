@@ -234,7 +234,7 @@ class Server:
             if hello.protocol_version != protocol.PROTOCOL_VERSION:
                 self._refuse(conn, f"protocol version {hello.protocol_version} not supported (agent speaks {protocol.PROTOCOL_VERSION}); use the same tpuwatch version on both sides", peer)
                 return
-            if is_tcp and not (self.token and hmac.compare_digest(hello.token.encode(), self.token.encode())):
+            if is_tcp and not _token_matches(hello.token, self.token):
                 self._refuse(conn, "wrong or missing token; pass --token-file with the run's token file", peer)
                 return
             with self._lock:
@@ -391,6 +391,18 @@ class Server:
                     return
                 except OSError:
                     return
+
+
+def _token_matches(given: str, expected: str | None) -> bool:
+    """Compares in constant time; a token no UTF-8 encoder takes (a lone surrogate, which JSON
+    can carry as ``\\udcff``) matches nothing, like any other wrong token."""
+    if not expected:
+        return False
+    try:
+        given_bytes = given.encode()
+    except UnicodeEncodeError:
+        return False
+    return hmac.compare_digest(given_bytes, expected.encode())
 
 
 class _TooLong(Exception):

@@ -3,7 +3,9 @@ diagnostics finding, and a summary at the end.
 
 ``follow`` tails the run's recording (it never talks to the agent's socket), so it shows the same
 numbers a dashboard or ``tpuwatch report`` would. Output goes to stderr by default, leaving the
-terminal's stdout to the script's own output when the launcher mirrors it.
+terminal's stdout to the script's own output when the launcher mirrors it. Every line goes
+through :func:`~tpuwatch.printable.printable` (names, messages and exception text come from the
+run); the script's own output, mirrored, stays as the script wrote it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import RecordingReader, append
 from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes, worker_status_text
 from tpuwatch.monitor.state import RunState
+from tpuwatch.printable import one_line, printable
 from tpuwatch.protocol import Finding
 from tpuwatch.sources.file_source import FileSource
 from tpuwatch.sources.source import RecordingSource, Tagged
@@ -84,7 +87,7 @@ def finding_line(f: Finding) -> str:
 
 def summary(snap: RunSnapshot) -> str:
     """The end-of-run summary, several lines."""
-    name = snap.script or "run"
+    name = one_line(snap.script) or "run"  # one line: the summary's first line names it
     if snap.status == "finished":
         head = f"{name} finished (exit 0)"
     elif snap.status in ("crashed", "stopped"):
@@ -234,11 +237,15 @@ def follow_group(
     disk_note = ""
     next_disk_check = 0.0
 
+    def say(text: str) -> None:
+        # Names, messages and exception text come from the run: never terminal controls.
+        print(printable(text), file=out, flush=True)
+
     def check_disk() -> None:
         nonlocal disk_note
         note = full_note(watch_disk) if watch_disk is not None else ""
         if note != disk_note:
-            print(f"tpuwatch: {note}" if note else "tpuwatch: the disk has space again", file=out, flush=True)
+            say(f"tpuwatch: {note}" if note else "tpuwatch: the disk has space again")
             disk_note = note
 
     def take(tagged: Sequence[Tagged]) -> None:
@@ -246,7 +253,7 @@ def follow_group(
             state.apply(msg, worker)
             diag.apply(msg, worker)
         for f in state.drain_new_findings():
-            print(finding_line(f), file=out, flush=True)
+            say(finding_line(f))
 
     while True:
         alive = is_alive()
@@ -270,9 +277,9 @@ def follow_group(
             # down) or waits says so once, not every few seconds.
             key = (snap.step, snap.status, tuple(w.status for w in snap.workers))
             if key != last_key:
-                print(progress_line(snap), file=out, flush=True)
+                say(progress_line(snap))
                 if len(snap.workers) > 1:
-                    print(workers_line(snap), file=out, flush=True)
+                    say(workers_line(snap))
                 last_key = key
             next_print = now + every_s
         sleep(poll_s)
@@ -301,7 +308,7 @@ def follow_group(
     diag.evaluate(state, end_t, force=True)
     take([])
     snap = state.snapshot(end_t)
-    print(summary(snap), file=out, flush=True)
+    say(summary(snap))
     if len(snap.workers) > 1:
-        print(workers_line(snap), file=out, flush=True)
+        say(workers_line(snap))
     return snap

@@ -29,6 +29,7 @@ from tpuwatch.monitor.runs import run_alive
 from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes
 from tpuwatch.monitor.state import RunState
 from tpuwatch.monitor.stats import percentile
+from tpuwatch.printable import one_line, printable
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
 from tpuwatch.units import (
     UNKNOWN,
@@ -370,10 +371,11 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     outcome = run["status"]
     if run.get("exit_code") is not None:
         outcome += f" (exit {run['exit_code']})"
+    # Names from the run are one line each: a newline or a tab in them would break the rows.
     rows_run = [
-        f"run\t{run['id']}",
-        f"script\t{' '.join(run['argv']) or run['script']}",
-        f"host\t{run['host'] or UNKNOWN}",
+        f"run\t{one_line(run['id'])}",
+        f"script\t{one_line(' '.join(run['argv']) or run['script'])}",
+        f"host\t{one_line(run['host'] or UNKNOWN)}",
         f"status\t{outcome}",
         f"strategy\t{run['strategy'] or UNKNOWN}"
         + (f", {run['replicas']} replicas on {run['device_kind']}" if run.get("replicas") else ""),
@@ -389,7 +391,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         first = next((ln for ln in run["exception"].splitlines() if ln.strip()), "")
         rows_run.append(f"exception\t{first}")
     if run.get("lost_reason"):
-        rows_run.append(f"lost\t{run['lost_reason']}")
+        rows_run.append(f"lost\t{one_line(run['lost_reason'])}")
     rows_sum = [
         f"steps\t{s['steps']:,}" + (f" of {s['total_steps']:,}" if s.get("total_steps") else ""),
         f"step time\tp50 {fmt_seconds(_num(s['step_time_p50_s']))}, "
@@ -450,7 +452,7 @@ def _worker_line(w: dict[str, Any]) -> str:
 
 
 def render_text(report: dict[str, Any]) -> str:
-    """Plain text for a terminal."""
+    """Plain text for a terminal (control characters from the run shown escaped)."""
     parts: list[str] = []
     for title, rows, extra in _lines(report):
         parts.append(title)
@@ -470,7 +472,7 @@ def render_text(report: dict[str, Any]) -> str:
                 if f["advice"]:
                     parts.append(f"      advice: {f['advice']}")
         parts.append("")
-    return "\n".join(parts).rstrip() + "\n"
+    return printable("\n".join(parts).rstrip() + "\n")
 
 
 def _md_escape(text: str) -> str:
@@ -478,7 +480,8 @@ def _md_escape(text: str) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    """GitHub-flavoured Markdown (tables), e.g. for an issue or a pull request."""
+    """GitHub-flavoured Markdown (tables), e.g. for an issue or a pull request; control
+    characters from the run shown escaped (it is printed to a terminal as often as pasted)."""
     run = report["run"]
     parts = [f"# tpuwatch report: {run['id']}", ""]
     for title, rows, extra in _lines(report):
@@ -513,7 +516,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                     parts.append("")
         if extra:
             parts.append("")
-    return "\n".join(parts).rstrip() + "\n"
+    return printable("\n".join(parts).rstrip() + "\n")
 
 
 def render_json(report: dict[str, Any]) -> str:

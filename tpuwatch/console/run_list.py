@@ -6,15 +6,18 @@ import time
 from typing import Sequence
 
 from tpuwatch.monitor.runs import RunInfo
+from tpuwatch.printable import one_line
 
 
 def render_run_list(runs: Sequence[RunInfo], width: int | None = None) -> str:
     """The table of runs (state, start in local time, last step, exit code, script), within
     ``width`` columns (None: no limit)."""
-    rows = [{"RUN": r.id, "STATE": r.state,
+    # The id and the script come from the run's files: a newline or a terminal control in
+    # them would break the table or reach the terminal, so each cell is one escaped line.
+    rows = [{"RUN": one_line(r.id), "STATE": r.state,
              "STARTED": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.start)) if r.start else "?",
              "STEPS": "" if r.steps is None else str(r.steps),
-             "EXIT": "" if r.exit_code is None else str(r.exit_code), "SCRIPT": r.script} for r in runs]
+             "EXIT": "" if r.exit_code is None else str(r.exit_code), "SCRIPT": one_line(r.script)} for r in runs]
     return "\n".join(_lines(rows, width))
 
 

@@ -18,6 +18,7 @@ from typing import Callable, Literal, TextIO
 from tpuwatch import rundir
 from tpuwatch.control.client import AgentClient, AgentUnavailable, new_command
 from tpuwatch.monitor.recording import RecordingReader
+from tpuwatch.printable import printable
 from tpuwatch.protocol import Command, CommandState, Exit, Message, Result
 from tpuwatch.units import fmt_bytes
 
@@ -149,7 +150,7 @@ def request(run_dir: Path, action: Action, *, timeout_s: float, steps: int | Non
     try:
         outcome = send_and_wait(run_dir, command, timeout_s, on_state)
     except AgentUnavailable as e:
-        print(f"tpuwatch: run {run_dir.name} is not live: {e}", file=sys.stderr)
+        print(f"tpuwatch: run {printable(run_dir.name)} is not live: {printable(str(e))}", file=sys.stderr)
         return EXIT_NOT_LIVE
     result = outcome.result
     if result is None:
@@ -157,7 +158,8 @@ def request(run_dir: Path, action: Action, *, timeout_s: float, steps: int | Non
         print(f"tpuwatch: {action}: {why}; the dashboard or `tpuwatch report {rundir.reference(run_dir)}` shows it if it "
               "completes later", file=sys.stderr)
         return EXIT_FAILED
-    print(f"tpuwatch: {describe_result(result)}", file=out, flush=True)
+    # The agent's message and paths are the run's text: never terminal controls.
+    print(f"tpuwatch: {printable(describe_result(result))}", file=out, flush=True)
     if not result.ok:
         return EXIT_FAILED
     if action == "profile":
@@ -177,7 +179,8 @@ def _print_summary(result: Result, out: TextIO, run_dir: Path) -> None:
     try:
         summary = profile_summary.summarize(local)
     except profile_summary.ProfileSummaryError as e:
-        print(f"tpuwatch: no summary: {e}", file=out)
+        print(f"tpuwatch: no summary: {printable(str(e))}", file=out)
         print("open it with:\n  " + "\n  ".join(profile_summary.open_commands(str(Path(local).parents[2]))), file=out)
         return
-    print(profile_summary.render_text(summary, live=profile_summary.recent_input_share(run_dir)), file=out, flush=True)
+    print(printable(profile_summary.render_text(summary, live=profile_summary.recent_input_share(run_dir))),
+          file=out, flush=True)

@@ -64,9 +64,13 @@ from tpuwatch.protocol import (
     event_fact,
 )
 
-#: A run is stalled after no step for max(STALL_MIN_S, STALL_MEDIANS x median step time).
-STALL_MIN_S = 60.0
-STALL_MEDIANS = 20.0
+#: The diagnostics rule whose live verdict is the "stalled" status (monitor/diagnostics/progress.py).
+STALL_RULE = "stall"
+#: A worker whose agent sampled before and has sent nothing at all for this long (on the
+#: viewer's clock) is stalled too: the whole process is quiet (stopped, frozen holding the GIL,
+#: or its recording does not arrive), which the stall rule, measuring gaps on the agent's own
+#: clock, cannot see. The Findings panel says so when it is the reason.
+SILENT_AFTER_S = 60.0
 
 #: The names users know for TensorFlow's strategy classes.
 _STRATEGY_NAMES = {
@@ -155,16 +159,16 @@ DISK_FULL_SOURCE = DISK_FULL
 class RunState:
     """Mutable state of one run; feed it messages, read snapshots.
 
-    ``clock`` gives unix time (seconds) for status ages; ``stall_after_s`` is the minimum silence
-    before a running run counts as stalled (the threshold is
-    ``max(stall_after_s, 20 x median step time)``). Not thread-safe: apply and snapshot from
-    one thread (the UI's, or the headless loop's).
+    ``clock`` gives unix time (seconds) for status ages. A running worker is "stalled" while the
+    diagnostics' ``stall`` rule says so (its finding, added by the findings feed every viewer
+    runs beside the state): the badge and the Findings panel then agree by construction; or
+    when it has gone silent altogether (:data:`SILENT_AFTER_S`). Not
+    thread-safe: apply and snapshot from one thread (the UI's, or the headless loop's).
     """
 
     def __init__(
         self,
         clock: Callable[[], float] = time.time,
-        stall_after_s: float = STALL_MIN_S,
         *,
         max_events: int = 500,
         max_commands: int = 100,
@@ -173,10 +177,7 @@ class RunState:
         history_points: int = 2000,
         max_retraces: int = 1000,
     ) -> None:
-        if stall_after_s <= 0:
-            raise ValueError(f"stall_after_s must be > 0, got {stall_after_s}")
         self.clock = clock
-        self.stall_after_s = stall_after_s
         self._window = window
         self._rate_window_s = rate_window_s
         self._history_points = history_points
@@ -551,11 +552,21 @@ class RunState:
             return "lost"
         if w.last_step is None:
             return "starting" if (w.hello is not None or w.topology is not None) else "waiting"
-        median = w.stats.median_step_s() or 0.0
-        limit = max(self.stall_after_s, STALL_MEDIANS * median)
-        if now - w.last_step.t > limit:
+        if self._stall_ongoing(w) or self._silent(w, now):
             return "stalled"
         return "running"
+
+    @staticmethod
+    def _silent(w: _Worker, now: float) -> bool:
+        return w.host is not None and w.last_t is not None and now - w.last_t > SILENT_AFTER_S
+
+    def _stall_ongoing(self, w: _Worker) -> bool:
+        """The stall rule's live verdict on ``w``: its finding says the gap after ``w``'s latest
+        step still goes on. (A step after the hang ends it at once, before the next evaluation
+        updates the finding: the finding is about an earlier step then.)"""
+        f = self._findings.get((STALL_RULE, w.name, ""))
+        return (f is not None and w.last_step is not None and bool(f.evidence.get("ongoing"))
+                and f.first_step == w.last_step.step)
 
     @staticmethod
     def _run_status(statuses: list[RunStatus]) -> RunStatus:
@@ -597,8 +608,13 @@ class RunState:
         step = last.step if last else 0
         if isinstance(total, int) and step > total:
             total = None  # that fit is over: a later phase has no known end
-        if isinstance(total, int) and roll.steps_per_s and status in ("running", "stalled"):
-            eta = max(0, total - step) / roll.steps_per_s if roll.steps_per_s > 0 else None
+        # During a stall no step comes: the rate is nought, not the one from before the hang.
+        steps_per_s, examples_per_s = roll.steps_per_s, roll.examples_per_s
+        if status == "stalled":
+            steps_per_s = 0.0 if steps_per_s is not None else None
+            examples_per_s = 0.0 if examples_per_s is not None else None
+        if isinstance(total, int) and steps_per_s and status == "running":
+            eta = max(0, total - step) / steps_per_s if steps_per_s > 0 else None
 
         # The cause, not a consequence: the earliest failing exit (peers of a dead worker fail after it).
         failed = [w.exit for w in workers if w.exit and w.exit.exit_code != 0]
@@ -662,8 +678,8 @@ class RunState:
             step_time_s=last.step_time_s if last else None,
             step_p50_s=roll.step_p50_s,
             step_p95_s=roll.step_p95_s,
-            steps_per_s=roll.steps_per_s,
-            examples_per_s=roll.examples_per_s,
+            steps_per_s=steps_per_s,
+            examples_per_s=examples_per_s,
             eta_s=eta,
             input_wait_frac=wait_frac,
             input_wait_frac_total=wait_total,

@@ -241,9 +241,6 @@ class StepStats:
     def recent(self) -> tuple[Step, ...]:
         return tuple(self._recent)
 
-    def median_step_s(self) -> float | None:
-        return self.rolling().step_p50_s
-
     def rolling(self) -> Rolling:
         """Rolling figures; O(window) (a sort of ``window`` floats) once per new record: a viewer
         of a 64-host pod asks for every worker's figures at each snapshot, most of them unchanged

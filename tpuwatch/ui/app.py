@@ -24,6 +24,7 @@ from textual import events, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
+from textual.notifications import SeverityLevel
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Input
@@ -34,6 +35,7 @@ from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import append
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.monitor.state import RunState
+from tpuwatch.printable import printable
 from tpuwatch.protocol import Command, Result
 from tpuwatch.sources.replay_source import ReplaySource
 from tpuwatch.sources.source import ReplayControl, Source, apply_worker_health
@@ -196,6 +198,14 @@ class TpuwatchApp(App[str]):
         self._binding_key: tuple = ()
         self._source_error = ""
         self._keymap = dict(keymap or {})
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """A toast, as plain text unless asked otherwise: toasts carry paths, messages and names
+        from the run, and Textual would read ``[/]`` in them as markup (an error that ended the
+        dashboard) and ``[lr=0.1]`` as a style (silently eaten); their control characters are
+        shown escaped."""
+        super().notify(printable(message), title=title, severity=severity, timeout=timeout, markup=markup)
 
     # --- layout ----------------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """Follows the script's output.log: new complete lines since the last call, cleaned for display.
 
 Not a widget: the dashboard asks for new lines at its refresh rate and appends them to its log
-view. Keras progress bars (``\\r`` redraws) keep only their final state; ANSI colour codes are
-removed (the log view draws plain text).
+view. Keras progress bars (``\\r`` redraws) keep only their final state; ANSI colour and cursor
+codes (CSI sequences) are removed (the log view draws plain text); every other control
+character, the rest of an escape sequence included (``ESC c``, ``ESC 7``, OSC 0/52, 8-bit C1),
+is shown escaped (:func:`~tpuwatch.printable.printable`), never sent to the terminal.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import os
 import re
 from pathlib import Path
 
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+from tpuwatch.printable import printable
+
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 #: When attaching to a long run, start this many bytes before the end instead of at byte 0.
 DEFAULT_START_BYTES = 1 << 20
 #: Cap per call, so a burst of output never stalls a refresh.
@@ -20,11 +24,12 @@ DEFAULT_MAX_BYTES_PER_READ = 1 << 20
 
 
 def clean_line(raw: str) -> str:
-    """One display line from one raw line: last ``\\r`` segment, no escape codes."""
+    """One display line from one raw line: last ``\\r`` segment, no colour codes, any other
+    control character escaped."""
     if "\r" in raw:
         segments = [s for s in raw.split("\r") if s]
         raw = segments[-1] if segments else ""
-    return _ANSI.sub("", raw)
+    return printable(_CSI.sub("", raw), keep="\t")
 
 
 class OutputTail:

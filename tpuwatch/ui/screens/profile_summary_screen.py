@@ -19,6 +19,7 @@ from textual.widgets import Static
 
 from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.monitor.snapshot import CommandView, RunSnapshot
+from tpuwatch.printable import printable
 
 
 def new_profile_results(snapshot: RunSnapshot, seen: set[str], ids: Iterable[str] | None = None) -> list[CommandView]:
@@ -79,7 +80,7 @@ class ProfileSummaryScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="profile-summary-dialog"):
-            yield Static(self._text, id="profile-summary-text", markup=False)
+            yield Static(printable(self._text), id="profile-summary-text", markup=False)
 
     def on_mount(self) -> None:
         dialog = self.query_one("#profile-summary-dialog")

@@ -17,6 +17,7 @@ from textual.widgets import Label, TextArea
 
 from tpuwatch.control.stack_request import StackRequest, StackView
 from tpuwatch.monitor.snapshot import CommandView
+from tpuwatch.printable import one_line, printable
 from tpuwatch.protocol import StackDump
 
 POLL_HZ = 4.0
@@ -61,7 +62,7 @@ class StackScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="stack-dialog"):
             yield Label("Stacks of the training process", id="stack-title")
-            yield Label("", id="stack-note")
+            yield Label("", id="stack-note", markup=False)  # the agent's message and paths, as they are
             yield TextArea("", id="stack-text", read_only=True, show_line_numbers=False, soft_wrap=False)
 
     def on_mount(self) -> None:
@@ -75,11 +76,11 @@ class StackScreen(ModalScreen[None]):
             return
         self._shown = view
         note = self.query_one("#stack-note", Label)
-        note.update(view.note + ("" if view.status != "done" else "  (esc to close)"))
+        note.update(one_line(view.note) + ("" if view.status != "done" else "  (esc to close)"))
         note.set_class(view.status == "failed", "-failed")
         if view.text:
             area = self.query_one("#stack-text", TextArea)
-            area.load_text(view.text)
+            area.load_text(printable(view.text))
             row = innermost_training_frame_row(view.text)
             if row is not None:  # where it hangs is what the user came for: centre it once laid out
                 self.call_after_refresh(area.move_cursor, (row, 0), center=True)

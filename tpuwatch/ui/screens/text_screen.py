@@ -17,6 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.ui.printable_content import printable_content
 
 
 class TextScreen(Screen[None]):
@@ -55,7 +56,7 @@ class TextScreen(Screen[None]):
         key = (content.plain, tuple(content.spans))
         if key != self._shown:
             self._shown = key
-            self.query_one("#text-body", Static).update(content)
+            self.query_one("#text-body", Static).update(printable_content(content))
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -15,6 +15,7 @@ from textual.widget import Widget
 
 from tpuwatch import units
 from tpuwatch.monitor.snapshot import CommandView, RunSnapshot
+from tpuwatch.ui.printable_content import printable_content
 
 _STYLE = {
     "pending": "$text-muted",
@@ -111,7 +112,7 @@ class CommandLine(Widget):
         self.run_dir = run_dir
 
     def render(self) -> Content:
-        return commands_text(self.snapshot, self.run_dir, self._now)
+        return printable_content(commands_text(self.snapshot, self.run_dir, self._now))
 
     _shown: tuple[tuple[str, str], ...] = ()
     _now: float | None = None

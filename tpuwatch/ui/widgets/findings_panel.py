@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from textual.content import Content
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.protocol import SEVERITY_RANK
 from tpuwatch.ui.widgets.panel import Panel
@@ -70,6 +71,14 @@ def _items(s: RunSnapshot) -> list[tuple[tuple[float, float], Content, Content |
         first, _, rest = s.exception.partition("\n")
         items.append(((0.5, 0.0), Content.assemble(("!! ", "$error bold"), ("crashed: ", "$error bold"), first),
                       Content(rest.strip("\n")) if rest.strip() else None))
+    if s.status == "stalled" and not any(f.rule == "stall" and f.evidence.get("ongoing") for f in s.findings):
+        # Stalled without the stall rule's finding: the process sent nothing at all, samples included.
+        quiet = units.clock(s.now - s.last_message_t) if s.last_message_t is not None else units.UNKNOWN
+        items.append(((0.6, 0.0), Content.assemble(
+            ("!! ", "$warning bold"), ("silent: ", "$warning bold"),
+            f"nothing from the training process for {quiet}, not even the agent's samples"),
+            Content.styled("   It is stopped or frozen (a C call holding the GIL), or its recording "
+                           "does not arrive: a stack dump (s) tells which", "dim")))
     if s.status == "lost":
         items.append(((0.6, 0.0), Content.assemble(("!! ", "$warning bold"), ("lost contact: ", "$warning bold"),
                                             s.lost_reason or "no exit record from the training process"), None))

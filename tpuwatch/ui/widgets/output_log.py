@@ -8,6 +8,7 @@ from rich.highlighter import Highlighter
 from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
+from textual.content import Content
 from textual.message import Message
 from textual.widgets import Log
 
@@ -86,7 +87,13 @@ class OutputLog(Log):
         # interrupted by new lines. Before the first layout there is no size to judge by.
         if self.size.height:
             self._follow = self.is_vertical_scroll_end or self.max_scroll_y == 0
+        full = self.line_count + len(lines) > MAX_LINES
         self.write_lines(lines, scroll_end=self._follow)
+        if full:
+            # Log repaints the new lines' indices counted before it dropped the oldest, i.e.
+            # below its end, and a view already at the end does not scroll: without this the
+            # panel kept showing line 20,000 of a run at 10k lines/s until a resize.
+            self.refresh()
         if self.term:
             self._find_matches()
 
@@ -141,13 +148,14 @@ class OutputLog(Log):
             self.current = len(self.matches) - 1 if self.current is None else (self.current - 1) % len(self.matches)
             self._show_current()
 
-    def match_status(self) -> str:
+    def match_status(self) -> Content:
+        """The panel's border subtitle: plain text (a term like ``[/]`` is no markup)."""
         if not self.term:
-            return ""
+            return Content("")
         if not self.matches:
-            return f"/{self.term}: no match"
+            return Content(f"/{self.term}: no match")
         pos = (self.current or 0) + 1
-        return f"/{self.term}: {pos}/{len(self.matches)} (n/N)"
+        return Content(f"/{self.term}: {pos}/{len(self.matches)} (n/N)")
 
     def _find_matches(self) -> None:
         term = self.term

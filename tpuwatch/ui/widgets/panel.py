@@ -10,6 +10,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.ui.printable_content import printable_content
 
 #: State classes a panel may carry; the stylesheet colours borders and titles from them.
 STATE_CLASSES = ("-stale", "-warning", "-critical")
@@ -57,7 +58,7 @@ class Panel(Widget, can_focus=True):
         body = self.query_one(".body", Static)
         # Expanded (Enter or z): everything, and the panel scrolls; else what fits the box.
         rows = EXPANDED_ROWS if self.has_class("-maximised") else max(1, body.size.height)
-        content = self.body(snapshot, rows, max(1, body.size.width))
+        content = printable_content(self.body(snapshot, rows, max(1, body.size.width)))
         # Content equality compares text only: the spans (colours) count too.
         key = (content.plain, tuple(content.spans))
         if key != self._shown:

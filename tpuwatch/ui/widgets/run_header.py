@@ -9,6 +9,8 @@ from textual.widget import Widget
 
 from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot
+from tpuwatch.printable import one_line
+from tpuwatch.ui.printable_content import printable_content
 
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 
@@ -31,7 +33,7 @@ def problem_text(s: RunSnapshot) -> str:
         return ""
     for e in reversed(s.events):
         if e.source in _CONNECTION_SOURCES and e.level in ("error", "warning"):
-            return e.message
+            return one_line(e.message)
     if s.malformed and not s.messages:
         return (f"{s.malformed} unreadable line(s) and no tpuwatch message: "
                 f"this is not a tpuwatch recording (or a damaged one)")
@@ -75,7 +77,8 @@ def identity_text(s: RunSnapshot) -> str:
         parts.append(f"{s.num_workers} workers")
     if s.host:
         parts.append(s.host)
-    return " · ".join(parts)
+    # One line whatever the script's name holds (a newline would push the badge down).
+    return one_line(" · ".join(parts))
 
 
 def progress_parts(s: RunSnapshot) -> list[str]:
@@ -148,7 +151,7 @@ class RunHeader(Widget):
     def _draw(self) -> tuple[int, Content, list[str]]:
         width = self.size.width
         if self._drawn is None or self._drawn[0] != width:
-            content = header_text(self.snapshot, width)
+            content = printable_content(header_text(self.snapshot, width))
             self._drawn = (width, content, [line.plain for line in content.split("\n")])
         return self._drawn
 
