@@ -12,10 +12,18 @@ def render_run_list(runs: Sequence[RunInfo], width: int | None = None) -> str:
     """The table of runs (state, start in local time, last step, exit code, script), within
     ``width`` columns (None: no limit)."""
     rows = [{"RUN": r.id, "STATE": r.state,
-             "STARTED": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.start)) if r.start else "?",
+             "STARTED": _local_time(r.start),
              "STEPS": "" if r.steps is None else str(r.steps),
              "EXIT": "" if r.exit_code is None else str(r.exit_code), "SCRIPT": r.script} for r in runs]
     return "\n".join(_lines(rows, width))
+
+
+def _local_time(t: float | None) -> str:
+    """``t`` in local time; "?" when unknown or no date (a crafted run.json's 1e300 or NaN)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 #: What `tpuwatch ls` gives up, in order, to fit the terminal: (columns shown, narrowest script

@@ -12,6 +12,8 @@ import os
 import re
 from pathlib import Path
 
+from tpuwatch import rundir
+
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 #: When attaching to a long run, start this many bytes before the end instead of at byte 0.
 DEFAULT_START_BYTES = 1 << 20
@@ -52,7 +54,7 @@ class OutputTail:
 
     def read_lines(self) -> list[str]:
         try:
-            with open(self.path, "rb") as f:
+            with rundir.open_regular(self.path) as f:
                 size = os.fstat(f.fileno()).st_size
                 if self._offset is None:
                     self._offset = max(0, size - self._start_bytes)
@@ -65,7 +67,7 @@ class OutputTail:
                     return []
                 f.seek(self._offset)
                 data = f.read(min(self._max, size - self._offset))
-        except FileNotFoundError:
+        except (FileNotFoundError, rundir.NotRegularFile):  # not yet there; a FIFO is never read
             return []
         self._offset += len(data)
         text = self._pending + self._decoder.decode(data)
