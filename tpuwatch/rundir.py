@@ -115,14 +115,20 @@ def open_append(path: str | os.PathLike[str], create: bool = True) -> int:
     nor a hard link to it). Raises OSError (:class:`RunDirError` for a file that is not ours)."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        if not create:
-            raise
         try:
-            fd = create_exclusive(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
-        except FileExistsError:  # created meanwhile by the other side (agent, launcher)
             fd = os.open(path, flags)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                fd = create_exclusive(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+            except FileExistsError:  # created meanwhile by the other side (agent, launcher)
+                fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RunDirError(errno.ELOOP, f"{path} is a symbolic link: tpuwatch never writes through one; "
+                                           "remove it, or give a new run directory") from None
+        raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_nlink != 1:

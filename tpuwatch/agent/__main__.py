@@ -88,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from tpuwatch.agent.runtime import Agent
 
-    agent = Agent(run_dir, run_id, sample_hz=ns.sample_hz)
+    try:
+        agent = Agent(run_dir, run_id, sample_hz=ns.sample_hz)
+    except OSError as e:  # its recording is a planted link, another user's file, ...: the script does not start
+        print(f"tpuwatch: cannot record the run: {e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
 
     from tpuwatch.agent import probes
 
