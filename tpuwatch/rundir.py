@@ -340,6 +340,21 @@ def meta_problem(run_dir: Path) -> str:
     return ""
 
 
+def files_problem(run_dir: Path) -> str:
+    """Why a viewer must not read ``run_dir`` at all: its run.json (:func:`meta_problem`) or its
+    events.jsonl is a FIFO, a device, ... (one line); "" otherwise."""
+    problem = meta_problem(run_dir)
+    if problem:
+        return problem
+    try:
+        with open_regular(run_dir / EVENTS):
+            return ""
+    except NotRegularFile as e:
+        return str(e.strerror)
+    except OSError:
+        return ""  # missing (a run that has not written yet), unreadable: said where it is read
+
+
 def _load_meta(run_dir: Path) -> dict[str, Any]:
     with open_regular(run_dir / META, MAX_META_BYTES) as f:
         data = json.loads(f.read(MAX_META_BYTES + 1))
@@ -470,7 +485,8 @@ def find_run(ref: str | None) -> Path:
             raise FileNotFoundError(f"{path} is a file, not a run directory; give a run directory or a run id "
                                     "(`tpuwatch ls` lists runs)")
         raise FileNotFoundError(f"no run {ref!r} (not a run directory, nor a run id under {root}); `tpuwatch ls` lists runs")
-    runs = [p for p in root.iterdir() if p.is_dir() and is_run_dir(p)] if root.is_dir() else []
+    # The latest run a viewer can read (one whose run.json is a FIFO would hang it).
+    runs = [p for p in root.iterdir() if p.is_dir() and is_run_dir(p) and not files_problem(p)] if root.is_dir() else []
     if not runs:
         raise FileNotFoundError(f"no runs under {root}; start one with `tpuwatch run SCRIPT`")
     return max(runs, key=lambda p: (read_meta(p).get("started") or p.stat().st_mtime, p.name))

@@ -115,7 +115,7 @@ def recording_problem(run_dir: str | Path) -> str | None:
         return meta
     if not events.exists():
         return None
-    if not events.is_file():
+    if events.is_dir():
         return f"{events} is not a file; a recording is a file of JSON lines"
     try:
         with rundir.open_regular(events) as f:
@@ -366,7 +366,10 @@ def _num(v: Any) -> float | None:
 def _when(t: Any) -> str:
     if not isinstance(t, (int, float)):
         return UNKNOWN
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):  # a crafted 1e300, NaN: no date
+        return UNKNOWN
 
 
 def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:

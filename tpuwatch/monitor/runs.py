@@ -182,7 +182,7 @@ def run_info(run_dir: Path) -> RunInfo:
         return _group_info(run_dir, workers)
     meta = rundir.read_meta(run_dir)
     events = run_dir / rundir.EVENTS
-    problem = rundir.meta_problem(run_dir) or _events_problem(events)
+    problem = rundir.files_problem(run_dir)
     tail = tail_messages(events)
     hello = _first_hello(events)
     last_step = next((m for m in reversed(tail) if isinstance(m, Step)), None)
@@ -215,16 +215,6 @@ def run_info(run_dir: Path) -> RunInfo:
         last_t=last_t,
         problem=problem,
     )
-
-
-def _events_problem(events: Path) -> str:
-    try:
-        with rundir.open_regular(events):
-            return ""
-    except rundir.NotRegularFile as e:
-        return str(e.strerror)
-    except OSError:
-        return ""  # missing (a run that has not written yet); unreadable: its state says "unknown"
 
 
 def _group_info(run_dir: Path, workers: list[WorkerDir]) -> RunInfo:
