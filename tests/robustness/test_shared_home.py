@@ -170,3 +170,19 @@ def _thread_id() -> int:
     import threading
 
     return threading.get_ident()
+
+
+@pytest.mark.parametrize("command", ["report", "attach", "replay"])
+def test_another_users_run_is_one_line_not_a_traceback(attacker, shared, tmp_path, command):
+    """Issue 26, item 12: a run directory of another user's (0700) gave a PermissionError
+    traceback. Root reads everything, so the viewer runs without its DAC override capabilities
+    (as any other user would)."""
+    script = write_script(tmp_path / "s.py", "print('x')\n")
+    home = shared / "theirs-home"
+    assert tpuwatch("run", "--headless", str(script), env={"TPUWATCH_HOME": str(home)}).returncode == 0
+    (run_dir,) = (home / "runs").iterdir()
+    subprocess.run(["chown", "-R", f"{attacker.uid}:{attacker.gid}", str(run_dir)], check=True, timeout=30)
+    proc = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-m",
+                           "tpuwatch", command, str(run_dir)], capture_output=True, text=True, timeout=60,
+                          env=child_env(TPUWATCH_HOME=str(tmp_path / "mine")))
+    one_line_error(proc, "permission denied", str(run_dir))
