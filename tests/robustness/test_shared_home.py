@@ -186,3 +186,13 @@ def test_another_users_run_is_one_line_not_a_traceback(attacker, shared, tmp_pat
                            "tpuwatch", command, str(run_dir)], capture_output=True, text=True, timeout=60,
                           env=child_env(TPUWATCH_HOME=str(tmp_path / "mine")))
     one_line_error(proc, "permission denied", str(run_dir))
+
+
+def test_doctor_fails_a_shared_home(attacker, shared):
+    home = shared / "doctor-home"
+    attacker.run("mkdir", "-m", "777", str(home))
+    from tpuwatch.console import doctor
+
+    os.environ["TPUWATCH_HOME"] = str(home)  # the autouse fixture restores it
+    check = doctor.rundir_check()
+    assert check.status == "fail" and f"owned by uid {attacker.uid}" in check.detail, check
