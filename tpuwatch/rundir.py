@@ -376,8 +376,7 @@ def write_token(run_dir: Path, token: str | None = None) -> str:
 
 
 def read_token(path: Path) -> str:
-    with open_regular(path, 64 * 1024) as f:
-        return f.read().decode("utf-8", "replace").strip()
+    return path.read_text().strip()  # `--token-file <(...)` is a FIFO, and that is fine here
 
 
 def hostname() -> str:
@@ -489,4 +488,8 @@ def find_run(ref: str | None) -> Path:
     runs = [p for p in root.iterdir() if p.is_dir() and is_run_dir(p) and not files_problem(p)] if root.is_dir() else []
     if not runs:
         raise FileNotFoundError(f"no runs under {root}; start one with `tpuwatch run SCRIPT`")
-    return max(runs, key=lambda p: (read_meta(p).get("started") or p.stat().st_mtime, p.name))
+    def started(p: Path) -> float:
+        t = read_meta(p).get("started")
+        return float(t) if isinstance(t, (int, float)) and t == t else p.stat().st_mtime  # a crafted "x", NaN
+
+    return max(runs, key=lambda p: (started(p), p.name))
