@@ -23,9 +23,10 @@ from tpuwatch import rundir
 from tpuwatch.control import run_stop
 from tpuwatch.control.stack_request import StackRequest
 from tpuwatch.monitor.runs import list_runs, process_of, run_alive
+from tpuwatch_testing import child_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hard_edges import tpuwatch, write_script  # noqa: E402
+from hard_edges import WAITING_SCRIPT, tpuwatch, wait_for, write_script  # noqa: E402
 
 
 def _recorded_run(tmp_path: Path) -> Path:
@@ -120,3 +121,72 @@ def test_a_run_json_without_identity_is_judged_by_its_start(tmp_path, stranger):
     assert list_runs()[0].state == "lost"
     # ... while one that started before the run did is still taken for it.
     assert run_alive(dict(rundir.read_meta(run_dir), child_pid=os.getpid(), pgid=None, started=time.time()))
+
+
+def _set_child_subreaper() -> bool:
+    """Orphans of our descendants come to us (so we can reap the killed agent and free its pid)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def _start_with_pid(pid: int, tries: int = 50) -> subprocess.Popen | None:
+    """An unrelated process (its own session) given exactly ``pid``, through ns_last_pid (root);
+    None when the box's other processes keep taking it first."""
+    for _ in range(tries):
+        try:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(pid - 1))
+        except OSError:
+            return None
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/proc/sys/kernel/ns_last_pid"),
+                    reason="reusing a given pid needs root and /proc/sys/kernel/ns_last_pid")
+def test_a_really_reused_pid_after_kill_9(tmp_path):
+    """The issue's repro itself: a headless run, `kill -9` of the launcher, then of the agent; the
+    kernel then gives the agent's pid to an unrelated process that starts its own session."""
+    if not _set_child_subreaper():
+        pytest.skip("cannot become a child subreaper (needed to reap the orphaned agent)")
+    script = write_script(tmp_path / "wait.py", WAITING_SCRIPT)
+    ready, stop = tmp_path / "ready", tmp_path / "stop"
+    launcher = subprocess.Popen([sys.executable, "-m", "tpuwatch", "run", "--headless", str(script), str(ready),
+                                 str(stop)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=child_env(), start_new_session=True)
+    stranger = None
+    try:
+        wait_for(ready.exists, 120, "the script")
+        (run_dir,) = rundir.runs_root().iterdir()
+        pid = rundir.read_meta(run_dir)["child_pid"]
+        launcher.kill()
+        launcher.wait()
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: os.waitpid(pid, os.WNOHANG)[0] == pid, 30, "the orphaned agent reaped")
+        stranger = _start_with_pid(pid)
+        if stranger is None:
+            pytest.skip(f"pid {pid} kept being taken by other processes")
+        assert (info := list_runs()[0]).state == "lost", info
+        proc = tpuwatch("attach", timeout=60)
+        assert proc.returncode == 1 and "RUNNING" not in proc.stdout, (proc.returncode, proc.stdout, proc.stderr)
+        with pytest.raises(run_stop.StopError, match="already ended"):
+            run_stop.stop_runs([run_dir], by="test", grace_int_s=1, grace_term_s=1)
+        process = process_of(rundir.read_meta(run_dir))
+        assert process is not None and not process.signal(signal.SIGINT)
+        time.sleep(0.2)
+        assert stranger.poll() is None, "the unrelated process was signalled"
+    finally:
+        stop.write_text("")
+        for p in (launcher, stranger):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
