@@ -218,6 +218,7 @@ def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Pa
         check_home()  # a home or runs/ another user can write into: refused before anything is made
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(errno.ENOTDIR, f"{run_dir} is a file; give a new or empty directory")
+    _check_parent(run_dir)
     if run_dir.is_dir() and os.stat(run_dir).st_uid != os.getuid():
         raise RunDirError(errno.EPERM, f"{run_dir} belongs to another user (uid {os.stat(run_dir).st_uid}); "
                                        "give a new directory of your own")
@@ -238,6 +239,20 @@ def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Pa
     probe.unlink()
     make_reserve(run_dir)
     return run_dir
+
+
+def _check_parent(run_dir: Path) -> None:
+    """Refuses a run directory in a directory anyone can write without the sticky bit: anyone
+    could rename it away and put their own in its place between two of our calls (in /tmp, the
+    sticky bit forbids that)."""
+    try:
+        st = os.stat(run_dir.parent)
+    except OSError:
+        return  # made by make_private_dirs, 0700
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise RunDirError(errno.EPERM, f"{run_dir.parent} is writable by everyone (mode "
+                                       f"{stat.S_IMODE(st.st_mode):04o}, no sticky bit): another user could swap "
+                                       "the run directory; give a --run-dir in a directory of your own")
 
 
 def make_reserve(run_dir: Path) -> None:

@@ -196,3 +196,17 @@ def test_doctor_fails_a_shared_home(attacker, shared):
     os.environ["TPUWATCH_HOME"] = str(home)  # the autouse fixture restores it
     check = doctor.rundir_check()
     assert check.status == "fail" and f"owned by uid {attacker.uid}" in check.detail, check
+
+
+def test_a_run_dir_in_a_world_writable_directory_without_sticky_bit_is_refused(shared, script):
+    """There anyone could rename the new run directory away and put their own in its place."""
+    open_dir = shared / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    one_line_error(tpuwatch("run", "--headless", "--run-dir", str(open_dir / "r"), str(script)),
+                   f"{open_dir} is writable by everyone", "--run-dir")
+    assert list(open_dir.iterdir()) == []
+    # /tmp-like (sticky): others cannot rename what is ours there.
+    open_dir.chmod(0o1777)
+    proc = tpuwatch("run", "--headless", "--run-dir", str(open_dir / "r"), str(script))
+    assert proc.returncode == 0, proc.stderr
