@@ -242,17 +242,23 @@ def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Pa
 
 
 def _check_parent(run_dir: Path) -> None:
-    """Refuses a run directory in a directory anyone can write without the sticky bit: anyone
-    could rename it away and put their own in its place between two of our calls (in /tmp, the
-    sticky bit forbids that)."""
+    """Refuses a run directory in a directory that another user owns, or that group or others can
+    write without the sticky bit: they could rename it away and put their own in its place
+    between two of our calls (in /tmp, the sticky bit forbids that)."""
+    parent = next((p for p in run_dir.parents if p.exists()), None)  # the missing ones we make, 0700
     try:
-        st = os.stat(run_dir.parent)
+        st = os.stat(parent or "/")
     except OSError:
-        return  # made by make_private_dirs, 0700
-    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        raise RunDirError(errno.EPERM, f"{run_dir.parent} is writable by everyone (mode "
-                                       f"{stat.S_IMODE(st.st_mode):04o}, no sticky bit): another user could swap "
-                                       "the run directory; give a --run-dir in a directory of your own")
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (os.getuid(), 0):
+        whose = f"owned by uid {st.st_uid}"
+    elif mode & 0o022 and not mode & stat.S_ISVTX:
+        whose = f"writable by others (mode {mode:04o}, no sticky bit)"
+    else:
+        return
+    raise RunDirError(errno.EPERM, f"{parent} is {whose}: another user could swap the run directory; "
+                                   "give a --run-dir in a directory of your own")
 
 
 def make_reserve(run_dir: Path) -> None:

@@ -198,15 +198,22 @@ def test_doctor_fails_a_shared_home(attacker, shared):
     assert check.status == "fail" and f"owned by uid {attacker.uid}" in check.detail, check
 
 
-def test_a_run_dir_in_a_world_writable_directory_without_sticky_bit_is_refused(shared, script):
+def test_a_run_dir_in_a_directory_others_can_write_without_sticky_bit_is_refused(attacker, shared, script):
     """There anyone could rename the new run directory away and put their own in its place."""
     open_dir = shared / "open"
     open_dir.mkdir()
     open_dir.chmod(0o777)
-    one_line_error(tpuwatch("run", "--headless", "--run-dir", str(open_dir / "r"), str(script)),
-                   f"{open_dir} is writable by everyone", "--run-dir")
+    for run_dir in (open_dir / "r", open_dir / "new" / "r"):  # also where tpuwatch would make the parent
+        one_line_error(tpuwatch("run", "--headless", "--run-dir", str(run_dir), str(script)),
+                       f"{open_dir} is writable by others (mode 0777, no sticky bit)", "--run-dir")
     assert list(open_dir.iterdir()) == []
     # /tmp-like (sticky): others cannot rename what is ours there.
     open_dir.chmod(0o1777)
     proc = tpuwatch("run", "--headless", "--run-dir", str(open_dir / "r"), str(script))
     assert proc.returncode == 0, proc.stderr
+    # A directory of another user's: its owner can rename anything in it.
+    theirs = shared / "their-dir"
+    attacker.run("mkdir", "-m", "755", str(theirs))
+    subprocess.run(["chmod", "1777", str(theirs)], check=True)  # even open to us: still theirs
+    one_line_error(tpuwatch("run", "--headless", "--run-dir", str(theirs / "r"), str(script)),
+                   f"{theirs} is owned by uid {attacker.uid}")
