@@ -163,8 +163,10 @@ def check_private(path: Path, what: str) -> None:
 
 
 def check_home() -> Path:
-    """``runs_root()`` after :func:`check_private` on ``$TPUWATCH_HOME`` and its ``runs/``."""
+    """``runs_root()`` after :func:`check_private` on ``$TPUWATCH_HOME`` and its ``runs/`` (and
+    the home's parent: no one else may rename the home away)."""
     root = runs_root()
+    _check_parent(home(), "TPUWATCH_HOME", "set TPUWATCH_HOME to a directory of your own (default ~/.tpuwatch)")
     check_private(home(), "TPUWATCH_HOME")
     check_private(root, "the runs directory")
     return root
@@ -241,10 +243,11 @@ def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Pa
     return run_dir
 
 
-def _check_parent(run_dir: Path) -> None:
-    """Refuses a run directory in a directory that another user owns, or that group or others can
-    write without the sticky bit: they could rename it away and put their own in its place
-    between two of our calls (in /tmp, the sticky bit forbids that)."""
+def _check_parent(run_dir: Path, what: str = "run directory",
+                  remedy: str = "give a --run-dir in a directory of your own") -> None:
+    """Refuses a run directory (or home) in a directory that another user owns, or that group or
+    others can write without the sticky bit: they could rename it away and put their own in its
+    place between two of our calls (in /tmp, the sticky bit forbids that)."""
     parent = next((p for p in run_dir.parents if p.exists()), None)  # the missing ones we make, 0700
     try:
         st = os.stat(parent or "/")
@@ -257,8 +260,7 @@ def _check_parent(run_dir: Path) -> None:
         whose = f"writable by others (mode {mode:04o}, no sticky bit)"
     else:
         return
-    raise RunDirError(errno.EPERM, f"{parent} is {whose}: another user could swap the run directory; "
-                                   "give a --run-dir in a directory of your own")
+    raise RunDirError(errno.EPERM, f"{parent} is {whose}: another user could swap the {what} in it; {remedy}")
 
 
 def make_reserve(run_dir: Path) -> None:

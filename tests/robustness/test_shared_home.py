@@ -217,3 +217,7 @@ def test_a_run_dir_in_a_directory_others_can_write_without_sticky_bit_is_refused
     subprocess.run(["chmod", "1777", str(theirs)], check=True)  # even open to us: still theirs
     one_line_error(tpuwatch("run", "--headless", "--run-dir", str(theirs / "r"), str(script)),
                    f"{theirs} is owned by uid {attacker.uid}")
+    # The home itself, likewise: in a directory of theirs, it could be renamed away.
+    for command in (["ls"], ["run", "--headless", str(script)]):
+        one_line_error(tpuwatch(*command, env={"TPUWATCH_HOME": str(theirs / "home")}),
+                       f"{theirs} is owned by uid {attacker.uid}", "TPUWATCH_HOME")
