@@ -155,8 +155,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     handler = {"run": cmd_run, "attach": cmd_attach, "replay": cmd_replay, "report": cmd_report, "ls": cmd_ls,
                "export": cmd_export, "profile": cmd_action, "checkpoint": cmd_action, "doctor": cmd_doctor}[ns.command]
+    from tpuwatch import rundir
+
     try:
-        return handler(ns)
+        return shell_exit_code(handler(ns))
+    except rundir.RunDirError as e:  # a home another user could write into, ...: one line, never a traceback
+        return _error(str(e.strerror))
+    except PermissionError as e:
+        return _error(f"cannot access {e.filename or 'a file'}: permission denied; run tpuwatch as the user "
+                      "who owns the run (or give a run of your own)")
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -164,6 +171,17 @@ def main(argv: list[str] | None = None) -> int:
         # goes to /dev/null so the interpreter's final flush cannot raise again.
         _quiet_stdout()
         return 141  # 128 + SIGPIPE, what a shell shows for a tool killed by it
+
+
+def shell_exit_code(code: int) -> int:
+    """A command's exit code as a shell can see it (0-255): a recorded code outside that range
+    (a crafted recording's 256, a ``Popen``-style -9) is never truncated into success: -N for
+    signal N is 128+N, anything else out of range is 1."""
+    if 0 <= code <= 255:
+        return code
+    if -64 < code < 0:
+        return 128 - code
+    return 1
 
 
 def _quiet_stdout() -> None:
@@ -265,7 +283,7 @@ def _run_headless(launch, every_s: float) -> int:
     sys.stderr = cast(TextIO, guard)  # it quacks like one
     print(f"tpuwatch: run {launch.run_id} (pid {launch.pid}), recording in {launch.run_dir}", file=sys.stderr)
     done, copier = _start_copier(launch.run_dir / rundir.OUTPUT)
-    _forward_interrupts("the training process group", lambda: [launch.pid])
+    _forward_interrupts("the training process group", lambda: [launch.process])
     codes: list[int] = []
     headless.follow(launch.run_dir / rundir.EVENTS, launch.alive, out=sys.stderr, every_s=every_s,
                     on_end=lambda: codes.append(launcher.finish(launch)), record_findings=True)
@@ -340,10 +358,10 @@ def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
     _say(f"run {group.run_id}: {len(group.workers)} workers ({pids}), recording in {group.run_dir}")
     done, copier = _start_copier(group.run_dir / rundir.OUTPUT)
 
-    def every_worker() -> list[int]:
+    def every_worker() -> list:
         for name in group.names:
             group.mark_stopping(name)
-        return [w.pid for w in group.workers]
+        return [w.process for w in group.workers]
 
     _forward_interrupts("every worker", every_worker)
     dirs = {w.name: w.path for w in groups.worker_dirs(group.run_dir) or []}
@@ -398,7 +416,9 @@ def _start_copier(path: Path) -> tuple[threading.Event, threading.Thread]:
 
 def _forward_interrupts(what: str, targets) -> None:
     """Ctrl-C (or SIGTERM) sends SIGINT to the training, again SIGTERM, then SIGKILL; a hangup
-    (SSH drop) is ignored: it must not end the training. ``targets()`` gives process group ids.
+    (SSH drop) is ignored: it must not end the training. ``targets()`` gives the processes
+    (:class:`tpuwatch.monitor.runs.Process`): whether each group lives, and each signal, is
+    decided there (a pid reused by another process after the run's ended gets nothing).
 
     A script that ignores SIGINT (started with ``nohup`` or ``&``) is escalated without a second
     Ctrl-C: SIGTERM after the grace period (``TPUWATCH_STOP_GRACE_S``, default 15 s), SIGKILL
@@ -414,23 +434,20 @@ def _forward_interrupts(what: str, targets) -> None:
                 return  # a Ctrl-C already went further
             interrupts = level
         sig = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[min(level, 3) - 1]
-        pgids = list(targets())
+        processes = list(targets())
         _say(f"sending {sig.name} to {what}" + (" (Ctrl-C again to escalate)" if level < 3 else ""))
-        for pgid in pgids:
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                pass
+        for process in processes:
+            process.signal(sig)
         if level < 3:
-            threading.Thread(target=escalate, args=(level, pgids), name="tpuwatch-escalate", daemon=True).start()
+            threading.Thread(target=escalate, args=(level, processes), name="tpuwatch-escalate", daemon=True).start()
 
-    def escalate(level: int, pgids: list[int]) -> None:
+    def escalate(level: int, processes: list) -> None:
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            if not any(_group_alive(p) for p in pgids) or interrupts > level:
+            if not any(p.group_alive() for p in processes) or interrupts > level:
                 return
             time.sleep(0.1)
-        if any(_group_alive(p) for p in pgids) and interrupts == level:
+        if any(p.group_alive() for p in processes) and interrupts == level:
             _say(f"{what} still running {grace:g} s after {('SIGINT', 'SIGTERM')[level - 1]}")
             send(level + 1)
 
@@ -444,16 +461,6 @@ def _forward_interrupts(what: str, targets) -> None:
 
 def _stop_grace_s() -> float:
     return settings.STOP_GRACE_S.positive_float()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _copy_output(path: Path, done: threading.Event) -> None:
@@ -819,6 +826,9 @@ def cmd_ls(ns: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         return _error(str(e))
     runs = list_runs(root)
+    for bad in (r for r in runs if r.problem):  # a FIFO for run.json, ...: one line each, the rest listed
+        print(f"tpuwatch: {bad.path.name}: {bad.problem}", file=sys.stderr)
+    runs = [r for r in runs if not r.problem]
     if not runs:
         print(f"no runs under {rundir.runs_root()}; start one with `tpuwatch run SCRIPT`")
         return 0

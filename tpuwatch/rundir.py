@@ -17,6 +17,15 @@ Layout of ``$TPUWATCH_HOME/runs/<run-id>/`` (mode 0700)::
 The run directory is private (0700: a recording holds the script's arguments, output and
 stacks), which covers everything inside; the files tpuwatch writes are 0600 too, while TensorFlow
 writes checkpoints and profiles with the user's umask.
+
+Shared homes (docs/remote.md, threat model): ``$TPUWATCH_HOME`` and its ``runs/`` must be this
+user's and writable by nobody else (:func:`check_private`), else every command refuses them.
+tpuwatch creates its files with ``O_EXCL | O_NOFOLLOW`` and opens the ones it appends to with
+``O_NOFOLLOW``, checking they are this user's regular, singly linked files
+(:func:`open_append`): a planted link can neither receive a run's token or recording nor hand
+over someone's private file. A viewer reads only regular files, run.json at most
+:data:`MAX_META_BYTES` of it (:func:`open_regular`): a FIFO or a device in a run directory is
+one line, never a hang.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import shlex
 import socket
 import stat
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -54,8 +64,112 @@ DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 _MAX_SOCKET_PATH = 100
 
 
+#: The largest run.json a viewer reads (a real one is a few KB; /dev/zero is endless).
+MAX_META_BYTES = 1 << 20
+
+
 class RunDirError(OSError):
     """The run directory cannot be used; ``strerror`` is one line naming what to do."""
+
+
+class NotRegularFile(OSError):
+    """A file tpuwatch reads is a FIFO, a device, a directory, or too big; ``strerror`` says which."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path: str | os.PathLike[str], max_bytes: int | None = None):
+    """``open(path, "rb")`` for a regular file only (a link to one is fine): a FIFO is opened
+    without waiting for a writer (O_NONBLOCK) and refused, like a device or a directory. Raises
+    :class:`NotRegularFile` (also for a file over ``max_bytes``) or OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, f"{path} is {_kind(st.st_mode)}, not a regular file; remove it")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise NotRegularFile(errno.EFBIG, f"{path} is {st.st_size} bytes, more than the {max_bytes} a "
+                                              f"{Path(path).name} can be; remove it")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def create_exclusive(path: str | os.PathLike[str], flags: int = os.O_WRONLY) -> int:
+    """A new file of this user's, 0600, never through a link: ``O_CREAT | O_EXCL | O_NOFOLLOW``
+    (FileExistsError when anything, a planted link included, is at ``path``). Returns the fd."""
+    return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def open_append(path: str | os.PathLike[str], create: bool = True) -> int:
+    """An fd appending to ``path``: created as by :func:`create_exclusive` when missing; an
+    existing one must be this user's regular file with one link (not a link to someone's file,
+    nor a hard link to it). Raises OSError (:class:`RunDirError` for a file that is not ours)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                fd = create_exclusive(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+            except FileExistsError:  # created meanwhile by the other side (agent, launcher)
+                fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RunDirError(errno.ELOOP, f"{path} is a symbolic link: tpuwatch never writes through one; "
+                                           "remove it, or give a new run directory") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_nlink != 1:
+            raise RunDirError(errno.EPERM, f"{path} is not a private file of this user ({_kind(st.st_mode)}"
+                                           f" if not regular, owner uid {st.st_uid}, {st.st_nlink} links); "
+                                           "remove it")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def check_private(path: Path, what: str) -> None:
+    """Raises :class:`RunDirError` (one line) when the existing directory ``path`` is not this
+    user's or is writable by anyone else: another user could swap a run directory in it, or
+    plant links where tpuwatch writes a run's token and recording. A missing ``path`` is fine
+    (tpuwatch creates it, 0700)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise RunDirError(errno.ENOTDIR, f"{path} ({what}) is {_kind(st.st_mode)}, not a directory; set "
+                                         "TPUWATCH_HOME to a directory of your own (default ~/.tpuwatch)")
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != os.getuid() or mode & 0o022:
+        whose = "owned by uid %d" % st.st_uid if st.st_uid != os.getuid() else f"writable by others (mode {mode:04o})"
+        raise RunDirError(errno.EPERM, f"{path} ({what}) is {whose}: another user could take over your runs; "
+                                       "set TPUWATCH_HOME to a directory of your own (default ~/.tpuwatch)"
+                                       + (f", or `chmod go-w {path}`" if st.st_uid == os.getuid() else ""))
+
+
+def check_home() -> Path:
+    """``runs_root()`` after :func:`check_private` on ``$TPUWATCH_HOME`` and its ``runs/`` (and
+    the home's parent: no one else may rename the home away)."""
+    root = runs_root()
+    _check_parent(home(), "TPUWATCH_HOME", "set TPUWATCH_HOME to a directory of your own (default ~/.tpuwatch)")
+    check_private(home(), "TPUWATCH_HOME")
+    check_private(root, "the runs directory")
+    return root
 
 
 def home() -> Path:
@@ -96,13 +210,20 @@ def make_private_dirs(path: Path) -> Path:
 def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Path:
     """Creates ``run_dir`` (and the parents it needs) with mode 0700 and holds the disk reserve.
 
-    Raises :class:`RunDirError` for a non-empty directory that is not this run's (no run.json
+    Raises :class:`RunDirError` for a home that is not private (:func:`check_home`), a directory
+    of another user's, or a non-empty directory that is not this run's (no run.json
     naming ``run_id``, default ``$TPUWATCH_RUN_ID``, i.e. the launcher made it): tpuwatch never
     appends to another recording, nor chmods a directory it did not make. ``new``: a launcher
     starting a run: any non-empty directory is refused. Raises OSError when it cannot write."""
     run_dir = Path(os.path.abspath(run_dir))
+    if home() in run_dir.parents:
+        check_home()  # a home or runs/ another user can write into: refused before anything is made
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(errno.ENOTDIR, f"{run_dir} is a file; give a new or empty directory")
+    _check_parent(run_dir)
+    if run_dir.is_dir() and os.stat(run_dir).st_uid != os.getuid():
+        raise RunDirError(errno.EPERM, f"{run_dir} belongs to another user (uid {os.stat(run_dir).st_uid}); "
+                                       "give a new directory of your own")
     if run_dir.is_dir() and any(run_dir.iterdir()):
         mine = run_id or settings.RUN_ID.get()
         if new or not mine or read_meta(run_dir).get("run_id") != mine:
@@ -112,17 +233,41 @@ def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Pa
         make_private_dirs(run_dir)
         os.chmod(run_dir, 0o700)
     probe = run_dir / ".write-test"
-    probe.write_bytes(b"")
+    try:
+        probe.unlink()  # left by a process killed right here
+    except FileNotFoundError:
+        pass
+    os.close(create_exclusive(probe))
     probe.unlink()
     make_reserve(run_dir)
     return run_dir
+
+
+def _check_parent(run_dir: Path, what: str = "run directory",
+                  remedy: str = "give a --run-dir in a directory of your own") -> None:
+    """Refuses a run directory (or home) in a directory that another user owns, or that group or
+    others can write without the sticky bit: they could rename it away and put their own in its
+    place between two of our calls (in /tmp, the sticky bit forbids that)."""
+    parent = next((p for p in run_dir.parents if p.exists()), None)  # the missing ones we make, 0700
+    try:
+        st = os.stat(parent or "/")
+    except OSError:
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (os.getuid(), 0):
+        whose = f"owned by uid {st.st_uid}"
+    elif mode & 0o022 and not mode & stat.S_ISVTX:
+        whose = f"writable by others (mode {mode:04o}, no sticky bit)"
+    else:
+        return
+    raise RunDirError(errno.EPERM, f"{parent} is {whose}: another user could swap the {what} in it; {remedy}")
 
 
 def make_reserve(run_dir: Path) -> None:
     """Holds :data:`RESERVE_BYTES` of disk in the run directory (best effort: a disk already full
     at the start just means no reserve)."""
     try:
-        fd = os.open(run_dir / RESERVE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = create_exclusive(run_dir / RESERVE)
     except OSError:  # there already (the agent after its launcher), or no space
         return
     try:
@@ -171,9 +316,13 @@ def socket_path(run_dir: Path) -> Path:
 
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
-    """Atomically replaces run.json."""
-    tmp = run_dir / f".{META}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Atomically replaces run.json (a new temporary file, never through a link, renamed over it)."""
+    tmp = run_dir / f".{META}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        tmp.unlink()  # left by a process of ours killed mid-write (our pid, reused)
+    except FileNotFoundError:
+        pass
+    fd = create_exclusive(tmp)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(meta, indent=2, sort_keys=True))
@@ -194,10 +343,44 @@ def update_meta(run_dir: Path, **changes: Any) -> dict[str, Any]:
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
+    """run.json as a dict; {} when it is missing, unreadable, not a regular file, too big or not
+    a JSON object (:func:`meta_problem` says which)."""
     try:
-        data = json.loads((run_dir / META).read_text())
-    except (OSError, ValueError):
+        return _load_meta(run_dir)
+    except (OSError, ValueError, RecursionError):
         return {}
+
+
+def meta_problem(run_dir: Path) -> str:
+    """Why run.json of ``run_dir`` must not be read at all (a FIFO, a device, too big), in one
+    line; "" otherwise (a missing or corrupt one is read as {}, as before)."""
+    try:
+        _load_meta(run_dir)
+    except NotRegularFile as e:
+        return str(e.strerror)
+    except (OSError, ValueError, RecursionError):
+        pass
+    return ""
+
+
+def files_problem(run_dir: Path) -> str:
+    """Why a viewer must not read ``run_dir`` at all: its run.json (:func:`meta_problem`) or its
+    events.jsonl is a FIFO, a device, ... (one line); "" otherwise."""
+    problem = meta_problem(run_dir)
+    if problem:
+        return problem
+    try:
+        with open_regular(run_dir / EVENTS):
+            return ""
+    except NotRegularFile as e:
+        return str(e.strerror)
+    except OSError:
+        return ""  # missing (a run that has not written yet), unreadable: said where it is read
+
+
+def _load_meta(run_dir: Path) -> dict[str, Any]:
+    with open_regular(run_dir / META, MAX_META_BYTES) as f:
+        data = json.loads(f.read(MAX_META_BYTES + 1))
     return data if isinstance(data, dict) else {}
 
 
@@ -205,29 +388,70 @@ def write_token(run_dir: Path, token: str | None = None) -> str:
     """Writes the run's viewer token (0600): the one given, or a new random one."""
     token = token or secrets.token_urlsafe(24)
     path = run_dir / TOKEN
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.unlink(path)  # a token of this run's earlier process; a link: removed, never written through
+    except FileNotFoundError:
+        pass
+    fd = create_exclusive(path)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token
 
 
 def read_token(path: Path) -> str:
-    return path.read_text().strip()
+    return path.read_text().strip()  # `--token-file <(...)` is a FIFO, and that is fine here
 
 
 def hostname() -> str:
     return socket.gethostname()
 
 
+def _proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (the state is the first, the
+    start time the 20th); None when there is no such process or no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read(4096)
+    except OSError:
+        return None
+    return data.rpartition(b") ")[2].split()  # the name may hold ") " itself: split at the last
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+
+
+def process_identity(pid: int) -> str | None:
+    """What tells process ``pid`` from a later one given the same pid: ``"<boot id>:<start
+    time>"``, its start in clock ticks after boot (``/proc/<pid>/stat`` field 22). Recorded in
+    run.json (``child_identity``) when a run starts; None where /proc cannot tell (not Linux, or
+    the process is gone). A zombie still has its identity (its pid is not free yet)."""
+    fields = _proc_stat(pid)
+    if not fields or len(fields) < 20:
+        return None
+    return f"{_boot_id()}:{fields[19].decode('ascii', 'replace')}"
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` ("R", "S", "Z" for a zombie...), None without one."""
+    fields = _proc_stat(pid)
+    return fields[0].decode("ascii", "replace") if fields else None
+
+
 def check_runs_root() -> Path:
     """``runs_root()``; raises FileNotFoundError (one line) when it, or ``$TPUWATCH_HOME``, is a
-    file rather than a directory."""
+    file rather than a directory, and :class:`RunDirError` when either is not private to this
+    user (:func:`check_home`)."""
     root = runs_root()
     for p in (home(), root):
         if p.exists() and not p.is_dir():
             raise FileNotFoundError(f"{p} is a file, not a directory; set TPUWATCH_HOME to a directory "
                                     "(default ~/.tpuwatch)")
-    return root
+    return check_home()
 
 
 def reference(run_dir: Path) -> str:
@@ -283,7 +507,12 @@ def find_run(ref: str | None) -> Path:
             raise FileNotFoundError(f"{path} is a file, not a run directory; give a run directory or a run id "
                                     "(`tpuwatch ls` lists runs)")
         raise FileNotFoundError(f"no run {ref!r} (not a run directory, nor a run id under {root}); `tpuwatch ls` lists runs")
-    runs = [p for p in root.iterdir() if p.is_dir() and is_run_dir(p)] if root.is_dir() else []
+    # The latest run a viewer can read (one whose run.json is a FIFO would hang it).
+    runs = [p for p in root.iterdir() if p.is_dir() and is_run_dir(p) and not files_problem(p)] if root.is_dir() else []
     if not runs:
         raise FileNotFoundError(f"no runs under {root}; start one with `tpuwatch run SCRIPT`")
-    return max(runs, key=lambda p: (read_meta(p).get("started") or p.stat().st_mtime, p.name))
+    def started(p: Path) -> float:
+        t = read_meta(p).get("started")
+        return float(t) if isinstance(t, (int, float)) and t == t else p.stat().st_mtime  # a crafted "x", NaN
+
+    return max(runs, key=lambda p: (started(p), p.name))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tpuwatch import rundir
 from tpuwatch_testing import child_env
 
 ROBUSTNESS = Path(__file__).resolve().parents[1] / "robustness"
@@ -191,6 +192,8 @@ def _recorded_run(home: Path, run_id: str, child_pid: int | None, exit_code: int
     d = home / "runs" / run_id
     d.mkdir(parents=True)
     meta = {"run_id": run_id, "script": "train.py", "started": 1.75e9, "child_pid": child_pid}
+    if child_pid is not None:  # what the launcher records beside the pid: the stand-in process is the run's
+        meta["child_identity"] = rundir.process_identity(child_pid)
     if exit_code is not None:
         meta.update(exit_code=exit_code, state="finished" if exit_code == 0 else "crashed")
     (d / "run.json").write_text(json.dumps(meta))

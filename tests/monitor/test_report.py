@@ -10,6 +10,7 @@ import time
 import pytest
 from monitor_recordings import DATA, mr, write_run
 
+from tpuwatch import rundir
 from tpuwatch.console import report
 from tpuwatch.monitor.recording import read_all
 from tpuwatch.monitor.runs import list_runs
@@ -119,6 +120,8 @@ def test_list_runs_states_from_meta_and_tail(tmp_path):
     # alive: this test process stands in for the training child
     run_from(root, "running_truncated.jsonl", meta={"run_id": "c", "script": "train.py",
                                                     "child_pid": __import__("os").getpid(),
+                                                    "child_identity": rundir.process_identity(
+                                                        __import__("os").getpid()),
                                                     "started": 3.0})
     write_run(root / "d", mr.healthy_messages(20)[:-1],  # no exit, child gone
               meta={"run_id": "d", "script": "other.py", "child_pid": dead_pid(), "started": 4.0})

@@ -145,7 +145,7 @@ def test_live_group_source_declares_a_vanished_worker_lost(tmp_path):
     run = make_group(tmp_path, w1_exit=None)
     clock = FakeClock(0.0)
     alive = {9999990: False, 9999991: False}
-    src = GroupSource(worker_dirs(run), clock=clock, pid_alive=lambda pid: alive.get(pid, False))
+    src = GroupSource(worker_dirs(run), clock=clock, run_alive=lambda meta: alive.get(meta.get("child_pid"), False))
     src.poll_tagged()
     state = _State()
     apply_worker_health(src, state)

@@ -73,18 +73,26 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = rundir.runs_root() / run_id
     try:
         rundir.create(run_dir)
+    except rundir.RunDirError as e:
+        print(f"tpuwatch: run directory: {e.strerror}", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as e:
         print(f"tpuwatch: run directory {run_dir} is not writable ({e.strerror}); set TPUWATCH_HOME or pass --run-dir", file=sys.stderr)
         return EXIT_USAGE
     if not rundir.read_meta(run_dir):
         # Started on its own (not by `tpuwatch run`): leave the metadata `ls`/`attach` need.
         rundir.write_meta(run_dir, {"run_id": run_id, "script": target, "argv": [target, *ns.args],
-                                    "child_pid": os.getpid(), "started": time.time(), "host": rundir.hostname(),
+                                    "child_pid": os.getpid(), "child_identity": rundir.process_identity(os.getpid()),
+                                    "started": time.time(), "host": rundir.hostname(),
                                     "cwd": os.getcwd(), "state": "running"})
 
     from tpuwatch.agent.runtime import Agent
 
-    agent = Agent(run_dir, run_id, sample_hz=ns.sample_hz)
+    try:
+        agent = Agent(run_dir, run_id, sample_hz=ns.sample_hz)
+    except OSError as e:  # its recording is a planted link, another user's file, ...: the script does not start
+        print(f"tpuwatch: cannot record the run: {e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
 
     from tpuwatch.agent import probes
 

@@ -65,7 +65,8 @@ class Agent:
         self._events_path = run_dir / rundir.EVENTS
         # Whole lines per write(2) with O_APPEND: the launcher appends findings to the same file,
         # and appends of whole lines never interleave mid-line.
-        self._fd = os.open(self._events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        # Never through a planted link, nor into a file that is not this user's own (rundir).
+        self._fd = rundir.open_append(self._events_path)
         self.global_step = 0
         # Full-disk accounting (see _write): what was dropped since the last note.
         self._cut = False

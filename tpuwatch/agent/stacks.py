@@ -26,6 +26,7 @@ import traceback
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from tpuwatch import rundir
 from tpuwatch.protocol import Command, StackDump
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ class StackDumper:
         text = format_stacks(threading.get_ident(), step=self.agent.global_step, clock=self.agent.clock)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.agent.clock()))
         path = self._ensure_dir() / f"{stamp}-{cmd.id[:16] or 'dump'}.txt"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)  # never through a link
         with os.fdopen(fd, "w") as f:
             f.write(text)
         shown = text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + f"\n... cut; all of it in {path}\n"
@@ -112,7 +113,7 @@ class StackDumper:
         if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
             return False
         path = self._ensure_dir() / FAULTHANDLER_FILE
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = rundir.open_append(path)
         # Kept open for the life of the process: faulthandler writes to its fd from a C handler.
         self._fault_file = os.fdopen(fd, "a")
         faulthandler.register(signal.SIGUSR1, file=self._fault_file, all_threads=True, chain=False)

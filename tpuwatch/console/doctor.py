@@ -15,6 +15,7 @@ libtpu serves its metrics only while a program uses the TPU.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -189,6 +190,11 @@ def _metrics_check(res: dict) -> Check:
 
 def rundir_check() -> Check:
     root = rundir.runs_root()
+    try:
+        rundir.check_home()
+    except rundir.RunDirError as e:
+        if e.errno == errno.EPERM:  # another user could take over runs recorded there
+            return Check("run directory", "fail", str(e.strerror), required=True)
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         with tempfile.NamedTemporaryFile(dir=root, prefix=".doctor-"):

@@ -111,13 +111,18 @@ def recording_problem(run_dir: str | Path) -> str | None:
     """Why ``run_dir/events.jsonl`` cannot be read as a recording (one line), None when it can
     (or is absent: a run that has not written yet). Reads at most the first line."""
     events = Path(run_dir) / rundir.EVENTS
+    meta = rundir.meta_problem(Path(run_dir))
+    if meta:
+        return meta
     if not events.exists():
         return None
-    if not events.is_file():
+    if events.is_dir():
         return f"{events} is not a file; a recording is a file of JSON lines"
     try:
-        with open(events, "rb") as f:
+        with rundir.open_regular(events) as f:
             first = f.readline(protocol.MAX_LINE_BYTES)
+    except rundir.NotRegularFile as e:
+        return str(e.strerror)
     except OSError as e:
         return f"cannot read {events} ({e.strerror or e})"
     if not first or not first.endswith(b"\n"):
@@ -362,7 +367,10 @@ def _num(v: Any) -> float | None:
 def _when(t: Any) -> str:
     if not isinstance(t, (int, float)):
         return UNKNOWN
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):  # a crafted 1e300, NaN: no date
+        return UNKNOWN
 
 
 def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:

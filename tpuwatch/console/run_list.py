@@ -15,10 +15,18 @@ def render_run_list(runs: Sequence[RunInfo], width: int | None = None) -> str:
     # The id and the script come from the run's files: a newline or a terminal control in
     # them would break the table or reach the terminal, so each cell is one escaped line.
     rows = [{"RUN": one_line(r.id), "STATE": r.state,
-             "STARTED": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.start)) if r.start else "?",
+             "STARTED": _local_time(r.start),
              "STEPS": "" if r.steps is None else str(r.steps),
              "EXIT": "" if r.exit_code is None else str(r.exit_code), "SCRIPT": one_line(r.script)} for r in runs]
     return "\n".join(_lines(rows, width))
+
+
+def _local_time(t: float | None) -> str:
+    """``t`` in local time; "?" when unknown or no date (a crafted run.json's 1e300 or NaN)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 #: What `tpuwatch ls` gives up, in order, to fit the terminal: (columns shown, narrowest script

@@ -306,13 +306,13 @@ class OutputMerger:
         paths = [launch.run_dir / rundir.OUTPUT for launch in g.workers]
         offsets = [0] * len(paths)
         partial = [b""] * len(paths)
-        with open(g.run_dir / rundir.OUTPUT, "ab") as out:
+        with os.fdopen(rundir.open_append(g.run_dir / rundir.OUTPUT), "ab") as out:
             while True:
                 final = self._stop.is_set()
                 wrote = False
                 for i, path in enumerate(paths):
                     try:
-                        with open(path, "rb") as f:
+                        with rundir.open_regular(path) as f:
                             f.seek(offsets[i])
                             chunk = f.read(1 << 20)
                     except OSError:

@@ -21,7 +21,7 @@ from typing import Callable
 
 from tpuwatch import address, protocol, rundir, settings
 from tpuwatch.control.run_stop import record_stop_request
-from tpuwatch.monitor.runs import ended_state
+from tpuwatch.monitor.runs import Process, ended_state
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -41,8 +41,19 @@ class Launch:
     def pid(self) -> int:
         return self.proc.pid
 
+    #: ``rundir.process_identity`` of the child, as recorded in run.json.
+    identity: str | None = None
+
     def alive(self) -> bool:
+        """Our own child: its exit status, which the kernel keeps for us until we collect it (so
+        its pid cannot be reused before), is the verdict; every other viewer asks
+        :class:`tpuwatch.monitor.runs.Process`."""
         return self.proc.poll() is None
+
+    @property
+    def process(self) -> Process:
+        """The child as :mod:`tpuwatch.monitor.runs` names it: what signals go through."""
+        return Process(pid=self.proc.pid, pgid=self.proc.pid, identity=self.identity)
 
 
 def check_script(script: str, module: bool = False) -> None:
@@ -176,7 +187,10 @@ def start(
         **(extra_meta or {}),
     }
     rundir.write_meta(run_dir, meta)
-    log = os.fdopen(os.open(run_dir / rundir.OUTPUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+    try:
+        log = os.fdopen(rundir.create_exclusive(run_dir / rundir.OUTPUT, os.O_WRONLY | os.O_APPEND), "ab")
+    except OSError as e:
+        raise LaunchError(f"cannot create {run_dir / rundir.OUTPUT} ({e.strerror}); give a new run directory") from None
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=child_env, start_new_session=True)
@@ -184,8 +198,10 @@ def start(
         raise LaunchError(f"cannot start {exe}: {e.strerror}") from None
     finally:
         log.close()
-    rundir.update_meta(run_dir, child_pid=proc.pid, pgid=proc.pid)
-    return Launch(run_dir=run_dir, run_id=run_id, proc=proc, started=started)
+    # Not yet waited for, so the pid is still the child's (a zombie at worst): its identity is.
+    identity = rundir.process_identity(proc.pid)
+    rundir.update_meta(run_dir, child_pid=proc.pid, pgid=proc.pid, child_identity=identity)
+    return Launch(run_dir=run_dir, run_id=run_id, proc=proc, started=started, identity=identity)
 
 
 def exit_code_of(returncode: int) -> int:
@@ -213,7 +229,7 @@ def finish(launch: Launch, clock: Callable[[], float] = time.time) -> int:
         # A process killed mid-write can leave a cut last line: the record must start a line.
         cut = _ends_mid_line(events)
         try:
-            with open(events, "ab") as f:
+            with os.fdopen(rundir.open_append(events), "ab") as f:
                 f.write((b"\n" if cut else b"") + protocol.encode(
                     protocol.Exit(t=clock(), exit_code=code, signal=sig, source="launcher", reason=reason)))
         except OSError:
@@ -228,7 +244,7 @@ def finish(launch: Launch, clock: Callable[[], float] = time.time) -> int:
 
 def _ends_mid_line(path: Path) -> bool:
     try:
-        with open(path, "rb") as f:
+        with rundir.open_regular(path) as f:
             f.seek(-1, os.SEEK_END)
             return f.read(1) != b"\n"
     except OSError:  # empty or missing
@@ -239,9 +255,9 @@ def _recorded_exit_code(run_dir: Path) -> int | None:
     """The exit code of the last exit record in the recording, None when there is none."""
     path = run_dir / rundir.EVENTS
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - 65536))
-            tail = f.read()
+        with rundir.open_regular(path) as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+            tail = f.read(65536)
     except OSError:
         return None
     decoder = protocol.Decoder()

@@ -26,11 +26,16 @@ def recording_problem(run_dir: Path) -> str:
     """One line saying why ``run_dir`` holds no recording a viewer can show; "" when it does
     (or when it is empty: a run that has just started)."""
     path = run_dir / rundir.EVENTS
+    meta = rundir.meta_problem(run_dir)
+    if meta:
+        return meta
     try:
-        with open(path, "rb") as f:
+        with rundir.open_regular(path) as f:
             head = f.read(HEAD_BYTES)
     except FileNotFoundError:
         return f"{run_dir} holds no recording ({rundir.EVENTS} is missing): is it a tpuwatch run directory?"
+    except rundir.NotRegularFile as e:
+        return str(e.strerror)
     except OSError as e:
         return f"cannot read {path}: {e.strerror or e}"
     lines = head.split(b"\n")

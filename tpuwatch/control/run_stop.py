@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from tpuwatch import protocol, rundir
 from tpuwatch.monitor.recording import append
-from tpuwatch.monitor.runs import ended_state, pid_alive
+from tpuwatch.monitor.runs import Process, ended_state, process_of
 
 #: How often the liveness of a process that is not our child is checked while waiting (s).
 POLL_S = 0.1
@@ -46,40 +46,32 @@ def record_stop_request(run_dir: Path, by: str, clock: Callable[[], float] = tim
 
 @dataclass(frozen=True)
 class Target:
-    """One training process to stop: its run directory, pid and process group (or None)."""
+    """One training process to stop: its run directory and the process run.json names."""
 
     run_dir: Path
-    pid: int
-    pgid: int | None
+    process: Process
 
     def signal(self, sig: int) -> None:
-        try:
-            if self.pgid:
-                os.killpg(self.pgid, sig)
-            else:
-                os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
+        self.process.signal(sig)  # nothing goes out once its pid names another process
 
     def alive(self) -> bool:
-        return pid_alive(self.pid) and not _exit_recorded(self.run_dir)
+        return self.process.alive() and not _exit_recorded(self.run_dir)
 
 
 def target_of(run_dir: Path) -> Target:
     """The process behind ``run_dir``; raises :class:`StopError` when it is not on this host
     or not running."""
     meta = rundir.read_meta(run_dir)
-    pid = meta.get("child_pid")
     host = meta.get("host")
     if isinstance(host, str) and host and host != rundir.hostname():
         raise StopError(f"the run trains on {host}, not here: stop it there "
                         f"(`tpuwatch attach` on {host}, or attach with --listen and its token)")
-    if not isinstance(pid, int) or pid <= 0:
+    process = process_of(meta)
+    if process is None:
         raise StopError(f"{run_dir}/run.json names no training process; stop it where it was started")
-    if not pid_alive(pid) or _exit_recorded(run_dir):
+    if not process.alive() or _exit_recorded(run_dir):
         raise StopError("the training process has already ended")
-    pgid = meta.get("pgid")
-    return Target(run_dir=run_dir, pid=pid, pgid=pgid if isinstance(pgid, int) and pgid > 0 else None)
+    return Target(run_dir=run_dir, process=process)
 
 
 def stop_runs(
@@ -123,7 +115,7 @@ def _finish(target: Target, last_signal: int, clock: Callable[[], float]) -> int
         # Our signal killed it before its agent could write (SIGKILL) or the process is stuck
         # past every grace period: record what we know, as the launcher would.
         name = signal.Signals(last_signal).name
-        alive = pid_alive(target.pid)
+        alive = target.process.alive()
         code = 128 + last_signal
         reason = (f"killed by {name} (stopped by the user)" if not alive
                   else f"still running after {name} (stopped by the user)")
@@ -146,9 +138,9 @@ def _finish(target: Target, last_signal: int, clock: Callable[[], float]) -> int
 def _tail(run_dir: Path, limit: int = 65536) -> bytes:
     path = run_dir / rundir.EVENTS
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - limit))
-            return f.read()
+        with rundir.open_regular(path) as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            return f.read(limit)
     except OSError:
         return b""
 

@@ -13,6 +13,7 @@ No Textual here: the dashboard's stack screen polls :meth:`StackRequest.update` 
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Literal, Sequence
 
 from tpuwatch import rundir
+from tpuwatch.monitor.runs import Process, process_of
 from tpuwatch.monitor.snapshot import CommandView
 from tpuwatch.protocol import StackDump
 
@@ -59,7 +61,7 @@ class StackRequest:
         host: str = "",
         clock: Callable[[], float] = time.monotonic,
         fallback_after_s: float = FALLBACK_AFTER_S,
-        kill: Callable[[int, int], None] = os.kill,
+        kill: Callable[[int, int], None] | None = None,
         hostname: Callable[[], str] = rundir.hostname,
     ) -> None:
         self.command_id = command_id
@@ -69,11 +71,20 @@ class StackRequest:
         self._clock = clock
         self._started = clock()
         self._fallback_after_s = fallback_after_s
-        self._kill = kill
+        self._kill = kill or self._kill_run_process
         self._known_dumps: set[str] | None = None
         self._signalled_at: float | None = None
         self._fault_offset = 0
         self._view = StackView("waiting", note="asking the training process for its stacks…")
+
+    def _kill_run_process(self, pid: int, sig: int) -> None:
+        """``os.kill`` for the run's own process only: never a process its pid was reused by."""
+        process = process_of(rundir.read_meta(self.run_dir)) if self.run_dir is not None else None
+        if process is None or process.pid != pid:
+            process = Process(pid=pid)
+        if not process.is_ours():
+            raise ProcessLookupError(errno.ESRCH, "the training process has ended (its pid is not the run's)")
+        os.kill(pid, sig)
 
     @property
     def fault_path(self) -> Path | None:
@@ -133,7 +144,7 @@ class StackRequest:
         path = self.fault_path
         assert path is not None and self._signalled_at is not None
         try:
-            with open(path, "rb") as f:
+            with rundir.open_regular(path) as f:
                 f.seek(self._fault_offset)
                 text = f.read().decode("utf-8", "replace")
         except OSError:

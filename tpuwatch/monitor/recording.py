@@ -142,7 +142,7 @@ class RecordingReader:
         """Messages from the lines completed since the last call (at most ~``max_bytes`` read)."""
         cap = self.max_bytes_per_read if max_bytes is None else max_bytes
         try:
-            with open(self.path, "rb") as f:
+            with rundir.open_regular(self.path) as f:
                 start = self._offset + len(self._pending)
                 size = os.fstat(f.fileno()).st_size
                 if size < start:
@@ -165,6 +165,10 @@ class RecordingReader:
                         break
                 self._caught_up = start + len(chunk) >= size
         except FileNotFoundError:
+            self._caught_up = True
+            return []
+        except rundir.NotRegularFile as e:  # a FIFO or a device: never read (a hang, or endless)
+            self._decoder.last_error = str(e.strerror)
             self._caught_up = True
             return []
         return self._consume(chunk)
@@ -293,7 +297,7 @@ def append(path: str | os.PathLike[str], messages: Iterable[Message]) -> None:
     with the agent's (which also writes whole lines in each write). On a full disk they are
     dropped (findings are derived: a report computes them again)."""
     data = b"".join(protocol.encode(m) for m in messages)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    fd = rundir.open_append(path, create=False)  # this user's own recording, never through a link
     try:
         os.write(fd, data)
     except OSError as e:
@@ -310,7 +314,7 @@ TAIL_BYTES = 64 * 1024
 def tail_messages(path: Path, nbytes: int = TAIL_BYTES) -> list[Message]:
     """Decodes the complete lines in the last ``nbytes`` of a recording."""
     try:
-        with open(path, "rb") as f:
+        with rundir.open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             start = max(0, size - nbytes)
             f.seek(start)

@@ -1,11 +1,13 @@
 """The runs under ``$TPUWATCH_HOME/runs`` and whether each is running, finished, stopped,
-crashed or lost: the one place that decides a run's liveness (a process alive by its pid in
-run.json, an exit record, an exit code the launcher wrote). ``ls``, ``report``, the group source
-and stopping a run all ask here.
+crashed or lost: the one place that decides a run's liveness (the process run.json names, by
+its pid *and* the identity recorded at launch, so that a reused pid is not the run; an exit
+record; an exit code the launcher wrote), and that signals a run's process (:class:`Process`).
+``ls``, ``report``, ``attach``, the group source, the launcher and stopping a run all ask here.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 from dataclasses import dataclass
@@ -21,26 +23,117 @@ from tpuwatch.protocol import Exit, Hello, Step
 STOP_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
 
 
-def pid_alive(pid: object) -> bool:
-    """Whether a process with this pid exists (and is not a zombie we could see)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
+#: run.json written before process identities were recorded: a process that started more than
+#: this long after the run did is not its training process (its pid was reused).
+_LEGACY_START_SLACK_S = 10.0
+
+
+@dataclass(frozen=True)
+class Process:
+    """A training process as run.json names it: ``pid``, process group ``pgid`` (the pid, as the
+    launcher starts it in its own session), and ``identity`` (:func:`rundir.process_identity`,
+    recorded at launch). Every "alive" verdict and every signal to a run's process goes through
+    here, and a pid now held by another process (reused after the run's died) is neither.
+
+    Without a recorded identity (a run.json from before identities were recorded) the process's
+    start time must not be later than the run's ``started``; without /proc (not Linux), the pid
+    alone decides, as it did before."""
+
+    pid: int
+    pgid: int | None = None
+    identity: str | None = None
+    started: float | None = None
+
+    def is_ours(self) -> bool:
+        """Whether ``pid`` is still this process and it has not ended (a zombie has)."""
+        now = rundir.process_identity(self.pid)
+        if now is None:
+            return _pid_exists(self.pid) and not os.path.isdir("/proc/self")  # no /proc: the pid decides
+        return self._same(now) and rundir.process_state(self.pid) != "Z"
+
+    def _same(self, identity: str) -> bool:
+        if self.identity:
+            return identity == self.identity
+        return self.started is None or _started_by(identity, self.started + _LEGACY_START_SLACK_S)
+
+    def alive(self) -> bool:
+        """Whether the process runs (:meth:`is_ours`)."""
+        return self.is_ours()
+
+    def group_alive(self) -> bool:
+        """Whether its process group has a member: the process itself, or (after it ended) the
+        children it left in the group. A group id cannot be reused while a member holds it, so
+        a group whose leader's pid now names another process is not ours."""
+        if self.pgid is None:
+            return self.alive()
+        if self.pgid == self.pid:
+            now = rundir.process_identity(self.pid)
+            if now is not None and not self._same(now):
+                return False  # the pid (and so the group id) now belongs to another process
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return False  # another user's group: never ours
+        return True
+
+    def signal(self, sig: int) -> bool:
+        """Sends ``sig`` to the process group (or the process) if it is still this run's (checked
+        right before). Returns whether it went out."""
+        try:
+            if self.pgid is not None:
+                if not self.group_alive():
+                    return False
+                os.killpg(self.pgid, sig)
+            else:
+                if not self.is_ours():
+                    return False
+                os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+
+def process_of(meta: dict[str, Any]) -> Process | None:
+    """The training process a run.json names (``child_pid``, ``pgid``, ``child_identity``), or None."""
+    pid = meta.get("child_pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    pgid = meta.get("pgid")
+    identity = meta.get("child_identity")
+    started = meta.get("started")
+    return Process(pid=pid, pgid=pgid if isinstance(pgid, int) and not isinstance(pgid, bool) and pgid > 0 else None,
+                   identity=identity if isinstance(identity, str) and identity else None,
+                   started=float(started) if isinstance(started, (int, float)) and not isinstance(started, bool)
+                   and math.isfinite(started) else None)
+
+
+def run_alive(meta: dict[str, Any]) -> bool:
+    """Whether the training process a run.json names still runs (:class:`Process`)."""
+    process = process_of(meta)
+    return process is not None and process.alive()
+
+
+def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True  # exists, owned by someone else
-    try:  # a zombie is gone for our purposes; /proc tells on Linux
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().split(b") ", 1)[-1][:1] != b"Z"
-    except OSError:
-        return True
+    return True
 
 
-def run_alive(meta: dict[str, Any]) -> bool:
-    """Whether the training process a run.json names (``child_pid``) still runs."""
-    return pid_alive(meta.get("child_pid"))
+def _started_by(identity: str, latest: float) -> bool:
+    """Whether the process of ``identity`` started no later than ``latest`` (epoch seconds)."""
+    try:
+        ticks = int(identity.rpartition(":")[2])
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK") <= latest
+    except (OSError, ValueError, StopIteration):
+        return True  # cannot tell: as before, the pid decides
 
 
 def ended_state(exit_code: int, stop_requested: bool) -> str:
@@ -66,11 +159,12 @@ class RunInfo:
     exit_code: int | None
     end: float | None = None
     last_t: float | None = None  # newest message time in the recording's tail
+    problem: str = ""  # why its run.json or recording cannot be read (one line), "" when they can
 
 
 def _first_hello(path: Path) -> Hello | None:
     try:
-        with open(path, "rb") as f:
+        with rundir.open_regular(path) as f:
             line = f.readline(protocol.MAX_LINE_BYTES)
     except OSError:
         return None
@@ -85,6 +179,7 @@ def run_info(run_dir: Path) -> RunInfo:
         return _group_info(run_dir, workers)
     meta = rundir.read_meta(run_dir)
     events = run_dir / rundir.EVENTS
+    problem = rundir.files_problem(run_dir)
     tail = tail_messages(events)
     hello = _first_hello(events)
     last_step = next((m for m in reversed(tail) if isinstance(m, Step)), None)
@@ -115,6 +210,7 @@ def run_info(run_dir: Path) -> RunInfo:
         end=exit_msg.t if exit_msg else (meta.get("ended") if isinstance(meta.get("ended"),
                                                                          (int, float)) else None),
         last_t=last_t,
+        problem=problem,
     )
 
 

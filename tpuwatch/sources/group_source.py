@@ -18,7 +18,7 @@ from tpuwatch import rundir
 from tpuwatch.control.client import AgentClient
 from tpuwatch.monitor.group import GroupReader, Tagged, WorkerDir, read_group
 from tpuwatch.monitor.recording import ReadStats
-from tpuwatch.monitor.runs import pid_alive
+from tpuwatch.monitor.runs import run_alive
 from tpuwatch.protocol import Command, Exit, Message
 from tpuwatch.sources.replay_source import ReplaySource
 from tpuwatch.sources.source import WorkerHealth, broadcast
@@ -34,7 +34,7 @@ class GroupSource:
     can_send = True
 
     def __init__(self, workers: Sequence[WorkerDir], *, clock: Callable[[], float] = time.monotonic,
-                 pid_alive: Callable[[object], bool] = pid_alive) -> None:
+                 run_alive: Callable[[dict], bool] = run_alive) -> None:
         self.workers = list(workers)
         self._reader = GroupReader(self.workers)
         self._clients = {w.name: AgentClient.for_run(w.path) for w in self.workers}
@@ -42,7 +42,7 @@ class GroupSource:
         self._ended: set[str] = set()  # workers whose exit record arrived
         self._dead_since: dict[str, float] = {}
         self._clock = clock
-        self._pid_alive = pid_alive
+        self._run_alive = run_alive  # of a worker's run.json
 
     def poll(self) -> list[Message]:
         return [m for _, m in self.poll_tagged()]
@@ -75,7 +75,7 @@ class GroupSource:
                 continue
             meta = rundir.read_meta(w.path)
             pid = meta.get("child_pid")
-            if self._pid_alive(pid) or isinstance(meta.get("exit_code"), int):
+            if self._run_alive(meta) or isinstance(meta.get("exit_code"), int):
                 self._dead_since.pop(w.name, None)  # running, or its end is on the way
                 out[w.name] = (True, None)
                 continue

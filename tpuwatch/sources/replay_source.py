@@ -186,7 +186,7 @@ class RecordedMessages(Sequence):
         last = None
         leading = 0  # untimed messages before the first timed one
         pos = 0
-        with open(path, "rb") as f:
+        with rundir.open_regular(path) as f:
             for line in f:
                 start, pos = pos, pos + len(line)
                 if not line.endswith(b"\n"):
@@ -229,7 +229,7 @@ class RecordedMessages(Sequence):
         if start < min(stop, n):
             first = self._offsets[start]
             end = self._offsets[stop] if stop < n else self._end_offset
-            with open(self.path, "rb") as f:
+            with rundir.open_regular(self.path) as f:
                 f.seek(first)
                 data = f.read(end - first)
             decoder = Decoder()

@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from tpuwatch import rundir
 from tpuwatch.printable import printable
 
 _CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
@@ -57,7 +58,7 @@ class OutputTail:
 
     def read_lines(self) -> list[str]:
         try:
-            with open(self.path, "rb") as f:
+            with rundir.open_regular(self.path) as f:
                 size = os.fstat(f.fileno()).st_size
                 if self._offset is None:
                     self._offset = max(0, size - self._start_bytes)
@@ -70,7 +71,7 @@ class OutputTail:
                     return []
                 f.seek(self._offset)
                 data = f.read(min(self._max, size - self._offset))
-        except FileNotFoundError:
+        except (FileNotFoundError, rundir.NotRegularFile):  # not yet there; a FIFO is never read
             return []
         self._offset += len(data)
         text = self._pending + self._decoder.decode(data)
