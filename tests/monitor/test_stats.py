@@ -116,3 +116,21 @@ def test_series_history_keeps_peaks():
     assert len(pts) <= 4
     assert max(v for _, v in pts) == 9
     assert pts[-1][0] == 7.0
+
+
+def test_examples_per_s_counts_records_without_examples_at_the_last_known_batch():
+    # Issue 24: once the agent paces its reads, records carry ``examples: null``; they are
+    # steps of the same batch, not steps of no examples (the sample showed 411 ex/s for ~830).
+    st = StepStats(window=200, rate_window_s=10.0)
+    for i in range(1, 201):  # 10 steps/s, batch 128, every other record without its examples
+        st.add(step(i, i * 0.1, step_time_s=0.1, examples=128 if i <= 20 or i % 2 else None))
+    r = st.rolling()
+    assert r.steps_per_s == pytest.approx(10.0)
+    assert r.examples_per_s == pytest.approx(1280.0)
+
+
+def test_examples_per_s_is_unknown_when_no_record_carries_examples():
+    st = StepStats(rate_window_s=10.0)
+    for i in range(1, 50):
+        st.add(step(i, i * 0.1, step_time_s=0.1, examples=None))
+    assert st.rolling().examples_per_s is None

@@ -240,6 +240,9 @@ class StepStats:
         # (t, global step, cumulative examples) for rates
         self._rate: deque[tuple[float, int, int]] = deque(maxlen=rate_max_records)
         self._examples = 0
+        # examples per step of the latest record that carried them: a record without (the agent
+        # paces its reads) is a step of the same batch, not a step of no examples
+        self._batch: int | None = None
         self.history = History(history_points)
         self.records = 0
         self.steps_total = 0  # training steps seen (sum of Step.steps)
@@ -263,8 +266,13 @@ class StepStats:
         if wait is not None:
             self.wait_total_s += wait * k
             self.wait_steps_total += k
-        if msg.examples is not None:
-            self._examples += msg.examples * k
+        batch = msg.examples
+        if batch is not None:
+            self._batch = batch
+        elif self._batch is not None:
+            batch = self._batch
+        if batch is not None:
+            self._examples += batch * k
         self._recent.append(msg)
         self._rate.append((msg.t, msg.step, self._examples))
         self.history.add(msg)
@@ -311,7 +319,7 @@ class StepStats:
             last = self.last
             if last is not None and last.step_time_s > 0:
                 sps = 1.0 / last.step_time_s
-                return sps, (sps * last.examples if last.examples is not None else None)
+                return sps, (sps * self._batch if self._batch is not None else None)
             return None, None
         t_end, step_end, ex_end = rate[-1]
         # Drop records older than the window, but keep two to measure between.
@@ -322,7 +330,7 @@ class StepStats:
         if dt <= 0:
             return None, None
         sps = (step_end - step0) / dt
-        eps = (ex_end - ex0) / dt if self._examples else None
+        eps = (ex_end - ex0) / dt if self._batch is not None else None
         return sps, eps
 
     def input_wait_frac_total(self) -> float | None:
