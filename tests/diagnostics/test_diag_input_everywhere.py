@@ -59,3 +59,27 @@ def test_microsecond_wait_is_not_input_bound_anywhere():
     assert [f for f in feed.engine.findings() if f.rule == "input-bound"] == []
     snap = state.snapshot(now=run.t)
     assert snap.input_recent.level == "low" and round(100 * snap.input_recent.share) == 25
+
+
+def test_a_finished_run_shows_the_findings_whole_run_figure_in_every_view():
+    # Issue 24: on the finished keras_fit sample the finding said 32% (whole run) while the
+    # Input panel said 43% (its last window) and the Workers panel a third, rolling figure.
+    from tpuwatch.ui.widgets.input_panel import input_text
+
+    run = SyntheticRun(step_time_s=0.1, time_noise=0.0)
+    run.steps(5, step_time_s=2.0)
+    run.steps(400, input_wait_s=lambda s, w: 0.2 * 0.1)
+    run.steps(300, step_time_s=0.15, input_wait_s=lambda s, w: 0.5 * 0.15)  # the last window: 50%
+    run.exit(0)
+    state, feed = _fed(run)
+    (f,) = [f for f in feed.engine.findings() if f.rule == "input-bound"]
+    pct = f.evidence["input_wait_pct"]
+    assert f.evidence["scope"] == "over the whole run" and pct == 36
+    snap = state.snapshot(now=run.t)
+    assert snap.input_scope == "over the whole run" and round(100 * snap.input_wait_frac) == pct
+    panel = input_text(snap).plain
+    assert f"wait {pct}%" in panel and "over the whole run" in panel
+    (w,) = snap.workers
+    assert round(100 * w.input_wait_frac) == pct and w.input_scope == "over the whole run"
+    assert f"input {pct}%" in progress_line(snap)
+    assert f"{pct}% of step time waiting for input" in summary(snap)

@@ -40,11 +40,8 @@ def test_input_wait_share_and_rates():
     for i in range(1, 101):  # 10 steps/s, 0.1 s each, 25% waiting, 32 examples a step
         st.add(step(i, i * 0.1, step_time_s=0.1, wait=0.025, examples=32))
     r = st.rolling()
-    assert r.input_wait_frac == pytest.approx(0.25)
-    assert r.input_wait_p50_s == pytest.approx(0.025)
     assert r.steps_per_s == pytest.approx(10.0)
     assert r.examples_per_s == pytest.approx(320.0)
-    assert st.input_wait_frac_total() == pytest.approx(0.25)
 
 
 def test_rate_uses_the_recent_window_not_the_whole_run():
@@ -59,11 +56,10 @@ def test_rate_uses_the_recent_window_not_the_whole_run():
     assert st.rolling().steps_per_s == pytest.approx(10.0, rel=0.05)
 
 
-def test_no_wait_measured_gives_none():
+def test_one_record_rate_is_its_own_step_time():
     st = StepStats()
     st.add(step(1, 1.0, wait=None))
     r = st.rolling()
-    assert r.input_wait_frac is None and r.input_wait_p50_s is None
     assert r.steps_per_s == pytest.approx(20.0)  # one record: 1 / its step time
 
 

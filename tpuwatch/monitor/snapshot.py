@@ -105,11 +105,12 @@ class WorkerView:
     step: int
     last_step_t: float | None
     step_p50_s: float | None
-    input_wait_frac: float | None
+    input_wait_frac: float | None  # the input-bound rule's figure for this worker
     rss_bytes: int | None
     connected: bool
     exit_code: int | None = None
     exit_signal: int | None = None
+    input_scope: str = ""  # "over the last 30 s" / "over the whole run"
 
 
 @dataclass(frozen=True)
@@ -159,13 +160,16 @@ class RunSnapshot:
     steps_per_s: float | None = None
     examples_per_s: float | None = None
     eta_s: float | None = None
-    #: Share of step time waiting for input, by the one definition in
-    #: ``tpuwatch.monitor.diagnostics.input_share`` (the findings' own numbers): over the latest
-    #: window of eligible steps, and over the whole run. Before the first evaluation of the
-    #: findings, the plain rolling share of the latest records.
+    #: Input wait, by the one definition in ``tpuwatch.monitor.diagnostics.input_share`` and
+    #: from its one computation (the findings' own numbers; None before their first evaluation).
+    #: ``input_wait`` is what the ``input-bound`` rule judges now, ``input_scope`` says over
+    #: what ("over the last 30 s" while running, "over the whole run" once ended);
+    #: ``input_wait_frac`` is its share. ``input_recent`` / ``input_run``: the two scopes.
+    input_wait: InputShare | None = None
+    input_scope: str = ""
     input_wait_frac: float | None = None
-    input_wait_frac_total: float | None = None
-    input_recent: InputShare | None = None  # the verdict's evidence (None before the first evaluation)
+    input_wait_frac_total: float | None = None  # input_run's share
+    input_recent: InputShare | None = None
     input_run: InputShare | None = None
     steps_total: int = 0  # training steps recorded (sum over step records)
     # losses

@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
-from tpuwatch.monitor.diagnostics.input_share import InputShare
+from tpuwatch.monitor.diagnostics.input_share import InputFigures
 from tpuwatch.monitor.diagnostics.tracing import closest_change, remember_signature
 from tpuwatch.monitor.runs import STOP_MESSAGE, STOP_SOURCE, ended_state
 from tpuwatch.monitor.snapshot import (
@@ -184,9 +184,8 @@ class RunState:
         self._workers: dict[str, _Worker] = {}
         self._default_worker: str | None = None
         self._config: dict[str, object] = {}
-        # input wait by the diagnostics' definition, set by the findings feed
-        self._input_recent: InputShare | None = None
-        self._input_run: InputShare | None = None
+        # input wait by the diagnostics' definition, set by the findings feed (the one computation)
+        self._input = InputFigures()
         self._events: deque[LogEntry] = deque(maxlen=max_events)
         self._commands: dict[str, CommandView] = {}
         self._max_commands = max_commands
@@ -576,10 +575,11 @@ class RunState:
             return "stopped" if "stopped" in statuses else "finished"
         return "waiting"
 
-    def set_input_shares(self, recent: InputShare | None, run: InputShare | None) -> None:
-        """Input wait as the diagnostics engine measures it (latest window, whole run): the
-        snapshot quotes these so every view shows the findings' numbers."""
-        self._input_recent, self._input_run = recent, run
+    def set_input_figures(self, figures: InputFigures) -> None:
+        """Input wait as the diagnostics engine measures it: the snapshot quotes these, and only
+        these, so every view (header, panels, Workers, headless lines, report) shows the
+        findings' numbers."""
+        self._input = figures
 
     def snapshot(self, now: float | None = None) -> RunSnapshot:
         """An immutable view of the run at ``now`` (unix seconds; default: the clock)."""
@@ -625,12 +625,7 @@ class RunState:
         for w in workers:
             if w.topology:
                 devices += w.topology.devices
-        wait_frac = roll.input_wait_frac
-        wait_total = stats.input_wait_frac_total()
-        if self._input_recent is not None:
-            wait_frac = self._input_recent.share
-        if self._input_run is not None:
-            wait_total = self._input_run.share
+        inp = self._input
         replica_losses = self._replica_losses(workers)
 
         return RunSnapshot(
@@ -674,10 +669,12 @@ class RunState:
             steps_per_s=roll.steps_per_s,
             examples_per_s=roll.examples_per_s,
             eta_s=eta,
-            input_wait_frac=wait_frac,
-            input_wait_frac_total=wait_total,
-            input_recent=self._input_recent,
-            input_run=self._input_run,
+            input_wait=inp.shown,
+            input_scope=inp.scope,
+            input_wait_frac=inp.shown.share if inp.shown else None,
+            input_wait_frac_total=inp.run.share if inp.run else None,
+            input_recent=inp.recent,
+            input_run=inp.run,
             steps_total=stats.steps_total,
             loss=_mean_loss(replica_losses) if len(workers) > 1 else (p.last_losses.loss if p.last_losses else None),
             loss_step=max((r.step for r in replica_losses), default=None),
@@ -730,6 +727,7 @@ class RunState:
         if roll is None:
             roll = w.stats.rolling()
         hello = w.hello
+        wait, wait_scope = self._input.of_worker(w.name)
         return WorkerView(
             name=w.name,
             host=hello.host if hello else "",
@@ -738,7 +736,8 @@ class RunState:
             step=w.last_step.step if w.last_step else 0,
             last_step_t=w.last_step.t if w.last_step else None,
             step_p50_s=roll.step_p50_s,
-            input_wait_frac=roll.input_wait_frac,
+            input_wait_frac=wait.share if wait else None,
+            input_scope=wait_scope,
             rss_bytes=w.host.rss_bytes if w.host else None,
             connected=w.connected,
             exit_code=w.exit.exit_code if w.exit else None,

@@ -4,8 +4,9 @@ Everything here is O(1) amortised per record and O(1) in memory over a run of an
 a viewer can follow a million-step run (or load its recording) without growing:
 
 - :func:`percentile` on a small sorted sample (linear interpolation, like numpy's default);
-- :class:`StepStats`: a ring of the last ``window`` records for rolling p50/p95 and input-wait
-  share, a time window for steps/s and examples/s, and a :class:`History` for plots;
+- :class:`StepStats`: a ring of the last ``window`` records for rolling p50/p95, a time window
+  for steps/s and examples/s, and a :class:`History` for plots (input wait has one computation,
+  the diagnostics' :mod:`~tpuwatch.monitor.diagnostics.input_share`);
 - :class:`History`: at most ``max_points`` buckets; when full, neighbouring buckets are merged
   pairwise and each new bucket covers twice as many records;
 - :class:`SeriesHistory`: the same for a plain ``(t, value)`` series (host RSS).
@@ -215,8 +216,6 @@ class Rolling:
 
     step_p50_s: float | None
     step_p95_s: float | None
-    input_wait_frac: float | None  # share of step time spent waiting for input
-    input_wait_p50_s: float | None
     steps_per_s: float | None
     examples_per_s: float | None
 
@@ -246,9 +245,6 @@ class StepStats:
         self.history = History(history_points)
         self.records = 0
         self.steps_total = 0  # training steps seen (sum of Step.steps)
-        self.time_total_s = 0.0  # sum of step time (per-step time x steps)
-        self.wait_total_s = 0.0
-        self.wait_steps_total = 0
         self.first: Step | None = None
         self.last: Step | None = None
         self._rolling: tuple[int, Rolling] | None = None  # (records when computed, figures)
@@ -261,11 +257,6 @@ class StepStats:
         self.records += 1
         k = msg.steps
         self.steps_total += k
-        self.time_total_s += msg.step_time_s * k
-        wait = msg.input_wait_s
-        if wait is not None:
-            self.wait_total_s += wait * k
-            self.wait_steps_total += k
         batch = msg.examples
         if batch is not None:
             self._batch = batch
@@ -294,20 +285,12 @@ class StepStats:
     def _compute_rolling(self) -> Rolling:
         recent = self._recent
         if not recent:
-            return Rolling(None, None, None, None, None, None)
+            return Rolling(None, None, None, None)
         times = sorted(s.step_time_s for s in recent)
-        waits = sorted(s.input_wait_s for s in recent if s.input_wait_s is not None)
-        wait_sum = sum(s.input_wait_s * s.steps for s in recent if s.input_wait_s is not None)
-        wait_time = sum(s.step_time_s * s.steps for s in recent if s.input_wait_s is not None)
-        frac = None  # the share is over the records that measured their wait
-        if waits and wait_time > 0:
-            frac = min(1.0, wait_sum / wait_time)
         steps_per_s, examples_per_s = self._rates()
         return Rolling(
             step_p50_s=percentile(times, 50),
             step_p95_s=percentile(times, 95),
-            input_wait_frac=frac,
-            input_wait_p50_s=percentile(waits, 50) if waits else None,
             steps_per_s=steps_per_s,
             examples_per_s=examples_per_s,
         )
@@ -332,9 +315,3 @@ class StepStats:
         sps = (step_end - step0) / dt
         eps = (ex_end - ex0) / dt if self._batch is not None else None
         return sps, eps
-
-    def input_wait_frac_total(self) -> float | None:
-        """Share of step time waiting for input over the whole run (steps that measured it)."""
-        if not self.wait_steps_total or self.time_total_s <= 0:
-            return None
-        return min(1.0, self.wait_total_s / self.time_total_s)

@@ -36,12 +36,12 @@ from tpuwatch.protocol import (
 
 from .crash import ScriptCrash
 from .input_pipeline import InputBound
-from .input_share import InputShare, combine, recent_share
+from .input_share import InputFigures, combine, recent_share
 from .loss import LossNonfinite, ReplicaLossSkew
 from .memory import DeviceMemoryHeadroom, HostMemoryGrowth
 from .progress import Stall, StepTimeJitter
 from .rule import Rule
-from .telemetry import Telemetry, WorkerTelemetry
+from .telemetry import WHOLE_RUN, Telemetry, WorkerTelemetry
 from .thresholds import Thresholds
 from .tpu_config import BatchSizeAlignment, Float32OnTpu
 from .tracing import FunctionRecreated, RetraceStorm
@@ -181,13 +181,20 @@ class Engine:
                     new.append(f)
         return _worst_first(new)
 
-    def input_shares(self) -> tuple[InputShare | None, InputShare | None]:
-        """Input wait over the live verdict's window (the last 30 s of eligible steps) and over
-        the whole run, all workers together (the definition in :mod:`.input_share`)."""
+    def input_figures(self) -> InputFigures:
+        """Every input-wait figure, all workers together and each on its own, as the
+        ``input-bound`` rule computes them (the definition in :mod:`.input_share`)."""
         th = self.thresholds
         ws = self.telemetry.step_workers()
-        return (combine((recent_share(w.window, th)[0] for w in ws), th),
-                combine((w.input_totals.share(th) for w in ws), th))
+        per = tuple((w.name, *w.input_share()) for w in ws)
+        running = [scope for _, _, scope in per if scope != WHOLE_RUN]
+        return InputFigures(
+            shown=combine((share for _, share, _ in per), th),
+            scope=running[0] if running else (WHOLE_RUN if per else ""),
+            recent=combine((recent_share(w.window, th)[0] for w in ws), th),
+            run=combine((w.input_totals.share(th) for w in ws), th),
+            workers=per,
+        )
 
     def findings(self) -> list[Finding]:
         """The current findings (latest per rule and subject, as of the last
