@@ -7,7 +7,7 @@ Plain frozen dataclasses with units in the field names; no TensorFlow, no Textua
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal, Mapping, Sequence
 
 from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.protocol import Finding, Retrace
@@ -203,6 +203,17 @@ class RunSnapshot:
     recording_gaps: tuple[str, ...] = ()  # what the recording may be missing, one line each
     # set by a live viewer (not the recording): the disk under the run directory is full
     disk_full: str = ""
+
+
+def mean_loss(values: Sequence[float]) -> float | None:
+    """The one mean of losses (replicas, workers): a plain mean, so a non-finite value makes it
+    non-finite, as ``strategy.reduce(MEAN)`` and the script's own print do (the agent's
+    ``Step.loss`` is the same mean). None for no values. Where a non-finite replica must not
+    hide the others (the deviation of each replica), the caller averages the finite ones and
+    says so."""
+    if not values:
+        return None
+    return sum(values) / len(values)
 
 
 def worker_exit_codes(snap: RunSnapshot) -> dict[str, int]:

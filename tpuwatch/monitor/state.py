@@ -37,6 +37,7 @@ from tpuwatch.monitor.snapshot import (
     RunSnapshot,
     RunStatus,
     WorkerView,
+    mean_loss,
 )
 from tpuwatch.monitor.stats import History, Rolling, SeriesHistory, StepStats
 from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
@@ -676,7 +677,8 @@ class RunState:
             input_recent=inp.recent,
             input_run=inp.run,
             steps_total=stats.steps_total,
-            loss=_mean_loss(replica_losses) if len(workers) > 1 else (p.last_losses.loss if p.last_losses else None),
+            loss=(mean_loss([r.loss for r in replica_losses]) if len(workers) > 1
+                  else p.last_losses.loss if p.last_losses else None),
             loss_step=max((r.step for r in replica_losses), default=None),
             replica_losses=replica_losses,
             history=stats.history.points(),
@@ -715,8 +717,11 @@ class RunState:
             devs = topo.devices if topo else ()
             for i, v in enumerate(m.replica_losses):
                 rows.append((base + i, devs[i] if i < len(devs) else "", w.name, v, m.step))
-        finite = [r[3] for r in rows if math.isfinite(r[3])]
-        mean = sum(finite) / len(finite) if finite else math.nan
+        # each replica's deviation from the finite replicas' mean (a NaN replica is flagged, and
+        # must not make every other deviation NaN)
+        mean = mean_loss([r[3] for r in rows if math.isfinite(r[3])])
+        if mean is None:
+            mean = math.nan
         return tuple(
             ReplicaLoss(index=i, device=d, worker=wn, loss=v,
                         deviation=(v - mean) if math.isfinite(v) else math.nan,
@@ -750,14 +755,6 @@ def _device_memory(worker: str, msg: DeviceSample) -> DeviceMemory:
         device=msg.device, worker=worker, current_bytes=msg.current_bytes, peak_bytes=msg.peak_bytes,
         limit_bytes=msg.limit_bytes, source=msg.source, limit_source=msg.limit_source,
         duty_cycle_pct=msg.duty_cycle_pct, t=msg.t)
-
-
-def _mean_loss(rows: tuple[ReplicaLoss, ...]) -> float | None:
-    """The mean over every replica of every worker (what strategy.reduce(MEAN) gives globally)."""
-    if not rows:
-        return None
-    values = [r.loss for r in rows]
-    return sum(values) / len(values)
 
 
 def _fmt_scalar(v: object) -> str:

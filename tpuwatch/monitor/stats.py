@@ -19,25 +19,21 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
+from tpuwatch.monitor.diagnostics.robust_stats import quantile
 from tpuwatch.monitor.snapshot import StepPoint
 from tpuwatch.protocol import Step
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) of already sorted values, linearly interpolated.
-
-    ``percentile(v, 50)`` is the median. Raises ``ValueError`` on an empty sequence.
+    """The ``q``-th percentile (0..100) of already sorted values, linearly interpolated: the one
+    quantile (:func:`~tpuwatch.monitor.diagnostics.robust_stats.quantile`), so ``percentile(v, 50)``
+    is the one median. Raises ``ValueError`` on an empty sequence.
     """
-    n = len(sorted_values)
-    if n == 0:
+    if not sorted_values:
         raise ValueError("percentile of no values")
     if not 0.0 <= q <= 100.0:
         raise ValueError(f"percentile q must be within 0..100, got {q}")
-    pos = (n - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, n - 1)
-    frac = pos - lo
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+    return quantile(sorted_values, q / 100.0)
 
 
 class _Bucket:

@@ -7,6 +7,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from tpuwatch import units
+from tpuwatch.monitor.diagnostics.robust_stats import median
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
 from tpuwatch.ui.widgets.input_panel import input_level, input_style, wait_series
@@ -36,11 +37,6 @@ def step_time_text(s: RunSnapshot, width: int = 80) -> Content:
 COMPILE_RATIO = 3.0
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else 0.0
-
-
 def step_series(s: RunSnapshot) -> BarSeries:
     values = tuple(p.step_time_s for p in s.history)
     finite = [v for v in values if v == v]
@@ -48,7 +44,7 @@ def step_series(s: RunSnapshot) -> BarSeries:
     # window's p95): it is left out of the scale and marked, so later steps are not all "▁".
     rest = finite[1:]
     marked: tuple[int, ...] = ()
-    if rest and finite[0] > COMPILE_RATIO * _median(rest):
+    if rest and finite[0] > COMPILE_RATIO * median(rest):
         marked = (0,)
         finite = rest
     top = max(finite, default=0.0)
