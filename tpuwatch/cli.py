@@ -1,4 +1,4 @@
-"""The ``tpuwatch`` command: run | attach | replay | report | ls.
+"""The ``tpuwatch`` command: run | attach | replay | report | compare | ls.
 
 Imports nothing heavy at module level: ``tpuwatch --help`` must stay fast and never needs
 TensorFlow (the UI process never imports it at all).
@@ -32,6 +32,8 @@ Watch and diagnose TensorFlow training from the terminal.
   tpuwatch attach [RUN]              re-join a run (the latest by default)
   tpuwatch replay RUN                play a recorded run back
   tpuwatch report RUN                summary and findings of a run
+  tpuwatch compare RUN_A RUN_B [...] runs side by side: figures, step-time difference with its
+                                     95% interval, losses by step, findings, setup
   tpuwatch ls                        list runs
   tpuwatch profile [RUN]             capture a profile of a live run now
   tpuwatch checkpoint [RUN]          save a checkpoint of a live run now
@@ -104,6 +106,18 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
     report.add_argument("--format", choices=("text", "markdown", "json"), default="text")
 
+    compare = sub.add_parser(
+        "compare", help="runs side by side, each against the first",
+        description="Compare finished (or running) runs, each against the first: wall time, step time p50/p95, "
+                    "steps/s, examples/s, input wait; the difference of the step-time medians with a 95%% "
+                    "confidence interval (moving-block bootstrap over steps, fixed seed; \"no significant "
+                    "difference\" when it includes zero); the losses aligned by step in one chart; findings in "
+                    "one run and not the other; differences in TF/Keras versions, strategy, replicas, batch size, "
+                    "argv. What cannot be compared (a run without steps, different scripts or replica counts, a "
+                    "crashed run) is said in one line.")
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="run ids or run directories (at least two)")
+    compare.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+
     sub.add_parser("ls", help="list the runs under $TPUWATCH_HOME/runs (fitted to the terminal's width)")
 
     profile = sub.add_parser("profile", help="capture a profile of a live run (TensorBoard/XProf format)")
@@ -138,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command is None:
         parser.print_help()
         return EXIT_USAGE
-    handler = {"run": cmd_run, "attach": cmd_attach, "replay": cmd_replay, "report": cmd_report, "ls": cmd_ls,
-               "profile": cmd_action, "checkpoint": cmd_action, "doctor": cmd_doctor}[ns.command]
+    handler = {"run": cmd_run, "attach": cmd_attach, "replay": cmd_replay, "report": cmd_report,
+               "compare": cmd_compare, "ls": cmd_ls, "profile": cmd_action, "checkpoint": cmd_action,
+               "doctor": cmd_doctor}[ns.command]
     try:
         return handler(ns)
     except KeyboardInterrupt:
@@ -743,6 +758,26 @@ def cmd_report(ns: argparse.Namespace) -> int:
         print(report.render_markdown(data))
     else:
         print(report.render_text(data))
+    return 0
+
+
+def cmd_compare(ns: argparse.Namespace) -> int:
+    from tpuwatch.console import compare, report
+
+    if len(ns.runs) < 2:
+        return _error("compare needs at least two runs (run ids or run directories)")
+    if len(ns.runs) > len(compare.MARKS):
+        return _error(f"compare takes at most {len(compare.MARKS)} runs, got {len(ns.runs)}")
+    runs = []
+    for i, ref in enumerate(ns.runs):
+        label = chr(ord("A") + i)
+        try:
+            runs.append(compare.load(label, _find_run(ref)))
+        except (FileNotFoundError, report.ReportError) as e:
+            return _error(f"run {label} ({ref}): {e}")
+    data = compare.compare(runs)
+    render = {"json": compare.render_json, "markdown": compare.render_markdown}.get(ns.format, compare.render_text)
+    print(render(data), end="" if ns.format != "json" else "\n")
     return 0
 
 
