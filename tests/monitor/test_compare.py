@@ -34,6 +34,8 @@ def test_a_slower_run_is_named_with_how_much_and_the_interval(tmp_path):
     figs = {r["label"]: r["figures"] for r in data["runs"]}
     # the figures are the report's own for each run
     assert figs["A"]["step_time_p50_s"] == compare.load("A", a).summary["step_time_p50_s"]
+    # one median: the difference is that of the p50s shown
+    assert (d["base_median_s"], d["other_median_s"]) == (figs["A"]["step_time_p50_s"], figs["B"]["step_time_p50_s"])
     assert figs["B"]["input_wait_share"] > 0.5 > figs["A"]["input_wait_share"]
     assert figs["A"]["examples_per_s"] == __import__("pytest").approx(64 * figs["A"]["steps_per_s"], rel=0.01)
     (only,) = data["findings_only_in_one"]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+
 import pytest
 
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import Step
-from tpuwatch_testing import SAMPLES
+from tpuwatch_testing import SAMPLES, child_env
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
@@ -32,3 +37,41 @@ def test_keras_fit_examples_per_s_stays_the_global_batch_times_steps_per_s(run_a
             assert snap.examples_per_s == pytest.approx(128 * snap.steps_per_s, rel=0.02), m.step
             checked += 1
     assert checked >= 3
+
+
+def _agent_runs(tmp_path, runs: dict[str, list[str]], timeout: float = 300) -> dict[str, object]:
+    """Starts every run under the real agent at once (the same load for each), waits for all."""
+    procs = {}
+    for name, args in runs.items():
+        run_dir = tmp_path / name
+        procs[name] = (run_dir, subprocess.Popen(
+            [sys.executable, "-m", "tpuwatch.agent", "--run-dir", str(run_dir), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(), cwd=tmp_path))
+    out = {}
+    for name, (run_dir, p) in procs.items():
+        text, _ = p.communicate(timeout=timeout)
+        assert p.returncode == 0, text[-2000:]
+        out[name] = run_dir
+    return out
+
+
+def test_compare_says_the_pipeline_fix_is_faster_and_a_rerun_is_not(tmp_path):
+    # Issue 24: compare two runs of the input-bound sample before and after its pipeline fix
+    # (--slow-input: a sleeping, unprefetched pipeline; the fix: the sample's own prefetched
+    # pipeline), and two runs of the same script, started together so they share the load.
+    common = [str(SAMPLES / "keras_fit.py"), "--epochs", "1", "--steps-per-epoch", "40", "--replicas", "2",
+              "--slow-input-after", "0"]
+    dirs = _agent_runs(tmp_path, {"before": [*common, "--slow-input", "--slow-input-ms", "60"],
+                                  "after": common, "again": common})
+    cli = [sys.executable, "-m", "tpuwatch", "compare"]
+    r = subprocess.run([*cli, dirs["before"], dirs["after"]], capture_output=True, text=True, timeout=120,
+                       env=child_env())
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"step time median B - A: -[\d.]+ ms \(-\d+%; 95% CI -[\d.]+ ms \.\. -[\d.]+ ms\): "
+                     r"B is faster, its median step [\d.]+x shorter than A's", r.stdout), r.stdout
+    assert "[warning] input-bound" in r.stdout  # only in A
+    same = subprocess.run([*cli, dirs["after"], dirs["again"], "--format", "json"], capture_output=True,
+                          text=True, timeout=120, env=child_env())
+    assert same.returncode == 0, same.stderr
+    (d,) = json.loads(same.stdout)["step_time_median_difference"]
+    assert not d["significant"] and "no significant difference" in d["text"], d["text"]

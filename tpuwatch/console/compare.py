@@ -46,15 +46,13 @@ class RunData:
 
     label: str  # "A", "B", ...
     report: dict[str, Any]
-    times: list[float] = field(default_factory=list)  # per-step time of each record, in order
+    # per-step time of each record, in order: the records the report's p50 is the median of, so
+    # the difference below is the difference of the medians shown
+    times: list[float] = field(default_factory=list)
     losses: dict[int, float] = field(default_factory=dict)  # step -> loss (finite only)
-    _first_step_seen: bool = False
 
     def on_step(self, m: Step) -> None:
-        if not self._first_step_seen:  # the first call traces and compiles: not a step's time
-            self._first_step_seen = True
-        else:
-            self.times.append(m.step_time_s)
+        self.times.append(m.step_time_s)
         if m.loss is not None and math.isfinite(m.loss) and m.step not in self.losses:
             self.losses[m.step] = m.loss
 
@@ -203,7 +201,7 @@ def _delta(key: str, base: float | None, other: float | None) -> str:
     if key in ("last_loss",):
         return f"{d:+.4g}"
     rel = f" ({d / base:+.0%})" if base else ""
-    if key == "steps":
+    if key == "steps" or abs(d) >= 100:
         return f"{d:+,.0f}{rel}"
     if key in ("wall_time_s", "step_time_p50_s", "step_time_p95_s"):
         return _signed_s(d) + rel
@@ -359,8 +357,8 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[str]]]:
             diff_lines.append(d["text"])
             diff_lines.append(f"  ({d['method']})")
         else:
-            diff_lines.append(f"step time {d['other']} vs {d['base']}: not compared (a run has fewer than 2 steps "
-                              "after its first)")
+            diff_lines.append(f"step time {d['other']} vs {d['base']}: not compared (a run has fewer than 2 "
+                              "step records)")
     out.append(("Step time", diff_lines))
     chart = loss_chart({k: [tuple(p) for p in v] for k, v in data["losses"].items()})
     legend = ", ".join(f"{r['label'].lower()} = {r['label']}" for r in runs if data["losses"].get(r["label"]))
