@@ -83,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
                           "localhost ports), one agent each, shown merged (docs/multihost.md)")
     run.add_argument("--worker-grace", type=float, default=None, metavar="SECONDS",
                      help="with --workers: after a worker dies, stop the others this long after (default 15)")
+    run.add_argument("--baseline", metavar="RUN",
+                     help="a finished run (id or directory) to compare with as this one goes: the header and the "
+                          "headless lines show the step p50, steps/s, examples/s and input wait deltas against its "
+                          "whole-run figures (`tpuwatch compare` compares two runs in full afterwards)")
     run.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
     run.add_argument("script", help="the training script (or module with -m)")
     # argparse counts a REMAINDER positional as required ("required: script, args"); the script is.
@@ -234,6 +238,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
             _say(f"warning: --listen {ns.listen} accepts viewers from every network this machine is on "
                  "(anyone with the token can read the run and send commands); prefer 127.0.0.1:PORT with "
                  "SSH port forwarding (docs/remote.md)")
+    baseline = None
+    if ns.baseline is not None:
+        if ns.workers is not None:
+            return _error("--baseline is not available with --workers yet; compare afterwards with "
+                          "`tpuwatch compare BASELINE RUN`")
+        try:
+            baseline = _load_baseline(ns.baseline)
+        except ValueError as e:
+            return _error(str(e))
     if ns.workers is not None or ns.worker_grace is not None:
         return _run_group(ns, env)
     try:
@@ -243,11 +256,29 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return _error(str(e))
     headless = ns.headless or not sys.stdout.isatty()
     if headless:
-        return _run_headless(launch, ns.every)
-    return _run_dashboard(launch)
+        return _run_headless(launch, ns.every, baseline)
+    return _run_dashboard(launch, baseline)
 
 
-def _run_headless(launch, every_s: float) -> int:
+def _load_baseline(ref: str):
+    """The whole-run figures of a finished run for ``run --baseline``; ValueError with one line
+    when ``ref`` is not a run, or one without steps."""
+    from tpuwatch.console import report
+    from tpuwatch.monitor.baseline import Baseline
+
+    try:
+        data = report.build_report(_find_run(ref))
+    except (FileNotFoundError, report.ReportError) as e:
+        raise ValueError(f"--baseline {ref}: {e}") from None
+    s = data["summary"]
+    if not s.get("steps"):
+        raise ValueError(f"--baseline {ref}: run {data['run']['id']} has no training steps to compare with")
+    return Baseline(run_id=str(data["run"]["id"]), step_p50_s=s.get("step_time_p50_s"),
+                    steps_per_s=s.get("steps_per_s"), examples_per_s=s.get("examples_per_s"),
+                    input_wait_share=s.get("input_wait_share"))
+
+
+def _run_headless(launch, every_s: float, baseline=None) -> int:
     from tpuwatch import rundir
     from tpuwatch.console import headless
     from tpuwatch.control import launcher
@@ -261,7 +292,7 @@ def _run_headless(launch, every_s: float) -> int:
     _forward_interrupts("the training process group", lambda: [launch.pid])
     codes: list[int] = []
     headless.follow(launch.run_dir / rundir.EVENTS, launch.alive, out=sys.stderr, every_s=every_s,
-                    on_end=lambda: codes.append(launcher.finish(launch)), record_findings=True)
+                    on_end=lambda: codes.append(launcher.finish(launch)), record_findings=True, baseline=baseline)
     code = codes[0] if codes else launcher.finish(launch)
     done.set()
     copier.join(timeout=2)
@@ -466,7 +497,7 @@ def _copy_output(path: Path, done: threading.Event) -> None:
             time.sleep(0.1)
 
 
-def _run_dashboard(launch) -> int:
+def _run_dashboard(launch, baseline=None) -> int:
     from tpuwatch.control import launcher
 
     # Records the end as soon as the child ends (a kill by a signal leaves no exit record of the
@@ -485,7 +516,7 @@ def _run_dashboard(launch) -> int:
         finish_once()
 
     threading.Thread(target=watch, name="tpuwatch-wait-child", daemon=True).start()
-    choice = _dashboard(launch.run_dir, live=True, owner=True)
+    choice = _dashboard(launch.run_dir, live=True, owner=True, baseline=baseline)
     if choice == "stop" and launch.alive():
         with lock:  # the watcher then finds the end recorded, and writes nothing twice
             if not codes:
@@ -509,7 +540,8 @@ def _say(line: str) -> None:
         pass
 
 
-def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: bool = False) -> str:
+def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: bool = False,
+               baseline=None) -> str:
     """Opens the dashboard on a run: live (tail the recording, send commands) or a replay.
 
     ``owner``: this process started the run, so it writes the findings into the recording.
@@ -538,7 +570,7 @@ def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: boo
         from tpuwatch.sources.replay_source import make_replay_source
 
         source = make_replay_source(run_dir, speed=speed or 1.0)
-    return run_dashboard(run_dir, source, record_findings=owner)
+    return run_dashboard(run_dir, source, record_findings=owner, baseline=baseline)
 
 
 # --- attach / replay / report / ls ---------------------------------------------------------------

@@ -75,3 +75,22 @@ def test_compare_says_the_pipeline_fix_is_faster_and_a_rerun_is_not(tmp_path):
     assert same.returncode == 0, same.stderr
     (d,) = json.loads(same.stdout)["step_time_median_difference"]
     assert not d["significant"] and "no significant difference" in d["text"], d["text"]
+
+
+def test_run_with_a_baseline_shows_live_deltas_in_the_headless_lines(tmp_path):
+    import shutil
+
+    from tpuwatch_testing import ROOT
+
+    base = tmp_path / "base"
+    base.mkdir()
+    shutil.copy(ROOT / "tests" / "data" / "healthy_4replica.jsonl", base / "events.jsonl")
+    r = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--every", "1", "--baseline",
+                        str(base), "--run-dir", str(tmp_path / "run"), str(SAMPLES / "keras_fit.py"), "--epochs",
+                        "1", "--steps-per-epoch", "60", "--replicas", "2", "--slow-input-after", "0",
+                        "--slow-input", "--slow-input-ms", "60"],
+                       capture_output=True, text=True, timeout=300, env=child_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if "vs ab12: p50 +" in ln]
+    assert lines, r.stderr[-3000:]
+    assert re.search(r"vs ab12: p50 \+\d+% · steps/s -\d+% · ex/s -\d+% · input \+\d+ pt", lines[-1]), lines[-1]

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
+from tpuwatch.monitor.baseline import Baseline, deltas
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import RecordingReader, append
@@ -71,6 +72,8 @@ def progress_line(snap: RunSnapshot) -> str:
         parts.append(f"host {fmt_bytes(max(h.rss_bytes for h in snap.host_memory))}")
     if snap.eta_s is not None:
         parts.append(f"ETA {fmt_duration(snap.eta_s)}")
+    if snap.status in ("running", "stalled") and (vs := deltas(snap)):
+        parts.append(" · ".join(vs))
     if snap.status != "running":
         parts.append(f"[{snap.status}]")
     return "  ".join(parts)
@@ -167,6 +170,7 @@ def follow(
     poll_s: float = 0.2,
     sleep: Callable[[float], None] = time.sleep,
     record_findings: bool = False,
+    baseline: Baseline | None = None,
 ) -> RunSnapshot:
     """Tails ``events_path`` until the process is gone and the recording is drained; prints a
     progress line every ``every_s`` seconds, each new finding once, and the summary at the end.
@@ -185,7 +189,7 @@ def follow(
         source, is_alive, out, every_s, clock, on_end=on_end,
         exit_grace_s=exit_grace_s, poll_s=poll_s, sleep=sleep,
         record_findings=(lambda new: append(recording, new)) if record_findings else None,
-        watch_disk=recording.parent)
+        watch_disk=recording.parent, baseline=baseline)
 
 
 def workers_line(snap: RunSnapshot) -> str:
@@ -214,6 +218,7 @@ def follow_group(
     sleep: Callable[[float], None] = time.sleep,
     record_findings: Callable[[list[Finding]], None] | None = None,
     watch_disk: Path | None = None,
+    baseline: Baseline | None = None,
 ) -> RunSnapshot:
     """:func:`follow` over several workers' recordings merged into one state (``tpuwatch run
     --headless --workers N``): the merged progress line, then one line with each worker (step,
@@ -228,6 +233,7 @@ def follow_group(
     one more at the end if the disk was last seen full).
     """
     state = RunState(clock=clock)
+    state.baseline = baseline
     diag = FindingsFeed(clock, on_new=record_findings)
     next_print = clock() + every_s
     last_key: tuple | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Sequence
 
+from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.protocol import Finding, Retrace
 
@@ -171,6 +172,8 @@ class RunSnapshot:
     input_wait_frac_total: float | None = None  # input_run's share
     input_recent: InputShare | None = None
     input_run: InputShare | None = None
+    #: A finished run to show deltas against (``tpuwatch run --baseline RUN``).
+    baseline: Baseline | None = None
     steps_total: int = 0  # training steps recorded (sum over step records)
     # losses
     loss: float | None = None

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
+from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputFigures
 from tpuwatch.monitor.diagnostics.tracing import closest_change, remember_signature
 from tpuwatch.monitor.runs import STOP_MESSAGE, STOP_SOURCE, ended_state
@@ -187,6 +188,8 @@ class RunState:
         self._config: dict[str, object] = {}
         # input wait by the diagnostics' definition, set by the findings feed (the one computation)
         self._input = InputFigures()
+        #: A finished run the snapshot carries for deltas (``tpuwatch run --baseline``).
+        self.baseline: Baseline | None = None
         self._events: deque[LogEntry] = deque(maxlen=max_events)
         self._commands: dict[str, CommandView] = {}
         self._max_commands = max_commands
@@ -676,6 +679,7 @@ class RunState:
             input_wait_frac_total=inp.run.share if inp.run else None,
             input_recent=inp.recent,
             input_run=inp.run,
+            baseline=self.baseline,
             steps_total=stats.steps_total,
             loss=(mean_loss([r.loss for r in replica_losses]) if len(workers) > 1
                   else p.last_losses.loss if p.last_losses else None),
