@@ -17,7 +17,14 @@ from tpuwatch.monitor.baseline import Baseline, deltas
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import RecordingReader, append
-from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes, worker_status_text
+from tpuwatch.monitor.snapshot import (
+    LAST_STEP,
+    RunSnapshot,
+    keras_loss,
+    training_retraces,
+    worker_exit_codes,
+    worker_status_text,
+)
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import Finding
 from tpuwatch.sources.file_source import FileSource
@@ -59,8 +66,10 @@ def progress_line(snap: RunSnapshot) -> str:
     if snap.total_steps:
         step += f"/{snap.total_steps:,} ({100 * min(1.0, snap.step / snap.total_steps):.0f}%)"
     parts = [step, fmt_rate(snap.steps_per_s), f"p50 {fmt_seconds(snap.step_p50_s)}",
-             f"input {fmt_pct(snap.input_wait_frac)}", _loss_range(snap)]
-    retraces = sum(max(0, f.traces - 1) for f in snap.functions)
+             f"input {fmt_pct(snap.input_wait_frac)}", f"{_loss_range(snap)} ({LAST_STEP})"]
+    if (keras := keras_loss(snap)) is not None:
+        parts.append(keras.describe())
+    retraces = training_retraces(snap.functions)
     parts.append(f"retraces {retraces}")
     if snap.device_memory:
         worst = max(snap.device_memory, key=lambda d: d.current_bytes)
@@ -121,8 +130,10 @@ def summary(snap: RunSnapshot) -> str:
             row("input", f"{fmt_pct(snap.input_wait_frac_total)} of step time waiting for input "
                          f"(last {fmt_pct(snap.input_wait_frac)})")
         at = f"step {snap.loss_step:,}" if snap.loss_step is not None else "the last step"
-        row("loss", f"{fmt_loss(snap.loss)}, the mean over replicas at {at}"
+        row("loss", f"{fmt_loss(snap.loss)}, the mean over replicas at {at} ({LAST_STEP})"
                     + (f"; replicas {_loss_range(snap).removeprefix('loss ')}" if len(snap.replica_losses) > 1 else ""))
+        if (keras := keras_loss(snap)) is not None:
+            row("", keras.describe())
     else:
         row("steps", "no training step recorded")
     if snap.functions:

@@ -26,7 +26,7 @@ from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.recording import iter_recording
 from tpuwatch.monitor.runs import run_alive
-from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes
+from tpuwatch.monitor.snapshot import RunSnapshot, keras_loss, worker_exit_codes
 from tpuwatch.monitor.state import RunState
 from tpuwatch.monitor.stats import percentile
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
@@ -336,10 +336,12 @@ def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
             "steps": snap.input_run.steps,
             "verdict": snap.input_run.verdict,
         },
-        "last_loss": snap.loss,
+        "last_loss": snap.loss,  # the mean over replicas of the last step read
+        "keras_epoch_loss": None if (kl := keras_loss(snap)) is None else {
+            "epoch": kl.epoch, "loss": kl.loss, "note": kl.note},
         "retraces": [
             {"name": f.name, "traces": f.traces, "instances": f.instances,
-             "last_change": f.last_change, "last_step": f.last_step}
+             "last_change": f.last_change, "last_step": f.last_step, "evaluation": f.evaluation}
             for f in snap.functions
         ],
         "memory": {
@@ -423,8 +425,12 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         + " (after the first step)",
         f"input wait\t{fmt_pct(_num(s['input_wait_share']))} of step time"
         + (f" ({s['input_wait']['verdict']})" if s.get("input_wait") else ""),
-        f"last loss\t{fmt_loss(_num(s['last_loss']))}",
+        f"loss\t{fmt_loss(_num(s['last_loss']))} (last step, the mean over replicas)",
     ]
+    if s.get("keras_epoch_loss"):
+        k = s["keras_epoch_loss"]
+        rows_sum.append(f"Keras loss\tepoch {k['epoch'] + 1} mean {fmt_loss(_num(k['loss']))}"
+                        + (f" ({k['note']})" if k["note"] else ""))
     mem = s["memory"]
     if mem["devices"]:
         top = max(mem["devices"], key=lambda d: d["peak_bytes"])

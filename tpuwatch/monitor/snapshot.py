@@ -44,13 +44,20 @@ class ReplicaLoss:
 
 @dataclass(frozen=True)
 class FunctionTraces:
-    name: str
+    name: str  # "multi_step_on_iterator", "multi_step_on_iterator (evaluation)"
     traces: int
     instances: int
     last_change: str
     last_signature: str
     last_step: int | None
     t: float
+    evaluation: bool = False  # an evaluation function: its traces are no retraces of training
+
+
+def training_retraces(functions: Sequence[FunctionTraces]) -> int:
+    """Traces beyond each training function's first (evaluation functions left out): the
+    "retraces" figure of the headless line and the report."""
+    return sum(max(0, f.traces - 1) for f in functions if not f.evaluation)
 
 
 @dataclass(frozen=True)
@@ -217,6 +224,48 @@ def mean_loss(values: Sequence[float]) -> float | None:
     if not values:
         return None
     return sum(values) / len(values)
+
+
+#: What the loss tpuwatch shows is: the mean over replicas of the last step read.
+LAST_STEP = "last step"
+
+
+def keras_logged_loss_note(keras_version: str, replicas: int | None) -> str:
+    """Why Keras' logged loss may not be the replicas' mean (DESIGN §7): "" when it is."""
+    if not replicas or replicas < 2 or not keras_version[:2] == "3.":
+        return ""
+    try:
+        minor = int(keras_version.split(".")[1])
+    except (IndexError, ValueError):
+        return ""
+    if minor <= 2:
+        return f"Keras {keras_version} logs the sum over replicas"
+    if minor <= 6:
+        return f"Keras {keras_version} logs replica 0's loss"
+    return ""
+
+
+@dataclass(frozen=True)
+class KerasLoss:
+    """Keras' own logged loss at the end of an epoch (its running mean over the epoch)."""
+
+    epoch: int  # 0-based
+    loss: float
+    note: str  # keras_logged_loss_note: "" when it is the replicas' mean
+
+    def describe(self) -> str:
+        """``Keras epoch 2 mean 0.3277 (Keras 3.5.0 logs replica 0's loss)``."""
+        return (f"Keras epoch {self.epoch + 1} mean {self.loss:.4g}"
+                + (f" ({self.note})" if self.note else ""))
+
+
+def keras_loss(s: RunSnapshot) -> KerasLoss | None:
+    """Keras' logged loss at the last epoch end (None outside ``fit`` or before an epoch ended)."""
+    for epoch, logs in reversed(s.epoch_logs):
+        v = logs.get("loss")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return KerasLoss(epoch, float(v), keras_logged_loss_note(s.keras_version, s.replicas))
+    return None
 
 
 def worker_exit_codes(snap: RunSnapshot) -> dict[str, int]:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputFigures
-from tpuwatch.monitor.diagnostics.tracing import closest_change, remember_signature
+from tpuwatch.monitor.diagnostics.tracing import closest_change, function_label, remember_signature
 from tpuwatch.monitor.runs import STOP_MESSAGE, STOP_SOURCE, ended_state
 from tpuwatch.monitor.snapshot import (
     CommandStatus,
@@ -396,21 +396,22 @@ class RunState:
     def _retrace(self, msg: Retrace, w: _Worker) -> None:
         # the change that made TF trace again: against the closest trace it has, as the
         # retrace-storm finding says it (the agent's is against the previous trace)
-        seen = self._signatures.setdefault((w.name, msg.function), [])
+        name = function_label(msg.function, msg.evaluation)
+        seen = self._signatures.setdefault((w.name, name), [])
         if msg.change and not msg.change.startswith("new tf.function object"):
             msg = replace(msg, change=closest_change(seen, msg.signature) or msg.change)
         remember_signature(seen, msg.signature)
         self._retraces.append(msg)
-        prev = self._functions.get(msg.function)
+        prev = self._functions.get(name)
         if prev is None:
-            self._log(msg.t, "info", "retrace", f"traced {msg.function} {msg.signature}", w.name)
+            self._log(msg.t, "info", "retrace", f"traced {name} {msg.signature}", w.name)
         # Several workers trace the same function: keep the largest counts seen.
         traces = max(msg.traces, prev.traces if prev else 0)
         instances = max(msg.instances, prev.instances if prev else 0)
-        self._functions[msg.function] = FunctionTraces(
-            name=msg.function, traces=traces, instances=instances,
+        self._functions[name] = FunctionTraces(
+            name=name, traces=traces, instances=instances,
             last_change=msg.change or (prev.last_change if prev else ""),
-            last_signature=msg.signature, last_step=msg.step, t=msg.t)
+            last_signature=msg.signature, last_step=msg.step, t=msg.t, evaluation=msg.evaluation)
 
     def _epoch_msg(self, msg: Epoch, w: _Worker) -> None:
         if msg.phase == "begin":
