@@ -189,7 +189,7 @@ def test_user_exceptions_pass_through_and_patches_restore(probe):
 
 
 def test_probe_failure_disables_it_and_tracing_goes_on(probe, monkeypatch):
-    def boom(self, function_type, tracing_options):
+    def boom(self, function_type, tracing_options, marks_before):
         raise RuntimeError("probe bug")
 
     monkeypatch.setattr(retraces.RetraceProbe, "on_trace", boom)

@@ -83,3 +83,28 @@ def test_a_finished_run_shows_the_findings_whole_run_figure_in_every_view():
     assert round(100 * w.input_wait_frac) == pct and w.input_scope == "over the whole run"
     assert f"input {pct}%" in progress_line(snap)
     assert f"{pct}% of step time waiting for input" in summary(snap)
+
+
+def test_a_finding_about_one_worker_of_several_names_it_in_its_message_and_its_row():
+    # Issue 24: three MultiWorkerMirroredStrategy workers, one starved: the merged summary said
+    # "input 18%" and the finding "highly input-bound: 50% of step time" without naming whose.
+    from tpuwatch.ui.widgets.workers_panel import workers_text
+
+    run = SyntheticRun(step_time_s=0.1, time_noise=0.0, workers=3)
+    run.steps(5, step_time_s=2.0)
+    run.steps(200, input_wait_s=lambda s, w: 0.05 if w == 2 else 0.001)
+    run.exit(0)
+    state = RunState()
+    feed = FindingsFeed(clock=lambda: run.t)
+    for msg, worker in run.msgs:
+        state.apply(msg, worker)
+        feed.apply(msg, worker)
+    feed.evaluate(state, run.t, force=True)
+    starved = run.names[2]
+    (f,) = [f for f in feed.engine.findings() if f.rule == "input-bound"]
+    assert f.worker == starved and f.message.startswith(f"{starved}: highly input-bound: 50%")
+    snap = state.snapshot(now=run.t)
+    rows = {line.split()[0]: line for line in workers_text(snap, 10, 120).plain.splitlines()}
+    assert "input-bound" in rows[starved[:12]] and "in  50%" in rows[starved[:12]]
+    assert all("input-bound" not in rows[n[:12]] for n in run.names[:2])
+    assert round(100 * snap.input_wait_frac) < 50  # the merged figure speaks for all three

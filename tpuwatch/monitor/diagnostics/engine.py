@@ -17,6 +17,7 @@ the length of the run.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 from tpuwatch.protocol import (
@@ -171,8 +172,13 @@ class Engine:
         if self._applied != self._checked_at:
             self._check_all()  # something arrived since the last check
         new: list[Finding] = []
+        several = len(self.telemetry.step_workers()) > 1
         for rule in self.rules:
             for subject, f in rule.current(self.telemetry, now).items():
+                if several and f.worker and f.worker not in f.message:
+                    # a finding about one worker of several says whose figures these are (the
+                    # merged summary beside it speaks for all of them)
+                    f = replace(f, message=f"{f.worker}: {f.message}")
                 key = (rule.id, subject)
                 self._current[key] = f
                 shown = (f.severity, f.message)
