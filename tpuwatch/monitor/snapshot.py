@@ -163,8 +163,9 @@ class RunSnapshot:
     epoch_logs: tuple[tuple[int, Mapping[str, object]], ...] = ()
     last_step_t: float | None = None
     step_time_s: float | None = None  # last record
-    step_p50_s: float | None = None  # rolling window
+    step_p50_s: float | None = None  # rolling window: the last ``step_window`` records
     step_p95_s: float | None = None
+    step_window: int = 0
     steps_per_s: float | None = None
     examples_per_s: float | None = None
     eta_s: float | None = None

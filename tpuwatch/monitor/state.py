@@ -671,6 +671,7 @@ class RunState:
             step_time_s=last.step_time_s if last else None,
             step_p50_s=roll.step_p50_s,
             step_p95_s=roll.step_p95_s,
+            step_window=stats.window_records,
             steps_per_s=roll.steps_per_s,
             examples_per_s=roll.examples_per_s,
             eta_s=eta,

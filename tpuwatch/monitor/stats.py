@@ -264,6 +264,11 @@ class StepStats:
         self._rate.append((msg.t, msg.step, self._examples))
         self.history.add(msg)
 
+    @property
+    def window_records(self) -> int:
+        """Records the rolling p50/p95 are over now (at most ``window``)."""
+        return len(self._recent)
+
     def recent(self) -> tuple[Step, ...]:
         return tuple(self._recent)
 

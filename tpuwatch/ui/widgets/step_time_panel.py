@@ -14,6 +14,11 @@ from tpuwatch.ui.widgets.input_panel import input_level, input_style, wait_serie
 from tpuwatch.ui.widgets.panel import Panel
 
 
+def step_scope(s: RunSnapshot) -> str:
+    """``p50/p95: last 200 records`` (empty before the first step)."""
+    return f"p50/p95: last {units.integer(s.step_window)} records" if s.step_window else ""
+
+
 def step_time_text(s: RunSnapshot, width: int = 80) -> Content:
     if s.step_time_s is None:
         return Content.styled("no steps yet", "dim")
@@ -74,6 +79,8 @@ class StepTimePanel(Panel):
         return "-stale" if snapshot.status == "stalled" else None
 
     def update_extra(self, snapshot: RunSnapshot) -> None:
+        # p50/p95 are over the latest records, the report's over the whole run: say which
+        self.border_subtitle = step_scope(snapshot)
         self.query_one("#step-bars", HistoryBars).series = step_series(snapshot)
         wait = self.query_one("#wait-bars", HistoryBars)
         wait.series = wait_series(snapshot)
