@@ -26,7 +26,7 @@ from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.recording import iter_recording
 from tpuwatch.monitor.runs import run_alive
-from tpuwatch.monitor.snapshot import RunSnapshot, keras_loss, worker_exit_codes
+from tpuwatch.monitor.snapshot import RunSnapshot, keras_loss, mean_loss, worker_exit_codes
 from tpuwatch.monitor.state import RunState
 from tpuwatch.monitor.stats import percentile
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
@@ -245,7 +245,7 @@ def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[Worke
     # strategy.reduce(MEAN) gives every worker) is the mean over all replicas of one step.
     rows = report["summary"]["replica_losses"]
     if rows and len({r["step"] for r in rows}) == 1 and all(r["finite"] for r in rows):
-        report["summary"]["last_loss"] = sum(r["loss"] for r in rows) / len(rows)
+        report["summary"]["last_loss"] = mean_loss([r["loss"] for r in rows])  # the one mean
     report["workers"] = _json_safe(_workers_section(snap_workers, workers, state))
     return report
 
