@@ -113,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     compare = sub.add_parser(
         "compare", help="runs side by side, each against the first",
         description="Compare finished (or running) runs, each against the first: wall time, step time p50/p95, "
-                    "steps/s, examples/s, input wait; the difference of the step-time medians with a 95%% "
+                    "steps/s, examples/s, input wait; the difference of the step-time medians with a 95% "
                     "confidence interval (moving-block bootstrap over steps, fixed seed; \"no significant "
                     "difference\" when it includes zero); the losses aligned by step in one chart; findings in "
                     "one run and not the other; differences in TF/Keras versions, strategy, replicas, batch size, "
