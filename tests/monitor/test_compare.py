@@ -81,6 +81,18 @@ def test_what_cannot_be_compared_is_one_line_each_never_a_traceback(tmp_path):
     assert "TensorFlow: A 2.21.0" in out and "D 2.16.2" in out
 
 
+def test_two_runs_drawn_from_one_distribution_show_no_significant_difference(tmp_path):
+    # two recordings of the same script with different noise (seeds): the interval includes zero
+    runs = []
+    for i, seed in enumerate((11, 12)):
+        msgs = [mr.hello(mr.T0), mr.topology(mr.T0), *mr.steps(300, t0=mr.T0 + 1, seed=seed)]
+        runs.append(compare.load("AB"[i], write_run(tmp_path / f"r{i}", msgs)))
+    (d,) = compare.compare(runs)["step_time_median_difference"]
+    assert d["difference_s"] != 0 and d["ci95_low_s"] < 0 < d["ci95_high_s"]
+    assert not d["significant"] and d["text"].endswith("no significant difference")
+    assert "not between runs" in d["method"]
+
+
 def test_bad_input_is_one_line_and_a_usage_exit(tmp_path):
     a = _copy(tmp_path, "a", "healthy_4replica.jsonl")
     one = _cli(a)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -55,26 +54,22 @@ def _agent_runs(tmp_path, runs: dict[str, list[str]], timeout: float = 300) -> d
     return out
 
 
-def test_compare_says_the_pipeline_fix_is_faster_and_a_rerun_is_not(tmp_path):
+def test_compare_says_the_pipeline_fix_is_faster_with_how_much_and_the_interval(tmp_path):
     # Issue 24: compare two runs of the input-bound sample before and after its pipeline fix
     # (--slow-input: a sleeping, unprefetched pipeline; the fix: the sample's own prefetched
-    # pipeline), and two runs of the same script, started together so they share the load.
+    # pipeline), started together so they share the load. (Two real runs of one script started
+    # together here differed by 25%, one process getting less CPU: a real difference, which
+    # compare calls significant; "no significant difference" is tested on two recordings drawn
+    # from one distribution, tests/monitor/test_compare.py.)
     common = [str(SAMPLES / "keras_fit.py"), "--epochs", "1", "--steps-per-epoch", "40", "--replicas", "2",
               "--slow-input-after", "0"]
-    dirs = _agent_runs(tmp_path, {"before": [*common, "--slow-input", "--slow-input-ms", "60"],
-                                  "after": common, "again": common})
-    cli = [sys.executable, "-m", "tpuwatch", "compare"]
-    r = subprocess.run([*cli, dirs["before"], dirs["after"]], capture_output=True, text=True, timeout=120,
-                       env=child_env())
+    dirs = _agent_runs(tmp_path, {"before": [*common, "--slow-input", "--slow-input-ms", "60"], "after": common})
+    r = subprocess.run([sys.executable, "-m", "tpuwatch", "compare", dirs["before"], dirs["after"]],
+                       capture_output=True, text=True, timeout=120, env=child_env())
     assert r.returncode == 0, r.stderr
     assert re.search(r"step time median B - A: -[\d.]+ ms \(-\d+%; 95% CI -[\d.]+ ms \.\. -[\d.]+ ms\): "
                      r"B is faster, its median step [\d.]+x shorter than A's", r.stdout), r.stdout
-    assert "[warning] input-bound" in r.stdout  # only in A
-    same = subprocess.run([*cli, dirs["after"], dirs["again"], "--format", "json"], capture_output=True,
-                          text=True, timeout=120, env=child_env())
-    assert same.returncode == 0, same.stderr
-    (d,) = json.loads(same.stdout)["step_time_median_difference"]
-    assert not d["significant"] and "no significant difference" in d["text"], d["text"]
+    assert "only in A (not B): [warning] input-bound" in r.stdout
 
 
 def test_run_with_a_baseline_shows_live_deltas_in_the_headless_lines(tmp_path):

@@ -8,7 +8,9 @@ everywhere else. What compare adds:
   bootstrap over the steps (blocks of ~sqrt(n) consecutive steps, so a slow stretch of a run
   moves together instead of being treated as independent steps; fixed seed, so a comparison
   prints the same every time); when the interval includes zero it says "no significant
-  difference";
+  difference". The interval covers the variation within each run only: two runs of the same
+  script started together on a shared 2-core machine differed by 25 % (one process got less
+  CPU), and compare rightly calls that significant; the output says so beside the interval;
 - the losses of every run aligned by step in one terminal chart;
 - findings present in one run and not in the other, and the differences in TF/Keras versions,
   strategy, replicas, batch size, argv and config;
@@ -272,7 +274,9 @@ def compare(runs: list[RunData]) -> dict[str, Any]:
                 "compared": True, "base_median_s": d.base_s, "other_median_s": d.other_s,
                 "difference_s": d.diff_s, "ci95_low_s": d.low_s, "ci95_high_s": d.high_s,
                 "relative": d.relative if math.isfinite(d.relative) else None, "significant": d.significant,
-                "method": f"moving-block bootstrap over steps, {d.resamples} resamples, seed {SEED}",
+                "method": (f"moving-block bootstrap over steps, {d.resamples} resamples, seed {SEED}; it "
+                           "covers the variation within each run, not between runs: two runs of one script "
+                           "on a busy machine can differ by more"),
                 "text": d.describe(base.label, r.label)}),
         })
     base_findings = _finding_keys(base)
