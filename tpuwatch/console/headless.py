@@ -66,7 +66,9 @@ def progress_line(snap: RunSnapshot) -> str:
     if snap.total_steps:
         step += f"/{snap.total_steps:,} ({100 * min(1.0, snap.step / snap.total_steps):.0f}%)"
     parts = [step, fmt_rate(snap.steps_per_s), f"p50 {fmt_seconds(snap.step_p50_s)}",
-             f"input {fmt_pct(snap.input_wait_frac)}", f"{_loss_range(snap)} ({LAST_STEP})"]
+             f"input {fmt_pct(snap.input_wait_frac)}", _loss_range(snap)]
+    if not parts[-1].endswith("none since"):  # a stale loss already says which step it is
+        parts[-1] += f" ({LAST_STEP})"
     if (keras := keras_loss(snap)) is not None:
         parts.append(keras.describe())
     retraces = training_retraces(snap.functions)
