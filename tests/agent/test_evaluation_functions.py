@@ -8,7 +8,7 @@ import pytest
 from tpuwatch.console.headless import progress_line, summary
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.state import RunState
-from tpuwatch.protocol import Retrace
+from tpuwatch.protocol import VARIABLES_MADE_CHANGE, Retrace
 from tpuwatch_testing import SCRIPTS
 
 pytestmark = pytest.mark.tf
@@ -20,8 +20,12 @@ def test_fit_with_validation_lists_the_test_function_as_evaluation(run_agent):
     traces = r.of(Retrace)
     train = [m for m in traces if m.function == "multi_step_on_iterator" and not m.evaluation]
     evaluation = [m for m in traces if m.function == "multi_step_on_iterator" and m.evaluation]
-    assert len(train) == 1 and train[0].instances == 1 and train[0].traces == 1
+    # one training object, traced once (again only where its first call made variables: an
+    # optimizer built lazily, on older Keras)
+    assert train and train[-1].instances == 1
+    assert all(m.change in ("", VARIABLES_MADE_CHANGE) for m in train)
     assert evaluation and evaluation[-1].instances == 1 and evaluation[0].traces == 1
+    assert all(m.change in ("", VARIABLES_MADE_CHANGE) for m in evaluation)
     state, feed = RunState(), FindingsFeed(clock=lambda: 0.0)
     feed.feed(state, r.messages)
     feed.evaluate(state, state.last_message_t, force=True)
