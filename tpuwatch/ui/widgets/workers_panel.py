@@ -123,6 +123,11 @@ class WorkersPanel(Panel):
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
         return workers_text(snapshot, rows, width)
 
+    def update_extra(self, snapshot: RunSnapshot) -> None:
+        # each row's input share is the input-bound rule's for that worker: say over what
+        scopes = {w.input_scope for w in snapshot.workers if w.input_scope}
+        self.border_subtitle = f"input {scopes.pop()}" if len(scopes) == 1 else ""
+
     def on_mount(self) -> None:
         self.styles.column_span = 3  # a whole row of the wide grid; one cell of the narrow one
         super().on_mount()
