@@ -192,12 +192,14 @@ class Engine:
         ``input-bound`` rule computes them (the definition in :mod:`.input_share`)."""
         th = self.thresholds
         ws = self.telemetry.step_workers()
-        per = tuple((w.name, *w.input_share()) for w in ws)
+        recents = [recent_share(w.window, th) for w in ws]  # O(window) each: once per worker
+        per = tuple((w.name, w.input_totals.share(th), WHOLE_RUN) if w.ended else (w.name, *recent)
+                    for w, recent in zip(ws, recents))
         running = [scope for _, _, scope in per if scope != WHOLE_RUN]
         return InputFigures(
             shown=combine((share for _, share, _ in per), th),
             scope=running[0] if running else (WHOLE_RUN if per else ""),
-            recent=combine((recent_share(w.window, th)[0] for w in ws), th),
+            recent=combine((share for share, _ in recents), th),
             run=combine((w.input_totals.share(th) for w in ws), th),
             workers=per,
         )
