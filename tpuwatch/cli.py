@@ -1,4 +1,4 @@
-"""The ``tpuwatch`` command: run | attach | replay | report | export | ls | profile | checkpoint | doctor.
+"""The ``tpuwatch`` command: run | attach | replay | report | compare | export | ls | profile | checkpoint | doctor.
 
 Imports nothing heavy at module level: ``tpuwatch --help`` must stay fast and never needs
 TensorFlow (the UI process never imports it at all).
@@ -37,6 +37,8 @@ Watch and diagnose TensorFlow training from the terminal.
   tpuwatch attach [RUN]              re-join a run (the latest by default)
   tpuwatch replay RUN                play a recorded run back
   tpuwatch report RUN                summary and findings of a run
+  tpuwatch compare RUN_A RUN_B [...] runs side by side: figures, step-time difference with its
+                                     95% interval, losses by step, findings, setup
   tpuwatch export RUN --tensorboard LOGDIR   its series as TensorBoard scalars
   tpuwatch ls                        list runs
   tpuwatch profile [RUN]             capture a profile of a live run now
@@ -87,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
                           "localhost ports), one agent each, shown merged (docs/multihost.md)")
     run.add_argument("--worker-grace", type=float, default=None, metavar="SECONDS",
                      help="with --workers: after a worker dies, stop the others this long after (default 15)")
+    run.add_argument("--baseline", metavar="RUN",
+                     help="a finished run (id or directory) to compare with as this one goes: the header and the "
+                          "headless lines show the step p50, steps/s, examples/s and input wait deltas against its "
+                          "whole-run figures (`tpuwatch compare` compares two runs in full afterwards)")
     _add_outlet_options(run)
     run.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
     run.add_argument("script", help="the training script (or module with -m)")
@@ -118,6 +124,18 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--tensorboard", type=Path, metavar="LOGDIR", required=True,
                         help="write step time, input wait, each replica's loss and memory as TensorBoard scalars "
                              "into LOGDIR/tpuwatch-<run-id> (needs the tensorboard package; docs/tensorboard.md)")
+
+    compare = sub.add_parser(
+        "compare", help="runs side by side, each against the first",
+        description="Compare finished (or running) runs, each against the first: wall time, step time p50/p95, "
+                    "steps/s, examples/s, input wait; the difference of the step-time medians with a 95% "
+                    "confidence interval (moving-block bootstrap over steps, fixed seed; \"no significant "
+                    "difference\" when it includes zero); the losses aligned by step in one chart; findings in "
+                    "one run and not the other; differences in TF/Keras versions, strategy, replicas, batch size, "
+                    "argv. What cannot be compared (a run without steps, different scripts or replica counts, a "
+                    "crashed run) is said in one line.")
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="run ids or run directories (at least two)")
+    compare.add_argument("--format", choices=("text", "markdown", "json"), default="text")
 
     sub.add_parser("ls", help="list the runs under $TPUWATCH_HOME/runs (fitted to the terminal's width)")
 
@@ -153,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command is None:
         parser.print_help()
         return EXIT_USAGE
-    handler = {"run": cmd_run, "attach": cmd_attach, "replay": cmd_replay, "report": cmd_report, "ls": cmd_ls,
-               "export": cmd_export, "profile": cmd_action, "checkpoint": cmd_action, "doctor": cmd_doctor}[ns.command]
+    handler = {"run": cmd_run, "attach": cmd_attach, "replay": cmd_replay, "report": cmd_report,
+               "compare": cmd_compare, "export": cmd_export, "ls": cmd_ls, "profile": cmd_action,
+               "checkpoint": cmd_action, "doctor": cmd_doctor}[ns.command]
     from tpuwatch import rundir
 
     try:
@@ -252,6 +271,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
             _say(f"warning: --listen {ns.listen} accepts viewers from every network this machine is on "
                  "(anyone with the token can read the run and send commands); prefer 127.0.0.1:PORT with "
                  "SSH port forwarding (docs/remote.md)")
+    baseline = None
+    if ns.baseline is not None:
+        if ns.workers is not None:
+            return _error("--baseline is not available with --workers yet; compare afterwards with "
+                          "`tpuwatch compare BASELINE RUN`")
+        try:
+            baseline = _load_baseline(ns.baseline)
+        except ValueError as e:
+            return _error(str(e))
     outlets = _Outlets(ns)
     if problem := outlets.open():
         return _error(problem)
@@ -266,13 +294,31 @@ def cmd_run(ns: argparse.Namespace) -> int:
         headless = ns.headless or not sys.stdout.isatty()
         outlets.start(launch.run_dir, launch.alive, quiet=not headless)
         if headless:
-            return _run_headless(launch, ns.every)
-        return _run_dashboard(launch)
+            return _run_headless(launch, ns.every, baseline)
+        return _run_dashboard(launch, baseline)
     finally:
         outlets.close()
 
 
-def _run_headless(launch, every_s: float) -> int:
+def _load_baseline(ref: str):
+    """The whole-run figures of a finished run for ``run --baseline``; ValueError with one line
+    when ``ref`` is not a run, or one without steps."""
+    from tpuwatch.console import report
+    from tpuwatch.monitor.baseline import Baseline
+
+    try:
+        data = report.build_report(_find_run(ref))
+    except (FileNotFoundError, report.ReportError) as e:
+        raise ValueError(f"--baseline {ref}: {e}") from None
+    s = data["summary"]
+    if not s.get("steps"):
+        raise ValueError(f"--baseline {ref}: run {data['run']['id']} has no training steps to compare with")
+    return Baseline(run_id=str(data["run"]["id"]), step_p50_s=s.get("step_time_p50_s"),
+                    steps_per_s=s.get("steps_per_s"), examples_per_s=s.get("examples_per_s"),
+                    input_wait_share=s.get("input_wait_share"))
+
+
+def _run_headless(launch, every_s: float, baseline=None) -> int:
     from tpuwatch import rundir
     from tpuwatch.console import headless
     from tpuwatch.control import launcher
@@ -286,7 +332,7 @@ def _run_headless(launch, every_s: float) -> int:
     _forward_interrupts("the training process group", lambda: [launch.process])
     codes: list[int] = []
     headless.follow(launch.run_dir / rundir.EVENTS, launch.alive, out=sys.stderr, every_s=every_s,
-                    on_end=lambda: codes.append(launcher.finish(launch)), record_findings=True)
+                    on_end=lambda: codes.append(launcher.finish(launch)), record_findings=True, baseline=baseline)
     code = codes[0] if codes else launcher.finish(launch)
     done.set()
     copier.join(timeout=2)
@@ -482,7 +528,7 @@ def _copy_output(path: Path, done: threading.Event) -> None:
             time.sleep(0.1)
 
 
-def _run_dashboard(launch) -> int:
+def _run_dashboard(launch, baseline=None) -> int:
     from tpuwatch.control import launcher
 
     # Records the end as soon as the child ends (a kill by a signal leaves no exit record of the
@@ -501,7 +547,7 @@ def _run_dashboard(launch) -> int:
         finish_once()
 
     threading.Thread(target=watch, name="tpuwatch-wait-child", daemon=True).start()
-    choice = _dashboard(launch.run_dir, live=True, owner=True)
+    choice = _dashboard(launch.run_dir, live=True, owner=True, baseline=baseline)
     if choice == "stop" and launch.alive():
         with lock:  # the watcher then finds the end recorded, and writes nothing twice
             if not codes:
@@ -525,7 +571,8 @@ def _say(line: str) -> None:
         pass
 
 
-def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: bool = False) -> str:
+def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: bool = False,
+               baseline=None) -> str:
     """Opens the dashboard on a run: live (tail the recording, send commands) or a replay.
 
     ``owner``: this process started the run, so it writes the findings into the recording.
@@ -554,7 +601,7 @@ def _dashboard(run_dir: Path, live: bool, speed: float | None = None, owner: boo
         from tpuwatch.sources.replay_source import make_replay_source
 
         source = make_replay_source(run_dir, speed=speed or 1.0)
-    return run_dashboard(run_dir, source, record_findings=owner)
+    return run_dashboard(run_dir, source, record_findings=owner, baseline=baseline)
 
 
 # --- attach / replay / report / ls ---------------------------------------------------------------
@@ -813,6 +860,26 @@ def cmd_export(ns: argparse.Namespace) -> int:
         return 1
     _say(f"wrote {sum(done.points.values()):,} scalars in {len(done.points)} series to {done.folder}; "
          f"see them with `tensorboard --logdir {ns.tensorboard}`")
+    return 0
+
+
+def cmd_compare(ns: argparse.Namespace) -> int:
+    from tpuwatch.console import compare, report
+
+    if len(ns.runs) < 2:
+        return _error("compare needs at least two runs (run ids or run directories)")
+    if len(ns.runs) > len(compare.MARKS):
+        return _error(f"compare takes at most {len(compare.MARKS)} runs, got {len(ns.runs)}")
+    runs = []
+    for i, ref in enumerate(ns.runs):
+        label = chr(ord("A") + i)
+        try:
+            runs.append(compare.load(label, _find_run(ref)))
+        except (FileNotFoundError, report.ReportError) as e:
+            return _error(f"run {label} ({ref}): {e}")
+    data = compare.compare(runs)
+    render = {"json": compare.render_json, "markdown": compare.render_markdown}.get(ns.format, compare.render_text)
+    print(render(data), end="" if ns.format != "json" else "\n")
     return 0
 
 

@@ -187,6 +187,10 @@ class Retrace(Message):
     signature: str  # the new trace's input signature, short form
     change: str  # e.g. "x: shape (96, 28, 28, 1) -> (64, 28, 28, 1)"; "" for the first trace
     step: int | None = None  # global step when it happened
+    #: An evaluation function: its trace computed no gradient, in a run that had trained (Keras'
+    #: test function under ``fit(validation_data=...)``, a custom loop's test step). Counted
+    #: apart from training functions of the same name (``traces``/``instances`` are its own).
+    evaluation: bool = False
 
 
 #: ``Retrace.change`` of the trace TF makes again, same inputs, when a function's first call

@@ -194,7 +194,7 @@ def test_user_exceptions_pass_through_and_patches_restore(probe, tf):
 
 @pytest.mark.tf
 def test_probe_failure_disables_it_and_tracing_goes_on(probe, monkeypatch, tf):
-    def boom(self, function_type, tracing_options):
+    def boom(self, function_type, tracing_options, marks_before):
         raise RuntimeError("probe bug")
 
     monkeypatch.setattr(retraces.RetraceProbe, "on_trace", boom)

@@ -118,9 +118,13 @@ def test_live_verdict_speaks_for_the_last_30_seconds():
     # the figures are means over that window, and the message says so
     assert f.message == ("highly input-bound: 36% of step time waiting for input "
                          "(mean 54 ms of 150 ms per step over the last 30 s)")
-    recent, run_share = eng.input_shares()
+    fig = eng.input_figures()
+    recent, run_share = fig.recent, fig.run
     assert round(100 * recent.share) == 36 and recent.first_step > 800
     assert run_share.steps > 900
+    # what every view shows is the finding's own figure and scope
+    assert fig.shown == recent and fig.scope == "over the last 30 s"
+    assert fig.workers == ((fig.workers[0][0], recent, "over the last 30 s"),)
 
 
 def test_fast_steps_window_is_the_latest_records_and_says_so():

@@ -59,3 +59,52 @@ def test_microsecond_wait_is_not_input_bound_anywhere():
     assert [f for f in feed.engine.findings() if f.rule == "input-bound"] == []
     snap = state.snapshot(now=run.t)
     assert snap.input_recent.level == "low" and round(100 * snap.input_recent.share) == 25
+
+
+def test_a_finished_run_shows_the_findings_whole_run_figure_in_every_view():
+    # Issue 24: on the finished keras_fit sample the finding said 32% (whole run) while the
+    # Input panel said 43% (its last window) and the Workers panel a third, rolling figure.
+    from tpuwatch.ui.widgets.input_panel import input_text
+
+    run = SyntheticRun(step_time_s=0.1, time_noise=0.0)
+    run.steps(5, step_time_s=2.0)
+    run.steps(400, input_wait_s=lambda s, w: 0.2 * 0.1)
+    run.steps(300, step_time_s=0.15, input_wait_s=lambda s, w: 0.5 * 0.15)  # the last window: 50%
+    run.exit(0)
+    state, feed = _fed(run)
+    (f,) = [f for f in feed.engine.findings() if f.rule == "input-bound"]
+    pct = f.evidence["input_wait_pct"]
+    assert f.evidence["scope"] == "over the whole run" and pct == 36
+    snap = state.snapshot(now=run.t)
+    assert snap.input_scope == "over the whole run" and round(100 * snap.input_wait_frac) == pct
+    panel = input_text(snap).plain
+    assert f"wait {pct}%" in panel and "over the whole run" in panel
+    (w,) = snap.workers
+    assert round(100 * w.input_wait_frac) == pct and w.input_scope == "over the whole run"
+    assert f"input {pct}%" in progress_line(snap)
+    assert f"{pct}% of step time waiting for input" in summary(snap)
+
+
+def test_a_finding_about_one_worker_of_several_names_it_in_its_message_and_its_row():
+    # Issue 24: three MultiWorkerMirroredStrategy workers, one starved: the merged summary said
+    # "input 18%" and the finding "highly input-bound: 50% of step time" without naming whose.
+    from tpuwatch.ui.widgets.workers_panel import workers_text
+
+    run = SyntheticRun(step_time_s=0.1, time_noise=0.0, workers=3)
+    run.steps(5, step_time_s=2.0)
+    run.steps(200, input_wait_s=lambda s, w: 0.05 if w == 2 else 0.001)
+    run.exit(0)
+    state = RunState()
+    feed = FindingsFeed(clock=lambda: run.t)
+    for msg, worker in run.msgs:
+        state.apply(msg, worker)
+        feed.apply(msg, worker)
+    feed.evaluate(state, run.t, force=True)
+    starved = run.names[2]
+    (f,) = [f for f in feed.engine.findings() if f.rule == "input-bound"]
+    assert f.worker == starved and f.message.startswith(f"{starved}: highly input-bound: 50%")
+    snap = state.snapshot(now=run.t)
+    rows = {line.split()[0]: line for line in workers_text(snap, 10, 120).plain.splitlines()}
+    assert "input-bound" in rows[starved[:12]] and "in  50%" in rows[starved[:12]]
+    assert all("input-bound" not in rows[n[:12]] for n in run.names[:2])
+    assert round(100 * snap.input_wait_frac) < 50  # the merged figure speaks for all three

@@ -11,6 +11,7 @@ from monitor_recordings import DATA, encode_all, mr
 
 from tpuwatch import protocol
 from tpuwatch.console import headless
+from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.recording import read_all
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import Exit, Finding
@@ -19,7 +20,9 @@ from tpuwatch.protocol import Exit, Finding
 def snap_of(name: str):
     messages, stats = read_all(DATA / name)
     s = RunState()
-    s.apply_all(messages)
+    feed = FindingsFeed(clock=lambda: s.last_message_t or 0.0)
+    feed.feed(s, messages)
+    feed.evaluate(s, s.last_message_t or 0.0, force=True)
     s.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                       truncated_tail=stats.truncated_tail)
     return s.snapshot(s.last_message_t)

@@ -21,7 +21,7 @@ RUN_KEYS = {"id", "dir", "script", "argv", "host", "status", "strategy", "replic
             "global_batch_size", "start", "end", "duration_s", "exit_code", "exit_signal",
             "exception", "lost_reason"}
 SUMMARY_KEYS = {"steps", "step_records", "total_steps", "step_time_p50_s", "step_time_p95_s",
-                "steps_per_s", "input_wait_share", "last_loss", "retraces", "memory",
+                "steps_per_s", "examples_per_s", "input_wait_share", "last_loss", "keras_epoch_loss", "retraces", "memory",
                 "replica_losses", "commands", "truncated_tail", "dropped_bytes", "malformed_lines",
                 "unknown_lines", "messages", "disabled_probes"}
 FINDING_KEYS = {"rule", "severity", "message", "evidence", "advice", "first_step", "last_step",

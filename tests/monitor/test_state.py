@@ -121,7 +121,13 @@ def test_recorded_fixtures():
     assert snap.step_p50_s == pytest.approx(0.05, rel=0.05)
     assert snap.steps_per_s == pytest.approx(20, rel=0.05)
     assert snap.examples_per_s == pytest.approx(20 * 64, rel=0.05)
-    assert snap.input_wait_frac == pytest.approx(0.02, rel=0.01)
+    assert snap.input_wait_frac is None  # input wait is the findings' figure: none evaluated
+    feed = FindingsFeed()
+    for m in read_all(DATA / "healthy_4replica.jsonl")[0]:
+        feed.apply(m)
+    feed.evaluate(healthy, healthy.last_message_t, force=True)
+    fed = healthy.snapshot(healthy.last_message_t)
+    assert fed.input_wait_frac == pytest.approx(0.02, rel=0.01) and fed.input_scope == "over the whole run"
     assert [f.name for f in snap.functions] == ["train_step"]
     assert snap.functions[0].traces == 2 and "(16, 28, 28, 1)" in snap.functions[0].last_change
     assert len(snap.device_memory) == 4 and snap.host_rss_peak_bytes == 2 * mr.GiB

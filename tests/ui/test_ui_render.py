@@ -85,7 +85,7 @@ def test_input_verdict_is_the_findings_own() -> None:
         for i in range(n):
             tot.add(i, step_s, wait_s, 1)
         share = tot.share(Thresholds())
-        return RunSnapshot(step_time_s=step_s, input_wait_frac=share.share, input_recent=share)
+        return RunSnapshot(step_time_s=step_s, input_wait_frac=share.share, input_wait=share, input_recent=share)
 
     # xprof's 5 % / 20 % of step time, fast steps included (a 10 ms step waiting 3 ms is 30 %);
     # only a wait under 0.1 ms per step is noise

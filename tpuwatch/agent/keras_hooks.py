@@ -82,8 +82,8 @@ def keras_of(cls: type) -> str | None:
 
 def sums_logs_over_replicas(version: str | None) -> bool:
     """Whether this Keras reduces fit's logs by summing the replicas' values: Keras 3.0-3.2 (their
-    ``reduce_per_replica`` turns "auto" into "sum", TPUs included). Keras 3.3 and later average
-    them (TPUs: replica 0's), and tf_keras' logs are its synchronised metrics."""
+    ``reduce_per_replica`` turns "auto" into "sum", TPUs included). Keras 3.3-3.6 log replica 0's
+    loss (DESIGN §7), 3.7 and later average, and tf_keras' logs are its synchronised metrics."""
     if not version or not version[:1].isdigit():
         return False  # tf_keras ("tf_keras 2.21.0") or unknown
     parts = version.split(".")
@@ -101,7 +101,7 @@ class KerasHooks:
 
         Keras 3.0-3.2 reduce their logs by summing each replica's values (their "auto" is "sum",
         TPUs included), so the progress bar shows N times the loss the model computes, and every
-        metric N times too (seen on Keras 3.0.5 + TF 2.16.2; 3.3 and later average). The agent
+        metric N times too (seen on Keras 3.0.5 + TF 2.16.2; 3.3-3.6 log replica 0's, 3.7+ average). The agent
         keeps each replica's own mean; this says, once, why the two numbers differ. Done at the
         first batch whose losses were read (a run's first records always are), and only for the
         Keras versions that sum (``sums_logs_over_replicas``)."""
@@ -119,7 +119,7 @@ class KerasHooks:
                 f"Keras logs the loss summed over the {replicas} replicas, not their mean: its progress "
                 f"bar shows {logged:.6g} at step {step}, {replicas}x the {mean:.6g} the model computes (and "
                 f"its metrics {replicas}x too). tpuwatch shows each replica's own mean. Keras 3.0-3.2 sum "
-                f"their logs over replicas; Keras 3.3 and later average them."))
+                f"their logs over replicas; Keras 3.3-3.6 log replica 0's loss, 3.7 and later the mean."))
 
     def train_begin(self, callbacks: Any) -> None:
         params = getattr(callbacks, "params", None) or {}

@@ -16,6 +16,13 @@ scope), with that as its change (``protocol.VARIABLES_MADE_CHANGE``; building th
 call saves it). Nested traces (Keras' ``one_step_on_data`` inside ``multi_step_on_iterator``) are
 real and reported.
 
+Evaluation functions are told apart from training ones: a trace that computes no gradient, in a
+run that has trained before (Keras' test function under ``fit(validation_data=...)``, which has
+the train function's name; a custom loop's test step), is reported with ``evaluation=True`` and
+counted on its own, so Keras' test function is never "a second object" or a retrace of training.
+The step probe says whether a trace trained (its ``training_marks`` grow while a gradient is
+traced), so the Retrace is sent when the trace is done.
+
 Everything here runs while TF traces (milliseconds), never on a step that does not trace; the
 ``Function.__init__`` wrapper costs a dict update.
 """
@@ -233,6 +240,9 @@ class RetraceProbe:
         self.functions: weakref.WeakSet = weakref.WeakSet()  # live user-visible tf.functions
         self._tf_dir = _tf_package_dir()
         self._inside_tf: dict[str, bool] = {}
+        # id of a Function's cache -> its name, from creation until its first trace says whether it
+        # is an evaluation function (then its object is counted under that kind); bounded
+        self._created: collections.OrderedDict[int, str] = collections.OrderedDict()
 
     # --- filters --------------------------------------------------------------------------
 
@@ -256,14 +266,26 @@ class RetraceProbe:
         if self.is_internal(name, getattr(function, "_python_function", None),
                             getattr(function, "_attributes", None)):
             return
+        cache = getattr(function, "_function_cache", None)
         with self._lock:
             self._instances[name] += 1
+            if cache is not None:
+                self._created[id(cache)] = name
+                if len(self._created) > _MAX_TRACKED:
+                    self._created.popitem(last=False)
         self.functions.add(function)
 
-    def on_trace(self, function_type: Any, tracing_options: Any) -> None:
+    def training_marks(self) -> int:
+        probe = self.agent.step_probe
+        return getattr(probe, "training_marks", 0) if probe is not None else 0
+
+    def on_trace(self, function_type: Any, tracing_options: Any, marks_before: int) -> None:
+        """After a trace (``marks_before``: the step probe's training marks when it began)."""
         name = tracing_options.name
         if self.is_internal(name, tracing_options.python_function, tracing_options.attributes):
             return
+        marks = self.training_marks()
+        evaluation = marks == marks_before and marks > 0
         leaves = describe(function_type)
         key = tuple(leaf.key for leaf in leaves)
         scope = getattr(tracing_options.scope_type, "name", str(tracing_options.scope_type))
@@ -278,13 +300,18 @@ class RetraceProbe:
                               and scope == "NO_VARIABLE_CREATION" and prev_here[1] == key)
         else:
             variables_made = False
+        key = f"{name}\0evaluation" if evaluation else name
         with self._lock:
-            self._traces[name] += 1
-            traces = self._traces[name]
+            created = self._created.pop(cache, None)
+            if created is not None and evaluation:  # its object was counted as a training one
+                self._instances[created] -= 1
+                self._instances[f"{created}\0evaluation"] += 1
+            self._traces[key] += 1
+            traces = self._traces[key]
             # A function traced without a Function object (rare) still counts as one.
-            instances = max(self._instances[name], 1)
-            previous = self._last.get(name)
-            self._last[name] = (leaves, cache)
+            instances = max(self._instances[key], 1)
+            previous = self._last.get(key)
+            self._last[key] = (leaves, cache)
         if variables_made:  # a real trace (TF counts it, and compiles again), with its own cause
             change = VARIABLES_MADE_CHANGE
         elif previous is None:
@@ -302,6 +329,7 @@ class RetraceProbe:
             signature=signature_text(leaves),
             change=change,
             step=self.agent.global_step,
+            evaluation=evaluation,
         ))
 
 
@@ -313,12 +341,16 @@ def install(agent: "Agent", patches: "Patches") -> RetraceProbe:
 
     def make_create(original):
         def _create_concrete_function(function_type, type_context, func_graph, tracing_options):
-            if agent.enabled(PROBE):
+            if not agent.enabled(PROBE):
+                return original(function_type, type_context, func_graph, tracing_options)
+            marks = probe.training_marks()
+            try:
+                return original(function_type, type_context, func_graph, tracing_options)
+            finally:  # a trace that raised was still a trace
                 try:
-                    probe.on_trace(function_type, tracing_options)
+                    probe.on_trace(function_type, tracing_options, marks)
                 except Exception as e:
                     agent.probe_failed(PROBE, e)
-            return original(function_type, type_context, func_graph, tracing_options)
 
         return _create_concrete_function
 

@@ -15,10 +15,18 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
+from tpuwatch.monitor.baseline import Baseline, deltas
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import RecordingReader, append
-from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes, worker_status_text
+from tpuwatch.monitor.snapshot import (
+    LAST_STEP,
+    RunSnapshot,
+    keras_loss,
+    training_retraces,
+    worker_exit_codes,
+    worker_status_text,
+)
 from tpuwatch.monitor.state import RunState
 from tpuwatch.printable import one_line, printable
 from tpuwatch.protocol import Finding
@@ -62,7 +70,11 @@ def progress_line(snap: RunSnapshot) -> str:
         step += f"/{snap.total_steps:,} ({100 * min(1.0, snap.step / snap.total_steps):.0f}%)"
     parts = [step, fmt_rate(snap.steps_per_s), f"p50 {fmt_seconds(snap.step_p50_s)}",
              f"input {fmt_pct(snap.input_wait_frac)}", _loss_range(snap)]
-    retraces = sum(max(0, f.traces - 1) for f in snap.functions)
+    if not parts[-1].endswith("none since"):  # a stale loss already says which step it is
+        parts[-1] += f" ({LAST_STEP})"
+    if (keras := keras_loss(snap)) is not None:
+        parts.append(keras.describe())
+    retraces = training_retraces(snap.functions)
     parts.append(f"retraces {retraces}")
     if snap.device_memory:
         worst = max(snap.device_memory, key=lambda d: d.current_bytes)
@@ -74,6 +86,8 @@ def progress_line(snap: RunSnapshot) -> str:
         parts.append(f"host {fmt_bytes(max(h.rss_bytes for h in snap.host_memory))}")
     if snap.eta_s is not None:
         parts.append(f"ETA {fmt_duration(snap.eta_s)}")
+    if snap.status in ("running", "stalled") and (vs := deltas(snap)):
+        parts.append(" · ".join(vs))
     if snap.status != "running":
         parts.append(f"[{snap.status}]")
     return "  ".join(parts)
@@ -121,8 +135,10 @@ def summary(snap: RunSnapshot) -> str:
             row("input", f"{fmt_pct(snap.input_wait_frac_total)} of step time waiting for input "
                          f"(last {fmt_pct(snap.input_wait_frac)})")
         at = f"step {snap.loss_step:,}" if snap.loss_step is not None else "the last step"
-        row("loss", f"{fmt_loss(snap.loss)}, the mean over replicas at {at}"
+        row("loss", f"{fmt_loss(snap.loss)}, the mean over replicas at {at} ({LAST_STEP})"
                     + (f"; replicas {_loss_range(snap).removeprefix('loss ')}" if len(snap.replica_losses) > 1 else ""))
+        if (keras := keras_loss(snap)) is not None:
+            row("", keras.describe())
     else:
         row("steps", "no training step recorded")
     if snap.functions:
@@ -170,6 +186,7 @@ def follow(
     poll_s: float = 0.2,
     sleep: Callable[[float], None] = time.sleep,
     record_findings: bool = False,
+    baseline: Baseline | None = None,
 ) -> RunSnapshot:
     """Tails ``events_path`` until the process is gone and the recording is drained; prints a
     progress line every ``every_s`` seconds, each new finding once, and the summary at the end.
@@ -188,7 +205,7 @@ def follow(
         source, is_alive, out, every_s, clock, on_end=on_end,
         exit_grace_s=exit_grace_s, poll_s=poll_s, sleep=sleep,
         record_findings=(lambda new: append(recording, new)) if record_findings else None,
-        watch_disk=recording.parent)
+        watch_disk=recording.parent, baseline=baseline)
 
 
 def workers_line(snap: RunSnapshot) -> str:
@@ -217,6 +234,7 @@ def follow_group(
     sleep: Callable[[float], None] = time.sleep,
     record_findings: Callable[[list[Finding]], None] | None = None,
     watch_disk: Path | None = None,
+    baseline: Baseline | None = None,
 ) -> RunSnapshot:
     """:func:`follow` over several workers' recordings merged into one state (``tpuwatch run
     --headless --workers N``): the merged progress line, then one line with each worker (step,
@@ -231,6 +249,7 @@ def follow_group(
     one more at the end if the disk was last seen full).
     """
     state = RunState(clock=clock)
+    state.baseline = baseline
     diag = FindingsFeed(clock, on_new=record_findings)
     next_print = clock() + every_s
     last_key: tuple | None = None

@@ -19,14 +19,14 @@ import math
 import time
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tpuwatch import protocol, rundir
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.recording import iter_recording
 from tpuwatch.monitor.runs import run_alive
-from tpuwatch.monitor.snapshot import RunSnapshot, worker_exit_codes
+from tpuwatch.monitor.snapshot import RunSnapshot, keras_loss, mean_loss, worker_exit_codes
 from tpuwatch.monitor.state import RunState
 from tpuwatch.monitor.stats import percentile
 from tpuwatch.printable import one_line, printable
@@ -61,16 +61,27 @@ class _StepTimes:
     second and last step records for the run's speed: from the end of the first step, which
     traces and compiles, to the end of the last."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_step: Callable[[Step], None] | None = None) -> None:
         self.values = array("d")
         self.first: Step | None = None
         self.last: Step | None = None
+        self.on_step = on_step
+        # examples from the second record on (the span of steps_per_s); a record without its
+        # examples (paced reads) counts at the last known batch, never as zero
+        self.examples = 0
+        self._batch: int | None = None
 
     def add(self, m: Step) -> None:
         self.values.append(m.step_time_s)
+        if m.examples is not None:
+            self._batch = m.examples
         if self.first is None and len(self.values) == 2:
             self.first = m
+        if self.first is not None and self._batch is not None:
+            self.examples += self._batch * m.steps
         self.last = m
+        if self.on_step is not None:
+            self.on_step(m)
 
     def tap(self, messages):
         """Passes ``messages`` through, noting each step record."""
@@ -85,6 +96,15 @@ class _StepTimes:
             return None
         span = last.t - (first.t - first.step_time_s * first.steps)
         return (last.step - first.step + first.steps) / span if span > 0 else None
+
+    def examples_per_s(self) -> float | None:
+        """Examples a second over the span of :meth:`steps_per_s` (None when no record carried
+        its examples)."""
+        first, last = self.first, self.last
+        if first is None or last is None or self._batch is None:
+            return None
+        span = last.t - (first.t - first.step_time_s * first.steps)
+        return self.examples / span if span > 0 else None
 
     def percentiles(self) -> tuple[float | None, float | None]:
         if not self.values:
@@ -134,8 +154,10 @@ def recording_problem(run_dir: str | Path) -> str | None:
     return None
 
 
-def build_report(run_dir: str | Path) -> dict[str, Any]:
+def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = None) -> dict[str, Any]:
     """The report of one run directory. Raises :class:`ReportError` when it holds no run.
+    ``on_step`` sees every step record the run's figures are computed from (``compare``
+    keeps the step times and losses).
 
     A multi-worker group directory (``tpuwatch run --workers N``) is reported merged: every
     worker's recording goes into one state, each message tagged with its worker, and the report
@@ -147,7 +169,7 @@ def build_report(run_dir: str | Path) -> dict[str, Any]:
     meta = rundir.read_meta(run_dir)
     workers = worker_dirs(run_dir)
     if workers is not None:
-        return _build_group_report(run_dir, meta, workers)
+        return _build_group_report(run_dir, meta, workers, on_step)
     problem = recording_problem(run_dir)
     if problem:
         raise ReportError(problem)
@@ -159,7 +181,7 @@ def build_report(run_dir: str | Path) -> dict[str, Any]:
 
     state = RunState()
     diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0)
-    times = _StepTimes()
+    times = _StepTimes(on_step)
     stats = None
     if events.is_file():
         messages, reader = iter_recording(events)
@@ -191,19 +213,20 @@ def _finish_report(state: RunState, diag: FindingsFeed, times: "_StepTimes", met
                                                     else 1 << 62, f.rule))
     report = {
         "run": _run_section(snap, meta, run_dir, running),
-        "summary": _summary_section(snap, p50, p95, steps_per_s, stats),
+        "summary": _summary_section(snap, p50, p95, steps_per_s, times.examples_per_s(), stats),
         "findings": [_finding_dict(f) for f in findings],
     }
     return _json_safe(report)
 
 
-def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[WorkerDir]) -> dict[str, Any]:
+def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[WorkerDir],
+                        on_step: Callable[[Step], None] | None = None) -> dict[str, Any]:
     tagged, stats = read_group(workers)
     if not tagged and not meta:
         raise ReportError(f"{run_dir} holds no recording of any worker")
     state = RunState()
     diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0)
-    times = _StepTimes()
+    times = _StepTimes(on_step)
     primary = workers[0].name if workers else ""
     tap = times.add
     for name, m in tagged:
@@ -228,7 +251,7 @@ def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[Worke
     # strategy.reduce(MEAN) gives every worker) is the mean over all replicas of one step.
     rows = report["summary"]["replica_losses"]
     if rows and len({r["step"] for r in rows}) == 1 and all(r["finite"] for r in rows):
-        report["summary"]["last_loss"] = sum(r["loss"] for r in rows) / len(rows)
+        report["summary"]["last_loss"] = mean_loss([r["loss"] for r in rows])  # the one mean
     report["workers"] = _json_safe(_workers_section(snap_workers, workers, state))
     return report
 
@@ -301,7 +324,7 @@ def _run_section(snap: RunSnapshot, meta: dict[str, Any], run_dir: Path,
 
 
 def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
-                     steps_per_s: float | None, stats: Any) -> dict[str, Any]:
+                     steps_per_s: float | None, examples_per_s: float | None, stats: Any) -> dict[str, Any]:
     return {
         "steps": snap.step,
         "step_records": snap.steps_total,
@@ -309,6 +332,7 @@ def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
         "step_time_p50_s": p50,
         "step_time_p95_s": p95,
         "steps_per_s": steps_per_s,
+        "examples_per_s": examples_per_s,
         "input_wait_share": snap.input_wait_frac_total,
         # the input-bound rule's own figures over every eligible step (docs/diagnostics.md)
         "input_wait": None if snap.input_run is None else {
@@ -318,10 +342,12 @@ def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
             "steps": snap.input_run.steps,
             "verdict": snap.input_run.verdict,
         },
-        "last_loss": snap.loss,
+        "last_loss": snap.loss,  # the mean over replicas of the last step read
+        "keras_epoch_loss": None if (kl := keras_loss(snap)) is None else {
+            "epoch": kl.epoch, "loss": kl.loss, "note": kl.note},
         "retraces": [
             {"name": f.name, "traces": f.traces, "instances": f.instances,
-             "last_change": f.last_change, "last_step": f.last_step}
+             "last_change": f.last_change, "last_step": f.last_step, "evaluation": f.evaluation}
             for f in snap.functions
         ],
         "memory": {
@@ -404,11 +430,17 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         f"steps\t{s['steps']:,}" + (f" of {s['total_steps']:,}" if s.get("total_steps") else ""),
         f"step time\tp50 {fmt_seconds(_num(s['step_time_p50_s']))}, "
         f"p95 {fmt_seconds(_num(s['step_time_p95_s']))}",
-        f"speed\t{fmt_rate(_num(s['steps_per_s']))} (after the first step)",
+        f"speed\t{fmt_rate(_num(s['steps_per_s']))}"
+        + (f", {fmt_rate(_num(s['examples_per_s']), 'examples/s')}" if s.get("examples_per_s") is not None else "")
+        + " (after the first step)",
         f"input wait\t{fmt_pct(_num(s['input_wait_share']))} of step time"
         + (f" ({s['input_wait']['verdict']})" if s.get("input_wait") else ""),
-        f"last loss\t{fmt_loss(_num(s['last_loss']))}",
+        f"loss\t{fmt_loss(_num(s['last_loss']))} (last step, the mean over replicas)",
     ]
+    if s.get("keras_epoch_loss"):
+        k = s["keras_epoch_loss"]
+        rows_sum.append(f"Keras loss\tepoch {k['epoch'] + 1} mean {fmt_loss(_num(k['loss']))}"
+                        + (f" ({k['note']})" if k["note"] else ""))
     mem = s["memory"]
     if mem["devices"]:
         top = max(mem["devices"], key=lambda d: d["peak_bytes"])

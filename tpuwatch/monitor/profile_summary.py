@@ -285,4 +285,4 @@ def recent_input_share(run_dir: Path, nbytes: int = 4 * 1024 * 1024) -> InputSha
             worker = msg.worker
         if not isinstance(msg, Finding):
             eng.apply(msg, worker)
-    return eng.input_shares()[0]
+    return eng.input_figures().recent

@@ -7,8 +7,9 @@ Plain frozen dataclasses with units in the field names; no TensorFlow, no Textua
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal, Mapping, Sequence
 
+from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.protocol import Finding, Retrace
 
@@ -43,13 +44,20 @@ class ReplicaLoss:
 
 @dataclass(frozen=True)
 class FunctionTraces:
-    name: str
+    name: str  # "multi_step_on_iterator", "multi_step_on_iterator (evaluation)"
     traces: int
     instances: int
     last_change: str
     last_signature: str
     last_step: int | None
     t: float
+    evaluation: bool = False  # an evaluation function: its traces are no retraces of training
+
+
+def training_retraces(functions: Sequence[FunctionTraces]) -> int:
+    """Traces beyond each training function's first (evaluation functions left out): the
+    "retraces" figure of the headless line and the report."""
+    return sum(max(0, f.traces - 1) for f in functions if not f.evaluation)
 
 
 @dataclass(frozen=True)
@@ -105,11 +113,12 @@ class WorkerView:
     step: int
     last_step_t: float | None
     step_p50_s: float | None
-    input_wait_frac: float | None
+    input_wait_frac: float | None  # the input-bound rule's figure for this worker
     rss_bytes: int | None
     connected: bool
     exit_code: int | None = None
     exit_signal: int | None = None
+    input_scope: str = ""  # "over the last 30 s" / "over the whole run"
 
 
 @dataclass(frozen=True)
@@ -154,19 +163,25 @@ class RunSnapshot:
     epoch_logs: tuple[tuple[int, Mapping[str, object]], ...] = ()
     last_step_t: float | None = None
     step_time_s: float | None = None  # last record
-    step_p50_s: float | None = None  # rolling window
+    step_p50_s: float | None = None  # rolling window: the last ``step_window`` records
     step_p95_s: float | None = None
+    step_window: int = 0
     steps_per_s: float | None = None
     examples_per_s: float | None = None
     eta_s: float | None = None
-    #: Share of step time waiting for input, by the one definition in
-    #: ``tpuwatch.monitor.diagnostics.input_share`` (the findings' own numbers): over the latest
-    #: window of eligible steps, and over the whole run. Before the first evaluation of the
-    #: findings, the plain rolling share of the latest records.
+    #: Input wait, by the one definition in ``tpuwatch.monitor.diagnostics.input_share`` and
+    #: from its one computation (the findings' own numbers; None before their first evaluation).
+    #: ``input_wait`` is what the ``input-bound`` rule judges now, ``input_scope`` says over
+    #: what ("over the last 30 s" while running, "over the whole run" once ended);
+    #: ``input_wait_frac`` is its share. ``input_recent`` / ``input_run``: the two scopes.
+    input_wait: InputShare | None = None
+    input_scope: str = ""
     input_wait_frac: float | None = None
-    input_wait_frac_total: float | None = None
-    input_recent: InputShare | None = None  # the verdict's evidence (None before the first evaluation)
+    input_wait_frac_total: float | None = None  # input_run's share
+    input_recent: InputShare | None = None
     input_run: InputShare | None = None
+    #: A finished run to show deltas against (``tpuwatch run --baseline RUN``).
+    baseline: Baseline | None = None
     steps_total: int = 0  # training steps recorded (sum over step records)
     # losses
     loss: float | None = None
@@ -198,6 +213,59 @@ class RunSnapshot:
     recording_gaps: tuple[str, ...] = ()  # what the recording may be missing, one line each
     # set by a live viewer (not the recording): the disk under the run directory is full
     disk_full: str = ""
+
+
+def mean_loss(values: Sequence[float]) -> float | None:
+    """The one mean of losses (replicas, workers): a plain mean, so a non-finite value makes it
+    non-finite, as ``strategy.reduce(MEAN)`` and the script's own print do (the agent's
+    ``Step.loss`` is the same mean). None for no values. Where a non-finite replica must not
+    hide the others (the deviation of each replica), the caller averages the finite ones and
+    says so."""
+    if not values:
+        return None
+    return sum(values) / len(values)
+
+
+#: What the loss tpuwatch shows is: the mean over replicas of the last step read.
+LAST_STEP = "last step"
+
+
+def keras_logged_loss_note(keras_version: str, replicas: int | None) -> str:
+    """Why Keras' logged loss may not be the replicas' mean (DESIGN §7): "" when it is."""
+    if not replicas or replicas < 2 or not keras_version[:2] == "3.":
+        return ""
+    try:
+        minor = int(keras_version.split(".")[1])
+    except (IndexError, ValueError):
+        return ""
+    if minor <= 2:
+        return f"Keras {keras_version} logs the sum over replicas"
+    if minor <= 6:
+        return f"Keras {keras_version} logs replica 0's loss"
+    return ""
+
+
+@dataclass(frozen=True)
+class KerasLoss:
+    """Keras' own logged loss at the end of an epoch (its running mean over the epoch)."""
+
+    epoch: int  # 0-based
+    loss: float
+    note: str  # keras_logged_loss_note: "" when it is the replicas' mean
+
+    def describe(self) -> str:
+        """``Keras epoch 2 mean 0.3277 (Keras 3.5.0 logs replica 0's loss)``."""
+        return (f"Keras epoch {self.epoch + 1} mean {self.loss:.4g}"
+                + (f" ({self.note})" if self.note else ""))
+
+
+def keras_loss(s: RunSnapshot) -> KerasLoss | None:
+    """Keras' logged loss at the last epoch end (None outside ``fit`` or before an epoch ended)."""
+    for epoch, logs in reversed(s.epoch_logs):
+        v = logs.get("loss")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return KerasLoss(epoch, float(v), keras_logged_loss_note(s.keras_version, s.replicas))
+    return None
 
 
 def worker_exit_codes(snap: RunSnapshot) -> dict[str, int]:

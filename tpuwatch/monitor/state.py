@@ -23,8 +23,9 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
-from tpuwatch.monitor.diagnostics.input_share import InputShare
-from tpuwatch.monitor.diagnostics.tracing import closest_change, remember_signature
+from tpuwatch.monitor.baseline import Baseline
+from tpuwatch.monitor.diagnostics.input_share import InputFigures
+from tpuwatch.monitor.diagnostics.tracing import closest_change, function_label, remember_signature
 from tpuwatch.monitor.runs import ended_state
 from tpuwatch.monitor.snapshot import (
     CommandStatus,
@@ -37,6 +38,7 @@ from tpuwatch.monitor.snapshot import (
     RunSnapshot,
     RunStatus,
     WorkerView,
+    mean_loss,
 )
 from tpuwatch.monitor.stats import History, Rolling, StepStats
 from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
@@ -184,9 +186,10 @@ class RunState:
         self._workers: dict[str, _Worker] = {}
         self._default_worker: str | None = None
         self._config: dict[str, object] = {}
-        # input wait by the diagnostics' definition, set by the findings feed
-        self._input_recent: InputShare | None = None
-        self._input_run: InputShare | None = None
+        # input wait by the diagnostics' definition, set by the findings feed (the one computation)
+        self._input = InputFigures()
+        #: A finished run the snapshot carries for deltas (``tpuwatch run --baseline``).
+        self.baseline: Baseline | None = None
         self._events: deque[LogEntry] = deque(maxlen=max_events)
         self._commands: dict[str, CommandView] = {}
         self._max_commands = max_commands
@@ -387,21 +390,22 @@ class RunState:
     def _retrace(self, msg: Retrace, w: _Worker) -> None:
         # the change that made TF trace again: against the closest trace it has, as the
         # retrace-storm finding says it (the agent's is against the previous trace)
-        seen = self._signatures.setdefault((w.name, msg.function), [])
+        name = function_label(msg.function, msg.evaluation)
+        seen = self._signatures.setdefault((w.name, name), [])
         if msg.change and not msg.change.startswith("new tf.function object"):
             msg = replace(msg, change=closest_change(seen, msg.signature) or msg.change)
         remember_signature(seen, msg.signature)
         self._retraces.append(msg)
-        prev = self._functions.get(msg.function)
+        prev = self._functions.get(name)
         if prev is None:
-            self._log(msg.t, "info", "retrace", f"traced {msg.function} {msg.signature}", w.name)
+            self._log(msg.t, "info", "retrace", f"traced {name} {msg.signature}", w.name)
         # Several workers trace the same function: keep the largest counts seen.
         traces = max(msg.traces, prev.traces if prev else 0)
         instances = max(msg.instances, prev.instances if prev else 0)
-        self._functions[msg.function] = FunctionTraces(
-            name=msg.function, traces=traces, instances=instances,
+        self._functions[name] = FunctionTraces(
+            name=name, traces=traces, instances=instances,
             last_change=msg.change or (prev.last_change if prev else ""),
-            last_signature=msg.signature, last_step=msg.step, t=msg.t)
+            last_signature=msg.signature, last_step=msg.step, t=msg.t, evaluation=msg.evaluation)
 
     def _epoch_msg(self, msg: Epoch, w: _Worker) -> None:
         if msg.phase == "begin":
@@ -578,10 +582,11 @@ class RunState:
             return "stopped" if "stopped" in statuses else "finished"
         return "waiting"
 
-    def set_input_shares(self, recent: InputShare | None, run: InputShare | None) -> None:
-        """Input wait as the diagnostics engine measures it (latest window, whole run): the
-        snapshot quotes these so every view shows the findings' numbers."""
-        self._input_recent, self._input_run = recent, run
+    def set_input_figures(self, figures: InputFigures) -> None:
+        """Input wait as the diagnostics engine measures it: the snapshot quotes these, and only
+        these, so every view (header, panels, Workers, headless lines, report) shows the
+        findings' numbers."""
+        self._input = figures
 
     def snapshot(self, now: float | None = None) -> RunSnapshot:
         """An immutable view of the run at ``now`` (unix seconds; default: the clock)."""
@@ -632,12 +637,7 @@ class RunState:
         for w in workers:
             if w.topology:
                 devices += w.topology.devices
-        wait_frac = roll.input_wait_frac
-        wait_total = stats.input_wait_frac_total()
-        if self._input_recent is not None:
-            wait_frac = self._input_recent.share
-        if self._input_run is not None:
-            wait_total = self._input_run.share
+        inp = self._input
         replica_losses = self._replica_losses(workers)
 
         return RunSnapshot(
@@ -678,15 +678,20 @@ class RunState:
             step_time_s=last.step_time_s if last else None,
             step_p50_s=roll.step_p50_s,
             step_p95_s=roll.step_p95_s,
+            step_window=stats.window_records,
             steps_per_s=steps_per_s,
             examples_per_s=examples_per_s,
             eta_s=eta,
-            input_wait_frac=wait_frac,
-            input_wait_frac_total=wait_total,
-            input_recent=self._input_recent,
-            input_run=self._input_run,
+            input_wait=inp.shown,
+            input_scope=inp.scope,
+            input_wait_frac=inp.shown.share if inp.shown else None,
+            input_wait_frac_total=inp.run.share if inp.run else None,
+            input_recent=inp.recent,
+            input_run=inp.run,
+            baseline=self.baseline,
             steps_total=stats.steps_total,
-            loss=_mean_loss(replica_losses) if len(workers) > 1 else (p.last_losses.loss if p.last_losses else None),
+            loss=(mean_loss([r.loss for r in replica_losses]) if len(workers) > 1
+                  else p.last_losses.loss if p.last_losses else None),
             loss_step=max((r.step for r in replica_losses), default=None),
             replica_losses=replica_losses,
             history=stats.history.points(),
@@ -724,8 +729,11 @@ class RunState:
             devs = topo.devices if topo else ()
             for i, v in enumerate(m.replica_losses):
                 rows.append((base + i, devs[i] if i < len(devs) else "", w.name, v, m.step))
-        finite = [r[3] for r in rows if math.isfinite(r[3])]
-        mean = sum(finite) / len(finite) if finite else math.nan
+        # each replica's deviation from the finite replicas' mean (a NaN replica is flagged, and
+        # must not make every other deviation NaN)
+        mean = mean_loss([r[3] for r in rows if math.isfinite(r[3])])
+        if mean is None:
+            mean = math.nan
         return tuple(
             ReplicaLoss(index=i, device=d, worker=wn, loss=v,
                         deviation=(v - mean) if math.isfinite(v) else math.nan,
@@ -736,6 +744,7 @@ class RunState:
         if roll is None:
             roll = w.stats.rolling()
         hello = w.hello
+        wait, wait_scope = self._input.of_worker(w.name)
         return WorkerView(
             name=w.name,
             host=hello.host if hello else "",
@@ -744,7 +753,8 @@ class RunState:
             step=w.last_step.step if w.last_step else 0,
             last_step_t=w.last_step.t if w.last_step else None,
             step_p50_s=roll.step_p50_s,
-            input_wait_frac=roll.input_wait_frac,
+            input_wait_frac=wait.share if wait else None,
+            input_scope=wait_scope,
             rss_bytes=w.host.rss_bytes if w.host else None,
             connected=w.connected,
             exit_code=w.exit.exit_code if w.exit else None,
@@ -757,14 +767,6 @@ def _device_memory(worker: str, msg: DeviceSample) -> DeviceMemory:
         device=msg.device, worker=worker, current_bytes=msg.current_bytes, peak_bytes=msg.peak_bytes,
         limit_bytes=msg.limit_bytes, source=msg.source, limit_source=msg.limit_source,
         duty_cycle_pct=msg.duty_cycle_pct, t=msg.t)
-
-
-def _mean_loss(rows: tuple[ReplicaLoss, ...]) -> float | None:
-    """The mean over every replica of every worker (what strategy.reduce(MEAN) gives globally)."""
-    if not rows:
-        return None
-    values = [r.loss for r in rows]
-    return sum(values) / len(values)
 
 
 def _fmt_scalar(v: object) -> str:

@@ -4,8 +4,9 @@ Everything here is O(1) amortised per record and O(1) in memory over a run of an
 a viewer can follow a million-step run (or load its recording) without growing:
 
 - :func:`percentile` on a small sorted sample (linear interpolation, like numpy's default);
-- :class:`StepStats`: a ring of the last ``window`` records for rolling p50/p95 and input-wait
-  share, a time window for steps/s and examples/s, and a :class:`History` for plots;
+- :class:`StepStats`: a ring of the last ``window`` records for rolling p50/p95, a time window
+  for steps/s and examples/s, and a :class:`History` for plots (input wait has one computation,
+  the diagnostics' :mod:`~tpuwatch.monitor.diagnostics.input_share`);
 - :class:`History`: at most ``max_points`` buckets; when full, neighbouring buckets are merged
   pairwise and each new bucket covers twice as many records.
 """
@@ -17,25 +18,21 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
+from tpuwatch.monitor.diagnostics.robust_stats import quantile
 from tpuwatch.monitor.snapshot import StepPoint
 from tpuwatch.protocol import Step
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) of already sorted values, linearly interpolated.
-
-    ``percentile(v, 50)`` is the median. Raises ``ValueError`` on an empty sequence.
+    """The ``q``-th percentile (0..100) of already sorted values, linearly interpolated: the one
+    quantile (:func:`~tpuwatch.monitor.diagnostics.robust_stats.quantile`), so ``percentile(v, 50)``
+    is the one median. Raises ``ValueError`` on an empty sequence.
     """
-    n = len(sorted_values)
-    if n == 0:
+    if not sorted_values:
         raise ValueError("percentile of no values")
     if not 0.0 <= q <= 100.0:
         raise ValueError(f"percentile q must be within 0..100, got {q}")
-    pos = (n - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, n - 1)
-    frac = pos - lo
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+    return quantile(sorted_values, q / 100.0)
 
 
 class _Bucket:
@@ -185,7 +182,6 @@ class Rolling:
 
     step_p50_s: float | None
     step_p95_s: float | None
-    input_wait_frac: float | None  # share of step time spent waiting for input
     steps_per_s: float | None
     examples_per_s: float | None
 
@@ -209,12 +205,12 @@ class StepStats:
         # (t, global step, cumulative examples) for rates
         self._rate: deque[tuple[float, int, int]] = deque(maxlen=rate_max_records)
         self._examples = 0
+        # examples per step of the latest record that carried them: a record without (the agent
+        # paces its reads) is a step of the same batch, not a step of no examples
+        self._batch: int | None = None
         self.history = History(history_points)
         self.records = 0
         self.steps_total = 0  # training steps seen (sum of Step.steps)
-        self.time_total_s = 0.0  # sum of step time (per-step time x steps)
-        self.wait_total_s = 0.0
-        self.wait_steps_total = 0
         self.first: Step | None = None
         self.last: Step | None = None
         self._rolling: tuple[int, Rolling] | None = None  # (records when computed, figures)
@@ -227,16 +223,21 @@ class StepStats:
         self.records += 1
         k = msg.steps
         self.steps_total += k
-        self.time_total_s += msg.step_time_s * k
-        wait = msg.input_wait_s
-        if wait is not None:
-            self.wait_total_s += wait * k
-            self.wait_steps_total += k
-        if msg.examples is not None:
-            self._examples += msg.examples * k
+        batch = msg.examples
+        if batch is not None:
+            self._batch = batch
+        elif self._batch is not None:
+            batch = self._batch
+        if batch is not None:
+            self._examples += batch * k
         self._recent.append(msg)
         self._rate.append((msg.t, msg.step, self._examples))
         self.history.add(msg)
+
+    @property
+    def window_records(self) -> int:
+        """Records the rolling p50/p95 are over now (at most ``window``)."""
+        return len(self._recent)
 
     def recent(self) -> tuple[Step, ...]:
         return tuple(self._recent)
@@ -252,19 +253,12 @@ class StepStats:
     def _compute_rolling(self) -> Rolling:
         recent = self._recent
         if not recent:
-            return Rolling(None, None, None, None, None)
+            return Rolling(None, None, None, None)
         times = sorted(s.step_time_s for s in recent)
-        waited = any(s.input_wait_s is not None for s in recent)
-        wait_sum = sum(s.input_wait_s * s.steps for s in recent if s.input_wait_s is not None)
-        wait_time = sum(s.step_time_s * s.steps for s in recent if s.input_wait_s is not None)
-        frac = None  # the share is over the records that measured their wait
-        if waited and wait_time > 0:
-            frac = min(1.0, wait_sum / wait_time)
         steps_per_s, examples_per_s = self._rates()
         return Rolling(
             step_p50_s=percentile(times, 50),
             step_p95_s=percentile(times, 95),
-            input_wait_frac=frac,
             steps_per_s=steps_per_s,
             examples_per_s=examples_per_s,
         )
@@ -276,7 +270,7 @@ class StepStats:
             last = self.last
             if last is not None and last.step_time_s > 0:
                 sps = 1.0 / last.step_time_s
-                return sps, (sps * last.examples if last.examples is not None else None)
+                return sps, (sps * self._batch if self._batch is not None else None)
             return None, None
         t_end, step_end, ex_end = rate[-1]
         # Drop records older than the window, but keep two to measure between.
@@ -287,11 +281,5 @@ class StepStats:
         if dt <= 0:
             return None, None
         sps = (step_end - step0) / dt
-        eps = (ex_end - ex0) / dt if self._examples else None
+        eps = (ex_end - ex0) / dt if self._batch is not None else None
         return sps, eps
-
-    def input_wait_frac_total(self) -> float | None:
-        """Share of step time waiting for input over the whole run (steps that measured it)."""
-        if not self.wait_steps_total or self.time_total_s <= 0:
-            return None
-        return min(1.0, self.wait_total_s / self.time_total_s)

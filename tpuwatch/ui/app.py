@@ -30,6 +30,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input
 
 from tpuwatch import rundir
+from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.recording import append
@@ -160,8 +161,10 @@ class TpuwatchApp(App[str]):
         keymap: Mapping[str, str] | None = None,
         handle_hangup: bool = False,
         record_findings: bool = False,
+        baseline: Baseline | None = None,
     ) -> None:
         super().__init__()
+        self._baseline = baseline
         #: Append new findings to the recording: only the process that owns the run does.
         self._record_findings = record_findings
         self._handle_hangup = handle_hangup
@@ -178,6 +181,7 @@ class TpuwatchApp(App[str]):
         self._pacer = Pacer(SHOW_PERIOD_S if refresh_hz > 0 else 0.0)
         self._replay_key: tuple = ()
         self._state = RunState(clock=clock)
+        self._state.baseline = baseline
         self._findings = FindingsFeed(clock, on_new=self._on_new_findings)
         self._replay: ReplayControl | None = source if isinstance(source, ReplayControl) else None
         self._generation = self._replay.generation if self._replay else 0
@@ -268,6 +272,7 @@ class TpuwatchApp(App[str]):
             self._generation = replay.generation
             self._pacer.reset()
             self._state = RunState(clock=self._clock)
+            self._state.baseline = self._baseline
             self._findings = FindingsFeed(self._clock, on_new=self._on_new_findings)
         apply = self._state.apply
         diagnose = self._findings.apply
@@ -704,6 +709,7 @@ def run_dashboard(
     title: str | None = None,
     keymap: Mapping[str, str] | None = None,
     record_findings: bool = False,
+    baseline: Baseline | None = None,
 ) -> DashboardResult:
     """Shows the dashboard until the user leaves; returns what they chose.
 
@@ -712,7 +718,7 @@ def run_dashboard(
     as ``"detach"`` on a live run: training is never stopped because the viewer went away.
     """
     app = TpuwatchApp(source, run_dir=run_dir, title=title, keymap=keymap, handle_hangup=True,
-                      record_findings=record_findings)
+                      record_findings=record_findings, baseline=baseline)
     # A closed terminal must not hang Textual's shutdown (see tpuwatch/ui/hangup_driver.py).
     app.driver_class = hangup_safe(app.driver_class)
     try:

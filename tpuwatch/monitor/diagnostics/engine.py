@@ -17,6 +17,7 @@ the length of the run.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 from tpuwatch.protocol import (
@@ -36,12 +37,12 @@ from tpuwatch.protocol import (
 
 from .crash import ScriptCrash
 from .input_pipeline import InputBound
-from .input_share import InputShare, combine, recent_share
+from .input_share import InputFigures, combine, recent_share
 from .loss import LossNonfinite, ReplicaLossSkew
 from .memory import DeviceMemoryHeadroom, HostMemoryGrowth
 from .progress import Stall, StepTimeJitter
 from .rule import Rule
-from .telemetry import Telemetry, WorkerTelemetry
+from .telemetry import WHOLE_RUN, Telemetry, WorkerTelemetry
 from .thresholds import Thresholds
 from .tpu_config import BatchSizeAlignment, Float32OnTpu
 from .tracing import FunctionRecreated, RetraceStorm
@@ -171,8 +172,13 @@ class Engine:
         if self._applied != self._checked_at:
             self._check_all()  # something arrived since the last check
         new: list[Finding] = []
+        several = len(self.telemetry.step_workers()) > 1
         for rule in self.rules:
             for subject, f in rule.current(self.telemetry, now).items():
+                if several and f.worker and f.worker not in f.message:
+                    # a finding about one worker of several says whose figures these are (the
+                    # merged summary beside it speaks for all of them)
+                    f = replace(f, message=f"{f.worker}: {f.message}")
                 key = (rule.id, subject)
                 self._current[key] = f
                 shown = (f.severity, f.message)
@@ -181,13 +187,22 @@ class Engine:
                     new.append(f)
         return _worst_first(new)
 
-    def input_shares(self) -> tuple[InputShare | None, InputShare | None]:
-        """Input wait over the live verdict's window (the last 30 s of eligible steps) and over
-        the whole run, all workers together (the definition in :mod:`.input_share`)."""
+    def input_figures(self) -> InputFigures:
+        """Every input-wait figure, all workers together and each on its own, as the
+        ``input-bound`` rule computes them (the definition in :mod:`.input_share`)."""
         th = self.thresholds
         ws = self.telemetry.step_workers()
-        return (combine((recent_share(w.window, th)[0] for w in ws), th),
-                combine((w.input_totals.share(th) for w in ws), th))
+        recents = [recent_share(w.window, th) for w in ws]  # O(window) each: once per worker
+        per = tuple((w.name, w.input_totals.share(th), WHOLE_RUN) if w.ended else (w.name, *recent)
+                    for w, recent in zip(ws, recents))
+        running = [scope for _, _, scope in per if scope != WHOLE_RUN]
+        return InputFigures(
+            shown=combine((share for _, share, _ in per), th),
+            scope=running[0] if running else (WHOLE_RUN if per else ""),
+            recent=combine((share for share, _ in recents), th),
+            run=combine((w.input_totals.share(th) for w in ws), th),
+            workers=per,
+        )
 
     def findings(self) -> list[Finding]:
         """The current findings (latest per rule and subject, as of the last

@@ -51,7 +51,7 @@ class FindingsFeed:
             return []
         self._next_t = now + self.every_s
         new = self.engine.evaluate(now)
-        state.set_input_shares(*self.engine.input_shares())
+        state.set_input_figures(self.engine.input_figures())
         for f in new:
             state.add_finding(f, f.worker)
         if new and self.on_new is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tpuwatch.protocol import Finding, Severity
 from tpuwatch.units import finding_ms
 
-from .input_share import InputShare, recent_share
+from .input_share import InputShare
 from .robust_stats import sig
 from .rule import Rule
 from .telemetry import Telemetry
@@ -36,11 +36,7 @@ class InputBound(Rule):
 
     def check(self, tel: Telemetry) -> None:
         for w in tel.step_workers():
-            if w.ended:
-                self._judge(w.name, w.last_step_t or 0.0, w.input_totals.share(self.th),
-                            "over the whole run")
-            else:
-                self._judge(w.name, w.last_step_t or 0.0, *recent_share(w.window, self.th))
+            self._judge(w.name, w.last_step_t or 0.0, *w.input_share())
 
     def _judge(self, worker: str, t: float, s: InputShare | None, scope: str) -> None:
         th = self.th

@@ -55,6 +55,27 @@ class InputShare:
                 f"{self.steps} steps)")
 
 
+@dataclass(frozen=True)
+class InputFigures:
+    """Every input-wait figure a viewer shows, from one computation (the engine's).
+
+    ``shown`` is what the ``input-bound`` rule judges now, in words ``scope``: the latest window
+    while the run goes on, every eligible step once it has ended. ``recent`` and ``run`` are the
+    two scopes for views that show both; ``workers`` is ``shown``'s per-worker counterpart."""
+
+    shown: InputShare | None = None
+    scope: str = ""
+    recent: InputShare | None = None
+    run: InputShare | None = None
+    workers: tuple[tuple[str, InputShare | None, str], ...] = ()
+
+    def of_worker(self, name: str) -> tuple[InputShare | None, str]:
+        for n, share, scope in self.workers:
+            if n == name:
+                return share, scope
+        return None, ""
+
+
 class InputTotals:
     """Running sums over eligible records, keeping the record with the largest wait apart."""
 

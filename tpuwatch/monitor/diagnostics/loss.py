@@ -9,7 +9,7 @@ from typing import Any, Sequence, TypeAlias, cast
 
 from tpuwatch.protocol import Finding, Message, Step
 
-from .robust_stats import sig
+from .robust_stats import quantile, sig
 from .rule import Rule
 from .telemetry import Telemetry, WorkerTelemetry
 from .thresholds import Thresholds
@@ -346,6 +346,5 @@ class ReplicaLossSkew(Rule):
 
 
 def _median_sorted(s: list[float]) -> float:
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+    return quantile(s, 0.5)  # the one median (robust_stats): the two middle values averaged
 

@@ -21,12 +21,15 @@ from tpuwatch.protocol import (
     Topology,
 )
 
-from .input_share import InputTotals
+from .input_share import InputShare, InputTotals, recent_share
 from .thresholds import Thresholds
 
 #: One eligible step record in a window:
 #: (step, t, step_time_s, input_wait_s or None, steps, function name).
 Rec = tuple[int, float, float, "float | None", int, str]
+
+#: The scope of a figure over every eligible step of a run (the words shown beside it).
+WHOLE_RUN = "over the whole run"
 
 _MAX_EXAMPLE_SIZES = 16  # distinct Step.examples values remembered (batch sizes seen)
 _MAX_FIRST_FUNCTIONS = 16  # step functions whose first step times are kept (trend baselines)
@@ -193,6 +196,13 @@ class WorkerTelemetry:
     @property
     def ended(self) -> bool:
         return self.exit is not None or self.exception_seen
+
+    def input_share(self) -> tuple[InputShare | None, str]:
+        """This worker's input wait as the ``input-bound`` rule judges it, with its scope in
+        words: the latest window while the worker runs, every eligible step once it has ended."""
+        if self.ended:
+            return self.input_totals.share(self.th), WHOLE_RUN
+        return recent_share(self.window, self.th)
 
     def replica_offset(self) -> int:
         """Global index of this worker's first replica (0 without a topology)."""

@@ -47,6 +47,13 @@ class FunctionHistory:
         return self.traces - self.instances - self.variable_traces - allowed_per_instance * self.instances
 
 
+def function_label(name: str, evaluation: bool) -> str:
+    """How a traced function is named everywhere: an evaluation function (``Retrace.evaluation``)
+    apart from the training function of the same name (Keras names both
+    ``multi_step_on_iterator``)."""
+    return f"{name} (evaluation)" if evaluation else name
+
+
 class _TracingRule(Rule):
     observes = (Retrace,)
 
@@ -56,10 +63,11 @@ class _TracingRule(Rule):
 
     def observe(self, msg: Message, w: WorkerTelemetry, tel: Telemetry) -> None:
         assert isinstance(msg, Retrace)
-        key = (w.name, msg.function)
+        label = function_label(msg.function, msg.evaluation)
+        key = (w.name, label)
         h = self.functions.get(key)
         if h is None:
-            h = self.functions[key] = FunctionHistory(msg.function, w.name)
+            h = self.functions[key] = FunctionHistory(label, w.name)
         h.traces = max(h.traces, msg.traces)
         h.instances = max(h.instances, msg.instances, 1)
         h.t = msg.t

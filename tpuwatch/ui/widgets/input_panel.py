@@ -1,7 +1,8 @@
 """Input pipeline: how much of each step waits for data.
 
-The numbers and the verdict are the diagnostics' own (``snapshot.input_recent``, defined in
-``tpuwatch.monitor.diagnostics.input_share``): xprof's 5 % / 20 % of step time (a wait under
+The numbers and the verdict are the diagnostics' own (``snapshot.input_wait``, defined in
+``tpuwatch.monitor.diagnostics.input_share``; the last 30 s while the run goes on, the whole run
+once it has ended, and the panel says which): xprof's 5 % / 20 % of step time (a wait under
 0.1 ms per step is noise) and 20 steps of evidence, so the panel never contradicts the ``input-bound`` finding.
 """
 
@@ -23,9 +24,9 @@ _TH = Thresholds()
 
 
 def input_level(s: RunSnapshot) -> WaitLevel:
-    """The verdict of the ``input-bound`` rule over the latest eligible steps ("unknown" until
-    the findings were first evaluated)."""
-    return s.input_recent.level if s.input_recent is not None else "unknown"
+    """The verdict of the ``input-bound`` rule now ("unknown" until the findings were first
+    evaluated)."""
+    return s.input_wait.level if s.input_wait is not None else "unknown"
 
 
 _STYLE: dict[WaitLevel, str] = {"high": "$error bold", "moderate": "$warning bold", "low": "", "unknown": "dim"}
@@ -60,7 +61,7 @@ def wait_series(s: RunSnapshot) -> BarSeries:
 def input_text(s: RunSnapshot) -> Content:
     if s.step_time_s is None:
         return Content.styled("no steps yet", "dim")
-    share = s.input_recent
+    share = s.input_wait
     level = input_level(s)
     style = _STYLE[level]
     if share is None:
@@ -75,6 +76,8 @@ def input_text(s: RunSnapshot) -> Content:
         Content.assemble(("mean ", "dim"), units.duration(share.wait_per_step_s), (" of ", "dim"),
                          units.duration(share.step_time_s), (f" per step · {share.steps} steps", "dim")),
     ]
+    if s.input_scope:
+        lines.append(Content.styled(s.input_scope, "dim"))
     return Content("\n").join(lines)
 
 

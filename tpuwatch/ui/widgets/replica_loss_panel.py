@@ -10,7 +10,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from tpuwatch import units
-from tpuwatch.monitor.snapshot import ReplicaLoss, RunSnapshot
+from tpuwatch.monitor.snapshot import LAST_STEP, ReplicaLoss, RunSnapshot, keras_loss, mean_loss
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
 from tpuwatch.ui.widgets.panel import EXPANDED_ROWS, Panel
 
@@ -18,11 +18,6 @@ from tpuwatch.ui.widgets.panel import EXPANDED_ROWS, Panel
 #: off on one step is noise near zero loss; the skew rule decides what is persistent.
 LOSS_RULES = ("loss-nonfinite", "replica-loss-skew")
 _SEVERITY_CLASS = {"critical": "-critical", "warning": "-warning"}
-
-
-def _mean(s: RunSnapshot) -> float | None:
-    finite = [r.loss for r in s.replica_losses if r.finite]
-    return sum(finite) / len(finite) if finite else None
 
 
 def flagged_replicas(s: RunSnapshot) -> set[int]:
@@ -77,17 +72,22 @@ def pick_rows(replicas: tuple[ReplicaLoss, ...], room: int) -> tuple[list[Replic
 def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
     if not s.replica_losses:
         if s.loss is not None:
-            return Content.assemble(("loss ", "dim"), units.loss(s.loss), ("  (no per-replica values)", "dim"))
+            return Content.assemble(("loss ", "dim"), units.loss(s.loss),
+                                    (f"  {LAST_STEP} (no per-replica values)", "dim"))
         return Content.styled("no losses yet", "dim")
-    mean = _mean(s)
+    mean = mean_loss([r.loss for r in s.replica_losses])  # the one mean (a NaN replica shows)
     loss_step = s.replica_losses[0].step
     lines = [
         Content.assemble(
             ("mean ", "dim"), (units.loss(mean), "bold"),
-            (f"  step {units.integer(loss_step)}", "dim"),
+            (f"  {LAST_STEP} {units.integer(loss_step)}", "dim"),
             ("  stale: no loss since" if loss_stale(s) else "", "$warning"),
         )
     ]
+    keras = keras_loss(s)
+    if keras is not None and rows > 2:
+        # Keras' own figure beside tpuwatch's, saying what it is (and when it is not the mean)
+        lines.append(Content.styled(keras.describe(), "$warning" if keras.note else "dim"))
     flagged = flagged_replicas(s)
     epoch = epoch_line(s)
     if epoch is not None and rows > 2:

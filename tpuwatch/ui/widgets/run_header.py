@@ -8,6 +8,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from tpuwatch import units
+from tpuwatch.monitor.baseline import deltas
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.printable import one_line
 from tpuwatch.ui.printable_content import printable_content
@@ -113,6 +114,8 @@ def _progress_parts(s: RunSnapshot) -> list[str]:
         parts.append(f"{units.count(s.examples_per_s)} ex/s")
     if s.eta_s is not None and s.status == "running":
         parts.append(f"ETA {units.clock(s.eta_s)}")
+    if s.status in ("running", "stalled"):
+        parts.extend(deltas(s))
     return parts
 
 

@@ -7,10 +7,16 @@ from textual.content import Content
 from textual.widgets import Static
 
 from tpuwatch import units
+from tpuwatch.monitor.diagnostics.robust_stats import median
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
 from tpuwatch.ui.widgets.input_panel import input_level, input_style, wait_series
 from tpuwatch.ui.widgets.panel import Panel
+
+
+def step_scope(s: RunSnapshot) -> str:
+    """``p50/p95: last 200 records`` (empty before the first step)."""
+    return f"p50/p95: last {units.integer(s.step_window)} records" if s.step_window else ""
 
 
 def step_time_text(s: RunSnapshot, width: int = 80) -> Content:
@@ -36,11 +42,6 @@ def step_time_text(s: RunSnapshot, width: int = 80) -> Content:
 COMPILE_RATIO = 3.0
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else 0.0
-
-
 def step_series(s: RunSnapshot) -> BarSeries:
     values = tuple(p.step_time_s for p in s.history)
     finite = [v for v in values if v == v]
@@ -48,7 +49,7 @@ def step_series(s: RunSnapshot) -> BarSeries:
     # window's p95): it is left out of the scale and marked, so later steps are not all "▁".
     rest = finite[1:]
     marked: tuple[int, ...] = ()
-    if rest and finite[0] > COMPILE_RATIO * _median(rest):
+    if rest and finite[0] > COMPILE_RATIO * median(rest):
         marked = (0,)
         finite = rest
     top = max(finite, default=0.0)
@@ -78,6 +79,8 @@ class StepTimePanel(Panel):
         return "-stale" if snapshot.status == "stalled" else None
 
     def update_extra(self, snapshot: RunSnapshot) -> None:
+        # p50/p95 are over the latest records, the report's over the whole run: say which
+        self.border_subtitle = step_scope(snapshot)
         self.query_one("#step-bars", HistoryBars).series = step_series(snapshot)
         wait = self.query_one("#wait-bars", HistoryBars)
         wait.series = wait_series(snapshot)

@@ -2,7 +2,8 @@
 
 Each row: the worker, its state (a dead one says how it ended: ``crashed (exit 137)``, ``lost``,
 ``disconnected``), its step, median step time, input-wait share, host RSS and device memory,
-and a ``straggler`` mark when the ``straggler-host`` rule names it. In synchronous training every
+a ``straggler`` mark when the ``straggler-host`` rule names it, and the rules of the findings about
+that worker alone (``input-bound``). In synchronous training every
 worker's step time equalises to the slowest one's, so the input-wait column is the telling one.
 """
 
@@ -30,6 +31,20 @@ def stragglers(s: RunSnapshot) -> dict[str, str]:
         excess = f.evidence.get("excess_ms")
         label = metric.replace("_", " ")
         out[name] = f"{label} +{excess:g} ms" if isinstance(excess, (int, float)) else label
+    return out
+
+
+def worker_findings(s: RunSnapshot) -> dict[str, list[str]]:
+    """Worker -> the rules (warning or worse, straggler-host apart) whose finding is about that
+    worker alone, so the row of the worker a finding speaks of says so."""
+    out: dict[str, list[str]] = {}
+    if len(s.workers) < 2:
+        return out
+    for f in s.findings:
+        if f.worker and f.rule != "straggler-host" and f.severity in ("warning", "critical"):
+            rules = out.setdefault(f.worker, [])
+            if f.rule not in rules:
+                rules.append(f.rule)
     return out
 
 
@@ -64,6 +79,7 @@ def workers_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
         return Content.styled("no worker has reported yet", "dim")
     codes = worker_exit_codes(s)
     slow = stragglers(s)
+    named = worker_findings(s)
     dev: dict[str, int] = {}
     for d in s.device_memory:
         dev[d.worker] = dev.get(d.worker, 0) + d.current_bytes
@@ -90,6 +106,8 @@ def workers_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
         if w.name in slow:
             tag = Content.styled(f"straggler: {slow[w.name]}", "$warning bold")
             extras.insert(0, tag + " ")
+        if w.name in named:
+            extras.insert(0, Content.styled(", ".join(named[w.name]), "$warning bold") + " ")
         for extra in extras:
             if line.cell_length + extra.cell_length <= width:
                 line += extra
@@ -104,6 +122,11 @@ class WorkersPanel(Panel):
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
         return workers_text(snapshot, rows, width)
+
+    def update_extra(self, snapshot: RunSnapshot) -> None:
+        # each row's input share is the input-bound rule's for that worker: say over what
+        scopes = {w.input_scope for w in snapshot.workers if w.input_scope}
+        self.border_subtitle = f"input {scopes.pop()}" if len(scopes) == 1 else ""
 
     def on_mount(self) -> None:
         self.styles.column_span = 3  # a whole row of the wide grid; one cell of the narrow one

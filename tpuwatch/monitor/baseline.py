@@ -1,0 +1,56 @@
+"""A finished run to measure a live one against (``tpuwatch run --baseline RUN``).
+
+:class:`Baseline` holds the finished run's whole-run figures, as ``tpuwatch report`` gives them;
+:func:`deltas` says how the live run differs, for the header and the headless line. The live
+figures are the snapshot's own (rolling step p50, steps/s and examples/s over the last 30 s, the
+input-bound rule's input wait), so the words say "now".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tpuwatch.monitor.snapshot import RunSnapshot
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Whole-run figures of a finished run (None where it had none)."""
+
+    run_id: str
+    step_p50_s: float | None
+    steps_per_s: float | None
+    examples_per_s: float | None
+    input_wait_share: float | None
+
+    @property
+    def label(self) -> str:
+        """A short name: the run id's last part (``20250615-120000-train-ab12`` -> ``ab12``)."""
+        return self.run_id.rsplit("-", 1)[-1] if self.run_id else "baseline"
+
+
+def _rel(now: float | None, then: float | None) -> str | None:
+    if now is None or then is None or then <= 0:
+        return None
+    return f"{(now - then) / then:+.0%}"
+
+
+def deltas(s: RunSnapshot) -> list[str]:
+    """``["vs ab12: p50 -12%", "steps/s +14%", "ex/s +14%", "input -8 pt"]`` (empty without a
+    baseline or before the live run has steps)."""
+    b = s.baseline
+    if b is None or not s.step:
+        return []
+    parts = []
+    for name, now, then in (("p50", s.step_p50_s, b.step_p50_s), ("steps/s", s.steps_per_s, b.steps_per_s),
+                            ("ex/s", s.examples_per_s, b.examples_per_s)):
+        rel = _rel(now, then)
+        if rel is not None:
+            parts.append(f"{name} {rel}")
+    if s.input_wait_frac is not None and b.input_wait_share is not None:
+        parts.append(f"input {100 * (s.input_wait_frac - b.input_wait_share):+.0f} pt")
+    if not parts:
+        return []
+    return [f"vs {b.label}: {parts[0]}", *parts[1:]]
