@@ -306,10 +306,10 @@ class StepProbe:
             else:
                 # Evaluation, prediction, setup: neither their time nor their in-graph fetches
                 # belong to a training step. Training paused: the last step's losses may be due.
-                probe.eager_wait_s = 0.0
+                fetched_s, probe.eager_wait_s = probe.eager_wait_s, 0.0
                 probe.eager_examples = None
                 try:
-                    agent.phases.other_call(flags["_name"], start)
+                    agent.phases.other_call(flags["_name"], start - fetched_s)  # its batch's fetch too
                     if probe.accumulator is not None and "acc" in flags:
                         probe.acc_last = probe.read_accumulator().tolist()
                         probe._acc_unread_steps = 0

@@ -29,6 +29,7 @@ from tpuwatch.protocol import (
     Finding,
     HostSample,
     Message,
+    Phase,
     Retrace,
     Step,
     Topology,
@@ -139,6 +140,8 @@ class Engine:
             w.on_retrace()
         elif isinstance(msg, Epoch):
             w.on_epoch(msg)
+        elif isinstance(msg, Phase):
+            w.on_phase(msg)
         elif isinstance(msg, Topology):
             tel.on_topology(w, msg)
         elif isinstance(msg, Config):
