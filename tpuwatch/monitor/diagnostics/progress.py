@@ -134,8 +134,9 @@ class Stall(Rule):
         f = self._found.get(worker)
         if f is not None and f.evidence.get("ongoing") == 1 and tel is not None:
             w = tel.workers.get(worker)
-            if w is not None and w.last_step_t is not None:
-                out.append((w.last_step_t, now if now is not None else w.last_step_t + float(f.evidence["gap_s"])))
+            gap = f.evidence.get("gap_s")
+            if w is not None and w.last_step_t is not None and isinstance(gap, (int, float)):
+                out.append((w.last_step_t, now if now is not None else w.last_step_t + float(gap)))
         return out
 
     def _finished_after_last_step(self, w: WorkerTelemetry) -> None:
