@@ -318,3 +318,68 @@ def ledger_of(messages: Iterable[Message | tuple[str, Message]],
         b.apply(msg)
     stalls = stalls or {}
     return merge([(name, b.ledger(stalls.get(name, ()))) for name, b in builders.items() if b.steps or b.exit_t])
+
+
+# --- text: one rendering for the headless line, the summary, the report and the panel ----------
+
+@dataclass(frozen=True)
+class LedgerRow:
+    bucket: str
+    label: str
+    seconds: float
+    share: float  # of the wall time
+    rule: str  # the finding that explains it, when one is present ("" otherwise)
+
+
+def rows(ledger: Ledger, finding_rules: Iterable[str] = (), *, all_buckets: bool = False) -> list[LedgerRow]:
+    """The buckets in :data:`BUCKETS` order (those under 0.05% of the wall time left out unless
+    ``all_buckets``), each pointing to the finding rule among ``finding_rules`` that explains it."""
+    present = set(finding_rules)
+    out = []
+    for b in BUCKETS:
+        seconds = ledger.buckets.get(b, 0.0)
+        share = ledger.share(b)
+        if not all_buckets and abs(share) < 0.0005:
+            continue
+        rule = RULE_OF.get(b, "")
+        out.append(LedgerRow(b, LABELS[b], seconds, share, rule if rule in present else ""))
+    return out
+
+
+def goodput_line(ledger: Ledger, top: int = 3) -> str:
+    """``goodput 62% of 3m07s; host between steps 21%, evaluating 9%, starting 5%``."""
+    from tpuwatch.units import fmt_duration
+
+    head = "goodput " + (f"{100 * ledger.goodput:.1f}%" if ledger.goodput is not None else "?")
+    head += f" of {fmt_duration(ledger.wall_s)}"
+    rest = sorted((r for r in rows(ledger) if r.bucket not in ("training", "unaccounted")),
+                  key=lambda r: -r.seconds)[:top]
+    if rest:
+        head += "; " + ", ".join(f"{r.label} {100 * r.share:.0f}%" for r in rest)
+    return head
+
+
+def phase_text(phase: str, since: float | None, now: float) -> str:
+    """``evaluating 2:31``: the phase and how long it has lasted."""
+    from tpuwatch.units import clock
+
+    if not phase:
+        return ""
+    return f"{phase} {clock(now - since)}" if since is not None else phase
+
+
+def as_dict(ledger: Ledger) -> dict[str, object]:
+    """Plain JSON for ``report --format json``: seconds and shares per bucket, per worker too."""
+    def one(lg: Ledger) -> dict[str, object]:
+        return {
+            "wall_s": round(lg.wall_s, 6),
+            "goodput": None if lg.goodput is None else round(lg.goodput, 6),
+            "ideal_step_s": None if lg.ideal_step_s is None else round(lg.ideal_step_s, 9),
+            "steps": lg.steps,
+            "ended": lg.ended,
+            "buckets_s": {b: round(lg.buckets.get(b, 0.0), 6) for b in BUCKETS},
+        }
+
+    out = one(ledger)
+    out["workers"] = {name: one(lg) for name, lg in ledger.per_worker} if ledger.workers > 1 else {}
+    return out

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
 from tpuwatch.monitor.diagnostics.input_share import InputShare
+from tpuwatch.monitor.ledger import Ledger
 from tpuwatch.protocol import Finding, Retrace
 
 #: "stopped": ended by a stop the user asked for (an interrupt, or a recorded stop request).
@@ -185,6 +186,13 @@ class RunSnapshot:
     host_rss_peak_bytes: int | None = None  # largest RSS sampled on any worker
     host_rss_history: tuple[tuple[float, int], ...] = ()  # (t, rss_bytes), bounded
     tpu_metrics_note: str = ""  # why TPU runtime metrics are absent, when they are
+    #: What the primary worker's process is doing (the agent's last ``Phase``; "" before any),
+    #: since when (unix), and on what ("test_step", "CheckpointManager.save").
+    phase: str = ""
+    phase_since: float | None = None
+    phase_detail: str = ""
+    #: Where the wall time went, launch to exit (to ``now`` while live), merged over workers.
+    ledger: Ledger | None = None
     # events, commands, findings
     events: tuple[LogEntry, ...] = ()  # most recent last, bounded
     commands: tuple[CommandView, ...] = ()

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.monitor.diagnostics.tracing import closest_change, remember_signature
+from tpuwatch.monitor.ledger import Ledger, LedgerBuilder, merge
 from tpuwatch.monitor.runs import STOP_MESSAGE, STOP_SOURCE, ended_state
 from tpuwatch.monitor.snapshot import (
     CommandStatus,
@@ -54,6 +55,7 @@ from tpuwatch.protocol import (
     Hello,
     HostSample,
     Message,
+    Phase,
     Result,
     Retrace,
     StackDump,
@@ -122,6 +124,8 @@ class _Worker:
     rss_peak: int = 0
     rss_history: SeriesHistory = field(default_factory=SeriesHistory)
     last_t: float | None = None
+    phase: Phase | None = None
+    ledger: LedgerBuilder = field(default_factory=LedgerBuilder)
 
     @property
     def topology(self) -> Topology | None:
@@ -236,7 +240,9 @@ class RunState:
             Result: self._result,
             StackDump: self._stack_dump,
             Finding: self._finding,
+            Phase: self._phase,
         }
+        self._stalls: Mapping[str, list[tuple[float, float]]] = {}
 
     # --- input ----------------------------------------------------------------------------------
 
@@ -250,6 +256,7 @@ class RunState:
             if w is None:
                 w = self._worker(worker)
             self._step(msg, w)
+            w.ledger.apply(msg)
             return
         handler = self._handlers.get(type(msg))
         if handler is None:
@@ -272,6 +279,7 @@ class RunState:
             if self._last_t is None or t > self._last_t:
                 self._last_t = t
         handler(msg, w)
+        w.ledger.apply(msg)
 
     def apply_all(self, messages: Iterable[Message], worker: str | None = None) -> None:
         for m in messages:
@@ -369,6 +377,17 @@ class RunState:
             self._last_t = t
         if msg.epoch is not None:
             self._epoch = msg.epoch
+
+    def _phase(self, msg: Phase, w: _Worker) -> None:
+        w.phase = msg
+
+    def set_stall_episodes(self, episodes: Mapping[str, list[tuple[float, float]]]) -> None:
+        """The stall rule's episodes per worker, (start, end) unix: the ledger's *stalled* time."""
+        self._stalls = episodes
+
+    def _ledger(self, workers: list[_Worker], now: float, live: bool) -> Ledger | None:
+        return merge([(w.name, w.ledger.ledger(self._stalls.get(w.name, ()), now=now if live else None))
+                      for w in workers if w.ledger.steps or w.ledger.exit_t is not None or w.phase is not None])
 
     def _step_loss(self, msg: StepLoss, w: _Worker) -> None:
         """The last step's losses, read after it: they belong to that step and nothing newer."""
@@ -695,6 +714,10 @@ class RunState:
             host_rss_peak_bytes=max((w.rss_peak for w in workers), default=0) or None,
             host_rss_history=p.rss_history.points(),
             tpu_metrics_note=self._tpu_note,
+            phase=p.phase.phase if p.phase else "",
+            phase_since=p.phase.since if p.phase else None,
+            phase_detail=p.phase.detail if p.phase else "",
+            ledger=self._ledger(workers, now, status in ("running", "stalled", "starting")),
             events=tuple(self._events),
             commands=tuple(self._commands.values()),
             findings=tuple(self._findings.values()),

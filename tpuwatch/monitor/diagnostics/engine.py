@@ -192,6 +192,12 @@ class Engine:
         return (combine((recent_share(w.window, th)[0] for w in ws), th),
                 combine((w.input_totals.share(th) for w in ws), th))
 
+    def stall_episodes(self, now: float | None = None) -> dict[str, list[tuple[float, float]]]:
+        """Each worker's stall episodes, (start, end) unix times (the one going on ends at
+        ``now``, else at its finding's gap): the goodput ledger's *stalled* time."""
+        stall = next(r for r in self.rules if isinstance(r, Stall))
+        return {name: stall.episodes(name, self.telemetry, now) for name in self.telemetry.workers}
+
     def findings(self) -> list[Finding]:
         """The current findings (latest per rule and subject, as of the last
         :meth:`evaluate`), worst first."""
