@@ -138,10 +138,18 @@ class LedgerBuilder:
         start = msg.t - total
         if self.launch_t is None:
             self.launch_t = start
-        self._book_until(start, between_steps=self._cursor is not None)
-        self._cursor = max(msg.t, start)
-        traced = any(start <= rt <= msg.t for rt in self._retraces)
-        self._retraces.clear()
+        cursor = self._cursor
+        if cursor is not None and not self._phases and self._phase in ("training", "host", "starting"):
+            # the hot path: a gap between two steps with no phase change in it
+            if start > cursor:
+                self._book(self._phase, cursor, start, between_steps=True)
+        else:
+            self._book_until(start, between_steps=cursor is not None)
+        self._cursor = msg.t if msg.t > start else start
+        traced = False
+        if self._retraces:
+            traced = any(start <= rt <= msg.t for rt in self._retraces)
+            self._retraces.clear()
         self.steps += n
         if traced and len(self._traced) < _MAX_TRACED:
             self._traced.append((total, n))
@@ -188,6 +196,9 @@ class LedgerBuilder:
 
     def _book(self, phase: str, start: float, end: float, *, between_steps: bool) -> None:
         seconds = end - start
+        if between_steps and phase in ("training", "host", "starting") and seconds < _LONG_GAP_S:
+            self.booked["host"] += seconds  # the usual gap between two steps
+            return
         if phase in ("evaluating", "checkpointing"):
             self.booked[phase] += seconds
         elif not between_steps and self._cursor is None:
