@@ -216,7 +216,8 @@ class Phase(Message):
     """The training process changed what it is doing (never sent per step).
 
     ``starting``: launch to the first step call; ``training``: step calls (and the host time
-    between them); ``compiling``: a trace outside any step call; ``evaluating``: Keras validation,
+    between them); ``compiling``: not sent by this agent (a trace is a :class:`Retrace`, sent
+    when it begins; the ledger and the stall rule read traces from those); ``evaluating``: Keras validation,
     ``evaluate``, ``predict``, or a custom loop's tf.function / ``strategy.run`` that computes no
     gradient; ``checkpointing``: a checkpoint or model save; ``iterator``: a new iterator over a
     distributed dataset (a custom loop's epoch boundary); ``host``: the script's own Python after

@@ -372,3 +372,18 @@ def test_every_stall_episode_stays_in_the_finding():
     (f,) = findings(eng, "stall")
     assert f.evidence["long_gaps"] == 2
     assert "after step 50: 6.0 min" in f.evidence["gaps"] and "after step 100" in f.evidence["gaps"]
+
+
+def test_a_long_compile_after_a_retrace_is_no_stall_but_a_compile_that_never_ends_is():
+    run = SyntheticRun()
+    run.steps(50)
+    run.retrace("train_step", traces=2, change="x: shape (64, 28) -> (32, 28)")
+    run.advance(90.0)  # an XLA compile of the new shape
+    eng = run.engine()
+    assert findings(eng, "stall") == []
+    run.steps(20)
+    run.retrace("train_step", traces=3, change="x: shape (32, 28) -> (16, 28)")
+    run.advance(400.0)  # 300 s of allowance, then 100 s with nothing progressing
+    run.feed(eng)
+    (f,) = findings(eng, "stall")
+    assert f.evidence["ongoing"] == 1 and 95 <= f.evidence["quiet_s"] <= 105

@@ -137,7 +137,7 @@ class Engine:
         elif isinstance(msg, DeviceSample):
             w.on_device(msg)
         elif isinstance(msg, Retrace):
-            w.on_retrace()
+            w.on_retrace(msg.t)
         elif isinstance(msg, Epoch):
             w.on_epoch(msg)
         elif isinstance(msg, Phase):

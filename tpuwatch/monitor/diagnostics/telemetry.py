@@ -167,12 +167,22 @@ class WorkerTelemetry:
         elif self.quiet_since is None:
             self.quiet_since = max(m.since, self.last_step_t or m.since)
 
+    def on_trace_begun(self, t: float) -> None:
+        """A trace began (a Retrace): tracing and compiling progress for up to
+        ``stall_boundary_min_s`` (an XLA compile can take minutes); a step that still has not
+        come after that is quiet from then on."""
+        if self.quiet_since is not None and t > self.quiet_since:
+            self.longest_quiet_s = max(self.longest_quiet_s, t - self.quiet_since)
+        self.quiet_since = t + self.th.stall_boundary_min_s
+
     def quiet_s(self, end: float) -> float:
         """Longest stretch since the last step record, up to ``end``, with nothing progressing."""
         current = end - self.quiet_since if self.quiet_since is not None else 0.0
-        return max(self.longest_quiet_s, current)
+        return max(self.longest_quiet_s, current, 0.0)
 
-    def on_retrace(self) -> None:
+    def on_retrace(self, t: float | None = None) -> None:
+        if t is not None and self.last_step_t is not None:
+            self.on_trace_begun(t)
         # the step that traced (and the one after) compiled: not steady state
         self.skip_left = max(self.skip_left, self.th.boundary_skip_records)
 
