@@ -12,7 +12,9 @@ Written the way fit scripts usually are: a Sequential model compiled under Mirro
 
 It prints what it measured itself, one line each: ``planted sleep_before_s=...``, and at the
 end ``planted callback_sleep_s=...``, ``planted evaluating_s=...`` (on_test_begin to
-on_test_end, summed), ``planted checkpointing_s=...`` (the saves, summed), so a test compares
+on_test_end, summed), ``planted checkpointing_s=...`` (the saves, summed),
+``planted between_steps_s=...`` (from each training batch's end to the next one's beginning,
+summed: the callbacks, the validation, the saves and whatever Keras does between), so a test compares
 tpuwatch's ledger with the script's own clock.
 """
 from __future__ import annotations
@@ -53,6 +55,22 @@ class SaveEveryEpoch(keras.callbacks.Callback):
         t = time.perf_counter()
         self.model.save_weights(os.path.join(self.directory, f"epoch{epoch + 1}.weights.h5"))
         self.total += time.perf_counter() - t
+
+
+class BatchGaps(keras.callbacks.Callback):
+    """Wall time between one training batch's end and the next one's beginning, summed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0.0
+        self._end: float | None = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._end is not None:
+            self.total += time.perf_counter() - self._end
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._end = time.perf_counter()
 
 
 class EvalTimer(keras.callbacks.Callback):
@@ -114,11 +132,13 @@ def main() -> int:
                                   keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
         model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     logger, saver, evals = SlowLogger(args.callback_sleep_s), SaveEveryEpoch(tempfile.mkdtemp()), EvalTimer()
+    gaps = BatchGaps()
     model.fit(train, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, validation_data=val,
-              validation_freq=2, callbacks=[logger, saver, evals], verbose=2)
+              validation_freq=2, callbacks=[gaps, logger, saver, evals], verbose=2)
     print(f"planted callback_sleep_s={logger.total:.3f}", flush=True)
     print(f"planted evaluating_s={evals.total:.3f}", flush=True)
     print(f"planted checkpointing_s={saver.total:.3f}", flush=True)
+    print(f"planted between_steps_s={gaps.total:.3f}", flush=True)
     return 0
 
 
