@@ -456,9 +456,13 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         if lg.get("ideal_step_s") is not None:
             head += f" (ideal step {fmt_seconds(_num(lg['ideal_step_s']))}, {lg['steps']:,} steps)"
         shown = [r for r in lg["rows"] if abs(r["share"]) >= 0.0005 or r["bucket"] == "training"]
+        per_worker = [
+            f"worker {name}: goodput {100 * w['goodput']:.1f}% of {fmt_duration(_num(w['wall_s']))}; "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(w["buckets_s"].items(), key=lambda kv: -kv[1])[:3])
+            for name, w in (lg.get("workers") or {}).items() if w.get("goodput") is not None]
         out.append(("Goodput", "", [head] + [
             f"{r['label']:<20}{r['seconds']:>10.2f} s {100 * r['share']:>6.1f}%"
-            + (f"  -> finding {r['finding']}" if r["finding"] else "") for r in shown]))
+            + (f"  -> finding {r['finding']}" if r["finding"] else "") for r in shown] + per_worker))
     out.append(("Findings", "", [] if findings else ["none"]))
     if run.get("traceback"):
         out.append(("Traceback", "", run["traceback"].rstrip().splitlines()))
