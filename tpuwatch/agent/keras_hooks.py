@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tpuwatch.protocol import Config, Epoch
 
+from tpuwatch.agent.patches import PatchError
+
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
     from tpuwatch.agent.runtime import Agent
@@ -243,10 +245,13 @@ def patch_callback_list(agent: "Agent", patches: "Patches", hooks: KerasHooks, c
 
         return on_train_end
 
-    for method, begin in (("on_test_begin", "evaluate"), ("on_test_end", None),
-                          ("on_predict_begin", "predict"), ("on_predict_end", None)):
-        patches.wrap(cls, method, lambda original, begin=begin: make_phase(original, begin))
-    patches.wrap(cls, "on_train_end", make_train_end)
+    try:  # phases are their own probe: a Keras without these hooks keeps the epoch probe
+        for method, begin in (("on_test_begin", "evaluate"), ("on_test_end", None),
+                              ("on_predict_begin", "predict"), ("on_predict_end", None)):
+            patches.wrap(cls, method, lambda original, begin=begin: make_phase(original, begin))
+        patches.wrap(cls, "on_train_end", make_train_end)
+    except PatchError as e:
+        agent.probe_failed("phases", e)
     patches.wrap(cls, "on_train_begin", make_train_begin)
     patches.wrap(cls, "on_train_batch_end", make_batch_end)
     patches.wrap(cls, "on_epoch_begin", lambda original: make_epoch(original, "begin"))
