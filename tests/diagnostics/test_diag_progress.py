@@ -331,9 +331,14 @@ def test_an_evaluation_whose_calls_stop_is_a_stall():
     _phase(run, "evaluating", run.t, detail="test_step")
     run.advance(2.0)
     _phase(run, "evaluating", run.t - 2.0, 3, "test_step")
+    last_call = run.t
     run.advance(70.0)  # no further call
-    (f,) = findings(run.engine(), "stall")
+    eng = run.engine()
+    (f,) = findings(eng, "stall")
     assert f.evidence["ongoing"] == 1 and f.evidence["phase"] == "evaluating"
+    # the ledger's stalled time: from the evaluation's last call, not from the last step
+    ((start, end),) = eng.stall_episodes(run.t)["host0:100"]
+    assert abs(start - last_call) < 1e-6 and abs(end - run.t) < 1e-6
     assert 69 <= f.evidence["quiet_s"] <= 71 and 71 <= f.evidence["gap_s"] <= 73
 
 

@@ -185,3 +185,20 @@ def test_text():
     assert labelled["input_wait"] == "input-bound" and labelled["evaluating"] == ""
     assert phase_text("evaluating", T0, T0 + 151) == "evaluating 2:31"
     assert math.isclose(sum(r.share for r in rows(lg, all_buckets=True)), 1.0)
+
+
+def test_an_evaluation_whose_calls_stop_is_stalled_from_its_last_call():
+    tl = Timeline()
+    tl.steps(10, 0.01)
+    tl.phase("evaluating", "test_step")
+    since = tl.t
+    tl.wait(2.0)
+    tl.phase("evaluating", "test_step", 5, since=since)
+    last_call = tl.t
+    tl.wait(40.0)  # the evaluation's calls stopped: hung
+    tl.steps(1, 0.01)
+    tl.exit(0.0)
+    lg = ledger_of(tl.msgs, stalls={"h:1": [(last_call, last_call + 40.0)]})
+    assert lg.buckets["evaluating"] == pytest.approx(2.0, abs=0.01)
+    assert lg.buckets["stalled"] == pytest.approx(40.0, abs=0.01)
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s)

@@ -106,7 +106,8 @@ class LedgerBuilder:
         self._phase = "starting"  # the agent's phase at _cursor
         self._phases: list[tuple[float, str]] = []  # phase changes after _cursor
         self._cursor: float | None = None  # end of the last step record
-        self._long_gaps: list[tuple[float, float]] = []  # host gaps between steps, to split by stalls
+        # long stretches between steps (start, end, bucket), to split by stall episodes
+        self._long_gaps: list[tuple[float, float, str]] = []
 
     def apply(self, msg: Message) -> None:
         t = getattr(msg, "t", None)
@@ -200,17 +201,18 @@ class LedgerBuilder:
             self.booked["host"] += seconds  # the usual gap between two steps
             return
         if phase in ("evaluating", "checkpointing"):
-            self.booked[phase] += seconds
+            bucket = phase
         elif not between_steps and self._cursor is None:
-            self.booked["starting"] += seconds  # before the first step, the rest is starting
+            bucket = "starting"  # before the first step, the rest is starting
         elif phase == "iterator":
-            self.booked["iterator"] += seconds
+            bucket = "iterator"
         elif between_steps:
-            self.booked["host"] += seconds
-            if seconds >= _LONG_GAP_S and len(self._long_gaps) < _MAX_LONG_GAPS:
-                self._long_gaps.append((start, end))
+            bucket = "host"
         else:
-            self.booked["finishing"] += seconds
+            bucket = "finishing"
+        self.booked[bucket] += seconds
+        if self._cursor is not None and seconds >= _LONG_GAP_S and len(self._long_gaps) < _MAX_LONG_GAPS:
+            self._long_gaps.append((start, end, bucket))
 
     def ledger(self, stalls: Sequence[tuple[float, float]] = (), now: float | None = None) -> Ledger:
         """The ledger so far. ``stalls``: (start, end) unix times of the stall episodes (their
@@ -227,15 +229,19 @@ class LedgerBuilder:
         tail._book_until(max(end, tail._cursor or end), between_steps=False)
         for k in BUCKETS:
             buckets[k] = tail.booked[k]
+        long_gaps = tail._long_gaps
         if not ended and self._cursor is not None:
             # live: the time since the last step is host time until the run ends
             buckets["host"] += buckets["finishing"]
             buckets["finishing"] = 0.0
-            if end - self._cursor >= _LONG_GAP_S:
-                tail._long_gaps.append((self._cursor, end))
-        stalled = sum(_overlap(g, stalls) for g in tail._long_gaps) if stalls else 0.0
-        buckets["stalled"] = stalled
-        buckets["host"] -= stalled
+            long_gaps = [(s, e, "host" if b == "finishing" else b) for s, e, b in long_gaps]
+        # the stall rule's stretches with nothing progressing, between steps or after the last
+        # (whatever phase the agent last named: an evaluation whose calls stopped is stalled)
+        buckets["stalled"] = 0.0
+        for s, e, bucket in long_gaps if stalls else ():
+            moved = _overlap((s, e), stalls)
+            buckets[bucket] -= moved
+            buckets["stalled"] += moved
         ideal = _ideal(self._bins)
         traced_time = sum(x for x, _ in self._traced)
         traced_steps = sum(n for _, n in self._traced)

@@ -49,8 +49,9 @@ class Stall(Rule):
 
     def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
-        #: worker -> long gaps that ended: (step before, seconds, step after, start time)
-        self.gaps: dict[str, list[tuple[int, float, int, float]]] = {}
+        #: worker -> long gaps that ended: (step before, seconds, step after, (start, seconds) of
+        #: its longest stretch with nothing progressing)
+        self.gaps: dict[str, list[tuple[int, float, int, tuple[float, float]]]] = {}
 
     def limit(self, w: WorkerTelemetry, tel: Telemetry, live: bool) -> StallLimit | None:
         """The stall threshold for a gap after ``w``'s latest step record (None: no stall).
@@ -91,7 +92,8 @@ class Stall(Rule):
         gap = msg.t - w.last_step_t  # type: ignore[attr-defined]
         if gap <= self.th.stall_gap_min_s:
             return  # the fast path: below the smallest possible limit
-        quiet = w.quiet_s(msg.t)  # type: ignore[attr-defined]
+        span = w.quiet_span(msg.t)  # type: ignore[attr-defined]
+        quiet = span[1]
         limit = self.limit(w, tel, live=False)
         seen = self._found.get(w.name)
         was_ongoing = (seen is not None and seen.evidence.get("ongoing") == 1
@@ -99,7 +101,7 @@ class Stall(Rule):
         if limit is not None and (quiet >= limit.seconds or was_ongoing):
             # an episode once reported stays reported, whatever the cadence says when it ends
             gaps = self.gaps.setdefault(w.name, [])
-            gaps.append((w.last_step, gap, msg.step, w.last_step_t))  # type: ignore[attr-defined]
+            gaps.append((w.last_step, gap, msg.step, span))  # type: ignore[attr-defined]
             if len(gaps) > self.th.stall_max_gaps:  # keep the longest, in step order
                 gaps.remove(min(gaps, key=lambda g: g[1]))
             self._record(w, gap, limit, ongoing=False, resumed_at=msg.step, quiet=quiet)  # type: ignore
@@ -128,15 +130,17 @@ class Stall(Rule):
 
     def episodes(self, worker: str, tel: Telemetry | None = None, now: float | None = None
                  ) -> list[tuple[float, float]]:
-        """(start, end) unix times of ``worker``'s stall episodes that ended, and of the one going
-        on (up to ``now``) if its finding says so: the goodput ledger's *stalled* time."""
-        out = [(start, start + gap) for _, gap, _, start in self.gaps.get(worker, [])]
+        """(start, end) unix times of the stretches with nothing progressing in ``worker``'s stall
+        episodes that ended, and in the one going on (up to ``now``) if its finding says so: the
+        goodput ledger's *stalled* time."""
+        out = [(start, start + quiet) for _, _, _, (start, quiet) in self.gaps.get(worker, [])]
         f = self._found.get(worker)
         if f is not None and f.evidence.get("ongoing") == 1 and tel is not None:
             w = tel.workers.get(worker)
-            gap = f.evidence.get("gap_s")
-            if w is not None and w.last_step_t is not None and isinstance(gap, (int, float)):
-                out.append((w.last_step_t, now if now is not None else w.last_step_t + float(gap)))
+            if w is not None and w.last_step_t is not None:
+                end = now if now is not None else (w.last_alive_t or w.last_step_t)
+                start, quiet = w.quiet_span(end)
+                out.append((start, start + quiet))
         return out
 
     def _finished_after_last_step(self, w: WorkerTelemetry) -> None:

@@ -82,6 +82,7 @@ class WorkerTelemetry:
     quiet_since: float | None = None
     #: Longest stretch with nothing progressing since the last step record.
     longest_quiet_s: float = 0.0
+    longest_quiet_at: float | None = None  # where that stretch began
     # host memory: one point per bucket (latest RSS in it), bounded
     rss_points: deque[tuple[float, int]] = field(default_factory=deque)
     rss_first_t: float | None = None
@@ -121,6 +122,7 @@ class WorkerTelemetry:
         self.last_step_t = m.t
         self.quiet_since = m.t
         self.longest_quiet_s = 0.0
+        self.longest_quiet_at = None
         if m.t > (self.last_alive_t or 0.0):
             self.last_alive_t = m.t
         if m.epoch is not None and m.epoch != self.epoch:
@@ -160,8 +162,7 @@ class WorkerTelemetry:
         self.phase, self.phase_since = m.phase, m.since
         if m.phase in ("checkpointing", "iterator", "compiling", "evaluating"):
             at = m.since if new else m.t
-            if self.quiet_since is not None and at > self.quiet_since:
-                self.longest_quiet_s = max(self.longest_quiet_s, at - self.quiet_since)
+            self._close_quiet(at)
             # an evaluation is quiet again until its next progress report
             self.quiet_since = m.t if m.phase == "evaluating" else None
         elif self.quiet_since is None:
@@ -171,14 +172,26 @@ class WorkerTelemetry:
         """A trace began (a Retrace): tracing and compiling progress for up to
         ``stall_boundary_min_s`` (an XLA compile can take minutes); a step that still has not
         come after that is quiet from then on."""
-        if self.quiet_since is not None and t > self.quiet_since:
-            self.longest_quiet_s = max(self.longest_quiet_s, t - self.quiet_since)
+        self._close_quiet(t)
         self.quiet_since = t + self.th.stall_boundary_min_s
+
+    def _close_quiet(self, at: float) -> None:
+        if self.quiet_since is not None and at - self.quiet_since > self.longest_quiet_s:
+            self.longest_quiet_s = at - self.quiet_since
+            self.longest_quiet_at = self.quiet_since
 
     def quiet_s(self, end: float) -> float:
         """Longest stretch since the last step record, up to ``end``, with nothing progressing."""
+        return self.quiet_span(end)[1]
+
+    def quiet_span(self, end: float) -> tuple[float, float]:
+        """(start, seconds) of the longest stretch since the last step record, up to ``end``,
+        with nothing progressing."""
         current = end - self.quiet_since if self.quiet_since is not None else 0.0
-        return max(self.longest_quiet_s, current, 0.0)
+        if current > self.longest_quiet_s and self.quiet_since is not None:
+            return self.quiet_since, current
+        start = self.longest_quiet_at if self.longest_quiet_at is not None else (self.last_step_t or end)
+        return start, max(self.longest_quiet_s, 0.0)
 
     def on_retrace(self, t: float | None = None) -> None:
         if t is not None and self.last_step_t is not None:
