@@ -261,7 +261,7 @@ class RunState:
         handler = self._handlers.get(type(msg))
         if handler is None:
             return
-        if type(msg) is not HostSample and type(msg) is not DeviceSample:
+        if type(msg) is not HostSample and type(msg) is not DeviceSample and type(msg) is not Phase:
             self.version += 1
         if type(msg) is Hello and worker is None:
             worker = msg.worker
@@ -379,6 +379,9 @@ class RunState:
             self._epoch = msg.epoch
 
     def _phase(self, msg: Phase, w: _Worker) -> None:
+        prev = w.phase
+        if prev is None or prev.phase != msg.phase or prev.since != msg.since:
+            self.version += 1  # a new phase is news; an evaluation's progress is a number
         w.phase = msg
 
     def set_stall_episodes(self, episodes: Mapping[str, list[tuple[float, float]]]) -> None:
