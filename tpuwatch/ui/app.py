@@ -569,7 +569,7 @@ class TpuwatchApp(App[str]):
                     if x.id == b.id
                 )
                 rows.append((keys, b.tooltip or b.description, bool(enabled)))
-        rows.append(("1 … 9", "Jump to a panel (step, loss, memory, …, goodput)", True))
+        rows.append(("1 … 9", "Jump to a panel (step, loss, memory, findings, …, goodput)", True))
         rows.append(("tab, shift+tab", "Next / previous panel", True))
         rows.append(("n, N", "Next / previous search match (output)", True))
         return rows
