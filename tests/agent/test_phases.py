@@ -106,3 +106,14 @@ def test_keras_evaluation_brackets_and_a_failing_emit_never_raises(tmp_path):
     with tr.during("checkpointing", "Checkpoint.save"):
         pass  # the user's save still runs and returns
     assert "phases" in agent.disabled_probes
+
+
+def test_disabled_phases_send_nothing(tmp_path):
+    agent, tr, clock = make(tmp_path)
+    tr.enabled = False
+    tr.start(990.0)
+    agent.global_step = 3
+    tr.on_step("train_step", clock.t)
+    with tr.during("checkpointing", "Checkpoint.save"):
+        pass
+    assert phases(agent) == [] and tr.current == "host"

@@ -81,6 +81,7 @@ class PhaseTracker:
         self.pending = 0  # non-training top-level calls since the last step
         self._pending_t = 0.0  # unix time the first of them began
         self._pending_name = ""
+        self.enabled = True  # False: --disable phases (the state is kept, nothing is sent)
 
     def start(self, since: float) -> None:
         """The run's first phase: starting, from the process's launch."""
@@ -97,6 +98,8 @@ class PhaseTracker:
         self._send(self.since)
 
     def _send(self, t: float) -> None:
+        if not self.enabled or PROBE in self.agent._disabled:  # --disable phases, or a bug seen once
+            return
         self.agent.emit(Phase(t=t, phase=self.current, since=self.since, detail=self.detail,  # type: ignore[arg-type]
                               step=self.agent.global_step, calls=self.calls))
 
@@ -129,7 +132,7 @@ class PhaseTracker:
         """A step record was made (training thread); its call began at ``start_t`` (unix)."""
         self.pending = 0
         if self.current != "training" and self._depth == 0:
-            self.enter("training", name, start_t)
+            self._safely(lambda: self.enter("training", name, start_t))
 
     def other_call(self, name: str, start_perf: float) -> None:
         """A top-level call that computed no gradient ended (training thread)."""
@@ -146,12 +149,12 @@ class PhaseTracker:
             self._pending_t = self.agent.clock() - (self.perf() - start_perf)
             self._pending_name = name
         elif self.pending == 2:  # two in a row with no step between: an evaluation loop
-            self.enter("evaluating", self._pending_name, self._pending_t)
+            self._safely(lambda: self.enter("evaluating", self._pending_name, self._pending_t))
             self.calls = 2
 
     def finishing(self) -> None:
         self._depth = 0
-        self.enter("finishing")
+        self._safely(lambda: self.enter("finishing"))
 
     def sample(self) -> list[Phase]:
         """Agent thread: the current phase again if its call count grew since last sent."""
@@ -163,8 +166,7 @@ class PhaseTracker:
                       detail=self.detail, step=self.agent.global_step, calls=calls)]
 
     def _safely(self, fn: Callable[[], None]) -> None:
-        if not self.agent.enabled(PROBE):
-            return
+        """Runs a change; a failure disables the probe (reported once), never reaches the script."""
         try:
             fn()
         except Exception as e:

@@ -28,6 +28,7 @@ def install_all(agent: "Agent", script: str, argv: list[str], disabled: set[str]
         agent.probe_failed("environment", e)
     from tpuwatch.agent import phases
 
+    agent.phases.enabled = phases.PROBE not in disabled
     try:
         agent.phases.start(phases.process_start_time(agent.phases.since))
     except Exception as e:
