@@ -221,6 +221,38 @@ class EventFact:
     TPU_METRICS_AVAILABLE: Final = "tpu-metrics-available"  # they arrive (again)
 
 
+#: What the training process is doing, coarsely (see :class:`Phase`).
+PhaseName = Literal["starting", "training", "compiling", "evaluating", "checkpointing", "iterator",
+                    "host", "finishing"]
+PHASE_NAMES: tuple[str, ...] = typing.get_args(PhaseName)
+
+
+@dataclass(frozen=True)
+class Phase(Message):
+    """The training process changed what it is doing (never sent per step).
+
+    ``starting``: launch to the first step call; ``training``: step calls (and the host time
+    between them); ``compiling``: not sent by this agent (a trace is a :class:`Retrace`, sent
+    when it begins; the ledger and the stall rule read traces from those); ``evaluating``: Keras validation,
+    ``evaluate``, ``predict``, or a custom loop's tf.function / ``strategy.run`` that computes no
+    gradient; ``checkpointing``: a checkpoint or model save; ``iterator``: a new iterator over a
+    distributed dataset (a custom loop's epoch boundary); ``host``: the script's own Python after
+    one of those; ``finishing``: the script returned, the process is exiting.
+
+    While a phase lasts, the agent's thread sends it again at its sample rate whenever ``calls``
+    grew (an evaluation's progress), with the same ``since``: a re-sent phase is progress, not a
+    change.
+    """
+
+    kind: ClassVar[str] = "phase"
+    t: float  # unix time of this message
+    phase: PhaseName
+    since: float  # unix time the phase began
+    detail: str = ""  # the function, callback or method ("test_step", "ModelCheckpoint", "Checkpoint.save")
+    step: int | None = None  # global step when it began
+    calls: int = 0  # top-level calls made in this phase so far (an evaluation's test steps)
+
+
 @dataclass(frozen=True)
 class Event(Message):
     """A run event worth a line in the event log (probe disabled, strategy detected, ...)."""
@@ -370,6 +402,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     DeviceSample,
     Retrace,
     Epoch,
+    Phase,
     Event,
     ExceptionRaised,
     Exit,

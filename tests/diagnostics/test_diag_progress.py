@@ -288,3 +288,107 @@ def test_rising_trend_baseline_is_the_same_live_and_in_a_report():
     (reported,) = [f for f in findings(run().engine(), "step-time-jitter") if "rising" in f.message]
     assert seen_live.message == reported.message
     assert seen_live.evidence["median_start_ms"] == reported.evidence["median_start_ms"] < 82
+
+
+# --- issue 24: a gap is judged by its phases ---------------------------------------------------
+
+def _phase(run: SyntheticRun, phase: str, since: float, calls: int = 0, detail: str = "") -> None:
+    from tpuwatch.protocol import Phase
+
+    run.emit(Phase(t=run.t, phase=phase, since=since, detail=detail, step=run.step, calls=calls))
+
+
+def _evaluation(run: SyntheticRun, seconds: float, call_every_s: float | None) -> None:
+    """An evaluation pass between two steps: its call count re-sent every ``call_every_s``
+    (None: its calls stop after the first)."""
+    since = run.t
+    _phase(run, "evaluating", since, detail="test_step")
+    calls, left = 0, seconds
+    while left > 0:
+        dt = min(call_every_s or seconds, left)
+        run.advance(dt)
+        left -= dt
+        if call_every_s is not None:
+            calls += 1
+            _phase(run, "evaluating", since, calls, "test_step")
+    _phase(run, "host", run.t)
+
+
+def test_a_progressing_evaluation_between_steps_is_no_stall_live_or_ended():
+    run = SyntheticRun()
+    run.steps(50)
+    _evaluation(run, 90.0, 0.5)  # past the 60 s live floor and the 10 s cadence limit
+    eng = run.engine()
+    assert findings(eng, "stall") == []  # live, at its end
+    run.steps(20)
+    run.feed(eng)
+    assert findings(eng, "stall") == []
+
+
+def test_an_evaluation_whose_calls_stop_is_a_stall():
+    run = SyntheticRun()
+    run.steps(50)
+    _phase(run, "evaluating", run.t, detail="test_step")
+    run.advance(2.0)
+    _phase(run, "evaluating", run.t - 2.0, 3, "test_step")
+    last_call = run.t
+    run.advance(70.0)  # no further call
+    eng = run.engine()
+    (f,) = findings(eng, "stall")
+    assert f.evidence["ongoing"] == 1 and f.evidence["phase"] == "evaluating"
+    # the ledger's stalled time: from the evaluation's last call, not from the last step
+    ((start, end),) = eng.stall_episodes(run.t)["host0:100"]
+    assert abs(start - last_call) < 1e-6 and abs(end - run.t) < 1e-6
+    assert 69 <= f.evidence["quiet_s"] <= 71 and 71 <= f.evidence["gap_s"] <= 73
+
+
+def test_saves_and_new_iterators_progress_while_they_last_but_a_hang_after_them_stalls():
+    run = SyntheticRun()
+    run.steps(50)
+    start = run.t
+    _phase(run, "checkpointing", start, detail="CheckpointManager.save")
+    run.advance(40.0)
+    _phase(run, "iterator", run.t, detail="DistributedDataset.__iter__")
+    run.advance(30.0)
+    _phase(run, "host", run.t)
+    run.steps(10)
+    eng = run.engine()
+    assert findings(eng, "stall") == []
+    _phase(run, "host", run.t)
+    run.advance(40.0)  # a real hang between two steps
+    run.steps(10)
+    run.feed(eng)
+    (f,) = findings(eng, "stall")
+    assert f.evidence["last_step"] == 60 and "resumed at step 61" in f.message
+
+
+def test_every_stall_episode_stays_in_the_finding():
+    # A live episode reported while it lasted stays listed once it ends, beside later ones.
+    run = SyntheticRun()
+    run.steps(50)
+    run.advance(360.0)
+    eng = run.engine()
+    (live,) = findings(eng, "stall")
+    assert live.evidence["ongoing"] == 1
+    run.steps(50)
+    run.advance(71.0)
+    run.steps(5)
+    run.feed(eng)
+    (f,) = findings(eng, "stall")
+    assert f.evidence["long_gaps"] == 2
+    assert "after step 50: 6.0 min" in f.evidence["gaps"] and "after step 100" in f.evidence["gaps"]
+
+
+def test_a_long_compile_after_a_retrace_is_no_stall_but_a_compile_that_never_ends_is():
+    run = SyntheticRun()
+    run.steps(50)
+    run.retrace("train_step", traces=2, change="x: shape (64, 28) -> (32, 28)")
+    run.advance(90.0)  # an XLA compile of the new shape
+    eng = run.engine()
+    assert findings(eng, "stall") == []
+    run.steps(20)
+    run.retrace("train_step", traces=3, change="x: shape (32, 28) -> (16, 28)")
+    run.advance(400.0)  # 300 s of allowance, then 100 s with nothing progressing
+    run.feed(eng)
+    (f,) = findings(eng, "stall")
+    assert f.evidence["ongoing"] == 1 and 95 <= f.evidence["quiet_s"] <= 105

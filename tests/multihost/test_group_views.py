@@ -96,6 +96,15 @@ def test_report_merges_workers_with_global_replicas_and_the_straggler(tmp_path):
     text = render_text(rep)
     assert "worker:1 on host1 pid 1001: crashed (exit 137)" in text and "replicas 2,3" in text
     assert "replica 3 (worker:1 CPU:1)" in text
+    # the goodput ledger: per worker and merged (each bucket the workers' mean), summing to wall time
+    lg = rep["ledger"]
+    assert set(lg["workers"]) == {"worker:0", "worker:1"}
+    for one in (lg, *lg["workers"].values()):
+        assert abs(sum(one["buckets_s"].values()) - one["wall_s"]) <= 1e-6 * one["wall_s"]
+    w0, w1 = lg["workers"]["worker:0"]["buckets_s"], lg["workers"]["worker:1"]["buckets_s"]
+    assert w1["input_wait"] > w0["input_wait"]  # the starved worker waits more
+    assert abs(lg["buckets_s"]["input_wait"] - (w0["input_wait"] + w1["input_wait"]) / 2) < 1e-6
+    assert "worker worker:1: goodput" in text
 
 
 def test_ls_info_of_a_group(tmp_path):

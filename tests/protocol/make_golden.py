@@ -32,6 +32,7 @@ MESSAGES: list[p.Message] = [
     p.Retrace(t=1795300003.0, function="train_step", traces=2, instances=1,
               signature="x: float32(64, 28, 28, 1), lr: 0.05", change="lr: python float 0.1 -> 0.05", step=100),
     p.Epoch(t=1795300004.0, epoch=0, phase="end", step=1000, logs={"loss": 0.5, "accuracy": 0.875, "lr": math.nan}),
+    p.Phase(t=1795300004.25, phase="evaluating", since=1795300004.0, detail="test_step", step=1000, calls=12),
     p.Event(t=1795300004.5, level="warning", source="probe:replica_loss", message="probe replica_loss disabled: x",
             fact=p.EventFact.PROBE_DISABLED, subject="replica_loss", reason="x"),
     p.ExceptionRaised(t=1795300005.0, type="ValueError", message="bad \"input\" \u2014 ünïcode",

@@ -32,7 +32,7 @@ async def test_help_at_80x24_shows_every_description_whole_and_one_bottom_border
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
         text = screen_text(app)
-        assert "…" not in text.replace("1 … 8", "").replace("findings, …", "")
+        assert "…" not in text.replace("1 … 9", "").replace("findings, …", "")
         words = " ".join(text.replace("│", " ").split())
         for whole in ("whole screen (it scrolls); again to restore", "stacks) with full paths",
                       *(["(a stalled or hung run)"] if name != "crashed" else [])):

@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
     guards.install(agent)  # full disk, fork(), SIGTERM
     code, sig, reason = _run_script(agent, ns, target)
+    agent.phases.finishing()
     code, sig, reason = _finish_python(code, sig, reason)
     if agent.step_probe is not None:  # the last step's losses, if its record went without them
         try:

@@ -32,7 +32,12 @@ def install(agent: "Agent", patches: "Patches") -> Commands:
     checkpointer = Checkpointer(agent)
     checkpointer.install(patches)
     agent.register("profile", profiler.handle, at_step_boundary=True, validate=profiler.validate)
-    agent.register("checkpoint", checkpointer.handle, at_step_boundary=True, validate=checkpointer.validate)
+
+    def checkpoint(cmd):
+        with agent.phases.during("checkpointing", "tpuwatch checkpoint"):
+            return checkpointer.handle(cmd)
+
+    agent.register("checkpoint", checkpoint, at_step_boundary=True, validate=checkpointer.validate)
 
     # Once the script has returned: end a capture still running and let uploads finish, while
     # the recording is still open.

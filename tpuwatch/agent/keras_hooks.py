@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tpuwatch.protocol import Config, Epoch
 
+from tpuwatch.agent.patches import PatchError
+
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
     from tpuwatch.agent.runtime import Agent
@@ -215,6 +217,41 @@ def patch_callback_list(agent: "Agent", patches: "Patches", hooks: KerasHooks, c
 
         return on_train_batch_end
 
+    def make_phase(original, begin: str | None):
+        """``begin``: the phase an ``on_*_begin`` starts; None: an ``on_*_end`` (back to host)."""
+
+        def on_phase(self, *args, **kwargs):
+            if agent.enabled("phases"):
+                try:
+                    if begin is None:
+                        agent.phases.end()
+                    else:
+                        agent.phases.begin("evaluating", begin)
+                except Exception as e:
+                    agent.probe_failed("phases", e)
+            return original(self, *args, **kwargs)
+
+        return on_phase
+
+    def make_train_end(original):
+        def on_train_end(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            if agent.enabled("phases"):
+                try:
+                    agent.phases.enter("host")
+                except Exception as e:
+                    agent.probe_failed("phases", e)
+            return result
+
+        return on_train_end
+
+    try:  # phases are their own probe: a Keras without these hooks keeps the epoch probe
+        for method, begin in (("on_test_begin", "evaluate"), ("on_test_end", None),
+                              ("on_predict_begin", "predict"), ("on_predict_end", None)):
+            patches.wrap(cls, method, lambda original, begin=begin: make_phase(original, begin))
+        patches.wrap(cls, "on_train_end", make_train_end)
+    except PatchError as e:
+        agent.probe_failed("phases", e)
     patches.wrap(cls, "on_train_begin", make_train_begin)
     patches.wrap(cls, "on_train_batch_end", make_batch_end)
     patches.wrap(cls, "on_epoch_begin", lambda original: make_epoch(original, "begin"))

@@ -26,6 +26,13 @@ def install_all(agent: "Agent", script: str, argv: list[str], disabled: set[str]
         agent.emit(environment.hello(agent.run_id, script, argv, clock=agent.clock))
     except Exception as e:
         agent.probe_failed("environment", e)
+    from tpuwatch.agent import phases
+
+    agent.phases.enabled = phases.PROBE not in disabled
+    try:
+        agent.phases.start(phases.process_start_time(agent.phases.since))
+    except Exception as e:
+        agent.probe_failed(phases.PROBE, e)
     from tpuwatch.agent.stopper import Stopper
 
     agent.register("stop", Stopper(agent).handle, at_step_boundary=False)  # works without TensorFlow
@@ -69,7 +76,7 @@ def install_tf_probes(agent: "Agent", patches: Patches, disabled: set[str]) -> N
             except Exception as e:
                 agent.probe_failed(name, e)
         agent.step_probe = step_probe
-    for name in ("retraces", "memory", "keras_hooks", "stacks", "commands"):
+    for name in ("phases", "retraces", "memory", "keras_hooks", "stacks", "commands"):
         if name in disabled:
             continue
         try:

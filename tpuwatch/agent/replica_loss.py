@@ -371,6 +371,10 @@ class ReplicaLossProbe:
                 agent.probe_failed("steps", e)
         else:
             probe.eager_wait_s = 0.0
+            try:
+                agent.phases.other_call("strategy.run", start)
+            except Exception as e:
+                agent.probe_failed("phases", e)
         return result
 
     def make_reduce_wrapper(self, original: Callable) -> Callable:

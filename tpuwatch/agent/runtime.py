@@ -81,6 +81,9 @@ class Agent:
         self.server = None  # transport.Server, set by the runner
         self.forked = False  # True in a child made by fork(): the agent is the parent's
         self.step_probe = None  # steps.StepProbe, set by probes.install_all
+        from tpuwatch.agent.phases import PhaseTracker
+
+        self.phases = PhaseTracker(self)  # what the process is doing (no TensorFlow needed)
 
     def manual_step_probe(self):
         """The step probe, made now if TensorFlow was never imported (``tpuwatch.step`` needs none)."""

@@ -306,9 +306,10 @@ class StepProbe:
             else:
                 # Evaluation, prediction, setup: neither their time nor their in-graph fetches
                 # belong to a training step. Training paused: the last step's losses may be due.
-                probe.eager_wait_s = 0.0
+                fetched_s, probe.eager_wait_s = probe.eager_wait_s, 0.0
                 probe.eager_examples = None
                 try:
+                    agent.phases.other_call(flags["_name"], start - fetched_s)  # its batch's fetch too
                     if probe.accumulator is not None and "acc" in flags:
                         probe.acc_last = probe.read_accumulator().tolist()
                         probe._acc_unread_steps = 0
@@ -468,8 +469,12 @@ class StepProbe:
             self.last_loss = (agent.global_step, loss, len(losses))
         # The Step itself is built on the agent's thread (emit_step): a frozen dataclass of 11
         # fields costs microseconds the training thread need not spend.
-        agent.emit_step((agent.global_step, agent.clock(), step_time_s, wait_s, loss, losses or (), steps,
+        now = agent.clock()
+        agent.emit_step((agent.global_step, now, step_time_s, wait_s, loss, losses or (), steps,
                          examples, fn_name, getattr(self.epoch_source, "epoch", None)))
+        phases = agent.phases
+        if phases.pending or phases.current != "training":  # one compare a step; a message on change
+            phases.on_step(fn_name, now - step_time_s * steps)
         if examples and self._config_batch is None:
             self._config_batch = examples
             agent.emit(Config(t=agent.clock(), global_batch_size=examples))

@@ -18,6 +18,8 @@ from typing import Callable, Sequence, TextIO
 from tpuwatch.monitor.baseline import Baseline, deltas
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diskspace import full_note
+from tpuwatch.monitor.ledger import goodput_line, phase_text
+from tpuwatch.monitor.ledger import rows as ledger_rows
 from tpuwatch.monitor.recording import RecordingReader, append
 from tpuwatch.monitor.snapshot import (
     LAST_STEP,
@@ -41,6 +43,9 @@ from tpuwatch.units import (
     fmt_rate,
     fmt_seconds,
 )
+
+#: Phases whose progress line is repeated while they last (their duration moves).
+BUSY_PHASES = ("evaluating", "checkpointing", "iterator", "compiling")
 
 
 def _loss_range(snap: RunSnapshot) -> str:
@@ -86,6 +91,10 @@ def progress_line(snap: RunSnapshot) -> str:
         parts.append(f"host {fmt_bytes(max(h.rss_bytes for h in snap.host_memory))}")
     if snap.eta_s is not None:
         parts.append(f"ETA {fmt_duration(snap.eta_s)}")
+    if snap.phase:
+        parts.append(phase_text(snap.phase, snap.phase_since, snap.now))
+    if snap.ledger is not None and snap.ledger.goodput is not None:
+        parts.append(f"goodput {100 * snap.ledger.goodput:.1f}%")
     if snap.status in ("running", "stalled") and (vs := deltas(snap)):
         parts.append(" · ".join(vs))
     if snap.status != "running":
@@ -154,6 +163,11 @@ def summary(snap: RunSnapshot) -> str:
         mem.append(f"host RSS peak {fmt_bytes(snap.host_rss_peak_bytes)}")
     if mem:
         row("memory", "  ".join(mem))
+    if snap.ledger is not None and snap.ledger.wall_s > 0:
+        row("goodput", goodput_line(snap.ledger))
+        rules = {f.rule for f in snap.findings if f.severity != "info"}
+        row("time", ", ".join(f"{r.label} {fmt_duration(r.seconds)} ({100 * r.share:.0f}%)"
+                              + (f" -> {r.rule}" if r.rule else "") for r in ledger_rows(snap.ledger, rules)))
     for f in snap.findings:
         row("finding", finding_line(f))
     if snap.disabled_probes:
@@ -294,7 +308,8 @@ def follow_group(
             snap = state.snapshot(now)
             # A line only when something moved: a run that has ended (while TensorFlow tears
             # down) or waits says so once, not every few seconds.
-            key = (snap.step, snap.status, tuple(w.status for w in snap.workers))
+            key = (snap.step, snap.status, tuple(w.status for w in snap.workers), snap.phase, snap.phase_since,
+                   now if snap.phase in BUSY_PHASES else None)
             if key != last_key:
                 say(progress_line(snap))
                 if len(snap.workers) > 1:

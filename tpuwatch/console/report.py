@@ -24,6 +24,8 @@ from typing import Any, Callable
 from tpuwatch import protocol, rundir
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
+from tpuwatch.monitor.ledger import as_dict as ledger_dict
+from tpuwatch.monitor.ledger import rows as ledger_rows
 from tpuwatch.monitor.recording import iter_recording
 from tpuwatch.monitor.runs import run_alive
 from tpuwatch.monitor.snapshot import RunSnapshot, keras_loss, mean_loss, worker_exit_codes
@@ -215,8 +217,21 @@ def _finish_report(state: RunState, diag: FindingsFeed, times: "_StepTimes", met
         "run": _run_section(snap, meta, run_dir, running),
         "summary": _summary_section(snap, p50, p95, steps_per_s, times.examples_per_s(), stats),
         "findings": [_finding_dict(f) for f in findings],
+        "ledger": _ledger_section(snap),
     }
     return _json_safe(report)
+
+
+def _ledger_section(snap: RunSnapshot) -> dict[str, Any] | None:
+    """Where the wall time went (monitor/ledger.py), with the finding that explains each bucket."""
+    lg = snap.ledger
+    if lg is None:
+        return None
+    out = ledger_dict(lg)
+    rules = {f.rule for f in snap.findings if f.severity != "info"}
+    out["rows"] = [{"bucket": r.bucket, "label": r.label, "seconds": round(r.seconds, 6),
+                    "share": round(r.share, 6), "finding": r.rule} for r in ledger_rows(lg, rules, all_buckets=True)]
+    return out
 
 
 def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[WorkerDir],
@@ -475,6 +490,21 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         out.append(("Functions", "", traces))
     if losses:
         out.append(("Replica losses (last step)", "", losses))
+    lg = report.get("ledger")
+    if lg and lg.get("wall_s"):
+        goodput = lg.get("goodput")
+        head = (f"goodput {100 * goodput:.1f}% of {fmt_duration(_num(lg['wall_s']))} wall time"
+                if goodput is not None else f"wall time {fmt_duration(_num(lg['wall_s']))}")
+        if lg.get("ideal_step_s") is not None:
+            head += f" (ideal step {fmt_seconds(_num(lg['ideal_step_s']))}, {lg['steps']:,} steps)"
+        shown = [r for r in lg["rows"] if abs(r["share"]) >= 0.0005 or r["bucket"] == "training"]
+        per_worker = [
+            f"worker {name}: goodput {100 * w['goodput']:.1f}% of {fmt_duration(_num(w['wall_s']))}; "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(w["buckets_s"].items(), key=lambda kv: -kv[1])[:3])
+            for name, w in (lg.get("workers") or {}).items() if w.get("goodput") is not None]
+        out.append(("Goodput", "", [head] + [
+            f"{r['label']:<20}{r['seconds']:>10.2f} s {100 * r['share']:>6.1f}%"
+            + (f"  -> finding {r['finding']}" if r["finding"] else "") for r in shown] + per_worker))
     out.append(("Findings", "", [] if findings else ["none"]))
     if run.get("traceback"):
         out.append(("Traceback", "", run["traceback"].rstrip().splitlines()))

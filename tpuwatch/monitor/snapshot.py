@@ -11,6 +11,7 @@ from typing import Literal, Mapping, Sequence
 
 from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputShare
+from tpuwatch.monitor.ledger import Ledger
 from tpuwatch.protocol import Finding, Retrace
 
 #: "stopped": ended by a stop the user asked for (an interrupt, or a recorded stop request).
@@ -199,6 +200,13 @@ class RunSnapshot:
     host_memory: tuple[HostMemory, ...] = ()
     host_rss_peak_bytes: int | None = None  # largest RSS sampled on any worker
     tpu_metrics_note: str = ""  # why TPU runtime metrics are absent, when they are
+    #: What the primary worker's process is doing (the agent's last ``Phase``; "" before any),
+    #: since when (unix), and on what ("test_step", "CheckpointManager.save").
+    phase: str = ""
+    phase_since: float | None = None
+    phase_detail: str = ""
+    #: Where the wall time went, launch to exit (to ``now`` while live), merged over workers.
+    ledger: Ledger | None = None
     # events, commands, findings
     events: tuple[LogEntry, ...] = ()  # most recent last, bounded
     commands: tuple[CommandView, ...] = ()

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Mapping
 from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputFigures
 from tpuwatch.monitor.diagnostics.tracing import closest_change, function_label, remember_signature
+from tpuwatch.monitor.ledger import Ledger, LedgerBuilder, merge
 from tpuwatch.monitor.runs import ended_state
 from tpuwatch.monitor.snapshot import (
     CommandStatus,
@@ -57,6 +58,7 @@ from tpuwatch.protocol import (
     Hello,
     HostSample,
     Message,
+    Phase,
     Result,
     Retrace,
     StackDump,
@@ -129,6 +131,8 @@ class _Worker:
     host: HostSample | None = None
     rss_peak: int = 0
     last_t: float | None = None
+    phase: Phase | None = None
+    ledger: LedgerBuilder = field(default_factory=LedgerBuilder)
 
     @property
     def topology(self) -> Topology | None:
@@ -239,7 +243,9 @@ class RunState:
             Result: self._result,
             StackDump: self._stack_dump,
             Finding: self._finding,
+            Phase: self._phase,
         }
+        self._stalls: Mapping[str, list[tuple[float, float]]] = {}
 
     # --- input ----------------------------------------------------------------------------------
 
@@ -253,11 +259,12 @@ class RunState:
             if w is None:
                 w = self._worker(worker)
             self._step(msg, w)
+            w.ledger.apply(msg)
             return
         handler = self._handlers.get(type(msg))
         if handler is None:
             return
-        if type(msg) is not HostSample and type(msg) is not DeviceSample:
+        if type(msg) is not HostSample and type(msg) is not DeviceSample and type(msg) is not Phase:
             self.version += 1
         if type(msg) is Hello and worker is None:
             worker = msg.worker
@@ -275,6 +282,7 @@ class RunState:
             if self._last_t is None or t > self._last_t:
                 self._last_t = t
         handler(msg, w)
+        w.ledger.apply(msg)
 
     def apply_all(self, messages: Iterable[Message], worker: str | None = None) -> None:
         for m in messages:
@@ -367,6 +375,20 @@ class RunState:
             self._last_t = t
         if msg.epoch is not None:
             self._epoch = msg.epoch
+
+    def _phase(self, msg: Phase, w: _Worker) -> None:
+        prev = w.phase
+        if prev is None or prev.phase != msg.phase or prev.since != msg.since:
+            self.version += 1  # a new phase is news; an evaluation's progress is a number
+        w.phase = msg
+
+    def set_stall_episodes(self, episodes: Mapping[str, list[tuple[float, float]]]) -> None:
+        """The stall rule's episodes per worker, (start, end) unix: the ledger's *stalled* time."""
+        self._stalls = episodes
+
+    def _ledger(self, workers: list[_Worker], now: float, live: bool) -> Ledger | None:
+        return merge([(w.name, w.ledger.ledger(self._stalls.get(w.name, ()), now=now if live else None))
+                      for w in workers if w.ledger.steps or w.ledger.exit_t is not None or w.phase is not None])
 
     def _step_loss(self, msg: StepLoss, w: _Worker) -> None:
         """The last step's losses, read after it: they belong to that step and nothing newer."""
@@ -706,6 +728,10 @@ class RunState:
                              t=w.host.t) for w in workers if w.host is not None),
             host_rss_peak_bytes=max((w.rss_peak for w in workers), default=0) or None,
             tpu_metrics_note=self._tpu_note,
+            phase=p.phase.phase if p.phase else "",
+            phase_since=p.phase.since if p.phase else None,
+            phase_detail=p.phase.detail if p.phase else "",
+            ledger=self._ledger(workers, now, status in ("running", "stalled", "starting")),
             events=tuple(self._events),
             commands=tuple(self._commands.values()),
             findings=tuple(self._findings.values()),

@@ -58,6 +58,7 @@ from tpuwatch.ui.screens.text_screen import TextScreen
 from tpuwatch.ui.widgets.command_line import CommandLine, command_summary
 from tpuwatch.ui.widgets.event_panel import EventPanel
 from tpuwatch.ui.widgets.findings_panel import FindingsPanel
+from tpuwatch.ui.widgets.goodput_panel import GoodputPanel
 from tpuwatch.ui.widgets.input_panel import InputPanel
 from tpuwatch.ui.widgets.memory_panel import MemoryPanel
 from tpuwatch.ui.widgets.output_panel import OutputPanel
@@ -90,7 +91,7 @@ ENDED = ("finished", "stopped", "crashed")
 LIVE_ACTIONS = (*COMMAND_ACTIONS, "stacks", "detach")
 
 #: Panels in the order the number keys (1..8) jump to them.
-PANEL_IDS = ("step-time", "loss", "memory", "findings", "input", "retraces", "events", "output-log")
+PANEL_IDS = ("step-time", "loss", "memory", "findings", "input", "retraces", "events", "output-log", "goodput")
 
 
 class TpuwatchApp(App[str]):
@@ -231,6 +232,7 @@ class TpuwatchApp(App[str]):
         with Horizontal(id="bottom"):
             yield OutputPanel(id="output")
             yield EventPanel(id="events").data_bind(TpuwatchApp.snapshot)
+            yield GoodputPanel(id="goodput").data_bind(TpuwatchApp.snapshot)
         # The palette key is listed in the help screen: the footer's room goes to our keys.
         yield Footer(compact=True, show_command_palette=False)
 
@@ -582,7 +584,7 @@ class TpuwatchApp(App[str]):
                     if x.id == b.id
                 )
                 rows.append((keys, b.tooltip or b.description, bool(enabled)))
-        rows.append(("1 … 8", "Jump to a panel (step, loss, memory, findings, …)", True))
+        rows.append(("1 … 9", "Jump to a panel (step, loss, memory, findings, …, goodput)", True))
         rows.append(("tab, shift+tab", "Next / previous panel", True))
         rows.append(("n, N", "Next / previous search match (output)", True))
         return rows

@@ -30,6 +30,7 @@ from tpuwatch.protocol import (
     Finding,
     HostSample,
     Message,
+    Phase,
     Retrace,
     Step,
     Topology,
@@ -137,9 +138,11 @@ class Engine:
         elif isinstance(msg, DeviceSample):
             w.on_device(msg)
         elif isinstance(msg, Retrace):
-            w.on_retrace()
+            w.on_retrace(msg.t)
         elif isinstance(msg, Epoch):
             w.on_epoch(msg)
+        elif isinstance(msg, Phase):
+            w.on_phase(msg)
         elif isinstance(msg, Topology):
             tel.on_topology(w, msg)
         elif isinstance(msg, Config):
@@ -203,6 +206,12 @@ class Engine:
             run=combine((w.input_totals.share(th) for w in ws), th),
             workers=per,
         )
+
+    def stall_episodes(self, now: float | None = None) -> dict[str, list[tuple[float, float]]]:
+        """Each worker's stall episodes, (start, end) unix times (the one going on ends at
+        ``now``, else at its finding's gap): the goodput ledger's *stalled* time."""
+        stall = next(r for r in self.rules if isinstance(r, Stall))
+        return {name: stall.episodes(name, self.telemetry, now) for name in self.telemetry.workers}
 
     def findings(self) -> list[Finding]:
         """The current findings (latest per rule and subject, as of the last

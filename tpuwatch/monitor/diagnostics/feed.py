@@ -52,6 +52,7 @@ class FindingsFeed:
         self._next_t = now + self.every_s
         new = self.engine.evaluate(now)
         state.set_input_figures(self.engine.input_figures())
+        state.set_stall_episodes(self.engine.stall_episodes(now))
         for f in new:
             state.add_finding(f, f.worker)
         if new and self.on_new is not None:

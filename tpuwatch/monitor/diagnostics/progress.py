@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tpuwatch.protocol import Finding, Message, Severity, Step
+from tpuwatch.protocol import SEVERITY_RANK, Finding, Message, Severity, Step
 from tpuwatch.units import finding_duration, finding_ms
 
 from .robust_stats import median, quantile, sig
@@ -31,6 +31,12 @@ class Stall(Rule):
     Gaps at epoch boundaries (validation, checkpoints) get a larger, learned allowance; after
     the last planned step (Config.total_steps) the script is finishing, not stalled.
 
+    A gap is judged by its phases (the agent's ``Phase`` messages): what counts against the limit
+    is its longest stretch with nothing progressing. A checkpoint save, a new iterator over a
+    distributed dataset or a trace progress while they last; an evaluation progresses while its
+    calls keep coming (an evaluation whose calls stop is quiet, so it can stall); host time
+    between steps is quiet. A recording without phases is judged by the whole gap, as before.
+
     "Lives": the agent's sampler keeps sending samples (then the gap is measured up to the
     latest message, on the agent's clock, so a replay or a remote viewer with a skewed clock
     sees the same gap), or, without samples, no exit was seen (measured up to ``now``). A run
@@ -43,8 +49,9 @@ class Stall(Rule):
 
     def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
-        #: worker -> long gaps that ended: (step before, seconds, step after)
-        self.gaps: dict[str, list[tuple[int, float, int]]] = {}
+        #: worker -> long gaps that ended: (step before, seconds, step after, (start, seconds) of
+        #: its longest stretch with nothing progressing)
+        self.gaps: dict[str, list[tuple[int, float, int, tuple[float, float]]]] = {}
 
     def limit(self, w: WorkerTelemetry, tel: Telemetry, live: bool) -> StallLimit | None:
         """The stall threshold for a gap after ``w``'s latest step record (None: no stall).
@@ -85,13 +92,19 @@ class Stall(Rule):
         gap = msg.t - w.last_step_t  # type: ignore[attr-defined]
         if gap <= self.th.stall_gap_min_s:
             return  # the fast path: below the smallest possible limit
+        span = w.quiet_span(msg.t)  # type: ignore[attr-defined]
+        quiet = span[1]
         limit = self.limit(w, tel, live=False)
-        if limit is not None and gap >= limit.seconds:
+        seen = self._found.get(w.name)
+        was_ongoing = (seen is not None and seen.evidence.get("ongoing") == 1
+                       and seen.evidence.get("last_step") == w.last_step)
+        if limit is not None and (quiet >= limit.seconds or was_ongoing):
+            # an episode once reported stays reported, whatever the cadence says when it ends
             gaps = self.gaps.setdefault(w.name, [])
-            gaps.append((w.last_step, gap, msg.step))  # type: ignore[attr-defined]
+            gaps.append((w.last_step, gap, msg.step, span))  # type: ignore[attr-defined]
             if len(gaps) > self.th.stall_max_gaps:  # keep the longest, in step order
                 gaps.remove(min(gaps, key=lambda g: g[1]))
-            self._record(w, gap, limit, ongoing=False, resumed_at=msg.step)  # type: ignore
+            self._record(w, gap, limit, ongoing=False, resumed_at=msg.step, quiet=quiet)  # type: ignore
 
     def current(self, tel: Telemetry, now: float) -> dict[str, Finding]:
         for w in tel.step_workers():
@@ -109,10 +122,26 @@ class Stall(Rule):
             gap = end - w.last_step_t
             if gap <= self.th.stall_gap_min_s:
                 continue
+            quiet = w.quiet_s(end)
             limit = self.limit(w, tel, live=not w.ended)
-            if limit is not None and gap >= limit.seconds:
-                self._record(w, gap, limit, ongoing=not w.ended, resumed_at=None)
+            if limit is not None and quiet >= limit.seconds:
+                self._record(w, gap, limit, ongoing=not w.ended, resumed_at=None, quiet=quiet)
         return self._found
+
+    def episodes(self, worker: str, tel: Telemetry | None = None, now: float | None = None
+                 ) -> list[tuple[float, float]]:
+        """(start, end) unix times of the stretches with nothing progressing in ``worker``'s stall
+        episodes that ended, and in the one going on (up to ``now``) if its finding says so: the
+        goodput ledger's *stalled* time."""
+        out = [(start, start + quiet) for _, _, _, (start, quiet) in self.gaps.get(worker, [])]
+        f = self._found.get(worker)
+        if f is not None and f.evidence.get("ongoing") == 1 and tel is not None:
+            w = tel.workers.get(worker)
+            if w is not None and w.last_step_t is not None:
+                end = now if now is not None else (w.last_alive_t or w.last_step_t)
+                start, quiet = w.quiet_span(end)
+                out.append((start, start + quiet))
+        return out
 
     def _finished_after_last_step(self, w: WorkerTelemetry) -> None:
         """A live stall after the last step that ended with the script finishing cleanly was
@@ -135,7 +164,7 @@ class Stall(Rule):
             evidence={**f.evidence, "gap_s": sig(gap, 2), "ongoing": 0, "finished_cleanly": 1})
 
     def _record(self, w: WorkerTelemetry, gap: float, limit: StallLimit, *, ongoing: bool,
-                resumed_at: int | None) -> None:
+                resumed_at: int | None, quiet: float | None = None) -> None:
         th = self.th
         severity: Severity = "critical" if gap >= th.stall_critical_factor * limit.seconds else "warning"
         if ongoing:
@@ -151,11 +180,26 @@ class Stall(Rule):
             "limit_reason": limit.why,
             "ongoing": int(ongoing),
         }
+        if w.phase:
+            evidence["phase"] = w.phase
+        if quiet is not None and quiet < gap - 0.5:
+            evidence["quiet_s"] = sig(quiet, 2)
+            state += (f"; {finding_duration(gap - quiet)} of it in evaluations, saves or new iterators "
+                      f"that progressed, {finding_duration(quiet)} with nothing progressing")
         gaps = self.gaps.get(w.name, [])
         if gaps:
             evidence["long_gaps"] = len(gaps)
-            evidence["gaps"] = "; ".join(f"after step {a}: {finding_duration(g)}" for a, g, _ in gaps)
+            evidence["gaps"] = "; ".join(f"after step {a}: {finding_duration(g)}" for a, g, _, _ in gaps)
         others = f" ({len(gaps)} long gaps in all: {evidence['gaps']})" if len(gaps) > 1 else ""
+        kept = self._found.get(w.name)
+        if kept is not None and SEVERITY_RANK[kept.severity] > SEVERITY_RANK[severity] and gaps:
+            # a worse episode stays the headline; this one still joins its list (every episode
+            # stays in the report)
+            head = kept.message.split(" (", 1)[0] if "long gaps in all" in kept.message else kept.message
+            self._found[w.name] = replace(
+                kept, message=f"{head} ({len(gaps)} long gaps in all: {evidence['gaps']})",
+                evidence={**kept.evidence, "long_gaps": len(gaps), "gaps": evidence["gaps"]})
+            return
         self._keep(w.name, Finding(
             t=(w.last_step_t or 0.0) + gap, rule=self.id, severity=severity,
             message=(f"stall: no step for {finding_duration(gap)} after step {w.last_step} "

@@ -17,6 +17,7 @@ from tpuwatch.protocol import (
     Epoch,
     Exit,
     HostSample,
+    Phase,
     Step,
     Topology,
 )
@@ -75,6 +76,16 @@ class WorkerTelemetry:
     first_epoch_end_t: float | None = None
     epoch_begin_seen: bool = False
     longest_boundary_gap_s: float = 0.0
+    # phases (the agent's Phase messages): the time since the last step that no phase explains.
+    #: The agent's current phase ("" before any Phase message: an older agent).
+    phase: str = ""
+    phase_since: float | None = None
+    #: Start of the current stretch with nothing progressing (None: in a save, a new iterator or
+    #: a trace, which count as progress while they last).
+    quiet_since: float | None = None
+    #: Longest stretch with nothing progressing since the last step record.
+    longest_quiet_s: float = 0.0
+    longest_quiet_at: float | None = None  # where that stretch began
     # host memory: one point per bucket (latest RSS in it), bounded
     rss_points: deque[tuple[float, int]] = field(default_factory=deque)
     rss_first_t: float | None = None
@@ -112,6 +123,9 @@ class WorkerTelemetry:
         if m.step > self.last_step:
             self.last_step = m.step
         self.last_step_t = m.t
+        self.quiet_since = m.t
+        self.longest_quiet_s = 0.0
+        self.longest_quiet_at = None
         if m.t > (self.last_alive_t or 0.0):
             self.last_alive_t = m.t
         if m.epoch is not None and m.epoch != self.epoch:
@@ -144,7 +158,47 @@ class WorkerTelemetry:
         elif len(first) < self.th.jitter_min_records:
             first.append(st)
 
-    def on_retrace(self) -> None:
+    def on_phase(self, m: Phase) -> None:
+        """Evaluations progress by their calls; saves, new iterators and traces while they last;
+        anything else (host time, training between steps) is quiet until the next step."""
+        new = m.phase != self.phase or m.since != self.phase_since
+        self.phase, self.phase_since = m.phase, m.since
+        if m.phase in ("checkpointing", "iterator", "compiling", "evaluating"):
+            at = m.since if new else m.t
+            self._close_quiet(at)
+            # an evaluation is quiet again until its next progress report
+            self.quiet_since = m.t if m.phase == "evaluating" else None
+        elif self.quiet_since is None:
+            self.quiet_since = max(m.since, self.last_step_t or m.since)
+
+    def on_trace_begun(self, t: float) -> None:
+        """A trace began (a Retrace): tracing and compiling progress for up to
+        ``stall_boundary_min_s`` (an XLA compile can take minutes); a step that still has not
+        come after that is quiet from then on."""
+        self._close_quiet(t)
+        self.quiet_since = t + self.th.stall_boundary_min_s
+
+    def _close_quiet(self, at: float) -> None:
+        if self.quiet_since is not None and at - self.quiet_since > self.longest_quiet_s:
+            self.longest_quiet_s = at - self.quiet_since
+            self.longest_quiet_at = self.quiet_since
+
+    def quiet_s(self, end: float) -> float:
+        """Longest stretch since the last step record, up to ``end``, with nothing progressing."""
+        return self.quiet_span(end)[1]
+
+    def quiet_span(self, end: float) -> tuple[float, float]:
+        """(start, seconds) of the longest stretch since the last step record, up to ``end``,
+        with nothing progressing."""
+        current = end - self.quiet_since if self.quiet_since is not None else 0.0
+        if current > self.longest_quiet_s and self.quiet_since is not None:
+            return self.quiet_since, current
+        start = self.longest_quiet_at if self.longest_quiet_at is not None else (self.last_step_t or end)
+        return start, max(self.longest_quiet_s, 0.0)
+
+    def on_retrace(self, t: float | None = None) -> None:
+        if t is not None and self.last_step_t is not None:
+            self.on_trace_begun(t)
         # the step that traced (and the one after) compiled: not steady state
         self.skip_left = max(self.skip_left, self.th.boundary_skip_records)
 

@@ -9,6 +9,7 @@ from textual.widget import Widget
 
 from tpuwatch import units
 from tpuwatch.monitor.baseline import deltas
+from tpuwatch.monitor.ledger import phase_text
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.printable import one_line
 from tpuwatch.ui.printable_content import printable_content
@@ -107,6 +108,8 @@ def _progress_parts(s: RunSnapshot) -> list[str]:
         parts = [f"step {units.integer(s.step)}"]
     if s.epoch is not None:
         parts.append(f"epoch {s.epoch + 1}/{s.epochs}" if s.epochs else f"epoch {s.epoch + 1}")
+    if s.phase and s.status in ("running", "stalled", "starting"):
+        parts.insert(1, phase_text(s.phase, s.phase_since, s.now))  # "evaluating 2:31"
     parts.append(units.clock(elapsed_s(s)))
     if s.steps_per_s is not None and s.status in ("running", "stalled"):
         parts.append(f"{units.count(s.steps_per_s)} steps/s")

@@ -1,0 +1,204 @@
+"""The goodput ledger (monitor/ledger.py) on recorded-shape telemetry with known amounts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tpuwatch.monitor.ledger import BUCKETS, LedgerBuilder, _ideal, goodput_line, ledger_of, merge, phase_text, rows
+from tpuwatch.monitor.state import RunState
+from tpuwatch.protocol import Exit, Hello, Phase, Retrace, Step
+
+T0 = 1_750_000_000.0
+
+
+class Timeline:
+    """Messages as an agent sends them, on a clock that advances."""
+
+    def __init__(self, worker: str = "h:1", launch_ahead_s: float = 0.5) -> None:
+        self.t = T0
+        self.step = 0
+        self.worker = worker
+        self.msgs: list = [
+            Hello(protocol_version=1, agent_version="0", run_id="r", t=T0, pid=1, host="h", worker=worker,
+                  python_version="3", tf_version="2.21.0", keras_version="3", script="s.py", argv=("s.py",)),
+            Phase(t=T0, phase="starting", since=T0 - launch_ahead_s),
+        ]
+
+    def phase(self, name: str, detail: str = "", calls: int = 0, since: float | None = None) -> None:
+        self.msgs.append(Phase(t=self.t, phase=name, since=self.t if since is None else since, detail=detail,
+                               step=self.step, calls=calls))
+
+    def wait(self, s: float) -> None:
+        self.t += s
+
+    def steps(self, n: int, step_s: float, wait_s: float = 0.0, gap_s: float = 0.0, k: int = 1,
+              retrace_first: bool = False) -> None:
+        for i in range(n):
+            self.t += gap_s
+            start = self.t
+            self.t += step_s * k
+            if retrace_first and i == 0:
+                self.msgs.append(Retrace(t=start + 0.5 * step_s, function="train_step", traces=1, instances=1,
+                                         signature="x", change="", step=self.step))
+            self.step += k
+            self.msgs.append(Step(step=self.step, t=self.t, step_time_s=step_s, input_wait_s=wait_s, loss=1.0,
+                                  steps=k, function="train_step"))
+            if self.step == k:
+                self.msgs.append(Phase(t=self.t, phase="training", since=start, detail="train_step", step=self.step))
+
+    def exit(self, after_s: float) -> None:
+        self.t += after_s
+        self.msgs.append(Exit(t=self.t, exit_code=0))
+
+
+def planted() -> Timeline:
+    tl = Timeline()
+    tl.wait(5.0)  # imports, building the data set: starting 5.5 s with the launch 0.5 s ahead
+    tl.steps(1, 2.0, retrace_first=True)  # the first call traces: ~2 s compiling
+    tl.steps(200, 0.010, wait_s=0.002, gap_s=0.001)  # 200 x (8 ms compute + 2 ms wait), 1 ms host gaps
+    tl.phase("evaluating", "test_step")
+    since = tl.t
+    for calls in range(1, 41):
+        tl.wait(0.5)
+        tl.phase("evaluating", "test_step", calls, since=since)  # 20 s of evaluation
+    tl.phase("checkpointing", "CheckpointManager.save")
+    tl.wait(3.0)
+    tl.phase("host")
+    tl.wait(0.5)  # a callback sleeping
+    tl.phase("iterator", "DistributedDataset.__iter__")
+    tl.wait(1.5)
+    tl.phase("host")
+    tl.steps(100, 0.010, wait_s=0.002, gap_s=0.001)
+    tl.wait(30.0)  # a hang between two steps
+    tl.steps(10, 0.010, wait_s=0.002, gap_s=0.001)
+    tl.phase("finishing")
+    tl.exit(2.0)
+    return tl
+
+
+def test_every_planted_amount_lands_in_its_bucket_and_the_buckets_sum_to_the_wall_time():
+    tl = planted()
+    hang_start = next(m.t for m in tl.msgs if isinstance(m, Step) and m.step == 301)
+    lg = ledger_of(tl.msgs, stalls={"h:1": [(hang_start, hang_start + 30.0 + 0.001)]})
+    b = lg.buckets
+    assert lg.ended and lg.steps == 311
+    assert lg.wall_s == pytest.approx(tl.t - (T0 - 0.5))
+    assert sum(b.values()) == pytest.approx(lg.wall_s, rel=1e-9)
+    assert abs(b["unaccounted"]) < 0.01 * lg.wall_s
+    assert lg.ideal_step_s == pytest.approx(0.008, rel=0.01)  # compute time: step less its wait
+    assert b["starting"] == pytest.approx(5.5, abs=0.01)
+    assert b["compiling"] == pytest.approx(2.0 - 0.008, abs=0.01)
+    assert b["training"] == pytest.approx(311 * 0.008, rel=0.01)
+    assert b["input_wait"] == pytest.approx(310 * 0.002, rel=0.01)
+    assert b["above_ideal"] == pytest.approx(0.0, abs=0.01)
+    assert b["evaluating"] == pytest.approx(20.0, abs=0.01)
+    assert b["checkpointing"] == pytest.approx(3.0, abs=0.01)
+    assert b["iterator"] == pytest.approx(1.5, abs=0.01)
+    assert b["stalled"] == pytest.approx(30.0, abs=0.01)
+    assert b["host"] == pytest.approx(0.5 + 310 * 0.001, abs=0.02)
+    assert b["finishing"] == pytest.approx(2.0, abs=0.01)
+    assert lg.goodput == pytest.approx(b["training"] / lg.wall_s)
+
+
+def test_without_stall_episodes_the_hang_is_host_time():
+    lg = ledger_of(planted().msgs)
+    assert lg.buckets["stalled"] == 0.0 and lg.buckets["host"] == pytest.approx(30.8, abs=0.05)
+
+
+def test_the_ideal_step_is_the_mean_at_or_below_median_plus_3_mad_for_microsecond_steps():
+    # 900 steps of 200-210 µs and 100 slow ones of 5 ms: the slow ones are above the ideal
+    tl = Timeline()
+    for i in range(900):
+        tl.steps(1, 200e-6 + (i % 11) * 1e-6)
+    tl.steps(100, 5e-3)
+    tl.exit(0.1)
+    lg = ledger_of(tl.msgs)
+    assert lg.ideal_step_s == pytest.approx(205e-6, rel=0.01)
+    assert lg.buckets["above_ideal"] == pytest.approx(100 * (5e-3 - 205e-6), rel=0.02)
+    assert lg.buckets["training"] == pytest.approx(1000 * 205e-6, rel=0.01)
+
+
+def test_ideal_by_hand():
+    # steps 1,1,1,2,100 (weights 1): median 1, MAD 0, limit 1: mean of the three 1s
+    bins = {}
+    b = LedgerBuilder()
+    for x in (1.0, 1.0, 1.0, 2.0, 100.0):
+        b._step(Step(step=1, t=T0 + 1000, step_time_s=x, input_wait_s=None, loss=None))
+    bins = b._bins
+    assert _ideal(bins) == pytest.approx(1.0, rel=0.006)
+
+
+def test_steps_per_execution_records_count_their_steps():
+    tl = Timeline()
+    tl.steps(50, 0.004, k=8)  # each record: 8 steps of 4 ms
+    tl.exit(0.0)
+    lg = ledger_of(tl.msgs)
+    assert lg.steps == 400 and lg.buckets["training"] == pytest.approx(400 * 0.004, rel=0.01)
+
+
+def test_live_ledger_runs_to_now_and_books_the_time_since_the_last_step_as_host():
+    tl = Timeline()
+    tl.wait(2.0)
+    tl.steps(10, 0.1)
+    b = LedgerBuilder()
+    for m in tl.msgs:
+        b.apply(m)
+    lg = b.ledger(now=tl.t + 7.0)
+    assert not lg.ended
+    assert lg.wall_s == pytest.approx(tl.t + 7.0 - (T0 - 0.5))
+    assert lg.buckets["host"] == pytest.approx(7.0, abs=0.01) and lg.buckets["finishing"] == 0.0
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s)
+
+
+def test_merged_over_workers_each_bucket_is_the_workers_mean():
+    a, b = planted(), planted()
+    b.worker = "h:2"
+    msgs = [("h:1", m) for m in a.msgs] + [("h:2", m) for m in b.msgs]
+    lg = ledger_of(msgs)
+    one = ledger_of(a.msgs)
+    assert lg.workers == 2 and [n for n, _ in lg.per_worker] == ["h:1", "h:2"]
+    for k in BUCKETS:
+        assert lg.buckets[k] == pytest.approx(one.buckets[k])
+    assert merge([]) is None
+
+
+def test_the_run_state_shows_the_same_ledger_as_the_recording():
+    tl = planted()
+    state = RunState(clock=lambda: tl.t)
+    for m in tl.msgs:
+        state.apply(m)
+    snap = state.snapshot(tl.t)
+    direct = ledger_of(tl.msgs)
+    assert snap.ledger is not None
+    for k in BUCKETS:
+        assert snap.ledger.buckets[k] == pytest.approx(direct.buckets[k])
+    assert snap.phase == "finishing"
+
+
+def test_text():
+    lg = ledger_of(planted().msgs)
+    line = goodput_line(lg)
+    assert line.startswith("goodput 3.") and "host between steps" in line and "evaluating" in line
+    labelled = {r.bucket: r.rule for r in rows(lg, ["input-bound"])}
+    assert labelled["input_wait"] == "input-bound" and labelled["evaluating"] == ""
+    assert phase_text("evaluating", T0, T0 + 151) == "evaluating 2:31"
+    assert math.isclose(sum(r.share for r in rows(lg, all_buckets=True)), 1.0)
+
+
+def test_an_evaluation_whose_calls_stop_is_stalled_from_its_last_call():
+    tl = Timeline()
+    tl.steps(10, 0.01)
+    tl.phase("evaluating", "test_step")
+    since = tl.t
+    tl.wait(2.0)
+    tl.phase("evaluating", "test_step", 5, since=since)
+    last_call = tl.t
+    tl.wait(40.0)  # the evaluation's calls stopped: hung
+    tl.steps(1, 0.01)
+    tl.exit(0.0)
+    lg = ledger_of(tl.msgs, stalls={"h:1": [(last_call, last_call + 40.0)]})
+    assert lg.buckets["evaluating"] == pytest.approx(2.0, abs=0.01)
+    assert lg.buckets["stalled"] == pytest.approx(40.0, abs=0.01)
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s)

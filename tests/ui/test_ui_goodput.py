@@ -1,0 +1,54 @@
+"""The Goodput panel and the header's phase, from one recording-shaped run (issue 24)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from textual.widgets import Static
+from ui_support import FakeClock, screen_text, sync
+
+from tpuwatch.monitor.ledger import LABELS, ledger_of
+from tpuwatch.sources.replay_source import ReplaySource
+from tpuwatch.ui.app import TpuwatchApp
+from tpuwatch.ui.widgets.goodput_panel import goodput_text
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "monitor"))
+from test_ledger import planted  # noqa: E402  (the ledger's planted timeline)
+
+
+def _replay() -> ReplaySource:
+    src = ReplaySource(planted().msgs, paused=True, clock=FakeClock(0.0))
+    src.seek_end()
+    return src
+
+
+def test_goodput_text_fits_80_columns_and_names_each_bucket():
+    from tpuwatch.monitor.state import RunState
+
+    tl = planted()
+    state = RunState(clock=lambda: tl.t)
+    for m in tl.msgs:
+        state.apply(m)
+    snap = state.snapshot(tl.t)
+    text = goodput_text(snap, width=76).plain
+    lines = text.splitlines()
+    assert all(len(line) <= 76 for line in lines)
+    direct = ledger_of(tl.msgs)
+    assert lines[0].startswith(f"goodput {100 * direct.goodput:.1f}%")
+    for bucket in ("starting", "compiling", "evaluating", "checkpointing", "iterator", "host", "finishing"):
+        assert LABELS[bucket] in text
+
+
+@sync
+async def test_goodput_panel_at_80x24_is_key_9_expanded() -> None:
+    app = TpuwatchApp(_replay(), refresh_hz=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("9")
+        await pilot.pause()
+        panel = app.query_one("#goodput")
+        assert panel.has_class("-maximised") and panel.region.area > 0
+        body = str(app.query_one("#goodput > .body", Static).render())
+        assert "goodput" in body and "evaluating" in body and "20.00 s" in body
+        assert "Goodput" in screen_text(app)

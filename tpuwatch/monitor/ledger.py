@@ -1,0 +1,402 @@
+"""The goodput ledger: every second of a run's wall time, launch to exit, in one bucket.
+
+A :class:`Ledger` is a pure function of a run's messages (a recording, or what a viewer has
+received so far): :func:`ledger_of` over a list, or a :class:`LedgerBuilder` per worker fed
+message by message (O(1) per step record; :meth:`LedgerBuilder.ledger` is O(distinct step-time
+bins)). Nothing here reads a clock: a live ledger is taken up to the latest message time, or a
+``now`` the caller gives.
+
+Buckets (seconds), in :data:`BUCKETS` order:
+
+- ``starting``: launch (the process's creation, from the agent's first ``Phase``; else its
+  ``Hello``) to the first step call, less evaluations and saves in between;
+- ``compiling``: the step calls that traced a function (a ``Retrace`` inside the call), less an
+  ideal step each; traces outside steps belong to the phase they happen in;
+- ``training``: productive step time, ideal step x steps;
+- ``above_ideal``: step time above the ideal (jitter, slow steps, contention), input wait excluded;
+- ``input_wait``: the step records' ``input_wait_s``;
+- ``evaluating``, ``checkpointing``, ``iterator`` (a new iterator over a distributed dataset):
+  the agent's phases between steps;
+- ``host``: the rest of the time between two steps (callbacks, logging, the script's Python);
+- ``stalled``: host time inside the stall episodes the caller gives (the ``stall`` rule's);
+- ``finishing``: after the last step, outside evaluations and saves, to the exit;
+- ``unaccounted``: wall time less all of the above (overlaps of measured intervals; ~0).
+
+The *ideal step* is ml-goodput-measurement's: the mean of the step times at or below
+median + 3 x MAD, here over each step's compute time (step time less its input wait, so input
+wait is its own bucket), weighted by the steps each record covers. Step times are kept in
+log-spaced bins 0.5% wide, so it works for microsecond and minute steps alike.
+*Goodput* = ``training`` / wall time.
+
+Merged over workers, each bucket (and the wall time) is the workers' mean: every worker of a
+synchronous job lives through the same wall time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from tpuwatch.protocol import Exit, Hello, Message, Phase, Retrace, Step
+
+#: Bucket names in the order they are shown.
+BUCKETS: tuple[str, ...] = (
+    "starting", "compiling", "training", "above_ideal", "input_wait", "evaluating", "checkpointing",
+    "iterator", "host", "stalled", "finishing", "unaccounted",
+)
+
+#: What each bucket is called on screen.
+LABELS: Mapping[str, str] = {
+    "starting": "starting", "compiling": "compiling", "training": "training (ideal)",
+    "above_ideal": "step above ideal", "input_wait": "input wait", "evaluating": "evaluating",
+    "checkpointing": "checkpointing", "iterator": "new iterator", "host": "host between steps",
+    "stalled": "stalled", "finishing": "finishing", "unaccounted": "unaccounted",
+}
+
+#: The diagnostics rule that explains a bucket, when one does.
+RULE_OF: Mapping[str, str] = {
+    "input_wait": "input-bound", "compiling": "retrace-storm", "stalled": "stall",
+    "above_ideal": "step-time-jitter",
+}
+
+_BIN = math.log(1.005)
+#: Host gaps longer than this are kept (bounded) to be split against stall episodes.
+_LONG_GAP_S = 5.0
+_MAX_LONG_GAPS = 1000
+_MAX_TRACED = 10000
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Where a run's wall time went. ``buckets``: seconds per name in :data:`BUCKETS`."""
+
+    wall_s: float
+    buckets: Mapping[str, float]
+    ideal_step_s: float | None  # compute time of an ideal step (None: no step yet)
+    steps: int
+    goodput: float | None  # training / wall (None when the wall time is 0)
+    ended: bool  # the run exited (else the ledger runs to the latest message)
+    workers: int = 1
+    per_worker: tuple[tuple[str, "Ledger"], ...] = field(default=())
+
+    def share(self, bucket: str) -> float:
+        return self.buckets.get(bucket, 0.0) / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def accounted_s(self) -> float:
+        return sum(v for k, v in self.buckets.items() if k != "unaccounted")
+
+
+class LedgerBuilder:
+    """One worker's ledger, built incrementally from its messages in order."""
+
+    def __init__(self) -> None:
+        self.launch_t: float | None = None
+        self.exit_t: float | None = None
+        self.last_t: float | None = None
+        self.booked = dict.fromkeys(BUCKETS, 0.0)
+        self._bins: dict[int, list[float]] = {}  # bin -> [steps, compute seconds]
+        self.steps = 0
+        self._plain_steps = 0
+        self._plain_time = 0.0  # step time (compute + wait) of records that traced nothing
+        self._wait = 0.0
+        self._traced: list[tuple[float, int]] = []  # (step time x steps, steps) of tracing records
+        self._retraces: list[float] = []  # times of traces since the last step record
+        self._phase = "starting"  # the agent's phase at _cursor
+        self._phases: list[tuple[float, str]] = []  # phase changes after _cursor
+        self._cursor: float | None = None  # end of the last step record
+        # long stretches between steps (start, end, bucket), to split by stall episodes
+        self._long_gaps: list[tuple[float, float, str]] = []
+
+    def apply(self, msg: Message) -> None:
+        t = getattr(msg, "t", None)
+        if type(msg) is Step:
+            self._step(msg)
+        elif type(msg) is Phase:
+            if self.launch_t is None or (msg.phase == "starting" and msg.since < self.launch_t):
+                self.launch_t = msg.since
+            if msg.phase != "training" and (not self._phases or self._phases[-1] != (msg.since, msg.phase)):
+                self._phases.append((msg.since, msg.phase))
+        elif type(msg) is Retrace:
+            if len(self._retraces) < 100:
+                self._retraces.append(msg.t)
+        elif type(msg) is Hello:
+            if self.launch_t is None:
+                self.launch_t = msg.t
+        elif type(msg) is Exit:
+            if self.exit_t is None or msg.source == "agent":
+                self.exit_t = msg.t
+        if isinstance(t, (int, float)):
+            if self.launch_t is None:
+                self.launch_t = float(t)
+            if self.last_t is None or t > self.last_t:
+                self.last_t = float(t)
+
+    def _step(self, msg: Step) -> None:
+        n = max(1, msg.steps)
+        total = msg.step_time_s * n
+        start = msg.t - total
+        if self.launch_t is None:
+            self.launch_t = start
+        cursor = self._cursor
+        if cursor is not None and not self._phases and self._phase in ("training", "host", "starting"):
+            # the hot path: a gap between two steps with no phase change in it
+            if start > cursor:
+                self._book(self._phase, cursor, start, between_steps=True)
+        else:
+            self._book_until(start, between_steps=cursor is not None)
+        self._cursor = msg.t if msg.t > start else start
+        traced = False
+        if self._retraces:
+            traced = any(start <= rt <= msg.t for rt in self._retraces)
+            self._retraces.clear()
+        self.steps += n
+        if traced and len(self._traced) < _MAX_TRACED:
+            self._traced.append((total, n))
+            return
+        wait = (msg.input_wait_s or 0.0) * n
+        wait = min(max(wait, 0.0), total)
+        self._wait += wait
+        self._plain_time += total
+        self._plain_steps += n
+        compute = (total - wait) / n
+        key = int(math.floor(math.log(compute) / _BIN)) if compute > 0 else -10**6
+        b = self._bins.get(key)
+        if b is None:
+            self._bins[key] = [float(n), compute * n]
+        else:
+            b[0] += n
+            b[1] += compute * n
+
+    def _book_until(self, end: float, *, between_steps: bool) -> None:
+        """Books [cursor, end] by the agent's phases (before the first step: from launch)."""
+        t = self._cursor if self._cursor is not None else self.launch_t
+        if t is None:
+            return
+        changes = self._phases
+        i = 0
+        phase = self._phase
+        while True:
+            while i < len(changes) and changes[i][0] <= t:
+                phase = changes[i][1]
+                i += 1
+            nxt = changes[i][0] if i < len(changes) else end
+            seg_end = min(nxt, end)
+            if seg_end > t:
+                self._book(phase, t, seg_end, between_steps=between_steps)
+                t = seg_end
+            if seg_end >= end:
+                break
+        # keep the phase in force at ``end`` and the changes after it
+        while i < len(changes) and changes[i][0] <= end:
+            phase = changes[i][1]
+            i += 1
+        self._phase = phase
+        del changes[:i]
+
+    def _book(self, phase: str, start: float, end: float, *, between_steps: bool) -> None:
+        seconds = end - start
+        if between_steps and phase in ("training", "host", "starting") and seconds < _LONG_GAP_S:
+            self.booked["host"] += seconds  # the usual gap between two steps
+            return
+        if phase in ("evaluating", "checkpointing"):
+            bucket = phase
+        elif not between_steps and self._cursor is None:
+            bucket = "starting"  # before the first step, the rest is starting
+        elif phase == "iterator":
+            bucket = "iterator"
+        elif between_steps:
+            bucket = "host"
+        else:
+            bucket = "finishing"
+        self.booked[bucket] += seconds
+        if self._cursor is not None and seconds >= _LONG_GAP_S and len(self._long_gaps) < _MAX_LONG_GAPS:
+            self._long_gaps.append((start, end, bucket))
+
+    def ledger(self, stalls: Sequence[tuple[float, float]] = (), now: float | None = None) -> Ledger:
+        """The ledger so far. ``stalls``: (start, end) unix times of the stall episodes (their
+        host time between steps is *stalled*); ``now``: the end of a live run's ledger (default
+        the latest message time)."""
+        start = self.launch_t
+        ended = self.exit_t is not None
+        end = self.exit_t if ended else (now if now is not None else self.last_t)
+        if start is None or end is None:
+            return Ledger(0.0, dict.fromkeys(BUCKETS, 0.0), None, 0, None, ended)
+        buckets = dict(self.booked)
+        # the tail after the last step (or everything, before it), booked on a copy of the state
+        tail = _copy(self)
+        tail._book_until(max(end, tail._cursor or end), between_steps=False)
+        for k in BUCKETS:
+            buckets[k] = tail.booked[k]
+        long_gaps = tail._long_gaps
+        if not ended and self._cursor is not None:
+            # live: the time since the last step is host time until the run ends
+            buckets["host"] += buckets["finishing"]
+            buckets["finishing"] = 0.0
+            long_gaps = [(s, e, "host" if b == "finishing" else b) for s, e, b in long_gaps]
+        # the stall rule's stretches with nothing progressing, between steps or after the last
+        # (whatever phase the agent last named: an evaluation whose calls stopped is stalled)
+        buckets["stalled"] = 0.0
+        for s, e, bucket in long_gaps if stalls else ():
+            moved = _overlap((s, e), stalls)
+            buckets[bucket] -= moved
+            buckets["stalled"] += moved
+        ideal = _ideal(self._bins)
+        traced_time = sum(x for x, _ in self._traced)
+        traced_steps = sum(n for _, n in self._traced)
+        if ideal is None and traced_steps:
+            ideal = min(x / n for x, n in self._traced)
+        productive = (ideal or 0.0) * (self._plain_steps + traced_steps)
+        buckets["compiling"] = max(0.0, traced_time - (ideal or 0.0) * traced_steps)
+        buckets["training"] = productive
+        buckets["input_wait"] = self._wait
+        buckets["above_ideal"] = max(0.0, self._plain_time - self._wait - (ideal or 0.0) * self._plain_steps)
+        wall = max(0.0, end - start)
+        buckets["unaccounted"] = 0.0
+        buckets["unaccounted"] = wall - sum(buckets.values())
+        return Ledger(wall, buckets, ideal, self.steps, productive / wall if wall > 0 else None, ended)
+
+
+def _copy(b: LedgerBuilder) -> LedgerBuilder:
+    c = LedgerBuilder.__new__(LedgerBuilder)
+    c.__dict__.update(b.__dict__)
+    c.booked = dict(b.booked)
+    c._phases = list(b._phases)
+    c._long_gaps = list(b._long_gaps)
+    return c
+
+
+def _overlap(gap: tuple[float, float], spans: Sequence[tuple[float, float]]) -> float:
+    a, b = gap
+    return sum(max(0.0, min(b, e) - max(a, s)) for s, e in spans)
+
+
+def _ideal(bins: Mapping[int, list[float]]) -> float | None:
+    """Mean of the per-step compute times at or below median + 3 x MAD (weighted by steps)."""
+    if not bins:
+        return None
+    items = sorted((v[1] / v[0], v[0], v[1]) for v in bins.values())  # (mean time, steps, seconds)
+    med = _weighted_median([(x, w) for x, w, _ in items])
+    mad = _weighted_median(sorted((abs(x - med), w) for x, w, _ in items))
+    limit = med + 3.0 * mad
+    steps = sum(w for x, w, _ in items if x <= limit * (1 + 1e-9))
+    seconds = sum(s for x, _, s in items if x <= limit * (1 + 1e-9))
+    return seconds / steps if steps else med
+
+
+def _weighted_median(pairs: Sequence[tuple[float, float]]) -> float:
+    """The lower weighted median of sorted (value, weight) pairs."""
+    half = sum(w for _, w in pairs) / 2.0
+    acc = 0.0
+    for x, w in pairs:
+        acc += w
+        if acc >= half:
+            return x
+    return pairs[-1][0]
+
+
+def merge(ledgers: Sequence[tuple[str, Ledger]]) -> Ledger | None:
+    """The workers' ledgers as one: each bucket, the wall time and the steps are their means."""
+    if not ledgers:
+        return None
+    if len(ledgers) == 1:
+        name, only = ledgers[0]
+        return Ledger(only.wall_s, only.buckets, only.ideal_step_s, only.steps, only.goodput, only.ended,
+                      1, ((name, only),))
+    k = len(ledgers)
+    ls = [lg for _, lg in ledgers]
+    wall = sum(lg.wall_s for lg in ls) / k
+    buckets = {b: sum(lg.buckets.get(b, 0.0) for lg in ls) / k for b in BUCKETS}
+    ideals = [lg.ideal_step_s for lg in ls if lg.ideal_step_s is not None]
+    return Ledger(wall, buckets, sum(ideals) / len(ideals) if ideals else None,
+                  round(sum(lg.steps for lg in ls) / k), buckets["training"] / wall if wall > 0 else None,
+                  all(lg.ended for lg in ls), k, tuple(ledgers))
+
+
+def ledger_of(messages: Iterable[Message | tuple[str, Message]],
+              stalls: Mapping[str, Sequence[tuple[float, float]]] | None = None) -> Ledger | None:
+    """The merged ledger of a finished recording: ``messages`` in order, each a message (one
+    worker, named by its Hello) or a (worker, message) pair. ``stalls``: per worker, its stall
+    episodes (start, end)."""
+    builders: dict[str, LedgerBuilder] = {}
+    current = ""
+    for item in messages:
+        if isinstance(item, tuple):
+            worker, msg = item
+        else:
+            msg = item
+            if isinstance(msg, Hello):
+                current = msg.worker
+            worker = current
+        b = builders.get(worker)
+        if b is None:
+            b = builders[worker] = LedgerBuilder()
+        b.apply(msg)
+    stalls = stalls or {}
+    return merge([(name, b.ledger(stalls.get(name, ()))) for name, b in builders.items() if b.steps or b.exit_t])
+
+
+# --- text: one rendering for the headless line, the summary, the report and the panel ----------
+
+@dataclass(frozen=True)
+class LedgerRow:
+    bucket: str
+    label: str
+    seconds: float
+    share: float  # of the wall time
+    rule: str  # the finding that explains it, when one is present ("" otherwise)
+
+
+def rows(ledger: Ledger, finding_rules: Iterable[str] = (), *, all_buckets: bool = False) -> list[LedgerRow]:
+    """The buckets in :data:`BUCKETS` order (those under 0.05% of the wall time left out unless
+    ``all_buckets``), each pointing to the finding rule among ``finding_rules`` that explains it."""
+    present = set(finding_rules)
+    out = []
+    for b in BUCKETS:
+        seconds = ledger.buckets.get(b, 0.0)
+        share = ledger.share(b)
+        if not all_buckets and abs(share) < 0.0005:
+            continue
+        rule = RULE_OF.get(b, "")
+        out.append(LedgerRow(b, LABELS[b], seconds, share, rule if rule in present else ""))
+    return out
+
+
+def goodput_line(ledger: Ledger, top: int = 3) -> str:
+    """``goodput 62% of 3m07s; host between steps 21%, evaluating 9%, starting 5%``."""
+    from tpuwatch.units import fmt_duration
+
+    head = "goodput " + (f"{100 * ledger.goodput:.1f}%" if ledger.goodput is not None else "?")
+    head += f" of {fmt_duration(ledger.wall_s)}"
+    rest = sorted((r for r in rows(ledger) if r.bucket not in ("training", "unaccounted")),
+                  key=lambda r: -r.seconds)[:top]
+    if rest:
+        head += "; " + ", ".join(f"{r.label} {100 * r.share:.0f}%" for r in rest)
+    return head
+
+
+def phase_text(phase: str, since: float | None, now: float) -> str:
+    """``evaluating 2:31``: the phase and how long it has lasted."""
+    from tpuwatch.units import clock
+
+    if not phase:
+        return ""
+    return f"{phase} {clock(now - since)}" if since is not None else phase
+
+
+def as_dict(ledger: Ledger) -> dict[str, object]:
+    """Plain JSON for ``report --format json``: seconds and shares per bucket, per worker too."""
+    def one(lg: Ledger) -> dict[str, object]:
+        return {
+            "wall_s": round(lg.wall_s, 6),
+            "goodput": None if lg.goodput is None else round(lg.goodput, 6),
+            "ideal_step_s": None if lg.ideal_step_s is None else round(lg.ideal_step_s, 9),
+            "steps": lg.steps,
+            "ended": lg.ended,
+            "buckets_s": {b: round(lg.buckets.get(b, 0.0), 6) for b in BUCKETS},
+        }
+
+    out = one(ledger)
+    out["workers"] = {name: one(lg) for name, lg in ledger.per_worker} if ledger.workers > 1 else {}
+    return out
