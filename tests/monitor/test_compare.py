@@ -100,3 +100,24 @@ def test_bad_input_is_one_line_and_a_usage_exit(tmp_path):
     missing = _cli(a, tmp_path / "nope")
     assert missing.returncode == 2 and missing.stderr.startswith("tpuwatch: run B (")
     assert "Traceback" not in missing.stderr
+
+
+def test_wall_time_and_every_ledger_bucket_side_by_side_with_differences(tmp_path):
+    # Issue 24: compare shows the goodput ledger of each run: wall time and its buckets, each
+    # the run's own report figure, with the difference against the first run.
+    a, b = _copy(tmp_path, "a", "healthy_4replica.jsonl"), _copy(tmp_path, "b", "input_bound.jsonl")
+    runs = [compare.load("A", a), compare.load("B", b)]
+    data = compare.compare(runs)
+    for run, row in zip(runs, data["runs"]):
+        ledger = run.report["ledger"]
+        assert row["figures"]["wall_time_s"] == ledger["wall_s"]
+        assert row["figures"]["goodput"] == ledger["goodput"]
+        for bucket, seconds in ledger["buckets_s"].items():
+            assert row["figures"][f"ledger_{bucket}_s"] == seconds
+    figs = {r["label"]: r["figures"] for r in data["runs"]}
+    assert figs["B"]["ledger_input_wait_s"] > figs["A"]["ledger_input_wait_s"]
+    text = _cli(a, b).stdout
+    assert "goodput" in text and "input wait" in text
+    # a bucket row carries both runs' seconds and their difference
+    (row,) = [ln for ln in text.splitlines() if ln.strip().startswith("training (ideal)")]
+    assert len(row.split()) >= 5, row

@@ -29,6 +29,7 @@ from typing import Any
 
 from tpuwatch.console.report import build_report
 from tpuwatch.monitor.diagnostics.robust_stats import median
+from tpuwatch.monitor.ledger import BUCKETS, LABELS
 from tpuwatch.protocol import Step
 from tpuwatch.units import UNKNOWN, fmt_duration, fmt_pct, fmt_rate, fmt_seconds
 
@@ -152,8 +153,13 @@ def _num(v: Any) -> float | None:
 #: (key, label, how to read the figure from a RunData, how to show it, a difference in seconds?)
 def _figures(r: RunData) -> dict[str, float | None]:
     s = r.summary
+    ledger = r.report.get("ledger") or {}
+    buckets = ledger.get("buckets_s") or {}
+    wall = _num(ledger.get("wall_s"))  # the wall time the ledger's buckets add up to
     return {
-        "wall_time_s": _num(r.run.get("duration_s")),
+        "wall_time_s": wall if wall is not None else _num(r.run.get("duration_s")),
+        "goodput": _num(ledger.get("goodput")),
+        **{f"ledger_{b}_s": _num(buckets.get(b)) for b in BUCKETS},
         "step_time_p50_s": _num(s.get("step_time_p50_s")),
         "step_time_p95_s": _num(s.get("step_time_p95_s")),
         "steps_per_s": _num(s.get("steps_per_s")),
@@ -171,9 +177,13 @@ _ROWS: list[tuple[str, str]] = [
     ("step_time_p95_s", "step time p95"),
     ("steps_per_s", "steps/s"),
     ("examples_per_s", "examples/s"),
-    ("input_wait_share", "input wait"),
+    ("input_wait_share", "input wait, of step time"),
     ("last_loss", "last loss"),
+    ("goodput", "goodput, of wall time"),
+    *((f"ledger_{b}_s", f"  {LABELS[b]}") for b in BUCKETS),
 ]
+#: A ledger bucket shorter than this in every run is left out of the table (it says nothing).
+_MIN_BUCKET_S = 0.05
 
 
 def _show(key: str, v: float | None) -> str:
@@ -181,6 +191,10 @@ def _show(key: str, v: float | None) -> str:
         return UNKNOWN
     if key == "wall_time_s":
         return fmt_duration(v)
+    if key.startswith("ledger_"):
+        return fmt_seconds(v)
+    if key == "goodput":
+        return fmt_pct(v)
     if key.endswith("_s") and key.startswith("step_time"):
         return fmt_seconds(v)
     if key == "steps_per_s":
@@ -198,14 +212,14 @@ def _delta(key: str, base: float | None, other: float | None) -> str:
     if base is None or other is None:
         return ""
     d = other - base
-    if key == "input_wait_share":
+    if key in ("input_wait_share", "goodput"):
         return f"{100 * d:+.0f} pt"
     if key in ("last_loss",):
         return f"{d:+.4g}"
     rel = f" ({d / base:+.0%})" if base else ""
     if key == "steps" or abs(d) >= 100:
         return f"{d:+,.0f}{rel}"
-    if key in ("wall_time_s", "step_time_p50_s", "step_time_p95_s"):
+    if key in ("wall_time_s", "step_time_p50_s", "step_time_p95_s") or key.startswith("ledger_"):
         return _signed_s(d) + rel
     return f"{d:+.3g}{rel}"
 
@@ -344,6 +358,9 @@ def _table(data: dict[str, Any]) -> list[list[str]]:
     header = ["", *(r["label"] for r in runs), *(f"{r['label']} - {base['label']}" for r in runs[1:])]
     rows = [header]
     for key, title in _ROWS:
+        values = [r["figures"].get(key) for r in runs]
+        if key.startswith("ledger_") and all(v is None or abs(v) < _MIN_BUCKET_S for v in values):
+            continue
         b = base["figures"][key]
         rows.append([title, *(_show(key, r["figures"][key]) for r in runs),
                      *(_delta(key, b, r["figures"][key]) for r in runs[1:])])
