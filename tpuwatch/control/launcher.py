@@ -1,8 +1,9 @@
 """Starting a training script under the agent, and stopping it.
 
 The child runs in its own session (``start_new_session=True``) with stdout/stderr going to
-``output.log`` in the run directory, never to a pipe the viewer owns: if the viewer dies, a pipe
-would kill training with SIGPIPE (DESIGN §1). The launcher records the end of the run
+``output.log`` in the run directory through a pipe drained by the output pump (its own process,
+``output_pump``: the script never waits on the run directory's disk), never to a pipe the viewer
+owns: if the viewer dies, a pipe would kill training with SIGPIPE (DESIGN §1). The launcher records the end of the run
 (``run.json`` and, when the agent could not, an ``exit`` record).
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from tpuwatch import address, protocol, rundir, settings
+from tpuwatch.control import output_pump
 from tpuwatch.control.run_stop import record_stop_request
 from tpuwatch.monitor.runs import ended_state
 
@@ -36,6 +38,7 @@ class Launch:
     run_id: str
     proc: subprocess.Popen
     started: float
+    pump: subprocess.Popen | None = None  # the output pump (None: the script writes output.log itself)
 
     @property
     def pid(self) -> int:
@@ -176,16 +179,71 @@ def start(
         **(extra_meta or {}),
     }
     rundir.write_meta(run_dir, meta)
-    log = os.fdopen(os.open(run_dir / rundir.OUTPUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+    out, pump = _start_output(run_dir)
     try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env=child_env, start_new_session=True)
     except OSError as e:
         raise LaunchError(f"cannot start {exe}: {e.strerror}") from None
     finally:
-        log.close()
+        os.close(out)  # the pump sees the end of the pipe once the script (and its children) closed it
     rundir.update_meta(run_dir, child_pid=proc.pid, pgid=proc.pid)
-    return Launch(run_dir=run_dir, run_id=run_id, proc=proc, started=started)
+    return Launch(run_dir=run_dir, run_id=run_id, proc=proc, started=started, pump=pump)
+
+
+def _start_output(run_dir: Path) -> tuple[int, subprocess.Popen | None]:
+    """The script's stdout and stderr: the writing end of a pipe to the output pump, which appends
+    to output.log (tpuwatch/control/output_pump.py: the script never waits on the run directory's
+    disk); output.log itself if the pump cannot start. Returns that descriptor and the pump."""
+    log = os.open(run_dir / rundir.OUTPUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return log, None
+    output_pump.widen_pipe(w)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
+    try:
+        # Its own session: no terminal signal and no stop of the training's process group reaches it.
+        pump = subprocess.Popen([sys.executable, "-m", "tpuwatch.control.output_pump", str(run_dir)],
+                                stdin=r, stdout=log, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    except OSError:
+        os.close(w)
+        return log, None
+    finally:
+        os.close(r)
+    os.close(log)
+    return w, pump
+
+
+#: How long the end of a run waits at most for the output pump to write what the script left in
+#: the pipe (a slow disk with a full buffer); after that the pump finishes on its own.
+OUTPUT_DRAIN_S = 15.0
+#: ... and how long output.log must stay the same size for the pump to count as caught up when a
+#: child of the script keeps the pipe open (the pump then lives as long as that child).
+OUTPUT_QUIET_S = 0.5
+
+
+def wait_for_output(launch: Launch, timeout: float = OUTPUT_DRAIN_S, quiet_s: float = OUTPUT_QUIET_S) -> None:
+    """Waits until the script's output is in output.log: the pump has read the pipe to its end, or
+    output.log has stopped growing (a process the script left behind holds the pipe)."""
+    pump = launch.pump
+    if pump is None:
+        return
+    path = launch.run_dir / rundir.OUTPUT
+    start = last_change = time.monotonic()
+    size = -1
+    while pump.poll() is None:
+        now = time.monotonic()
+        try:
+            new = os.stat(path).st_size
+        except OSError:
+            new = -1
+        if new != size:
+            size, last_change = new, now
+        if now - start >= timeout or now - last_change >= quiet_s:
+            return
+        time.sleep(0.05)
 
 
 def exit_code_of(returncode: int) -> int:
@@ -196,6 +254,7 @@ def exit_code_of(returncode: int) -> int:
 def finish(launch: Launch, clock: Callable[[], float] = time.time) -> int:
     """Waits for the child; records the end of the run. Returns the shell exit code."""
     returncode = launch.proc.wait()
+    wait_for_output(launch)
     code = exit_code_of(returncode)
     sig = -returncode if returncode < 0 else None
     # The run is over: the disk reserve is for exactly these last records (on a full disk they

@@ -1,0 +1,105 @@
+"""Issue 26, the hard edges inside the training process: a slow run-directory disk (6), a script
+that closed or replaced stderr (9), a script that reuses the agent's descriptors (10),
+``os.setsid`` (11), re-exec, ``sys.path``, a huge argv and a patched ``time.time`` (12).
+Real subprocesses; a real ext4 file system on a loop device, frozen with ``fsfreeze``, for the
+disk that does not answer (root only, as in CI)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from hard_edges import umount, wait_for, write_script
+
+from tpuwatch.control import output_pump
+from tpuwatch.protocol import Event, Exit
+from tpuwatch_testing import child_env, read_messages
+
+# --- 6. a slow run-directory disk ------------------------------------------------------------------
+
+
+@pytest.fixture
+def ext4_disk(tmp_path):
+    """A 64 MB ext4 file system on a loop device (root only), unfrozen and unmounted afterwards;
+    a watchdog unfreezes it after 120 s whatever happens to the test (a frozen disk hangs every
+    writer, this test's cleanup included)."""
+    if os.geteuid() != 0:
+        pytest.skip("a loop device and fsfreeze need root")
+    image = tmp_path / "disk.img"
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True, capture_output=True)
+    watchdog = subprocess.Popen(["sh", "-c", f"sleep 120; fsfreeze -u '{mnt}'"], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    yield mnt
+    subprocess.run(["fsfreeze", "-u", str(mnt)], capture_output=True)
+    watchdog.kill()
+    watchdog.wait()
+    umount(mnt)
+
+
+PRINTING_SCRIPT = """
+import os, sys, time
+ready, go, printed, end = sys.argv[1:5]
+open(ready, "w").close()
+while not os.path.exists(go):
+    time.sleep(0.02)
+for i in range({lines}):
+    print(f"out {{i}} " + "x" * 200)
+    sys.stderr.write(f"err {{i}}\\n")
+open(printed, "w").close()
+while not os.path.exists(end):
+    time.sleep(0.02)
+print("the last line")
+os._exit(3)
+"""
+
+
+def test_a_disk_that_does_not_answer_never_holds_the_script(tmp_path, ext4_disk):
+    """The run directory's file system is frozen (every write to it waits) while the script prints
+    12 MB, stdout and stderr interleaved: the script must get through its prints while the disk
+    is frozen; once it thaws, output.log must hold the end of the output in order (the last line
+    before ``os._exit`` included), and the recording must say the output was late and what was
+    dropped. Before: the script's first print waited for the disk (it never got through)."""
+    lines = 50_000  # ~12 MB: more than the pump holds (8 MiB) and the pipe (1 MiB) together
+    script = write_script(tmp_path / "printing.py", PRINTING_SCRIPT.format(lines=lines))
+    ready, go, printed, end = (tmp_path / n for n in ("ready", "go", "printed", "end"))
+    run_dir = ext4_disk / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
+                             str(script), str(ready), str(go), str(printed), str(end)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), start_new_session=True)
+    try:
+        wait_for(ready.exists, 120, "the script to start")
+        subprocess.run(["fsfreeze", "-f", str(ext4_disk)], check=True)
+        frozen_at = time.monotonic()
+        go.touch()
+        deadline = time.monotonic() + 60
+        while not printed.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        got_through = printed.exists()
+        time.sleep(max(0.0, output_pump.LATE_S + 0.5 - (time.monotonic() - frozen_at)))
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(ext4_disk)], capture_output=True)
+    assert got_through, "the script's print waited for the run directory's disk"
+    end.touch()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    log = (run_dir / "output.log").read_text().splitlines()
+    assert log[-1] == "the last line"
+    tail = log[-2 * 1000 - 1:-1]  # the last 1000 lines of each stream, interleaved as written
+    first = int(tail[0].split()[1])
+    assert tail == [line for i in range(first, lines) for line in (f"out {i} " + "x" * 200, f"err {i}")]
+    messages = read_messages(run_dir / "events.jsonl")
+    said = [m.message for m in messages if isinstance(m, Event)]
+    assert any(output_pump.LATE_MESSAGE in m for m in said), said
+    (note,) = [m for m in said if "dropped" in m and "bytes of the script's output" in m]
+    dropped = int(note.split("dropped ")[1].split(" bytes")[0].replace(",", ""))
+    assert dropped == sum(len(f"out {i} " + "x" * 200) + len(f"err {i}") + 2 for i in range(lines)) \
+        + len("the last line\n") - os.path.getsize(run_dir / "output.log")
+    assert [m.exit_code for m in messages if isinstance(m, Exit)] == [3]
