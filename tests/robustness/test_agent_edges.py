@@ -10,12 +10,13 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from hard_edges import umount, wait_for, write_script
+from hard_edges import meta, tpuwatch, umount, wait_for, write_script
 
 from tpuwatch.control import output_pump
-from tpuwatch.protocol import Event, Exit
+from tpuwatch.protocol import Event, ExceptionRaised, Exit
 from tpuwatch_testing import child_env, read_messages
 
 # --- 6. a slow run-directory disk ------------------------------------------------------------------
@@ -103,3 +104,41 @@ def test_a_disk_that_does_not_answer_never_holds_the_script(tmp_path, ext4_disk)
     assert dropped == sum(len(f"out {i} " + "x" * 200) + len(f"err {i}") + 2 for i in range(lines)) \
         + len("the last line\n") - os.path.getsize(run_dir / "output.log")
     assert [m.exit_code for m in messages if isinstance(m, Exit)] == [3]
+
+
+# --- 9. a script that closed or replaced stderr -------------------------------------------------
+
+CLOSED_STDERR = {
+    "fd 2 closed": "import os\nos.close(2)\nraise ValueError('after closing fd 2')\n",
+    "sys.stderr None": "import sys\nsys.stderr = None\nraise ValueError('stderr is None')\n",
+    "sys.stderr without flush": (
+        "import sys\n"
+        "class Writer:\n"
+        "    def write(self, text):\n"
+        "        sys.__stdout__.write(text)\n"
+        "sys.stderr = Writer()\n"
+        "raise ValueError('no flush')\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLOSED_STDERR))
+def test_a_crash_without_a_usable_stderr_is_recorded(tmp_path, case):
+    """The script made stderr unusable, then raised: its exception and the agent's exit are
+    recorded, the socket is removed, and tpuwatch adds no traceback of its own (the traceback is
+    written where Python would write it: nowhere, or to the replacement). Before: tpuwatch's own
+    AttributeError/OSError escaped, the run "ended abruptly" and agent.sock stayed."""
+    script = write_script(tmp_path / "crash.py", CLOSED_STDERR[case])
+    run_dir = tmp_path / "run"
+    proc = tpuwatch("run", "--headless", "--run-dir", str(run_dir), str(script))
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=child_env())
+    assert proc.returncode == plain.returncode, proc.stderr  # 1, or 120 when Python cannot flush at exit
+    messages = read_messages(run_dir / "events.jsonl")
+    (raised,) = [m for m in messages if isinstance(m, ExceptionRaised)]
+    assert raised.type == "ValueError"
+    assert [(m.source, m.exit_code) for m in messages if isinstance(m, Exit)] == [("agent", plain.returncode)]
+    assert not Path(meta(run_dir)["socket"]).exists()
+    output = (run_dir / "output.log").read_text()
+    assert "AttributeError" not in output and "OSError" not in output, output
+    if case == "sys.stderr without flush":
+        assert output.rstrip().endswith("ValueError: no flush"), output
+        assert plain.stdout.rstrip().endswith("ValueError: no flush")

@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     guards.install(agent)  # full disk, fork(), SIGTERM
     code, sig, reason = _run_script(agent, ns, target)
     code, sig, reason = _finish_python(code, sig, reason)
+    if sig is None and std_flush_fails():
+        code, reason = EXIT_FLUSH_FAILED, reason or "Python could not flush sys.stdout or sys.stderr at exit"
     if agent.step_probe is not None:  # the last step's losses, if its record went without them
         try:
             agent.step_probe.read_unread_losses()
@@ -148,7 +150,7 @@ def _finish_python(code: int, sig: int | None, reason: str) -> tuple[int, int | 
         if sig is None:
             return 128 + signal.SIGINT, signal.SIGINT, "interrupted (SIGINT) while waiting for the script's threads"
     except BaseException as e:  # an atexit handler's own error is printed, as Python does
-        sys.stderr.write(f"Error in atexit handler: {type(e).__name__}: {e}\n")
+        write_stderr(f"Error in atexit handler: {type(e).__name__}: {e}\n")
     return code, sig, reason
 
 
@@ -176,8 +178,7 @@ def _run_script(agent, ns: argparse.Namespace, target: str) -> tuple[int, int | 
     except BaseException as e:  # the script's own exception: record it, then behave like Python
         agent.emit(ExceptionRaised(t=time.time(), type=type(e).__name__, message=str(e)[:2000],
                                    traceback=format_exception(e)[-20000:]))
-        sys.stderr.write(format_exception(e))
-        sys.stderr.flush()
+        write_stderr(format_exception(e))
         code = 1
         reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     return code, sig, reason
@@ -188,8 +189,43 @@ def _exit_code(value) -> int:
         return 0
     if isinstance(value, int):
         return value & 0xFF
-    sys.stderr.write(f"{value}\n")
+    write_stderr(f"{value}\n")
     return 1
+
+
+def write_stderr(text: str) -> None:
+    """Writes ``text`` to the script's ``sys.stderr`` as Python writes a traceback there: not at
+    all when the script set it to None, and ignoring the errors of a stream the script closed or
+    replaced (a closed descriptor, an object without ``flush``): they must not become tpuwatch's
+    own traceback, nor cost the run its exit record."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    try:
+        stream.write(text)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return  # Python, too, drops a traceback its stderr does not take
+    try:
+        stream.flush()
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass  # as Python does (its flush after a traceback ignores errors)
+
+
+#: Python's exit status when its last flush of sys.stdout/sys.stderr fails (Py_FinalizeEx).
+EXIT_FLUSH_FAILED = 120
+
+
+def std_flush_fails() -> bool:
+    """Whether the interpreter's flush of ``sys.stdout``/``sys.stderr`` at exit will fail (the
+    script replaced one with an object without ``flush``, ...): Python then exits with 120."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None or getattr(stream, "closed", False) is True:
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError, TypeError):
+            return True
+    return False
 
 
 if __name__ == "__main__":
