@@ -16,7 +16,7 @@ import pytest
 from hard_edges import meta, tpuwatch, umount, wait_for, write_script
 
 from tpuwatch.control import output_pump
-from tpuwatch.protocol import Event, ExceptionRaised, Exit
+from tpuwatch.protocol import Event, ExceptionRaised, Exit, Step
 from tpuwatch_testing import child_env, read_messages
 
 # --- 6. a slow run-directory disk ------------------------------------------------------------------
@@ -142,3 +142,49 @@ def test_a_crash_without_a_usable_stderr_is_recorded(tmp_path, case):
     if case == "sys.stderr without flush":
         assert output.rstrip().endswith("ValueError: no flush"), output
         assert plain.stdout.rstrip().endswith("ValueError: no flush")
+
+
+# --- 10. the agent's descriptors --------------------------------------------------------------------
+
+REUSING_SCRIPT = """
+import os, sys, time
+import tpuwatch
+
+own = sys.argv[1]
+events = os.path.join(os.environ["TPUWATCH_RUN_DIR"], "events.jsonl")
+mine = [int(n) for n in os.listdir("/proc/self/fd")
+        if os.path.realpath(f"/proc/self/fd/{{n}}") == os.path.realpath(events)]
+{how}
+for i in range(50):
+    with tpuwatch.step(examples=8) as s:
+        s.loss = 1.0 / (i + 1)
+time.sleep(1.0)  # several of the agent's flushes while the descriptor is the script's
+f.close()
+print("agent descriptors", mine, "mine", fd, "high", all(n >= 100 for n in mine))
+"""
+
+REUSE = {
+    # The low descriptors a script closes "to tidy up", then reuses: never the agent's.
+    "closerange, open": "os.closerange(3, 100)\nf = open(own, 'w')\nfd = f.fileno()",
+    # The recording's own descriptor number, closed and taken over (dup2): the agent must notice.
+    "dup2 onto the agent's": "f = open(own, 'w')\nfd = mine[0]\nos.dup2(f.fileno(), fd)",
+}
+
+
+@pytest.mark.parametrize("case", sorted(REUSE))
+def test_the_agent_never_writes_into_a_reused_descriptor(tmp_path, case):
+    """The script closes a descriptor and opens its own file on the same number: nothing of
+    tpuwatch's may land in the script's file, and the recording goes on (every step recorded).
+    Before: the agent's recording was fd 3, and the steps' JSON lines went into the script's file."""
+    body = REUSING_SCRIPT.format(how=REUSE[case].replace("\n", "\n"))
+    script = write_script(tmp_path / "reuse.py", body)
+    own = tmp_path / "own.txt"
+    run_dir = tmp_path / "run"
+    proc = tpuwatch("run", "--headless", "--run-dir", str(run_dir), str(script), str(own))
+    assert proc.returncode == 0, proc.stderr
+    assert own.read_text() == "", own.read_text()[:500]
+    output = (run_dir / "output.log").read_text()
+    assert "high True" in output, output
+    messages = read_messages(run_dir / "events.jsonl")
+    assert len([m for m in messages if isinstance(m, Step)]) == 50
+    assert [m.exit_code for m in messages if isinstance(m, Exit)] == [0]

@@ -205,7 +205,10 @@ def _install_sigterm(agent: "Agent") -> None:
         return  # the script's parent chose a disposition (ignored, ...): keep it
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        from tpuwatch.agent.runtime import high_fd
+
         r, w = os.pipe()
+        r, w = high_fd(r), high_fd(w)  # a script's reused low descriptor never gets the C handler's bytes
         os.set_blocking(w, False)
         old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     except (OSError, ValueError):

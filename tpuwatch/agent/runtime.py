@@ -65,7 +65,8 @@ class Agent:
         self._events_path = run_dir / rundir.EVENTS
         # Whole lines per write(2) with O_APPEND: the launcher appends findings to the same file,
         # and appends of whole lines never interleave mid-line.
-        self._fd = os.open(self._events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._fd = high_fd(os.open(self._events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+        self._fd_identity = _identity(self._fd)
         self.global_step = 0
         # Full-disk accounting (see _write): what was dropped since the last note.
         self._cut = False
@@ -324,10 +325,34 @@ class Agent:
         if self._disk_full_since is None:
             self._disk_full_since = self.clock()
 
+    def _check_fd(self) -> None:
+        """A script can close the recording's descriptor and open its own file on the same number
+        (``os.closerange``, ``dup2``): before each write (a batch, on the agent's thread, one
+        ``fstat``) the descriptor must still be the file the agent opened; if not, it is left to
+        the script and the recording is opened again."""
+        if _identity(self._fd) == self._fd_identity:
+            return
+        old = self._fd
+        try:
+            self._fd = high_fd(os.open(self._events_path, os.O_WRONLY | os.O_APPEND))
+        except OSError as e:
+            self._fd = -1
+            self._disabled["recording"] = str(e)
+            return
+        self._fd_identity = _identity(self._fd)
+        self._cut = False  # the cut line, if any, is not ours to end any more
+        self._buf.appendleft(Event(t=self.clock(), level="warning", source="agent",
+                                   message=f"the script closed or reused the recording's descriptor {old}; "
+                                           "tpuwatch opened events.jsonl again (nothing was written into the "
+                                           "script's file)"))
+
     def _write_all(self, data: bytes) -> int:
         """Writes ``data``; the byte count, or -1 when the disk is full. A write the disk cut
         short is taken back (truncated off) so the recording never holds half a line; if even
         that fails, the next write first ends the cut line."""
+        self._check_fd()
+        if "recording" in self._disabled:
+            return 0
         if self._cut:
             data = b"\n" + data
         view = memoryview(data)
@@ -424,6 +449,37 @@ class Agent:
             except OSError:
                 pass
         self.release_reserve()
+
+
+#: The agent's descriptors live at or above this number (or half the descriptor limit, if lower):
+#: a script that closes and reopens low descriptors does not land on them.
+HIGH_FD = 1000
+
+
+def high_fd(fd: int) -> int:
+    """Moves ``fd`` to a high number, close-on-exec (the old number is closed); ``fd`` itself if
+    that cannot be done."""
+    try:
+        import fcntl
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        floor = HIGH_FD if soft == resource.RLIM_INFINITY else min(HIGH_FD, soft // 2)
+        if floor <= 2:
+            return fd
+        new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+    except (OSError, ValueError, ImportError):
+        return fd
+    os.close(fd)
+    return new
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def format_exception(exc: BaseException) -> str:

@@ -92,7 +92,7 @@ class Server:
                 unix_path.unlink()
             except FileNotFoundError:
                 pass
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = _high(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
             old = os.umask(0o177)
             try:
                 sock.bind(str(unix_path))
@@ -107,7 +107,7 @@ class Server:
                 raise ValueError("a TCP listener needs a token")
             host, port = tcp
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock = _high(socket.socket(family, socket.SOCK_STREAM))
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((host, port))
@@ -168,6 +168,7 @@ class Server:
                 conn, addr = sock.accept()
             except OSError:
                 return
+            conn = _high(conn)
             evict = None
             if is_tcp:
                 with self._lock:
@@ -392,6 +393,18 @@ class Server:
                     return
                 except OSError:
                     return
+
+
+def _high(sock: socket.socket) -> socket.socket:
+    """``sock`` on a high, close-on-exec descriptor (runtime.high_fd): a script that closes a low
+    descriptor and opens its own socket or file there never gets the agent's stream."""
+    from tpuwatch.agent.runtime import high_fd
+
+    fd = sock.detach()
+    timeout = sock.gettimeout()
+    moved = socket.socket(sock.family, sock.type, sock.proto, fileno=high_fd(fd))
+    moved.settimeout(timeout)
+    return moved
 
 
 class _TooLong(Exception):
