@@ -19,7 +19,7 @@ disk. Runs, interleaved, ``--repeats`` times each:
 
 Prints the median steps/s of each, the ratios to plain and the load average. Asserts nothing.
 
-    sudo .venv/bin/python bench/slow_run_dir.py [--steps 400] [--repeats 3] [--before /tmp/tw-main]
+    sudo .venv/bin/python bench/slow_run_dir.py [--steps 200] [--repeats 3] [--before /tmp/tw-main]
 """
 
 from __future__ import annotations
@@ -88,19 +88,19 @@ def run_once(mode: str, script: Path, fast: Path, slow: Path, n: int, a: argpars
         out_dir = slow if mode == "plain-slow" else fast
         with open(out_dir / f"{mode}-{n}.log", "wb") as out:
             subprocess.run([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT, env=env_for(None),
-                           check=True, timeout=600)
+                           check=True, timeout=600, cwd=fast)
     else:
         where = ROOT if mode == "tpuwatch" else Path(a.before)
         subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(slow / f"{mode}-{n}"),
                         *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_for(where),
-                       check=True, timeout=600)
+                       check=True, timeout=600, cwd=fast)  # not here: `-m` would import this checkout first
     return json.loads(result.read_text())["steps_per_s"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--before", help="a tpuwatch checkout to compare with (its tpuwatch run)")
     a = ap.parse_args()

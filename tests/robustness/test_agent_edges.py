@@ -6,6 +6,7 @@ disk that does not answer (root only, as in CI)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 from hard_edges import meta, tpuwatch, umount, wait_for, write_script
 
 from tpuwatch.control import output_pump
-from tpuwatch.protocol import Event, ExceptionRaised, Exit, Step
+from tpuwatch.protocol import Event, ExceptionRaised, Exit, Hello, Step
 from tpuwatch_testing import child_env, read_messages
 
 # --- 6. a slow run-directory disk ------------------------------------------------------------------
@@ -188,3 +189,99 @@ def test_the_agent_never_writes_into_a_reused_descriptor(tmp_path, case):
     messages = read_messages(run_dir / "events.jsonl")
     assert len([m for m in messages if isinstance(m, Step)]) == 50
     assert [m.exit_code for m in messages if isinstance(m, Exit)] == [0]
+
+
+# --- 12. re-exec, sys.path, a huge argv, a patched clock ------------------------------------------
+
+def test_a_patched_time_time_leaves_the_run_its_own_clock(tmp_path):
+    """The script moves ``time.time`` an hour ahead (as a mock or a simulated clock does): the
+    run's times are still the real ones. Before: the exit record was stamped with the script's
+    clock and the run lasted "1h00m"."""
+    script = write_script(tmp_path / "clock.py", """
+        import time
+        import tpuwatch
+        real = time.time
+        time.time = lambda: real() + 3600.0
+        for i in range(5):
+            with tpuwatch.step(examples=8) as s:
+                s.loss = 1.0
+        raise SystemExit(0)
+        """)
+    run_dir = tmp_path / "run"
+    before = time.time()
+    proc = tpuwatch("run", "--headless", "--run-dir", str(run_dir), str(script))
+    after = time.time()
+    assert proc.returncode == 0, proc.stderr
+    messages = read_messages(run_dir / "events.jsonl")
+    assert all(before <= m.t <= after for m in messages if hasattr(m, "t")), \
+        [(type(m).__name__, m.t) for m in messages if hasattr(m, "t") and not before <= m.t <= after]
+    assert "1h" not in proc.stderr, proc.stderr
+
+
+def test_sys_path_is_what_python_gives_the_script(tmp_path):
+    """``sys.path`` under tpuwatch is plain ``python train.py``'s: a ``secrets.py`` in the working
+    directory is not imported in place of the standard module (the script's own directory comes
+    first, as in Python). Before: the agent's ``-m`` put the working directory on sys.path."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "secrets.py").write_text("raise SystemExit('the working directory shadowed the standard secrets')\n")
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    script = write_script(scripts / "show_path.py", """
+        import json, sys
+        import secrets
+        print(json.dumps(sys.path))
+        """)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=work, env=child_env())
+    assert plain.returncode == 0, plain.stderr
+    run_dir = tmp_path / "run"
+    # -P: the tpuwatch command's own sys.path has no working directory (as its console script)
+    proc = subprocess.run([sys.executable, "-P", "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
+                           str(script)], capture_output=True, text=True, timeout=180, cwd=work, env=child_env())
+    assert proc.returncode == 0, proc.stderr
+    shown = (run_dir / "output.log").read_text().strip()
+    assert shown == plain.stdout.strip()
+
+
+def test_a_huge_argv_keeps_the_hello(tmp_path):
+    """1.6 MB of arguments: the hello record is still written (its argv shortened, saying so)
+    and the run has its name. Before: the hello line was over the 1 MiB line limit and dropped."""
+    script = write_script(tmp_path / "args.py", """
+        import sys
+        print(len(sys.argv), sum(map(len, sys.argv[1:])))
+        """)
+    args = ["a" * 1000] * 1600
+    run_dir = tmp_path / "run"
+    proc = tpuwatch("run", "--headless", "--run-dir", str(run_dir), str(script), *args)
+    assert proc.returncode == 0, proc.stderr
+    assert (run_dir / "output.log").read_text().split() == ["1601", str(1600 * 1000)]
+    (hello,) = [m for m in read_messages(run_dir / "events.jsonl") if isinstance(m, Hello)]
+    assert hello.argv[0] == str(script) and hello.argv[1] == "a" * 1000
+    assert "more argument" in hello.argv[-1]
+    assert len(json.dumps(hello.argv)) < 100_000
+
+
+def test_a_script_that_re_execs_itself_keeps_its_run(tmp_path):
+    """The script re-executes itself (``os.execv(sys.executable, [sys.executable] + sys.argv)``,
+    as restart-on-failure code does): the new image runs under the agent too, in the same run,
+    and its steps and exit are recorded. Before: only the first image's hello and the launcher's
+    exit were recorded."""
+    script = write_script(tmp_path / "reexec.py", """
+        import os, sys
+        import tpuwatch
+        again = len(sys.argv) > 1
+        for i in range(3):
+            with tpuwatch.step(examples=8) as s:
+                s.loss = 1.0
+        if not again:
+            os.execv(sys.executable, [sys.executable] + sys.argv + ["again"])
+        print("second image, argv", sys.argv[1:])
+        raise SystemExit(4)
+        """)
+    run_dir = tmp_path / "run"
+    proc = tpuwatch("run", "--headless", "--run-dir", str(run_dir), str(script))
+    assert proc.returncode == 4, proc.stderr
+    assert (run_dir / "output.log").read_text() == "second image, argv ['again']\n"
+    messages = read_messages(run_dir / "events.jsonl")
+    assert len([m for m in messages if isinstance(m, Step)]) == 6
+    assert [(m.source, m.exit_code) for m in messages if isinstance(m, Exit)] == [("agent", 4)]

@@ -6,17 +6,26 @@ Installs the probes, starts the agent thread and socket, then runs the user's sc
 
 from __future__ import annotations
 
+# ruff: noqa: E402 (the working directory leaves sys.path before the other imports)
+import os
+import sys
+
+# `python -m tpuwatch.agent` put the working directory first on sys.path, where `python train.py`
+# puts the script's directory: it goes before anything more is imported through it (a secrets.py
+# there shadowed the standard module, for the agent and the script). as_plain_python() puts what
+# Python would have put back (the working directory itself for `-m MODULE`).
+_CWD_TAKEN = sys.path.pop(0) if __name__ == "__main__" and sys.path and sys.path[0] == os.getcwd() else None
+
 import argparse
 import importlib.util
-import os
 import runpy
 import signal
-import sys
-import time
 from pathlib import Path
 
 from tpuwatch import address, rundir, settings
+from tpuwatch.protocol import clip_argv
 from tpuwatch.agent import exit_guard
+from tpuwatch.agent import clocks
 
 EXIT_USAGE = 2
 
@@ -78,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if not rundir.read_meta(run_dir):
         # Started on its own (not by `tpuwatch run`): leave the metadata `ls`/`attach` need.
-        rundir.write_meta(run_dir, {"run_id": run_id, "script": target, "argv": [target, *ns.args],
-                                    "child_pid": os.getpid(), "started": time.time(), "host": rundir.hostname(),
+        rundir.write_meta(run_dir, {"run_id": run_id, "script": target, "argv": clip_argv([target, *ns.args]),
+                                    "child_pid": os.getpid(), "started": clocks.wall(), "host": rundir.hostname(),
                                     "cwd": os.getcwd(), "state": "running"})
 
     from tpuwatch.agent.runtime import Agent
@@ -106,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             agent.probe_failed("steps", e)
     from tpuwatch.protocol import Exit
 
-    agent.emit(Exit(t=time.time(), exit_code=code, signal=sig, source="agent", reason=reason))
+    agent.emit(Exit(t=clocks.wall(), exit_code=code, signal=sig, source="agent", reason=reason))
     agent.shutdown("the script ended before the next step boundary")
     probes.uninstall(installed)
     bound = exit_guard.bound_s()
@@ -164,10 +173,10 @@ def _run_script(agent, ns: argparse.Namespace, target: str) -> tuple[int, int | 
     sig: int | None = None
     reason = ""
     try:
+        as_plain_python(ns.script)
         if ns.module:
             runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
         else:
-            sys.path.insert(0, str(Path(ns.script).resolve().parent))
             runpy.run_path(ns.script, run_name="__main__")
     except SystemExit as e:
         code = _exit_code(e.code)
@@ -176,12 +185,34 @@ def _run_script(agent, ns: argparse.Namespace, target: str) -> tuple[int, int | 
         code = 128 + sig
         reason = "interrupted (SIGINT)"
     except BaseException as e:  # the script's own exception: record it, then behave like Python
-        agent.emit(ExceptionRaised(t=time.time(), type=type(e).__name__, message=str(e)[:2000],
+        agent.emit(ExceptionRaised(t=clocks.wall(), type=type(e).__name__, message=str(e)[:2000],
                                    traceback=format_exception(e)[-20000:]))
         write_stderr(format_exception(e))
         code = 1
         reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     return code, sig, reason
+
+
+def as_plain_python(script: str | None) -> None:
+    """``sys.path`` and ``PYTHONPATH`` as ``python SCRIPT`` (or ``python -m MODULE``) gives them:
+    ``-m tpuwatch.agent`` put the working directory first (a ``secrets.py`` there would shadow the
+    standard module), where Python puts the script's directory; and the launcher's entry for
+    tpuwatch leaves PYTHONPATH (tpuwatch's own modules import through its package, already loaded)."""
+    ours = settings.PACKAGE_PATH.get()
+    if ours:
+        value = os.environ.get("PYTHONPATH", "")
+        if value == ours:
+            del os.environ["PYTHONPATH"]
+        elif value.startswith(ours + os.pathsep):
+            os.environ["PYTHONPATH"] = value[len(ours) + 1:]
+        else:
+            ours = ""  # changed since the launcher set it: leave it alone
+        if ours and len(sys.path) > 1 and sys.path[1] == ours:
+            del sys.path[1]
+    if _CWD_TAKEN is not None and script is None:
+        sys.path.insert(0, _CWD_TAKEN)  # python -m MODULE: the working directory, as we found it
+    elif script is not None and not sys.flags.safe_path:  # python -P / PYTHONSAFEPATH: no directory
+        sys.path.insert(0, str(Path(script).resolve().parent))
 
 
 def _exit_code(value) -> int:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from tpuwatch import rundir
 from tpuwatch.protocol import Exit
+from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -69,7 +70,7 @@ class OutputGuard:
 
     def dropped(self, n: int) -> None:
         if self.first_drop_t is None:
-            self.first_drop_t = time.time()
+            self.first_drop_t = clocks.wall()
         self.dropped_bytes += n
 
 
@@ -183,7 +184,7 @@ def _record_signal_exit(sig: int) -> None:
     agent = _agent
     if agent is None or os.getpid() != _pid or agent.forked:
         return
-    agent.emit(Exit(t=time.time(), exit_code=128 + sig, signal=sig, source="agent",
+    agent.emit(Exit(t=clocks.wall(), exit_code=128 + sig, signal=sig, source="agent",
                     reason=f"terminated by {signal.Signals(sig).name}"))
     agent.flush(timeout=EXIT_FLUSH_S)
     agent.before_signal_death()
@@ -250,8 +251,8 @@ def _watch_wakeups(fd: int) -> None:
             return
         if signal.SIGTERM not in data:
             continue
-        deadline = time.monotonic() + SIGTERM_MAIN_THREAD_GRACE_S
-        while time.monotonic() < deadline and not _terminating.is_set():
+        deadline = clocks.monotonic() + SIGTERM_MAIN_THREAD_GRACE_S
+        while clocks.monotonic() < deadline and not _terminating.is_set():
             time.sleep(0.05)
         if _terminating.is_set() or signal.getsignal(signal.SIGTERM) is not _on_sigterm:
             continue  # handled on the main thread, or the script took SIGTERM over since

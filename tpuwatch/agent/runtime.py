@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 
 from tpuwatch import protocol, rundir, settings
 from tpuwatch.protocol import Command, CommandState, Event, Message, Result
+from tpuwatch.agent import clocks
 
 Sampler = Callable[[], Iterable[Message]]
 # A command handler runs on the training thread at a step boundary (or on the server thread for
@@ -44,7 +45,7 @@ class Agent:
         run_dir: Path,
         run_id: str,
         sample_hz: float = 4.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = clocks.wall,
     ) -> None:
         self.run_dir = Path(os.path.abspath(run_dir))  # a script that chdirs must not move it
         run_dir = self.run_dir
@@ -252,7 +253,7 @@ class Agent:
     def _loop(self) -> None:
         next_sample = 0.0
         while not self._stop.is_set():
-            now = time.monotonic()
+            now = clocks.monotonic()
             if now >= next_sample:
                 self._sample()
                 next_sample = now + self.sample_interval_s
@@ -414,9 +415,9 @@ class Agent:
         if self._thread is None or not self._thread.is_alive():
             self._drain()
             return
-        deadline = time.monotonic() + timeout
+        deadline = clocks.monotonic() + timeout
         with self._flushed:
-            while self._buf and time.monotonic() < deadline:
+            while self._buf and clocks.monotonic() < deadline:
                 self._flushed.wait(0.05)
 
     def stop(self) -> None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Callable
 
 from tpuwatch import protocol
 from tpuwatch.protocol import Attach, Command, Decoder
+from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -154,11 +155,11 @@ class Server:
                 self.unix_path.unlink()
             except OSError:
                 pass
-        deadline = time.monotonic() + CLOSE_FLUSH_S
+        deadline = clocks.monotonic() + CLOSE_FLUSH_S
         with self._lock:
             streams = list(self._streams)
         for t in streams:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
+            t.join(timeout=max(0.0, deadline - clocks.monotonic()))
 
     # --- per viewer -----------------------------------------------------------------------------
 
@@ -185,7 +186,7 @@ class Server:
 
     def _count_refusal(self, why: str, peer: str) -> None:
         """Counts a refusal; one warning event a second at most says how many and the last why."""
-        now = time.monotonic()
+        now = clocks.monotonic()
         with self._lock:
             self.refused += 1
             total = self.refused
@@ -202,7 +203,7 @@ class Server:
     def _refuse(self, conn: socket.socket, why: str, peer: str) -> None:
         self._count_refusal(why, peer)
         try:
-            conn.sendall(protocol.encode(protocol.Event(t=time.time(), level="error", source="transport", message=why)))
+            conn.sendall(protocol.encode(protocol.Event(t=clocks.wall(), level="error", source="transport", message=why)))
         except OSError:
             pass
 
@@ -212,7 +213,7 @@ class Server:
         slot = False
         try:
             reader = _LineReader(conn, MAX_COMMAND_BYTES)
-            reader.deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+            reader.deadline = clocks.monotonic() + HANDSHAKE_TIMEOUT_S
             timed_out = False
             try:
                 line = reader.readline()
@@ -332,7 +333,7 @@ class Server:
                                          f"of {COMMAND_BURST}): disconnected after skipping {limited}; it can attach "
                                          "again")
                         return
-                    now = time.monotonic()
+                    now = clocks.monotonic()
                     if now - last_said >= REFUSAL_EVENT_INTERVAL_S:
                         last_said = now
                         self.agent.event("warning", "transport",
@@ -416,10 +417,10 @@ class _TokenBucket:
         self.rate = rate
         self.burst = float(burst)
         self.tokens = float(burst)
-        self.t = time.monotonic()
+        self.t = clocks.monotonic()
 
     def take(self) -> bool:
-        now = time.monotonic()
+        now = clocks.monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
         self.t = now
         if self.tokens < 1.0:
@@ -454,7 +455,7 @@ class _LineReader:
                 self.buf = b""
                 self.skipping = True
             if self.deadline is not None:
-                left = self.deadline - time.monotonic()
+                left = self.deadline - clocks.monotonic()
                 if left <= 0:
                     raise socket.timeout("line deadline passed")
                 self.conn.settimeout(left)

@@ -160,6 +160,7 @@ def start(
     child_env[settings.RUN_ID.name] = run_id
     child_env["PYTHONUNBUFFERED"] = "1"  # the script's prints reach output.log as they happen
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, child_env.get("PYTHONPATH", "")) if p)
+    child_env[settings.PACKAGE_PATH.name] = PACKAGE_PARENT  # the agent takes it off again (plain python's path)
     if listen:
         child_env[settings.LISTEN.name] = listen
     if sample_hz:
@@ -169,7 +170,7 @@ def start(
     meta = {
         "run_id": run_id,
         "script": script,
-        "argv": [script, *args],
+        "argv": protocol.clip_argv([script, *args]),
         "python": exe,
         "cwd": os.getcwd(),
         "host": rundir.hostname(),
@@ -206,7 +207,8 @@ def _start_output(run_dir: Path) -> tuple[int, subprocess.Popen | None]:
     try:
         # Its own session: no terminal signal and no stop of the training's process group reaches it.
         pump = subprocess.Popen([sys.executable, "-m", "tpuwatch.control.output_pump", str(run_dir)],
-                                stdin=r, stdout=log, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+                                stdin=r, stdout=log, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+                                cwd="/")  # `-m` puts its working directory on sys.path: not the user's
     except OSError:
         os.close(w)
         return log, None
