@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     from tpuwatch.agent import guards
 
     guards.install(agent)  # full disk, fork(), SIGTERM
+    if ns.script:
+        guards.install_reexec(agent, ns.script)
     code, sig, reason = _run_script(agent, ns, target)
     code, sig, reason = _finish_python(code, sig, reason)
     if sig is None and std_flush_fails():

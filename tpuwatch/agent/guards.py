@@ -32,7 +32,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from tpuwatch import rundir
+from tpuwatch import rundir, settings
 from tpuwatch.protocol import Exit
 from tpuwatch.agent import clocks
 
@@ -149,6 +149,54 @@ def guard_output(agent: "Agent") -> OutputGuard:
         setattr(sys, name, _wrap(stream, guard))
     agent.output_guard = guard
     return guard
+
+
+# --- re-exec -------------------------------------------------------------------------------------
+
+
+def install_reexec(agent: "Agent", script: str) -> None:
+    """A script that restarts itself in place (``os.execv(sys.executable, [sys.executable] +
+    sys.argv)``, as restart-on-failure code does) runs on under the agent, in the same run: such
+    an ``execv``/``execve`` (``os.execl*`` and ``os.execvp*`` go through them) gets ``-m
+    tpuwatch.agent`` before the script and the run's directory in its environment, after the
+    recording is flushed. Any other ``exec`` is left as it is. Cost: nothing until an exec."""
+    real_script = os.path.realpath(script)
+    execv, execve = os.execv, os.execve
+
+    def under_agent(path, args, env):
+        try:
+            argv = list(args)
+            if (len(argv) < 2 or os.path.realpath(os.fsdecode(path)) != os.path.realpath(sys.executable)
+                    or os.path.realpath(os.fsdecode(argv[1])) != real_script):
+                return None
+            env = dict(os.environ if env is None else env)
+            package = settings.PACKAGE_PATH.get() or os.path.dirname(os.path.dirname(os.path.dirname(
+                os.path.abspath(__file__))))
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (package, env.get("PYTHONPATH", "")) if p)
+            env[settings.PACKAGE_PATH.name] = package
+            env[settings.RUN_DIR.name] = str(agent.run_dir)
+            env[settings.RUN_ID.name] = agent.run_id
+            agent.event("info", "agent", f"the script re-executes itself ({os.fsdecode(path)} "
+                                         f"{os.fsdecode(argv[1])}): the run goes on under the agent")
+            agent.flush(timeout=EXIT_FLUSH_S)
+            return [argv[0], "-m", "tpuwatch.agent", *argv[1:]], env
+        except Exception as e:  # never fail the script's exec: it then runs as it asked
+            agent.probe_failed("reexec", e)
+            return None
+
+    def patched_execv(path, args):
+        rewritten = under_agent(path, args, None)
+        if rewritten is None:
+            return execv(path, args)
+        return execve(path, *rewritten)
+
+    def patched_execve(path, args, env):
+        rewritten = under_agent(path, args, env)
+        if rewritten is None:
+            return execve(path, args, env)
+        return execve(path, *rewritten)
+
+    os.execv, os.execve = patched_execv, patched_execve
 
 
 # --- fork ---------------------------------------------------------------------------------------
