@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -285,3 +286,46 @@ def test_a_script_that_re_execs_itself_keeps_its_run(tmp_path):
     messages = read_messages(run_dir / "events.jsonl")
     assert len([m for m in messages if isinstance(m, Step)]) == 6
     assert [(m.source, m.exit_code) for m in messages if isinstance(m, Exit)] == [("agent", 4)]
+
+
+# --- 11. os.setsid / os.setpgrp ---------------------------------------------------------------------
+
+SESSION_SCRIPT = """
+import os, sys, time
+call = sys.argv[2]
+result = os.setsid() if call == "setsid" else os.setpgrp()
+print(call, result, "group leader", os.getpgrp() == os.getpid(), flush=True)
+open(sys.argv[1], "w").close()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("call", ["setsid", "setpgrp"])
+def test_setsid_and_setpgrp_work_and_stop_still_reaches_the_script(tmp_path, call):
+    """``os.setsid()`` and ``os.setpgrp()`` succeed as under plain python from a script
+    (the script already leads its own session, away from the terminal: what they ask for), and a
+    Ctrl-C to ``tpuwatch run`` still reaches the script through its process group. Before: each
+    raised PermissionError (EPERM: the child is a session leader)."""
+    script = write_script(tmp_path / "session.py", SESSION_SCRIPT)
+    ready = tmp_path / "ready"
+    plain = subprocess.Popen([sys.executable, str(script), str(tmp_path / "plain-ready"), call], stdout=subprocess.PIPE,
+                             text=True, env=child_env())
+    wait_for((tmp_path / "plain-ready").exists, 60, "plain python's script")
+    plain.kill()
+    plain_out = plain.communicate()[0]
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
+                             str(script), str(ready), call], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env())
+    try:
+        wait_for(lambda: ready.exists() or proc.poll() is not None, 120, "the script's calls")
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)  # as Ctrl-C: forwarded to the training's process group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert plain_out == f"{call} None group leader True\n"
+    assert (run_dir / "output.log").read_text() == plain_out, err
+    assert proc.returncode == 130, err
+    assert [m.exit_code for m in read_messages(run_dir / "events.jsonl") if isinstance(m, Exit)] == [130]

@@ -1,4 +1,6 @@
-"""The agent's guards around the script's process: a full disk, fork(), a terminating SIGTERM.
+"""The agent's guards around the script's process: a full disk, fork(), a terminating SIGTERM,
+``os.setsid()`` in a session leader (:func:`install_session_calls`), a re-exec
+(:func:`install_reexec`).
 
 - **Full disk.** The script's stdout/stderr are ``output.log`` (DESIGN §1). On ENOSPC a plain
   file object makes the script's own ``print`` raise, killing training. :class:`OutputGuard`
@@ -23,6 +25,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import io
 import os
 import signal
@@ -56,6 +59,7 @@ def install(agent: "Agent") -> None:
     guard_output(agent)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _install_sigterm(agent)
+    install_session_calls(agent)
 
 
 # --- full disk ----------------------------------------------------------------------------------
@@ -149,6 +153,63 @@ def guard_output(agent: "Agent") -> OutputGuard:
         setattr(sys, name, _wrap(stream, guard))
     agent.output_guard = guard
     return guard
+
+
+# --- setsid / setpgrp ---------------------------------------------------------------------------
+
+
+def _leads_own_session() -> bool:
+    pid = os.getpid()
+    try:
+        return os.getsid(0) == pid and os.getpgrp() == pid
+    except OSError:
+        return False
+
+
+def install_session_calls(agent: "Agent") -> None:
+    """``os.setsid()``, ``os.setpgrp()`` and ``os.setpgid(0, 0)`` work as under plain python.
+
+    ``tpuwatch run`` starts the script as the leader of its own session (away from the terminal's
+    signals), and the kernel refuses these calls to a session leader (EPERM), where a script run
+    by a non-interactive shell gets them. What they ask for (lead a session, or a process group,
+    of one's own, with no terminal) is already so: when the call fails with EPERM for exactly
+    that reason, it returns as it would have (None). The process group stays
+    the one tpuwatch's stop signals, so stopping works as before. Cost: nothing until a call."""
+    real_setsid, real_setpgrp, real_setpgid = os.setsid, os.setpgrp, os.setpgid
+    said: set[str] = set()
+
+    def already(call: str, e: OSError) -> bool:
+        if e.errno != errno.EPERM or os.getpid() != _pid or not _leads_own_session():
+            return False
+        if call not in said:
+            said.add(call)
+            agent.event("info", "agent", f"the script called os.{call}(): it already leads its own session under "
+                                         "tpuwatch (no terminal), so the call returned as it would have")
+        return True
+
+    def setsid() -> None:
+        try:
+            real_setsid()
+        except PermissionError as e:
+            if not already("setsid", e):
+                raise
+
+    def setpgrp() -> None:
+        try:
+            real_setpgrp()
+        except PermissionError as e:
+            if not already("setpgrp", e):
+                raise
+
+    def setpgid(pid: int, pgrp: int) -> None:
+        try:
+            real_setpgid(pid, pgrp)
+        except PermissionError as e:
+            own = os.getpid()
+            if not (pid in (0, own) and pgrp in (0, own) and already("setpgid", e)):
+                raise
+
+    os.setsid, os.setpgrp, os.setpgid = setsid, setpgrp, setpgid
 
 
 # --- re-exec -------------------------------------------------------------------------------------
