@@ -35,6 +35,8 @@ MAX_LINE_BYTES = 1 << 20
 
 #: ``Event.source`` of the agent's note of what a full disk made the run lose (the report lists it).
 DISK_FULL_SOURCE = "disk-full"
+#: ``Event.source`` of the output pump's warning that the script's output reaches output.log late.
+OUTPUT_SOURCE = "output"
 
 #: The most of a command line a ``hello`` (or run.json) carries, in characters: a longer one is cut,
 #: its last entry saying how much is left out (a 1.56 MB argv made the hello a line no reader takes).

@@ -106,6 +106,9 @@ def test_a_disk_that_does_not_answer_never_holds_the_script(tmp_path, ext4_disk)
     assert dropped == sum(len(f"out {i} " + "x" * 200) + len(f"err {i}") + 2 for i in range(lines)) \
         + len("the last line\n") - os.path.getsize(run_dir / "output.log")
     assert [m.exit_code for m in messages if isinstance(m, Exit)] == [3]
+    # The headless viewer says both as they come.
+    said_live = err.decode()
+    assert f"tpuwatch: {output_pump.LATE_MESSAGE}" in said_live and f"tpuwatch: {note}" in said_live, said_live
 
 
 # --- 9. a script that closed or replaced stderr -------------------------------------------------

@@ -151,7 +151,7 @@ class Pump:
     def _late(self, late: float) -> None:
         if late >= LATE_S and not self._late_said:
             self._late_said = True
-            self._event("warning", "output", f"{LATE_MESSAGE} ({late:.1f} s behind): the run directory's disk "
+            self._event("warning", protocol.OUTPUT_SOURCE, f"{LATE_MESSAGE} ({late:.1f} s behind): the run directory's disk "
                         f"is slow; training does not wait for it (up to {self.buffer_bytes >> 20} MiB is held, "
                         "then the oldest is dropped)")
         elif late < LATE_S / 4:
