@@ -332,3 +332,54 @@ def test_setsid_and_setpgrp_work_and_stop_still_reaches_the_script(tmp_path, cal
     assert (run_dir / "output.log").read_text() == plain_out, err
     assert proc.returncode == 130, err
     assert [m.exit_code for m in read_messages(run_dir / "events.jsonl") if isinstance(m, Exit)] == [130]
+
+
+KILLED_PUMP_SCRIPT = """
+import os, sys, time
+ready, killed = sys.argv[1], sys.argv[2]
+print("before", flush=True)
+open(ready, "w").close()
+while not os.path.exists(killed):
+    time.sleep(0.02)
+for i in range(100):
+    print(f"after {i}")
+    sys.stderr.write(f"err {i}\\n")
+"""
+
+
+def test_a_killed_output_pump_never_breaks_the_script(tmp_path):
+    """The process draining the script's output is killed (SIGKILL: a `kill -9`, the OOM killer):
+    the script's next prints must not fail with a broken pipe; its output goes straight to
+    output.log from then on, and the recording says so. Before: BrokenPipeError killed training."""
+    script = write_script(tmp_path / "pump_killed.py", KILLED_PUMP_SCRIPT)
+    ready, killed = tmp_path / "ready", tmp_path / "killed"
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
+                             str(script), str(ready), str(killed)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=child_env())
+    try:
+        wait_for(ready.exists, 120, "the script")
+        pumps = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).endswith(
+            f"tpuwatch.control.output_pump\0{run_dir}\0")]
+        assert len(pumps) == 1
+        os.kill(pumps[0], signal.SIGKILL)
+        wait_for(lambda: not os.path.exists(f"/proc/{pumps[0]}/cmdline") or not _cmdline(str(pumps[0])), 30,
+                 "the pump's end")
+        killed.touch()
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    log = (run_dir / "output.log").read_text()
+    assert "after 99\nerr 99\n" in log, log[-500:]
+    said = [m.message for m in read_messages(run_dir / "events.jsonl") if isinstance(m, Event)]
+    assert any("output pump" in m for m in said), said
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read()
+    except OSError:
+        return ""

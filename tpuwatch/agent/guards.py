@@ -36,7 +36,7 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 from tpuwatch import rundir, settings
-from tpuwatch.protocol import Exit
+from tpuwatch.protocol import OUTPUT_SOURCE, Exit
 from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
@@ -66,11 +66,48 @@ def install(agent: "Agent") -> None:
 
 
 class OutputGuard:
-    """Counts the script output a full disk made us drop (shared by stdout and stderr)."""
+    """Counts the script output a full disk made us drop (shared by stdout and stderr), and, under
+    ``tpuwatch run``, takes over when the output pump is gone (:meth:`pump_gone`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, agent: "Agent | None" = None, pipe: tuple[int, int] | None = None) -> None:
         self.dropped_bytes = 0
         self.first_drop_t: float | None = None
+        self._agent = agent
+        self._pipe = pipe  # (st_dev, st_ino) of the pipe to the output pump, under tpuwatch run
+        self._lock = threading.Lock()
+
+    def pump_gone(self) -> bool:
+        """A write to the output pump's pipe failed with EPIPE: the pump was killed. Points every
+        descriptor of the script that is that pipe (1, 2) at output.log itself (from now on the
+        script's output may wait on the run directory's disk, as before the pump), once; True if
+        the write should be tried again."""
+        agent, pipe = self._agent, self._pipe
+        if agent is None or pipe is None:
+            return False
+        with self._lock:
+            if self._pipe is None:
+                return True  # another thread did it
+            moved = []
+            try:
+                log = os.open(agent.run_dir / rundir.OUTPUT, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+            except OSError:
+                return False
+            try:
+                for fd in (1, 2):
+                    try:
+                        st = os.fstat(fd)
+                    except OSError:
+                        continue
+                    if (st.st_dev, st.st_ino) == pipe:
+                        os.dup2(log, fd)
+                        moved.append(fd)
+            finally:
+                os.close(log)
+            self._pipe = None
+        agent.event("warning", OUTPUT_SOURCE, f"the output pump is gone (killed?): the script's output "
+                                         f"(descriptors {', '.join(map(str, moved)) or 'none'}) goes straight to "
+                                         "output.log from here on, and waits on its disk if it is slow")
+        return True
 
     def dropped(self, n: int) -> None:
         if self.first_drop_t is None:
@@ -85,6 +122,7 @@ class _DiskFullSafeWriter(io.RawIOBase):
         super().__init__()
         self._fd = fd
         self._guard = guard
+        self._retrying = False
 
     def writable(self) -> bool:
         return True
@@ -108,6 +146,12 @@ class _DiskFullSafeWriter(io.RawIOBase):
                 done += os.write(self._fd, view[done:])
             return total
         except OSError as e:
+            if e.errno == errno.EPIPE and not self._retrying and self._guard.pump_gone():
+                self._retrying = True  # once: a descriptor that is still a broken pipe raises as before
+                try:
+                    return done + self.write(memoryview(b).cast("B")[done:])
+                finally:
+                    self._retrying = False
             if e.errno not in rundir.DISK_FULL_ERRNOS:
                 raise
             # What did not fit is dropped; the caller sees it written (nothing to retry).
@@ -136,15 +180,23 @@ def _wrap(stream: TextIO | None, guard: OutputGuard) -> TextIO | None:
 
 def guard_output(agent: "Agent") -> OutputGuard:
     """Replaces ``sys.stdout``/``sys.stderr`` with writers on the same descriptors that survive a
-    full disk. Only regular files are guarded (a terminal or pipe keeps its own behaviour)."""
-    guard = OutputGuard()
+    full disk, and a killed output pump under ``tpuwatch run``. Only regular files and the pump's
+    pipe are guarded (a terminal or the user's own pipe keeps its own behaviour)."""
+    pipe = None
+    try:
+        st = os.fstat(1)
+        if settings.RUN_ID.get() and stat.S_ISFIFO(st.st_mode):
+            pipe = (st.st_dev, st.st_ino)  # tpuwatch run's pipe to the output pump
+    except OSError:
+        pass
+    guard = OutputGuard(agent, pipe)
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         try:
-            regular = stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+            st = os.fstat(stream.fileno())
         except (OSError, ValueError, AttributeError):
             continue
-        if not regular:
+        if not (stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) == pipe):
             continue
         try:
             stream.flush()
