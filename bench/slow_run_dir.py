@@ -14,8 +14,9 @@ disk. Runs, interleaved, ``--repeats`` times each:
 - ``plain``: ``python train.py > fast-disk/out.log``;
 - ``plain-slow``: ``python train.py > slow-disk/out.log`` (what the slow disk does without tpuwatch);
 - ``tpuwatch``: ``tpuwatch run --headless --run-dir slow-disk/run train.py``;
-- ``tpuwatch-before`` with ``--before DIR`` (a tpuwatch checkout, e.g. ``git archive main``): the same
-  under that tpuwatch.
+- ``tpuwatch-fast``: the same with the run directory on the fast disk (what the output pump costs);
+- ``tpuwatch-before``, ``tpuwatch-before-fast`` with ``--before DIR`` (a tpuwatch checkout, e.g.
+  ``git archive main``): the same under that tpuwatch.
 
 Prints the median steps/s of each, the ratios to plain and the load average. Asserts nothing.
 
@@ -90,8 +91,9 @@ def run_once(mode: str, script: Path, fast: Path, slow: Path, n: int, a: argpars
             subprocess.run([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT, env=env_for(None),
                            check=True, timeout=600, cwd=fast)
     else:
-        where = ROOT if mode == "tpuwatch" else Path(a.before)
-        subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(slow / f"{mode}-{n}"),
+        where = Path(a.before) if mode.startswith("tpuwatch-before") else ROOT
+        disk = fast if mode.endswith("-fast") else slow
+        subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(disk / f"{mode}-{n}"),
                         *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_for(where),
                        check=True, timeout=600, cwd=fast)  # not here: `-m` would import this checkout first
     return json.loads(result.read_text())["steps_per_s"]
@@ -106,7 +108,8 @@ def main() -> None:
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/slow_run_dir.py: needs root (a loop device, a mount and a blkio cgroup); run it with sudo")
-    modes = ["plain", "plain-slow", "tpuwatch"] + (["tpuwatch-before"] if a.before else [])
+    modes = ["plain", "plain-slow", "tpuwatch", "tpuwatch-fast"] + (
+        ["tpuwatch-before", "tpuwatch-before-fast"] if a.before else [])
     with tempfile.TemporaryDirectory() as tmp:
         fast, slow, image = Path(tmp) / "fast", Path(tmp) / "slow", Path(tmp) / "disk.img"
         fast.mkdir()
