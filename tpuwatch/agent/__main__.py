@@ -213,7 +213,7 @@ def as_plain_python(script: str | None) -> None:
             del sys.path[1]
     if _CWD_TAKEN is not None and script is None:
         sys.path.insert(0, _CWD_TAKEN)  # python -m MODULE: the working directory, as we found it
-    elif script is not None and not sys.flags.safe_path:  # python -P / PYTHONSAFEPATH: no directory
+    elif script is not None and not getattr(sys.flags, "safe_path", False):  # -P / PYTHONSAFEPATH (3.11+)
         sys.path.insert(0, str(Path(script).resolve().parent))
 
 
