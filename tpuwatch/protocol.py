@@ -35,6 +35,33 @@ MAX_LINE_BYTES = 1 << 20
 
 #: ``Event.source`` of the agent's note of what a full disk made the run lose (the report lists it).
 DISK_FULL_SOURCE = "disk-full"
+#: ``Event.source`` of the output pump's warning that the script's output reaches output.log late.
+OUTPUT_SOURCE = "output"
+
+#: The most of a command line a ``hello`` (or run.json) carries, in characters: a longer one is cut,
+#: its last entry saying how much is left out (a 1.56 MB argv made the hello a line no reader takes).
+MAX_ARGV_CHARS = 64 * 1024
+#: ... and the most of one argument kept.
+MAX_ARG_CHARS = 4096
+
+
+def clip_argv(argv: "typing.Iterable[str]") -> list[str]:
+    """``argv`` within :data:`MAX_ARGV_CHARS` (each argument within :data:`MAX_ARG_CHARS`); what is
+    cut is counted in a last entry ``"… (N more arguments, M characters, left out)"``."""
+    out: list[str] = []
+    total = 0
+    items = list(argv)
+    for i, arg in enumerate(items):
+        cut = len(arg) - MAX_ARG_CHARS
+        shown = arg if cut <= 0 else f"{arg[:MAX_ARG_CHARS]}… ({cut:,} more characters)"
+        if total + len(shown) > MAX_ARGV_CHARS:
+            rest = items[i:]
+            out.append(f"… ({len(rest):,} more arguments, {sum(map(len, rest)):,} characters, left out)")
+            break
+        out.append(shown)
+        total += len(shown)
+    return out
+
 
 Scalar = Union[int, float, str, bool, None]
 Level = Literal["debug", "info", "warning", "error"]

@@ -39,6 +39,9 @@ HOME = Variable("TPUWATCH_HOME", "", "Where runs are recorded (``$TPUWATCH_HOME/
                 "default ``~/.tpuwatch``.")
 RUN_DIR = Variable("TPUWATCH_RUN_DIR", "", "Set by the launcher for the agent: the run directory to record into.")
 RUN_ID = Variable("TPUWATCH_RUN_ID", "", "Set by the launcher for the agent: the run's id (the directory it made).")
+PACKAGE_PATH = Variable("TPUWATCH_PACKAGE_PATH", "", "Set by the launcher for the agent: the directory it put "
+                       "first on PYTHONPATH so the agent imports tpuwatch; the agent takes it off again, so the "
+                       "script sees the PYTHONPATH and sys.path plain python gives it.")
 
 # --- remote viewers ---------------------------------------------------------------------------------
 
@@ -84,6 +87,6 @@ TEST_FAIL_PROBE = Variable("TPUWATCH_TEST_FAIL_PROBE", "", "Tests only: the prob
                            "purpose (fault injection).")
 
 #: Every variable above, for ``doctor`` and the docs.
-ALL = (HOME, RUN_DIR, RUN_ID, TOKEN, ALLOWED_DESTINATIONS, STOP_GRACE_S, NOTIFY_TIMEOUT_S, EVENT_KIND, EVENT_RULE,
-       EVENT_SEVERITY, EVENT_RUN, EVENT_STATUS, EVENT_MESSAGE, SAMPLE_HZ, LISTEN, DISABLE,
+ALL = (HOME, RUN_DIR, RUN_ID, PACKAGE_PATH, TOKEN, ALLOWED_DESTINATIONS, STOP_GRACE_S, NOTIFY_TIMEOUT_S, EVENT_KIND,
+       EVENT_RULE, EVENT_SEVERITY, EVENT_RUN, EVENT_STATUS, EVENT_MESSAGE, SAMPLE_HZ, LISTEN, DISABLE,
        VIEWER_TIMEOUT_S, TEARDOWN_S, LOSS_EVERY_S, TEST_FAIL_PROBE)

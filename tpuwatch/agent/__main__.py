@@ -6,17 +6,26 @@ Installs the probes, starts the agent thread and socket, then runs the user's sc
 
 from __future__ import annotations
 
+# ruff: noqa: E402 (the working directory leaves sys.path before the other imports)
+import os
+import sys
+
+# `python -m tpuwatch.agent` put the working directory first on sys.path, where `python train.py`
+# puts the script's directory: it goes before anything more is imported through it (a secrets.py
+# there shadowed the standard module, for the agent and the script). as_plain_python() puts what
+# Python would have put back (the working directory itself for `-m MODULE`).
+_CWD_TAKEN = sys.path.pop(0) if __name__ == "__main__" and sys.path and sys.path[0] == os.getcwd() else None
+
 import argparse
 import importlib.util
-import os
 import runpy
 import signal
-import sys
-import time
 from pathlib import Path
 
 from tpuwatch import address, rundir, settings
+from tpuwatch.protocol import clip_argv
 from tpuwatch.agent import exit_guard
+from tpuwatch.agent import clocks
 
 EXIT_USAGE = 2
 
@@ -81,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if not rundir.read_meta(run_dir):
         # Started on its own (not by `tpuwatch run`): leave the metadata `ls`/`attach` need.
-        rundir.write_meta(run_dir, {"run_id": run_id, "script": target, "argv": [target, *ns.args],
+        rundir.write_meta(run_dir, {"run_id": run_id, "script": target, "argv": clip_argv([target, *ns.args]),
                                     "child_pid": os.getpid(), "child_identity": rundir.process_identity(os.getpid()),
-                                    "started": time.time(), "host": rundir.hostname(),
+                                    "started": clocks.wall(), "host": rundir.hostname(),
                                     "cwd": os.getcwd(), "state": "running"})
 
     from tpuwatch.agent.runtime import Agent
@@ -103,9 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     from tpuwatch.agent import guards
 
     guards.install(agent)  # full disk, fork(), SIGTERM
+    if ns.script:
+        guards.install_reexec(agent, ns.script)
     code, sig, reason = _run_script(agent, ns, target)
     agent.phases.finishing()
     code, sig, reason = _finish_python(code, sig, reason)
+    if sig is None and std_flush_fails():
+        code, reason = EXIT_FLUSH_FAILED, reason or "Python could not flush sys.stdout or sys.stderr at exit"
     if agent.step_probe is not None:  # the last step's losses, if its record went without them
         try:
             agent.step_probe.read_unread_losses()
@@ -113,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             agent.probe_failed("steps", e)
     from tpuwatch.protocol import Exit
 
-    agent.emit(Exit(t=time.time(), exit_code=code, signal=sig, source="agent", reason=reason))
+    agent.emit(Exit(t=clocks.wall(), exit_code=code, signal=sig, source="agent", reason=reason))
     agent.shutdown("the script ended before the next step boundary")
     probes.uninstall(installed)
     bound = exit_guard.bound_s()
@@ -157,7 +170,7 @@ def _finish_python(code: int, sig: int | None, reason: str) -> tuple[int, int | 
         if sig is None:
             return 128 + signal.SIGINT, signal.SIGINT, "interrupted (SIGINT) while waiting for the script's threads"
     except BaseException as e:  # an atexit handler's own error is printed, as Python does
-        sys.stderr.write(f"Error in atexit handler: {type(e).__name__}: {e}\n")
+        write_stderr(f"Error in atexit handler: {type(e).__name__}: {e}\n")
     return code, sig, reason
 
 
@@ -171,10 +184,10 @@ def _run_script(agent, ns: argparse.Namespace, target: str) -> tuple[int, int | 
     sig: int | None = None
     reason = ""
     try:
+        as_plain_python(ns.script)
         if ns.module:
             runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
         else:
-            sys.path.insert(0, str(Path(ns.script).resolve().parent))
             runpy.run_path(ns.script, run_name="__main__")
     except SystemExit as e:
         code = _exit_code(e.code)
@@ -183,13 +196,34 @@ def _run_script(agent, ns: argparse.Namespace, target: str) -> tuple[int, int | 
         code = 128 + sig
         reason = "interrupted (SIGINT)"
     except BaseException as e:  # the script's own exception: record it, then behave like Python
-        agent.emit(ExceptionRaised(t=time.time(), type=type(e).__name__, message=str(e)[:2000],
+        agent.emit(ExceptionRaised(t=clocks.wall(), type=type(e).__name__, message=str(e)[:2000],
                                    traceback=format_exception(e)[-20000:]))
-        sys.stderr.write(format_exception(e))
-        sys.stderr.flush()
+        write_stderr(format_exception(e))
         code = 1
         reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     return code, sig, reason
+
+
+def as_plain_python(script: str | None) -> None:
+    """``sys.path`` and ``PYTHONPATH`` as ``python SCRIPT`` (or ``python -m MODULE``) gives them:
+    ``-m tpuwatch.agent`` put the working directory first (a ``secrets.py`` there would shadow the
+    standard module), where Python puts the script's directory; and the launcher's entry for
+    tpuwatch leaves PYTHONPATH (tpuwatch's own modules import through its package, already loaded)."""
+    ours = settings.PACKAGE_PATH.get()
+    if ours:
+        value = os.environ.get("PYTHONPATH", "")
+        if value == ours:
+            del os.environ["PYTHONPATH"]
+        elif value.startswith(ours + os.pathsep):
+            os.environ["PYTHONPATH"] = value[len(ours) + 1:]
+        else:
+            ours = ""  # changed since the launcher set it: leave it alone
+        if ours and len(sys.path) > 1 and sys.path[1] == ours:
+            del sys.path[1]
+    if _CWD_TAKEN is not None and script is None:
+        sys.path.insert(0, _CWD_TAKEN)  # python -m MODULE: the working directory, as we found it
+    elif script is not None and not getattr(sys.flags, "safe_path", False):  # -P / PYTHONSAFEPATH (3.11+)
+        sys.path.insert(0, str(Path(script).resolve().parent))
 
 
 def _exit_code(value) -> int:
@@ -197,8 +231,43 @@ def _exit_code(value) -> int:
         return 0
     if isinstance(value, int):
         return value & 0xFF
-    sys.stderr.write(f"{value}\n")
+    write_stderr(f"{value}\n")
     return 1
+
+
+def write_stderr(text: str) -> None:
+    """Writes ``text`` to the script's ``sys.stderr`` as Python writes a traceback there: not at
+    all when the script set it to None, and ignoring the errors of a stream the script closed or
+    replaced (a closed descriptor, an object without ``flush``): they must not become tpuwatch's
+    own traceback, nor cost the run its exit record."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    try:
+        stream.write(text)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return  # Python, too, drops a traceback its stderr does not take
+    try:
+        stream.flush()
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass  # as Python does (its flush after a traceback ignores errors)
+
+
+#: Python's exit status when its last flush of sys.stdout/sys.stderr fails (Py_FinalizeEx).
+EXIT_FLUSH_FAILED = 120
+
+
+def std_flush_fails() -> bool:
+    """Whether the interpreter's flush of ``sys.stdout``/``sys.stderr`` at exit will fail (the
+    script replaced one with an object without ``flush``, ...): Python then exits with 120."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None or getattr(stream, "closed", False) is True:
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError, TypeError):
+            return True
+    return False
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from tpuwatch.agent import destinations, post_import
 from tpuwatch.agent.runtime import CommandRefused
 from tpuwatch.protocol import Command
+from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -136,7 +136,7 @@ def _register_after_init(tracker: Tracker, registry_of: Callable[[Any], WeakRegi
 class Checkpointer:
     """The ``checkpoint`` command's validator and handler."""
 
-    def __init__(self, agent: "Agent", perf: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, agent: "Agent", perf: Callable[[], float] = clocks.perf) -> None:
         self.agent = agent
         self.perf = perf
         self.tracker = Tracker()
@@ -364,9 +364,9 @@ class Checkpointer:
 
     def shutdown(self, timeout_s: float = SHUTDOWN_WAIT_S) -> None:
         """Waits (bounded) for uploads in flight, so their Results are recorded before exit."""
-        deadline = time.monotonic() + timeout_s
+        deadline = clocks.monotonic() + timeout_s
         for thread in list(self._uploads):
-            thread.join(max(0.0, deadline - time.monotonic()))
+            thread.join(max(0.0, deadline - clocks.monotonic()))
 
 
 def _is_gcs(path: Any) -> bool:

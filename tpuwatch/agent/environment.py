@@ -14,12 +14,12 @@ import platform
 import socket
 import sys
 import threading
-import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from tpuwatch import protocol
 from tpuwatch.protocol import Config, Hello, Topology
+from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -184,7 +184,7 @@ def worker_name(host: str, pid: int, environ: Mapping[str, str] | None = None) -
     return f"{host}:{pid}"
 
 
-def hello(run_id: str, script: str, argv: Iterable[str], clock: Callable[[], float] = time.time) -> Hello:
+def hello(run_id: str, script: str, argv: Iterable[str], clock: Callable[[], float] = clocks.wall) -> Hello:
     from tpuwatch import __version__
 
     host = socket.gethostname()
@@ -201,7 +201,7 @@ def hello(run_id: str, script: str, argv: Iterable[str], clock: Callable[[], flo
         tf_version=tf_version(),
         keras_version=keras_version(),
         script=script,
-        argv=tuple(argv),
+        argv=tuple(protocol.clip_argv(argv)),
     )
 
 
@@ -252,7 +252,7 @@ def _workers(strategy: Any, is_tpu: bool) -> tuple[int, int]:
     return 1, 0
 
 
-def topology(strategy: Any, clock: Callable[[], float] = time.time) -> Topology:
+def topology(strategy: Any, clock: Callable[[], float] = clocks.wall) -> Topology:
     """The Topology of any tf.distribute strategy (default strategy included)."""
     is_tpu = is_tpu_strategy(strategy)
     devices = _replica_devices(strategy)

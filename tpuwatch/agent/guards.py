@@ -1,4 +1,6 @@
-"""The agent's guards around the script's process: a full disk, fork(), a terminating SIGTERM.
+"""The agent's guards around the script's process: a full disk, fork(), a terminating SIGTERM,
+``os.setsid()`` in a session leader (:func:`install_session_calls`), a re-exec
+(:func:`install_reexec`).
 
 - **Full disk.** The script's stdout/stderr are ``output.log`` (DESIGN §1). On ENOSPC a plain
   file object makes the script's own ``print`` raise, killing training. :class:`OutputGuard`
@@ -23,6 +25,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import io
 import os
 import signal
@@ -32,8 +35,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from tpuwatch import rundir
-from tpuwatch.protocol import Exit
+from tpuwatch import rundir, settings
+from tpuwatch.protocol import OUTPUT_SOURCE, Exit
+from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -55,21 +59,59 @@ def install(agent: "Agent") -> None:
     guard_output(agent)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _install_sigterm(agent)
+    install_session_calls(agent)
 
 
 # --- full disk ----------------------------------------------------------------------------------
 
 
 class OutputGuard:
-    """Counts the script output a full disk made us drop (shared by stdout and stderr)."""
+    """Counts the script output a full disk made us drop (shared by stdout and stderr), and, under
+    ``tpuwatch run``, takes over when the output pump is gone (:meth:`pump_gone`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, agent: "Agent | None" = None, pipe: tuple[int, int] | None = None) -> None:
         self.dropped_bytes = 0
         self.first_drop_t: float | None = None
+        self._agent = agent
+        self._pipe = pipe  # (st_dev, st_ino) of the pipe to the output pump, under tpuwatch run
+        self._lock = threading.Lock()
+
+    def pump_gone(self) -> bool:
+        """A write to the output pump's pipe failed with EPIPE: the pump was killed. Points every
+        descriptor of the script that is that pipe (1, 2) at output.log itself (from now on the
+        script's output may wait on the run directory's disk, as before the pump), once; True if
+        the write should be tried again."""
+        agent, pipe = self._agent, self._pipe
+        if agent is None or pipe is None:
+            return False
+        with self._lock:
+            if self._pipe is None:
+                return True  # another thread did it
+            moved = []
+            try:
+                log = os.open(agent.run_dir / rundir.OUTPUT, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+            except OSError:
+                return False
+            try:
+                for fd in (1, 2):
+                    try:
+                        st = os.fstat(fd)
+                    except OSError:
+                        continue
+                    if (st.st_dev, st.st_ino) == pipe:
+                        os.dup2(log, fd)
+                        moved.append(fd)
+            finally:
+                os.close(log)
+            self._pipe = None
+        agent.event("warning", OUTPUT_SOURCE, f"the output pump is gone (killed?): the script's output "
+                                         f"(descriptors {', '.join(map(str, moved)) or 'none'}) goes straight to "
+                                         "output.log from here on, and waits on its disk if it is slow")
+        return True
 
     def dropped(self, n: int) -> None:
         if self.first_drop_t is None:
-            self.first_drop_t = time.time()
+            self.first_drop_t = clocks.wall()
         self.dropped_bytes += n
 
 
@@ -80,6 +122,7 @@ class _DiskFullSafeWriter(io.RawIOBase):
         super().__init__()
         self._fd = fd
         self._guard = guard
+        self._retrying = False
 
     def writable(self) -> bool:
         return True
@@ -103,6 +146,12 @@ class _DiskFullSafeWriter(io.RawIOBase):
                 done += os.write(self._fd, view[done:])
             return total
         except OSError as e:
+            if e.errno == errno.EPIPE and not self._retrying and self._guard.pump_gone():
+                self._retrying = True  # once: a descriptor that is still a broken pipe raises as before
+                try:
+                    return done + self.write(memoryview(b).cast("B")[done:])
+                finally:
+                    self._retrying = False
             if e.errno not in rundir.DISK_FULL_ERRNOS:
                 raise
             # What did not fit is dropped; the caller sees it written (nothing to retry).
@@ -131,15 +180,23 @@ def _wrap(stream: TextIO | None, guard: OutputGuard) -> TextIO | None:
 
 def guard_output(agent: "Agent") -> OutputGuard:
     """Replaces ``sys.stdout``/``sys.stderr`` with writers on the same descriptors that survive a
-    full disk. Only regular files are guarded (a terminal or pipe keeps its own behaviour)."""
-    guard = OutputGuard()
+    full disk, and a killed output pump under ``tpuwatch run``. Only regular files and the pump's
+    pipe are guarded (a terminal or the user's own pipe keeps its own behaviour)."""
+    pipe = None
+    try:
+        st = os.fstat(1)
+        if settings.RUN_ID.get() and stat.S_ISFIFO(st.st_mode):
+            pipe = (st.st_dev, st.st_ino)  # tpuwatch run's pipe to the output pump
+    except OSError:
+        pass
+    guard = OutputGuard(agent, pipe)
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         try:
-            regular = stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+            st = os.fstat(stream.fileno())
         except (OSError, ValueError, AttributeError):
             continue
-        if not regular:
+        if not (stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) == pipe):
             continue
         try:
             stream.flush()
@@ -148,6 +205,111 @@ def guard_output(agent: "Agent") -> OutputGuard:
         setattr(sys, name, _wrap(stream, guard))
     agent.output_guard = guard
     return guard
+
+
+# --- setsid / setpgrp ---------------------------------------------------------------------------
+
+
+def _leads_own_session() -> bool:
+    pid = os.getpid()
+    try:
+        return os.getsid(0) == pid and os.getpgrp() == pid
+    except OSError:
+        return False
+
+
+def install_session_calls(agent: "Agent") -> None:
+    """``os.setsid()``, ``os.setpgrp()`` and ``os.setpgid(0, 0)`` work as under plain python.
+
+    ``tpuwatch run`` starts the script as the leader of its own session (away from the terminal's
+    signals), and the kernel refuses these calls to a session leader (EPERM), where a script run
+    by a non-interactive shell gets them. What they ask for (lead a session, or a process group,
+    of one's own, with no terminal) is already so: when the call fails with EPERM for exactly
+    that reason, it returns as it would have (None). The process group stays
+    the one tpuwatch's stop signals, so stopping works as before. Cost: nothing until a call."""
+    real_setsid, real_setpgrp, real_setpgid = os.setsid, os.setpgrp, os.setpgid
+    said: set[str] = set()
+
+    def already(call: str, e: OSError) -> bool:
+        if e.errno != errno.EPERM or os.getpid() != _pid or not _leads_own_session():
+            return False
+        if call not in said:
+            said.add(call)
+            agent.event("info", "agent", f"the script called os.{call}(): it already leads its own session under "
+                                         "tpuwatch (no terminal), so the call returned as it would have")
+        return True
+
+    def setsid() -> None:
+        try:
+            real_setsid()
+        except PermissionError as e:
+            if not already("setsid", e):
+                raise
+
+    def setpgrp() -> None:
+        try:
+            real_setpgrp()
+        except PermissionError as e:
+            if not already("setpgrp", e):
+                raise
+
+    def setpgid(pid: int, pgrp: int) -> None:
+        try:
+            real_setpgid(pid, pgrp)
+        except PermissionError as e:
+            own = os.getpid()
+            if not (pid in (0, own) and pgrp in (0, own) and already("setpgid", e)):
+                raise
+
+    os.setsid, os.setpgrp, os.setpgid = setsid, setpgrp, setpgid
+
+
+# --- re-exec -------------------------------------------------------------------------------------
+
+
+def install_reexec(agent: "Agent", script: str) -> None:
+    """A script that restarts itself in place (``os.execv(sys.executable, [sys.executable] +
+    sys.argv)``, as restart-on-failure code does) runs on under the agent, in the same run: such
+    an ``execv``/``execve`` (``os.execl*`` and ``os.execvp*`` go through them) gets ``-m
+    tpuwatch.agent`` before the script and the run's directory in its environment, after the
+    recording is flushed. Any other ``exec`` is left as it is. Cost: nothing until an exec."""
+    real_script = os.path.realpath(script)
+    execv, execve = os.execv, os.execve
+
+    def under_agent(path, args, env):
+        try:
+            argv = list(args)
+            if (len(argv) < 2 or os.path.realpath(os.fsdecode(path)) != os.path.realpath(sys.executable)
+                    or os.path.realpath(os.fsdecode(argv[1])) != real_script):
+                return None
+            env = dict(os.environ if env is None else env)
+            package = settings.PACKAGE_PATH.get() or os.path.dirname(os.path.dirname(os.path.dirname(
+                os.path.abspath(__file__))))
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (package, env.get("PYTHONPATH", "")) if p)
+            env[settings.PACKAGE_PATH.name] = package
+            env[settings.RUN_DIR.name] = str(agent.run_dir)
+            env[settings.RUN_ID.name] = agent.run_id
+            agent.event("info", "agent", f"the script re-executes itself ({os.fsdecode(path)} "
+                                         f"{os.fsdecode(argv[1])}): the run goes on under the agent")
+            agent.flush(timeout=EXIT_FLUSH_S)
+            return [argv[0], "-m", "tpuwatch.agent", *argv[1:]], env
+        except Exception as e:  # never fail the script's exec: it then runs as it asked
+            agent.probe_failed("reexec", e)
+            return None
+
+    def patched_execv(path, args):
+        rewritten = under_agent(path, args, None)
+        if rewritten is None:
+            return execv(path, args)
+        return execve(path, *rewritten)
+
+    def patched_execve(path, args, env):
+        rewritten = under_agent(path, args, env)
+        if rewritten is None:
+            return execve(path, args, env)
+        return execve(path, *rewritten)
+
+    os.execv, os.execve = patched_execv, patched_execve
 
 
 # --- fork ---------------------------------------------------------------------------------------
@@ -183,7 +345,7 @@ def _record_signal_exit(sig: int) -> None:
     agent = _agent
     if agent is None or os.getpid() != _pid or agent.forked:
         return
-    agent.emit(Exit(t=time.time(), exit_code=128 + sig, signal=sig, source="agent",
+    agent.emit(Exit(t=clocks.wall(), exit_code=128 + sig, signal=sig, source="agent",
                     reason=f"terminated by {signal.Signals(sig).name}"))
     agent.flush(timeout=EXIT_FLUSH_S)
     agent.before_signal_death()
@@ -205,7 +367,10 @@ def _install_sigterm(agent: "Agent") -> None:
         return  # the script's parent chose a disposition (ignored, ...): keep it
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        from tpuwatch.agent.runtime import high_fd
+
         r, w = os.pipe()
+        r, w = high_fd(r), high_fd(w)  # a script's reused low descriptor never gets the C handler's bytes
         os.set_blocking(w, False)
         old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     except (OSError, ValueError):
@@ -247,8 +412,8 @@ def _watch_wakeups(fd: int) -> None:
             return
         if signal.SIGTERM not in data:
             continue
-        deadline = time.monotonic() + SIGTERM_MAIN_THREAD_GRACE_S
-        while time.monotonic() < deadline and not _terminating.is_set():
+        deadline = clocks.monotonic() + SIGTERM_MAIN_THREAD_GRACE_S
+        while clocks.monotonic() < deadline and not _terminating.is_set():
             time.sleep(0.05)
         if _terminating.is_set() or signal.getsignal(signal.SIGTERM) is not _on_sigterm:
             continue  # handled on the main thread, or the script took SIGTERM over since

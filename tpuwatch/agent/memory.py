@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch.protocol import DeviceSample, HostSample, Message
+from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -56,7 +56,7 @@ class MemorySampler:
         self,
         agent: "Agent",
         host_interval_s: float = 0.5,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = clocks.monotonic,
     ) -> None:
         self.agent = agent
         self.host_interval_s = host_interval_s

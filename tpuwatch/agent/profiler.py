@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 from tpuwatch.agent import destinations
 from tpuwatch.agent.runtime import CommandRefused
 from tpuwatch.protocol import Command
+from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -187,7 +188,7 @@ class Capture:
 class Profiler:
     """The ``profile`` command's validator and handler (one capture at a time)."""
 
-    def __init__(self, agent: "Agent", perf: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, agent: "Agent", perf: Callable[[], float] = clocks.perf) -> None:
         self.agent = agent
         self.perf = perf
         self.active: Capture | None = None

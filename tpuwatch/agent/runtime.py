@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 
 from tpuwatch import protocol, rundir, settings
 from tpuwatch.protocol import Command, CommandState, Event, Message, Result
+from tpuwatch.agent import clocks
 
 Sampler = Callable[[], Iterable[Message]]
 # A command handler runs on the training thread at a step boundary (or on the server thread for
@@ -44,7 +45,7 @@ class Agent:
         run_dir: Path,
         run_id: str,
         sample_hz: float = 4.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = clocks.wall,
     ) -> None:
         self.run_dir = Path(os.path.abspath(run_dir))  # a script that chdirs must not move it
         run_dir = self.run_dir
@@ -65,8 +66,10 @@ class Agent:
         self._events_path = run_dir / rundir.EVENTS
         # Whole lines per write(2) with O_APPEND: the launcher appends findings to the same file,
         # and appends of whole lines never interleave mid-line.
-        # Never through a planted link, nor into a file that is not this user's own (rundir).
-        self._fd = rundir.open_append(self._events_path)
+        # Never through a planted link, nor into a file that is not this user's own (rundir); on a
+        # high descriptor, so a script that closes and reopens low ones never gets the stream.
+        self._fd = high_fd(rundir.open_append(self._events_path))
+        self._fd_identity = _identity(self._fd)
         self.global_step = 0
         # Full-disk accounting (see _write): what was dropped since the last note.
         self._cut = False
@@ -260,7 +263,7 @@ class Agent:
     def _loop(self) -> None:
         next_sample = 0.0
         while not self._stop.is_set():
-            now = time.monotonic()
+            now = clocks.monotonic()
             if now >= next_sample:
                 self._sample()
                 next_sample = now + self.sample_interval_s
@@ -333,10 +336,34 @@ class Agent:
         if self._disk_full_since is None:
             self._disk_full_since = self.clock()
 
+    def _check_fd(self) -> None:
+        """A script can close the recording's descriptor and open its own file on the same number
+        (``os.closerange``, ``dup2``): before each write (a batch, on the agent's thread, one
+        ``fstat``) the descriptor must still be the file the agent opened; if not, it is left to
+        the script and the recording is opened again."""
+        if _identity(self._fd) == self._fd_identity:
+            return
+        old = self._fd
+        try:
+            self._fd = high_fd(rundir.open_append(self._events_path, create=False))
+        except OSError as e:
+            self._fd = -1
+            self._disabled["recording"] = str(e)
+            return
+        self._fd_identity = _identity(self._fd)
+        self._cut = False  # the cut line, if any, is not ours to end any more
+        self._buf.appendleft(Event(t=self.clock(), level="warning", source="agent",
+                                   message=f"the script closed or reused the recording's descriptor {old}; "
+                                           "tpuwatch opened events.jsonl again (nothing was written into the "
+                                           "script's file)"))
+
     def _write_all(self, data: bytes) -> int:
         """Writes ``data``; the byte count, or -1 when the disk is full. A write the disk cut
         short is taken back (truncated off) so the recording never holds half a line; if even
         that fails, the next write first ends the cut line."""
+        self._check_fd()
+        if "recording" in self._disabled:
+            return 0
         if self._cut:
             data = b"\n" + data
         view = memoryview(data)
@@ -398,9 +425,9 @@ class Agent:
         if self._thread is None or not self._thread.is_alive():
             self._drain()
             return
-        deadline = time.monotonic() + timeout
+        deadline = clocks.monotonic() + timeout
         with self._flushed:
-            while self._buf and time.monotonic() < deadline:
+            while self._buf and clocks.monotonic() < deadline:
                 self._flushed.wait(0.05)
 
     def stop(self) -> None:
@@ -433,6 +460,37 @@ class Agent:
             except OSError:
                 pass
         self.release_reserve()
+
+
+#: The agent's descriptors live at or above this number (or half the descriptor limit, if lower):
+#: a script that closes and reopens low descriptors does not land on them.
+HIGH_FD = 1000
+
+
+def high_fd(fd: int) -> int:
+    """Moves ``fd`` to a high number, close-on-exec (the old number is closed); ``fd`` itself if
+    that cannot be done."""
+    try:
+        import fcntl
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        floor = HIGH_FD if soft == resource.RLIM_INFINITY else min(HIGH_FD, soft // 2)
+        if floor <= 2:
+            return fd
+        new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+    except (OSError, ValueError, ImportError):
+        return fd
+    os.close(fd)
+    return new
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def format_exception(exc: BaseException) -> str:

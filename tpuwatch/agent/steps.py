@@ -39,13 +39,13 @@ another thread (DESIGN §3: checkpoints taken from another thread were inconsist
 from __future__ import annotations
 
 import contextlib
-import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from tpuwatch.agent import accumulator
 from tpuwatch.agent.accumulator import EXAMPLES, FETCHES, RUNS, WAIT_S
 from tpuwatch.protocol import Config, StepLoss
+from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -56,7 +56,7 @@ class StepProbe:
 
     def __init__(self, agent: "Agent") -> None:
         self.agent = agent
-        self.perf = time.perf_counter
+        self.perf = clocks.perf
         # What each tf.function's trace did: {"training": True, "acc": True, "loss": slot}.
         # Weak keys: Keras recreates its functions on recompile. A nested function's flags
         # propagate to every function being traced around it, so an outer function that calls an

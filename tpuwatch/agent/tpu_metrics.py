@@ -24,11 +24,11 @@ probe, with the chip-table limit) remain the fallback.
 from __future__ import annotations
 
 import os
-import time
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from tpuwatch.agent import clocks
 from tpuwatch.protocol import TPU_METRICS_SOURCE, DeviceSample, Event, EventFact, Message
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class MetricsClient:
         self._channel.close()
 
     def _metric(self, name: Any, deadline: float) -> list[Any]:
-        timeout = max(0.01, deadline - time.monotonic())
+        timeout = max(0.01, deadline - clocks.monotonic())
         resp = self._stub.GetRuntimeMetric(self._pb.MetricRequest(metric_name=name.value), timeout=timeout)
         return sorted(resp.metric.metrics, key=lambda m: m.attribute.value.int_attr)
 
@@ -143,7 +143,7 @@ class MetricsClient:
 
         ``timeout_s`` bounds the three calls together.
         """
-        deadline = time.monotonic() + timeout_s
+        deadline = clocks.monotonic() + timeout_s
         totals = self._metric(self._names.TOTAL_MEMORY, deadline)
         usages = self._metric(self._names.MEMORY_USAGE, deadline)
         duty = self._metric(self._names.DUTY_CYCLE_PCT, deadline)
@@ -253,7 +253,7 @@ class TpuMetricsSampler:
         backoff_s: float = 2.0,
         max_backoff_s: float = 30.0,
         host: str = "localhost",
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = clocks.monotonic,
     ) -> None:
         self.agent = agent
         self.ports = ports

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Callable
 
 from tpuwatch import protocol
 from tpuwatch.protocol import Attach, Command, Decoder
+from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -91,7 +92,7 @@ class Server:
                 unix_path.unlink()
             except FileNotFoundError:
                 pass
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = _high(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
             old = os.umask(0o177)
             try:
                 sock.bind(str(unix_path))
@@ -106,7 +107,7 @@ class Server:
                 raise ValueError("a TCP listener needs a token")
             host, port = tcp
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock = _high(socket.socket(family, socket.SOCK_STREAM))
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((host, port))
@@ -153,11 +154,11 @@ class Server:
                 self.unix_path.unlink()
             except OSError:
                 pass
-        deadline = time.monotonic() + CLOSE_FLUSH_S
+        deadline = clocks.monotonic() + CLOSE_FLUSH_S
         with self._lock:
             streams = list(self._streams)
         for t in streams:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
+            t.join(timeout=max(0.0, deadline - clocks.monotonic()))
 
     # --- per viewer -----------------------------------------------------------------------------
 
@@ -167,6 +168,7 @@ class Server:
                 conn, addr = sock.accept()
             except OSError:
                 return
+            conn = _high(conn)
             evict = None
             if is_tcp:
                 with self._lock:
@@ -183,7 +185,7 @@ class Server:
 
     def _count_refusal(self, why: str, peer: str) -> None:
         """Counts a refusal; one warning event a second at most says how many and the last why."""
-        now = time.monotonic()
+        now = clocks.monotonic()
         with self._lock:
             self.refused += 1
             total = self.refused
@@ -200,7 +202,7 @@ class Server:
     def _refuse(self, conn: socket.socket, why: str, peer: str) -> None:
         self._count_refusal(why, peer)
         try:
-            conn.sendall(protocol.encode(protocol.Event(t=time.time(), level="error", source="transport", message=why)))
+            conn.sendall(protocol.encode(protocol.Event(t=clocks.wall(), level="error", source="transport", message=why)))
         except OSError:
             pass
 
@@ -210,7 +212,7 @@ class Server:
         slot = False
         try:
             reader = _LineReader(conn, MAX_COMMAND_BYTES)
-            reader.deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+            reader.deadline = clocks.monotonic() + HANDSHAKE_TIMEOUT_S
             timed_out = False
             try:
                 line = reader.readline()
@@ -330,7 +332,7 @@ class Server:
                                          f"of {COMMAND_BURST}): disconnected after skipping {limited}; it can attach "
                                          "again")
                         return
-                    now = time.monotonic()
+                    now = clocks.monotonic()
                     if now - last_said >= REFUSAL_EVENT_INTERVAL_S:
                         last_said = now
                         self.agent.event("warning", "transport",
@@ -405,6 +407,18 @@ def _token_matches(given: str, expected: str | None) -> bool:
     return hmac.compare_digest(given_bytes, expected.encode())
 
 
+def _high(sock: socket.socket) -> socket.socket:
+    """``sock`` on a high, close-on-exec descriptor (runtime.high_fd): a script that closes a low
+    descriptor and opens its own socket or file there never gets the agent's stream."""
+    from tpuwatch.agent.runtime import high_fd
+
+    fd = sock.detach()
+    timeout = sock.gettimeout()
+    moved = socket.socket(sock.family, sock.type, sock.proto, fileno=high_fd(fd))
+    moved.settimeout(timeout)
+    return moved
+
+
 class _TooLong(Exception):
     pass
 
@@ -414,10 +428,10 @@ class _TokenBucket:
         self.rate = rate
         self.burst = float(burst)
         self.tokens = float(burst)
-        self.t = time.monotonic()
+        self.t = clocks.monotonic()
 
     def take(self) -> bool:
-        now = time.monotonic()
+        now = clocks.monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
         self.t = now
         if self.tokens < 1.0:
@@ -452,7 +466,7 @@ class _LineReader:
                 self.buf = b""
                 self.skipping = True
             if self.deadline is not None:
-                left = self.deadline - time.monotonic()
+                left = self.deadline - clocks.monotonic()
                 if left <= 0:
                     raise socket.timeout("line deadline passed")
                 self.conn.settimeout(left)

@@ -31,7 +31,7 @@ from tpuwatch.monitor.snapshot import (
 )
 from tpuwatch.monitor.state import RunState
 from tpuwatch.printable import one_line, printable
-from tpuwatch.protocol import Finding
+from tpuwatch.protocol import DISK_FULL_SOURCE, OUTPUT_SOURCE, Event, Finding
 from tpuwatch.sources.file_source import FileSource
 from tpuwatch.sources.source import RecordingSource, Tagged
 from tpuwatch.units import (
@@ -235,6 +235,11 @@ def workers_line(snap: RunSnapshot) -> str:
     return "  workers: " + " | ".join(parts)
 
 
+#: Events a headless viewer prints as they come: the script's output late on its way to output.log,
+#: and what a full or slow disk made the run lose.
+SAID_SOURCES = (OUTPUT_SOURCE, DISK_FULL_SOURCE)
+
+
 def follow_group(
     source: RecordingSource,
     is_alive: Callable[[], bool],
@@ -285,6 +290,8 @@ def follow_group(
         for worker, msg in tagged:
             state.apply(msg, worker)
             diag.apply(msg, worker)
+            if isinstance(msg, Event) and msg.source in SAID_SOURCES:  # output late or lost: said as it happens
+                say(f"tpuwatch: {msg.message}")
         for f in state.drain_new_findings():
             say(finding_line(f))
 

@@ -1,9 +1,10 @@
 """Starting a training script under the agent, and stopping it.
 
 The child runs in its own session (``start_new_session=True``) with stdout/stderr going to
-``output.log`` in the run directory, never to a pipe the viewer owns: if the viewer dies, a pipe
-would kill training with SIGPIPE (DESIGN §1). The launcher records the end of the run
-(``run.json`` and, when the agent could not, an ``exit`` record).
+``output.log`` in the run directory through a pipe drained by the output pump (its own process,
+``output_pump``: the script never waits on the run directory's disk), never to a pipe the viewer
+owns: if the viewer dies, a pipe would kill training with SIGPIPE (DESIGN §1). The launcher
+records the end of the run (``run.json`` and, when the agent could not, an ``exit`` record).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from tpuwatch import address, protocol, rundir, settings
+from tpuwatch.control import output_pump
 from tpuwatch.control.run_stop import record_stop_request
 from tpuwatch.monitor.runs import Process, ended_state
 
@@ -36,6 +38,7 @@ class Launch:
     run_id: str
     proc: subprocess.Popen
     started: float
+    pump: subprocess.Popen | None = None  # the output pump (None: the script writes output.log itself)
 
     @property
     def pid(self) -> int:
@@ -168,6 +171,7 @@ def start(
     child_env[settings.RUN_ID.name] = run_id
     child_env["PYTHONUNBUFFERED"] = "1"  # the script's prints reach output.log as they happen
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, child_env.get("PYTHONPATH", "")) if p)
+    child_env[settings.PACKAGE_PATH.name] = PACKAGE_PARENT  # the agent takes it off again (plain python's path)
     if listen:
         child_env[settings.LISTEN.name] = listen
     if sample_hz:
@@ -177,7 +181,7 @@ def start(
     meta = {
         "run_id": run_id,
         "script": script,
-        "argv": [script, *args],
+        "argv": protocol.clip_argv([script, *args]),
         "python": exe,
         "cwd": os.getcwd(),
         "host": rundir.hostname(),
@@ -187,21 +191,77 @@ def start(
         **(extra_meta or {}),
     }
     rundir.write_meta(run_dir, meta)
+    out, pump = _start_output(run_dir)
     try:
-        log = os.fdopen(rundir.create_exclusive(run_dir / rundir.OUTPUT, os.O_WRONLY | os.O_APPEND), "ab")
-    except OSError as e:
-        raise LaunchError(f"cannot create {run_dir / rundir.OUTPUT} ({e.strerror}); give a new run directory") from None
-    try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env=child_env, start_new_session=True)
     except OSError as e:
         raise LaunchError(f"cannot start {exe}: {e.strerror}") from None
     finally:
-        log.close()
+        os.close(out)  # the pump sees the end of the pipe once the script (and its children) closed it
     # Not yet waited for, so the pid is still the child's (a zombie at worst): its identity is.
     identity = rundir.process_identity(proc.pid)
     rundir.update_meta(run_dir, child_pid=proc.pid, pgid=proc.pid, child_identity=identity)
-    return Launch(run_dir=run_dir, run_id=run_id, proc=proc, started=started, identity=identity)
+    return Launch(run_dir=run_dir, run_id=run_id, proc=proc, started=started, identity=identity, pump=pump)
+
+
+def _start_output(run_dir: Path) -> tuple[int, subprocess.Popen | None]:
+    """The script's stdout and stderr: the writing end of a pipe to the output pump, which appends
+    to output.log (tpuwatch/control/output_pump.py: the script never waits on the run directory's
+    disk); output.log itself if the pump cannot start. Returns that descriptor and the pump."""
+    try:
+        log = rundir.create_exclusive(run_dir / rundir.OUTPUT, os.O_WRONLY | os.O_APPEND)
+    except OSError as e:
+        raise LaunchError(f"cannot create {run_dir / rundir.OUTPUT} ({e.strerror}); give a new run directory") from None
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return log, None
+    output_pump.widen_pipe(w)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
+    try:
+        # Its own session: no terminal signal and no stop of the training's process group reaches it.
+        pump = subprocess.Popen([sys.executable, "-m", "tpuwatch.control.output_pump", str(run_dir)],
+                                stdin=r, stdout=log, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+                                cwd="/")  # `-m` puts its working directory on sys.path: not the user's
+    except OSError:
+        os.close(w)
+        return log, None
+    finally:
+        os.close(r)
+    os.close(log)
+    return w, pump
+
+
+#: How long the end of a run waits at most for the output pump to write what the script left in
+#: the pipe (a slow disk with a full buffer); after that the pump finishes on its own.
+OUTPUT_DRAIN_S = 15.0
+#: ... and how long output.log must stay the same size for the pump to count as caught up when a
+#: child of the script keeps the pipe open (the pump then lives as long as that child).
+OUTPUT_QUIET_S = 0.5
+
+
+def wait_for_output(launch: Launch, timeout: float = OUTPUT_DRAIN_S, quiet_s: float = OUTPUT_QUIET_S) -> None:
+    """Waits until the script's output is in output.log: the pump has read the pipe to its end, or
+    output.log has stopped growing (a process the script left behind holds the pipe)."""
+    pump = launch.pump
+    if pump is None:
+        return
+    path = launch.run_dir / rundir.OUTPUT
+    start = last_change = time.monotonic()
+    size = -1
+    while pump.poll() is None:
+        now = time.monotonic()
+        try:
+            new = os.stat(path).st_size
+        except OSError:
+            new = -1
+        if new != size:
+            size, last_change = new, now
+        if now - start >= timeout or now - last_change >= quiet_s:
+            return
+        time.sleep(0.05)
 
 
 def exit_code_of(returncode: int) -> int:
@@ -212,6 +272,7 @@ def exit_code_of(returncode: int) -> int:
 def finish(launch: Launch, clock: Callable[[], float] = time.time) -> int:
     """Waits for the child; records the end of the run. Returns the shell exit code."""
     returncode = launch.proc.wait()
+    wait_for_output(launch)
     code = exit_code_of(returncode)
     sig = -returncode if returncode < 0 else None
     # The run is over: the disk reserve is for exactly these last records (on a full disk they
