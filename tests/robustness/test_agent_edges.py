@@ -336,6 +336,9 @@ def test_setsid_and_setpgrp_work_and_stop_still_reaches_the_script(tmp_path, cal
 
 KILLED_PUMP_SCRIPT = """
 import os, sys, time
+
+# Every test here starts a real agent (TensorFlow), directly or through a fixture.
+pytestmark = pytest.mark.tf
 ready, killed = sys.argv[1], sys.argv[2]
 print("before", flush=True)
 open(ready, "w").close()

@@ -66,6 +66,7 @@ def _reuse(run_dir: Path, pid: int, **extra) -> None:
     (run_dir / rundir.META).write_text(json.dumps(meta))
 
 
+@pytest.mark.tf
 def test_a_launch_records_the_identity_of_its_child(tmp_path):
     run_dir = _recorded_run(tmp_path)
     meta = rundir.read_meta(run_dir)
@@ -76,6 +77,7 @@ def test_a_launch_records_the_identity_of_its_child(tmp_path):
     assert run_alive(me)
 
 
+@pytest.mark.tf
 def test_a_reused_pid_is_neither_running_nor_signalled(tmp_path, stranger):
     run_dir = _recorded_run(tmp_path)
     _reuse(run_dir, stranger.pid)
@@ -108,6 +110,7 @@ def test_a_reused_pid_is_neither_running_nor_signalled(tmp_path, stranger):
     assert stranger.poll() is None, "the unrelated process was signalled"
 
 
+@pytest.mark.tf
 def test_a_run_json_without_identity_is_judged_by_its_start(tmp_path, stranger):
     """run.json written before identities were recorded: a process that started an hour after the
     run did cannot be its child."""
@@ -153,6 +156,7 @@ def _start_with_pid(pid: int, tries: int = 50) -> subprocess.Popen | None:
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/proc/sys/kernel/ns_last_pid"),
                     reason="reusing a given pid needs root and /proc/sys/kernel/ns_last_pid")
+@pytest.mark.tf
 def test_a_really_reused_pid_after_kill_9(tmp_path):
     """The issue's repro itself: a headless run, `kill -9` of the launcher, then of the agent; the
     kernel then gives the agent's pid to an unrelated process that starts its own session."""

@@ -75,6 +75,7 @@ def script(tmp_path):
     """)
 
 
+@pytest.mark.tf
 @pytest.mark.parametrize("command", [["ls"], ["attach"], ["report"], ["run", "--headless"]])
 def test_a_home_pre_created_by_another_user_is_refused(attacker, shared, script, command):
     home = shared / "shared"
@@ -86,6 +87,7 @@ def test_a_home_pre_created_by_another_user_is_refused(attacker, shared, script,
     assert list((home / "runs").iterdir()) == []  # nothing of the victim's was created there
 
 
+@pytest.mark.tf
 @pytest.mark.parametrize("command", [["ls"], ["run", "--headless"]])
 def test_a_runs_dir_of_another_user_in_my_home_is_refused(attacker, shared, script, command):
     home = shared / "home"
@@ -99,6 +101,7 @@ def test_a_runs_dir_of_another_user_in_my_home_is_refused(attacker, shared, scri
     assert list(attacker_runs.iterdir()) == []
 
 
+@pytest.mark.tf
 def test_my_own_runs_dir_writable_by_others_is_refused(shared, script):
     home = shared / "mine"
     (home / "runs").mkdir(parents=True)
@@ -108,6 +111,7 @@ def test_my_own_runs_dir_writable_by_others_is_refused(shared, script):
     assert list((home / "runs").iterdir()) == []
 
 
+@pytest.mark.tf
 def test_a_private_home_still_works(shared, script):
     home = shared / "private"
     proc = tpuwatch("run", "--headless", str(script), env={"TPUWATCH_HOME": str(home)})
@@ -149,6 +153,7 @@ def test_no_file_of_a_run_is_written_through_a_planted_link(attacker, shared):
     assert victim.read_text() == "PRIVATE\n"
 
 
+@pytest.mark.tf
 def test_the_agent_refuses_an_events_link(attacker, shared, run_agent, tmp_path):
     """The agent itself, started on a run directory holding a link for its recording."""
     victim = shared / "victim-secret"
@@ -172,6 +177,7 @@ def _thread_id() -> int:
     return threading.get_ident()
 
 
+@pytest.mark.tf
 @pytest.mark.parametrize("command", ["report", "attach", "replay"])
 def test_another_users_run_is_one_line_not_a_traceback(attacker, shared, tmp_path, command):
     """Issue 26, item 12: a run directory of another user's (0700) gave a PermissionError
@@ -198,6 +204,7 @@ def test_doctor_fails_a_shared_home(attacker, shared):
     assert check.status == "fail" and f"owned by uid {attacker.uid}" in check.detail, check
 
 
+@pytest.mark.tf
 def test_a_run_dir_in_a_directory_others_can_write_without_sticky_bit_is_refused(attacker, shared, script):
     """There anyone could rename the new run directory away and put their own in its place."""
     open_dir = shared / "open"

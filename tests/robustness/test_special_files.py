@@ -24,6 +24,9 @@ from tpuwatch import rundir
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hard_edges import one_line_error, tpuwatch, write_script  # noqa: E402
 
+# Every test here starts a real agent (TensorFlow), directly or through a fixture.
+pytestmark = pytest.mark.tf
+
 #: Far more than any of these commands needs on a good run; a hang ends here (and fails).
 LIMIT_S = 60
 
