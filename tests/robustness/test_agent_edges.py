@@ -21,6 +21,9 @@ from tpuwatch.control import output_pump
 from tpuwatch.protocol import Event, ExceptionRaised, Exit, Hello, Step
 from tpuwatch_testing import child_env, read_messages
 
+# Every test here starts a real agent (TensorFlow), directly or through a fixture.
+pytestmark = pytest.mark.tf
+
 # --- 6. a slow run-directory disk ------------------------------------------------------------------
 
 
@@ -336,9 +339,6 @@ def test_setsid_and_setpgrp_work_and_stop_still_reaches_the_script(tmp_path, cal
 
 KILLED_PUMP_SCRIPT = """
 import os, sys, time
-
-# Every test here starts a real agent (TensorFlow), directly or through a fixture.
-pytestmark = pytest.mark.tf
 ready, killed = sys.argv[1], sys.argv[2]
 print("before", flush=True)
 open(ready, "w").close()
