@@ -189,6 +189,31 @@ class Retrace(Message):
     step: int | None = None  # global step when it happened
 
 
+@dataclass(frozen=True)
+class Pipeline(Message):
+    """The tf.data pipeline a training iterates: its stages from the source to the last, one
+    entry per stage in each tuple (sent once per dataset, when its first iterator is made).
+
+    ``sites`` is the script's ``file:line`` that created the stage ("" when unknown; a stage that
+    Keras or tf.distribute added carries the user's line that led to it, and ``added_by`` says
+    who); ``settings`` its arguments (``num_parallel_calls=AUTOTUNE``, ``buffer_size=1024``...);
+    ``holds_bytes`` what the stage can keep in host memory (an in-memory ``cache``: the data it
+    caches; ``shuffle``: its buffer), 0 for none, -1 unknown.
+    """
+
+    kind: ClassVar[str] = "pipeline"
+    t: float
+    dataset: int  # 1, 2, ... in the order the training first iterates them
+    consumer: str  # "iterator", "experimental_distribute_dataset", "distribute_datasets_from_function"
+    stages: tuple[str, ...]  # the API that made each stage: "from_tensor_slices", "map", "batch"
+    sites: tuple[str, ...]
+    settings: tuple[str, ...]
+    code: tuple[str, ...]  # the stage's source line as written (truncated)
+    holds_bytes: tuple[int, ...]
+    added_by: tuple[str, ...]  # "" (the script), "keras", "tf.distribute", "tensorflow"
+    elements: int | None = None  # elements per pass at the last stage (None: infinite/unknown)
+
+
 #: ``Retrace.change`` of the trace TF makes again, same inputs, when a function's first call
 #: created variables (lazily built optimizer slots, a model built inside the step): a real trace,
 #: counted as TF counts it, but no retrace problem (it happens once per function).
@@ -326,6 +351,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     HostSample,
     DeviceSample,
     Retrace,
+    Pipeline,
     Epoch,
     Event,
     ExceptionRaised,

@@ -29,6 +29,7 @@ from tpuwatch.protocol import (
     Finding,
     HostSample,
     Message,
+    Pipeline,
     Retrace,
     Step,
     Topology,
@@ -137,6 +138,8 @@ class Engine:
             w.on_device(msg)
         elif isinstance(msg, Retrace):
             w.on_retrace()
+        elif isinstance(msg, Pipeline):
+            w.on_pipeline(msg)
         elif isinstance(msg, Epoch):
             w.on_epoch(msg)
         elif isinstance(msg, Topology):
