@@ -1,0 +1,22 @@
+"""Issue 25: a finding's steps are where its condition held; one cause, one finding."""
+
+from diag_synthetic import SyntheticRun, findings
+
+
+def test_input_bound_range_begins_where_the_wait_rose():
+    # keras_fit.py's shape: a healthy pipeline until step 600, then 150 ms of input wait a step
+    run = SyntheticRun(step_time_s=0.05)
+    run.steps(599)
+    run.steps(900, step_time_s=0.2, input_wait_s=0.15)
+    run.exit()
+    (f,) = findings(run.engine(), "input-bound")
+    assert 595 <= f.first_step <= 610, f
+    assert f.last_step == 1499
+
+
+def test_input_bound_from_the_start_begins_at_the_first_judged_step():
+    run = SyntheticRun(step_time_s=0.05)
+    run.steps(400, input_wait_s=0.03)
+    run.exit()
+    (f,) = findings(run.engine(), "input-bound")
+    assert f.first_step <= 10, f
