@@ -1,5 +1,7 @@
 """Issue 25: a finding's steps are where its condition held; one cause, one finding."""
 
+import math
+
 from diag_synthetic import SyntheticRun, findings
 
 
@@ -20,3 +22,18 @@ def test_input_bound_from_the_start_begins_at_the_first_judged_step():
     run.exit()
     (f,) = findings(run.engine(), "input-bound")
     assert f.first_step <= 10, f
+
+
+def test_a_loss_that_goes_inf_on_every_replica_at_once_is_said_once():
+    run = SyntheticRun(step_time_s=0.05)
+    run.steps(40, loss=lambda s, r, v: math.inf if s >= 23 else v)
+    (f,) = findings(run.engine(), "loss-nonfinite")
+    assert "inf on all 4 replicas from step 23" in f.message, f.message
+    assert "later also" not in f.message and f.evidence["replica"] == "all"
+
+
+def test_a_replica_that_goes_bad_first_is_still_named():
+    run = SyntheticRun(step_time_s=0.05)
+    run.steps(40, loss=lambda s, r, v: math.inf if (s >= 23 and r == 2) or s >= 30 else v)
+    (f,) = findings(run.engine(), "loss-nonfinite")
+    assert "replica 2" in f.message and "later also replicas 0, 1, 3" in f.message, f.message
