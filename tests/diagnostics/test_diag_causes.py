@@ -37,3 +37,21 @@ def test_a_replica_that_goes_bad_first_is_still_named():
     run.steps(40, loss=lambda s, r, v: math.inf if (s >= 23 and r == 2) or s >= 30 else v)
     (f,) = findings(run.engine(), "loss-nonfinite")
     assert "replica 2" in f.message and "later also replicas 0, 1, 3" in f.message, f.message
+
+
+def test_a_step_time_rise_from_input_wait_is_evidence_of_input_bound():
+    # the same slowdown: 75 ms steps, then 150 ms of which 75 ms wait for input
+    run = SyntheticRun(step_time_s=0.075)
+    run.steps(600)
+    run.steps(600, step_time_s=0.15, input_wait_s=0.075)
+    eng = run.engine()
+    assert findings(eng, "step-time-jitter") == []
+    (f,) = findings(eng, "input-bound")
+    assert "(2.0x), from the input wait" in f.evidence["step_time_rise"], f.evidence
+
+
+def test_a_step_time_rise_without_input_wait_stays_its_own_finding():
+    run = SyntheticRun(step_time_s=0.075)
+    run.steps(600)
+    run.steps(600, step_time_s=0.15)
+    assert any("rising" in f.message for f in findings(run.engine(), "step-time-jitter"))

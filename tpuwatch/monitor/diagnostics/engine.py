@@ -36,6 +36,7 @@ from tpuwatch.protocol import (
 )
 
 from .crash import ScriptCrash
+from .folding import fold
 from .input_pipeline import InputBound
 from .input_share import InputShare, combine, recent_share
 from .loss import LossNonfinite, ReplicaLossSkew
@@ -173,15 +174,21 @@ class Engine:
         now = self._clock() if now is None else now
         if self._applied != self._checked_at:
             self._check_all()  # something arrived since the last check
-        new: list[Finding] = []
+        current: dict[tuple[str, str], Finding] = {}
         for rule in self.rules:
             for subject, f in rule.current(self.telemetry, now).items():
-                key = (rule.id, subject)
-                self._current[key] = f
-                shown = (f.severity, f.message)
-                if self._shown.get(key) != shown:
-                    self._shown[key] = shown
-                    new.append(f)
+                current[(rule.id, subject)] = f
+        kept = fold(current)  # one cause, one finding
+        new: list[Finding] = []
+        for key in current:
+            if key not in kept:
+                self._current.pop(key, None)  # folded into the finding of its cause
+                continue
+            f = self._current[key] = kept[key]
+            shown = (f.severity, f.message)
+            if self._shown.get(key) != shown:
+                self._shown[key] = shown
+                new.append(f)
         return _worst_first(new)
 
     def input_shares(self) -> tuple[InputShare | None, InputShare | None]:
