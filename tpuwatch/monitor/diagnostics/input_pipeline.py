@@ -8,9 +8,10 @@ from tpuwatch.protocol import Finding, Severity
 from tpuwatch.units import finding_ms
 
 from .input_share import InputShare, recent_share
+from .pipeline_doctor import KERAS_STEP_FUNCTIONS, culprit, training_pipeline
 from .robust_stats import sig
 from .rule import Rule
-from .telemetry import Rec, Telemetry
+from .telemetry import Rec, Telemetry, WorkerTelemetry
 from .thresholds import Thresholds
 
 _EPISODE_MIN_GAP = 0.2  # share of step time: the wait after the split exceeds the wait before by this
@@ -47,14 +48,15 @@ class InputBound(Rule):
         for w in tel.step_workers():
             if w.ended:
                 self._judge(w.name, w.last_step_t or 0.0, w.input_totals.share(self.th),
-                            "over the whole run")
+                            "over the whole run", w)
             else:
                 s, scope = recent_share(w.window, self.th)
                 if (s is not None and s.level in ("moderate", "high") and w.name not in self._began):
                     self._began[w.name] = episode_start(w.window, s.first_step)
-                self._judge(w.name, w.last_step_t or 0.0, s, scope)
+                self._judge(w.name, w.last_step_t or 0.0, s, scope, w)
 
-    def _judge(self, worker: str, t: float, s: InputShare | None, scope: str) -> None:
+    def _judge(self, worker: str, t: float, s: InputShare | None, scope: str,
+               w: WorkerTelemetry | None = None) -> None:
         th = self.th
         if s is None or s.level not in ("moderate", "high"):
             return
@@ -63,13 +65,24 @@ class InputBound(Rule):
         first_step = max(s.first_step, self._began.get(worker, s.first_step))
         severity: Severity = "warning" if s.level == "high" else "info"
         pct = round(100 * s.share)
+        advice = ADVICE
+        cause: dict[str, str] = {}
+        p = training_pipeline(w.pipelines) if w is not None else None
+        if w is not None and p is not None:
+            fn = w.window[-1][5] if w.window else ""
+            c = culprit(p, fetch_in_step=fn in KERAS_STEP_FUNCTIONS)
+            advice = f"{c.problem}: {c.fix}"
+            cause = {"culprit_stage": c.stage, "culprit_site": c.site, "fix": c.fix}
+            if c.new_code:
+                cause.update(fix_code_old=c.old_code, fix_code_new=c.new_code)
         self._keep(worker, Finding(
             t=t, rule=self.id, severity=severity,
             # no step count in the message: it would re-announce the finding every second
             message=(f"{s.verdict}: {pct}% of step time waiting for input "
                      f"(mean {finding_ms(s.wait_per_step_s)} of {finding_ms(s.step_time_s)} per step {scope})"),
-            advice=ADVICE,
+            advice=advice,
             evidence={
+                **cause,
                 "input_wait_pct": pct,
                 "input_wait_ms_per_step": sig(s.wait_per_step_s * 1000),
                 "step_time_ms": sig(s.step_time_s * 1000),

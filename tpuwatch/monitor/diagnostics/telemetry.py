@@ -32,6 +32,7 @@ Rec = tuple[int, float, float, "float | None", int, str]
 _MAX_EXAMPLE_SIZES = 16  # distinct Step.examples values remembered (batch sizes seen)
 _MAX_FIRST_FUNCTIONS = 16  # step functions whose first step times are kept (trend baselines)
 _MAX_BYTES = 1 << 60  # byte counts beyond this are corrupt: ignored, never a crash
+_MAX_PIPELINES = 8
 _MAX_HOLDERS = 32  # pipeline stages holding host memory remembered per worker
 
 
@@ -93,6 +94,8 @@ class WorkerTelemetry:
     #: Stages of the iterated pipelines that hold data in host memory: (stage, site, bytes);
     #: bytes -1 when unknown (an in-memory cache of a dataset whose size is not static).
     memory_holders: list[tuple[str, str, int]] = field(default_factory=list)
+    #: The pipelines this worker iterates, in the order it first did (the first few).
+    pipelines: list[Pipeline] = field(default_factory=list)
     available_bytes: int | None = None
     total_bytes: int | None = None
     devices: dict[str, DevicePeak] = field(default_factory=dict)
@@ -162,6 +165,8 @@ class WorkerTelemetry:
         self.traces_since_sample += 1
 
     def on_pipeline(self, m: Pipeline) -> None:
+        if len(self.pipelines) < _MAX_PIPELINES:
+            self.pipelines.append(m)
         for stage, site, held in zip(m.stages, m.sites, m.holds_bytes):
             if held and len(self.memory_holders) < _MAX_HOLDERS:
                 self.memory_holders.append((stage, site, held))
