@@ -55,3 +55,31 @@ def test_retrace_storm_memory_is_evidence_of_the_retrace_finding(tmp_path):
     (storm,) = findings(report, "retrace-storm")
     assert storm["severity"] == "critical"
     assert storm["evidence"]["host_memory_grown_with_traces_mb"] > 8
+
+
+def _apply_fix(tmp_path: Path, script: Path, finding: dict) -> Path:
+    """The finding's edit applied to a copy of the script: the named line's text replaced."""
+    ev = finding["evidence"]
+    name, line = ev["culprit_site"].rsplit(":", 1)
+    assert name == script.name
+    lines = script.read_text().splitlines(keepends=True)
+    i = int(line) - 1
+    assert lines[i].strip() == ev["fix_code_old"], (lines[i], ev)
+    lines[i] = lines[i].replace(ev["fix_code_old"], ev["fix_code_new"])
+    fixed = tmp_path / "fixed" / script.name
+    fixed.parent.mkdir()
+    fixed.write_text("".join(lines))
+    return fixed
+
+
+@pytest.mark.parametrize("script, stage", [
+    ("input_sequential_map.py", "map"),
+])
+def test_the_proposed_edit_removes_the_input_wait(tmp_path, script, stage):
+    before = run_and_report(tmp_path, PLANTED / script, name="before")
+    (f,) = findings(before, "input-bound")
+    assert f["severity"] == "warning" and f["evidence"]["culprit_stage"] == stage, f
+    assert "prefetch" not in f["advice"]  # the script has one
+    after = run_and_report(tmp_path, _apply_fix(tmp_path, PLANTED / script, f), name="after")
+    left = findings(after, "input-bound")
+    assert not left or left[0]["evidence"]["input_wait_pct"] < f["evidence"]["input_wait_pct"] / 2, left

@@ -32,6 +32,8 @@ _MAX_STAGES = 64
 _MAX_DATASETS = 64  # pipelines sent per run (a script that makes datasets in a loop stops here)
 _MAX_CODE = 160
 _AUTOTUNE = -1
+_TUNABLE = frozenset({"buffer_size", "num_parallel_calls", "cycle_length", "block_length",
+                      "num_parallel_reads"})  # -1 is AUTOTUNE (for a repeat's count, forever)
 
 # stage class -> (settings to read: (attribute, name shown))
 _SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -203,14 +205,14 @@ def _stage_name(cls: str) -> str:
     return cls.strip("_").removesuffix("V2").removesuffix("Dataset").lower() or cls
 
 
-def _plain(value) -> str:
+def _plain(value, tunable: bool = False) -> str:
     if hasattr(value, "numpy"):
         value = value.numpy()
     if hasattr(value, "item"):
         value = value.item()
     if isinstance(value, bytes):
         value = value.decode(errors="replace")
-    if isinstance(value, int) and not isinstance(value, bool) and value == _AUTOTUNE:
+    if tunable and isinstance(value, int) and not isinstance(value, bool) and value == _AUTOTUNE:
         return "AUTOTUNE"
     return repr(value) if isinstance(value, str) else str(value)
 
@@ -221,7 +223,7 @@ def _settings(ds, cls: str) -> str:
         if attr not in ds.__dict__:
             continue
         try:
-            parts.append(f"{name}={_plain(ds.__dict__[attr])}")
+            parts.append(f"{name}={_plain(ds.__dict__[attr], name in _TUNABLE)}")
         except Exception:  # a setting that cannot be read as a plain value is left out
             continue
     return ", ".join(parts)

@@ -64,7 +64,7 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
             if "cycle_length=1," in settings + ",":
                 new = code.replace("cycle_length=1", f"cycle_length={AUTOTUNE}, num_parallel_calls={AUTOTUNE}")
                 return Culprit(stage, site, f".interleave at {site} has cycle_length=1: it reads one "
-                               "input at a time", f"at {site}, let it read several in parallel: "
+                               "input at a time", "let it read several in parallel: "
                                f"cycle_length={AUTOTUNE}, num_parallel_calls={AUTOTUNE}",
                                code if new != code else "", new if new != code else "")
             if "num_parallel_calls" not in settings:
@@ -97,7 +97,7 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
 def _add_argument(stage: str, site: str, code: str, name: str, value: str, problem: str,
                   call: str = "") -> Culprit:
     new = _before_close(code, call or f".{stage}(", f", {name}={value}")
-    return Culprit(stage, site, problem, f"at {site}, add {name}={value}", code if new else "", new)
+    return Culprit(stage, site, problem, f"add {name}={value}", code if new else "", new)
 
 
 def _close_of(code: str, call: str) -> int:
