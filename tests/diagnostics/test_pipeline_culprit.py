@@ -83,3 +83,20 @@ def test_the_input_bound_finding_carries_the_culprit():
     assert f.advice.startswith(".map at train.py:41 runs one element at a time")
     assert f.evidence["fix_code_new"] == "ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)"
     assert "prefetch" not in f.advice
+
+
+def test_report_lists_the_pipeline_map(tmp_path):
+    from tpuwatch import protocol
+    from tpuwatch.console.report import build_report, render_text
+
+    p = pipe(SOURCE, ("map", "", "ds = ds.map(decode)"), BATCH, PREFETCH)
+    hello = protocol.Hello(protocol_version=protocol.PROTOCOL_VERSION, agent_version="0.1.0", run_id="r", t=1.0,
+                           pid=1, host="h", worker="h:1", python_version="3.11", tf_version="2.21.0",
+                           keras_version="3.15.0", script="train.py", argv=("train.py",))
+    (tmp_path / "events.jsonl").write_bytes(b"".join(protocol.encode(m) for m in (hello, p)))
+    report = build_report(tmp_path)
+    (d,) = report["pipelines"]
+    assert [s["stage"] for s in d["stages"]] == ["from_tensor_slices", "map", "batch", "prefetch"]
+    assert d["stages"][1]["site"] == "train.py:41"
+    text = render_text(report)
+    assert "Input pipeline" in text and "train.py:41" in text and ".map()   ds = ds.map(decode)" in text

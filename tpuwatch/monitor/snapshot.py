@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
 from tpuwatch.monitor.diagnostics.input_share import InputShare
-from tpuwatch.protocol import Finding, Retrace
+from tpuwatch.protocol import Finding, Pipeline, Retrace
 
 #: "stopped": ended by a stop the user asked for (an interrupt, or a recorded stop request).
 RunStatus = Literal["waiting", "starting", "running", "stalled", "finished", "stopped", "crashed", "lost"]
@@ -179,6 +179,9 @@ class RunSnapshot:
     # functions, memory
     functions: tuple[FunctionTraces, ...] = ()
     retraces: tuple[Retrace, ...] = ()  # every trace in order, bounded (the newest kept)
+    #: The input pipelines the training iterates (the map: each stage, its line and settings),
+    #: in the order first iterated, bounded: (worker, message).
+    pipelines: tuple[tuple[str, Pipeline], ...] = ()
     device_memory: tuple[DeviceMemory, ...] = ()
     device_peaks: tuple[tuple[str, str, int], ...] = ()  # (worker, device, peak bytes) over the run
     host_memory: tuple[HostMemory, ...] = ()
