@@ -214,6 +214,31 @@ class Pipeline(Message):
     elements: int | None = None  # elements per pass at the last stage (None: infinite/unknown)
 
 
+@dataclass(frozen=True)
+class AllocationSites(Message):
+    """Where host memory grew, by the script's lines: Python allocations (tracemalloc; NumPy
+    reports its buffers to it) sampled over one bounded window once growth was suspected.
+
+    One entry per site in each tuple, largest growth first. ``kinds`` says what allocated there:
+    the library whose code made the allocation ("numpy", "tensorflow") or "python" for the
+    script's own objects. The step times say what the window cost (inside it vs just before).
+    """
+
+    kind: ClassVar[str] = "allocation_sites"
+    t: float
+    window_s: float
+    step_from: int
+    step_to: int
+    step_time_inside_s: float | None
+    step_time_before_s: float | None
+    sites: tuple[str, ...]  # "train.py:71"
+    grown_bytes: tuple[int, ...]
+    blocks: tuple[int, ...]  # allocations alive at the end of the window that were not at its start
+    kinds: tuple[str, ...]
+    code: tuple[str, ...]
+    traced_bytes: int = 0  # all growth tracemalloc saw in the window (the script's or not)
+
+
 #: ``Retrace.change`` of the trace TF makes again, same inputs, when a function's first call
 #: created variables (lazily built optimizer slots, a model built inside the step): a real trace,
 #: counted as TF counts it, but no retrace problem (it happens once per function).
@@ -352,6 +377,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     DeviceSample,
     Retrace,
     Pipeline,
+    AllocationSites,
     Epoch,
     Event,
     ExceptionRaised,

@@ -46,6 +46,8 @@ def test_healthy_cached_pipeline_raises_no_host_memory_warning(tmp_path, args):
     assert report["summary"]["steps"] >= 384
     alarms = [f for f in findings(report, "host-memory-growth") if f["severity"] != "info"]
     assert alarms == [], alarms
+    # nothing suspected, nothing sampled: the leak doctor never opened a window
+    assert not [m for m in report["_events"] if m["kind"] == "allocation_sites"]
 
 
 def test_retrace_storm_memory_is_evidence_of_the_retrace_finding(tmp_path):
@@ -83,3 +85,27 @@ def test_the_proposed_edit_removes_the_input_wait(tmp_path, script, stage):
     after = run_and_report(tmp_path, _apply_fix(tmp_path, PLANTED / script, f), name="after")
     left = findings(after, "input-bound")
     assert not left or left[0]["evidence"]["input_wait_pct"] < f["evidence"]["input_wait_pct"] / 2, left
+
+
+def _line_of(script: Path, text: str) -> int:
+    (n,) = [i for i, line in enumerate(script.read_text().splitlines(), start=1) if text in line]
+    return n
+
+
+@pytest.mark.parametrize("script, line_text, kind", [
+    ("host_memory_growth_short.py", "kept.append(np.full(", "numpy"),  # a list of arrays kept per step
+    ("leak_weight_history.py", "self.snapshots.append(self.model.get_weights())", "tensorflow"),  # a callback
+    ("leak_dict_cache.py", "outputs_by_step[step] = logits.numpy()", "tensorflow"),  # a dict cache
+])
+def test_the_leak_finding_names_the_line_that_allocates(tmp_path, script, line_text, kind):
+    report = run_and_report(tmp_path, PLANTED / script)
+    (f,) = findings(report, "host-memory-growth")
+    assert f["severity"] in ("warning", "critical"), f
+    line = _line_of(PLANTED / script, line_text)
+    assert f["evidence"]["grows_at"] == f"{script}:{line}", f["evidence"]
+    assert f["evidence"]["grows_at_kind"] == kind and f["evidence"]["grows_at_mb"] > 20
+    assert f"allocated at {script}:{line}" in f["message"] and line_text in f["advice"]
+    # the window's cost is stated: the step time inside it and just before it
+    assert f["evidence"]["leak_window_step_ms"] > 0 and f["evidence"]["step_ms_before_leak_window"] > 0
+    (sites,) = [m for m in report["_events"] if m["kind"] == "allocation_sites"]  # one window
+    assert sites["window_s"] <= 4

@@ -81,6 +81,7 @@ class PipelineMap:
         self.agent = agent
         self._roots: tuple[str, ...] | None = None
         self._sent = 0
+        self.held_bytes = 0  # what the mapped pipelines' caches and shuffle buffers can hold
         self._local = threading.local()  # .quiet: inside a distributed dataset's __iter__
 
     # --- creation sites (once per transformation) ------------------------------------------
@@ -165,7 +166,9 @@ class PipelineMap:
             return
         ds.__dict__[_MAPPED] = True
         self._sent += 1
-        self.agent.emit(self.describe(ds, consumer, self._sent))
+        msg = self.describe(ds, consumer, self._sent)
+        self.held_bytes += sum(b for b in msg.holds_bytes if b > 0)
+        self.agent.emit(msg)
 
     def describe(self, ds, consumer: str, number: int) -> Pipeline:
         chain = []
@@ -278,6 +281,7 @@ def install(agent: "Agent", patches: "Patches") -> PipelineMap:
     from tensorflow.python.distribute import input_lib
 
     pm = PipelineMap(agent)
+    agent.pipeline_map = pm  # the leak doctor reads what the pipelines hold
     patches.wrap(dataset_ops.DatasetV2, "__init__", pm.make_init)
     patches.wrap(iterator_ops.OwnedIterator, "__init__", pm.make_iterator_init)
     patches.wrap(input_lib.DistributedDataset, "__iter__",

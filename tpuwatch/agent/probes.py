@@ -69,7 +69,7 @@ def install_tf_probes(agent: "Agent", patches: Patches, disabled: set[str]) -> N
             except Exception as e:
                 agent.probe_failed(name, e)
         agent.step_probe = step_probe
-    for name in ("retraces", "pipeline_map", "memory", "keras_hooks", "stacks", "commands"):
+    for name in ("retraces", "pipeline_map", "leak_doctor", "memory", "keras_hooks", "stacks", "commands"):
         if name in disabled:
             continue
         try:

@@ -21,6 +21,7 @@ from typing import Callable
 
 from tpuwatch.protocol import (
     SEVERITY_RANK,
+    AllocationSites,
     Config,
     DeviceSample,
     Epoch,
@@ -141,6 +142,8 @@ class Engine:
             w.on_retrace()
         elif isinstance(msg, Pipeline):
             w.on_pipeline(msg)
+        elif isinstance(msg, AllocationSites):
+            w.allocations = msg
         elif isinstance(msg, Epoch):
             w.on_epoch(msg)
         elif isinstance(msg, Topology):

@@ -33,8 +33,11 @@ class HostMemoryGrowth(Rule):
       answers within a short run (2 MiB per step over 400 steps is a leak in 4 s).
 
     Both skip the first epoch when the run reports epochs (``dataset.cache()`` fills during
-    epoch 0). The time to exhaustion projects the slope (per second) onto the available host
-    memory; under 30 minutes is critical whatever the run's length.
+    epoch 0), unless the pipeline map bounds what its stages hold in memory. The time to
+    exhaustion projects the slope (per second) onto the available host memory; under 30
+    minutes is critical whatever the run's length. Growth between samples with a trace between
+    them is left out (the retrace finding shows it); growth within what the pipeline's caches
+    and shuffle buffers hold is an info; the leak doctor's allocation sites name the line.
     """
 
     id = "host-memory-growth"
@@ -51,7 +54,7 @@ class HostMemoryGrowth(Rule):
         start = w.rss_first_t + th.rss_warmup_s
         if w.first_step_t is not None:
             start = max(start, w.first_step_t)
-        if w.epoch_begin_seen:
+        if w.epoch_begin_seen and _may_fill(w):
             if w.first_epoch_end_t is not None:
                 start = max(start, w.first_epoch_end_t)
             else:
@@ -92,7 +95,7 @@ class HostMemoryGrowth(Rule):
             return
         self._steps_checked_at[w.name] = pts[-1][0]
         first = th.rss_warmup_steps
-        if w.epoch_begin_seen:
+        if w.epoch_begin_seen and _may_fill(w):
             if w.epoch_end_steps:
                 first = max(first, w.epoch_end_steps[0])
             elif w.rss_first_t is None or pts[-1][1] - w.rss_first_t < th.rss_first_epoch_wait_s:
@@ -165,15 +168,45 @@ class HostMemoryGrowth(Rule):
                     evidence=evidence, first_step=None, last_step=w.last_step or None, worker=w.name,
                 ))
                 return
+        advice = ADVICE
+        where = ""
+        a = w.allocations
+        if a is not None:
+            evidence["leak_window_s"] = sig(a.window_s, 2)
+            if a.step_time_inside_s is not None and a.step_time_before_s is not None:
+                evidence["leak_window_step_ms"] = sig(a.step_time_inside_s * 1000, 2)
+                evidence["step_ms_before_leak_window"] = sig(a.step_time_before_s * 1000, 2)
+            if a.sites:
+                evidence.update(grows_at=a.sites[0], grows_at_mb=sig(a.grown_bytes[0] / MB, 3),
+                                grows_at_kind=a.kinds[0], grows_at_code=a.code[0])
+                if len(a.sites) > 1:
+                    evidence["also_grows_at"] = ", ".join(
+                        f"{s} (+{b / MB:.3g} MB)" for s, b in zip(a.sites[1:], a.grown_bytes[1:]))
+                where = f"; allocated at {a.sites[0]}"
+                advice = (f"What grows is allocated at {a.sites[0]} ({a.code[0] or 'the line'}): "
+                          f"+{a.grown_bytes[0] / MB:.3g} MB of {a.kinds[0]} allocations in "
+                          f"{a.window_s:.2g} s that were still alive at its end. Keep less there: "
+                          "a float (float(loss)) instead of a tensor or an array, a bounded "
+                          "container (collections.deque(maxlen=...)), or clear it per epoch")
+            else:
+                advice = ("The script's Python allocations did not grow while sampled "
+                          f"({a.window_s:.2g} s): what grows is native memory (tensors kept "
+                          "alive, graphs, datasets created per step). " + ADVICE)
         self._keep(w.name, Finding(
             t=t, rule=self.id, severity=severity,
             # the step fit's message leaves the growth so far to the evidence: it changes at
             # every sample and would re-announce the finding every second
             message=(f"host memory grows steadily: {rate}+{_n(mb_per_min)} MB/min"
-                     + (f" (+{growth_mb:.3g} MB {scope})" if scope else "") + tail),
-            advice=ADVICE, evidence=evidence,
+                     + (f" (+{growth_mb:.3g} MB {scope})" if scope else "") + where + tail),
+            advice=advice, evidence=evidence,
             first_step=None, last_step=w.last_step or None, worker=w.name,
         ))
+
+
+def _may_fill(w: WorkerTelemetry) -> bool:
+    """Whether the first epoch may be a cache filling by an unknown amount: without a pipeline
+    map, or with a stage holding data of unknown size. (A known size is judged against.)"""
+    return not w.pipelines or any(b < 0 for _, _, b in w.memory_holders)
 
 
 def _held_by_pipeline(w: WorkerTelemetry) -> tuple[int, str] | None:

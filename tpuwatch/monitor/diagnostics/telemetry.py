@@ -12,6 +12,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from tpuwatch.protocol import (
+    AllocationSites,
     Config,
     DeviceSample,
     Epoch,
@@ -94,6 +95,8 @@ class WorkerTelemetry:
     #: Stages of the iterated pipelines that hold data in host memory: (stage, site, bytes);
     #: bytes -1 when unknown (an in-memory cache of a dataset whose size is not static).
     memory_holders: list[tuple[str, str, int]] = field(default_factory=list)
+    #: The leak doctor's latest window: where Python allocations grew.
+    allocations: AllocationSites | None = None
     #: The pipelines this worker iterates, in the order it first did (the first few).
     pipelines: list[Pipeline] = field(default_factory=list)
     available_bytes: int | None = None
