@@ -16,7 +16,7 @@ from tpuwatch.monitor.diagnostics.input_share import InputLevel
 from tpuwatch.monitor.diagnostics.thresholds import Thresholds
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
-from tpuwatch.ui.widgets.panel import Panel
+from tpuwatch.ui.widgets.panel import EXPANDED_ROWS, Panel
 
 WaitLevel = InputLevel
 _TH = Thresholds()
@@ -57,7 +57,33 @@ def wait_series(s: RunSnapshot) -> BarSeries:
                      empty="not measured" if measured else "no data yet")
 
 
-def input_text(s: RunSnapshot) -> Content:
+def pipeline_map_text(s: RunSnapshot) -> list[Content]:
+    """The pipeline map (expanded panel): each dataset's stages from the source on, with the
+    script's line, settings and what a stage holds; the stage the ``input-bound`` finding blames
+    in its colour, with the edit."""
+    culprit = next(((f.evidence.get("culprit_site"), f.evidence.get("culprit_stage"), f.advice, f.severity)
+                    for f in s.findings if f.rule == "input-bound" and f.evidence.get("culprit_stage")), None)
+    lines: list[Content] = []
+    for worker, p in s.pipelines:
+        head = f"dataset {p.dataset} · {p.consumer}" + (f" · {worker}" if s.num_workers > 1 else "")
+        lines.append(Content.styled(head, "bold"))
+        for stage, site, settings, held, by in zip(p.stages, p.sites, p.settings, p.holds_bytes, p.added_by):
+            blamed = culprit is not None and (site, stage) == culprit[:2]
+            extra = "".join([f" · added by {by}" if by else "",
+                             f" · holds ≤{units.size(held)}" if held > 0 else ""])
+            lines.append(Content.assemble((f"  {site or '?':<24} ", "dim"),
+                                          (f".{stage}({settings})", _FINDING_STYLE.get(culprit[3], "")
+                                           if blamed and culprit else ""),
+                                          (extra, "dim")))
+            if blamed and culprit:
+                lines.append(Content.styled(f"    ← {culprit[2]}", _FINDING_STYLE.get(culprit[3], "")))
+    return lines
+
+
+_FINDING_STYLE = {"critical": "$error bold", "warning": "$warning bold", "info": "bold"}
+
+
+def input_text(s: RunSnapshot, expanded: bool = False) -> Content:
     if s.step_time_s is None:
         return Content.styled("no steps yet", "dim")
     share = s.input_recent
@@ -75,6 +101,8 @@ def input_text(s: RunSnapshot) -> Content:
         Content.assemble(("mean ", "dim"), units.duration(share.wait_per_step_s), (" of ", "dim"),
                          units.duration(share.step_time_s), (f" per step · {share.steps} steps", "dim")),
     ]
+    if expanded and s.pipelines:
+        lines += [Content(""), *pipeline_map_text(s)]
     return Content("\n").join(lines)
 
 
@@ -86,7 +114,7 @@ class InputPanel(Panel):
         yield HistoryBars(id="input-bars")
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
-        return input_text(snapshot)
+        return input_text(snapshot, expanded=rows >= EXPANDED_ROWS)
 
     def state(self, snapshot: RunSnapshot) -> str | None:
         level = input_level(snapshot)
