@@ -109,3 +109,15 @@ def test_the_leak_finding_names_the_line_that_allocates(tmp_path, script, line_t
     assert f["evidence"]["leak_window_step_ms"] > 0 and f["evidence"]["step_ms_before_leak_window"] > 0
     (sites,) = [m for m in report["_events"] if m["kind"] == "allocation_sites"]  # one window
     assert sites["window_s"] <= 4
+
+
+def test_a_slow_generator_is_named_at_its_from_generator_line(tmp_path):
+    script = PLANTED / "input_slow_generator.py"
+    report = run_and_report(tmp_path, script)
+    (f,) = findings(report, "input-bound")
+    line = _line_of(script, "tf.data.Dataset.from_generator(")
+    assert f["evidence"]["culprit_stage"] == "from_generator"
+    assert f["evidence"]["culprit_site"] == f"input_slow_generator.py:{line}"
+    assert "prefetch" not in f["evidence"]["fix"]  # it has one
+    (pipe,) = report["pipelines"]
+    assert [s["stage"] for s in pipe["stages"]][-2:] == ["batch", "prefetch"]

@@ -31,6 +31,7 @@ _MAPPED = "_tpuwatch_mapped"
 _MAX_STAGES = 64
 _MAX_DATASETS = 64  # pipelines sent per run (a script that makes datasets in a loop stops here)
 _MAX_CODE = 160
+_TF_UTIL = f"{os.sep}tensorflow{os.sep}python{os.sep}util{os.sep}"
 _AUTOTUNE = -1
 _TUNABLE = frozenset({"buffer_size", "num_parallel_calls", "cycle_length", "block_length",
                       "num_parallel_reads"})  # -1 is AUTOTUNE (for a repeat's count, forever)
@@ -98,9 +99,10 @@ class PipelineMap:
             path = f.f_code.co_filename
             if not path.startswith(roots) and not path.startswith("<") and "__autograph_generated" not in path:
                 break
-            if not first_lib and not path.endswith(("dataset_ops.py", "_op.py", "readers.py")):
+            if (not first_lib and not path.endswith(("dataset_ops.py", "_op.py", "readers.py"))
+                    and _TF_UTIL not in path):  # decorators (deprecation, dispatch) are tf.data's
                 first_lib = path  # the first frame above tf.data's own constructors
-            if not path.startswith("<"):
+            if not path.startswith("<") and _TF_UTIL not in path:
                 api = f.f_code.co_name
             f = f.f_back
         if f is None:

@@ -88,8 +88,8 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
                        "eager fetch of each distributed batch (for batch in dist_dataset) between "
                        "steps", "fetch inside the step: pass the iterator to the tf.function and "
                        "call next(iterator) there (or run several steps per call)")
-    return Culprit("", "", "the pipeline has parallel stages and a final prefetch: the host "
-                   "cannot produce batches as fast as the step takes them",
+    return Culprit("", "", "no setting of the pipeline explains the wait (no sequential map, a "
+                   "final prefetch): its stages cannot produce batches as fast as the step takes them",
                    ".cache() after the expensive stages if the data fits, or give tf.data "
                    "more host CPU (the tf.data service)")
 
