@@ -5,7 +5,8 @@ reads the process RSS from ``/proc/self/statm`` (no psutil import on this thread
 :mod:`tpuwatch.agent.memory`) and keeps a few seconds of it. Suspected: RSS rose at every sample
 of the last ``RISE_SAMPLES`` by at least ``RISE_MIN_BYTES`` in all, and the growth since training
 began exceeds what the pipelines' caches and shuffle buffers hold (:mod:`.pipeline_map`) by
-``BEYOND_HELD_BYTES``. Then, at most ``MAX_WINDOWS`` times a run and never while the script
+``BEYOND_HELD_BYTES``, with no tf.function traced meanwhile (graphs growing are the retrace
+finding's; tracing under tracemalloc ran 7x slower). Then, at most ``MAX_WINDOWS`` times a run and never while the script
 traces allocations itself, ``tracemalloc`` runs for ``WINDOW_S`` seconds: a snapshot after the
 first sample, one at the end, diffed by traceback; each growing allocation is charged to the
 innermost frame of the script (outside TensorFlow, Keras, NumPy, tpuwatch and the standard
@@ -82,12 +83,14 @@ def _kind(path: str) -> str:
 
 class LeakDoctor:
     def __init__(self, agent: "Agent", rss: Callable[[], int], clock: Callable[[], float] = time.monotonic,
-                 held: Callable[[], int] = lambda: 0) -> None:
+                 held: Callable[[], int] = lambda: 0, traces: Callable[[], int] = lambda: 0) -> None:
         self.agent = agent
         self._rss = rss
         self._clock = clock
         self._held = held
-        self._points: deque[tuple[float, int, int]] = deque(maxlen=RISE_SAMPLES + 1)  # (t, step, rss)
+        self._traces = traces
+        # (t, step, rss, traces so far)
+        self._points: deque[tuple[float, int, int, int]] = deque(maxlen=RISE_SAMPLES + 1)
         self._base: int | None = None  # RSS once training was under way
         self._windows = 0
         self._last_window_t = -1e18
@@ -104,7 +107,7 @@ class LeakDoctor:
         rss = self._rss()
         if self._base is None:
             self._base = rss
-        self._points.append((now, step, rss))
+        self._points.append((now, step, rss, self._traces()))
         if self._suspected() and now - self._last_window_t >= MIN_GAP_S:
             self._open(now, step)
         return ()
@@ -113,6 +116,9 @@ class LeakDoctor:
         pts = self._points
         if len(pts) <= RISE_SAMPLES or pts[-1][1] == pts[0][1]:
             return False  # too few samples, or no step since (a pause is not a leak)
+        if pts[-1][3] != pts[0][3]:
+            return False  # TF traced meanwhile: graphs grow (the retrace finding's), and tracing
+            # under tracemalloc is many times slower
         if any(b[2] <= a[2] for a, b in zip(pts, list(pts)[1:])):
             return False
         if pts[-1][2] - pts[0][2] < RISE_MIN_BYTES:
@@ -125,7 +131,7 @@ class LeakDoctor:
         if tracemalloc.is_tracing():
             self._windows = MAX_WINDOWS  # the script traces allocations itself: leave it alone
             return
-        first_t, first_step, _ = self._points[0]
+        first_t, first_step, _, _ = self._points[0]
         before = (now - first_t) / (step - first_step) if step > first_step else None
         tracemalloc.start(FRAMES)
         self._windows += 1
@@ -194,6 +200,9 @@ def install(agent: "Agent", patches: "Patches") -> LeakDoctor | None:
     if rss is None:
         return None
     pm = getattr(agent, "pipeline_map", None)
-    doctor = LeakDoctor(agent, rss, held=(lambda: pm.held_bytes) if pm is not None else (lambda: 0))
+    rp = getattr(agent, "retrace_probe", None)
+    counts = getattr(rp, "_traces", None)  # the retrace probe's traces per function name
+    doctor = LeakDoctor(agent, rss, held=(lambda: pm.held_bytes) if pm is not None else (lambda: 0),
+                        traces=(lambda: sum(counts.values())) if counts is not None else (lambda: 0))
     agent.add_sampler(PROBE, doctor)
     return doctor

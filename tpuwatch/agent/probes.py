@@ -80,6 +80,8 @@ def install_tf_probes(agent: "Agent", patches: Patches, disabled: set[str]) -> N
             continue
         if name == "keras_hooks" and step_probe is not None:
             step_probe.epoch_source = installed
+        if name == "retraces":
+            agent.retrace_probe = installed  # the leak doctor leaves growth with traces alone
 
 
 def uninstall(patches: Patches) -> None:
