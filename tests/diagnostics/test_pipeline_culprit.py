@@ -44,6 +44,12 @@ def test_no_prefetch_at_the_end_is_added_after_the_last_stage():
     assert c.new_code == "ds = ds.batch(64).prefetch(tf.data.AUTOTUNE)"
 
 
+def test_a_prefetch_before_with_options_or_repeat_counts():
+    c = culprit(pipe(SOURCE, BATCH, PREFETCH, ("repeat", "count=-1", "ds = ds.repeat()"),
+                     ("with_options", "", "ds = ds.with_options(options)")), fetch_in_step=True)
+    assert c.stage != "prefetch", c
+
+
 @pytest.mark.parametrize("settings, code, new", [
     ("cycle_length=1, block_length=1", "ds = files.interleave(tf.data.TFRecordDataset, cycle_length=1)",
      "ds = files.interleave(tf.data.TFRecordDataset, cycle_length=tf.data.AUTOTUNE, "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tpuwatch.protocol import Pipeline
 
 AUTOTUNE = "tf.data.AUTOTUNE"
+_PASS_THROUGH = frozenset({"with_options", "options", "repeat", "take", "skip"})
 #: Step functions Keras' fit runs (the fetch is inside them).
 KERAS_STEP_FUNCTIONS = frozenset({"multi_step_on_iterator", "one_step_on_iterator", "train_function",
                                   "one_step_on_data"})
@@ -74,7 +75,8 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
             return _add_argument(stage, site, code, "num_parallel_reads", AUTOTUNE,
                                  f"TFRecordDataset at {site} reads its files one at a time",
                                  call="TFRecordDataset(")
-    last = user[-1]
+    # stages that pass elements through as they come do not undo a prefetch before them
+    last = next((st for st in reversed(user) if st[0] not in _PASS_THROUGH), user[-1])
     if last[0] != "prefetch":
         stage, site, _, code, _ = last
         call = f".{stage}("
