@@ -31,6 +31,7 @@ USER = ["from_tensor_slices", "map", "cache", "shuffle", "batch", "prefetch"]
     ("fit", "experimental_distribute_dataset", []),
     ("from_function", "distribute_datasets_from_function", []),
     ("iterator_fn", "experimental_distribute_dataset", ["repeat"]),
+    ("in_function", "experimental_distribute_dataset", []),  # mapped outside the user's graph
     ("plain", "iterator", []),
 ])
 def test_each_stage_is_named_with_its_line_and_settings(run_agent, mode, consumer, extra):

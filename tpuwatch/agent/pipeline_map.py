@@ -138,9 +138,14 @@ class PipelineMap:
                 this._local.quiet -= 1
             if this.agent.enabled(PROBE):
                 try:
+                    from tensorflow.python.framework import ops
+
                     ds = dataset_of(dds)
                     if ds is not None:
-                        this.record(ds, consumer)
+                        # iterated inside a tf.function: read outside its graph (cardinality
+                        # would otherwise add ops to the user's function)
+                        with ops.init_scope():
+                            this.record(ds, consumer)
                 except Exception as e:
                     this.agent.probe_failed(PROBE, e)
             return it

@@ -21,7 +21,7 @@ def scale(x, y):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["fit", "fit_numpy", "custom", "from_function", "iterator_fn", "plain"])
+    p.add_argument("--mode", choices=["fit", "fit_numpy", "custom", "from_function", "iterator_fn", "in_function", "plain"])
     p.add_argument("--steps", type=int, default=4)
     args = p.parse_args()
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -76,6 +76,17 @@ def main() -> None:
         iterator = iter(strategy.experimental_distribute_dataset(make(32).repeat()))  # stage repeat
         for _ in range(args.steps):
             train_iter(iterator)
+    elif args.mode == "in_function":
+        dist = strategy.experimental_distribute_dataset(make(32))  # stage distribute
+
+        @tf.function
+        def epoch():
+            total = tf.constant(0.0)
+            for batch in dist:  # iterated inside the graph
+                total += strategy.reduce("SUM", strategy.run(step_fn, args=(batch,)), axis=None)
+            return total
+
+        epoch()
     else:
         for i, _ in enumerate(make(32)):
             if i + 1 == args.steps:
