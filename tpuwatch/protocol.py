@@ -220,6 +220,56 @@ class Retrace(Message):
     evaluation: bool = False
 
 
+@dataclass(frozen=True)
+class Pipeline(Message):
+    """The tf.data pipeline a training iterates: its stages from the source to the last, one
+    entry per stage in each tuple (sent once per dataset, when its first iterator is made).
+
+    ``sites`` is the script's ``file:line`` that created the stage ("" when unknown; a stage that
+    Keras or tf.distribute added carries the user's line that led to it, and ``added_by`` says
+    who); ``settings`` its arguments (``num_parallel_calls=AUTOTUNE``, ``buffer_size=1024``...);
+    ``holds_bytes`` what the stage can keep in host memory (an in-memory ``cache``: the data it
+    caches; ``shuffle``: its buffer), 0 for none, -1 unknown.
+    """
+
+    kind: ClassVar[str] = "pipeline"
+    t: float
+    dataset: int  # 1, 2, ... in the order the training first iterates them
+    consumer: str  # "iterator", "experimental_distribute_dataset", "distribute_datasets_from_function"
+    stages: tuple[str, ...]  # the API that made each stage: "from_tensor_slices", "map", "batch"
+    sites: tuple[str, ...]
+    settings: tuple[str, ...]
+    code: tuple[str, ...]  # the stage's source line as written (truncated)
+    holds_bytes: tuple[int, ...]
+    added_by: tuple[str, ...]  # "" (the script), "keras", "tf.distribute", "tensorflow"
+    elements: int | None = None  # elements per pass at the last stage (None: infinite/unknown)
+
+
+@dataclass(frozen=True)
+class AllocationSites(Message):
+    """Where host memory grew, by the script's lines: Python allocations (tracemalloc; NumPy
+    reports its buffers to it) sampled over one bounded window once growth was suspected.
+
+    One entry per site in each tuple, largest growth first. ``kinds`` says what allocated there:
+    the library whose code made the allocation ("numpy", "tensorflow") or "python" for the
+    script's own objects. The step times say what the window cost (inside it vs just before).
+    """
+
+    kind: ClassVar[str] = "allocation_sites"
+    t: float
+    window_s: float
+    step_from: int
+    step_to: int
+    step_time_inside_s: float | None
+    step_time_before_s: float | None
+    sites: tuple[str, ...]  # "train.py:71"
+    grown_bytes: tuple[int, ...]
+    blocks: tuple[int, ...]  # allocations alive at the end of the window that were not at its start
+    kinds: tuple[str, ...]
+    code: tuple[str, ...]
+    traced_bytes: int = 0  # all growth tracemalloc saw in the window (the script's or not)
+
+
 #: ``Retrace.change`` of the trace TF makes again, same inputs, when a function's first call
 #: created variables (lazily built optimizer slots, a model built inside the step): a real trace,
 #: counted as TF counts it, but no retrace problem (it happens once per function).
@@ -428,6 +478,8 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     HostSample,
     DeviceSample,
     Retrace,
+    Pipeline,
+    AllocationSites,
     Epoch,
     Phase,
     Event,

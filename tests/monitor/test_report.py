@@ -47,7 +47,7 @@ def run_from(tmp_path, name: str, **kw):
 
 def test_report_json_shape_and_numbers(tmp_path):
     rep = report.build_report(run_from(tmp_path, "crashed.jsonl"))
-    assert set(rep) == {"run", "summary", "findings", "ledger"}
+    assert set(rep) == {"run", "summary", "pipelines", "findings", "ledger"}
     assert RUN_KEYS <= set(rep["run"]) and SUMMARY_KEYS <= set(rep["summary"])
     run, s = rep["run"], rep["summary"]
     assert run["status"] == "crashed" and run["exit_code"] == 1

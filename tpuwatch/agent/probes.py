@@ -76,7 +76,7 @@ def install_tf_probes(agent: "Agent", patches: Patches, disabled: set[str]) -> N
             except Exception as e:
                 agent.probe_failed(name, e)
         agent.step_probe = step_probe
-    for name in ("phases", "retraces", "memory", "keras_hooks", "stacks", "commands"):
+    for name in ("phases", "retraces", "pipeline_map", "leak_doctor", "memory", "keras_hooks", "stacks", "commands"):
         if name in disabled:
             continue
         try:
@@ -87,6 +87,8 @@ def install_tf_probes(agent: "Agent", patches: Patches, disabled: set[str]) -> N
             continue
         if name == "keras_hooks" and step_probe is not None:
             step_probe.epoch_source = installed
+        if name == "retraces":
+            agent.retrace_probe = installed  # the leak doctor leaves growth with traces alone
 
 
 def uninstall(patches: Patches) -> None:

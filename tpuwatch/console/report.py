@@ -216,6 +216,7 @@ def _finish_report(state: RunState, diag: FindingsFeed, times: "_StepTimes", met
     report = {
         "run": _run_section(snap, meta, run_dir, running),
         "summary": _summary_section(snap, p50, p95, steps_per_s, times.examples_per_s(), stats),
+        "pipelines": _pipelines(snap),
         "findings": [_finding_dict(f) for f in findings],
         "ledger": _ledger_section(snap),
     }
@@ -231,6 +232,31 @@ def _ledger_section(snap: RunSnapshot) -> dict[str, Any] | None:
     rules = {f.rule for f in snap.findings if f.severity != "info"}
     out["rows"] = [{"bucket": r.bucket, "label": r.label, "seconds": round(r.seconds, 6),
                     "share": round(r.share, 6), "finding": r.rule} for r in ledger_rows(lg, rules, all_buckets=True)]
+    return out
+
+
+def _pipelines(snap: RunSnapshot) -> list[dict[str, Any]]:
+    """The pipeline map: each dataset the training iterated, its stages from the source on."""
+    return [{"worker": worker, "dataset": p.dataset, "consumer": p.consumer, "elements": p.elements,
+             "stages": [{"stage": st, "site": site, "settings": settings, "code": code,
+                         "holds_bytes": held, "added_by": by}
+                        for st, site, settings, code, held, by in zip(p.stages, p.sites, p.settings, p.code,
+                                                                      p.holds_bytes, p.added_by)]}
+            for worker, p in snap.pipelines]
+
+
+def pipeline_lines(p: dict[str, Any]) -> list[str]:
+    """One line per stage: ``train.py:41  .map(decode)  num_parallel_calls=AUTOTUNE``."""
+    out = [f"dataset {p['dataset']} ({p['consumer']})"
+           + (f", {p['elements']:,} batches per pass" if p.get("elements") else "")]
+    prev = ""
+    for st in p["stages"]:
+        extra = [x for x in (f"added by {st['added_by']}" if st["added_by"] else "",
+                             f"holds up to {fmt_bytes(st['holds_bytes'])}" if st["holds_bytes"] > 0 else "") if x]
+        code = st["code"] if st["code"] != prev and not st["added_by"] else ""
+        prev = st["code"]
+        out.append(f"  {st['site'] or '?':<28} .{st['stage']}({st['settings']})"
+                   + (f" [{'; '.join(extra)}]" if extra else "") + (f"   {code}" if code else ""))
     return out
 
 
@@ -488,6 +514,9 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         out.append(("Workers", "", [_worker_line(w) for w in report["workers"]]))
     if traces:
         out.append(("Functions", "", traces))
+    pipes = [line for p in report.get("pipelines", ()) for line in pipeline_lines(p)]
+    if pipes:
+        out.append(("Input pipeline", "", pipes))
     if losses:
         out.append(("Replica losses (last step)", "", losses))
     lg = report.get("ledger")

@@ -12,7 +12,7 @@ from typing import Literal, Mapping, Sequence
 from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.monitor.ledger import Ledger
-from tpuwatch.protocol import Finding, Retrace
+from tpuwatch.protocol import Finding, Pipeline, Retrace
 
 #: "stopped": ended by a stop the user asked for (an interrupt, or a recorded stop request).
 RunStatus = Literal["waiting", "starting", "running", "stalled", "finished", "stopped", "crashed", "lost"]
@@ -195,6 +195,9 @@ class RunSnapshot:
     # functions, memory
     functions: tuple[FunctionTraces, ...] = ()
     retraces: tuple[Retrace, ...] = ()  # every trace in order, bounded (the newest kept)
+    #: The input pipelines the training iterates (the map: each stage, its line and settings),
+    #: in the order first iterated, bounded: (worker, message).
+    pipelines: tuple[tuple[str, Pipeline], ...] = ()
     device_memory: tuple[DeviceMemory, ...] = ()
     device_peaks: tuple[tuple[str, str, int], ...] = ()  # (worker, device, peak bytes) over the run
     host_memory: tuple[HostMemory, ...] = ()

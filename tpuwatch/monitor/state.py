@@ -59,6 +59,7 @@ from tpuwatch.protocol import (
     HostSample,
     Message,
     Phase,
+    Pipeline,
     Result,
     Retrace,
     StackDump,
@@ -108,6 +109,9 @@ def finding_key(f: Finding, worker: str = "") -> tuple[str, str, str]:
     if subject is None:
         subject = ev.get("replica", "")
     return (f.rule, f.worker or worker, str(subject))
+
+
+_MAX_PIPELINES = 16  # pipelines kept for the map (a script making datasets in a loop stops here)
 
 
 @dataclass
@@ -201,6 +205,7 @@ class RunState:
         self._new_findings: deque[Finding] = deque(maxlen=100)
         self._functions: dict[str, FunctionTraces] = {}
         self._retraces: deque[Retrace] = deque(maxlen=max_retraces)
+        self._pipelines: list[tuple[str, Pipeline]] = []  # the first _MAX_PIPELINES
         self._signatures: dict[tuple[str, str], list[dict[str, str]]] = {}  # (worker, function)
         self._epoch_logs: deque[tuple[int, Mapping[str, object]]] = deque(maxlen=1000)
         # The newest sample per (worker, device); made into DeviceMemory at snapshot time only (a
@@ -234,6 +239,7 @@ class RunState:
             HostSample: self._host,
             DeviceSample: self._device,
             Retrace: self._retrace,
+            Pipeline: self._pipeline,
             Epoch: self._epoch_msg,
             Event: self._event,
             ExceptionRaised: self._exception,
@@ -408,6 +414,10 @@ class RunState:
         peak = max(msg.peak_bytes, msg.current_bytes)
         if peak > self._device_peaks.get(key, 0):
             self._device_peaks[key] = peak
+
+    def _pipeline(self, msg: Pipeline, w: _Worker) -> None:
+        if len(self._pipelines) < _MAX_PIPELINES:
+            self._pipelines.append((w.name, msg))
 
     def _retrace(self, msg: Retrace, w: _Worker) -> None:
         # the change that made TF trace again: against the closest trace it has, as the
@@ -720,6 +730,7 @@ class RunState:
             history_records_per_point=stats.history.records_per_point,
             functions=tuple(sorted(self._functions.values(), key=lambda f: (-f.traces, f.name))),
             retraces=tuple(self._retraces),
+            pipelines=tuple(self._pipelines),
             device_memory=tuple(_device_memory(k[0], self._devices[k]) for k in sorted(self._devices)),
             device_peaks=tuple((k[0], k[1], v) for k, v in sorted(self._device_peaks.items())),
             host_memory=tuple(HostMemory(worker=w.name, rss_bytes=w.host.rss_bytes,

@@ -22,6 +22,7 @@ from typing import Callable
 
 from tpuwatch.protocol import (
     SEVERITY_RANK,
+    AllocationSites,
     Config,
     DeviceSample,
     Epoch,
@@ -31,12 +32,14 @@ from tpuwatch.protocol import (
     HostSample,
     Message,
     Phase,
+    Pipeline,
     Retrace,
     Step,
     Topology,
 )
 
 from .crash import ScriptCrash
+from .folding import fold
 from .input_pipeline import InputBound
 from .input_share import InputFigures, combine, recent_share
 from .loss import LossNonfinite, ReplicaLossSkew
@@ -139,6 +142,10 @@ class Engine:
             w.on_device(msg)
         elif isinstance(msg, Retrace):
             w.on_retrace(msg.t)
+        elif isinstance(msg, Pipeline):
+            w.on_pipeline(msg)
+        elif isinstance(msg, AllocationSites):
+            w.allocations = msg
         elif isinstance(msg, Epoch):
             w.on_epoch(msg)
         elif isinstance(msg, Phase):
@@ -174,20 +181,27 @@ class Engine:
         now = self._clock() if now is None else now
         if self._applied != self._checked_at:
             self._check_all()  # something arrived since the last check
-        new: list[Finding] = []
-        several = len(self.telemetry.step_workers()) > 1
+        current: dict[tuple[str, str], Finding] = {}
         for rule in self.rules:
             for subject, f in rule.current(self.telemetry, now).items():
-                if several and f.worker and f.worker not in f.message:
-                    # a finding about one worker of several says whose figures these are (the
-                    # merged summary beside it speaks for all of them)
-                    f = replace(f, message=f"{f.worker}: {f.message}")
-                key = (rule.id, subject)
-                self._current[key] = f
-                shown = (f.severity, f.message)
-                if self._shown.get(key) != shown:
-                    self._shown[key] = shown
-                    new.append(f)
+                current[(rule.id, subject)] = f
+        kept = fold(current)  # one cause, one finding
+        several = len(self.telemetry.step_workers()) > 1
+        new: list[Finding] = []
+        for key in current:
+            if key not in kept:
+                self._current.pop(key, None)  # folded into the finding of its cause
+                continue
+            f = kept[key]
+            if several and f.worker and f.worker not in f.message:
+                # a finding about one worker of several says whose figures these are (the
+                # merged summary beside it speaks for all of them)
+                f = replace(f, message=f"{f.worker}: {f.message}")
+            self._current[key] = f
+            shown = (f.severity, f.message)
+            if self._shown.get(key) != shown:
+                self._shown[key] = shown
+                new.append(f)
         return _worst_first(new)
 
     def input_figures(self) -> InputFigures:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tpuwatch.protocol import Finding, Severity
 from tpuwatch.units import finding_ms
 
 from .input_share import InputShare
+from .pipeline_doctor import KERAS_STEP_FUNCTIONS, culprit, training_pipeline
 from .robust_stats import sig
 from .rule import Rule
-from .telemetry import Telemetry
+from .telemetry import Rec, Telemetry, WorkerTelemetry
+from .thresholds import Thresholds
+
+_EPISODE_MIN_GAP = 0.2  # share of step time: the wait after the split exceeds the wait before by this
 
 ADVICE = (
     "Overlap input with compute: end the pipeline with .prefetch(tf.data.AUTOTUNE); "
@@ -34,23 +40,46 @@ class InputBound(Rule):
 
     id = "input-bound"
 
+    def __init__(self, th: Thresholds) -> None:
+        super().__init__(th)
+        self._began: dict[str, int] = {}  # worker -> step the input wait rose at (first episode)
+
     def check(self, tel: Telemetry) -> None:
         for w in tel.step_workers():
-            self._judge(w.name, w.last_step_t or 0.0, *w.input_share())
+            s, scope = w.input_share()  # the one figure every view quotes
+            if (not w.ended and s is not None and s.level in ("moderate", "high")
+                    and w.name not in self._began):
+                self._began[w.name] = episode_start(w.window, s.first_step)
+            self._judge(w.name, w.last_step_t or 0.0, s, scope, w)
 
-    def _judge(self, worker: str, t: float, s: InputShare | None, scope: str) -> None:
+    def _judge(self, worker: str, t: float, s: InputShare | None, scope: str,
+               w: WorkerTelemetry | None = None) -> None:
         th = self.th
         if s is None or s.level not in ("moderate", "high"):
             return
+        # the finding's steps are where the wait held: from the step it rose at, when the
+        # live window saw it rise (a run input-bound from its start begins at its first step)
+        first_step = max(s.first_step, self._began.get(worker, s.first_step))
         severity: Severity = "warning" if s.level == "high" else "info"
         pct = round(100 * s.share)
+        advice = ADVICE
+        cause: dict[str, str] = {}
+        p = training_pipeline(w.pipelines) if w is not None else None
+        if w is not None and p is not None:
+            fn = w.window[-1][5] if w.window else ""
+            c = culprit(p, fetch_in_step=fn in KERAS_STEP_FUNCTIONS)
+            advice = f"{c.problem}: {c.fix}"
+            cause = {"culprit_stage": c.stage, "culprit_site": c.site, "fix": c.fix}
+            if c.new_code:
+                cause.update(fix_code_old=c.old_code, fix_code_new=c.new_code)
         self._keep(worker, Finding(
             t=t, rule=self.id, severity=severity,
             # no step count in the message: it would re-announce the finding every second
             message=(f"{s.verdict}: {pct}% of step time waiting for input "
                      f"(mean {finding_ms(s.wait_per_step_s)} of {finding_ms(s.step_time_s)} per step {scope})"),
-            advice=ADVICE,
+            advice=advice,
             evidence={
+                **cause,
                 "input_wait_pct": pct,
                 "input_wait_ms_per_step": sig(s.wait_per_step_s * 1000),
                 "step_time_ms": sig(s.step_time_s * 1000),
@@ -60,5 +89,28 @@ class InputBound(Rule):
                 "warning_threshold_pct": round(100 * th.input_warning_frac),
                 "min_wait_ms": sig(th.input_min_wait_s * 1000),
             },
-            first_step=s.first_step, last_step=s.last_step, worker=worker,
+            first_step=first_step, last_step=s.last_step, worker=worker,
         ))
+
+
+def episode_start(window: Iterable[Rec], first_step: int) -> int:
+    """The step from which the window's input wait is higher than before it: the split that
+    most separates the wait share after it from the share before it (one pass over cumulative
+    sums). ``first_step`` when no split separates them by much (the whole window waited)."""
+    recs = [(r[0], r[2] * r[4], (r[3] or 0.0) * r[4]) for r in window if r[0] >= first_step]
+    if len(recs) < 4:
+        return first_step
+    total_t = sum(r[1] for r in recs)
+    total_w = sum(r[2] for r in recs)
+    best, best_step = 0.0, first_step
+    before_t = before_w = 0.0
+    for i in range(1, len(recs)):
+        before_t += recs[i - 1][1]
+        before_w += recs[i - 1][2]
+        after_t = total_t - before_t
+        if before_t <= 0 or after_t <= 0:
+            continue
+        gap = (total_w - before_w) / after_t - before_w / before_t
+        if gap > best:
+            best, best_step = gap, recs[i][0]
+    return best_step if best >= _EPISODE_MIN_GAP else first_step

@@ -103,6 +103,8 @@ class NonFinite:
     origin: Departure | None = None
     origin_replica: int | None = None
     origin_device: str = ""
+    together: set[int] = field(default_factory=set)  # replicas bad at the first bad step
+    replicas: int = 0  # this worker's replicas at the first bad step
 
 
 class LossNonfinite(Rule):
@@ -141,6 +143,8 @@ class LossNonfinite(Rule):
             if dep is not None:
                 nf.origin, nf.origin_replica = dep, off + dep.column
                 nf.origin_device = w.device_of(dep.column)
+            nf.together = {off + i for i in bad_idx}
+            nf.replicas = len(rl)
             self.bad[w.name] = nf
         nf.bad_replicas.update(off + i for i in bad_idx)
         nf.steps += 1
@@ -148,9 +152,11 @@ class LossNonfinite(Rule):
 
     def check(self, tel: Telemetry) -> None:
         for name, nf in self.bad.items():
-            where = (f"replica {nf.replica}" + (f" ({nf.device})" if nf.device else "")
+            at_once = nf.replicas > 1 and len(nf.together) == nf.replicas
+            where = (f"all {nf.replicas} replicas" if at_once
+                     else f"replica {nf.replica}" + (f" ({nf.device})" if nf.device else "")
                      if nf.replica is not None else "the mean loss")
-            others = sorted(nf.bad_replicas - {nf.replica})
+            others = sorted(nf.bad_replicas - (nf.together if at_once else {nf.replica}))
             also = (f"; later also replica{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
                     if others else "")
             dep = nf.origin
@@ -162,7 +168,7 @@ class LossNonfinite(Rule):
                         "suspect (check its input shard for corrupt records); ")
             evidence: dict[str, Any] = {
                 "first_step": nf.first_step,
-                "replica": nf.replica if nf.replica is not None else "mean",
+                "replica": "all" if at_once else nf.replica if nf.replica is not None else "mean",
                 "device": nf.device,
                 "value": nf.value,
                 "bad_replicas": ",".join(map(str, sorted(nf.bad_replicas))),

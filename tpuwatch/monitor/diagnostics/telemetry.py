@@ -12,12 +12,14 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from tpuwatch.protocol import (
+    AllocationSites,
     Config,
     DeviceSample,
     Epoch,
     Exit,
     HostSample,
     Phase,
+    Pipeline,
     Step,
     Topology,
 )
@@ -35,6 +37,8 @@ WHOLE_RUN = "over the whole run"
 _MAX_EXAMPLE_SIZES = 16  # distinct Step.examples values remembered (batch sizes seen)
 _MAX_FIRST_FUNCTIONS = 16  # step functions whose first step times are kept (trend baselines)
 _MAX_BYTES = 1 << 60  # byte counts beyond this are corrupt: ignored, never a crash
+_MAX_PIPELINES = 8
+_MAX_HOLDERS = 32  # pipeline stages holding host memory remembered per worker
 
 
 @dataclass
@@ -87,11 +91,28 @@ class WorkerTelemetry:
     longest_quiet_s: float = 0.0
     longest_quiet_at: float | None = None  # where that stretch began
     # host memory: one point per bucket (latest RSS in it), bounded
-    rss_points: deque[tuple[float, int]] = field(default_factory=deque)
+    #: (t, rss_bytes, untraced_bytes): ``untraced_bytes`` leaves out the growth between two
+    #: samples with a tf.function trace between them (traced graphs, the retrace finding's).
+    rss_points: deque[tuple[float, int, int]] = field(default_factory=deque)
     rss_first_t: float | None = None
     rss_bucket_start_t: float = -math.inf
-    #: (step, t, rss_bytes) at host samples taken after a new step, bounded by thinning.
-    rss_step_points: list[tuple[int, float, int]] = field(default_factory=list)
+    #: (step, t, rss_bytes, untraced_bytes) at host samples taken after a new step, bounded by
+    #: thinning.
+    rss_step_points: list[tuple[int, float, int, int]] = field(default_factory=list)
+    traces_since_sample: int = 0  # traces since the latest host sample
+    rss_last: int | None = None
+    rss_untraced: int = 0
+    #: Host memory that grew between two samples with a trace between them (traced graphs):
+    #: (bytes, intervals), the retrace finding's evidence.
+    traced_growth_bytes: int = 0
+    traced_growth_intervals: int = 0
+    #: Stages of the iterated pipelines that hold data in host memory: (stage, site, bytes);
+    #: bytes -1 when unknown (an in-memory cache of a dataset whose size is not static).
+    memory_holders: list[tuple[str, str, int]] = field(default_factory=list)
+    #: The leak doctor's latest window: where Python allocations grew.
+    allocations: AllocationSites | None = None
+    #: The pipelines this worker iterates, in the order it first did (the first few).
+    pipelines: list[Pipeline] = field(default_factory=list)
     available_bytes: int | None = None
     total_bytes: int | None = None
     devices: dict[str, DevicePeak] = field(default_factory=dict)
@@ -201,6 +222,14 @@ class WorkerTelemetry:
             self.on_trace_begun(t)
         # the step that traced (and the one after) compiled: not steady state
         self.skip_left = max(self.skip_left, self.th.boundary_skip_records)
+        self.traces_since_sample += 1
+
+    def on_pipeline(self, m: Pipeline) -> None:
+        if len(self.pipelines) < _MAX_PIPELINES:
+            self.pipelines.append(m)
+        for stage, site, held in zip(m.stages, m.sites, m.holds_bytes):
+            if held and len(self.memory_holders) < _MAX_HOLDERS:
+                self.memory_holders.append((stage, site, held))
 
     def on_epoch(self, m: Epoch) -> None:
         self.boundary_since_step = True
@@ -221,19 +250,28 @@ class WorkerTelemetry:
         self.total_bytes = m.total_bytes
         if self.rss_first_t is None:
             self.rss_first_t = m.t
+        traced, self.traces_since_sample = self.traces_since_sample, 0
+        grown = m.rss_bytes - self.rss_last if self.rss_last is not None else 0
+        self.rss_last = m.rss_bytes
+        if traced and grown > 0:
+            self.traced_growth_bytes += grown
+            self.traced_growth_intervals += 1
+        else:
+            self.rss_untraced += grown
+        untraced = self.rss_untraced
         if self.rss_points and m.t - self.rss_bucket_start_t < self.th.rss_bucket_s:
-            self.rss_points[-1] = (m.t, m.rss_bytes)  # same bucket: keep its latest sample
+            self.rss_points[-1] = (m.t, m.rss_bytes, untraced)  # same bucket: keep its latest sample
         else:
             self.rss_bucket_start_t = m.t
-            self.rss_points.append((m.t, m.rss_bytes))
+            self.rss_points.append((m.t, m.rss_bytes, untraced))
         if self.last_step > 0:
             pts = self.rss_step_points
             if pts and pts[-1][0] == self.last_step:
-                pts[-1] = (self.last_step, m.t, m.rss_bytes)
+                pts[-1] = (self.last_step, m.t, m.rss_bytes, untraced)
             else:
                 if len(pts) >= self.th.rss_step_points:
                     del pts[1::2]  # keep every other point: the fit needs the shape, not all
-                pts.append((self.last_step, m.t, m.rss_bytes))
+                pts.append((self.last_step, m.t, m.rss_bytes, untraced))
 
     def on_device(self, m: DeviceSample) -> None:
         self.samples_seen = True

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tpuwatch.protocol import VARIABLES_MADE_CHANGE, Finding, Message, Retrace, Severity
 
+from .robust_stats import sig
 from .rule import Rule
 from .telemetry import Telemetry, WorkerTelemetry
 from .thresholds import Thresholds
 
 _SHAPE_CHANGE = re.compile(r"shape\s*\(([^)]*)\)\s*->\s*\(([^)]*)\)")
+MB = 1 << 20
+_TRACED_GROWTH_SHOWN = 8 * MB  # host growth with traces below this is not worth a line
 _MAX_CHANGES = 4  # distinct changes remembered per function
 _MAX_SIGNATURES = 64  # distinct traced signatures remembered per function (the latest)
 #: A tensor input in ``Retrace.signature``: ``float32(32, 8)``, ``int64(None,) x4`` (per replica).
@@ -280,6 +283,20 @@ class RetraceStorm(_TracingRule):
             },
             first_step=h.excess_first_step, last_step=h.last_step, worker=h.worker,
         ))
+
+
+    def current(self, tel: Telemetry, now: float) -> dict[str, Finding]:
+        """The findings, with the host memory that grew with the traces as evidence (one cause,
+        one finding: host-memory-growth leaves that growth out)."""
+        out = {}
+        for subject, f in self._found.items():
+            w = tel.workers.get(f.worker or "")
+            if w is not None and w.traced_growth_bytes >= _TRACED_GROWTH_SHOWN:
+                f = replace(f, evidence={**f.evidence,
+                                         "host_memory_grown_with_traces_mb": sig(w.traced_growth_bytes / MB, 2),
+                                         "host_samples_with_traces": w.traced_growth_intervals})
+            out[subject] = f
+        return out
 
 
 class FunctionRecreated(_TracingRule):

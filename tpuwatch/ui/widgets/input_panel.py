@@ -17,7 +17,7 @@ from tpuwatch.monitor.diagnostics.input_share import InputLevel
 from tpuwatch.monitor.diagnostics.thresholds import Thresholds
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
-from tpuwatch.ui.widgets.panel import Panel
+from tpuwatch.ui.widgets.panel import EXPANDED_ROWS, Panel
 
 WaitLevel = InputLevel
 _TH = Thresholds()
@@ -58,14 +58,48 @@ def wait_series(s: RunSnapshot) -> BarSeries:
                      empty="not measured" if measured else "no data yet")
 
 
-def input_text(s: RunSnapshot) -> Content:
+def pipeline_map_text(s: RunSnapshot) -> list[Content]:
+    """The pipeline map (expanded panel): each dataset's stages from the source on, with the
+    script's line, settings and what a stage holds; the stage the ``input-bound`` finding blames
+    in its colour, with the edit."""
+    culprit = next(((f.evidence.get("culprit_site"), f.evidence.get("culprit_stage"), f.advice, f.severity)
+                    for f in s.findings if f.rule == "input-bound" and f.evidence.get("culprit_stage")), None)
+    lines: list[Content] = []
+    for worker, p in s.pipelines:
+        head = f"dataset {p.dataset} · {p.consumer}" + (f" · {worker}" if s.num_workers > 1 else "")
+        lines.append(Content.styled(head, "bold"))
+        for stage, site, settings, held, by in zip(p.stages, p.sites, p.settings, p.holds_bytes, p.added_by):
+            blamed = culprit is not None and (site, stage) == culprit[:2]
+            extra = "".join([f" · added by {by}" if by else "",
+                             f" · holds ≤{units.size(held)}" if held > 0 else ""])
+            lines.append(Content.assemble((f"  {site or '?':<24} ", "dim"),
+                                          (f".{stage}({settings})", _FINDING_STYLE.get(culprit[3], "")
+                                           if blamed and culprit else ""),
+                                          (extra, "dim")))
+            if blamed and culprit:
+                lines.append(Content.styled(f"    ← {culprit[2]}", _FINDING_STYLE.get(culprit[3], "")))
+    return lines
+
+
+_FINDING_STYLE = {"critical": "$error bold", "warning": "$warning bold", "info": "bold"}
+
+
+def input_text(s: RunSnapshot, expanded: bool = False) -> Content:
+    lines = _wait_lines(s)
+    # the map is known from the first fetch on, with or without a judged wait
+    if expanded and s.pipelines:
+        lines += [Content(""), *pipeline_map_text(s)]
+    return Content("\n").join(lines)
+
+
+def _wait_lines(s: RunSnapshot) -> list[Content]:
     if s.step_time_s is None:
-        return Content.styled("no steps yet", "dim")
+        return [Content.styled("no steps yet", "dim")]
     share = s.input_wait
     level = input_level(s)
     style = _STYLE[level]
     if share is None:
-        return Content.styled(_VERDICT["unknown"], "dim")
+        return [Content.styled(_VERDICT["unknown"], "dim")]
     verdict = _VERDICT[level] if level != "unknown" else f"too few steps to judge ({share.steps} of 20)"
     if level == "low" and share.share >= _TH.input_info_frac:
         verdict = "not input-bound (<0.1 ms/step)"  # a large share of a microsecond step: noise
@@ -78,7 +112,7 @@ def input_text(s: RunSnapshot) -> Content:
     ]
     if s.input_scope:
         lines.append(Content.styled(s.input_scope, "dim"))
-    return Content("\n").join(lines)
+    return lines
 
 
 class InputPanel(Panel):
@@ -89,7 +123,7 @@ class InputPanel(Panel):
         yield HistoryBars(id="input-bars")
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
-        return input_text(snapshot)
+        return input_text(snapshot, expanded=rows >= EXPANDED_ROWS)
 
     def state(self, snapshot: RunSnapshot) -> str | None:
         level = input_level(snapshot)

@@ -1,0 +1,62 @@
+"""Planted problem: a map that decodes in Python, one element at a time. Rule: input-bound.
+
+A Keras ``fit`` on a tf.data pipeline whose ``.map(decode)`` runs a NumPy decode through
+``tf.numpy_function`` (~0.4 ms an image) without ``num_parallel_calls``: every batch waits for
+64 decodes in a row, longer than the step. The pipeline already ends with ``prefetch``; the
+fix is the map's ``num_parallel_calls=tf.data.AUTOTUNE``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide C++ INFO/WARNING chatter; errors still print
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def decode_bytes(raw: np.ndarray) -> np.ndarray:
+    time.sleep(0.0004)  # stands for a JPEG decode in Python
+    return (raw.astype(np.float32) / 255.0).reshape(32, 32, 3)
+
+
+def decode(raw, label):
+    image = tf.numpy_function(decode_bytes, [raw], tf.float32)
+    image.set_shape((32, 32, 3))
+    return image, label
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--steps-per-epoch", type=int, default=60)
+    args = p.parse_args()
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (4096, 32 * 32 * 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, 4096)
+
+    ds = tf.data.Dataset.from_tensor_slices((raw, labels))
+    ds = ds.shuffle(4096).repeat()
+    ds = ds.map(decode)
+    ds = ds.batch(64)
+    ds = ds.prefetch(2)
+
+    model = keras.Sequential([
+        keras.Input((32, 32, 3)),
+        keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(10),
+    ])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(ds, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, verbose=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

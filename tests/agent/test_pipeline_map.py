@@ -1,0 +1,67 @@
+"""The pipeline map (issue 25): every dataset the training iterates, sent once, each stage with
+the script's line that made it and its settings. Real TensorFlow."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tpuwatch import protocol
+from tpuwatch_testing import SCRIPTS
+
+pytestmark = pytest.mark.tf
+SCRIPT = SCRIPTS / "pipelines.py"
+
+
+def _marked() -> dict[str, int]:
+    out = {}
+    for n, line in enumerate(SCRIPT.read_text().splitlines(), start=1):
+        m = re.search(r"# stage (\w+)$", line)
+        if m:
+            out[m.group(1)] = n
+    return out
+
+
+USER = ["from_tensor_slices", "map", "cache", "shuffle", "batch", "prefetch"]
+
+
+@pytest.mark.parametrize("mode, consumer, extra", [
+    ("custom", "experimental_distribute_dataset", []),
+    ("fit", "experimental_distribute_dataset", []),
+    ("from_function", "distribute_datasets_from_function", []),
+    ("iterator_fn", "experimental_distribute_dataset", ["repeat"]),
+    ("in_function", "experimental_distribute_dataset", []),  # mapped outside the user's graph
+    ("plain", "iterator", []),
+])
+def test_each_stage_is_named_with_its_line_and_settings(run_agent, mode, consumer, extra):
+    run = run_agent(SCRIPT, "--mode", mode)
+    assert run.returncode == 0, run.output
+    pipes = [m for m in run.messages if isinstance(m, protocol.Pipeline)]
+    assert len(pipes) == 1, pipes  # once per dataset, whatever the iterators made underneath
+    (p,) = pipes
+    assert p.consumer == consumer
+    lines = _marked()
+    user = [(stage, site) for stage, site, by in zip(p.stages, p.sites, p.added_by) if not by]
+    assert [s for s, _ in user][:len(USER) + len(extra)] == USER + extra, p
+    for stage, site in user[:len(USER) + len(extra)]:
+        assert site == f"pipelines.py:{lines[stage]}", (stage, site, p)
+    settings = dict(zip(p.stages, p.settings))
+    assert settings["map"] == ""  # sequential
+    assert settings["prefetch"] == "buffer_size=2"
+    assert settings["shuffle"] == "buffer_size=64"
+    assert "drop_remainder=True" in settings["batch"]
+    holds = dict(zip(p.stages, p.holds_bytes))
+    assert holds["cache"] == 256 * (8 * 4 + 8)  # 256 elements of float32[8] and int64
+    assert holds["shuffle"] == 64 * (8 * 4 + 8)
+    assert p.code[p.stages.index("map")] == "ds = ds.map(scale)  # stage map"
+    assert not run.warnings, run.warnings
+
+
+def test_numpy_into_fit_is_a_pipeline_keras_made(run_agent):
+    run = run_agent(SCRIPT, "--mode", "fit_numpy")
+    assert run.returncode == 0, run.output
+    (p,) = [m for m in run.messages if isinstance(m, protocol.Pipeline)]
+    fit_line = f"pipelines.py:{_marked()['fit']}"
+    assert all(by == "keras" for by in p.added_by), p
+    assert set(p.sites) == {fit_line}, p

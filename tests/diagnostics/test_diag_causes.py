@@ -1,0 +1,57 @@
+"""Issue 25: a finding's steps are where its condition held; one cause, one finding."""
+
+import math
+
+from diag_synthetic import SyntheticRun, findings
+
+
+def test_input_bound_range_begins_where_the_wait_rose():
+    # keras_fit.py's shape: a healthy pipeline until step 600, then 150 ms of input wait a step
+    run = SyntheticRun(step_time_s=0.05)
+    run.steps(599)
+    run.steps(900, step_time_s=0.2, input_wait_s=0.15)
+    run.exit()
+    (f,) = findings(run.engine(), "input-bound")
+    assert 595 <= f.first_step <= 610, f
+    assert f.last_step == 1499
+
+
+def test_input_bound_from_the_start_begins_at_the_first_judged_step():
+    run = SyntheticRun(step_time_s=0.05)
+    run.steps(400, input_wait_s=0.03)
+    run.exit()
+    (f,) = findings(run.engine(), "input-bound")
+    assert f.first_step <= 10, f
+
+
+def test_a_loss_that_goes_inf_on_every_replica_at_once_is_said_once():
+    run = SyntheticRun(step_time_s=0.05)
+    run.steps(40, loss=lambda s, r, v: math.inf if s >= 23 else v)
+    (f,) = findings(run.engine(), "loss-nonfinite")
+    assert "inf on all 4 replicas from step 23" in f.message, f.message
+    assert "later also" not in f.message and f.evidence["replica"] == "all"
+
+
+def test_a_replica_that_goes_bad_first_is_still_named():
+    run = SyntheticRun(step_time_s=0.05)
+    run.steps(40, loss=lambda s, r, v: math.inf if (s >= 23 and r == 2) or s >= 30 else v)
+    (f,) = findings(run.engine(), "loss-nonfinite")
+    assert "replica 2" in f.message and "later also replicas 0, 1, 3" in f.message, f.message
+
+
+def test_a_step_time_rise_from_input_wait_is_evidence_of_input_bound():
+    # the same slowdown: 75 ms steps, then 150 ms of which 75 ms wait for input
+    run = SyntheticRun(step_time_s=0.075)
+    run.steps(600)
+    run.steps(600, step_time_s=0.15, input_wait_s=0.075)
+    eng = run.engine()
+    assert findings(eng, "step-time-jitter") == []
+    (f,) = findings(eng, "input-bound")
+    assert "(2.0x), from the input wait" in f.evidence["step_time_rise"], f.evidence
+
+
+def test_a_step_time_rise_without_input_wait_stays_its_own_finding():
+    run = SyntheticRun(step_time_s=0.075)
+    run.steps(600)
+    run.steps(600, step_time_s=0.15)
+    assert any("rising" in f.message for f in findings(run.engine(), "step-time-jitter"))

@@ -1,0 +1,125 @@
+"""Issue 25: findings that know their cause. Real TensorFlow, real subprocesses: each script runs
+under `tpuwatch run --headless` and the findings are read back from `tpuwatch report`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpuwatch_testing import SAMPLES, child_env
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
+PLANTED = SAMPLES / "planted"
+
+
+def run_and_report(tmp_path: Path, script: Path, *args: str, name: str = "run") -> dict:
+    run_dir = tmp_path / name
+    env = child_env(TPUWATCH_HOME=str(tmp_path / "home"))
+    run = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
+                          str(script), *args], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = subprocess.run([sys.executable, "-m", "tpuwatch", "report", str(run_dir), "--format", "json"],
+                            capture_output=True, text=True, timeout=120, env=env, check=True)
+    data = json.loads(report.stdout)
+    data["_events"] = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return data
+
+
+def findings(report: dict, rule: str) -> list[dict]:
+    return [f for f in report["findings"] if f["rule"] == rule]
+
+
+@pytest.mark.parametrize("args", [
+    # the in-memory cache fills (~200 MB of decoded images) over the first of 2 passes (~10 s):
+    # was critical, "+0.1 MiB per step ... host memory runs out in ~20 min"
+    ("--images", "16384", "--batch-per-replica", "4", "--epochs", "2"),
+    ("--cache-file", "{tmp}/cache"),
+    ("--shuffle-buffer", "8192"),
+], ids=["cache-in-memory", "cache-to-file", "long-shuffle-buffer"])
+def test_healthy_cached_pipeline_raises_no_host_memory_warning(tmp_path, args):
+    args = tuple(a.replace("{tmp}", str(tmp_path)) for a in args)
+    report = run_and_report(tmp_path, PLANTED / "healthy_cached_loop.py", *args)
+    assert report["summary"]["steps"] >= 384
+    alarms = [f for f in findings(report, "host-memory-growth") if f["severity"] != "info"]
+    assert alarms == [], alarms
+    # nothing suspected, nothing sampled: the leak doctor never opened a window
+    assert not [m for m in report["_events"] if m["kind"] == "allocation_sites"]
+
+
+def test_retrace_storm_memory_is_evidence_of_the_retrace_finding(tmp_path):
+    # every step traces again (a Python float argument): the graphs are what grows
+    report = run_and_report(tmp_path, PLANTED / "retrace_storm.py", "--steps", "80")
+    assert findings(report, "host-memory-growth") == [], findings(report, "host-memory-growth")
+    (storm,) = findings(report, "retrace-storm")
+    assert storm["severity"] == "critical"
+    assert storm["evidence"]["host_memory_grown_with_traces_mb"] > 8
+    # the leak doctor left it alone: tracing under tracemalloc made the steps 7x slower
+    assert not [m for m in report["_events"] if m["kind"] == "allocation_sites"]
+
+
+def _apply_fix(tmp_path: Path, script: Path, finding: dict) -> Path:
+    """The finding's edit applied to a copy of the script: the named line's text replaced."""
+    ev = finding["evidence"]
+    name, line = ev["culprit_site"].rsplit(":", 1)
+    assert name == script.name
+    lines = script.read_text().splitlines(keepends=True)
+    i = int(line) - 1
+    assert lines[i].strip() == ev["fix_code_old"], (lines[i], ev)
+    lines[i] = lines[i].replace(ev["fix_code_old"], ev["fix_code_new"])
+    fixed = tmp_path / "fixed" / script.name
+    fixed.parent.mkdir()
+    fixed.write_text("".join(lines))
+    return fixed
+
+
+@pytest.mark.parametrize("script, stage", [
+    ("input_sequential_map.py", "map"),
+])
+def test_the_proposed_edit_removes_the_input_wait(tmp_path, script, stage):
+    before = run_and_report(tmp_path, PLANTED / script, name="before")
+    (f,) = findings(before, "input-bound")
+    assert f["severity"] == "warning" and f["evidence"]["culprit_stage"] == stage, f
+    assert "prefetch" not in f["advice"]  # the script has one
+    after = run_and_report(tmp_path, _apply_fix(tmp_path, PLANTED / script, f), name="after")
+    left = findings(after, "input-bound")
+    assert not left or left[0]["evidence"]["input_wait_pct"] < f["evidence"]["input_wait_pct"] / 2, left
+
+
+def _line_of(script: Path, text: str) -> int:
+    (n,) = [i for i, line in enumerate(script.read_text().splitlines(), start=1) if text in line]
+    return n
+
+
+@pytest.mark.parametrize("script, line_text, kind", [
+    ("host_memory_growth_short.py", "kept.append(np.full(", "numpy"),  # a list of arrays kept per step
+    ("leak_weight_history.py", "self.snapshots.append(self.model.get_weights())", "tensorflow"),  # a callback
+    ("leak_dict_cache.py", "outputs_by_step[step] = logits.numpy()", "tensorflow"),  # a dict cache
+])
+def test_the_leak_finding_names_the_line_that_allocates(tmp_path, script, line_text, kind):
+    report = run_and_report(tmp_path, PLANTED / script)
+    (f,) = findings(report, "host-memory-growth")
+    assert f["severity"] in ("warning", "critical"), f
+    line = _line_of(PLANTED / script, line_text)
+    assert f["evidence"]["grows_at"] == f"{script}:{line}", f["evidence"]
+    assert f["evidence"]["grows_at_kind"] == kind and f["evidence"]["grows_at_mb"] > 20
+    assert f"allocated at {script}:{line}" in f["message"] and line_text in f["advice"]
+    # the window's cost is stated: the step time inside it and just before it
+    assert f["evidence"]["leak_window_step_ms"] > 0 and f["evidence"]["step_ms_before_leak_window"] > 0
+    (sites,) = [m for m in report["_events"] if m["kind"] == "allocation_sites"]  # one window
+    assert sites["window_s"] <= 4
+
+
+def test_a_slow_generator_is_named_at_its_from_generator_line(tmp_path):
+    script = PLANTED / "input_slow_generator.py"
+    report = run_and_report(tmp_path, script)
+    (f,) = findings(report, "input-bound")
+    line = _line_of(script, "tf.data.Dataset.from_generator(")
+    assert f["evidence"]["culprit_stage"] == "from_generator"
+    assert f["evidence"]["culprit_site"] == f"input_slow_generator.py:{line}"
+    assert "prefetch" not in f["evidence"]["fix"]  # it has one
+    (pipe,) = report["pipelines"]
+    assert [s["stage"] for s in pipe["stages"]][-2:] == ["batch", "prefetch"]

@@ -1,0 +1,208 @@
+"""The leak doctor: when host memory climbs during training, which lines of the script allocate it.
+
+Runs on the agent thread at the sample rate and costs nothing until growth is suspected: it
+reads the process RSS from ``/proc/self/statm`` (no psutil import on this thread; see
+:mod:`tpuwatch.agent.memory`) and keeps a few seconds of it. Suspected: RSS rose at every sample
+of the last ``RISE_SAMPLES`` by at least ``RISE_MIN_BYTES`` in all, and the growth since training
+began exceeds what the pipelines' caches and shuffle buffers hold (:mod:`.pipeline_map`) by
+``BEYOND_HELD_BYTES``, with no tf.function traced meanwhile (graphs growing are the retrace
+finding's; tracing under tracemalloc ran 7x slower). Then, at most ``MAX_WINDOWS`` times a run and never while the script
+traces allocations itself, ``tracemalloc`` runs for ``WINDOW_S`` seconds: a snapshot after the
+first sample, one at the end, diffed by traceback; each growing allocation is charged to the
+innermost frame of the script (outside TensorFlow, Keras, NumPy, tpuwatch and the standard
+library) and sent as one :class:`~tpuwatch.protocol.AllocationSites`, with the step time inside
+the window and just before it (the window's cost).
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import sysconfig
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from tpuwatch.protocol import AllocationSites, Message
+
+if TYPE_CHECKING:
+    from tpuwatch.agent.patches import Patches
+    from tpuwatch.agent.runtime import Agent
+
+PROBE = "leak_doctor"
+RISE_SAMPLES = 6  # consecutive rising samples (3 s at 2 Hz)
+RISE_MIN_BYTES = 24 << 20
+BEYOND_HELD_BYTES = 64 << 20
+WARMUP_STEPS = 10
+WINDOW_S = 3.0
+FRAMES = 8  # frames kept per allocation: enough to climb from NumPy code to the script's (cost grows with it)
+MAX_WINDOWS = 2
+MIN_GAP_S = 60.0  # between two windows
+TOP = 5
+_MIN_SITE_BYTES = 1 << 20  # sites that grew less are left out
+_MAX_CODE = 160
+
+
+def _rss_reader() -> Callable[[], int] | None:
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/self/statm", "rb") as f:
+            f.read()
+    except (OSError, ValueError, AttributeError):
+        return None
+
+    def rss() -> int:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * page
+
+    return rss
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.abspath(path))
+    for mod in ("numpy", "tensorflow", "keras"):
+        m = sys.modules.get(mod)
+        if getattr(m, "__file__", None):
+            roots.add(os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))))  # type: ignore[union-attr, arg-type]
+    return tuple(r + os.sep for r in roots)
+
+
+def _kind(path: str) -> str:
+    """The package whose code allocated: the first folder under site-packages, else "python"."""
+    for marker in ("site-packages", "dist-packages"):
+        i = path.find(marker + os.sep)
+        if i >= 0:
+            return path[i + len(marker) + 1:].split(os.sep, 1)[0].removesuffix(".py")
+    return "python"
+
+
+class LeakDoctor:
+    def __init__(self, agent: "Agent", rss: Callable[[], int], clock: Callable[[], float] = time.monotonic,
+                 held: Callable[[], int] = lambda: 0, traces: Callable[[], int] = lambda: 0) -> None:
+        self.agent = agent
+        self._rss = rss
+        self._clock = clock
+        self._held = held
+        self._traces = traces
+        # (t, step, rss, traces so far)
+        self._points: deque[tuple[float, int, int, int]] = deque(maxlen=RISE_SAMPLES + 1)
+        self._base: int | None = None  # RSS once training was under way
+        self._windows = 0
+        self._last_window_t = -1e18
+        self._window: dict[str, Any] | None = None
+        self._roots: tuple[str, ...] | None = None
+
+    def __call__(self) -> Iterable[Message]:
+        now = self._clock()
+        step = self.agent.global_step
+        if self._window is not None:
+            return self._advance(now, step)
+        if step < WARMUP_STEPS or self._windows >= MAX_WINDOWS:
+            return ()
+        rss = self._rss()
+        if self._base is None:
+            self._base = rss
+        self._points.append((now, step, rss, self._traces()))
+        if self._suspected() and now - self._last_window_t >= MIN_GAP_S:
+            self._open(now, step)
+        return ()
+
+    def _suspected(self) -> bool:
+        pts = self._points
+        if len(pts) <= RISE_SAMPLES or pts[-1][1] == pts[0][1]:
+            return False  # too few samples, or no step since (a pause is not a leak)
+        if pts[-1][3] != pts[0][3]:
+            return False  # TF traced meanwhile: graphs grow (the retrace finding's), and tracing
+            # under tracemalloc is many times slower
+        if any(b[2] <= a[2] for a, b in zip(pts, list(pts)[1:])):
+            return False
+        if pts[-1][2] - pts[0][2] < RISE_MIN_BYTES:
+            return False
+        return pts[-1][2] - (self._base or 0) > self._held() + BEYOND_HELD_BYTES
+
+    def _open(self, now: float, step: int) -> None:
+        import tracemalloc
+
+        if tracemalloc.is_tracing():
+            self._windows = MAX_WINDOWS  # the script traces allocations itself: leave it alone
+            return
+        first_t, first_step, _, _ = self._points[0]
+        before = (now - first_t) / (step - first_step) if step > first_step else None
+        tracemalloc.start(FRAMES)
+        self._windows += 1
+        self._last_window_t = now
+        self._window = {"t0": now, "step0": step, "before": before, "snap": None}
+
+    def _advance(self, now: float, step: int) -> Iterable[Message]:
+        import tracemalloc
+
+        w = self._window
+        assert w is not None
+        if w["snap"] is None:
+            w["snap"] = tracemalloc.take_snapshot()
+            w["t1"], w["step1"] = now, step
+            return ()
+        if now - w["t0"] < WINDOW_S:
+            return ()
+        try:
+            end = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+            self._window = None
+            self._points.clear()
+        inside = (now - w["t0"]) / (step - w["step0"]) if step > w["step0"] else None
+        return (self._sites(w["snap"], end, now - w["t1"], w["step1"], step, inside, w["before"]),)
+
+    def _sites(self, start, end, window_s: float, step_from: int, step_to: int,
+               inside: float | None, before: float | None) -> AllocationSites:
+        import tracemalloc
+
+        roots = self._roots
+        if roots is None:
+            roots = self._roots = _library_roots()
+        keep = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, __file__)]
+        diffs = end.filter_traces(keep).compare_to(start.filter_traces(keep), "traceback")
+        by_site: dict[tuple[str, int], list[Any]] = {}
+        traced = 0
+        for d in diffs:
+            if d.size_diff <= 0:
+                continue
+            traced += d.size_diff
+            frames = list(reversed(d.traceback))  # most recent call first (it is stored oldest first)
+            user = next((f for f in frames if not f.filename.startswith(roots)
+                         and not f.filename.startswith("<")), None)
+            if user is None:
+                continue
+            kind = "python" if frames[0] is user else _kind(frames[0].filename)
+            entry = by_site.setdefault((user.filename, user.lineno), [0, 0, kind])
+            entry[0] += d.size_diff
+            entry[1] += max(d.count_diff, 0)
+        top = sorted(by_site.items(), key=lambda kv: -kv[1][0])[:TOP]
+        top = [kv for kv in top if kv[1][0] >= _MIN_SITE_BYTES]
+        return AllocationSites(
+            t=self.agent.clock(), window_s=round(window_s, 3), step_from=step_from, step_to=step_to,
+            step_time_inside_s=inside, step_time_before_s=before,
+            sites=tuple(f"{os.path.basename(f)}:{n}" for (f, n), _ in top),
+            grown_bytes=tuple(v[0] for _, v in top), blocks=tuple(v[1] for _, v in top),
+            kinds=tuple(v[2] for _, v in top),
+            code=tuple(linecache.getline(f, n).strip()[:_MAX_CODE] for (f, n), _ in top),
+            traced_bytes=traced)
+
+
+def install(agent: "Agent", patches: "Patches") -> LeakDoctor | None:
+    """Registers the doctor's sampler (patches nothing); None where RSS cannot be read cheaply."""
+    rss = _rss_reader()
+    if rss is None:
+        return None
+    pm = getattr(agent, "pipeline_map", None)
+    rp = getattr(agent, "retrace_probe", None)
+    counts = getattr(rp, "_traces", None)  # the retrace probe's traces per function name
+    doctor = LeakDoctor(agent, rss, held=(lambda: pm.held_bytes) if pm is not None else (lambda: 0),
+                        traces=(lambda: sum(counts.values())) if counts is not None else (lambda: 0))
+    agent.add_sampler(PROBE, doctor)
+    return doctor

@@ -1,0 +1,300 @@
+"""The pipeline map: for every dataset the training iterates, its tf.data stages with their settings
+and the line of the script that made each one.
+
+``DatasetV2.__init__`` runs once per transformation (never per element, DESIGN §8): the wrapper
+notes where the script made the stage (the first frame outside TensorFlow, Keras and tpuwatch,
+and the TF API it called, like ``map``). When the training makes an iterator (``iter(ds)``,
+``for x in ds``, a distributed dataset's ``__iter__``, Keras' fit doing either), the chain is
+walked once through ``_inputs()`` and sent as one :class:`~tpuwatch.protocol.Pipeline`. Nothing
+changes in the pipeline: the settings are read from the stages' private attributes (each read
+guarded: an attribute missing in this TF version leaves that setting out), and the only op run is
+``cardinality()`` of the stage under an in-memory cache or a shuffle (to bound what it holds).
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from tpuwatch.protocol import Pipeline
+
+if TYPE_CHECKING:
+    from tpuwatch.agent.patches import Patches
+    from tpuwatch.agent.runtime import Agent
+
+PROBE = "pipeline_map"
+_SITE = "_tpuwatch_site"  # set on each dataset: (file:line, api, code, added_by)
+_MAPPED = "_tpuwatch_mapped"
+_MAX_STAGES = 64
+_MAX_DATASETS = 64  # pipelines sent per run (a script that makes datasets in a loop stops here)
+_MAX_CODE = 160
+_TF_UTIL = f"{os.sep}tensorflow{os.sep}python{os.sep}util{os.sep}"
+_AUTOTUNE = -1
+_TUNABLE = frozenset({"buffer_size", "num_parallel_calls", "cycle_length", "block_length",
+                      "num_parallel_reads"})  # -1 is AUTOTUNE (for a repeat's count, forever)
+
+# stage class -> (settings to read: (attribute, name shown))
+_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
+    "_PrefetchDataset": (("_buffer_size", "buffer_size"),),
+    "_BatchDataset": (("_batch_size", "batch_size"), ("_drop_remainder", "drop_remainder")),
+    "_ParallelBatchDataset": (("_batch_size", "batch_size"), ("_drop_remainder", "drop_remainder"),
+                              ("_num_parallel_calls", "num_parallel_calls")),
+    "_PaddedBatchDataset": (("_batch_size", "batch_size"), ("_drop_remainder", "drop_remainder")),
+    "_ShuffleDataset": (("_buffer_size", "buffer_size"),),
+    "CacheDataset": (("_filename", "filename"),),
+    "_MapDataset": (),
+    "_ParallelMapDataset": (("_num_parallel_calls", "num_parallel_calls"), ("_deterministic", "deterministic")),
+    "_InterleaveDataset": (("_cycle_length", "cycle_length"), ("_block_length", "block_length")),
+    "_ParallelInterleaveDataset": (("_cycle_length", "cycle_length"), ("_block_length", "block_length"),
+                                   ("_num_parallel_calls", "num_parallel_calls"),
+                                   ("_deterministic", "deterministic")),
+    "TFRecordDatasetV2": (("_num_parallel_reads", "num_parallel_reads"),),
+    "_RepeatDataset": (("_count", "count"),),
+    "_TakeDataset": (("_count", "count"),),
+}
+
+
+def _roots() -> tuple[str, ...]:
+    """Directories whose frames are not the script's: TensorFlow, Keras, tpuwatch, the stdlib."""
+    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    for name in ("tensorflow", "keras", "tf_keras", "tensorflow_datasets"):
+        mod = sys.modules.get(name)
+        path = getattr(mod, "__file__", None)
+        if path:
+            roots.add(os.path.dirname(os.path.abspath(path)))
+    roots.add(os.path.dirname(os.__file__))
+    return tuple(r + os.sep for r in roots)
+
+
+def _owner(path: str) -> str:
+    if f"{os.sep}keras{os.sep}" in path or f"{os.sep}tf_keras{os.sep}" in path:
+        return "keras"
+    if f"{os.sep}distribute{os.sep}" in path:
+        return "tf.distribute"
+    return "tensorflow"
+
+
+class PipelineMap:
+    def __init__(self, agent: "Agent") -> None:
+        self.agent = agent
+        self._roots: tuple[str, ...] | None = None
+        self._sent = 0
+        self.held_bytes = 0  # what the mapped pipelines' caches and shuffle buffers can hold
+        self._local = threading.local()  # .quiet: inside a distributed dataset's __iter__
+
+    # --- creation sites (once per transformation) ------------------------------------------
+
+    def site(self, skip: int) -> tuple[str, str, str, str]:
+        """(``file:line``, TF API called, source line, added_by) of the calling script frame."""
+        roots = self._roots
+        if roots is None:
+            roots = self._roots = _roots()
+        f: Any = sys._getframe(skip)
+        api = ""
+        first_lib = ""
+        while f is not None:
+            path = f.f_code.co_filename
+            if not path.startswith(roots) and not path.startswith("<") and "__autograph_generated" not in path:
+                break
+            if (not first_lib and not path.endswith(("dataset_ops.py", "_op.py", "readers.py"))
+                    and _TF_UTIL not in path):  # decorators (deprecation, dispatch) are tf.data's
+                first_lib = path  # the first frame above tf.data's own constructors
+            if not path.startswith("<") and _TF_UTIL not in path:
+                api = f.f_code.co_name
+            f = f.f_back
+        if f is None:
+            return "", api, "", "tensorflow"
+        path, line = f.f_code.co_filename, f.f_lineno
+        added_by = _owner(first_lib) if first_lib else ""
+        code = linecache.getline(path, line).strip()[:_MAX_CODE]
+        return f"{os.path.basename(path)}:{line}", api, code, added_by
+
+    def make_init(self, original):
+        this = self
+
+        def __init__(ds, *args, **kwargs):
+            original(ds, *args, **kwargs)
+            if this.agent.enabled(PROBE):
+                try:
+                    ds.__dict__[_SITE] = this.site(2)
+                except Exception as e:
+                    this.agent.probe_failed(PROBE, e)
+
+        return __init__
+
+    # --- iteration (once per dataset) -------------------------------------------------------
+
+    def make_iter(self, original, consumer: str, dataset_of):
+        this = self
+
+        def __iter__(dds, *args, **kwargs):
+            this._local.quiet = getattr(this._local, "quiet", 0) + 1
+            try:
+                it = original(dds, *args, **kwargs)
+            finally:
+                this._local.quiet -= 1
+            if this.agent.enabled(PROBE):
+                try:
+                    from tensorflow.python.framework import ops
+
+                    ds = dataset_of(dds)
+                    if ds is not None:
+                        # iterated inside a tf.function: read outside its graph (cardinality
+                        # would otherwise add ops to the user's function)
+                        with ops.init_scope():
+                            this.record(ds, consumer)
+                except Exception as e:
+                    this.agent.probe_failed(PROBE, e)
+            return it
+
+        return __iter__
+
+    def make_iterator_init(self, original):
+        this = self
+
+        def __init__(it, dataset=None, *args, **kwargs):
+            original(it, dataset, *args, **kwargs)
+            if dataset is not None and not getattr(this._local, "quiet", 0) and this.agent.enabled(PROBE):
+                try:
+                    from tensorflow.python.eager import context
+
+                    if context.executing_eagerly():
+                        this.record(dataset, "iterator")
+                except Exception as e:
+                    this.agent.probe_failed(PROBE, e)
+
+        return __init__
+
+    def record(self, ds, consumer: str) -> None:
+        if ds.__dict__.get(_MAPPED) or self._sent >= _MAX_DATASETS:
+            return
+        ds.__dict__[_MAPPED] = True
+        self._sent += 1
+        msg = self.describe(ds, consumer, self._sent)
+        self.held_bytes += sum(b for b in msg.holds_bytes if b > 0)
+        self.agent.emit(msg)
+
+    def describe(self, ds, consumer: str, number: int) -> Pipeline:
+        chain = []
+        node = ds
+        while node is not None and len(chain) < _MAX_STAGES:
+            chain.append(node)
+            node = _first_input(node)
+        chain.reverse()  # source first
+        stages, sites, settings, code, holds, added = [], [], [], [], [], []
+        for node in chain:
+            site, api, line, by = node.__dict__.get(_SITE) or ("", "", "", "tensorflow")
+            cls = type(node).__name__
+            # a stage Keras or tf.distribute made is named by its class: its API call is theirs
+            stages.append(api if api and not by else _stage_name(cls))
+            sites.append(site)
+            settings.append(_settings(node, cls))
+            code.append(line)
+            holds.append(_holds(node, cls))
+            added.append(by)
+        return Pipeline(t=self.agent.clock(), dataset=number, consumer=consumer, stages=tuple(stages),
+                        sites=tuple(sites), settings=tuple(settings), code=tuple(code),
+                        holds_bytes=tuple(holds), added_by=tuple(added), elements=_cardinality(ds))
+
+
+def _first_input(ds):
+    impl = ds.__dict__.get("_impl")  # TFRecordDatasetV2 wraps its real chain
+    if impl is not None and type(ds).__name__ == "TFRecordDatasetV2":
+        ds = impl
+    try:
+        inputs = ds._inputs()
+    except Exception:  # a dataset class without _inputs(): the chain ends here (stated as such)
+        return None
+    return inputs[0] if inputs else None
+
+
+def _stage_name(cls: str) -> str:
+    return cls.strip("_").removesuffix("V2").removesuffix("Dataset").lower() or cls
+
+
+def _plain(value, tunable: bool = False) -> str:
+    if hasattr(value, "numpy"):
+        value = value.numpy()
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    if tunable and isinstance(value, int) and not isinstance(value, bool) and value == _AUTOTUNE:
+        return "AUTOTUNE"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _settings(ds, cls: str) -> str:
+    parts = []
+    for attr, name in _SETTINGS.get(cls, ()):
+        if attr not in ds.__dict__:
+            continue
+        try:
+            parts.append(f"{name}={_plain(ds.__dict__[attr], name in _TUNABLE)}")
+        except Exception:  # a setting that cannot be read as a plain value is left out
+            continue
+    return ", ".join(parts)
+
+
+def _element_bytes(ds) -> int | None:
+    import tensorflow as tf
+
+    total = 0
+    for spec in tf.nest.flatten(ds.element_spec):
+        shape = getattr(spec, "shape", None)
+        dtype = getattr(spec, "dtype", None)
+        if shape is None or dtype is None or not shape.is_fully_defined() or dtype == tf.string:
+            return None
+        total += shape.num_elements() * dtype.size
+    return total
+
+
+def _cardinality(ds) -> int | None:
+    try:
+        n = int(ds.cardinality())
+    except Exception:  # unknown size: reported as None
+        return None
+    return n if n >= 0 else None
+
+
+def _holds(ds, cls: str) -> int:
+    """Bytes the stage keeps in host memory: 0 none, -1 unknown."""
+    try:
+        if cls == "CacheDataset":
+            if _plain(ds.__dict__.get("_filename", "")) not in ("''", ""):
+                return 0  # a file cache holds its data on disk
+            inp = _first_input(ds)
+            n = _cardinality(inp) if inp is not None else None
+            size = _element_bytes(inp) if inp is not None else None
+            return n * size if n is not None and size is not None else -1
+        if cls == "_ShuffleDataset":
+            buf = int(_plain(ds.__dict__["_buffer_size"]))
+            inp = _first_input(ds)
+            n = _cardinality(inp) if inp is not None else None
+            size = _element_bytes(inp) if inp is not None else None
+            if size is None:
+                return -1
+            return (min(buf, n) if n is not None else buf) * size
+    except Exception:  # the bound is unknown, not an error of the probe
+        return -1
+    return 0
+
+
+def install(agent: "Agent", patches: "Patches") -> PipelineMap:
+    from tensorflow.python.data.ops import dataset_ops, iterator_ops
+    from tensorflow.python.distribute import input_lib
+
+    pm = PipelineMap(agent)
+    agent.pipeline_map = pm  # the leak doctor reads what the pipelines hold
+    patches.wrap(dataset_ops.DatasetV2, "__init__", pm.make_init)
+    patches.wrap(iterator_ops.OwnedIterator, "__init__", pm.make_iterator_init)
+    patches.wrap(input_lib.DistributedDataset, "__iter__",
+                 lambda o: pm.make_iter(o, "experimental_distribute_dataset",
+                                        lambda d: d.__dict__.get("_original_dataset")))
+    patches.wrap(input_lib.DistributedDatasetsFromFunction, "__iter__",
+                 lambda o: pm.make_iter(o, "distribute_datasets_from_function",
+                                        lambda d: (d.__dict__.get("_datasets") or [None])[0]))
+    return pm

@@ -1,0 +1,132 @@
+"""Which stage of the input pipeline starves the step, and the one edit that fixes it.
+
+Read from the pipeline map (:class:`~tpuwatch.protocol.Pipeline`: each stage, its settings and
+the script's line that made it). The culprit is the first of these the pipeline has, in the
+order they cost a step: a Python generator source, a ``map`` that runs one element at a time,
+an ``interleave`` reading one input at a time, files read one at a time, and no ``prefetch`` at
+the end. A pipeline that has none of them is not told to add what it has: the wait is then the
+fetch itself (a custom loop fetching distributed batches eagerly) or Keras slicing NumPy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpuwatch.protocol import Pipeline
+
+AUTOTUNE = "tf.data.AUTOTUNE"
+_PASS_THROUGH = frozenset({"with_options", "options", "repeat", "take", "skip"})
+#: Step functions Keras' fit runs (the fetch is inside them).
+KERAS_STEP_FUNCTIONS = frozenset({"multi_step_on_iterator", "one_step_on_iterator", "train_function",
+                                  "one_step_on_data"})
+
+
+@dataclass(frozen=True)
+class Culprit:
+    stage: str  # "map", "prefetch" (missing), "from_generator", ... ; "" when no stage is at fault
+    site: str  # "train.py:41" ("" unknown)
+    problem: str  # what is wrong, in words
+    fix: str  # the one edit, in words
+    old_code: str = ""  # the line as written (stripped), when the edit is a text change of it
+    new_code: str = ""
+
+
+def training_pipeline(pipelines: list[Pipeline]) -> Pipeline | None:
+    """The pipeline the training iterates first (Keras' validation data comes after)."""
+    return pipelines[0] if pipelines else None
+
+
+def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
+    """The stage to change in ``p``. ``fetch_in_step``: the step function fetches its batch
+    itself (Keras' fit, ``next(iterator)`` inside a tf.function), so no eager fetch is timed."""
+    stages = list(zip(p.stages, p.sites, p.settings, p.code, p.added_by))
+    user = [s for s in stages if not s[4]]
+    if not user:
+        site = stages[0][1] if stages else ""
+        return Culprit("", site, "fit takes NumPy arrays: Keras slices and batches them on the host "
+                       "between steps, with no tf.data pipeline of yours to overlap it",
+                       f"at {site or 'the fit call'}, pass a tf.data.Dataset instead: "
+                       f"tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x)).batch(batch_size)"
+                       f".prefetch({AUTOTUNE})")
+    for stage, site, *_ in user:
+        if stage == "from_generator":
+            return Culprit(stage, site, f"the Python generator read by from_generator at {site} "
+                           "makes one element at a time, holding the GIL",
+                           "move the per-element work out of the generator into "
+                           f".map(..., num_parallel_calls={AUTOTUNE}) on tensors (or read the data "
+                           "with from_tensor_slices / TFRecordDataset)")
+    cached = max((i for i, s in enumerate(user) if s[0] == "cache"), default=-1)
+    for i, (stage, site, settings, code, _) in enumerate(user):
+        if stage == "map" and "num_parallel_calls" not in settings and i > cached:
+            return _add_argument(stage, site, code, "num_parallel_calls", AUTOTUNE,
+                                 f".map at {site} runs one element at a time")
+    for stage, site, settings, code, _ in user:
+        if stage == "interleave":
+            if "cycle_length=1," in settings + ",":
+                new = code.replace("cycle_length=1", f"cycle_length={AUTOTUNE}, num_parallel_calls={AUTOTUNE}")
+                return Culprit(stage, site, f".interleave at {site} has cycle_length=1: it reads one "
+                               "input at a time", "let it read several in parallel: "
+                               f"cycle_length={AUTOTUNE}, num_parallel_calls={AUTOTUNE}",
+                               code if new != code else "", new if new != code else "")
+            if "num_parallel_calls" not in settings:
+                return _add_argument(stage, site, code, "num_parallel_calls", AUTOTUNE,
+                                     f".interleave at {site} reads its inputs one after another")
+        if stage == "tfrecord" and "num_parallel_reads=None" in settings:
+            return _add_argument(stage, site, code, "num_parallel_reads", AUTOTUNE,
+                                 f"TFRecordDataset at {site} reads its files one at a time",
+                                 call="TFRecordDataset(")
+    # stages that pass elements through as they come do not undo a prefetch before them
+    last = next((st for st in reversed(user) if st[0] not in _PASS_THROUGH), user[-1])
+    if last[0] != "prefetch":
+        stage, site, _, code, _ = last
+        call = f".{stage}("
+        new = _after_call(code, call, f".prefetch({AUTOTUNE})")
+        return Culprit("prefetch", site, f"the pipeline does not end with .prefetch (its last stage "
+                       f"is .{stage} at {site}): the next batch is made only when the step asks",
+                       f"end it with .prefetch({AUTOTUNE}) after .{stage} at {site}",
+                       code if new else "", new)
+    if not fetch_in_step and p.consumer != "iterator":
+        return Culprit("", "", "the pipeline overlaps with the step already; the wait is the "
+                       "eager fetch of each distributed batch (for batch in dist_dataset) between "
+                       "steps", "fetch inside the step: pass the iterator to the tf.function and "
+                       "call next(iterator) there (or run several steps per call)")
+    return Culprit("", "", "no setting of the pipeline explains the wait (no sequential map, a "
+                   "final prefetch): its stages cannot produce batches as fast as the step takes them",
+                   ".cache() after the expensive stages if the data fits, or give tf.data "
+                   "more host CPU (the tf.data service)")
+
+
+def _add_argument(stage: str, site: str, code: str, name: str, value: str, problem: str,
+                  call: str = "") -> Culprit:
+    new = _before_close(code, call or f".{stage}(", f", {name}={value}")
+    return Culprit(stage, site, problem, f"add {name}={value}", code if new else "", new)
+
+
+def _close_of(code: str, call: str) -> int:
+    """Index of the parenthesis closing ``call`` (which ends with ``(``) in ``code``; -1."""
+    start = code.find(call)
+    if start < 0:
+        return -1
+    depth = 0
+    for i in range(start + len(call) - 1, len(code)):
+        c = code[i]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _before_close(code: str, call: str, text: str) -> str:
+    i = _close_of(code, call)
+    if i < 0:
+        return ""
+    inside = code[code.find(call) + len(call):i].strip()
+    return code[:i] + (text if inside else text.lstrip(", ")) + code[i:]
+
+
+def _after_call(code: str, call: str, text: str) -> str:
+    i = _close_of(code, call)
+    return code[:i + 1] + text + code[i + 1:] if i >= 0 else ""
