@@ -71,10 +71,12 @@ def test_results_screen(snap_compare, tmp_path, size) -> None:
     assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size, press=["r"])
 
 
-@pytest.mark.parametrize("size", SIZES)
-def test_retraces_screen(snap_compare, tmp_path, size) -> None:
-    # 6 focuses the Retraces panel; enter lists every retrace with its step and whole change.
-    assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size, press=["6", "enter"])
+@pytest.mark.parametrize("size", [*SIZES, pytest.param((120, 40), id="120x40")])
+def test_expanded_retraces(snap_compare, tmp_path, size) -> None:
+    # 6 focuses the Retraces panel (at 80x24, where it has no room, shows it expanded); enter
+    # expands it: every retrace with its step and whole change, the footer says esc goes back.
+    press = ["6"] if size == (80, 24) else ["6", "enter"]
+    assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size, press=press)
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -1,4 +1,4 @@
-"""A full-screen, scrollable view of one list from the snapshot (results, retraces).
+"""A full-screen, scrollable view of one list from the snapshot (the results).
 
 The text is a pure function of the snapshot (``render``); the app calls :meth:`TextScreen.show`
 with each new snapshot while the screen is open, and the screen repaints only when the text

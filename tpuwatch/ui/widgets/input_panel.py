@@ -82,7 +82,7 @@ def input_text(s: RunSnapshot) -> Content:
 
 
 class InputPanel(Panel):
-    TITLE = "Input pipeline"
+    TITLE = "5 Input pipeline"  # the number key that jumps here
 
     def compose(self) -> ComposeResult:
         yield Static(classes="body", markup=False)

@@ -85,7 +85,7 @@ def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
 
 
 class MemoryPanel(Panel):
-    TITLE = "Memory"
+    TITLE = "3 Memory"  # the number key that jumps here
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
         return memory_text(snapshot, rows, width)

@@ -65,7 +65,7 @@ def step_series(s: RunSnapshot) -> BarSeries:
 
 
 class StepTimePanel(Panel):
-    TITLE = "Step time"
+    TITLE = "1 Step time"  # the number key that jumps here
 
     def compose(self) -> ComposeResult:
         yield Static(classes="body", markup=False)
