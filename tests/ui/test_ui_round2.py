@@ -65,3 +65,35 @@ async def test_panel_titles_carry_their_number(live_app) -> None:
             widget = app.query_one(f"#{pid}")
             owner = widget if isinstance(widget, Panel) else widget.parent
             assert str(owner.border_title).startswith(f"{i + 1} "), (pid, owner.border_title)
+
+
+# --- item 10: replay starts at 1x, its hint fits 80 columns, arrows seek 5% of the run ------------
+
+
+def test_replay_starts_at_real_speed() -> None:
+    from tpuwatch.cli import _parser
+
+    ns = _parser().parse_args(["replay", "some-run"])
+    assert ns.speed == 1.0
+
+
+def test_replay_line_fits_80_columns_at_its_longest() -> None:
+    from tpuwatch.ui.widgets.replay_bar import ReplayState, replay_text
+
+    longest = ReplayState(paused=True, speed=0.25, position_s=35_999.0, duration_s=35_999.0, at_end=False)
+    text = replay_text(longest).plain
+    assert len(text) <= 80, (len(text), text)
+    assert "seek" in text and "space" in text
+
+
+def test_an_arrow_seeks_a_twentieth_of_the_recording() -> None:
+    from ui_support import FakeClock
+
+    from tpuwatch.protocol import Step
+    from tpuwatch.sources.replay_source import ReplaySource
+
+    steps = [Step(step=i, t=1000.0 + 2 * i, step_time_s=2.0, input_wait_s=0.0, loss=1.0) for i in range(101)]
+    source = ReplaySource(steps, paused=True, clock=FakeClock(0.0))
+    assert source.seek_step_s == pytest.approx(10.0)  # 200 s recorded: 5% is 10 s (5 steps)
+    source.seek(source.seek_step_s)
+    assert source.position - source.start_t == pytest.approx(source.seek_step_s)
