@@ -97,3 +97,63 @@ def test_an_arrow_seeks_a_twentieth_of_the_recording() -> None:
     assert source.seek_step_s == pytest.approx(10.0)  # 200 s recorded: 5% is 10 s (5 steps)
     source.seek(source.seek_step_s)
     assert source.position - source.start_t == pytest.approx(source.seek_step_s)
+
+
+# --- item 7: the room used, an x-axis, every glyph explained, Retraces columns whole ----------
+
+
+def _panel_lines(app, pid: str) -> list[str]:
+    region = app.query_one(f"#{pid}").region
+    lines = screen_text(app).splitlines()[region.y: region.y + region.height]
+    return [line[region.x: region.x + region.width] for line in lines]
+
+
+@sync
+async def test_expanded_loss_chart_uses_the_height(live_app) -> None:
+    app = live_app(upto=300)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("2", "z")
+        await pilot.pause()
+        chart_rows = [line for line in _panel_lines(app, "loss") if "█" in line]
+        assert len(chart_rows) >= 20, len(chart_rows)
+
+
+@sync
+async def test_expanded_step_time_has_a_step_axis_and_a_legend(live_app) -> None:
+    app = live_app(upto=300)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert not any(line.strip(" ┃").strip() == "100%" for line in _panel_lines(app, "step-time"))
+        await pilot.press("1", "z")
+        await pilot.pause()
+        lines = _panel_lines(app, "step-time")
+        axis = [line for line in lines if "step 1 " in line]
+        assert axis and axis[0].rstrip(" ┃").endswith(str(app.snapshot.history[-1].step)), lines
+        assert any("w: input wait, share of each step (full height 100%)" in line for line in lines)
+
+
+@sync
+async def test_help_explains_the_chart_glyphs(live_app) -> None:
+    app = live_app(upto=300)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        rows = {keys: text for keys, text, _ in app.key_rows()}
+        assert "tracing" in rows["▲ (chart)"] and "100%" in rows["w (chart)"]
+        assert rows["esc"] and all(enabled for keys, _, enabled in app.key_rows() if keys == "esc")
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+@sync
+async def test_retraces_columns_are_not_cut(live_app, size) -> None:
+    app = live_app(upto=300)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        if size == (80, 24):
+            await pilot.press("6")  # no room at 80x24: shown expanded
+            await pilot.pause()
+        text = "\n".join(_panel_lines(app, "retraces"))
+        assert "…" not in text, text
+        assert "traces" in text or "trace 2" in text
+        flat = " ".join(part.strip(" │┃") for part in text.splitlines())
+        assert "(16, 28, 28, 1) -> (8, 28, 28, 1)" in flat.replace("  ", " "), flat

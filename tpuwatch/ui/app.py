@@ -122,7 +122,7 @@ class TpuwatchApp(App[str]):
                 tooltip="Expand the focused panel to the whole screen (it scrolls); again to restore"),
         # Shown in the footer only while a panel is expanded or the output maximised: the way back.
         Binding("escape", "restore", "Back", id="restore",
-                tooltip="Put an expanded panel (or the maximised output) back; q and z do too"),
+                tooltip="Put an expanded panel or the maximised output back (q, z too)"),
         Binding("l", "loss_scale", "Loss scale", id="loss_scale", show=False,
                 tooltip="Loss chart: recent window, log scale, whole run"),
         Binding("r", "results", "Results", id="results", show=False,
@@ -589,10 +589,14 @@ class TpuwatchApp(App[str]):
                     for x in bs
                     if x.id == b.id
                 )
-                rows.append((keys, b.tooltip or b.description, bool(enabled)))
+                # esc is hidden from the footer until something is expanded, never off.
+                rows.append((keys, b.tooltip or b.description, bool(enabled) or action == "restore"))
         rows.append(("1 … 8", "Jump to a panel (step, loss, memory, findings, …)", True))
         rows.append(("tab, shift+tab", "Next / previous panel", True))
         rows.append(("n, N", "Next / previous search match (output)", True))
+        # Glyphs, so none is unexplained (the expanded Step time panel says the same).
+        rows.append(("▲ (chart)", "Step time: the first step (tracing, compiling), above the scale", True))
+        rows.append(("w (chart)", "Step time: input wait, share of each step (full height 100%)", True))
         return rows
 
     def action_focus_panel(self, index: int) -> None:

@@ -25,19 +25,21 @@ def _cut(name: str, width: int) -> str:
 
 
 def retrace_text(s: RunSnapshot, rows: int, width: int) -> Content:
+    """Per function: name, traces and objects on one line, its last change (and step) on the
+    next, indented, so neither is cut in a third of 80 or 120 columns (the body wraps a change
+    longer than the panel)."""
     if not s.functions:
         return Content.styled("no tf.function traced yet", "dim")
-    # Names as long as they are (up to what leaves 16 columns for counts and the change).
-    name_w = max(8, min(max(len(f.name) for f in s.functions), width - 22))
-    lines = [Content.styled(f"{'function':<{name_w}} {'traces':>6} {'inst':>4}  last change", "dim")]
+    # Names as long as they are (up to what leaves 12 columns for the counts).
+    name_w = max(8, min(max(len(f.name) for f in s.functions), width - 12))
+    lines = [Content.styled(f"{'function':<{name_w}} {'traces':>6} {'objs':>4}", "dim")]
     funcs = sorted(s.functions, key=lambda f: (-f.traces, f.name))
-    for f in funcs[: max(0, rows - 1)]:
-        change = f.last_change or "(first trace)"
-        where = f" @{units.integer(f.last_step)}" if f.last_step is not None else ""
+    for f in funcs[: max(0, (rows - 1) // 2)]:
+        where = f" at step {units.integer(f.last_step)}" if f.last_step is not None else ""
+        change = f"changed {f.last_change}" if f.last_change else "first trace"
         style = "$warning bold" if _suspicious(f) else ""
-        lines.append(Content.assemble(
-            (f"{_cut(f.name, name_w):<{name_w}} {f.traces:>6} {f.instances:>4}", style), f"  {change}{where}"
-        ))
+        lines.append(Content.styled(f"{_cut(f.name, name_w):<{name_w}} {f.traces:>6} {f.instances:>4}", style))
+        lines.append(Content.assemble("  ", (f"{change}{where}", "dim")))
     return Content("\n").join(lines)
 
 
