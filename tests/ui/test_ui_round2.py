@@ -157,3 +157,28 @@ async def test_retraces_columns_are_not_cut(live_app, size) -> None:
         assert "traces" in text or "trace 2" in text
         flat = " ".join(part.strip(" │┃") for part in text.splitlines())
         assert "(16, 28, 28, 1) -> (8, 28, 28, 1)" in flat.replace("  ", " "), flat
+
+
+# --- item 9: re-attaching says it is catching up, and shows no old step as current ----------------
+
+
+@sync
+async def test_reattach_says_catching_up_until_the_backlog_is_read(live_app, monkeypatch) -> None:
+    import tpuwatch.sources.file_source as file_source
+    import tpuwatch.ui.app as app_module
+
+    monkeypatch.setattr(file_source, "POLL_BYTES", 8 << 10)  # the recording: ~15 reads
+    monkeypatch.setattr(app_module, "APPLY_BUDGET_S", -1.0)  # one read per refresh
+    app = live_app(upto=300)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        header = screen_text(app).splitlines()[:2]
+        assert "CATCHING UP" in header[0], header
+        assert "catching up" in header[1] and "steps/s" not in header[1] and "ETA" not in header[1], header
+        for _ in range(100):
+            if not app.snapshot.catching_up:
+                break
+            app.pull()
+            await pilot.pause()
+        header = screen_text(app).splitlines()[:2]
+        assert "RUNNING" in header[0] and "step 182/300" in header[1], header

@@ -213,6 +213,9 @@ class RunSnapshot:
     recording_gaps: tuple[str, ...] = ()  # what the recording may be missing, one line each
     # set by a live viewer (not the recording): the disk under the run directory is full
     disk_full: str = ""
+    # set by a viewer: it is still reading a backlog (a re-attach, a long recording), so the
+    # step shown is where the reading is, not where the run is
+    catching_up: bool = False
 
 
 def mean_loss(values: Sequence[float]) -> float | None:

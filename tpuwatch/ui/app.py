@@ -281,13 +281,17 @@ class TpuwatchApp(App[str]):
         # Several workers' streams (a group, several HOST:PORT): each message with its worker.
         poll = self.source.poll_tagged
         deadline = time.perf_counter() + APPLY_BUDGET_S
+        backlog = False  # the budget ran out with messages still coming: more are waiting
         try:
             while True:
                 batch = poll()
                 for worker, msg in batch:
                     apply(msg, worker)
                     diagnose(msg, worker)
-                if not batch or time.perf_counter() > deadline:
+                if not batch:
+                    break
+                if time.perf_counter() > deadline:
+                    backlog = True
                     break
             apply_worker_health(self.source, self._state)
             stats = self.source.read_stats()
@@ -301,10 +305,11 @@ class TpuwatchApp(App[str]):
         self._findings.evaluate(self._state, now)
         disk = self._disk_full_note()
         # The state counts its news: a snapshot is built only when one is shown.
-        shown = self._pacer.due((self._state.version, disk), time.monotonic())
+        shown = self._pacer.due((self._state.version, disk, backlog), time.monotonic())
         if shown:
             snap = self._state.snapshot(now=now)
-            self.snapshot = dataclasses.replace(snap, disk_full=disk) if disk else snap
+            self.snapshot = dataclasses.replace(snap, disk_full=disk, catching_up=backlog) \
+                if disk or backlog else snap
         self._command_line.tick(now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done, self.snapshot.input_recent)
