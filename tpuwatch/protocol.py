@@ -158,6 +158,7 @@ class HostSample(Message):
     available_bytes: int
     total_bytes: int
     cpu_percent: float  # of one core (may exceed 100 on several cores)
+    load_1m: float | None = None  # the host's 1-minute load average (older recordings: absent)
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,7 @@ class EventFact:
     PROBE_DISABLED: Final = "probe-disabled"  # subject: the probe; reason: why it was switched off
     TPU_METRICS_UNAVAILABLE: Final = "tpu-metrics-unavailable"  # reason: why libtpu's metrics are absent
     TPU_METRICS_AVAILABLE: Final = "tpu-metrics-available"  # they arrive (again)
+    DEVICE_MEMORY_UNAVAILABLE: Final = "device-memory-unavailable"  # subject: the device; reason: why
 
 
 @dataclass(frozen=True)

@@ -182,3 +182,58 @@ async def test_reattach_says_catching_up_until_the_backlog_is_read(live_app, mon
             await pilot.pause()
         header = screen_text(app).splitlines()[:2]
         assert "RUNNING" in header[0] and "step 182/300" in header[1], header
+
+
+# --- item 8: on a CPU host the Memory panel says why device memory is missing, charts RSS and CPU --
+
+
+def _cpu_host_state():
+    from tpuwatch.monitor.state import RunState
+    from tpuwatch.protocol import Event, EventFact, HostSample
+
+    state = RunState(clock=lambda: 1060.0)
+    state.apply(Event(t=1000.0, level="info", source="probe:memory", message="no memory info for CPU:0: ...",
+                      fact=EventFact.DEVICE_MEMORY_UNAVAILABLE, subject="CPU:0",
+                      reason="Not supported on this device"))
+    for i in range(60):
+        cpu = 0.0 if i >= 50 else 180.0  # the process stops computing: the clue of a pause
+        state.apply(HostSample(t=1000.0 + i, rss_bytes=(1 << 30) + i * (8 << 20), available_bytes=6 << 30,
+                               total_bytes=8 << 30, cpu_percent=cpu, load_1m=1.5))
+    return state
+
+
+def test_host_samples_keep_a_history_and_the_typed_reason() -> None:
+    snap = _cpu_host_state().snapshot(now=1060.0)
+    assert len(snap.host_history) == 60 and snap.host_history[-1].cpu_percent == 0.0
+    assert snap.host_memory[0].load_1m == 1.5
+    assert snap.device_memory_notes == ("CPU:0: Not supported on this device",)
+
+
+def test_a_recorded_host_sample_without_load_still_reads() -> None:
+    from tpuwatch.protocol import HostSample, decode
+
+    line = b'{"kind":"host_sample","t":1.0,"rss_bytes":1,"available_bytes":2,"total_bytes":3,"cpu_percent":4.0}'
+    msg = decode(line)
+    assert isinstance(msg, HostSample) and msg.load_1m is None
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+@sync
+async def test_cpu_host_memory_panel_says_why_and_charts_rss_and_cpu(live_app, size) -> None:
+    import dataclasses
+
+    app = live_app(upto=300)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        cpu = _cpu_host_state().snapshot(now=1060.0)
+        app.snapshot = dataclasses.replace(
+            app.snapshot, device_memory=(), host_memory=cpu.host_memory, host_history=cpu.host_history,
+            device_memory_notes=cpu.device_memory_notes)
+        if size == (80, 24):
+            await pilot.press("3", "z")  # little room at 80x24: the charts show expanded
+        await pilot.pause()
+        text = "\n".join(_panel_lines(app, "memory"))
+        assert "no device memory: CPU:0" in text, text  # one line: the whole reason expanded
+        assert "0% CPU · load 1.50" in text, text
+        assert " rss " in text and "cpu%" in text, text
+        assert sum("█" in line for line in text.splitlines()) >= 2, text

@@ -81,6 +81,17 @@ class HostMemory:
     total_bytes: int
     cpu_percent: float
     t: float
+    load_1m: float | None = None  # the host's 1-minute load average (older recordings: None)
+
+
+@dataclass(frozen=True)
+class HostPoint:
+    """One host sample of the history the Memory panel charts (RSS, process CPU%, load)."""
+
+    t: float
+    rss_bytes: int
+    cpu_percent: float
+    load_1m: float | None
 
 
 @dataclass(frozen=True)
@@ -199,6 +210,10 @@ class RunSnapshot:
     host_memory: tuple[HostMemory, ...] = ()
     host_rss_peak_bytes: int | None = None  # largest RSS sampled on any worker
     tpu_metrics_note: str = ""  # why TPU runtime metrics are absent, when they are
+    # the latest host samples of the first worker that sends them, oldest first (bounded)
+    host_history: tuple[HostPoint, ...] = ()
+    # "DEVICE: why" for each device whose memory the agent cannot read (a CPU host's allocator)
+    device_memory_notes: tuple[str, ...] = ()
     # events, commands, findings
     events: tuple[LogEntry, ...] = ()  # most recent last, bounded
     commands: tuple[CommandView, ...] = ()
