@@ -242,6 +242,7 @@ TPU_METRICS_SOURCE = "tpu-metrics"
 STOP_SOURCE = "viewer"
 _LEGACY_STOP = "stop requested"
 _LEGACY_TPU_UNAVAILABLE = "TPU metrics unavailable: "
+_LEGACY_NO_MEMORY_INFO = "no memory info for "
 
 
 def event_fact(msg: Event) -> tuple[str, str, str]:
@@ -255,6 +256,9 @@ def event_fact(msg: Event) -> tuple[str, str, str]:
         if msg.message.startswith(_LEGACY_TPU_UNAVAILABLE):
             return EventFact.TPU_METRICS_UNAVAILABLE, "", msg.message[len(_LEGACY_TPU_UNAVAILABLE):]
         return EventFact.TPU_METRICS_AVAILABLE, "", ""
+    if msg.source == "probe:memory" and msg.message.startswith(_LEGACY_NO_MEMORY_INFO):
+        device, _, reason = msg.message[len(_LEGACY_NO_MEMORY_INFO):].partition(": ")
+        return EventFact.DEVICE_MEMORY_UNAVAILABLE, device, reason
     if msg.source.startswith("probe:") and "disabled" in msg.message:
         _, _, reason = msg.message.partition("disabled: ")
         return EventFact.PROBE_DISABLED, msg.source[len("probe:"):], reason or msg.message

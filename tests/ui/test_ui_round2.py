@@ -237,3 +237,11 @@ async def test_cpu_host_memory_panel_says_why_and_charts_rss_and_cpu(live_app, s
         assert "0% CPU · load 1.50" in text, text
         assert " rss " in text and "cpu%" in text, text
         assert sum("█" in line for line in text.splitlines()) >= 2, text
+
+
+def test_an_older_recording_says_why_device_memory_is_missing_in_words() -> None:
+    from tpuwatch.protocol import Event, EventFact, event_fact
+
+    old = Event(t=1.0, level="info", source="probe:memory",
+                message="no memory info for CPU:0: Not supported on this device")
+    assert event_fact(old) == (EventFact.DEVICE_MEMORY_UNAVAILABLE, "CPU:0", "Not supported on this device")
