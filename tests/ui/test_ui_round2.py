@@ -245,3 +245,24 @@ def test_an_older_recording_says_why_device_memory_is_missing_in_words() -> None
     old = Event(t=1.0, level="info", source="probe:memory",
                 message="no memory info for CPU:0: Not supported on this device")
     assert event_fact(old) == (EventFact.DEVICE_MEMORY_UNAVAILABLE, "CPU:0", "Not supported on this device")
+
+
+@sync
+async def test_a_cpu_allocator_without_statistics_counts_as_missing(live_app) -> None:
+    # What a real Keras fit on a CPU host records (TF 2.21): CPU:0 sampled at 0 B current and peak.
+    import dataclasses
+
+    from tpuwatch.monitor.snapshot import DeviceMemory
+
+    app = live_app(upto=300)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        cpu = _cpu_host_state().snapshot(now=1060.0)
+        zero = DeviceMemory(device="CPU:0", worker="vm:1", current_bytes=0, peak_bytes=0, limit_bytes=None,
+                            source="tf", limit_source="", duty_cycle_pct=None, t=1059.0)
+        app.snapshot = dataclasses.replace(app.snapshot, device_memory=(zero,), host_memory=cpu.host_memory,
+                                           host_history=cpu.host_history, device_memory_notes=())
+        await pilot.pause()
+        text = "\n".join(_panel_lines(app, "memory"))
+        assert "no device memory: CPU:0" in text and "peak 0 B" not in text, text
+        assert " rss " in text and "cpu%" in text, text

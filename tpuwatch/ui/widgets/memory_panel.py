@@ -49,6 +49,24 @@ def _libtpu_line(d: DeviceMemory, width: int) -> Content:
     return line
 
 
+def tracked(s: RunSnapshot) -> tuple[DeviceMemory, ...]:
+    """The devices with figures: TF's CPU allocator keeps no statistics by default and reports 0 B
+    current and peak (a real Keras fit on a CPU host, TF 2.21), which is no figure at all."""
+    return tuple(d for d in s.device_memory if d.peak_bytes or d.current_bytes or d.limit_bytes)
+
+
+def missing_note(s: RunSnapshot) -> str:
+    """Why no device memory is shown: the agent's typed reason, else the untracked allocator."""
+    if tracked(s):
+        return ""
+    if s.device_memory_notes:
+        return s.device_memory_notes[0]
+    if s.device_memory:
+        names = ", ".join(d.device for d in s.device_memory)
+        return f"{names}: TensorFlow keeps no statistics for this allocator (it reports 0 B)"
+    return ""
+
+
 def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
     lines: list[Content] = []
     for h in s.host_memory:
@@ -65,9 +83,9 @@ def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
         load = f" · load {h.load_1m:.2f}" if h.load_1m is not None else ""
         # The training process's CPU (100% = one core busy; 0% while training is the clue of a pause).
         lines.append(Content.assemble((f"{'':<10}", ""), f"{h.cpu_percent:.0f}%", (" CPU", "dim"), (load, "dim")))
-    if not s.device_memory and s.device_memory_notes:
-        lines.append(Content.styled(f"no device memory: {s.device_memory_notes[0]}", "dim italic"))
-    devices = sorted(s.device_memory, key=lambda d: -(_use(d) or 0.0))
+    if note := missing_note(s):
+        lines.append(Content.styled(f"no device memory: {note}", "dim italic"))
+    devices = sorted(tracked(s), key=lambda d: -(_use(d) or 0.0))
     room = max(0, rows - len(lines) - (1 if s.tpu_metrics_note else 0))
     hidden = 0
     if len(devices) > room:
@@ -116,7 +134,7 @@ class MemoryPanel(Panel):
 
     def update_extra(self, snapshot: RunSnapshot) -> None:
         # Charts where the devices leave the box empty (a CPU host), or expanded.
-        charts = bool(snapshot.host_history) and (not snapshot.device_memory or self.has_class("-maximised"))
+        charts = bool(snapshot.host_history) and (not tracked(snapshot) or self.has_class("-maximised"))
         self.set_class(charts, "-charts")
         if charts:
             self.query_one("#rss-bars", HistoryBars).series = rss_series(snapshot)
