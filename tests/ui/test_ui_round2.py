@@ -266,3 +266,17 @@ async def test_a_cpu_allocator_without_statistics_counts_as_missing(live_app) ->
         text = "\n".join(_panel_lines(app, "memory"))
         assert "no device memory: CPU:0" in text and "peak 0 B" not in text, text
         assert " rss " in text and "cpu%" in text, text
+
+
+@pytest.mark.parametrize("close", ["z", "enter", "escape", "q"])
+@sync
+async def test_the_results_list_closes_with_the_same_keys_as_a_panel(live_app, close) -> None:
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("r")
+        await pilot.pause()
+        assert len(app.screen_stack) == 2
+        await pilot.press(close)
+        await pilot.pause()
+        assert len(app.screen_stack) == 1 and app.return_value is None
