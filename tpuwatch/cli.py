@@ -113,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="play a recorded run back in the dashboard (needs a terminal; "
                                            "`tpuwatch report` prints a run's summary)")
     replay.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
-    replay.add_argument("--speed", type=float, default=10.0, help="playback speed (default 10x)")
+    replay.add_argument("--speed", type=float, default=1.0, help="playback speed (default 1x: as it ran)")
 
     report = sub.add_parser("report", help="summary and findings of a run")
     report.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")

@@ -185,6 +185,7 @@ class HostSample(Message):
     available_bytes: int
     total_bytes: int
     cpu_percent: float  # of one core (may exceed 100 on several cores)
+    load_1m: float | None = None  # the host's 1-minute load average (older recordings: absent)
 
 
 @dataclass(frozen=True)
@@ -296,6 +297,7 @@ class EventFact:
     PROBE_DISABLED: Final = "probe-disabled"  # subject: the probe; reason: why it was switched off
     TPU_METRICS_UNAVAILABLE: Final = "tpu-metrics-unavailable"  # reason: why libtpu's metrics are absent
     TPU_METRICS_AVAILABLE: Final = "tpu-metrics-available"  # they arrive (again)
+    DEVICE_MEMORY_UNAVAILABLE: Final = "device-memory-unavailable"  # subject: the device; reason: why
 
 
 #: What the training process is doing, coarsely (see :class:`Phase`).
@@ -349,6 +351,7 @@ TPU_METRICS_SOURCE = "tpu-metrics"
 STOP_SOURCE = "viewer"
 _LEGACY_STOP = "stop requested"
 _LEGACY_TPU_UNAVAILABLE = "TPU metrics unavailable: "
+_LEGACY_NO_MEMORY_INFO = "no memory info for "
 
 
 def event_fact(msg: Event) -> tuple[str, str, str]:
@@ -362,6 +365,9 @@ def event_fact(msg: Event) -> tuple[str, str, str]:
         if msg.message.startswith(_LEGACY_TPU_UNAVAILABLE):
             return EventFact.TPU_METRICS_UNAVAILABLE, "", msg.message[len(_LEGACY_TPU_UNAVAILABLE):]
         return EventFact.TPU_METRICS_AVAILABLE, "", ""
+    if msg.source == "probe:memory" and msg.message.startswith(_LEGACY_NO_MEMORY_INFO):
+        device, _, reason = msg.message[len(_LEGACY_NO_MEMORY_INFO):].partition(": ")
+        return EventFact.DEVICE_MEMORY_UNAVAILABLE, device, reason
     if msg.source.startswith("probe:") and "disabled" in msg.message:
         _, _, reason = msg.message.partition("disabled: ")
         return EventFact.PROBE_DISABLED, msg.source[len("probe:"):], reason or msg.message

@@ -32,6 +32,7 @@ def test_host_sample_is_sane_and_rate_limited(tmp_path):
     assert host.total_bytes == vm.total
     assert 0 < host.available_bytes <= host.total_bytes
     assert host.cpu_percent >= 0.0
+    assert host.load_1m is not None and host.load_1m >= 0.0  # the host's load, beside the process's CPU%
     now[0] += 0.25
     assert [m for m in sampler() if isinstance(m, protocol.HostSample)] == []
     now[0] += 0.3

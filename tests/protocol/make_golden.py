@@ -26,7 +26,7 @@ MESSAGES: list[p.Message] = [
     p.Step(step=33, t=1795300002.1, step_time_s=0.02, input_wait_s=None, loss=None),
     p.StepLoss(t=1795300002.2, step=33, loss=2.305, replica_losses=(2.30, 2.31)),
     p.HostSample(t=1795300002.5, rss_bytes=3_221_225_472, available_bytes=300_000_000_000,
-                 total_bytes=400_000_000_000, cpu_percent=102.5),
+                 total_bytes=400_000_000_000, cpu_percent=102.5, load_1m=3.25),
     p.DeviceSample(t=1795300002.5, device="TPU:0", current_bytes=30_000_000_000, peak_bytes=31_000_000_000,
                    limit_bytes=34_359_738_368, source="tpu-info", limit_source="runtime", duty_cycle_pct=98.5),
     p.Retrace(t=1795300003.0, function="train_step", traces=2, instances=1,

@@ -76,7 +76,7 @@ def test_compile_step_is_kept_out_of_the_scale_and_marked() -> None:
     assert series.marked == (0,)  # the first point is marked as the compile step
 
 
-# --- item 5: a focused panel expands and scrolls; the retraces screen; findings scroll ----------
+# --- item 5: a focused panel expands and scrolls; the retraces panel lists every trace; findings scroll ----------
 
 def _many_findings(t: float) -> list[Finding]:
     return [Finding(t=t + i, rule=f"rule-{i}", severity="warning", message=f"problem number {i} " + "x" * 60,
@@ -111,20 +111,18 @@ async def test_findings_expand_with_z_and_show_every_line(live_app) -> None:
 
 @sync
 async def test_enter_on_retraces_lists_every_retrace_with_its_step_and_whole_change(live_app) -> None:
-    from tpuwatch.ui.screens.retraces_screen import RetracesScreen
-
     app = live_app(upto=300)
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.pause()
         await pilot.press("6", "enter")
         await pilot.pause()
-        assert isinstance(app.screen, RetracesScreen)
+        assert app.query_one("#retraces").has_class("-maximised")
         text = screen_text(app)
         assert "2 trace(s), oldest first" in text
         assert "x: shape (16, 28, 28, 1) -> (8, 28, 28, 1)" in text and "step 99" in text
         assert "(x: float32[8, 28, 28, 1], y: int64[8])" in text
         await pilot.press("escape")
-        assert not isinstance(app.screen, RetracesScreen)
+        assert not app.query(".-maximised")
 
 
 def test_retrace_names_are_not_cut_to_8_characters() -> None:
@@ -138,8 +136,6 @@ def test_retrace_names_are_not_cut_to_8_characters() -> None:
 
 @sync
 async def test_number_key_of_a_panel_hidden_at_80x24_shows_it_expanded(live_app) -> None:
-    from tpuwatch.ui.screens.retraces_screen import RetracesScreen
-
     app = live_app(upto=300)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
@@ -151,7 +147,7 @@ async def test_number_key_of_a_panel_hidden_at_80x24_shows_it_expanded(live_app)
         assert "started on tpu-vm-0" in screen_text(app)
         await pilot.press("6")
         await pilot.pause()
-        assert isinstance(app.screen, RetracesScreen)
+        assert app.query_one("#retraces").has_class("-maximised")
         await pilot.press("escape", "1")
         assert not app.query(".-maximised") and app.focused is app.query_one("#step-time")
 

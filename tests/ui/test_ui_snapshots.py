@@ -37,7 +37,7 @@ def test_waiting_for_first_step(snap_compare, tmp_path, size) -> None:
     assert snap_compare(live(tmp_path, "waiting", None, after_s=3.0), terminal_size=size)
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", [*SIZES, pytest.param((120, 40), id="120x40")])
 def test_healthy_run(snap_compare, tmp_path, size) -> None:
     assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size)
 
@@ -71,13 +71,22 @@ def test_results_screen(snap_compare, tmp_path, size) -> None:
     assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size, press=["r"])
 
 
-@pytest.mark.parametrize("size", SIZES)
-def test_retraces_screen(snap_compare, tmp_path, size) -> None:
-    # 6 focuses the Retraces panel; enter lists every retrace with its step and whole change.
-    assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size, press=["6", "enter"])
+@pytest.mark.parametrize("size", [*SIZES, pytest.param((120, 40), id="120x40")])
+def test_expanded_retraces(snap_compare, tmp_path, size) -> None:
+    # 6 focuses the Retraces panel (at 80x24, where it has no room, shows it expanded); enter
+    # expands it: every retrace with its step and whole change, the footer says esc goes back.
+    press = ["6"] if size == (80, 24) else ["6", "enter"]
+    assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size, press=press)
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_expanded_findings(snap_compare, tmp_path, size) -> None:
     # 4 focuses Findings; z expands it to the whole screen (a crash: the findings are long).
     assert snap_compare(live(tmp_path, "crashed", None), terminal_size=size, press=["4", "z"])
+
+
+@pytest.mark.parametrize("size", [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")])
+@pytest.mark.parametrize("panel", ["1", "2"])
+def test_expanded_chart(snap_compare, tmp_path, size, panel) -> None:
+    # 1 z: step time with its step axis and legend; 2 z: the loss chart using the height.
+    assert snap_compare(live(tmp_path, "healthy_4replica", 300), terminal_size=size, press=[panel, "z"])

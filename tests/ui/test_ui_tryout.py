@@ -13,7 +13,6 @@ from tpuwatch import protocol, rundir
 from tpuwatch.sources.file_source import FileSource
 from tpuwatch.ui.app import TpuwatchApp
 from tpuwatch.ui.screens.help_screen import HelpScreen
-from tpuwatch.ui.screens.retraces_screen import RetracesScreen
 
 
 def _append(run: Path, msg: protocol.Message) -> None:
@@ -135,7 +134,7 @@ async def test_a_long_retrace_signature_is_cut_on_its_line_keeping_its_replica_c
         first = app.snapshot.retraces[0]
         long = "x: float32[16, 28, 28, 1] x4, y: int64[16] x4, sample_weight: float32[16, 1, 1, 1] x4"
         app.snapshot = dataclasses.replace(app.snapshot, retraces=(dataclasses.replace(first, signature=long),))
-        app.push_screen(RetracesScreen(app.snapshot))
+        await pilot.press("6")  # hidden at 80x24: shown expanded
         await pilot.pause()
         lines = screen_text(app).splitlines()
         (signature,) = [line for line in lines if "signature" in line]

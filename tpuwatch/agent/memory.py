@@ -18,8 +18,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
-from tpuwatch.protocol import DeviceSample, HostSample, Message
 from tpuwatch.agent import clocks
+from tpuwatch.protocol import DeviceSample, EventFact, HostSample, Message
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -104,8 +104,12 @@ class MemorySampler:
             rss = self._process.memory_info().rss
             cpu = self._process.cpu_percent(None)
         vm = psutil.virtual_memory()
+        try:
+            load: float | None = os.getloadavg()[0]
+        except (AttributeError, OSError):  # Windows has none; a container may hide it
+            load = None
         return HostSample(t=self.agent.clock(), rss_bytes=int(rss), available_bytes=int(vm.available),
-                          total_bytes=int(vm.total), cpu_percent=float(cpu))
+                          total_bytes=int(vm.total), cpu_percent=float(cpu), load_1m=load)
 
     # --- devices ---------------------------------------------------------------------------
 
@@ -124,7 +128,9 @@ class MemorySampler:
             except (ValueError, tf.errors.OpError) as e:
                 # Some device types do not track memory: say so once, keep the others.
                 self._failed_devices.add(name)
-                self.agent.event("info", f"probe:{PROBE}", f"no memory info for {name}: {str(e).splitlines()[0][:200]}")
+                reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+                self.agent.event("info", f"probe:{PROBE}", f"no memory info for {name}: {reason}",
+                                 fact=EventFact.DEVICE_MEMORY_UNAVAILABLE, subject=name, reason=reason)
                 continue
             out.append(DeviceSample(
                 t=self.agent.clock(), device=name, current_bytes=int(info.get("current", 0)),

@@ -82,6 +82,17 @@ class HostMemory:
     total_bytes: int
     cpu_percent: float
     t: float
+    load_1m: float | None = None  # the host's 1-minute load average (older recordings: None)
+
+
+@dataclass(frozen=True)
+class HostPoint:
+    """One host sample of the history the Memory panel charts (RSS, process CPU%, load)."""
+
+    t: float
+    rss_bytes: int
+    cpu_percent: float
+    load_1m: float | None
 
 
 @dataclass(frozen=True)
@@ -210,6 +221,10 @@ class RunSnapshot:
     phase_detail: str = ""
     #: Where the wall time went, launch to exit (to ``now`` while live), merged over workers.
     ledger: Ledger | None = None
+    # the latest host samples of the first worker that sends them, oldest first (bounded)
+    host_history: tuple[HostPoint, ...] = ()
+    # "DEVICE: why" for each device whose memory the agent cannot read (a CPU host's allocator)
+    device_memory_notes: tuple[str, ...] = ()
     # events, commands, findings
     events: tuple[LogEntry, ...] = ()  # most recent last, bounded
     commands: tuple[CommandView, ...] = ()
@@ -224,6 +239,9 @@ class RunSnapshot:
     recording_gaps: tuple[str, ...] = ()  # what the recording may be missing, one line each
     # set by a live viewer (not the recording): the disk under the run directory is full
     disk_full: str = ""
+    # set by a viewer: it is still reading a backlog (a re-attach, a long recording), so the
+    # step shown is where the reading is, not where the run is
+    catching_up: bool = False
 
 
 def mean_loss(values: Sequence[float]) -> float | None:

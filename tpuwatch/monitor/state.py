@@ -34,6 +34,7 @@ from tpuwatch.monitor.snapshot import (
     DeviceMemory,
     FunctionTraces,
     HostMemory,
+    HostPoint,
     LogEntry,
     ReplicaLoss,
     RunSnapshot,
@@ -94,6 +95,8 @@ def strategy_name(class_name: str) -> str:
 #: History points kept for a worker that is not the primary (worker_index != 0): enough to plot
 #: it should it become the primary (worker 0 never seen), without a full history per host of a pod.
 SECONDARY_HISTORY_POINTS = 200
+#: Host samples the Memory panel charts (two a second by default: the last ~4 minutes).
+HOST_HISTORY = 512
 
 _SEVERITY_LEVEL = {"info": "info", "warning": "warning", "critical": "error"}
 
@@ -133,6 +136,7 @@ class _Worker:
     lost_reason: str | None = None
     connected: bool = True
     host: HostSample | None = None
+    host_history: deque[HostPoint] = field(default_factory=lambda: deque(maxlen=HOST_HISTORY))
     rss_peak: int = 0
     last_t: float | None = None
     phase: Phase | None = None
@@ -213,6 +217,7 @@ class RunState:
         self._devices: dict[tuple[str, str], DeviceSample] = {}
         self._device_peaks: dict[tuple[str, str], int] = {}
         self._disabled: dict[str, str] = {}
+        self._device_mem_notes: dict[str, str] = {}  # device -> why its memory cannot be read
         self._epoch: int | None = None
         self._stop_requested = False  # a viewer recorded that the user asked to stop
         self._stack_dumps: deque[StackDump] = deque(maxlen=10)
@@ -405,6 +410,8 @@ class RunState:
 
     def _host(self, msg: HostSample, w: _Worker) -> None:
         w.host = msg
+        w.host_history.append(HostPoint(t=msg.t, rss_bytes=msg.rss_bytes, cpu_percent=msg.cpu_percent,
+                                        load_1m=msg.load_1m))
         if msg.rss_bytes > w.rss_peak:
             w.rss_peak = msg.rss_bytes
 
@@ -463,6 +470,8 @@ class RunState:
             self._tpu_note = ""
         elif fact == EventFact.PROBE_DISABLED:
             self._disabled[subject] = reason
+        elif fact == EventFact.DEVICE_MEMORY_UNAVAILABLE:
+            self._device_mem_notes[subject] = reason
 
     def _exception(self, msg: ExceptionRaised, w: _Worker) -> None:
         # shown to the user: without tpuwatch's own frames (runpy, the agent), saying so
@@ -736,7 +745,9 @@ class RunState:
             host_memory=tuple(HostMemory(worker=w.name, rss_bytes=w.host.rss_bytes,
                              available_bytes=w.host.available_bytes,
                              total_bytes=w.host.total_bytes, cpu_percent=w.host.cpu_percent,
-                             t=w.host.t) for w in workers if w.host is not None),
+                             t=w.host.t, load_1m=w.host.load_1m) for w in workers if w.host is not None),
+            host_history=next((tuple(w.host_history) for w in workers if w.host_history), ()),
+            device_memory_notes=tuple(f"{d}: {why}" for d, why in sorted(self._device_mem_notes.items())),
             host_rss_peak_bytes=max((w.rss_peak for w in workers), default=0) or None,
             tpu_metrics_note=self._tpu_note,
             phase=p.phase.phase if p.phase else "",

@@ -110,8 +110,10 @@ class ReplaySource:
 
     @property
     def seek_step_s(self) -> float:
-        """How far one seek key moves: 2% of the recording, at least one second."""
-        return max(1.0, (self._end - self._start) / 50)
+        """How far one seek key moves: 5% of the recording (20 presses cross it), at least one
+        second. A fraction rather than a number of steps: a step is 10 ms in one run and 10 s in
+        another, and a recording's minutes before the first step (compiling) have none."""
+        return max(1.0, (self._end - self._start) / 20)
 
     def toggle_pause(self) -> None:
         self._advance()

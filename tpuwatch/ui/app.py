@@ -52,7 +52,6 @@ from tpuwatch.ui.screens.profile_summary_screen import (
 )
 from tpuwatch.ui.screens.quit_screen import QuitScreen
 from tpuwatch.ui.screens.results_screen import ResultsScreen
-from tpuwatch.ui.screens.retraces_screen import RetracesScreen
 from tpuwatch.ui.screens.stack_screen import StackScreen
 from tpuwatch.ui.screens.text_screen import TextScreen
 from tpuwatch.ui.widgets.command_line import CommandLine, command_summary
@@ -90,7 +89,7 @@ ENDED = ("finished", "stopped", "crashed")
 #: Actions that need the training process: hidden once it ended (a key pressed says why).
 LIVE_ACTIONS = (*COMMAND_ACTIONS, "stacks", "detach")
 
-#: Panels in the order the number keys (1..8) jump to them.
+#: Panels in the order the number keys (1..9) jump to them.
 PANEL_IDS = ("step-time", "loss", "memory", "findings", "input", "retraces", "events", "output-log", "goodput")
 
 
@@ -122,6 +121,9 @@ class TpuwatchApp(App[str]):
                 tooltip="Show every thread's stack of the training process (a stalled or hung run)"),
         Binding("z,enter", "expand", "Expand", id="expand", show=False,
                 tooltip="Expand the focused panel to the whole screen (it scrolls); again to restore"),
+        # Shown in the footer only while a panel is expanded or the output maximised: the way back.
+        Binding("escape", "restore", "Back", id="restore",
+                tooltip="Put an expanded panel or the maximised output back (q, z too)"),
         Binding("l", "loss_scale", "Loss scale", id="loss_scale", show=False,
                 tooltip="Loss chart: recent window, log scale, whole run"),
         Binding("r", "results", "Results", id="results", show=False,
@@ -135,9 +137,9 @@ class TpuwatchApp(App[str]):
         Binding("minus", "slower", "Slower", id="replay.slower", show=False, priority=True,
                 tooltip="Replay: slower"),
         Binding("left", "seek(-1)", "Back", id="replay.back", show=False, priority=True,
-                tooltip="Replay: back 2% of the recording"),
+                tooltip="Replay: back 5% of the recording (20 presses cross it)"),
         Binding("right", "seek(1)", "Forward", id="replay.forward", show=False, priority=True,
-                tooltip="Replay: forward 2% of the recording"),
+                tooltip="Replay: forward 5% of the recording"),
         Binding("home", "seek_start", "Start", id="replay.start", show=False, priority=True,
                 tooltip="Replay: jump to the start"),
         Binding("end", "seek_end", "End", id="replay.end", show=False, priority=True,
@@ -281,13 +283,17 @@ class TpuwatchApp(App[str]):
         # Several workers' streams (a group, several HOST:PORT): each message with its worker.
         poll = self.source.poll_tagged
         deadline = time.perf_counter() + APPLY_BUDGET_S
+        backlog = False  # the budget ran out with messages still coming: more are waiting
         try:
             while True:
                 batch = poll()
                 for worker, msg in batch:
                     apply(msg, worker)
                     diagnose(msg, worker)
-                if not batch or time.perf_counter() > deadline:
+                if not batch:
+                    break
+                if time.perf_counter() > deadline:
+                    backlog = True
                     break
             apply_worker_health(self.source, self._state)
             stats = self.source.read_stats()
@@ -301,10 +307,11 @@ class TpuwatchApp(App[str]):
         self._findings.evaluate(self._state, now)
         disk = self._disk_full_note()
         # The state counts its news: a snapshot is built only when one is shown.
-        shown = self._pacer.due((self._state.version, disk), time.monotonic())
+        shown = self._pacer.due((self._state.version, disk, backlog), time.monotonic())
         if shown:
             snap = self._state.snapshot(now=now)
-            self.snapshot = dataclasses.replace(snap, disk_full=disk) if disk else snap
+            self.snapshot = dataclasses.replace(snap, disk_full=disk, catching_up=backlog) \
+                if disk or backlog else snap
         self._command_line.tick(now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done, self.snapshot.input_recent)
@@ -341,7 +348,8 @@ class TpuwatchApp(App[str]):
             try:
                 if self._tail.path.stat().st_size > REPLAY_OUTPUT_MAX_BYTES:
                     # Too long to hold: its end, as before, and the panel says so.
-                    self.query_one(OutputPanel).border_title = "Output (its end: too long to follow the replay)"
+                    title = f"{OutputPanel.TITLE} (its end: too long to follow the replay)"
+                    self.query_one(OutputPanel).border_title = title
                     self._tail = OutputTail(self._tail.path, start_bytes=1 << 20)
                     self._replay_follows_tail = True
                     return
@@ -355,7 +363,7 @@ class TpuwatchApp(App[str]):
             self._replay_lines = lines
             self._replay_anchors = epoch_anchors(lines)
             if lines and not self._replay_anchors:
-                self.query_one(OutputPanel).border_title = "Output (replay position approximate)"
+                self.query_one(OutputPanel).border_title = f"{OutputPanel.TITLE} (replay position approximate)"
         s = self.snapshot
         span = replay.end_t - replay.start_t
         fraction = (replay.position - replay.start_t) / span if span > 0 else 1.0
@@ -429,6 +437,8 @@ class TpuwatchApp(App[str]):
     # --- actions ---------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "restore":
+            return self._zoomed()
         if action in ("expand", "loss_scale", "fold_native") and len(self.screen_stack) > 1:
             return False  # they act on the dashboard's panels, not on a dialog or list on top
         if action in (*COMMAND_ACTIONS, "stacks") and self._replay is not None:
@@ -536,6 +546,9 @@ class TpuwatchApp(App[str]):
     def action_request_quit(self) -> None:
         if isinstance(self.screen, (QuitScreen, HelpScreen)):
             return
+        if self._zoomed():  # q closes what is open first, as it does every pop-up
+            self.action_restore()
+            return
         if not self._run_active():
             self.exit("quit")
             return
@@ -575,7 +588,7 @@ class TpuwatchApp(App[str]):
                 seen.add(b.id)
                 action = b.action.split("(")[0]
                 enabled = self.check_action(action, ())
-                if enabled is False and action not in COMMAND_ACTIONS and action != "detach":
+                if enabled is False and action not in (*COMMAND_ACTIONS, "detach", "restore"):
                     continue
                 keys = ", ".join(
                     self.get_key_display(x)
@@ -583,10 +596,14 @@ class TpuwatchApp(App[str]):
                     for x in bs
                     if x.id == b.id
                 )
-                rows.append((keys, b.tooltip or b.description, bool(enabled)))
+                # esc is hidden from the footer until something is expanded, never off.
+                rows.append((keys, b.tooltip or b.description, bool(enabled) or action == "restore"))
         rows.append(("1 … 9", "Jump to a panel (step, loss, memory, findings, …, goodput)", True))
         rows.append(("tab, shift+tab", "Next / previous panel", True))
         rows.append(("n, N", "Next / previous search match (output)", True))
+        # Glyphs, so none is unexplained (the expanded Step time panel says the same).
+        rows.append(("▲ (chart)", "Step time: the first step (tracing, compiling), above the scale", True))
+        rows.append(("w (chart)", "Step time: input wait, share of each step (full height 100%)", True))
         return rows
 
     def action_focus_panel(self, index: int) -> None:
@@ -601,8 +618,8 @@ class TpuwatchApp(App[str]):
         widget.focus()
 
     def action_expand(self) -> None:
-        """The focused panel takes the whole screen and scrolls; the Retraces panel opens the
-        list of every retrace; on the output, maximises it."""
+        """The focused panel takes the whole screen and scrolls (the Retraces panel then lists
+        every retrace); on the output, maximises it."""
         focused = self.focused
         panel = next((w for w in (focused, *(focused.ancestors if focused else ())) if isinstance(w, Panel)), None)
         if self._restore_panels():
@@ -614,14 +631,12 @@ class TpuwatchApp(App[str]):
         self._expand(panel)
 
     def _expand(self, panel: Panel) -> None:
-        if isinstance(panel, RetracePanel):
-            self.push_screen(RetracesScreen(self.snapshot))
-            return
         self.screen.add_class("-panel-max")
         self.screen.set_class(panel.parent is self.query_one("#bottom"), "-max-bottom")
         panel.add_class("-maximised")
         panel.focus()
         panel.call_after_refresh(panel.watch_snapshot, panel.snapshot)
+        self.refresh_bindings()  # the footer shows the way back
 
     def _restore_panels(self) -> bool:
         """Puts an expanded panel back; False when none was."""
@@ -630,11 +645,29 @@ class TpuwatchApp(App[str]):
             w.remove_class("-maximised")
             w.call_after_refresh(w.watch_snapshot, w.snapshot)  # type: ignore[attr-defined]  # a Panel
         self.screen.remove_class("-panel-max", "-max-bottom")
+        if expanded:
+            self.refresh_bindings()
         return bool(expanded)
+
+    def _zoomed(self) -> bool:
+        """A panel expanded or the output maximised: esc (and q) put it back."""
+        return len(self.screen_stack) == 1 and (
+            self.screen.has_class("-panel-max") or self.screen.has_class("-output-max"))
+
+    def action_restore(self) -> None:
+        if not self._restore_panels() and self.screen.has_class("-output-max"):
+            self.action_toggle_output()
+
+    def _show_retraces(self) -> None:
+        if self.screen.has_class("-output-max"):
+            self.action_toggle_output()
+        self._restore_panels()
+        self._expand(self.query_one(RetracePanel))
 
     def action_toggle_output(self) -> None:
         maximised = not self.screen.has_class("-output-max")
         self.screen.set_class(maximised, "-output-max")
+        self.refresh_bindings()
         if maximised:
             self.query_one(OutputPanel).log_view.focus()
 
@@ -642,7 +675,8 @@ class TpuwatchApp(App[str]):
         log = self.query_one(OutputPanel).log_view
         log.set_fold(not log.fold_native)
         self.query_one(OutputPanel).border_title = (
-            f"Output ({log.folded} TensorFlow log lines folded: f)" if log.fold_native else "Output")
+            f"{OutputPanel.TITLE} ({log.folded} TensorFlow log lines folded: f)" if log.fold_native
+            else OutputPanel.TITLE)
 
     def action_search_output(self) -> None:
         self.query_one(OutputPanel).open_search()
@@ -689,7 +723,7 @@ class TpuwatchApp(App[str]):
         yield SystemCommand("Loss chart: next scale", "Recent window, log scale, whole run", self.action_loss_scale)
         yield SystemCommand("Panel: expand / restore", "The focused panel on the whole screen", self.action_expand)
         yield SystemCommand("Retraces: every trace", "Each retrace with its step and the whole change",
-                            lambda: self.push_screen(RetracesScreen(self.snapshot)))
+                            self._show_retraces)
         yield SystemCommand("Help", "Every key", self.action_help)
         yield SystemCommand("Output: maximise / restore", "Show the script's output full screen", self.action_toggle_output)
         yield SystemCommand("Output: search", "Search the script's output", self.action_search_output)

@@ -1,4 +1,4 @@
-"""A full-screen, scrollable view of one list from the snapshot (results, retraces).
+"""A full-screen, scrollable view of one list from the snapshot (the results).
 
 The text is a pure function of the snapshot (``render``); the app calls :meth:`TextScreen.show`
 with each new snapshot while the screen is open, and the screen repaints only when the text
@@ -23,7 +23,8 @@ from tpuwatch.ui.printable_content import printable_content
 class TextScreen(Screen[None]):
     """``title`` on the border; ``render(snapshot, width)`` gives the text."""
 
-    BINDINGS = [Binding("escape,q", "close", "Close", id="text.close")]
+    # The keys that put an expanded panel back close this list too.
+    BINDINGS = [Binding("escape,q,z,enter", "close", "Close", id="text.close")]
 
     def __init__(self, title: str, render: Callable[[RunSnapshot, int], Content], snapshot: RunSnapshot) -> None:
         super().__init__()
@@ -40,7 +41,7 @@ class TextScreen(Screen[None]):
     def on_mount(self) -> None:
         view = self.query_one("#text-view")
         view.border_title = self._title
-        view.border_subtitle = "esc closes · arrows, pgup/pgdn scroll"
+        view.border_subtitle = "esc, q or z closes · arrows, pgup/pgdn scroll"
         view.focus()
         self.show(self._snapshot)
 

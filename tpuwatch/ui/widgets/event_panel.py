@@ -26,7 +26,7 @@ def events_text(s: RunSnapshot, rows: int) -> Content:
 
 
 class EventPanel(Panel):
-    TITLE = "Events"
+    TITLE = "7 Events"  # the number key that jumps here
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
         return events_text(snapshot, rows)

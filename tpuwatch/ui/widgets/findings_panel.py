@@ -103,7 +103,7 @@ def _cut(c: Content, rows: int, width: int) -> Content:
 
 
 class FindingsPanel(Panel):
-    TITLE = "Findings"
+    TITLE = "4 Findings"  # the number key that jumps here
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
         return findings_text(snapshot, rows, width)

@@ -116,7 +116,7 @@ def _wait_lines(s: RunSnapshot) -> list[Content]:
 
 
 class InputPanel(Panel):
-    TITLE = "Input pipeline"
+    TITLE = "5 Input pipeline"  # the number key that jumps here
 
     def compose(self) -> ComposeResult:
         yield Static(classes="body", markup=False)

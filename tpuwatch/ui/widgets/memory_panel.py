@@ -1,11 +1,16 @@
-"""Memory: each device's current/peak against its limit when known; host RSS and headroom."""
+"""Memory: each device's current/peak against its limit when known; host RSS and headroom, the
+process's CPU% and the host's load, with RSS and CPU% charts where no device figures fill the box
+(a CPU host) or when expanded; why a device's memory is missing, when it is."""
 
 from __future__ import annotations
 
+from textual.app import ComposeResult
 from textual.content import Content
+from textual.widgets import Static
 
 from tpuwatch import units
 from tpuwatch.monitor.snapshot import DeviceMemory, RunSnapshot
+from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
 from tpuwatch.ui.widgets.panel import Panel
 
 WARN_FRAC = 0.85
@@ -44,6 +49,24 @@ def _libtpu_line(d: DeviceMemory, width: int) -> Content:
     return line
 
 
+def tracked(s: RunSnapshot) -> tuple[DeviceMemory, ...]:
+    """The devices with figures: TF's CPU allocator keeps no statistics by default and reports 0 B
+    current and peak (a real Keras fit on a CPU host, TF 2.21), which is no figure at all."""
+    return tuple(d for d in s.device_memory if d.peak_bytes or d.current_bytes or d.limit_bytes)
+
+
+def missing_note(s: RunSnapshot) -> str:
+    """Why no device memory is shown: the agent's typed reason, else the untracked allocator."""
+    if tracked(s):
+        return ""
+    if s.device_memory_notes:
+        return s.device_memory_notes[0]
+    if s.device_memory:
+        names = ", ".join(d.device for d in s.device_memory)
+        return f"{names}: TensorFlow keeps no statistics for this allocator (it reports 0 B)"
+    return ""
+
+
 def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
     lines: list[Content] = []
     for h in s.host_memory:
@@ -57,7 +80,12 @@ def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
         )
         total = Content.assemble((" of ", "dim"), units.size(h.total_bytes))
         lines.append(line + total if line.cell_length + total.cell_length <= width else line)
-    devices = sorted(s.device_memory, key=lambda d: -(_use(d) or 0.0))
+        load = f" · load {h.load_1m:.2f}" if h.load_1m is not None else ""
+        # The training process's CPU (100% = one core busy; 0% while training is the clue of a pause).
+        lines.append(Content.assemble((f"{'':<10}", ""), f"{h.cpu_percent:.0f}%", (" CPU", "dim"), (load, "dim")))
+    if note := missing_note(s):
+        lines.append(Content.styled(f"no device memory: {note}", "dim italic"))
+    devices = sorted(tracked(s), key=lambda d: -(_use(d) or 0.0))
     room = max(0, rows - len(lines) - (1 if s.tpu_metrics_note else 0))
     hidden = 0
     if len(devices) > room:
@@ -84,8 +112,33 @@ def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
     return Content("\n").join(lines)
 
 
+def rss_series(s: RunSnapshot) -> BarSeries:
+    values = tuple(float(p.rss_bytes) for p in s.host_history)
+    top = max(values, default=0.0)
+    return BarSeries(values, 0.0, top or 1.0, name="rss", top_label=f"{top / 2**30:.1f}G", reduce="max")
+
+
+def cpu_series(s: RunSnapshot) -> BarSeries:
+    values = tuple(p.cpu_percent for p in s.host_history)
+    top = max(100.0, max(values, default=0.0))
+    return BarSeries(values, 0.0, top, name="cpu%", top_label=f"{top:.0f}%", reduce="mean")
+
+
 class MemoryPanel(Panel):
-    TITLE = "Memory"
+    TITLE = "3 Memory"  # the number key that jumps here
+
+    def compose(self) -> ComposeResult:
+        yield Static(classes="body", markup=False)
+        yield HistoryBars(id="rss-bars")
+        yield HistoryBars(id="cpu-bars")
+
+    def update_extra(self, snapshot: RunSnapshot) -> None:
+        # Charts where the devices leave the box empty (a CPU host), or expanded.
+        charts = bool(snapshot.host_history) and (not tracked(snapshot) or self.has_class("-maximised"))
+        self.set_class(charts, "-charts")
+        if charts:
+            self.query_one("#rss-bars", HistoryBars).series = rss_series(snapshot)
+            self.query_one("#cpu-bars", HistoryBars).series = cpu_series(snapshot)
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
         return memory_text(snapshot, rows, width)

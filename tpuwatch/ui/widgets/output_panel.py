@@ -13,6 +13,7 @@ from tpuwatch.ui.widgets.output_log import OutputLog
 class OutputPanel(Vertical):
     """Not focusable itself: focus goes to the log (scrolling) or the search box."""
 
+    TITLE = "8 Output"  # the number key that jumps here
     BINDINGS = [Binding("escape", "close_search", "Close search", id="output.close_search", show=False)]
 
     def compose(self) -> ComposeResult:
@@ -20,7 +21,7 @@ class OutputPanel(Vertical):
         yield Input(placeholder="search output (enter: find, esc: close)", id="output-search")
 
     def on_mount(self) -> None:
-        self.border_title = "Output"
+        self.border_title = self.TITLE
         search = self.query_one("#output-search", Input)
         search.display = False
         search.cursor_blink = False  # calm, and deterministic in snapshots

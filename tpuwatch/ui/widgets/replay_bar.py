@@ -27,7 +27,8 @@ def replay_text(r: ReplayState) -> Content:
         (" REPLAY ", "$primary reverse bold"), " ",
         (mode, "bold"), f" {speed}  ",
         f"{units.clock(r.position_s)} / {units.clock(r.duration_s)}",
-        ("   space pause · +/- speed · ←/→ seek · home/end", "dim"),
+        # At most 80 columns at its longest (paused 0.25×, 9:59:59): home/end are in the help.
+        ("  space pause · +/- speed · ←/→ seek 5%", "dim"),
     )
 
 

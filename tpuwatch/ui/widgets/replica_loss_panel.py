@@ -190,7 +190,7 @@ def epoch_line(s: RunSnapshot) -> Content | None:
 
 
 class ReplicaLossPanel(Panel):
-    TITLE = "Loss per replica"
+    TITLE = "2 Loss per replica"  # the number key that jumps here
 
     def compose(self) -> ComposeResult:
         yield Static(classes="body", markup=False)

@@ -46,6 +46,8 @@ def status_text(s: RunSnapshot) -> tuple[str, str]:
     """(badge text, style) for the run status; the words carry the meaning without colour."""
     if problem_text(s):
         return " NO DATA ", "$error reverse bold"
+    if s.catching_up:
+        return " CATCHING UP ", "$primary bold"
     if s.status == "crashed":
         if s.exit_signal:
             name = _SIGNALS.get(s.exit_signal, f"signal {s.exit_signal}")
@@ -94,6 +96,9 @@ def progress_parts(s: RunSnapshot) -> list[str]:
 
 
 def _progress_parts(s: RunSnapshot) -> list[str]:
+    if s.catching_up:
+        # The step read so far is history, not the run's: no rate, no ETA until the end is read.
+        return [f"catching up on the recording: read up to step {units.integer(s.step)}"]
     if s.status == "waiting":
         return ["waiting for the agent's first message"]
     if s.step == 0 and s.status == "starting":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import Static
@@ -42,7 +44,8 @@ def step_time_text(s: RunSnapshot, width: int = 80) -> Content:
 COMPILE_RATIO = 3.0
 
 
-def step_series(s: RunSnapshot) -> BarSeries:
+def step_series(s: RunSnapshot, axis: bool = False) -> BarSeries:
+    """The step-time plot; ``axis``: steps under its first and last column (expanded: the room)."""
     values = tuple(p.step_time_s for p in s.history)
     finite = [v for v in values if v == v]
     # The first step traces and compiles (often 100x a normal step; in a short run it is also the
@@ -60,12 +63,25 @@ def step_series(s: RunSnapshot) -> BarSeries:
         top = 2 * p95
     if s.step_p50_s:
         top = max(top, 1.5 * s.step_p50_s)
+    steps = (f"step {units.integer(s.history[0].step)}", units.integer(s.history[-1].step)) \
+        if axis and s.history else ("", "")
     return BarSeries(values, 0.0, top or 1.0, name="step", top_label=units.duration(top).replace(" ", ""),
-                     marked=marked)
+                     marked=marked, axis=steps)
+
+
+def legend(s: RunSnapshot) -> Content:
+    """What the glyphs mean (expanded view; also in the help screen)."""
+    parts = []
+    if step_series(s).marked:
+        first = s.history[0]
+        parts.append(f"▲ step {units.integer(first.step)} ({units.duration(first.step_time_s)}: tracing and "
+                     "compiling) is above the scale")
+    parts.append("w: input wait, share of each step (full height 100%)")
+    return Content.styled(" · ".join(parts), "dim")
 
 
 class StepTimePanel(Panel):
-    TITLE = "Step time"
+    TITLE = "1 Step time"  # the number key that jumps here
 
     def compose(self) -> ComposeResult:
         yield Static(classes="body", markup=False)
@@ -73,6 +89,8 @@ class StepTimePanel(Panel):
         yield HistoryBars(id="wait-bars")
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
+        if self.has_class("-maximised") and snapshot.history:
+            return Content("\n").join([step_time_text(snapshot, width), legend(snapshot)])
         return step_time_text(snapshot, width)
 
     def state(self, snapshot: RunSnapshot) -> str | None:
@@ -81,9 +99,10 @@ class StepTimePanel(Panel):
     def update_extra(self, snapshot: RunSnapshot) -> None:
         # p50/p95 are over the latest records, the report's over the whole run: say which
         self.border_subtitle = step_scope(snapshot)
-        self.query_one("#step-bars", HistoryBars).series = step_series(snapshot)
+        self.query_one("#step-bars", HistoryBars).series = step_series(snapshot, self.has_class("-maximised"))
         wait = self.query_one("#wait-bars", HistoryBars)
-        wait.series = wait_series(snapshot)
+        # No lone "100%" over a 2-row strip: its scale is in the legend (expanded) and the help.
+        wait.series = replace(wait_series(snapshot), top_label="")
         level = input_level(snapshot)
         wait.set_class(level == "high", "-critical")
         wait.set_class(level == "moderate", "-warning")
