@@ -140,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("ls", help="list the runs under $TPUWATCH_HOME/runs (fitted to the terminal's width)")
 
     profile = sub.add_parser("profile", help="capture a profile of a live run (TensorBoard/XProf format)")
-    profile.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
+    profile.add_argument("run", nargs="?", help="run id or run directory (default: the latest live run)")
     span = profile.add_mutually_exclusive_group()
     span.add_argument("--steps", type=int, help="training steps to capture (default 5)")
     span.add_argument("--ms", type=float, help="milliseconds to capture instead of a step count")
@@ -149,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     profile.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the result (default 300)")
 
     checkpoint = sub.add_parser("checkpoint", help="save a checkpoint of a live run at the next step boundary")
-    checkpoint.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
+    checkpoint.add_argument("run", nargs="?", help="run id or run directory (default: the latest live run)")
     checkpoint.add_argument("--dir", help="a directory or gs://bucket/path (default: the script's own checkpoint "
                                           "directory, else the run's checkpoints/)")
     checkpoint.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the result (default 300)")
@@ -784,10 +784,20 @@ def _is_address(ref: str) -> bool:
 
 def cmd_action(ns: argparse.Namespace) -> int:
     """``tpuwatch profile`` / ``tpuwatch checkpoint``: one command to a live agent, its result printed."""
+    from tpuwatch import rundir
     from tpuwatch.control import actions
+    from tpuwatch.monitor.runs import list_runs
 
     try:
-        run_dir = _find_run(ns.run)
+        if ns.run is None:  # the live run, not a newer one that ended (issue 28)
+            root = rundir.check_runs_root()
+            running = [r for r in list_runs(root) if r.state == "running"]
+            if not running:
+                return _error(f"no run is live under {root}; start one with `tpuwatch run "
+                              f"SCRIPT`, or name a run recorded elsewhere: `tpuwatch {ns.command} RUN_DIR`")
+            run_dir = running[0].path
+        else:
+            run_dir = _find_run(ns.run)
     except FileNotFoundError as e:
         return _error(str(e))
     if ns.command == "profile":
