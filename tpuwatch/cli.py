@@ -51,7 +51,13 @@ Runs are recorded under $TPUWATCH_HOME/runs (default ~/.tpuwatch/runs), where ru
 
 
 class _Parser(argparse.ArgumentParser):
-    """Bad input is one line naming what is wrong and where the help is (not the usage block)."""
+    """Bad input is one line naming what is wrong and where the help is (not the usage block).
+    No abbreviations: `--headles` is refused, not taken for `--headless` (subcommands' parsers
+    are of this class too)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"tpuwatch: {message}; see `{self.prog} --help`\n")
@@ -336,10 +342,42 @@ def _run_headless(launch, every_s: float, baseline=None) -> int:
     code = codes[0] if codes else launcher.finish(launch)
     done.set()
     copier.join(timeout=2)
+    _hint_misplaced_options(launch.run_dir, code)
     print(f"tpuwatch: exit code {code}; `tpuwatch report {_ref(launch.run_dir)}` for the full report", file=sys.stderr)
     if guard.broken:
         _quiet_stdout()  # the copier's stdout may be the same closed pipe: keep exit quiet
     return code
+
+
+def _run_options() -> set[str]:
+    """Every option string of `tpuwatch run` (`--headless`, `--every`, ...)."""
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {o for action in commands.choices["run"]._actions for o in action.option_strings if o.startswith("--")}
+
+
+def _hint_misplaced_options(run_dir: Path, code: int) -> None:
+    """`tpuwatch run train.py --headless`: the script's argparse refused tpuwatch's option (exit 2,
+    "unrecognized arguments: --headless"); say where tpuwatch's options go."""
+    from tpuwatch import rundir
+
+    if code != EXIT_USAGE:
+        return
+    try:
+        with open(run_dir / rundir.OUTPUT, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return
+    ours = _run_options()
+    for line in reversed(tail.splitlines()):
+        if "unrecognized arguments:" in line:
+            words = line.split("unrecognized arguments:", 1)[1].split()
+            misplaced = [w for w in words if w.split("=", 1)[0] in ours]
+            if misplaced:
+                _say(f"the script refused {' '.join(misplaced)}: that is tpuwatch's option, and tpuwatch's options "
+                     f"go before the script (`tpuwatch run {' '.join(misplaced)} SCRIPT ARGS...`)")
+            return
 
 
 class _Unbreakable:
@@ -559,6 +597,7 @@ def _run_dashboard(launch, baseline=None) -> int:
         return 0
     else:
         code = finish_once()
+    _hint_misplaced_options(launch.run_dir, code)
     _say(f"exit code {code}; `tpuwatch report {_ref(launch.run_dir)}` for the full report")
     return code
 

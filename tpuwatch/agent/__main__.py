@@ -24,6 +24,7 @@ EXIT_USAGE = 2
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m tpuwatch.agent",
+        allow_abbrev=False,
         description="Run a TensorFlow training script under the tpuwatch agent.",
     )
     p.add_argument("--run-dir", type=Path, help="run directory (default: $TPUWATCH_RUN_DIR or a new one)")

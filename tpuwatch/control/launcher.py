@@ -56,12 +56,25 @@ class Launch:
         return Process(pid=self.proc.pid, pgid=self.proc.pid, identity=self.identity)
 
 
+def _did_you_mean(path: Path) -> str:
+    """``"; did you mean train.py?"`` for a typo'd script path: the closest .py file in its directory."""
+    import difflib
+
+    folder = path.parent
+    try:
+        names = sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.is_file())
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return f"; did you mean {folder / close[0] if str(folder) != '.' else close[0]}?" if close else ""
+
+
 def check_script(script: str, module: bool = False) -> None:
     if module:
         return
     path = Path(script)
     if not path.exists():
-        raise LaunchError(f"script not found: {script} (give the path of a Python training script)")
+        raise LaunchError(f"script not found: {script}{_did_you_mean(path)} (give the path of a Python training script)")
     if path.is_dir():
         raise LaunchError(f"{script} is a directory, not a Python file (give the training script inside it)")
     if path.suffix not in (".py", ".pyw", ""):
