@@ -117,8 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     agent.shutdown("the script ended before the next step boundary")
     probes.uninstall(installed)
     bound = exit_guard.bound_s()
-    if sig is None and bound > 0:
-        agent.event("debug", "agent", f"interpreter teardown bounded at {bound:g} s (TPUWATCH_TEARDOWN_S)")
     agent.flush()
     agent.stop()
     exit_guard.flush_std()  # the script's files were flushed once it ended (finish_python)
