@@ -50,6 +50,9 @@ Runs are recorded under $TPUWATCH_HOME/runs (default ~/.tpuwatch/runs), where ru
 """
 
 
+TIMEOUT_HELP = "seconds to wait for the result (default 300); then exit 1 (the run still does it: no cancel)"
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad input is one line naming what is wrong and where the help is (not the usage block).
     No abbreviations: `--headles` is refused, not taken for `--headless` (subcommands' parsers
@@ -152,13 +155,13 @@ def _parser() -> argparse.ArgumentParser:
     span.add_argument("--ms", type=float, help="milliseconds to capture instead of a step count")
     profile.add_argument("--logdir",
                          help="where to write it: a directory or gs://bucket/path (default: the run's profiles/)")
-    profile.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the result (default 300)")
+    profile.add_argument("--timeout", type=float, default=300.0, help=TIMEOUT_HELP)
 
     checkpoint = sub.add_parser("checkpoint", help="save a checkpoint of a live run at the next step boundary")
     checkpoint.add_argument("run", nargs="?", help="run id or run directory (default: the latest live run)")
     checkpoint.add_argument("--dir", help="a directory or gs://bucket/path (default: the script's own checkpoint "
                                           "directory, else the run's checkpoints/)")
-    checkpoint.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the result (default 300)")
+    checkpoint.add_argument("--timeout", type=float, default=300.0, help=TIMEOUT_HELP)
 
     doctor = sub.add_parser("doctor", help="check the environment you are about to train in")
     doctor.add_argument("--python", help="interpreter the training will use (default: this one)")
