@@ -173,7 +173,8 @@ def _run_script(agent, ns: argparse.Namespace, target: str) -> tuple[int, int | 
             runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
         else:
             sys.path.insert(0, str(Path(ns.script).resolve().parent))
-            runpy.run_path(ns.script, run_name="__main__")
+            # `python x.py` compiles it (and names it in tracebacks, __file__) by its absolute path
+            runpy.run_path(os.path.abspath(ns.script), run_name="__main__")
     except SystemExit as e:
         code = _exit_code(e.code)
     except KeyboardInterrupt:
@@ -183,11 +184,60 @@ def _run_script(agent, ns: argparse.Namespace, target: str) -> tuple[int, int | 
     except BaseException as e:  # the script's own exception: record it, then behave like Python
         agent.emit(ExceptionRaised(t=time.time(), type=type(e).__name__, message=str(e)[:2000],
                                    traceback=format_exception(e)[-20000:]))
-        sys.stderr.write(format_exception(e))
-        sys.stderr.flush()
+        _print_as_python_would(e)
         code = 1
         reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     return code, sig, reason
+
+
+_AGENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _own_frame(filename: str) -> bool:
+    """A frame of tpuwatch's, not the script's: the agent's (its runner, its patched step calls)
+    and runpy's, which a plain `python script.py` does not have."""
+    return (filename.startswith(_AGENT_DIR) or filename in ("<frozen runpy>", runpy.__file__))
+
+
+def _without_own_frames(tb):
+    """``tb`` without tpuwatch's frames (a new chain; the frames are the same)."""
+    import types
+
+    kept = []
+    while tb is not None:
+        if not _own_frame(tb.tb_frame.f_code.co_filename):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(kept):
+        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def _print_as_python_would(exc: BaseException) -> None:
+    """The script's uncaught exception, printed as `python script.py` prints it: through
+    sys.excepthook (the script may have set its own), with no tpuwatch or runpy frames, in the
+    exception and in those it was raised from (or while handling)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        try:
+            e.__traceback__ = _without_own_frames(e.__traceback__)
+        except (TypeError, ValueError, AttributeError):
+            pass  # printed with its frames rather than not at all
+        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    try:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    except BaseException:  # a broken hook of the script's: Python falls back to its own printing
+        sys.__excepthook__(type(exc), exc, exc.__traceback__)
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _exit_code(value) -> int:
