@@ -830,6 +830,12 @@ def cmd_action(ns: argparse.Namespace) -> int:
     from tpuwatch.control import actions
     from tpuwatch.monitor.runs import list_runs
 
+    if not 0 < ns.timeout < float("inf"):
+        return _error(f"--timeout {ns.timeout:g}: give a positive number of seconds to wait for the result")
+    if ns.command == "profile" and ns.steps is not None and ns.steps < 1:
+        return _error(f"--steps {ns.steps}: give a positive number of training steps to capture (default 5)")
+    if ns.command == "profile" and ns.ms is not None and not 0 < ns.ms < float("inf"):
+        return _error(f"--ms {ns.ms:g}: give a positive number of milliseconds to capture")
     try:
         if ns.run is None:  # the live run, not a newer one that ended (issue 28)
             root = rundir.check_runs_root()

@@ -305,3 +305,13 @@ def test_an_action_without_run_when_none_is_live_says_so():
     assert proc.returncode == 2
     one_line_error(proc)
     assert "no run is live" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, what", [
+    (("checkpoint", "--timeout", "-5"), "--timeout -5"), (("profile", "--timeout", "nan"), "--timeout nan"),
+    (("profile", "--steps", "0"), "--steps 0"), (("profile", "--ms", "-1"), "--ms -1"),
+])
+def test_an_action_with_a_number_out_of_range_is_one_line_before_anything_is_sent(args, what):
+    """Before: `--timeout -5` gave up at once after queueing the command, and a bad --steps went
+    to the agent (or to "no run is live", which is not the problem)."""
+    one_line_error(tpuwatch(*args, timeout=60), what, "give a positive")
