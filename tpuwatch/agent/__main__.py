@@ -214,10 +214,12 @@ def _without_own_frames(tb):
     return out
 
 
-def _print_as_python_would(exc: BaseException) -> None:
-    """The script's uncaught exception, printed as `python script.py` prints it: through
-    sys.excepthook (the script may have set its own), with no tpuwatch or runpy frames, in the
-    exception and in those it was raised from (or while handling)."""
+def plain_traceback(exc: BaseException) -> str:
+    """The script's uncaught exception as `python script.py` prints it: no tpuwatch or runpy
+    frames, in the exception and in those it was raised from (or while handling). Drops them
+    from the tracebacks themselves (the script has ended)."""
+    import traceback
+
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -230,13 +232,23 @@ def _print_as_python_would(exc: BaseException) -> None:
         except (TypeError, ValueError, AttributeError):
             pass  # printed with its frames rather than not at all
         todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _print_as_python_would(exc: BaseException) -> None:
+    """:func:`plain_traceback` on stderr, or through the script's own ``sys.excepthook`` when it
+    set one (as Python would call it)."""
+    text = plain_traceback(exc)
+    if sys.excepthook is not sys.__excepthook__:
+        try:
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+            return
+        except BaseException:  # a broken hook of the script's: Python falls back to its own printing
+            pass
     try:
-        sys.excepthook(type(exc), exc, exc.__traceback__)
-    except BaseException:  # a broken hook of the script's: Python falls back to its own printing
-        sys.__excepthook__(type(exc), exc, exc.__traceback__)
-    try:
+        sys.stderr.write(text)
         sys.stderr.flush()
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         pass
 
 
