@@ -137,3 +137,18 @@ def test_a_module_runs_with_dash_m(tmp_path):
     assert proc.returncode == 0, proc.stderr
     events = (tmp_path / "run" / "events.jsonl").read_text()
     assert events.count('"kind":"step"') == 3
+
+
+@pytest.mark.tf
+def test_a_scripts_own_excepthook_gets_its_exception_without_tpuwatchs_frames(tmp_path):
+    """As under plain python, an uncaught exception goes to the script's sys.excepthook; the
+    traceback it gets starts at the script (issue 28 item 3)."""
+    script = tmp_path / "hooked.py"
+    script.write_text("import sys, traceback\n"
+                      "def hook(kind, exc, tb):\n"
+                      "    print('HOOK', [f.filename for f in traceback.extract_tb(tb)], flush=True)\n"
+                      "sys.excepthook = hook\n"
+                      "raise RuntimeError('boom')\n")
+    proc = tpuwatch("run", "--headless", "--run-dir", str(tmp_path / "run"), str(script))
+    assert proc.returncode == 1, proc.stderr
+    assert f"HOOK ['{script}']" in proc.stdout, proc.stdout
