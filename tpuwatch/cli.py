@@ -50,8 +50,17 @@ Runs are recorded under $TPUWATCH_HOME/runs (default ~/.tpuwatch/runs), where ru
 """
 
 
+TIMEOUT_HELP = "seconds to wait for the result (default 300); then exit 1 (the run still does it: no cancel)"
+
+
 class _Parser(argparse.ArgumentParser):
-    """Bad input is one line naming what is wrong and where the help is (not the usage block)."""
+    """Bad input is one line naming what is wrong and where the help is (not the usage block).
+    No abbreviations: `--headles` is refused, not taken for `--headless` (subcommands' parsers
+    are of this class too)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"tpuwatch: {message}; see `{self.prog} --help`\n")
@@ -140,19 +149,19 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("ls", help="list the runs under $TPUWATCH_HOME/runs (fitted to the terminal's width)")
 
     profile = sub.add_parser("profile", help="capture a profile of a live run (TensorBoard/XProf format)")
-    profile.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
+    profile.add_argument("run", nargs="?", help="run id or run directory (default: the latest live run)")
     span = profile.add_mutually_exclusive_group()
     span.add_argument("--steps", type=int, help="training steps to capture (default 5)")
     span.add_argument("--ms", type=float, help="milliseconds to capture instead of a step count")
     profile.add_argument("--logdir",
                          help="where to write it: a directory or gs://bucket/path (default: the run's profiles/)")
-    profile.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the result (default 300)")
+    profile.add_argument("--timeout", type=float, default=300.0, help=TIMEOUT_HELP)
 
     checkpoint = sub.add_parser("checkpoint", help="save a checkpoint of a live run at the next step boundary")
-    checkpoint.add_argument("run", nargs="?", help="run id or run directory (default: the latest run)")
+    checkpoint.add_argument("run", nargs="?", help="run id or run directory (default: the latest live run)")
     checkpoint.add_argument("--dir", help="a directory or gs://bucket/path (default: the script's own checkpoint "
                                           "directory, else the run's checkpoints/)")
-    checkpoint.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the result (default 300)")
+    checkpoint.add_argument("--timeout", type=float, default=300.0, help=TIMEOUT_HELP)
 
     doctor = sub.add_parser("doctor", help="check the environment you are about to train in")
     doctor.add_argument("--python", help="interpreter the training will use (default: this one)")
@@ -336,10 +345,42 @@ def _run_headless(launch, every_s: float, baseline=None) -> int:
     code = codes[0] if codes else launcher.finish(launch)
     done.set()
     copier.join(timeout=2)
+    _hint_misplaced_options(launch.run_dir, code)
     print(f"tpuwatch: exit code {code}; `tpuwatch report {_ref(launch.run_dir)}` for the full report", file=sys.stderr)
     if guard.broken:
         _quiet_stdout()  # the copier's stdout may be the same closed pipe: keep exit quiet
     return code
+
+
+def _run_options() -> set[str]:
+    """Every option string of `tpuwatch run` (`--headless`, `--every`, ...)."""
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {o for action in commands.choices["run"]._actions for o in action.option_strings if o.startswith("--")}
+
+
+def _hint_misplaced_options(run_dir: Path, code: int) -> None:
+    """`tpuwatch run train.py --headless`: the script's argparse refused tpuwatch's option (exit 2,
+    "unrecognized arguments: --headless"); say where tpuwatch's options go."""
+    from tpuwatch import rundir
+
+    if code != EXIT_USAGE:
+        return
+    try:
+        with open(run_dir / rundir.OUTPUT, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return
+    ours = _run_options()
+    for line in reversed(tail.splitlines()):
+        if "unrecognized arguments:" in line:
+            words = line.split("unrecognized arguments:", 1)[1].split()
+            misplaced = [w for w in words if w.split("=", 1)[0] in ours]
+            if misplaced:
+                _say(f"the script refused {' '.join(misplaced)}: that is tpuwatch's option, and tpuwatch's options "
+                     f"go before the script (`tpuwatch run {' '.join(misplaced)} SCRIPT ARGS...`)")
+            return
 
 
 class _Unbreakable:
@@ -559,6 +600,7 @@ def _run_dashboard(launch, baseline=None) -> int:
         return 0
     else:
         code = finish_once()
+    _hint_misplaced_options(launch.run_dir, code)
     _say(f"exit code {code}; `tpuwatch report {_ref(launch.run_dir)}` for the full report")
     return code
 
@@ -784,10 +826,26 @@ def _is_address(ref: str) -> bool:
 
 def cmd_action(ns: argparse.Namespace) -> int:
     """``tpuwatch profile`` / ``tpuwatch checkpoint``: one command to a live agent, its result printed."""
+    from tpuwatch import rundir
     from tpuwatch.control import actions
+    from tpuwatch.monitor.runs import list_runs
 
+    if not 0 < ns.timeout < float("inf"):
+        return _error(f"--timeout {ns.timeout:g}: give a positive number of seconds to wait for the result")
+    if ns.command == "profile" and ns.steps is not None and ns.steps < 1:
+        return _error(f"--steps {ns.steps}: give a positive number of training steps to capture (default 5)")
+    if ns.command == "profile" and ns.ms is not None and not 0 < ns.ms < float("inf"):
+        return _error(f"--ms {ns.ms:g}: give a positive number of milliseconds to capture")
     try:
-        run_dir = _find_run(ns.run)
+        if ns.run is None:  # the live run, not a newer one that ended (issue 28)
+            root = rundir.check_runs_root()
+            running = [r for r in list_runs(root) if r.state == "running"]
+            if not running:
+                return _error(f"no run is live under {root}; start one with `tpuwatch run "
+                              f"SCRIPT`, or name a run recorded elsewhere: `tpuwatch {ns.command} RUN_DIR`")
+            run_dir = running[0].path
+        else:
+            run_dir = _find_run(ns.run)
     except FileNotFoundError as e:
         return _error(str(e))
     if ns.command == "profile":

@@ -48,6 +48,7 @@ from tpuwatch import settings
 
 EVENTS = "events.jsonl"
 OUTPUT = "output.log"
+TEARDOWN_STACKS = "teardown-stacks.txt"  # written only when the interpreter's teardown hung (agent/exit_guard.py)
 META = "run.json"
 SOCKET = "agent.sock"
 TOKEN = "token"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 from actions_live import LiveRun
@@ -10,6 +13,7 @@ from actions_live import LiveRun
 from tpuwatch import protocol
 from tpuwatch.control.actions import send_and_wait
 from tpuwatch.control.client import new_command
+from tpuwatch_testing import child_env
 
 pytestmark = pytest.mark.tf
 
@@ -52,3 +56,31 @@ def test_failures_are_results_and_training_goes_on(tmp_path):
     # Exactly one Result per command.
     results = [m for m in run.messages() if isinstance(m, protocol.Result)]
     assert len(results) == len({r.id for r in results}) == 6
+
+
+@pytest.mark.slow
+def test_a_queued_checkpoint_says_why_it_waits_and_gives_up_at_its_timeout(tmp_path):
+    """Issue 28 item 2: `checkpoint queued at step 30`, then nothing for 150 s while the run
+    evaluated. Now: one line on why (no training step for a while, what the run does instead),
+    and at --timeout one line and exit 1; there is no cancel, so the agent still saves at the next
+    step boundary and that late result is in the recording (the CLI has stopped waiting)."""
+    run = LiveRun(tmp_path, "--mode", "custom", "--sleep-ms", "20000")  # each step then 20 s of "evaluation"
+    try:
+        run.wait_for_steps(1)
+        cli = subprocess.run([sys.executable, "-m", "tpuwatch", "checkpoint", str(run.run_dir), "--timeout", "9"],
+                             capture_output=True, text=True, timeout=120, env=child_env())
+        assert cli.returncode == 1, (cli.stdout, cli.stderr)
+        assert "checkpoint queued at step 1" in cli.stdout, cli.stdout
+        waits = [line for line in cli.stdout.splitlines() if "waits for the next training step" in line]
+        assert len(waits) == 1 and "none since step 1" in waits[0], cli.stdout
+        err = [line for line in cli.stderr.splitlines() if line.strip()]
+        assert len(err) == 1 and "no result after --timeout 9 s (still queued)" in err[0] and "no cancel" in err[0], err
+        late = None
+        for _ in range(600):  # the next step comes about 20 s after the first
+            late = next((m for m in run.messages() if isinstance(m, protocol.Result) and m.action == "checkpoint"), None)
+            if late is not None:
+                break
+            time.sleep(0.1)
+        assert late is not None and late.ok and late.details["step"] >= 1, run.output()
+    finally:
+        run.stop(timeout=90)

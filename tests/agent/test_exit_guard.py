@@ -45,3 +45,32 @@ def test_a_clean_exit_is_not_delayed(tmp_path):
                           capture_output=True, text=True, timeout=120, env=child_env(TPUWATCH_TEARDOWN_S="30"))
     assert proc.returncode == 0 and "3.0" in proc.stdout, proc.stderr
     assert (run_dir / "teardown-stacks.txt").read_text() == ""  # the stacks timer never fired
+
+
+def _tpuwatch_run(run_dir, *script_args, teardown_s: str):
+    return subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
+                           *script_args], capture_output=True, text=True, timeout=180,
+                          env=child_env(TPUWATCH_TEARDOWN_S=teardown_s))
+
+
+def test_a_clean_run_leaves_no_teardown_stacks_and_no_bound_line(tmp_path):
+    """Issue 28 item 12: every run directory held an empty teardown-stacks.txt and every run logged
+    "interpreter teardown bounded at 10 s", which read as if the bound was hit."""
+    script = tmp_path / "quick.py"
+    script.write_text("import tensorflow as tf\nprint(float(tf.reduce_sum(tf.ones(3))))\n")
+    run_dir = tmp_path / "run"
+    proc = _tpuwatch_run(run_dir, str(script), teardown_s="30")
+    assert proc.returncode == 0, proc.stderr
+    assert not (run_dir / "teardown-stacks.txt").exists()
+    assert "teardown" not in (run_dir / "events.jsonl").read_text()
+
+
+def test_a_hung_teardown_is_said_once_with_its_stacks(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _tpuwatch_run(run_dir, str(SCRIPTS / "teardown_hang.py"), "--code", "3", "--out",
+                         str(tmp_path / "out.txt"), teardown_s="4")
+    assert proc.returncode == 3, proc.stderr
+    assert "Thread 0x" in (run_dir / "teardown-stacks.txt").read_text()
+    said = [m for m in read_messages(run_dir / "events.jsonl")
+            if isinstance(m, protocol.Event) and "teardown" in m.message]
+    assert len(said) == 1 and "teardown-stacks.txt" in said[0].message, said

@@ -104,7 +104,7 @@ def test_a_command_result_from_the_agent_is_printed_escaped(tmp_path, monkeypatc
     # `tpuwatch checkpoint RUN --dir '/etc/x[/]y'`: the agent's answer quotes the path it was given.
     from tpuwatch.control import actions
 
-    def answer(run_dir, command, timeout_s, on_state):
+    def answer(run_dir, command, timeout_s, on_state, **kwargs):
         result = protocol.Result(t=1.0, id=command.id, action="checkpoint", ok=False,
                                  message=f"cannot write /etc/x[/]y{HOSTILE}")
         return actions.Outcome(command, 1.0, (), result, False)

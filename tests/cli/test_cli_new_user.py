@@ -278,3 +278,40 @@ def test_attach_into_a_pipe_whose_reader_left_ends_while_the_run_is_quiet(tmp_pa
         code = viewer.wait(timeout=30)
         assert training.poll() is None  # the run itself is untouched
     assert code == 141
+
+
+@pytest.mark.parametrize("command", ["checkpoint", "profile"])
+def test_an_action_without_run_goes_to_the_live_run_not_the_latest(command):
+    """Issue 28 item 1: with a live run and a newer ended one, `tpuwatch checkpoint` picked the
+    ended one ("is not live"). It must pick the live run (its socket is absent here, so the
+    command names it in its "not live" line: the stand-in process is no agent)."""
+    home = Path(os.environ["TPUWATCH_HOME"])
+    training = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        _recorded_run(home, "20261123-000006-train-live", child_pid=training.pid, exit_code=None,
+                      recording="running_truncated.jsonl")
+        _recorded_run(home, "20261123-000007-train-dead", child_pid=None, exit_code=0)
+        proc = tpuwatch(command, "--timeout", "5", timeout=60)
+    finally:
+        training.kill()
+        training.wait()
+    assert "train-live" in proc.stderr and "train-dead" not in proc.stderr, proc.stderr
+
+
+def test_an_action_without_run_when_none_is_live_says_so():
+    home = Path(os.environ["TPUWATCH_HOME"])
+    _recorded_run(home, "20261123-000008-train-done", child_pid=None, exit_code=0)
+    proc = tpuwatch("checkpoint", timeout=60)
+    assert proc.returncode == 2
+    one_line_error(proc)
+    assert "no run is live" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, what", [
+    (("checkpoint", "--timeout", "-5"), "--timeout -5"), (("profile", "--timeout", "nan"), "--timeout nan"),
+    (("profile", "--steps", "0"), "--steps 0"), (("profile", "--ms", "-1"), "--ms -1"),
+])
+def test_an_action_with_a_number_out_of_range_is_one_line_before_anything_is_sent(args, what):
+    """Before: `--timeout -5` gave up at once after queueing the command, and a bad --steps went
+    to the agent (or to "no run is live", which is not the problem)."""
+    one_line_error(tpuwatch(*args, timeout=60), what, "give a positive")

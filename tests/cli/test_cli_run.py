@@ -32,6 +32,45 @@ def test_missing_script(tmp_path):
     _one_line_error(tpuwatch("run", "--headless", str(tmp_path / "nope.py")), "script not found", "nope.py")
 
 
+def test_a_typod_script_path_gets_did_you_mean(tmp_path):
+    """Issue 28 item 4: `tpuwatch run trian.py` next to train.py names train.py."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "other.py").write_text("print('hi')\n")
+    _one_line_error(tpuwatch("run", "--headless", "trian.py", cwd=tmp_path), "script not found: trian.py",
+                    "did you mean train.py?")
+    _one_line_error(tpuwatch("run", "--headless", str(tmp_path / "trian.py")),
+                    f"did you mean {tmp_path / 'train.py'}?")
+    _one_line_error(tpuwatch("run", "--headless", "zzz.py", cwd=tmp_path), "script not found: zzz.py")
+    assert "did you mean" not in tpuwatch("run", "--headless", "zzz.py", cwd=tmp_path).stderr
+
+
+@pytest.mark.parametrize("command", [("run", "--headles", "x.py"), ("report", "--form", "json"),
+                                     ("attach", "--ever", "1"), ("checkpoint", "--time", "1")])
+def test_option_abbreviations_are_refused(tmp_path, command):
+    """Issue 28: `--headles` was taken silently for `--headless`."""
+    _one_line_error(tpuwatch(*command, cwd=tmp_path), command[1])
+
+
+@pytest.mark.tf
+def test_tpuwatch_options_after_the_script_get_a_hint(tmp_path):
+    """Issue 28 item 4: `tpuwatch run script.py --headless --short` failed inside the script
+    (its argparse: "unrecognized arguments: --headless") with only "exit code 2"."""
+    script = tmp_path / "train.py"
+    script.write_text("import argparse\n"
+                      "parser = argparse.ArgumentParser()\n"
+                      "parser.add_argument('--short', action='store_true')\n"
+                      "print(parser.parse_args())\n")
+    proc = tpuwatch("run", "--headless", str(script), "--short", "--every", "3", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "unrecognized arguments: --every 3" in proc.stdout  # the script's own words, untouched
+    hint = [line for line in proc.stderr.splitlines() if "go before the script" in line]
+    assert len(hint) == 1 and "--every" in hint[0] and "--short" not in hint[0], proc.stderr
+    # a script's own exit 2 with nothing of tpuwatch's in it: no hint
+    script.write_text("import sys\nprint('unrecognized arguments: --frobnicate')\nsys.exit(2)\n")
+    proc = tpuwatch("run", "--headless", str(script), cwd=tmp_path)
+    assert proc.returncode == 2 and "go before the script" not in proc.stderr, proc.stderr
+
+
 def test_not_a_python_file(tmp_path):
     data = tmp_path / "data.csv"
     data.write_text("a,b\n1,2\n")
@@ -98,3 +137,18 @@ def test_a_module_runs_with_dash_m(tmp_path):
     assert proc.returncode == 0, proc.stderr
     events = (tmp_path / "run" / "events.jsonl").read_text()
     assert events.count('"kind":"step"') == 3
+
+
+@pytest.mark.tf
+def test_a_scripts_own_excepthook_gets_its_exception_without_tpuwatchs_frames(tmp_path):
+    """As under plain python, an uncaught exception goes to the script's sys.excepthook; the
+    traceback it gets starts at the script (issue 28 item 3)."""
+    script = tmp_path / "hooked.py"
+    script.write_text("import sys, traceback\n"
+                      "def hook(kind, exc, tb):\n"
+                      "    print('HOOK', [f.filename for f in traceback.extract_tb(tb)], flush=True)\n"
+                      "sys.excepthook = hook\n"
+                      "raise RuntimeError('boom')\n")
+    proc = tpuwatch("run", "--headless", "--run-dir", str(tmp_path / "run"), str(script))
+    assert proc.returncode == 1, proc.stderr
+    assert f"HOOK ['{script}']" in proc.stdout, proc.stdout

@@ -5,6 +5,7 @@ names it, with the script's own line and a traceback without tpuwatch's frames."
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,58 @@ def test_crash_signature(tmp_path: Path, script: str, signature: str, line: str,
     text = subprocess.run([sys.executable, "-m", "tpuwatch", "report", str(run_dir)],
                           capture_output=True, text=True, timeout=120, env=env, check=True).stdout
     assert "[critical] script-crash" in text and "Traceback" in text and 'File "<frozen runpy>"' not in text
+
+
+def _traceback_block(text: str) -> str:
+    """From the last "Traceback (most recent call last):" to the end (TF's C++ log lines before it
+    carry timestamps and pids), AutoGraph's generated file names (random per process) made alike."""
+    at = text.rfind("Traceback (most recent call last):")
+    assert at >= 0, text[-3000:]
+    return re.sub(r"__autograph_generated_file\w+\.py", "__autograph_generated_fileX.py", text[at:])
+
+
+#: A custom loop whose tf.function is called with one argument too many: the TypeError comes through
+#: the agent's patched step call (agent/steps.py) under tpuwatch.
+BAD_CALL = """\
+import tensorflow as tf
+
+weights = tf.Variable(tf.ones([4, 1]))
+
+
+@tf.function
+def train_step(features, labels):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((tf.matmul(features, weights) - labels) ** 2)
+    weights.assign_sub(0.1 * tape.gradient(loss, weights))
+    return loss
+
+
+features, labels = tf.zeros([8, 4]), tf.zeros([8, 1])
+for step in range(3):
+    print("loss", float(train_step(features, labels)))
+train_step(features, labels, 0.5)  # one argument too many
+"""
+
+
+@pytest.mark.parametrize("script", ["keras2_optimizer_lr.py", "bad_call.py"])
+def test_the_scripts_traceback_is_byte_for_byte_a_plain_runs(tmp_path: Path, script: str) -> None:
+    """Issue 28 item 3: under tpuwatch output.log and stdout gained tpuwatch's frames (the agent's
+    _run_script, <frozen runpy>, agent/steps.py's original(fn, ...)) and relative script paths.
+    (Not covered: frames of the agent's patches inside the text of an AutoGraph or graph-node
+    error message, which TensorFlow writes into the exception's message.)"""
+    folder = CRASHES
+    if script == "bad_call.py":
+        folder = tmp_path / "scripts"
+        folder.mkdir()
+        (folder / script).write_text(BAD_CALL)
+    env = child_env(TPUWATCH_HOME=str(tmp_path / "home"), TF_CPP_MIN_LOG_LEVEL="3")
+    plain = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300, env=env,
+                           cwd=folder)
+    run_dir = tmp_path / "run"
+    run = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir), script],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=folder)
+    assert plain.returncode == run.returncode == 1, run.stderr[-3000:]
+    expected = _traceback_block(plain.stderr)
+    assert f'File "{folder / script}"' in expected  # python names the script by its absolute path
+    assert _traceback_block(run.stdout) == expected
+    assert _traceback_block((run_dir / "output.log").read_text()) == expected

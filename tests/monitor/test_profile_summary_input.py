@@ -33,3 +33,27 @@ def test_when_both_agree_there_is_no_extra_verdict():
 
 def test_without_a_live_measurement_the_profile_speaks_alone():
     assert "  input: not input-bound (0% of the step waiting for input)" in render_text(_summary(0.0, "not"))
+
+
+def test_each_open_command_names_the_extra_that_installs_its_tool():
+    """Issue 28 item 11: the commands named `tensorboard` and `xprof`, which `pip install -e '.[tf]'`
+    does not install. Each line now ends in a shell comment naming the extras, which exist."""
+    import re
+    from pathlib import Path
+
+    from tpuwatch.monitor.profile_summary import open_commands
+
+    # pyproject's [project.optional-dependencies] (no tomllib on Python 3.10): name = ["dep", ...]
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    extras = {m[1]: re.findall(r'"([^"]+)"', m[2]) for m in re.finditer(r"^(\w+) = \[(.*?)\]", section, re.M | re.S)}
+    providers = {"xprof": {"profile"}, "tensorboard": {"tensorboard"}}  # the pip package each tool is in
+    for line in open_commands("/tmp/logs dir"):
+        tool = line.split()[0]
+        command, _, comment = line.partition("  # ")
+        assert comment.startswith("pip install 'tpuwatch[") and comment.endswith("]'"), line
+        named = set(comment[len("pip install 'tpuwatch["):-2].split(","))
+        assert named <= set(extras), line
+        assert any(tool in dep or "xprof" in dep for e in named for dep in extras[e]), line
+        assert providers[tool] <= named, line
+        assert "'/tmp/logs dir'" in command

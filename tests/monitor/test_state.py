@@ -417,3 +417,22 @@ def test_events_recorded_before_the_fact_fields_are_read_as_before():
     assert snap.tpu_metrics_note == "no TPU chips found"
     s.apply(Exit(t=mr.T0 + 5, exit_code=143, signal=15, source="launcher", reason="SIGTERM"))
     assert s.snapshot().status == "stopped"
+
+
+def test_the_headless_summary_error_line_is_whole_lines_not_a_cut_message():
+    """Issue 28 item 3: the summary's `error` line printed a TF message's 2000 recorded characters,
+    several lines ending mid-path. Now its first line, whole, and where the rest is."""
+    from tpuwatch.console.headless import summary
+
+    message = ("Graph execution error:\n\nDetected at node add defined at (most recent call last):\n"
+               + "".join(f'  File "/home/user/project/train_{i}.py", line {i}, in step\n' for i in range(60)))[:2000]
+    s = RunState(clock=Clock())
+    s.apply(mr.hello())
+    s.apply(step(1, mr.T0 + 1))
+    s.apply(ExceptionRaised(t=mr.T0 + 2, type="InvalidArgumentError", message=message, traceback="tb"))
+    s.apply(Exit(t=mr.T0 + 3, exit_code=1))
+    lines = summary(s.snapshot()).splitlines()
+    (error,) = [line for line in lines if line.lstrip().startswith("error")]
+    assert error.split(None, 1)[1].startswith("InvalidArgumentError: Graph execution error: (+")
+    assert "more lines" in error and "/home/user" not in error
+    assert not any(line.startswith('  File "/home/user') for line in lines)

@@ -33,6 +33,7 @@ EXIT_USAGE = 2
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m tpuwatch.agent",
+        allow_abbrev=False,
         description="Run a TensorFlow training script under the tpuwatch agent.",
     )
     p.add_argument("--run-dir", type=Path, help="run directory (default: $TPUWATCH_RUN_DIR or a new one)")
@@ -130,8 +131,6 @@ def main(argv: list[str] | None = None) -> int:
     agent.shutdown("the script ended before the next step boundary")
     probes.uninstall(installed)
     bound = exit_guard.bound_s()
-    if sig is None and bound > 0:
-        agent.event("debug", "agent", f"interpreter teardown bounded at {bound:g} s (TPUWATCH_TEARDOWN_S)")
     agent.flush()
     agent.stop()
     exit_guard.flush_std()  # the script's files were flushed once it ended (finish_python)
@@ -188,7 +187,9 @@ def _run_script(agent, ns: argparse.Namespace, target: str) -> tuple[int, int | 
         if ns.module:
             runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(ns.script, run_name="__main__")
+            # `python x.py` compiles it (and names it in tracebacks, __file__) by its absolute path;
+            # sys.path is as_plain_python's
+            runpy.run_path(os.path.abspath(ns.script), run_name="__main__")
     except SystemExit as e:
         code = _exit_code(e.code)
     except KeyboardInterrupt:
@@ -198,7 +199,7 @@ def _run_script(agent, ns: argparse.Namespace, target: str) -> tuple[int, int | 
     except BaseException as e:  # the script's own exception: record it, then behave like Python
         agent.emit(ExceptionRaised(t=clocks.wall(), type=type(e).__name__, message=str(e)[:2000],
                                    traceback=format_exception(e)[-20000:]))
-        write_stderr(format_exception(e))
+        _print_as_python_would(e)
         code = 1
         reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     return code, sig, reason
@@ -224,6 +225,64 @@ def as_plain_python(script: str | None) -> None:
         sys.path.insert(0, _CWD_TAKEN)  # python -m MODULE: the working directory, as we found it
     elif script is not None and not getattr(sys.flags, "safe_path", False):  # -P / PYTHONSAFEPATH (3.11+)
         sys.path.insert(0, str(Path(script).resolve().parent))
+
+
+_AGENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _own_frame(filename: str) -> bool:
+    """A frame of tpuwatch's, not the script's: the agent's (its runner, its patched step calls)
+    and runpy's, which a plain `python script.py` does not have."""
+    return (filename.startswith(_AGENT_DIR) or filename in ("<frozen runpy>", runpy.__file__))
+
+
+def _without_own_frames(tb):
+    """``tb`` without tpuwatch's frames (a new chain; the frames are the same)."""
+    import types
+
+    kept = []
+    while tb is not None:
+        if not _own_frame(tb.tb_frame.f_code.co_filename):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(kept):
+        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def plain_traceback(exc: BaseException) -> str:
+    """The script's uncaught exception as `python script.py` prints it: no tpuwatch or runpy
+    frames, in the exception and in those it was raised from (or while handling). Drops them
+    from the tracebacks themselves (the script has ended)."""
+    import traceback
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        try:
+            e.__traceback__ = _without_own_frames(e.__traceback__)
+        except (TypeError, ValueError, AttributeError):
+            pass  # printed with its frames rather than not at all
+        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _print_as_python_would(exc: BaseException) -> None:
+    """:func:`plain_traceback` on stderr, or through the script's own ``sys.excepthook`` when it
+    set one (as Python would call it)."""
+    text = plain_traceback(exc)
+    if sys.excepthook is not sys.__excepthook__:
+        try:
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+            return
+        except BaseException:  # a broken hook of the script's: Python falls back to its own printing
+            pass
+    write_stderr(text)
 
 
 def _exit_code(value) -> int:

@@ -13,7 +13,8 @@ so once the script's code has returned:
    ``_exit(code)``): if finalization has not ended the process within ``bound_s`` seconds, the
    process ends with the script's own exit code. A second timer (faulthandler, one second earlier)
    writes every thread's Python stack to ``teardown-stacks.txt`` in the run directory, so a
-   teardown that was cut short says where it hung. Both run outside the interpreter, which is
+   teardown that was cut short says where it hung (the file is opened before, as nothing can be
+   opened once teardown hangs; ``tpuwatch run`` removes it when it stayed empty). Both run outside the interpreter, which is
    what makes them work while it finalizes.
 
 ``TPUWATCH_TEARDOWN_S`` sets the bound (default 10 s; 0 turns the guard off).
@@ -33,8 +34,9 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from tpuwatch.rundir import TEARDOWN_STACKS as STACKS_FILE
+
 DEFAULT_BOUND_S = 10.0
-STACKS_FILE = "teardown-stacks.txt"
 
 _CLOCK_MONOTONIC = 1
 _SIGEV_THREAD = 2

@@ -64,7 +64,7 @@ def _client():
         from google.cloud import storage
     except ImportError as e:
         raise GcsError(f"gs:// needs google-cloud-storage in the training environment "
-                       f"(pip install 'tpuwatch[gcs]'; README, Install): {e}") from None
+                       f"(pip install 'tpuwatch[gcs]'; docs/usage.md, Install): {e}") from None
     try:
         return storage.Client()
     except Exception as e:  # DefaultCredentialsError and friends: say how to authenticate

@@ -223,7 +223,8 @@ def gcs_check(url: str, timeout_s: float = 10.0) -> Check:
     try:
         from google.cloud import storage
     except ImportError:
-        return Check(name, "fail", "google-cloud-storage is not installed (pip install 'tpuwatch[gcs]'; README, Install)",
+        return Check(name, "fail", "google-cloud-storage is not installed "
+                     "(pip install 'tpuwatch[gcs]'; docs/usage.md, Install)",
                      required=True)
     try:
         client = storage.Client()

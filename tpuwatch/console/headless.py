@@ -174,7 +174,11 @@ def summary(snap: RunSnapshot) -> str:
         row("probes", "disabled: " + ", ".join(f"{k} ({v})" for k, v in
                                                sorted(snap.disabled_probes.items())))
     if snap.exception:
-        row("error", snap.exception)
+        # A TF error's message runs to many lines (the graph node's "defined at" stack), and the
+        # record keeps its first 2000 characters: its first line, whole, and where the rest is.
+        said = [line for line in snap.exception.splitlines() if line.strip()]
+        more = f" (+{len(said) - 1} more lines: the script's output, `tpuwatch report`)" if len(said) > 1 else ""
+        row("error", said[0].rstrip() + more if said else snap.exception)
     health = []
     if snap.truncated_tail:
         health.append("last line cut (truncated tail)")

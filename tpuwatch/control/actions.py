@@ -17,9 +17,9 @@ from typing import Callable, Literal, TextIO
 
 from tpuwatch import rundir
 from tpuwatch.control.client import AgentClient, AgentUnavailable, new_command
-from tpuwatch.monitor.recording import RecordingReader
+from tpuwatch.monitor.recording import RecordingReader, tail_messages
 from tpuwatch.printable import printable
-from tpuwatch.protocol import Command, CommandState, Exit, Message, Result
+from tpuwatch.protocol import Command, CommandState, Epoch, Exit, Message, Result, Retrace, Step
 from tpuwatch.units import fmt_bytes
 
 Action = Literal["profile", "checkpoint"]
@@ -28,6 +28,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_NOT_LIVE = 2
 POLL_S = 0.05
+#: A queued command says why it waits once no training step has come for this long.
+WAIT_HINT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,11 @@ def send_and_wait(
     client: AgentClient | None = None,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
+    on_wait: Callable[[str], None] = lambda why: None,
 ) -> Outcome:
-    """Sends ``command`` and follows the recording until its Result. Raises AgentUnavailable."""
+    """Sends ``command`` and follows the recording until its Result. Raises AgentUnavailable.
+    ``on_wait`` gets one line on why a queued command waits (no training step for
+    ``WAIT_HINT_S``), again only when that reason changes."""
     events = run_dir / rundir.EVENTS
     try:
         offset = events.stat().st_size
@@ -84,8 +89,11 @@ def send_and_wait(
     states: list[CommandState] = []
     ended = False
     deadline = time.monotonic() + timeout_s
+    idle = _Idle(tail_messages(events) if offset else [], sent_t)
+    said = ""
     while True:
         for msg in reader.read_new():
+            idle.see(msg)
             if isinstance(msg, CommandState) and msg.id == command.id:
                 states.append(msg)
                 on_state(msg)
@@ -93,6 +101,9 @@ def send_and_wait(
                 return Outcome(command, sent_t, tuple(states), msg, ended)
             elif isinstance(msg, Exit):
                 ended = True
+        if states and states[-1].state == "queued" and (why := idle.why(clock())) and why != said:
+            on_wait(why)
+            said = why
         if ended:
             # The agent answers every command before it exits; give the last lines a moment.
             for msg in _settle(reader, sleep):
@@ -102,6 +113,35 @@ def send_and_wait(
         if time.monotonic() >= deadline:
             return Outcome(command, sent_t, tuple(states), None, ended)
         sleep(POLL_S)
+
+
+class _Idle:
+    """Whether the run steps, and if not what the recording says it is doing instead."""
+
+    def __init__(self, context: list[Message], sent_t: float) -> None:
+        self.last_step: int | None = None
+        self.since = sent_t  # unix time of the latest step seen (else of the request)
+        self.after = ""  # what came after the latest step: an epoch's end, an evaluation trace
+        for msg in context:
+            self.see(msg)
+
+    def see(self, msg: Message) -> None:
+        if isinstance(msg, Step):
+            self.last_step, self.since, self.after = msg.step, msg.t, ""
+        elif isinstance(msg, Epoch) and msg.phase == "end":
+            self.after = f"between epochs: epoch {msg.epoch + 1} ended (validation, callbacks)"
+        elif isinstance(msg, Epoch) and msg.phase == "begin":
+            self.after = f"epoch {msg.epoch + 1} began and has not stepped yet"
+        elif isinstance(msg, Retrace) and msg.evaluation:
+            self.after = "evaluating (its evaluation function was traced since)"
+
+    def why(self, now: float) -> str:
+        waited = now - self.since
+        if waited < WAIT_HINT_S:
+            return ""
+        since = f"since step {self.last_step}" if self.last_step is not None else "yet"
+        doing = self.after or "evaluating, saving, loading data or stalled"
+        return f"waits for the next training step: none {since} for {WAIT_HINT_S:g}+ s ({doing})"
 
 
 def _settle(reader: RecordingReader, sleep: Callable[[float], None]) -> list[Message]:
@@ -147,16 +187,24 @@ def request(run_dir: Path, action: Action, *, timeout_s: float, steps: int | Non
         where = f" at step {s.step}" if s.step is not None else ""
         print(f"tpuwatch: {action} {s.state}{where}", file=out, flush=True)
 
+    def on_wait(why: str) -> None:
+        print(f"tpuwatch: {action} {why}", file=out, flush=True)
+
     try:
-        outcome = send_and_wait(run_dir, command, timeout_s, on_state)
+        outcome = send_and_wait(run_dir, command, timeout_s, on_state, on_wait=on_wait)
     except AgentUnavailable as e:
         print(f"tpuwatch: run {printable(run_dir.name)} is not live: {printable(str(e))}", file=sys.stderr)
         return EXIT_NOT_LIVE
     result = outcome.result
     if result is None:
-        why = "the run ended" if outcome.ended else f"no result after {timeout_s:g} s"
-        print(f"tpuwatch: {action}: {why}; the dashboard or `tpuwatch report {rundir.reference(run_dir)}` shows it if it "
-              "completes later", file=sys.stderr)
+        if outcome.ended:
+            print(f"tpuwatch: {action}: the run ended without its result; `tpuwatch report {rundir.reference(run_dir)}` "
+                  "for the run's end", file=sys.stderr)
+        else:  # no cancel: the agent still does it at the next step boundary; this command just stops waiting
+            where = "still queued" if outcome.states and outcome.states[-1].state == "queued" else "not done"
+            print(f"tpuwatch: {action}: no result after --timeout {timeout_s:g} s ({where}); stopped waiting, the run "
+                  f"will still do it (no cancel): its result goes to the dashboard and `tpuwatch report "
+                  f"{rundir.reference(run_dir)}`", file=sys.stderr)
         return EXIT_FAILED
     # The agent's message and paths are the run's text: never terminal controls.
     print(f"tpuwatch: {printable(describe_result(result))}", file=out, flush=True)

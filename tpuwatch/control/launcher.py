@@ -59,12 +59,25 @@ class Launch:
         return Process(pid=self.proc.pid, pgid=self.proc.pid, identity=self.identity)
 
 
+def _did_you_mean(path: Path) -> str:
+    """``"; did you mean train.py?"`` for a typo'd script path: the closest .py file in its directory."""
+    import difflib
+
+    folder = path.parent
+    try:
+        names = sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.is_file())
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return f"; did you mean {folder / close[0] if str(folder) != '.' else close[0]}?" if close else ""
+
+
 def check_script(script: str, module: bool = False) -> None:
     if module:
         return
     path = Path(script)
     if not path.exists():
-        raise LaunchError(f"script not found: {script} (give the path of a Python training script)")
+        raise LaunchError(f"script not found: {script}{_did_you_mean(path)} (give the path of a Python training script)")
     if path.is_dir():
         raise LaunchError(f"{script} is a directory, not a Python file (give the training script inside it)")
     if path.suffix not in (".py", ".pyw", ""):
@@ -295,12 +308,32 @@ def finish(launch: Launch, clock: Callable[[], float] = time.time) -> int:
                     protocol.Exit(t=clock(), exit_code=code, signal=sig, source="launcher", reason=reason)))
         except OSError:
             pass  # a full disk even now: run.json below still says how it ended
+    _teardown_stacks(launch.run_dir, clock)
     try:
         stop_requested = bool(rundir.read_meta(launch.run_dir).get("stop_requested"))
         rundir.update_meta(launch.run_dir, state=ended_state(code, stop_requested), exit_code=code, ended=clock())
     except OSError:
         pass  # never turn the script's exit code into ours
     return code
+
+
+def _teardown_stacks(run_dir: Path, clock: Callable[[], float]) -> None:
+    """The agent opens ``teardown-stacks.txt`` before the interpreter's teardown (nothing can be
+    opened once it hangs); it stays empty unless the teardown outlasted its bound less a second.
+    Empty: removed. Written: one warning in the recording says so."""
+    path = run_dir / rundir.TEARDOWN_STACKS
+    try:
+        written = path.stat().st_size > 0
+        if not written:
+            path.unlink()
+            return
+        with os.fdopen(rundir.open_append(run_dir / rundir.EVENTS), "ab") as f:
+            f.write(protocol.encode(protocol.Event(
+                t=clock(), level="warning", source="launcher",
+                message="the interpreter's teardown hung after the script ended; it was cut off at TPUWATCH_TEARDOWN_S "
+                        f"with the script's exit code (every thread's stack: {rundir.TEARDOWN_STACKS})")))
+    except OSError:
+        pass  # no file (the guard was off) or a full disk: the exit code is what matters
 
 
 def _ends_mid_line(path: Path) -> bool:

@@ -149,9 +149,16 @@ def verdict_of(conclusion: str, input_percent: float | None) -> InputVerdict:
     return "highly" if input_percent >= 20 else "moderately" if input_percent >= 5 else "not"
 
 
+#: The pyproject extra that installs each viewer (xprof also is TensorBoard's profile plugin).
+VIEWER_EXTRAS = {"xprof": "profile", "tensorboard": "profile,tensorboard"}
+
+
 def open_commands(logdir: str) -> tuple[str, ...]:
+    """The commands that open a capture, each with the install that brings its tool as a shell
+    comment (pasting the line still runs only the command)."""
     quoted = shlex.quote(logdir)
-    return (f"xprof server --logdir={quoted} --port=8791", f"tensorboard --logdir={quoted}")
+    return (f"xprof server --logdir={quoted} --port=8791  # pip install 'tpuwatch[{VIEWER_EXTRAS['xprof']}]'",
+            f"tensorboard --logdir={quoted}  # pip install 'tpuwatch[{VIEWER_EXTRAS['tensorboard']}]'")
 
 
 def summarize(profile_dir: str | os.PathLike[str]) -> ProfileSummary:
