@@ -320,11 +320,15 @@ def _load_baseline(ref: str):
     except (FileNotFoundError, report.ReportError) as e:
         raise ValueError(f"--baseline {ref}: {e}") from None
     s = data["summary"]
+    ledger = data.get("ledger") or {}
+    wall = ledger.get("wall_s") or 0.0
+    shares = {k: v / wall for k, v in (ledger.get("buckets_s") or {}).items()} if wall > 0 else {}
     if not s.get("steps"):
         raise ValueError(f"--baseline {ref}: run {data['run']['id']} has no training steps to compare with")
     return Baseline(run_id=str(data["run"]["id"]), step_p50_s=s.get("step_time_p50_s"),
                     steps_per_s=s.get("steps_per_s"), examples_per_s=s.get("examples_per_s"),
-                    input_wait_share=s.get("input_wait_share"))
+                    input_wait_share=s.get("input_wait_share"), goodput=ledger.get("goodput"),
+                    ledger_shares=shares)
 
 
 def _run_headless(launch, every_s: float, baseline=None) -> int:

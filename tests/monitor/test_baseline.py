@@ -55,3 +55,16 @@ def test_a_baseline_that_is_no_run_is_one_line_before_anything_starts(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--baseline", str(empty),
                         str(script)], capture_output=True, text=True, timeout=60, env=child_env())
     assert r.returncode == 2 and "has no training steps to compare with" in r.stderr
+
+
+def test_a_baseline_carries_its_goodput_ledger(tmp_path):
+    from tpuwatch.cli import _load_baseline
+    from tpuwatch.console.report import build_report
+
+    run = tmp_path / "base"
+    run.mkdir()
+    shutil.copy(DATA / "input_bound.jsonl", run / "events.jsonl")
+    b = _load_baseline(str(run))
+    ledger = build_report(run)["ledger"]
+    assert b.goodput == ledger["goodput"] and b.goodput is not None
+    assert b.ledger_shares["input_wait"] == ledger["buckets_s"]["input_wait"] / ledger["wall_s"] > 0.5

@@ -52,3 +52,27 @@ async def test_goodput_panel_at_80x24_is_key_9_expanded() -> None:
         body = str(app.query_one("#goodput > .body", Static).render())
         assert "goodput" in body and "evaluating" in body and "20.00 s" in body
         assert "Goodput" in screen_text(app)
+
+
+def test_with_a_baseline_the_goodput_panel_says_the_differences():
+    # Issue 24: `run --baseline RUN` shows the live deltas in the header and the Goodput panel.
+    from tpuwatch.monitor.baseline import Baseline
+    from tpuwatch.monitor.state import RunState
+
+    tl = planted()
+    state = RunState(clock=lambda: tl.t)
+    state.baseline = Baseline(run_id="20250615-120000-train-ab12", step_p50_s=None, steps_per_s=None,
+                              examples_per_s=None, input_wait_share=None, goodput=0.5,
+                              ledger_shares={"evaluating": 0.0, "starting": 0.01})
+    for m in tl.msgs:
+        state.apply(m)
+    snap = state.snapshot(tl.t)
+    lg = snap.ledger
+    text = goodput_text(snap, width=100).plain
+    lines = text.splitlines()
+    assert f"vs ab12 {100 * (lg.goodput - 0.5):+.0f} pt" in lines[0]
+    (evaluating,) = [ln for ln in lines if ln.startswith(LABELS["evaluating"])]
+    assert f"{100 * lg.share('evaluating'):+.0f} pt" in evaluating
+    # without a baseline, no deltas
+    state.baseline = None
+    assert " pt" not in goodput_text(state.snapshot(tl.t), width=100).plain

@@ -8,8 +8,8 @@ input-bound rule's input wait), so the words say "now".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
     from tpuwatch.monitor.snapshot import RunSnapshot
@@ -24,6 +24,8 @@ class Baseline:
     steps_per_s: float | None
     examples_per_s: float | None
     input_wait_share: float | None
+    goodput: float | None = None  # its goodput ledger's (training at the ideal step / wall time)
+    ledger_shares: Mapping[str, float] = field(default_factory=dict)  # bucket -> share of its wall time
 
     @property
     def label(self) -> str:
@@ -54,3 +56,18 @@ def deltas(s: RunSnapshot) -> list[str]:
     if not parts:
         return []
     return [f"vs {b.label}: {parts[0]}", *parts[1:]]
+
+
+def ledger_delta(s: RunSnapshot, bucket: str | None = None) -> str:
+    """``"+12 pt"``: the live ledger's goodput (``bucket`` None) or a bucket's share of the wall
+    time, less the baseline's; "" without a baseline, a ledger, or the baseline's figure."""
+    b, lg = s.baseline, s.ledger
+    if b is None or lg is None or lg.wall_s <= 0:
+        return ""
+    if bucket is None:
+        now, then = lg.goodput, b.goodput
+    else:
+        now, then = lg.share(bucket), b.ledger_shares.get(bucket)
+    if now is None or then is None:
+        return ""
+    return f"{100 * (now - then):+.0f} pt"

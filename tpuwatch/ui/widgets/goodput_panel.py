@@ -9,6 +9,7 @@ from __future__ import annotations
 from textual.content import Content
 
 from tpuwatch import units
+from tpuwatch.monitor.baseline import ledger_delta
 from tpuwatch.monitor.ledger import rows
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui.widgets.panel import Panel
@@ -28,6 +29,7 @@ def goodput_text(s: RunSnapshot, rows_left: int = 10_000, width: int = 80) -> Co
         (f"{100 * lg.goodput:.1f}%" if lg.goodput is not None else "?", "bold"),
         (f" of {units.clock(lg.wall_s)}", "dim"),
         (f" · ideal step {units.duration(lg.ideal_step_s)}" if lg.ideal_step_s is not None else "", "dim"),
+        (f" · vs {s.baseline.label} {d}" if s.baseline is not None and (d := ledger_delta(s)) else "", "dim"),
     )
     lines = [head]
     rules = {f.rule for f in s.findings if f.severity != "info"}
@@ -43,7 +45,9 @@ def goodput_text(s: RunSnapshot, rows_left: int = 10_000, width: int = 80) -> Co
         lines.append(Content.assemble(
             (label, style), "" if narrow else f"{units.duration(r.seconds):>9} ",
             (f"{100 * r.share:>5.1f}% ", style),
-            (f"{bar:<{bar_room}}", "$accent"), (f" {r.rule}" if r.rule else "", "$warning")))
+            (f"{bar:<{bar_room}}", "$accent"),
+            (f" {d}" if not narrow and (d := ledger_delta(s, r.bucket)) else "", "dim"),
+            (f" {r.rule}" if r.rule else "", "$warning")))
     return Content("\n").join(lines)
 
 
