@@ -28,6 +28,9 @@ Handler = Callable[[Command], "tuple[str, dict]"]
 
 _current: "Agent | None" = None
 _WRITE_CHUNK = 1 << 20
+#: Messages held in memory for the agent's thread to write at most; past it (a starved or stuck
+#: agent thread) they are dropped and counted, so the training thread's memory never grows.
+MAX_BUFFERED = 200_000
 
 
 def current() -> "Agent | None":
@@ -53,6 +56,7 @@ class Agent:
         self.sample_interval_s = 1.0 / max(0.5, min(sample_hz, 20.0))
         self.clock = clock
         self._buf: collections.deque[Message] = collections.deque()
+        self._spilled = 0  # messages dropped because the buffer was full (said by _drain)
         self._samplers: list[tuple[str, Sampler]] = []
         self._disabled: dict[str, str] = {}
         self._handlers: dict[str, tuple[Handler, bool, Callable[[Command], None] | None]] = {}
@@ -99,11 +103,19 @@ class Agent:
     # --- producing messages (any thread, never blocks) --------------------------------------
 
     def emit(self, msg: Message) -> None:
-        self._buf.append(msg)
+        buf = self._buf
+        if len(buf) < MAX_BUFFERED:
+            buf.append(msg)
+        else:
+            self._spilled += 1
 
     def emit_step(self, fields: tuple) -> None:
         """A Step given as its fields in declaration order; built on the agent's thread."""
-        self._buf.append(fields)
+        buf = self._buf
+        if len(buf) < MAX_BUFFERED:
+            buf.append(fields)
+        else:
+            self._spilled += 1
 
     def event(self, level: str, source: str, message: str, *, fact: str = "", subject: str = "",
               reason: str = "") -> None:
@@ -306,6 +318,13 @@ class Agent:
             if size >= _WRITE_CHUNK:
                 self._write(b"".join(lines))
                 lines, size = [], 0
+        spilled = self._spilled
+        if spilled:
+            self._spilled -= spilled
+            lines.insert(0, protocol.encode(Event(  # before an exit record, if this drain has one
+                t=self.clock(), level="warning", source="agent",
+                message=f"the agent's writer fell behind: {spilled} messages dropped (its buffer holds "
+                        f"{MAX_BUFFERED:,}); the figures around here miss them")))
         if lines:
             self._write(b"".join(lines), final)
         with self._flushed:
