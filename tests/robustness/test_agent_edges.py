@@ -152,6 +152,25 @@ def test_a_crash_without_a_usable_stderr_is_recorded(tmp_path, case):
         assert plain.stdout.rstrip().endswith("ValueError: no flush")
 
 
+@pytest.mark.parametrize("body", [
+    "class Odd(Exception):\n    def __str__(self):\n        return 1 / 0\nraise Odd()\n",
+    "import sys\ndel sys.excepthook\nraise ValueError('no hook')\n",
+], ids=["str() raises", "no sys.excepthook"])
+def test_an_exception_that_cannot_be_printed_still_ends_the_run(tmp_path, body):
+    """An exception whose str() raises, or a script that deleted sys.excepthook: the exception and
+    the agent's exit are still recorded, with Python's exit code (found by a review: tpuwatch's
+    own traceback escaped and the run had no exit record)."""
+    script = write_script(tmp_path / "odd.py", body)
+    run_dir = tmp_path / "run"
+    proc = tpuwatch("run", "--headless", "--run-dir", str(run_dir), str(script))
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=child_env())
+    assert proc.returncode == plain.returncode == 1, proc.stderr
+    messages = read_messages(run_dir / "events.jsonl")
+    assert len([m for m in messages if isinstance(m, ExceptionRaised)]) == 1
+    assert [(m.source, m.exit_code) for m in messages if isinstance(m, Exit)] == [("agent", 1)]
+    assert "tpuwatch/agent" not in (run_dir / "output.log").read_text()
+
+
 # --- 10. the agent's descriptors --------------------------------------------------------------------
 
 REUSING_SCRIPT = """
@@ -225,7 +244,8 @@ def test_a_patched_time_time_leaves_the_run_its_own_clock(tmp_path):
     assert "1h" not in proc.stderr, proc.stderr
 
 
-def test_sys_path_is_what_python_gives_the_script(tmp_path):
+@pytest.mark.parametrize("pythonpath", [True, False], ids=["with PYTHONPATH", "without PYTHONPATH"])
+def test_sys_path_is_what_python_gives_the_script(tmp_path, pythonpath):
     """``sys.path`` under tpuwatch is plain ``python train.py``'s: a ``secrets.py`` in the working
     directory is not imported in place of the standard module (the script's own directory comes
     first, as in Python). Before: the agent's ``-m`` put the working directory on sys.path."""
@@ -239,12 +259,15 @@ def test_sys_path_is_what_python_gives_the_script(tmp_path):
         import secrets
         print(json.dumps(sys.path))
         """)
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=work, env=child_env())
+    env = child_env()
+    if not pythonpath:  # the launcher's own entry for tpuwatch is then the only one: it must go
+        env.pop("PYTHONPATH")
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=work, env=env)
     assert plain.returncode == 0, plain.stderr
     run_dir = tmp_path / "run"
     # -P: the tpuwatch command's own sys.path has no working directory (as its console script)
     proc = subprocess.run([sys.executable, "-P", "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
-                           str(script)], capture_output=True, text=True, timeout=180, cwd=work, env=child_env())
+                           str(script)], capture_output=True, text=True, timeout=180, cwd=work, env=env)
     assert proc.returncode == 0, proc.stderr
     shown = (run_dir / "output.log").read_text().strip()
     assert shown == plain.stdout.strip()

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             agent.probe_failed("steps", e)
     from tpuwatch.protocol import Exit
 
-    agent.emit(Exit(t=clocks.wall(), exit_code=code, signal=sig, source="agent", reason=reason))
+    agent.emit(Exit(t=clocks.wall(), exit_code=code, signal=sig, source="agent", reason=reason), force=True)
     agent.shutdown("the script ended before the next step boundary")
     probes.uninstall(installed)
     bound = exit_guard.bound_s()
@@ -197,12 +197,24 @@ def _run_script(agent, ns: argparse.Namespace, target: str) -> tuple[int, int | 
         code = 128 + sig
         reason = "interrupted (SIGINT)"
     except BaseException as e:  # the script's own exception: record it, then behave like Python
-        agent.emit(ExceptionRaised(t=clocks.wall(), type=type(e).__name__, message=str(e)[:2000],
-                                   traceback=format_exception(e)[-20000:]))
-        _print_as_python_would(e)
+        text = _text_of(e)
+        agent.emit(ExceptionRaised(t=clocks.wall(), type=type(e).__name__, message=text[:2000],
+                                   traceback=format_exception(e)[-20000:]), force=True)
+        try:
+            _print_as_python_would(e)
+        except Exception:  # noqa: BLE001  (Python's own printing gives up quietly too; the record is kept)
+            pass
         code = 1
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        reason = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:300]
     return code, sig, reason
+
+
+def _text_of(e: BaseException) -> str:
+    """``str(e)``, or what Python prints when the script's ``__str__`` raises."""
+    try:
+        return str(e)
+    except Exception:  # noqa: BLE001  (any error of the script's own __str__)
+        return "<exception str() failed>"
 
 
 def as_plain_python(script: str | None) -> None:
@@ -219,8 +231,9 @@ def as_plain_python(script: str | None) -> None:
             os.environ["PYTHONPATH"] = value[len(ours) + 1:]
         else:
             ours = ""  # changed since the launcher set it: leave it alone
-        if ours and len(sys.path) > 1 and sys.path[1] == ours:
-            del sys.path[1]
+        # site removes duplicate entries: where the user's PYTHONPATH names it too, it is theirs
+        if ours and ours in sys.path and ours not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+            sys.path.remove(ours)
     if _CWD_TAKEN is not None and script is None:
         sys.path.insert(0, _CWD_TAKEN)  # python -m MODULE: the working directory, as we found it
     elif script is not None and not getattr(sys.flags, "safe_path", False):  # -P / PYTHONSAFEPATH (3.11+)
@@ -276,9 +289,10 @@ def _print_as_python_would(exc: BaseException) -> None:
     """:func:`plain_traceback` on stderr, or through the script's own ``sys.excepthook`` when it
     set one (as Python would call it)."""
     text = plain_traceback(exc)
-    if sys.excepthook is not sys.__excepthook__:
+    hook = getattr(sys, "excepthook", None)  # a script may have deleted it
+    if hook is not None and hook is not sys.__excepthook__:
         try:
-            sys.excepthook(type(exc), exc, exc.__traceback__)
+            hook(type(exc), exc, exc.__traceback__)
             return
         except BaseException:  # a broken hook of the script's: Python falls back to its own printing
             pass

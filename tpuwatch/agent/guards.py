@@ -346,7 +346,7 @@ def _record_signal_exit(sig: int) -> None:
     if agent is None or os.getpid() != _pid or agent.forked:
         return
     agent.emit(Exit(t=clocks.wall(), exit_code=128 + sig, signal=sig, source="agent",
-                    reason=f"terminated by {signal.Signals(sig).name}"))
+                    reason=f"terminated by {signal.Signals(sig).name}"), force=True)
     agent.flush(timeout=EXIT_FLUSH_S)
     agent.before_signal_death()
 

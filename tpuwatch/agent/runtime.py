@@ -102,9 +102,10 @@ class Agent:
 
     # --- producing messages (any thread, never blocks) --------------------------------------
 
-    def emit(self, msg: Message) -> None:
+    def emit(self, msg: Message, force: bool = False) -> None:
+        """``force``: kept past the bound (the run's exception and exit are never dropped)."""
         buf = self._buf
-        if len(buf) < MAX_BUFFERED:
+        if force or len(buf) < MAX_BUFFERED:
             buf.append(msg)
         else:
             self._spilled += 1
