@@ -915,8 +915,12 @@ def cmd_export(ns: argparse.Namespace) -> int:
         return _error(str(e))
     if problem := _nothing_to_show(run_dir) or tensorboard_export.problem(ns.tensorboard, run_dir.name):
         return _error(problem)
-    done = tensorboard_export.export(relay_source(run_dir), ns.tensorboard, run_dir.name,
-                                     per_worker=worker_dirs(run_dir) is not None)
+    try:
+        done = tensorboard_export.export(relay_source(run_dir), ns.tensorboard, run_dir.name,
+                                         per_worker=worker_dirs(run_dir) is not None)
+    except OSError as e:  # LOGDIR not writable, a file where its folder goes, a full disk: one line
+        return _error(f"--tensorboard {ns.tensorboard}: cannot write there ({e.strerror or e}); "
+                      "give a directory you can write")
     if not done.points:
         _say(f"{_ref(run_dir)} has no step records or memory samples: nothing written")
         return 1

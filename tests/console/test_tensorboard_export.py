@@ -155,3 +155,18 @@ def test_a_live_run_writes_the_scalars_as_it_goes(tmp_path):
         assert loss[int(step)] == pytest.approx(float(value), abs=5e-5)
     assert len(got["tpuwatch/step_time_seconds"]) == 100
     assert {"tpuwatch/replica_loss/0", "tpuwatch/replica_loss/1"} <= set(got)
+
+
+def test_export_into_a_place_it_cannot_write_is_one_line(tmp_path):
+    # Found by a review: an OSError while writing LOGDIR printed a traceback.
+    env = _env(_tensorboard_path())
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(ROOT / "tests" / "data" / "healthy_4replica.jsonl", run / "events.jsonl")
+    logdir = tmp_path / "logs"
+    logdir.mkdir()
+    (logdir / "tpuwatch-run").write_text("a file where the run's folder goes\n")
+    r = subprocess.run([sys.executable, "-m", "tpuwatch", "export", str(run), "--tensorboard", str(logdir)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -191,6 +191,7 @@ class Engine:
         for key in current:
             if key not in kept:
                 self._current.pop(key, None)  # folded into the finding of its cause
+                self._shown.pop(key, None)  # if it stands alone again, it is news again
                 continue
             f = kept[key]
             if several and f.worker and f.worker not in f.message:
