@@ -231,13 +231,43 @@ def as_plain_python(script: str | None) -> None:
             os.environ["PYTHONPATH"] = value[len(ours) + 1:]
         else:
             ours = ""  # changed since the launcher set it: leave it alone
-        # site removes duplicate entries: where the user's PYTHONPATH names it too, it is theirs
-        if ours and ours in sys.path and ours not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-            sys.path.remove(ours)
+        if ours:
+            sys.path[:] = without_launcher_entry(sys.path, ours, os.environ.get("PYTHONPATH", ""))
     if _CWD_TAKEN is not None and script is None:
         sys.path.insert(0, _CWD_TAKEN)  # python -m MODULE: the working directory, as we found it
     elif script is not None and not getattr(sys.flags, "safe_path", False):  # -P / PYTHONSAFEPATH (3.11+)
         sys.path.insert(0, str(Path(script).resolve().parent))
+
+
+def without_launcher_entry(path: list[str], ours: str, user_pythonpath: str,
+                           site_dirs: list[str] | None = None, stdlib_dirs: list[str] | None = None) -> list[str]:
+    """``path`` (sys.path) as plain python builds it without the launcher's PYTHONPATH entry
+    ``ours``. Python's ``site`` skips a directory already on sys.path, so the entry is the only one:
+    kept where the user's PYTHONPATH names it too; where it is a site-packages directory (a pip
+    install: TensorFlow is there) moved to where ``site`` puts it, after the standard library;
+    else removed (a source checkout)."""
+    import site
+    import sysconfig
+
+    if ours not in path or ours in user_pythonpath.split(os.pathsep):
+        return list(path)
+    out = list(path)
+    out.remove(ours)
+    real = os.path.realpath
+    if site_dirs is None:
+        site_dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    if real(ours) not in {real(d) for d in site_dirs}:
+        return out
+    if stdlib_dirs is None:
+        stdlib_dirs = [sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")]
+    libs = {real(d) for d in stdlib_dirs}
+    at = 0
+    for i, p in enumerate(out):
+        rp = real(p)
+        if p.endswith(".zip") or any(rp == d or rp.startswith(d + os.sep) for d in libs):
+            at = i + 1
+    out.insert(at, ours)
+    return out
 
 
 _AGENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
