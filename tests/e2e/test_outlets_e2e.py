@@ -10,29 +10,15 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from tmux_support import tmux, wait_for
 
 from tpuwatch_testing import SAMPLES
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
-
-
-def _tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
-
-
-def _wait_for(predicate, timeout: float, what: str, screen=lambda: "") -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = screen()
-        if predicate(text):
-            return text
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; screen:\n{screen()}")
 
 
 def _scrape(port: int) -> str:
@@ -56,19 +42,19 @@ def test_metrics_and_notify_beside_the_dashboard(tmp_path, _isolated_home):
            f"--metrics 127.0.0.1:{port} --notify {shlex.quote(f'cat >> {events}')} "
            f"{shlex.quote(str(SAMPLES / 'keras_fit.py'))} --epochs 2 --steps-per-epoch 6; "
            f"echo TPUWATCH-EXIT=$?; sleep 30")
-    _tmux("new-session", "-d", "-s", session, "-x", "100", "-y", "32", cmd)
-    screen = lambda: _tmux("capture-pane", "-p", "-t", session)  # noqa: E731
+    tmux("new-session", "-d", "-s", session, "-x", "100", "-y", "32", cmd)
+    screen = lambda: tmux("capture-pane", "-p", "-t", session)  # noqa: E731
     try:
-        _wait_for(lambda s: "FINISHED" in s, 240, "the run to finish", screen)
+        wait_for(lambda s: "FINISHED" in s, 240, "the run to finish", screen)
         # the dashboard is still open: the last figures are still served
-        text = _wait_for(lambda s: 'tpuwatch_run_status{status="finished"} 1.0' in s, 30, "the end on /metrics",
+        text = wait_for(lambda s: 'tpuwatch_run_status{status="finished"} 1.0' in s, 30, "the end on /metrics",
                          lambda: _scrape(port))
         (steps,) = [line for line in text.splitlines() if line.startswith("tpuwatch_steps_total{")]
         assert steps.endswith(" 12.0")  # 2 epochs x 6 steps
-        _wait_for(lambda s: events.exists() and '"kind": "end"' in events.read_text(), 30, "the end event")
+        wait_for(lambda s: events.exists() and '"kind": "end"' in events.read_text(), 30, "the end event")
         assert "notify:" not in screen()  # held while the dashboard has the screen
-        _tmux("send-keys", "-t", session, "q")
-        text = _wait_for(lambda s: "TPUWATCH-EXIT=" in s, 30, "tpuwatch to exit", screen)
+        tmux("send-keys", "-t", session, "q")
+        text = wait_for(lambda s: "TPUWATCH-EXIT=" in s, 30, "tpuwatch to exit", screen)
         assert "TPUWATCH-EXIT=0" in text and "notify: 1 event(s) to 1 command(s)" in text
         (end,) = [json.loads(line) for line in events.read_text().splitlines()]
         assert (end["kind"], end["status"], end["step"], end["exit_code"]) == ("end", "finished", 12, 0)

@@ -8,28 +8,14 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from tmux_support import tmux, wait_for
 
 from tpuwatch_testing import SAMPLES
 
 pytestmark = pytest.mark.tf
-
-
-def _tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
-
-
-def _wait_for(predicate, timeout: float, what: str, screen=lambda: "") -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = screen()
-        if predicate(text):
-            return text
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; screen:\n{screen()}")
 
 
 def test_dashboard_in_tmux_shows_a_real_run_to_the_end(tmp_path, _isolated_home):
@@ -41,19 +27,19 @@ def test_dashboard_in_tmux_shows_a_real_run_to_the_end(tmp_path, _isolated_home)
            f"TERM=xterm-256color {shlex.quote(str(exe))} run --run-dir {shlex.quote(str(run_dir))} "
            f"{shlex.quote(str(SAMPLES / 'keras_fit.py'))} --epochs 2 --steps-per-epoch 6; "
            f"echo TPUWATCH-EXIT=$?; sleep 30")
-    _tmux("new-session", "-d", "-s", session, "-x", "100", "-y", "32", cmd)
-    screen = lambda: _tmux("capture-pane", "-p", "-t", session)  # noqa: E731
+    tmux("new-session", "-d", "-s", session, "-x", "100", "-y", "32", cmd)
+    screen = lambda: tmux("capture-pane", "-p", "-t", session)  # noqa: E731
     try:
         # The dashboard comes up before TensorFlow has even loaded in the child.
-        _wait_for(lambda s: "keras_fit.py" in s, 20, "the dashboard header", screen)
-        text = _wait_for(lambda s: "FINISHED" in s, 240, "the run to finish", screen)
+        wait_for(lambda s: "keras_fit.py" in s, 20, "the dashboard header", screen)
+        text = wait_for(lambda s: "FINISHED" in s, 240, "the run to finish", screen)
         assert "MirroredStrategy" in text and "4×" in text
         assert "12" in text  # the step count (2 epochs x 6 steps)
         events = (run_dir / "events.jsonl").read_text()
         assert events.count('"kind":"step"') == 12
         # The run is over: q quits without the stop/detach dialog, and tpuwatch exits with 0.
-        _tmux("send-keys", "-t", session, "q")
-        text = _wait_for(lambda s: "TPUWATCH-EXIT=" in s, 20, "tpuwatch to exit", screen)
+        tmux("send-keys", "-t", session, "q")
+        text = wait_for(lambda s: "TPUWATCH-EXIT=" in s, 20, "tpuwatch to exit", screen)
         assert "TPUWATCH-EXIT=0" in text
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
@@ -74,24 +60,24 @@ def test_attach_checkpoint_result_reads_at_120x40_and_stop_ends_training(tmp_pat
                                "--slow-input-after", "0"],
                               cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                               stderr=open(tmp_path / "headless.err", "w"))  # noqa: SIM115 (closed with the process)
-    screen = lambda: _tmux("capture-pane", "-p", "-t", session)  # noqa: E731
+    screen = lambda: tmux("capture-pane", "-p", "-t", session)  # noqa: E731
     try:
         events = run_dir / "events.jsonl"
-        _wait_for(lambda _: events.exists() and '"kind":"step"' in events.read_text(), 240, "the first step")
+        wait_for(lambda _: events.exists() and '"kind":"step"' in events.read_text(), 240, "the first step")
         cmd = (f"cd {shlex.quote(str(tmp_path))} && TPUWATCH_HOME={shlex.quote(str(_isolated_home))} "
                f"TERM=xterm-256color {shlex.quote(str(exe))} attach {shlex.quote(str(run_dir))}; "
                f"echo ATTACH-EXIT=$?; sleep 60")
-        _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40", cmd)
-        _wait_for(lambda s: "RUNNING" in s, 60, "the attached dashboard", screen)
-        _tmux("send-keys", "-t", session, "c")
-        text = _wait_for(lambda s: "checkpoint done: checkpoints/ckpt-" in s, 120, "the checkpoint's result", screen)
+        tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40", cmd)
+        wait_for(lambda s: "RUNNING" in s, 60, "the attached dashboard", screen)
+        tmux("send-keys", "-t", session, "c")
+        text = wait_for(lambda s: "checkpoint done: checkpoints/ckpt-" in s, 120, "the checkpoint's result", screen)
         line = next(s for s in text.splitlines() if "checkpoint done:" in s)
         step = line.split("checkpoints/ckpt-", 1)[1].split()[0]
         assert list((run_dir / "checkpoints").glob(f"ckpt-{step}.*")), line  # the file it names exists
-        _tmux("send-keys", "-t", session, "q")
-        _wait_for(lambda s: "Stop training" in s, 20, "the quit dialog", screen)
-        _tmux("send-keys", "-t", session, "s")
-        text = _wait_for(lambda s: "ATTACH-EXIT=" in s, 60, "attach to stop the run and exit", screen)
+        tmux("send-keys", "-t", session, "q")
+        wait_for(lambda s: "Stop training" in s, 20, "the quit dialog", screen)
+        tmux("send-keys", "-t", session, "s")
+        text = wait_for(lambda s: "ATTACH-EXIT=" in s, 60, "attach to stop the run and exit", screen)
         assert "sending SIGINT to the training process group; waiting up to 15 s" in text
         assert "training stopped (exit code 130)" in text and "ATTACH-EXIT=130" in text
         assert runner.wait(timeout=60) == 130  # the training really ended, with the interrupt's code
