@@ -47,7 +47,10 @@ def read_messages(path: Path) -> list:
 
 def child_env(**extra: str) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    # No empty entry: an empty PYTHONPATH item is the working directory, which plain Python does
+    # not put on a script's sys.path (CI runs without a PYTHONPATH of its own).
+    entries = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if e]
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[e for e in entries if e != str(ROOT)]])
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Read every step's loss, so tests can compare each one with the script's (the default reads
     # at most every 10 ms of training; tests/corpus checks that too).
