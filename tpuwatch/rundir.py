@@ -30,7 +30,9 @@ one line, never a hang.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -41,6 +43,7 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -336,11 +339,43 @@ def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
         raise
 
 
+META_LOCK_WAIT_S = 2.0
+
+
 def update_meta(run_dir: Path, **changes: Any) -> dict[str, Any]:
-    meta = read_meta(run_dir)
-    meta.update(changes)
-    write_meta(run_dir, meta)
+    """Read-modify-write of run.json under a lock, so two processes updating it at once (the
+    launcher and the agent) keep each other's keys. The lock is waited for at most
+    ``META_LOCK_WAIT_S`` (a holder that hangs must not stop the other); without it, or where the
+    directory refuses a lock file, the update goes ahead unlocked as before."""
+    with _meta_lock(run_dir):
+        meta = read_meta(run_dir)
+        meta.update(changes)
+        write_meta(run_dir, meta)
     return meta
+
+
+@contextlib.contextmanager
+def _meta_lock(run_dir: Path) -> Iterator[None]:
+    try:
+        fd = os.open(run_dir / f".{META}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + META_LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.001)
+            except OSError:
+                break
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:

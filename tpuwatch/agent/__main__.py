@@ -152,11 +152,10 @@ def _start_server(agent, run_dir: Path, listen: tuple[str, int] | None) -> None:
     except OSError as e:
         agent.event("error", "transport", f"viewers cannot attach: {e} (the recording still works)")
         return
-    meta = rundir.read_meta(run_dir)
-    meta["socket"] = str(agent.server.unix_path)
+    where = {"socket": str(agent.server.unix_path)}
     if agent.server.tcp_address:
-        meta["tcp"] = "%s:%d" % agent.server.tcp_address
-    rundir.write_meta(run_dir, meta)
+        where["tcp"] = "%s:%d" % agent.server.tcp_address
+    rundir.update_meta(run_dir, **where)
 
 
 def _finish_python(code: int, sig: int | None, reason: str) -> tuple[int, int | None, str]:
