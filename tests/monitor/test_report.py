@@ -154,3 +154,19 @@ def test_list_runs_reads_only_the_tail_of_a_big_recording(tmp_path):
     elapsed = time.perf_counter() - t
     assert info.steps == 200_001 and info.state == "finished" and info.script == "train.py"
     print(f"list_runs on a {(d / 'events.jsonl').stat().st_size >> 20} MiB recording: {elapsed * 1e3:.0f} ms")
+
+
+def test_markdown_traceback_holding_a_fence_stays_one_block(tmp_path):
+    """An exception whose text holds a Markdown fence (a docstring or an f-string quoting code) must
+    not end the report's code block early. Before: the fence was three backticks whatever the text."""
+    d = run_from(tmp_path, "crashed.jsonl")
+    events = d / "events.jsonl"
+    text = events.read_text()
+    assert "loss is nan at step 150" in text
+    events.write_text(text.replace('raise FloatingPointError(', 'raise FloatingPointError(```\\n## not a heading\\n```'))
+    md = report.render_markdown(report.build_report(d))
+    block = md[md.index("## Traceback"):]
+    fence = block.splitlines()[2]
+    assert set(fence) == {"`"} and len(fence) > 3, fence
+    body = block.split(fence)[1]
+    assert "## not a heading" in body and "```" in body

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from array import array
 from pathlib import Path
@@ -578,6 +579,13 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _fence(lines: list[str]) -> str:
+    """A code fence longer than any run of backticks in ``lines`` (CommonMark closes a block only
+    on a fence at least as long as the opening one)."""
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    return "`" * max(3, longest + 1)
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """GitHub-flavoured Markdown (tables), e.g. for an issue or a pull request; control
     characters from the run shown escaped (it is printed to a terminal as often as pasted)."""
@@ -593,7 +601,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                 parts.append(f"| {_md_escape(k)} | {_md_escape(v)} |")
             parts.append("")
         if title == "Traceback":
-            parts += ["```", *extra, "```", ""]
+            fence = _fence(extra)
+            parts += [fence, *extra, fence, ""]
             continue
         for line in extra:
             parts.append(f"- {line}" if line != "none" else "None.")
