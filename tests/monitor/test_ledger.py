@@ -202,3 +202,24 @@ def test_an_evaluation_whose_calls_stop_is_stalled_from_its_last_call():
     assert lg.buckets["evaluating"] == pytest.approx(2.0, abs=0.01)
     assert lg.buckets["stalled"] == pytest.approx(40.0, abs=0.01)
     assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s)
+
+
+def test_the_run_lasts_one_figure_in_the_summary_the_report_and_the_ledger(tmp_path):
+    """The headless summary's "after X", the report's duration and the ledger's wall time are one
+    figure, from the launch. Before: the summary and the report counted from the agent's hello, the
+    ledger from the process's creation (0.5 s earlier here; seconds with a slow import)."""
+    from monitor_recordings import write_run
+
+    from tpuwatch.console import headless, report
+    from tpuwatch.units import fmt_duration
+
+    tl = planted()
+    state = RunState()
+    for m in tl.msgs:
+        state.apply(m)
+    snap = state.snapshot()
+    assert snap.ledger is not None and snap.ledger.wall_s == pytest.approx(tl.t - (T0 - 0.5))
+    assert snap.started_t == pytest.approx(T0 - 0.5)
+    assert f"after {fmt_duration(snap.ledger.wall_s)}" in headless.summary(snap).splitlines()[0]
+    rep = report.build_report(write_run(tmp_path / "r", tl.msgs))
+    assert rep["run"]["duration_s"] == pytest.approx(rep["ledger"]["wall_s"], abs=1e-6)

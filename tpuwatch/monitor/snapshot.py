@@ -164,7 +164,7 @@ class RunSnapshot:
     exception: str | None = None  # "Type: message"
     exception_traceback: str = ""
     lost_reason: str | None = None  # why the launcher declared the run lost
-    started_t: float | None = None  # the first hello
+    started_t: float | None = None  # the launch (the first 'starting' phase's since), else the first hello
     ended_t: float | None = None  # the exit record (or the last message of a lost run)
     now: float = 0.0  # the time this snapshot describes
     last_message_t: float | None = None  # newest message time (use as ``now`` in a replay)

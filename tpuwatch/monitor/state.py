@@ -388,6 +388,10 @@ class RunState:
             self._epoch = msg.epoch
 
     def _phase(self, msg: Phase, w: _Worker) -> None:
+        if msg.phase == "starting" and (self._started_t is None or msg.since < self._started_t):
+            # the launch (the process's creation), where the ledger's wall time starts: the run's
+            # duration is one figure in the header, the summary, the report and the ledger
+            self._started_t = msg.since
         prev = w.phase
         if prev is None or prev.phase != msg.phase or prev.since != msg.since:
             self.version += 1  # a new phase is news; an evaluation's progress is a number
