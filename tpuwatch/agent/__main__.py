@@ -21,11 +21,16 @@ import importlib.util
 import runpy
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpuwatch import address, rundir, settings
+from tpuwatch.agent import clocks, exit_guard
 from tpuwatch.protocol import clip_argv
-from tpuwatch.agent import exit_guard
-from tpuwatch.agent import clocks
+
+if TYPE_CHECKING:
+    import types
+
+    from tpuwatch.agent.runtime import Agent
 
 EXIT_USAGE = 2
 
@@ -87,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tpuwatch: run directory: {e.strerror}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as e:
-        print(f"tpuwatch: run directory {run_dir} is not writable ({e.strerror}); set TPUWATCH_HOME or pass --run-dir", file=sys.stderr)
+        print(f"tpuwatch: run directory {run_dir} is not writable ({e.strerror}); set TPUWATCH_HOME or pass "
+              "--run-dir", file=sys.stderr)
         return EXIT_USAGE
     if not rundir.read_meta(run_dir):
         # Started on its own (not by `tpuwatch run`): leave the metadata `ls`/`attach` need.
@@ -123,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if agent.step_probe is not None:  # the last step's losses, if its record went without them
         try:
             agent.step_probe.read_unread_losses()
-        except Exception as e:
+        except Exception as e:  # the exit record comes next whatever the probe does
             agent.probe_failed("steps", e)
     from tpuwatch.protocol import Exit
 
@@ -141,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _start_server(agent, run_dir: Path, listen: tuple[str, int] | None) -> None:
+def _start_server(agent: Agent, run_dir: Path, listen: tuple[str, int] | None) -> None:
     from tpuwatch.agent.transport import Server
 
     # Workers of one job may share a token (TPUWATCH_TOKEN), so one viewer can attach to all.
@@ -172,10 +178,10 @@ def _finish_python(code: int, sig: int | None, reason: str) -> tuple[int, int | 
     return code, sig, reason
 
 
-def _run_script(agent, ns: argparse.Namespace, target: str) -> tuple[int, int | None, str]:
+def _run_script(agent: Agent, ns: argparse.Namespace, target: str) -> tuple[int, int | None, str]:
     """Runs the script; returns its exit code, the signal that ended it (or None) and why."""
-    from tpuwatch.protocol import ExceptionRaised
     from tpuwatch.agent.runtime import format_exception
+    from tpuwatch.protocol import ExceptionRaised
 
     sys.argv = [target, *ns.args]
     code = 0
@@ -278,7 +284,7 @@ def _own_frame(filename: str) -> bool:
     return (filename.startswith(_AGENT_DIR) or filename in ("<frozen runpy>", runpy.__file__))
 
 
-def _without_own_frames(tb):
+def _without_own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     """``tb`` without tpuwatch's frames (a new chain; the frames are the same)."""
     import types
 
@@ -287,7 +293,7 @@ def _without_own_frames(tb):
         if not _own_frame(tb.tb_frame.f_code.co_filename):
             kept.append(tb)
         tb = tb.tb_next
-    out = None
+    out: types.TracebackType | None = None
     for t in reversed(kept):
         out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
     return out
@@ -328,7 +334,7 @@ def _print_as_python_would(exc: BaseException) -> None:
     write_stderr(text)
 
 
-def _exit_code(value) -> int:
+def _exit_code(value: object) -> int:
     if value is None:
         return 0
     if isinstance(value, int):

@@ -8,7 +8,7 @@ read per call on the host.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
     from tpuwatch.agent.steps import StepProbe
@@ -18,7 +18,7 @@ WAIT_S, FETCHES, EXAMPLES, RUNS = range(4)
 SLOTS = 4
 
 
-def fast_reader(variables) -> Callable[[], list]:
+def fast_reader(variables: Sequence[Any]) -> Callable[[], list[Any]]:
     """A reader of the variables' current values as numpy scalars/arrays.
 
     ``variable.numpy()`` goes through tape and distribution wrappers (~35 µs a variable); the
@@ -36,7 +36,7 @@ def fast_reader(variables) -> Callable[[], list]:
         for handle, dtype in pairs:  # fails here, not per step, if the fast path is missing
             fast(ctx, "ReadVariableOp", None, handle, "dtype", dtype).numpy()
         return lambda: [fast(ctx, "ReadVariableOp", None, handle, "dtype", dtype).numpy() for handle, dtype in pairs]
-    except Exception:
+    except Exception:  # TF's private fast path moved or refuses these: the public read, slower but there
         return lambda: [v.numpy() for v in variables]
 
 
@@ -72,7 +72,7 @@ def add_constant(probe: "StepProbe", slot: int, value: float) -> None:
     probe.mark("acc")
 
 
-def add_vector(probe: "StepProbe", values: list) -> Any:
+def add_vector(probe: "StepProbe", values: list[Any]) -> Any:
     """Adds ``values`` (one float64 scalar tensor per slot) from inside a traced function; returns
     the op."""
     import tensorflow as tf

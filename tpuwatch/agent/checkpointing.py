@@ -34,12 +34,12 @@ import os
 import threading
 import weakref
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
-from tpuwatch.agent import destinations, post_import
+from tpuwatch.agent import clocks, destinations, post_import
 from tpuwatch.agent.runtime import CommandRefused
 from tpuwatch.protocol import Command
-from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -55,7 +55,7 @@ class WeakRegistry:
     """Objects in creation order, held weakly; dead entries pruned as they are found."""
 
     def __init__(self) -> None:
-        self._refs: list[weakref.ref] = []
+        self._refs: list[weakref.ref[Any]] = []
         self._ids: set[int] = set()
 
     def add(self, obj: Any) -> None:
@@ -85,8 +85,8 @@ class Tracker:
         self.managers = WeakRegistry()
         self.models = WeakRegistry()
         self.optimizers = WeakRegistry()
-        self.fitting: list[weakref.ref] = []  # models whose fit is running (nested fit: a stack)
-        self.own: weakref.WeakSet = weakref.WeakSet()  # our own Checkpoint/Manager objects
+        self.fitting: list[weakref.ref[Any]] = []  # models whose fit is running (nested fit: a stack)
+        self.own: weakref.WeakSet[Any] = weakref.WeakSet()  # our own Checkpoint/Manager objects
         self._creating_own = threading.local()
 
     def creating_own(self) -> bool:
@@ -116,16 +116,17 @@ class Tracker:
         return None
 
 
-def _register_after_init(tracker: Tracker, registry_of: Callable[[Any], WeakRegistry | None], agent: "Agent"):
-    def make(original):
-        def __init__(self, *args, **kwargs):
+def _register_after_init(tracker: Tracker, registry_of: Callable[[Any], WeakRegistry | None],
+                         agent: "Agent") -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def make(original: Callable[..., None]) -> Callable[..., None]:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             original(self, *args, **kwargs)
             try:
                 if not tracker.creating_own():
                     registry = registry_of(self)
                     if registry is not None:
                         registry.add(self)
-            except Exception as e:
+            except Exception as e:  # after the script's own __init__ succeeded: never fail its object
                 agent.probe_failed(PROBE, e)
 
         return __init__
@@ -141,7 +142,7 @@ class Checkpointer:
         self.perf = perf
         self.tracker = Tracker()
         self._step_var: Any = None
-        self._own: tuple[tuple, Any, Any] | None = None  # (key, checkpoint, manager) last used
+        self._own: tuple[tuple[Any, ...], Any, Any] | None = None  # (key, checkpoint, manager) last used
         self._uploads: set[threading.Thread] = set()
 
     # --- tracking -------------------------------------------------------------------------------
@@ -153,7 +154,7 @@ class Checkpointer:
         def on_error(e: BaseException) -> None:
             agent.probe_failed(PROBE, e)
 
-        def tf_checkpoints(module) -> None:
+        def tf_checkpoints(module: ModuleType) -> None:
             from tensorflow.python.checkpoint import checkpoint, checkpoint_management
 
             patches.wrap(checkpoint.Checkpoint, "__init__",
@@ -161,19 +162,19 @@ class Checkpointer:
             patches.wrap(checkpoint_management.CheckpointManager, "__init__",
                          _register_after_init(tracker, lambda o: tracker.managers, agent))
 
-        def keras_models(module) -> None:
+        def keras_models(module: ModuleType) -> None:
             patches.wrap(module.Trainer, "__init__", _register_after_init(tracker, lambda o: tracker.models, agent))
 
-        def keras_functional(module) -> None:
+        def keras_functional(module: ModuleType) -> None:
             patches.wrap(module.Functional, "__init__", _register_after_init(tracker, lambda o: tracker.models, agent))
 
-        def keras_optimizers(module) -> None:
+        def keras_optimizers(module: ModuleType) -> None:
             patches.wrap(module.BaseOptimizer, "__init__",
                          _register_after_init(tracker, lambda o: tracker.optimizers, agent))
 
-        def keras_fit(module) -> None:
-            def make_fit(original):
-                def fit(model, *args, **kwargs):
+        def keras_fit(module: ModuleType) -> None:
+            def make_fit(original: Callable[..., Any]) -> Callable[..., Any]:
+                def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
                     tracker.fitting.append(weakref.ref(model))
                     try:
                         return original(model, *args, **kwargs)
@@ -229,7 +230,7 @@ class Checkpointer:
 
     # --- at the step boundary (training thread) ---------------------------------------------------
 
-    def handle(self, cmd: Command) -> tuple[str | None, dict]:
+    def handle(self, cmd: Command) -> tuple[str | None, dict[str, Any]]:
         t0 = self.perf()
         dest = self._destination(cmd)
         try:
@@ -242,13 +243,13 @@ class Checkpointer:
             self._step_var.assign(step)
         try:
             prefix = manager.save(checkpoint_number=step)
-        except Exception as e:
+        except Exception as e:  # TF's save raises OpError, OSError, ValueError...: each refuses the command
             text = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             raise CommandRefused(f"checkpoint could not be written to {dest.url}: {text}") from None
         save_s = self.perf() - t0
         files = sorted(Path(p) for p in _glob_prefix(prefix))
         size = sum(p.stat().st_size for p in files)
-        details: dict = {"path": prefix, "bytes": size, "step": step, "save_s": round(save_s, 4), "saved": what}
+        details: dict[str, Any] = {"path": prefix, "bytes": size, "step": step, "save_s": round(save_s, 4), "saved": what}
         if dest.gcs is None:
             details["seconds"] = round(self.perf() - t0, 4)
             return f"saved step {step} ({what}) to {prefix}", details
@@ -294,7 +295,7 @@ class Checkpointer:
                                     ours=True)
         return manager, ", ".join(sorted(objects))
 
-    def _own_manager(self, key: tuple, make_checkpoint: Callable[[], Any], dest: destinations.Destination,
+    def _own_manager(self, key: tuple[Any, ...], make_checkpoint: Callable[[], Any], dest: destinations.Destination,
                      ours: bool) -> Any:
         """A CheckpointManager of ours over the checkpoint ``make_checkpoint`` gives (``ours``: we build it)."""
         import tensorflow as tf
@@ -312,10 +313,10 @@ class Checkpointer:
     def _keras_objects(self) -> dict[str, Any]:
         fit_model = self.tracker.fit_model()
         if fit_model is not None:
-            objects = {"model": fit_model}
+            held: dict[str, Any] = {"model": fit_model}
             if getattr(fit_model, "optimizer", None) is not None:
-                objects["optimizer"] = fit_model.optimizer
-            return objects
+                held["optimizer"] = fit_model.optimizer
+            return held
         models = _top_level(self.tracker.models.live())
         optimizers = self.tracker.optimizers.live()
         wrapped = {id(getattr(o, "inner_optimizer", None)) for o in optimizers}
@@ -331,7 +332,7 @@ class Checkpointer:
     # --- gs:// (helper thread) -------------------------------------------------------------------
 
     def _upload(self, cmd: Command, dest: destinations.Destination, prefix: Path, files: list[Path],
-                details: dict, t0: float) -> None:
+                details: dict[str, Any], t0: float) -> None:
         from tpuwatch.agent import gcs
 
         assert dest.gcs is not None
@@ -346,7 +347,7 @@ class Checkpointer:
                                           f"not uploaded: {e}", details)
             self._uploads.discard(threading.current_thread())
             return
-        except Exception as e:
+        except Exception as e:  # any other failure of the upload thread still ends the command with its Result
             details["seconds"] = round(self.perf() - t0, 4)
             self.agent.finish(cmd, False, f"checkpoint upload failed: {type(e).__name__}: {e}; kept locally at "
                                           f"{prefix}", details)
@@ -370,7 +371,7 @@ class Checkpointer:
 
 
 def _is_gcs(path: Any) -> bool:
-    return os.fspath(path).startswith("gs://")
+    return bool(os.fspath(path).startswith("gs://"))
 
 
 def _glob_prefix(prefix: str) -> list[str]:
@@ -382,7 +383,7 @@ def _glob_prefix(prefix: str) -> list[str]:
 def _variable_ids(model: Any) -> frozenset[int]:
     try:
         return frozenset(id(v) for v in model.variables)
-    except Exception:
+    except Exception:  # a model that cannot list its variables (not built, a Keras bug) holds none we know of
         return frozenset()
 
 

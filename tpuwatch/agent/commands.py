@@ -11,7 +11,7 @@ is left without its Result.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tpuwatch.agent.checkpointing import Checkpointer
 from tpuwatch.agent.profiler import Profiler
@@ -19,6 +19,7 @@ from tpuwatch.agent.profiler import Profiler
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
     from tpuwatch.agent.runtime import Agent
+    from tpuwatch.protocol import Command
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ def install(agent: "Agent", patches: "Patches") -> Commands:
     checkpointer.install(patches)
     agent.register("profile", profiler.handle, at_step_boundary=True, validate=profiler.validate)
 
-    def checkpoint(cmd):
+    def checkpoint(cmd: Command) -> tuple[str | None, dict[str, Any]]:
         with agent.phases.during("checkpointing", "tpuwatch checkpoint"):
             return checkpointer.handle(cmd)
 

@@ -20,6 +20,7 @@ from tpuwatch import rundir, settings
 from tpuwatch.agent import gcs
 from tpuwatch.agent.runtime import CommandRefused
 
+
 @dataclass(frozen=True)
 class Destination:
     """A resolved destination: ``url`` is what results name, ``local`` where files are written."""

@@ -15,11 +15,12 @@ import socket
 import sys
 import threading
 import weakref
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from tpuwatch import protocol
-from tpuwatch.protocol import Config, Hello, Topology
 from tpuwatch.agent import clocks
+from tpuwatch.protocol import Config, Hello, Topology
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -398,8 +399,8 @@ def install(agent: "Agent", patches: "Patches") -> None:
     """Announces a strategy when its scope is entered; watches the mixed-precision policy."""
     from tensorflow.python.distribute import distribute_lib
 
-    def make_scope(original):
-        def scope(self, *args, **kwargs):
+    def make_scope(original: Callable[..., Any]) -> Callable[..., Any]:
+        def scope(self: Any, *args: Any, **kwargs: Any) -> Any:
             manager = original(self, *args, **kwargs)
             if agent.enabled(PROBE):
                 try:
@@ -407,7 +408,7 @@ def install(agent: "Agent", patches: "Patches") -> None:
                     # time; the step probe announces it if it is what actually trains.
                     if self not in _announced and type(self).__name__ != "_DefaultDistributionStrategy":
                         announce(agent, self)
-                except Exception as e:
+                except Exception as e:  # the script's scope is entered already: only the probe stops
                     agent.probe_failed(PROBE, e)
             return manager
 
@@ -424,14 +425,14 @@ def _watch_keras3_policy(agent: "Agent", patches: "Patches", watcher: PolicyWatc
     script imports Keras; the hook runs on the thread that sets it."""
     from tpuwatch.agent import post_import
 
-    def patch(module) -> None:
-        def make_setter(original):
-            def set_global_attribute(name, value):
+    def patch(module: ModuleType) -> None:
+        def make_setter(original: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+            def set_global_attribute(name: str, value: Any) -> Any:
                 result = original(name, value)
                 if name == "dtype_policy" and agent.enabled("mixed_precision"):
                     try:
                         watcher.check(getattr(value, "name", None))
-                    except Exception as e:
+                    except Exception as e:  # Keras has set the policy already: only the probe stops
                         agent.probe_failed("mixed_precision", e)
                 return result
 

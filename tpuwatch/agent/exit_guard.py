@@ -32,7 +32,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from tpuwatch.rundir import TEARDOWN_STACKS as STACKS_FILE
 
@@ -41,7 +41,7 @@ DEFAULT_BOUND_S = 10.0
 _CLOCK_MONOTONIC = 1
 _SIGEV_THREAD = 2
 
-_keep: list = []  # what the native timers use must outlive every Python object
+_keep: list[Any] = []  # what the native timers use must outlive every Python object
 
 
 def bound_s() -> float:
@@ -81,14 +81,14 @@ def flush_open_files() -> None:
     flush_std()
     try:
         objects = gc.get_objects()
-    except Exception:
+    except Exception:  # at exit, with memory short (MemoryError): finalization flushes them as it can
         return
     for obj in objects:
         if isinstance(obj, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
             _flush(obj)
 
 
-def _flush(stream: IO | None) -> None:
+def _flush(stream: IO[Any] | None) -> None:
     try:
         if stream is not None and not stream.closed:
             stream.flush()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 #: Files larger than this go up resumably, in chunks of CHUNK_BYTES (a multiple of 256 KiB).
 RESUMABLE_ABOVE_BYTES = 8 << 20
@@ -59,7 +59,7 @@ def parse(url: str) -> GcsPath:
     return GcsPath(bucket, prefix.strip("/"))
 
 
-def _client():
+def _client() -> Any:
     try:
         from google.cloud import storage
     except ImportError as e:
@@ -97,7 +97,7 @@ def check_bucket(dest: GcsPath) -> None:
     client = _client()
     try:
         exists = client.bucket(dest.bucket).exists(timeout=30)
-    except Exception as e:
+    except Exception as e:  # google-api-core's, google-auth's and requests' errors share no base: each explained
         raise _explain(e, dest) from None
     if not exists:
         raise _missing_bucket(dest)
@@ -120,7 +120,7 @@ def upload_files(files: Iterable[tuple[Path, str]], dest: GcsPath) -> int:
         blob = bucket.blob(dest.join(key), chunk_size=chunk)
         try:
             blob.upload_from_filename(str(path), timeout=REQUEST_TIMEOUT_S, retry=DEFAULT_RETRY)
-        except Exception as e:
+        except Exception as e:  # google-api-core's, google-auth's and requests' errors share no base: each explained
             raise _explain(e, dest) from None
         total += size
     return total

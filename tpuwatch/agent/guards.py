@@ -33,11 +33,12 @@ import stat
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, TextIO
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO
 
 from tpuwatch import rundir, settings
-from tpuwatch.protocol import OUTPUT_SOURCE, Exit
 from tpuwatch.agent import clocks
+from tpuwatch.protocol import OUTPUT_SOURCE, Exit
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -133,7 +134,7 @@ class _DiskFullSafeWriter(io.RawIOBase):
     def isatty(self) -> bool:
         return os.isatty(self._fd)
 
-    def write(self, b) -> int:  # type: ignore[override]
+    def write(self, b: Any) -> int:  # any bytes-like object; len() first, as the common case is bytes
         done = 0
         try:
             done = os.write(self._fd, b)
@@ -172,7 +173,7 @@ def _wrap(stream: TextIO | None, guard: OutputGuard) -> TextIO | None:
         return stream
     raw = _DiskFullSafeWriter(fd, guard)
     unbuffered = isinstance(stream.buffer, io.RawIOBase)  # python -u / PYTHONUNBUFFERED
-    binary = raw if unbuffered else io.BufferedWriter(raw)
+    binary: Any = raw if unbuffered else io.BufferedWriter(raw)  # typeshed's TextIOWrapper wants a buffered one
     wrapped = io.TextIOWrapper(binary, encoding=stream.encoding, errors=stream.errors,
                                line_buffering=stream.line_buffering, write_through=unbuffered)
     return wrapped
@@ -276,7 +277,8 @@ def install_reexec(agent: "Agent", script: str) -> None:
     real_script = os.path.realpath(script)
     execv, execve = os.execv, os.execve
 
-    def under_agent(path, args, env):
+    def under_agent(path: Any, args: Sequence[Any],
+                    env: Mapping[str, str] | None) -> tuple[list[Any], dict[str, str]] | None:
         try:
             argv = list(args)
             if (len(argv) < 2 or os.path.realpath(os.fsdecode(path)) != os.path.realpath(sys.executable)
@@ -297,19 +299,19 @@ def install_reexec(agent: "Agent", script: str) -> None:
             agent.probe_failed("reexec", e)
             return None
 
-    def patched_execv(path, args):
+    def patched_execv(path: Any, args: Any) -> Any:
         rewritten = under_agent(path, args, None)
         if rewritten is None:
             return execv(path, args)
         return execve(path, *rewritten)
 
-    def patched_execve(path, args, env):
+    def patched_execve(path: Any, args: Any, env: Any) -> Any:
         rewritten = under_agent(path, args, env)
         if rewritten is None:
             return execve(path, args, env)
         return execve(path, *rewritten)
 
-    os.execv, os.execve = patched_execv, patched_execve
+    os.execv, os.execve = patched_execv, patched_execve  # type: ignore[assignment]  # same calls, looser types
 
 
 # --- fork ---------------------------------------------------------------------------------------
@@ -351,7 +353,7 @@ def _record_signal_exit(sig: int) -> None:
     agent.before_signal_death()
 
 
-def _on_sigterm(signum: int, frame) -> None:
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     """Records the exit, then dies by SIGTERM exactly as the default action would."""
     if not _terminating.is_set():
         _terminating.set()

@@ -15,13 +15,13 @@ Everything runs on the training thread at epoch boundaries: no per-step cost.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
-from typing import TYPE_CHECKING, Any, Mapping
-
-from tpuwatch.protocol import Config, Epoch
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from tpuwatch.agent.patches import PatchError
+from tpuwatch.protocol import Config, Epoch
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -174,31 +174,31 @@ def learning_rate(model: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
     return args[index] if len(args) > index else kwargs.get(name)
 
 
 def patch_callback_list(agent: "Agent", patches: "Patches", hooks: KerasHooks, cls: type) -> None:
-    def make_train_begin(original):
-        def on_train_begin(self, *args, **kwargs):
+    def make_train_begin(original: Callable[..., Any]) -> Callable[..., Any]:
+        def on_train_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
             if agent.enabled(PROBE):
                 try:
                     hooks.train_begin(self)
-                except Exception as e:
+                except Exception as e:  # a hook's bug never fails the script's fit: only the probe stops
                     agent.probe_failed(PROBE, e)
             return original(self, *args, **kwargs)
 
         return on_train_begin
 
-    def make_epoch(original, phase):
-        def on_epoch(self, *args, **kwargs):
+    def make_epoch(original: Callable[..., Any], phase: str) -> Callable[..., Any]:
+        def on_epoch(self: Any, *args: Any, **kwargs: Any) -> Any:
             if agent.enabled(PROBE):
                 try:
                     if phase == "end" and agent.step_probe is not None:
                         agent.step_probe.read_unread_losses()  # the epoch's last step's losses
                     hooks.epoch_event(phase, _arg(args, kwargs, 0, "epoch"), _arg(args, kwargs, 1, "logs"),
                                       getattr(self, "model", None))
-                except Exception as e:
+                except Exception as e:  # a hook's bug never fails the script's fit: only the probe stops
                     agent.probe_failed(PROBE, e)
             return original(self, *args, **kwargs)
 
@@ -206,40 +206,40 @@ def patch_callback_list(agent: "Agent", patches: "Patches", hooks: KerasHooks, c
 
     summing = sums_logs_over_replicas(keras_of(cls))
 
-    def make_batch_end(original):
-        def on_train_batch_end(self, *args, **kwargs):
+    def make_batch_end(original: Callable[..., Any]) -> Callable[..., Any]:
+        def on_train_batch_end(self: Any, *args: Any, **kwargs: Any) -> Any:
             if summing and not hooks.logs_checked and agent.enabled(PROBE):
                 try:
                     hooks.check_logged_loss(_arg(args, kwargs, 1, "logs"))
-                except Exception as e:
+                except Exception as e:  # a hook's bug never fails the script's fit: only the probe stops
                     agent.probe_failed(PROBE, e)
             return original(self, *args, **kwargs)
 
         return on_train_batch_end
 
-    def make_phase(original, begin: str | None):
+    def make_phase(original: Callable[..., Any], begin: str | None) -> Callable[..., Any]:
         """``begin``: the phase an ``on_*_begin`` starts; None: an ``on_*_end`` (back to host)."""
 
-        def on_phase(self, *args, **kwargs):
+        def on_phase(self: Any, *args: Any, **kwargs: Any) -> Any:
             if agent.enabled("phases"):
                 try:
                     if begin is None:
                         agent.phases.end()
                     else:
                         agent.phases.begin("evaluating", begin)
-                except Exception as e:
+                except Exception as e:  # a hook's bug never fails the script's fit: only the probe stops
                     agent.probe_failed("phases", e)
             return original(self, *args, **kwargs)
 
         return on_phase
 
-    def make_train_end(original):
-        def on_train_end(self, *args, **kwargs):
+    def make_train_end(original: Callable[..., Any]) -> Callable[..., Any]:
+        def on_train_end(self: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(self, *args, **kwargs)
             if agent.enabled("phases"):
                 try:
                     agent.phases.enter("host")
-                except Exception as e:
+                except Exception as e:  # a hook's bug never fails the script's fit: only the probe stops
                     agent.probe_failed("phases", e)
             return result
 
@@ -248,7 +248,7 @@ def patch_callback_list(agent: "Agent", patches: "Patches", hooks: KerasHooks, c
     try:  # phases are their own probe: a Keras without these hooks keeps the epoch probe
         for method, begin in (("on_test_begin", "evaluate"), ("on_test_end", None),
                               ("on_predict_begin", "predict"), ("on_predict_end", None)):
-            patches.wrap(cls, method, lambda original, begin=begin: make_phase(original, begin))
+            patches.wrap(cls, method, functools.partial(make_phase, begin=begin))
         patches.wrap(cls, "on_train_end", make_train_end)
     except PatchError as e:
         agent.probe_failed("phases", e)

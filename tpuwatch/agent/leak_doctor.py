@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from tpuwatch.protocol import AllocationSites, Message
 
 if TYPE_CHECKING:
+    import tracemalloc
+
     from tpuwatch.agent.patches import Patches
     from tpuwatch.agent.runtime import Agent
 
@@ -158,7 +160,7 @@ class LeakDoctor:
         inside = (now - w["t0"]) / (step - w["step0"]) if step > w["step0"] else None
         return (self._sites(w["snap"], end, now - w["t1"], w["step1"], step, inside, w["before"]),)
 
-    def _sites(self, start, end, window_s: float, step_from: int, step_to: int,
+    def _sites(self, start: tracemalloc.Snapshot, end: tracemalloc.Snapshot, window_s: float, step_from: int, step_to: int,
                inside: float | None, before: float | None) -> AllocationSites:
         import tracemalloc
 

@@ -19,7 +19,7 @@ class Patches:
     def __init__(self) -> None:
         self._undo: list[tuple[Any, str, Any, bool]] = []
 
-    def wrap(self, owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> Callable:
+    def wrap(self, owner: Any, name: str, make_wrapper: Callable[[Any], Callable[..., Any]]) -> Any:
         """Replaces ``owner.name`` by ``make_wrapper(original)``; returns the original.
 
         Only the attribute defined on ``owner`` itself is wrapped (``owner.__dict__``), so a

@@ -169,12 +169,12 @@ class PhaseTracker:
         """Runs a change; a failure disables the probe (reported once), never reaches the script."""
         try:
             fn()
-        except Exception as e:
+        except Exception as e:  # called from the script's own calls: the probe stops, the script goes on
             self.agent.probe_failed(PROBE, e)
 
 
-def _phased(tracker: PhaseTracker, phase: str, detail: str) -> Callable[[Callable], Callable]:
-    def make(original: Callable) -> Callable:
+def _phased(tracker: PhaseTracker, phase: str, detail: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with tracker.during(phase, detail):
                 return original(*args, **kwargs)

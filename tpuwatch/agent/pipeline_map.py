@@ -17,7 +17,7 @@ import linecache
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch.protocol import Pipeline
 
@@ -112,25 +112,26 @@ class PipelineMap:
         code = linecache.getline(path, line).strip()[:_MAX_CODE]
         return f"{os.path.basename(path)}:{line}", api, code, added_by
 
-    def make_init(self, original):
+    def make_init(self, original: Callable[..., None]) -> Callable[..., None]:
         this = self
 
-        def __init__(ds, *args, **kwargs):
+        def __init__(ds: Any, *args: Any, **kwargs: Any) -> None:
             original(ds, *args, **kwargs)
             if this.agent.enabled(PROBE):
                 try:
                     ds.__dict__[_SITE] = this.site(2)
-                except Exception as e:
+                except Exception as e:  # after the script's dataset was made: only the probe stops
                     this.agent.probe_failed(PROBE, e)
 
         return __init__
 
     # --- iteration (once per dataset) -------------------------------------------------------
 
-    def make_iter(self, original, consumer: str, dataset_of):
+    def make_iter(self, original: Callable[..., Any], consumer: str,
+                  dataset_of: Callable[[Any], Any]) -> Callable[..., Any]:
         this = self
 
-        def __iter__(dds, *args, **kwargs):
+        def __iter__(dds: Any, *args: Any, **kwargs: Any) -> Any:
             this._local.quiet = getattr(this._local, "quiet", 0) + 1
             try:
                 it = original(dds, *args, **kwargs)
@@ -146,16 +147,16 @@ class PipelineMap:
                         # would otherwise add ops to the user's function)
                         with ops.init_scope():
                             this.record(ds, consumer)
-                except Exception as e:
+                except Exception as e:  # the script's iterator is made: only the probe stops
                     this.agent.probe_failed(PROBE, e)
             return it
 
         return __iter__
 
-    def make_iterator_init(self, original):
+    def make_iterator_init(self, original: Callable[..., None]) -> Callable[..., None]:
         this = self
 
-        def __init__(it, dataset=None, *args, **kwargs):
+        def __init__(it: Any, dataset: Any = None, *args: Any, **kwargs: Any) -> None:
             original(it, dataset, *args, **kwargs)
             if dataset is not None and not getattr(this._local, "quiet", 0) and this.agent.enabled(PROBE):
                 try:
@@ -163,12 +164,12 @@ class PipelineMap:
 
                     if context.executing_eagerly():
                         this.record(dataset, "iterator")
-                except Exception as e:
+                except Exception as e:  # the script's iterator is made: only the probe stops
                     this.agent.probe_failed(PROBE, e)
 
         return __init__
 
-    def record(self, ds, consumer: str) -> None:
+    def record(self, ds: Any, consumer: str) -> None:
         if ds.__dict__.get(_MAPPED) or self._sent >= _MAX_DATASETS:
             return
         ds.__dict__[_MAPPED] = True
@@ -177,8 +178,8 @@ class PipelineMap:
         self.held_bytes += sum(b for b in msg.holds_bytes if b > 0)
         self.agent.emit(msg)
 
-    def describe(self, ds, consumer: str, number: int) -> Pipeline:
-        chain = []
+    def describe(self, ds: Any, consumer: str, number: int) -> Pipeline:
+        chain: list[Any] = []
         node = ds
         while node is not None and len(chain) < _MAX_STAGES:
             chain.append(node)
@@ -200,7 +201,7 @@ class PipelineMap:
                         holds_bytes=tuple(holds), added_by=tuple(added), elements=_cardinality(ds))
 
 
-def _first_input(ds):
+def _first_input(ds: Any) -> Any:
     impl = ds.__dict__.get("_impl")  # TFRecordDatasetV2 wraps its real chain
     if impl is not None and type(ds).__name__ == "TFRecordDatasetV2":
         ds = impl
@@ -215,7 +216,7 @@ def _stage_name(cls: str) -> str:
     return cls.strip("_").removesuffix("V2").removesuffix("Dataset").lower() or cls
 
 
-def _plain(value, tunable: bool = False) -> str:
+def _plain(value: Any, tunable: bool = False) -> str:
     if hasattr(value, "numpy"):
         value = value.numpy()
     if hasattr(value, "item"):
@@ -227,7 +228,7 @@ def _plain(value, tunable: bool = False) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def _settings(ds, cls: str) -> str:
+def _settings(ds: Any, cls: str) -> str:
     parts = []
     for attr, name in _SETTINGS.get(cls, ()):
         if attr not in ds.__dict__:
@@ -239,7 +240,7 @@ def _settings(ds, cls: str) -> str:
     return ", ".join(parts)
 
 
-def _element_bytes(ds) -> int | None:
+def _element_bytes(ds: Any) -> int | None:
     import tensorflow as tf
 
     total = 0
@@ -252,7 +253,7 @@ def _element_bytes(ds) -> int | None:
     return total
 
 
-def _cardinality(ds) -> int | None:
+def _cardinality(ds: Any) -> int | None:
     try:
         n = int(ds.cardinality())
     except Exception:  # unknown size: reported as None
@@ -260,7 +261,7 @@ def _cardinality(ds) -> int | None:
     return n if n >= 0 else None
 
 
-def _holds(ds, cls: str) -> int:
+def _holds(ds: Any, cls: str) -> int:
     """Bytes the stage keeps in host memory: 0 none, -1 unknown."""
     try:
         if cls == "CacheDataset":

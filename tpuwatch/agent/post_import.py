@@ -10,10 +10,11 @@ is per module, so nothing else is affected); the callbacks run after the module 
 from __future__ import annotations
 
 import importlib.abc
+import importlib.machinery
 import sys
 import threading
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Sequence
 
 Callback = Callable[[ModuleType], None]
 ErrorHandler = Callable[[BaseException], None]
@@ -69,7 +70,8 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self._resolving = threading.local()
 
-    def find_spec(self, fullname, path, target=None):  # type: ignore[override]
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in _pending or getattr(self._resolving, "name", None) == fullname:
             return None
         self._resolving.name = fullname

@@ -34,7 +34,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from tpuwatch.protocol import VARIABLES_MADE_CHANGE, Retrace
 
@@ -83,7 +83,7 @@ def _code_file(fn: Any) -> str | None:
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
     if code is None:
-        call = getattr(type(fn), "__call__", None)
+        call = getattr(type(fn), "__call__", None)  # noqa: B004 (not a callable() test: its code is wanted)
         code = getattr(call, "__code__", None)
     return code.co_filename if code is not None else None
 
@@ -236,8 +236,8 @@ class RetraceProbe:
         # Per tf.function (by id of its FunctionCache, which takes no weak references): scope
         # type and inputs of its last trace, to drop the variable-creation double trace. Bounded;
         # a reused id is harmless: a new function's first trace always overwrites the entry.
-        self._last_by_cache: collections.OrderedDict[int, tuple[str, tuple]] = collections.OrderedDict()
-        self.functions: weakref.WeakSet = weakref.WeakSet()  # live user-visible tf.functions
+        self._last_by_cache: collections.OrderedDict[int, tuple[str, tuple[Any, ...]]] = collections.OrderedDict()
+        self.functions: weakref.WeakSet[Any] = weakref.WeakSet()  # live user-visible tf.functions
         self._tf_dir = _tf_package_dir()
         self._inside_tf: dict[str, bool] = {}
         # id of a Function's cache -> its name, from creation until its first trace says whether it
@@ -300,18 +300,18 @@ class RetraceProbe:
                               and scope == "NO_VARIABLE_CREATION" and prev_here[1] == key)
         else:
             variables_made = False
-        key = f"{name}\0evaluation" if evaluation else name
+        counted = f"{name}\0evaluation" if evaluation else name
         with self._lock:
             created = self._created.pop(cache, None)
             if created is not None and evaluation:  # its object was counted as a training one
                 self._instances[created] -= 1
                 self._instances[f"{created}\0evaluation"] += 1
-            self._traces[key] += 1
-            traces = self._traces[key]
+            self._traces[counted] += 1
+            traces = self._traces[counted]
             # A function traced without a Function object (rare) still counts as one.
-            instances = max(self._instances[key], 1)
-            previous = self._last.get(key)
-            self._last[key] = (leaves, cache)
+            instances = max(self._instances[counted], 1)
+            previous = self._last.get(counted)
+            self._last[counted] = (leaves, cache)
         if variables_made:  # a real trace (TF counts it, and compiles again), with its own cause
             change = VARIABLES_MADE_CHANGE
         elif previous is None:
@@ -339,8 +339,9 @@ def install(agent: "Agent", patches: "Patches") -> RetraceProbe:
 
     probe = RetraceProbe(agent)
 
-    def make_create(original):
-        def _create_concrete_function(function_type, type_context, func_graph, tracing_options):
+    def make_create(original: Callable[..., Any]) -> Callable[..., Any]:
+        def _create_concrete_function(function_type: Any, type_context: Any, func_graph: Any,
+                                      tracing_options: Any) -> Any:
             if not agent.enabled(PROBE):
                 return original(function_type, type_context, func_graph, tracing_options)
             marks = probe.training_marks()
@@ -349,18 +350,18 @@ def install(agent: "Agent", patches: "Patches") -> RetraceProbe:
             finally:  # a trace that raised was still a trace
                 try:
                     probe.on_trace(function_type, tracing_options, marks)
-                except Exception as e:
+                except Exception as e:  # the probe's bug, never the script's trace: the probe is disabled
                     agent.probe_failed(PROBE, e)
 
         return _create_concrete_function
 
-    def make_init(original):
-        def __init__(self, *args, **kwargs):
+    def make_init(original: Callable[..., None]) -> Callable[..., None]:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             original(self, *args, **kwargs)
             if agent.enabled(PROBE):
                 try:
                     probe.on_function_created(self)
-                except Exception as e:
+                except Exception as e:  # the script's tf.function exists already: only the probe stops
                     agent.probe_failed(PROBE, e)
 
         return __init__

@@ -15,16 +15,26 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeAlias
 
 from tpuwatch import protocol, rundir, settings
-from tpuwatch.protocol import Command, CommandState, Event, Message, Result
 from tpuwatch.agent import clocks
+from tpuwatch.protocol import Command, CommandState, Event, Level, Message, Result
+
+if TYPE_CHECKING:
+    from tpuwatch.agent.guards import OutputGuard
+    from tpuwatch.agent.pipeline_map import PipelineMap
+    from tpuwatch.agent.retraces import RetraceProbe
+    from tpuwatch.agent.steps import StepProbe
+    from tpuwatch.agent.transport import Server
 
 Sampler = Callable[[], Iterable[Message]]
 # A command handler runs on the training thread at a step boundary (or on the server thread for
-# "anytime" handlers) and returns (message, details) for an ok Result, or raises to fail it.
-Handler = Callable[[Command], "tuple[str, dict]"]
+# "anytime" handlers) and returns (message, details) for an ok Result, or raises to fail it; a
+# handler that finishes later (a profile spans steps) returns (None, {}) and calls Agent.finish.
+Handler = Callable[[Command], "tuple[str | None, dict[str, Any]]"]
+#: What the buffer holds: a message, or a Step as its fields in declaration order (emit_step).
+Buffered: TypeAlias = "Message | tuple[Any, ...]"
 
 _current: "Agent | None" = None
 _WRITE_CHUNK = 1 << 20
@@ -55,7 +65,7 @@ class Agent:
         self.run_id = run_id
         self.sample_interval_s = 1.0 / max(0.5, min(sample_hz, 20.0))
         self.clock = clock
-        self._buf: collections.deque[Message] = collections.deque()
+        self._buf: collections.deque[Buffered] = collections.deque()
         self._spilled = 0  # messages dropped because the buffer was full (said by _drain)
         self._samplers: list[tuple[str, Sampler]] = []
         self._disabled: dict[str, str] = {}
@@ -82,17 +92,19 @@ class Agent:
         self._disk_full_since: float | None = None
         self._output_lost_reported = 0
         self._output_seen = 0
-        self.output_guard = None  # guards.OutputGuard, set by guards.install
+        self.output_guard: OutputGuard | None = None  # set by guards.install
         # Fault injection for tests: the named probe raises the first time it does its work.
         self._fault = settings.TEST_FAIL_PROBE.get()
-        self.server = None  # transport.Server, set by the runner
+        self.server: Server | None = None  # set by the runner
         self.forked = False  # True in a child made by fork(): the agent is the parent's
-        self.step_probe = None  # steps.StepProbe, set by probes.install_all
+        self.step_probe: StepProbe | None = None  # set by probes.install_all
+        self.retrace_probe: RetraceProbe | None = None  # set by probes.install_all (the leak doctor reads it)
+        self.pipeline_map: PipelineMap | None = None  # set by pipeline_map.install (the leak doctor reads it)
         from tpuwatch.agent.phases import PhaseTracker
 
         self.phases = PhaseTracker(self)  # what the process is doing (no TensorFlow needed)
 
-    def manual_step_probe(self):
+    def manual_step_probe(self) -> StepProbe:
         """The step probe, made now if TensorFlow was never imported (``tpuwatch.step`` needs none)."""
         if self.step_probe is None:
             from tpuwatch.agent.steps import StepProbe
@@ -110,7 +122,7 @@ class Agent:
         else:
             self._spilled += 1
 
-    def emit_step(self, fields: tuple) -> None:
+    def emit_step(self, fields: tuple[Any, ...]) -> None:
         """A Step given as its fields in declaration order; built on the agent's thread."""
         buf = self._buf
         if len(buf) < MAX_BUFFERED:
@@ -118,7 +130,7 @@ class Agent:
         else:
             self._spilled += 1
 
-    def event(self, level: str, source: str, message: str, *, fact: str = "", subject: str = "",
+    def event(self, level: Level, source: str, message: str, *, fact: str = "", subject: str = "",
               reason: str = "") -> None:
         """One event; ``fact`` (a ``protocol.EventFact``) with its subject and reason is what a
         viewer acts on, ``message`` what a person reads."""
@@ -211,19 +223,20 @@ class Agent:
             ok = True
         except CommandRefused as e:
             message, details, ok = str(e), {}, False
-        except Exception as e:
-            message, details, ok = f"{cmd.action} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", {}, False
+        except Exception as e:  # a handler's bug fails its command, never the training step that ran it
+            first = str(e).splitlines()[0] if str(e) else ""
+            message, details, ok = f"{cmd.action} failed: {type(e).__name__}: {first}", {}, False
         # A handler may finish asynchronously (a profile spans steps): it then returns None.
         if message is not None:
             self.finish(cmd, ok, message, details)
 
-    def finish(self, cmd: Command, ok: bool, message: str, details: dict | None = None) -> None:
+    def finish(self, cmd: Command, ok: bool, message: str, details: dict[str, Any] | None = None) -> None:
         """Sends the one Result for ``cmd`` and frees its action."""
         with self._lock:
             self._busy.discard(cmd.action)
         self._result(cmd, ok, message, details or {})
 
-    def _result(self, cmd: Command, ok: bool, message: str, details: dict | None = None) -> None:
+    def _result(self, cmd: Command, ok: bool, message: str, details: dict[str, Any] | None = None) -> None:
         plain = {k: v for k, v in (details or {}).items() if v is None or isinstance(v, (int, float, str, bool))}
         self.emit(Result(t=self.clock(), id=cmd.id, action=cmd.action, ok=ok, message=message, details=plain))
 
@@ -261,7 +274,7 @@ class Agent:
         for hook in self._shutdown_hooks:
             try:
                 hook()
-            except Exception as e:
+            except Exception as e:  # one hook's failure must not skip the others nor the exit record
                 self.event("error", "agent", f"shutdown hook {getattr(hook, '__qualname__', hook)} failed: "
                                              f"{type(e).__name__}: {e}")
 
@@ -291,7 +304,7 @@ class Agent:
             try:
                 for msg in sampler():
                     self._buf.append(msg)
-            except Exception as e:
+            except Exception as e:  # a sampler's bug stops that sampler (said once), not the agent thread
                 self.probe_failed(name, e)
 
     def _drain(self) -> None:
@@ -303,17 +316,16 @@ class Agent:
         final = False
         while buf:
             try:
-                msg = buf.popleft()
+                item = buf.popleft()
             except IndexError:
                 break
+            kind = "step" if isinstance(item, tuple) else item.kind  # messages are dataclasses, never tuples
             try:
-                if type(msg) is tuple:
-                    msg = protocol.Step(*msg)
-                line = protocol.encode(msg)
+                line = protocol.encode(protocol.Step(*item) if isinstance(item, tuple) else item)
             except Exception as e:  # a bad value must never stop the recording
                 line = protocol.encode(Event(t=self.clock(), level="error", source="agent",
-                                             message=f"could not encode {msg.kind}: {e}"))
-            final = final or msg.kind == "exit"
+                                             message=f"could not encode {kind}: {e}"))
+            final = final or kind == "exit"
             lines.append(line)
             size += len(line)
             if size >= _WRITE_CHUNK:

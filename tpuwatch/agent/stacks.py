@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from tpuwatch import rundir
 from tpuwatch.protocol import Command, StackDump
@@ -43,7 +43,8 @@ MAX_MESSAGE_CHARS = 200_000
 MAX_FRAMES = 200
 
 
-def format_stacks(current: int | None = None, *, step: int | None = None, clock=time.time) -> str:
+def format_stacks(current: int | None = None, *, step: int | None = None,
+                  clock: Callable[[], float] = time.time) -> str:
     """Every thread's Python stack, the training (main) thread first and marked.
 
     ``current``: the ident of the thread doing the dump (marked as such, since its own frames
@@ -73,7 +74,7 @@ def format_stacks(current: int | None = None, *, step: int | None = None, clock=
             notes.append("daemon")
         label = f" [{', '.join(notes)}]" if notes else ""
         out.append(f'Thread "{name}" (ident {ident}){label}, most recent call last:')
-        stack = traceback.extract_stack(frames[ident])
+        stack: list[traceback.FrameSummary] = traceback.extract_stack(frames[ident])
         if len(stack) > MAX_FRAMES:
             out.append(f"  ... {len(stack) - MAX_FRAMES} outer frames left out ...")
             stack = stack[-MAX_FRAMES:]
@@ -95,7 +96,7 @@ class StackDumper:
         self.dir.mkdir(mode=0o700, exist_ok=True)
         return self.dir
 
-    def dump(self, cmd: Command) -> tuple[str, dict]:
+    def dump(self, cmd: Command) -> tuple[str | None, dict[str, Any]]:
         text = format_stacks(threading.get_ident(), step=self.agent.global_step, clock=self.agent.clock)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.agent.clock()))
         path = self._ensure_dir() / f"{stamp}-{cmd.id[:16] or 'dump'}.txt"

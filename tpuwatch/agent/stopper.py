@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tpuwatch.protocol import STOP_SOURCE, EventFact
 
@@ -31,7 +31,7 @@ class Stopper:
         self.grace_term_s = grace_term_s
         self._started = threading.Event()
 
-    def handle(self, cmd: "Command") -> tuple[str, dict]:
+    def handle(self, cmd: "Command") -> tuple[str | None, dict[str, Any]]:
         if self._started.is_set():
             return "a stop is already under way", {}
         self._started.set()

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from tpuwatch.agent import clocks
-from tpuwatch.protocol import TPU_METRICS_SOURCE, DeviceSample, Event, EventFact, Message
+from tpuwatch.protocol import TPU_METRICS_SOURCE, DeviceSample, Event, EventFact, Level, Message
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -297,7 +297,7 @@ class TpuMetricsSampler:
         self._next_t = now + self.interval_s
         self._backoff = self.backoff_s
         self.covered = frozenset(f"TPU:{u.device_id}" for u in usage)
-        out: list[Message] = []
+        out = []
         if self.reason != "":
             self.reason = ""
             out.append(Event(t=self.agent.clock(), level="info", source=SOURCE,
@@ -332,7 +332,7 @@ class TpuMetricsSampler:
         self._backoff = min(self._backoff * 2, self.max_backoff_s)
         return self._say(reason, "warning")
 
-    def _say(self, reason: str, level: str) -> list[Message]:
+    def _say(self, reason: str, level: Level) -> list[Message]:
         if reason == self.reason:
             return []
         self.reason = reason

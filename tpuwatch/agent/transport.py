@@ -32,11 +32,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch import protocol
-from tpuwatch.protocol import Attach, Command, Decoder
 from tpuwatch.agent import clocks
+from tpuwatch.protocol import Attach, Command, Decoder
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -206,7 +206,7 @@ class Server:
         except OSError:
             pass
 
-    def _serve(self, conn: socket.socket, is_tcp: bool, addr) -> None:
+    def _serve(self, conn: socket.socket, is_tcp: bool, addr: Any) -> None:
         peer = f"{addr[0]}:{addr[1]}" if is_tcp and addr else "unix"
         stream: threading.Thread | None = None
         slot = False
@@ -234,7 +234,8 @@ class Server:
                 self._refuse(conn, "the first line must be an attach message", peer)
                 return
             if hello.protocol_version != protocol.PROTOCOL_VERSION:
-                self._refuse(conn, f"protocol version {hello.protocol_version} not supported (agent speaks {protocol.PROTOCOL_VERSION}); use the same tpuwatch version on both sides", peer)
+                self._refuse(conn, f"protocol version {hello.protocol_version} not supported (agent speaks "
+                                   f"{protocol.PROTOCOL_VERSION}); use the same tpuwatch version on both sides", peer)
                 return
             if is_tcp and not _token_matches(hello.token, self.token):
                 self._refuse(conn, "wrong or missing token; pass --token-file with the run's token file", peer)
@@ -250,7 +251,8 @@ class Server:
                 return
             conn.settimeout(self.send_timeout_s)
             if hello.offset >= 0:
-                stream = threading.Thread(target=self._stream, args=(conn, hello.offset), name="tpuwatch-stream", daemon=True)
+                stream = threading.Thread(target=self._stream, args=(conn, hello.offset), name="tpuwatch-stream",
+                                          daemon=True)
                 with self._lock:
                     self._streams = [t for t in self._streams if t.is_alive()]
                     self._streams.append(stream)
