@@ -212,6 +212,23 @@ def test_events_are_bounded_and_probes_tracked():
     assert snap.disabled_probes == {"input_wait": "AttributeError: no get_next"}
 
 
+def test_a_new_function_object_keeps_its_change_the_agent_and_viewer_share_one_text():
+    """The agent's 'new tf.function object' change and what the state (and the retrace rule)
+    compare it with are one constant (issue 27 item 5: it was a prefix of the agent's prose,
+    written out again on the viewer's side)."""
+    from tpuwatch.protocol import NEW_OBJECT_CHANGE
+
+    s = RunState(clock=Clock())
+    s.apply(mr.hello())
+    s.apply(Retrace(t=mr.T0 + 1, function="f", traces=1, instances=1, signature="(x: (8,))", change=""))
+    s.apply(Retrace(t=mr.T0 + 2, function="f", traces=2, instances=1, signature="(x: (4,))",
+                    change="x: shape (8,) -> (4,)"))
+    s.apply(Retrace(t=mr.T0 + 3, function="f", traces=3, instances=2, signature="(x: (8,))",
+                    change=NEW_OBJECT_CHANGE))
+    # A new object is its own cause: not replaced by the difference to the closest trace.
+    assert [r.change for r in s.snapshot().retraces] == ["", "x: shape (8,) -> (4,)", NEW_OBJECT_CHANGE]
+
+
 def test_two_workers_merge_by_worker_name():
     s = RunState(clock=Clock())
     for idx, name in enumerate(["h0:1", "h1:2"]):
