@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import queue
 import time
-from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -37,8 +36,6 @@ from tpuwatch.ui.widgets.replay_bar import ReplayState
 APPLY_BUDGET_S = 0.15
 #: A replay holds its whole output.log up to this size to follow the replay position.
 REPLAY_OUTPUT_MAX_BYTES = 64 << 20
-#: Findings this viewer recorded and has not read back yet (a bound, should the file be cut).
-_RECORDED_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -60,7 +57,7 @@ class SourceReader:
 
     ``record_findings``: append new findings to the run's recording (only the process that owns
     the run does); the findings go into the state directly, and their lines, when this reader
-    reaches them in the recording, are not applied a second time.
+    reaches them in the recording, are not applied a second time (``FindingsFeed.read_back``).
     """
 
     def __init__(
@@ -82,11 +79,10 @@ class SourceReader:
         self._pacer = Pacer(show_period_s)
         self._record_to = (run_dir / rundir.EVENTS
                            if record_findings and run_dir is not None and self._replay is None else None)
-        self._recorded: Counter[tuple[str, str, float, str, str]] = Counter()
         self._errors: list[str] = []
         self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.state = self._new_state()
-        self._findings = FindingsFeed(clock, on_new=self._record)
+        self._findings = FindingsFeed(clock, on_new=self._record if self._record_to else None)
         self._tail: OutputTail | None = None
         if run_dir is not None:
             # A replay shows the whole log; a live view starts near the end of a long one.
@@ -134,10 +130,10 @@ class SourceReader:
             self._generation = replay.generation
             self._pacer.reset()
             self.state = self._new_state()
-            self._findings = FindingsFeed(self._clock, on_new=self._record)
+            self._findings = FindingsFeed(self._clock, on_new=self._record if self._record_to else None)
         apply = self.state.apply
         diagnose = self._findings.apply
-        recorded = self._recorded
+        read_back = self._findings.read_back
         # Several workers' streams (a group, several HOST:PORT): each message with its worker.
         poll = self.source.poll_tagged
         deadline = time.perf_counter() + APPLY_BUDGET_S
@@ -146,7 +142,7 @@ class SourceReader:
             while True:
                 batch = poll()
                 for worker, msg in batch:
-                    if recorded and isinstance(msg, Finding) and self._read_back(msg):
+                    if read_back(msg):
                         continue  # this reader's own finding: in the state since it was found
                     apply(msg, worker)
                     diagnose(msg, worker)
@@ -180,26 +176,12 @@ class SourceReader:
             self._errors.clear()
         return frame
 
-    def _read_back(self, f: Finding) -> bool:
-        key = _recorded_key(f)
-        if not self._recorded[key]:
-            return False
-        self._recorded[key] -= 1
-        if not self._recorded[key]:
-            del self._recorded[key]
-        return True
-
     def _record(self, findings: list[Finding]) -> None:
-        if self._record_to is None:
-            return
+        assert self._record_to is not None  # the feed calls it only then
         try:
             append(self._record_to, findings)
         except OSError as e:
             self._errors.append(f"cannot record findings: {e}")
-            return
-        if len(self._recorded) > _RECORDED_MAX:
-            self._recorded.clear()  # never read back (the recording cut or replaced): forget them
-        self._recorded.update(_recorded_key(f) for f in findings)
 
     def _disk_full_note(self) -> str:
         """Live runs: whether the run directory's disk is full (one statvfs every 2 s)."""
@@ -247,7 +229,3 @@ class SourceReader:
             self._errors.append(f"reading output.log failed: {e}")
             return (), None, False
         return tuple(new), None, False
-
-
-def _recorded_key(f: Finding) -> tuple[str, str, float, str, str]:
-    return (f.rule, f.worker, f.t, f.severity, f.message)
