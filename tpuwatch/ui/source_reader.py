@@ -3,10 +3,10 @@ findings evaluated (and recorded by the process that owns the run), output.log t
 round hands the UI one immutable :class:`Frame`.
 
 One thread owns a :class:`SourceReader` (its state, findings feed, pacer, source and output
-tail): the dashboard's reader worker, or the UI thread itself when the app's timer is off
-(``refresh_hz=0``: tests that drive ``pull``). Any other thread asks for a change with
+tail): the dashboard's reader worker, or the UI thread itself when the app runs no reader
+thread (``refresh_hz=0``: tests that drive ``pull``). Any other thread asks for a change with
 :meth:`SourceReader.submit`, run by the owner before its next read, and reads only the frames it
-is handed (frozen values, the snapshot included). Nothing here imports Textual.
+is handed (frozen values, the snapshot included).
 """
 
 from __future__ import annotations
