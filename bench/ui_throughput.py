@@ -9,8 +9,12 @@ Prints numbers, asserts nothing:
 - display lag: newest step shown vs newest step written, at each frame drawn (steps and seconds;
   the source is drained 4 times a second, numbers are drawn once a second), and the age of what
   the screen shows at any moment (lag + time since the last frame);
-- refresh cost: wall time of one pull (drain + apply + snapshot), p50/p95/max;
-- UI CPU: process_time delta / wall time over the run, % of one core;
+- refresh cost: wall time of one read (drain + apply + evaluate + snapshot), p50/p95/max, and on
+  which thread it runs (the reader thread since issue 27; the UI thread before);
+- UI-thread time per second of wall time: the refreshes' share of the event loop (showing each
+  frame; before issue 27, the whole refresh), and how late a 10 ms timer on the UI loop fires
+  (p95/max: what a key press waits for at worst, GIL contention included);
+- UI CPU: process_time delta / wall time over the run, % of one core (every thread);
 - RSS before and after.
 
     .venv/bin/python bench/ui_throughput.py [--rate 5000] [--seconds 10] [--size 160x48]
@@ -90,19 +94,35 @@ async def measure(rate: float, seconds: float, size: tuple[int, int]) -> None:
     rss0 = rss_mib()
     t_app = time.perf_counter()
     app = TpuwatchApp(make_file_source(run, live=False), run_dir=run, refresh_hz=4)
-    pulls: list[float] = []
+    pulls: list[float] = []  # one read each: the reader thread's (the UI thread's before issue 27)
+    ui_s: list[float] = []  # the UI thread's part of each refresh
     lags_steps: list[float] = []
     lags_s: list[float] = []
-    original = app.pull
+    threaded = hasattr(app, "_reader")  # issue 27: a reader thread reads, the UI shows frames
+    if threaded:
+        original_read = app._reader.read
+
+        def timed_read():
+            t = time.perf_counter()
+            frame = original_read()
+            pulls.append(time.perf_counter() - t)
+            return frame
+
+        app._reader.read = timed_read  # type: ignore[method-assign]
+        original = app._show_frame
+    else:
+        original = app.pull
 
     shown: list = [None]
     frames = [0]
     on_screen_age: list[float] = []
 
-    def timed_pull() -> None:
+    def timed_pull(*args) -> None:
         t = time.perf_counter()
-        original()
-        pulls.append(time.perf_counter() - t)
+        original(*args)
+        ui_s.append(time.perf_counter() - t)
+        if not threaded:
+            pulls.append(ui_s[-1])
         s = app.snapshot
         if not (s.step and s.status == "running" and started is not None):
             return
@@ -117,8 +137,12 @@ async def measure(rate: float, seconds: float, size: tuple[int, int]) -> None:
         lags_steps.append(max(0.0, produced - s.step))
         lags_s.append(max(0.0, now - (s.last_step_t or now)))
 
-    app.pull = timed_pull  # type: ignore[method-assign]
+    if threaded:
+        app._show_frame = timed_pull  # type: ignore[method-assign]
+    else:
+        app.pull = timed_pull  # type: ignore[method-assign]
     started = None
+    late: list[float] = []  # how late a 10 ms sleep on the UI loop wakes (its blocked time)
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         first_frame_s = time.perf_counter() - t_app
@@ -127,10 +151,14 @@ async def measure(rate: float, seconds: float, size: tuple[int, int]) -> None:
                                   stdout=subprocess.PIPE, env=env, text=True)
         started = time.time()
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        # Let the UI run while the writer writes; the app's own 4 Hz timer does the work.
+        # Let the UI run while the writer writes; the app's own 4 Hz refresh does the work.
+        ui_before = len(ui_s)
         while writer.poll() is None:
-            await asyncio.sleep(0.1)
+            t = time.perf_counter()
+            await asyncio.sleep(0.01)
+            late.append(time.perf_counter() - t - 0.01)
         cpu1, wall1 = time.process_time(), time.perf_counter()
+        ui_busy = sum(ui_s[ui_before:])
         last = int(writer.stdout.read().split()[-1])
         await pilot.pause(0.6)  # one more refresh to catch the tail
         final_step = app.snapshot.step  # not `shown`: the app may pull once more while it closes
@@ -145,8 +173,11 @@ async def measure(rate: float, seconds: float, size: tuple[int, int]) -> None:
     print(f"startup: imports {1e3 * import_s:.0f} ms, app to first frame {1e3 * first_frame_s:.0f} ms")
     print(f"steps written {last}, shown at the end {final_step} ({final_step / max(1, last):.3f} of written)")
     print(f"refreshes {len(pulls)} ({len(pulls) / (wall1 - wall0):.2f}/s)")
-    print(f"refresh cost (drain+apply+snapshot): p50 {1e3 * pct(pulls, 50):.1f} ms, "
-          f"p95 {1e3 * pct(pulls, 95):.1f} ms, max {1e3 * max(pulls):.1f} ms")
+    print(f"refresh cost (drain+apply+evaluate+snapshot), on the {'reader' if threaded else 'UI'} thread: "
+          f"p50 {1e3 * pct(pulls, 50):.1f} ms, p95 {1e3 * pct(pulls, 95):.1f} ms, max {1e3 * max(pulls):.1f} ms")
+    print(f"UI thread in refreshes: {1e3 * ui_busy / (wall1 - wall0):.1f} ms per second "
+          f"({'showing frames' if threaded else 'the whole refresh'}); a 10 ms timer on the UI loop "
+          f"fires late by p50 {1e3 * pct(late, 50):.1f} ms, p95 {1e3 * pct(late, 95):.1f} ms, max {1e3 * max(late):.1f} ms")
     print(f"frames shown {frames[0]} ({frames[0] / (wall1 - wall0):.2f}/s)")
     if lags_steps:
         print(f"display lag (age of the newest step when a frame is drawn): p50 {pct(lags_steps, 50):.0f} steps / "

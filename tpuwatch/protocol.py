@@ -275,6 +275,10 @@ class AllocationSites(Message):
 #: created variables (lazily built optimizer slots, a model built inside the step): a real trace,
 #: counted as TF counts it, but no retrace problem (it happens once per function).
 VARIABLES_MADE_CHANGE = "the first call created variables, so TF traced it again (same inputs)"
+#: ``Retrace.change`` of a trace of a new tf.function object (same name, same inputs): what made
+#: TF trace is the new object, not a difference to any trace it had (the agent writes it, the
+#: viewer's state and the retrace rule compare with it).
+NEW_OBJECT_CHANGE = "new tf.function object, same inputs"
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,31 @@ def test_status_lifecycle_with_injected_clock():
     assert snap.status == "finished" and snap.exit_code == 0 and snap.ended_t == snap.last_message_t
 
 
+def test_findings_the_feed_recorded_are_not_applied_again_when_read_back():
+    """The run's owner reads its own recording (issue 27 item 5): the lines of the findings it
+    recorded come back to it; applied again, a stale copy replaced the later verdict."""
+    from tpuwatch import protocol
+
+    clock = Clock()
+    s = RunState(clock=clock)
+    recorded: list[Finding] = []
+    feed = FindingsFeed(clock, every_s=0.0, on_new=recorded.extend)
+    feed.feed(s, [mr.hello(mr.T0), *(step(i, mr.T0 + 10 + i * 0.5, step_time_s=0.5) for i in range(1, 101))])
+    clock.t = mr.T0 + 10 + 50 + 61
+    feed.evaluate(s, clock.t)
+    (stall,) = [f for f in recorded if f.rule == "stall"]
+    # A later verdict on the same finding before the recorded line is read back.
+    later = Finding(t=clock.t + 5, rule=stall.rule, severity="info", message="later", advice="",
+                    evidence=stall.evidence, worker=stall.worker)
+    s.add_finding(later, stall.worker)
+    def as_read() -> Finding:  # the finding's line, as the recording gives it back
+        return protocol.Decoder().decode(protocol.encode(stall).rstrip(b"\n"))
+
+    feed.feed(s, [as_read()])  # this feed's own line: skipped
+    assert [f.message for f in s.snapshot().findings if f.rule == "stall"] == ["later"]
+    assert not feed.read_back(as_read())  # once: a second copy is not this feed's line
+
+
 def test_stall_threshold_scales_with_slow_steps():
     clock = Clock()
     s = RunState(clock=clock)
@@ -210,6 +235,23 @@ def test_events_are_bounded_and_probes_tracked():
     assert len(snap.events) == 50
     assert snap.events[-1].message.startswith("traced f")  # only the first trace is an event
     assert snap.disabled_probes == {"input_wait": "AttributeError: no get_next"}
+
+
+def test_a_new_function_object_keeps_its_change_the_agent_and_viewer_share_one_text():
+    """The agent's 'new tf.function object' change and what the state (and the retrace rule)
+    compare it with are one constant (issue 27 item 5: it was a prefix of the agent's prose,
+    written out again on the viewer's side)."""
+    from tpuwatch.protocol import NEW_OBJECT_CHANGE
+
+    s = RunState(clock=Clock())
+    s.apply(mr.hello())
+    s.apply(Retrace(t=mr.T0 + 1, function="f", traces=1, instances=1, signature="(x: (8,))", change=""))
+    s.apply(Retrace(t=mr.T0 + 2, function="f", traces=2, instances=1, signature="(x: (4,))",
+                    change="x: shape (8,) -> (4,)"))
+    s.apply(Retrace(t=mr.T0 + 3, function="f", traces=3, instances=2, signature="(x: (8,))",
+                    change=NEW_OBJECT_CHANGE))
+    # A new object is its own cause: not replaced by the difference to the closest trace.
+    assert [r.change for r in s.snapshot().retraces] == ["", "x: shape (8,) -> (4,)", NEW_OBJECT_CHANGE]
 
 
 def test_two_workers_merge_by_worker_name():

@@ -291,14 +291,48 @@ async def test_number_keys_focus_panels() -> None:
         assert app.focused is not app.query_one("#retraces")
 
 
+def _palette(app: TpuwatchApp) -> dict[str, list[str]]:
+    """{help text: [titles]} of the palette's commands as the open palette lists them."""
+    out: dict[str, list[str]] = {}
+    for c in app.get_system_commands(app.screen):
+        out.setdefault(c.help, []).append(c.title)
+    return out
+
+
 @sync
 async def test_palette_offers_the_same_actions(live_app) -> None:
-    app = live_app()
-    async with app.run_test(size=(100, 30)):
-        titles = [c.title for c in app.get_system_commands(app.screen)]
-        assert "Profile" in titles and "Checkpoint" in titles and "Detach" in titles
-        # Every action of the keys is in the palette, Stacks too (the README says so).
-        assert {"Stacks", "Results", "Help", "Output: search"} <= set(titles)
+    """The palette is generated from the key bindings: each binding that can run now is one
+    command, titled with the binding's description and explained by its tooltip (issue 27
+    item 7: 18 commands had repeated the keys' texts in other words)."""
+    from textual.command import CommandPalette
+
+    from tpuwatch.ui.app import palette_bindings
+
+    live = live_app()
+    async with live.run_test(size=(100, 30)) as pilot:
+        await pilot.press("ctrl+p")  # listed with the palette open, as the user sees them
+        await pilot.pause()
+        assert isinstance(live.screen, CommandPalette)
+        palette = _palette(live)
+        offered = [b for b in palette_bindings(TpuwatchApp.BINDINGS) if not b.id.startswith("replay.")
+                   and b.id != "restore"]  # a replay's keys; esc only while a panel is expanded
+        assert {"Profile", "Checkpoint", "Detach", "Stacks", "Results", "Help", "Search"} <= {b.description for b in offered}
+        for b in offered:
+            assert palette.get(b.tooltip) == [b.description], (b.id, palette.get(b.tooltip))
+        assert sum(titles.count("Quit") for titles in palette.values()) == 1  # Textual's, which asks
+        await pilot.press("escape")
+        # A command runs the binding's action: the same as its key.
+        command = next(c for c in live.get_system_commands(live.screen) if c.title == "Output")
+        live.call_later(command.callback)  # as the palette runs it
+        await pilot.pause()
+        assert live.screen.has_class("-output-max")
+
+    replay = TpuwatchApp(ended_replay("healthy_4replica"), refresh_hz=0)
+    async with replay.run_test(size=(100, 30)):
+        palette = _palette(replay)
+        for b in palette_bindings(TpuwatchApp.BINDINGS):
+            if b.id.startswith("replay."):
+                assert palette.get(b.tooltip) == [b.description], (b.id, palette.get(b.tooltip))
 
 
 @sync

@@ -165,10 +165,10 @@ async def test_retraces_columns_are_not_cut(live_app, size) -> None:
 @sync
 async def test_reattach_says_catching_up_until_the_backlog_is_read(live_app, monkeypatch) -> None:
     import tpuwatch.sources.file_source as file_source
-    import tpuwatch.ui.app as app_module
+    import tpuwatch.ui.source_reader as source_reader
 
     monkeypatch.setattr(file_source, "POLL_BYTES", 8 << 10)  # the recording: ~15 reads
-    monkeypatch.setattr(app_module, "APPLY_BUDGET_S", -1.0)  # one read per refresh
+    monkeypatch.setattr(source_reader, "APPLY_BUDGET_S", -1.0)  # one read per refresh
     app = live_app(upto=300)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()

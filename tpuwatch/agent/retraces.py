@@ -36,7 +36,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from tpuwatch.protocol import VARIABLES_MADE_CHANGE, Retrace
+from tpuwatch.protocol import NEW_OBJECT_CHANGE, VARIABLES_MADE_CHANGE, Retrace
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -319,7 +319,7 @@ class RetraceProbe:
         else:
             change = change_text(previous[0], leaves)
             if not change:
-                change = ("new tf.function object, same inputs" if previous[1] != cache
+                change = (NEW_OBJECT_CHANGE if previous[1] != cache
                           else "same inputs (captured values or context changed)")
         self.agent.emit(Retrace(
             t=self.agent.clock(),

@@ -292,6 +292,8 @@ def follow_group(
 
     def take(tagged: Sequence[Tagged]) -> None:
         for worker, msg in tagged:
+            if diag.read_back(msg):
+                continue  # a finding this process recorded: in the state since it was found
             state.apply(msg, worker)
             diag.apply(msg, worker)
             if isinstance(msg, Event) and msg.source in SAID_SOURCES:  # output late or lost: said as it happens

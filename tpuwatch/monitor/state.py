@@ -46,6 +46,7 @@ from tpuwatch.monitor.stats import History, Rolling, StepStats
 from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
 from tpuwatch.protocol import DISK_FULL_SOURCE as DISK_FULL
 from tpuwatch.protocol import (
+    NEW_OBJECT_CHANGE,
     Command,
     CommandState,
     Config,
@@ -435,7 +436,7 @@ class RunState:
         # retrace-storm finding says it (the agent's is against the previous trace)
         name = function_label(msg.function, msg.evaluation)
         seen = self._signatures.setdefault((w.name, name), [])
-        if msg.change and not msg.change.startswith("new tf.function object"):
+        if msg.change and msg.change != NEW_OBJECT_CHANGE:
             msg = replace(msg, change=closest_change(seen, msg.signature) or msg.change)
         remember_signature(seen, msg.signature)
         self._retraces.append(msg)

@@ -1,10 +1,14 @@
 """The tpuwatch dashboard: one Textual app for live runs, attach and replay.
 
-Data flow (STYLE #5): a timer drains the *source* at a fixed rate (default 4 Hz), applies every
-new message to one ``RunState``, then sets ONE immutable ``RunSnapshot`` on the app when the
-:class:`~tpuwatch.ui.pacer.Pacer` says it is worth drawing (news at once, numbers once a second);
-every panel is bound to that reactive and renders from it. Rendering cost is per frame, not per
-message, which is what keeps up with thousands of steps per second.
+Data flow (STYLE #5): a reader thread (:class:`~tpuwatch.ui.source_reader.SourceReader` in a
+Textual worker) drains the *source* at a fixed rate (default 4 Hz), applies every new message to
+one ``RunState`` it alone owns, evaluates the findings, tails output.log, and hands the UI one
+immutable :class:`~tpuwatch.ui.source_reader.Frame`; the UI sets the frame's ``RunSnapshot`` on
+the app when the :class:`~tpuwatch.ui.pacer.Pacer` said it is worth drawing (news at once,
+numbers once a second); every panel is bound to that reactive and renders from it. Rendering
+cost is per frame, not per message, which is what keeps up with thousands of steps per second,
+and no read, decode or apply runs on the UI thread. Errors of every worker reach one place
+(:meth:`TpuwatchApp.on_worker_state_changed`: a toast and a line in the Events panel).
 
 Entry points for the CLI: :func:`run_dashboard`, :func:`tpuwatch.sources.file_source.make_file_source`,
 :func:`tpuwatch.sources.replay_source.make_replay_source`.
@@ -13,36 +17,36 @@ Entry points for the CLI: :func:`run_dashboard`, :func:`tpuwatch.sources.file_so
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import secrets
 import signal
+import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable, Literal, Mapping
 
 from textual import events, work
+from textual.actions import parse
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
+from textual.command import CommandPalette
 from textual.containers import Grid, Horizontal
+from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Input
+from textual.worker import Worker, WorkerState, get_current_worker
 
-from tpuwatch import rundir
 from tpuwatch.monitor.baseline import Baseline
-from tpuwatch.monitor.diagnostics.feed import FindingsFeed
-from tpuwatch.monitor.diskspace import full_note
-from tpuwatch.monitor.recording import append
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.monitor.state import RunState
 from tpuwatch.printable import printable
-from tpuwatch.protocol import Command, Result
+from tpuwatch.protocol import Command, Event, Result, StackDump
 from tpuwatch.sources.replay_source import ReplaySource
-from tpuwatch.sources.source import ReplayControl, Source, apply_worker_health
+from tpuwatch.sources.source import ReplayControl, Source
 from tpuwatch.ui.hangup_driver import hangup_safe
-from tpuwatch.ui.output_tail import OutputTail
-from tpuwatch.ui.pacer import SHOW_PERIOD_S, Pacer
+from tpuwatch.ui.pacer import SHOW_PERIOD_S
 from tpuwatch.ui.replay_output import epoch_anchors, visible_lines
 from tpuwatch.ui.screens.help_screen import HelpScreen
 from tpuwatch.ui.screens.profile_summary_screen import (
@@ -54,6 +58,7 @@ from tpuwatch.ui.screens.quit_screen import QuitScreen
 from tpuwatch.ui.screens.results_screen import ResultsScreen
 from tpuwatch.ui.screens.stack_screen import StackScreen
 from tpuwatch.ui.screens.text_screen import TextScreen
+from tpuwatch.ui.source_reader import Frame, SourceReader
 from tpuwatch.ui.widgets.command_line import CommandLine, command_summary
 from tpuwatch.ui.widgets.event_panel import EventPanel
 from tpuwatch.ui.widgets.findings_panel import FindingsPanel
@@ -73,11 +78,8 @@ DashboardResult = Literal["stop", "detach", "quit"]
 
 #: Default refresh rate of the dashboard (Hz).
 REFRESH_HZ = 4.0
-#: Longest a refresh may spend applying messages before it draws (seconds): catching up on a
-#: long recording happens over several frames instead of freezing the screen.
-APPLY_BUDGET_S = 0.15
-#: A replay holds its whole output.log up to this size to follow the replay position.
-REPLAY_OUTPUT_MAX_BYTES = 64 << 20
+#: How long the app, once it has ended, waits for a read in progress before the source is closed.
+READER_STOP_S = 2.0
 #: Results this much older than the dashboard's opening are not announced (clock skew margin, s).
 TOAST_SLACK_S = 2.0
 #: Statuses during which quitting asks whether to stop training.
@@ -97,11 +99,19 @@ class TpuwatchApp(App[str]):
     """The dashboard. ``source`` feeds it (see :mod:`tpuwatch.sources.source`); ``run_dir`` is where
     output.log is tailed from (``None``: no output panel content).
 
-    ``clock`` (unix seconds) stamps live snapshots; ``refresh_hz=0`` turns the timer off, for
-    tests that drive :meth:`pull` themselves (then every pull is shown). With the timer on, the
-    source is drained ``refresh_hz`` times a second but a snapshot is shown only when
-    :class:`~tpuwatch.ui.pacer.Pacer` says so (news at once, numbers once a second).
+    ``clock`` (unix seconds) stamps live snapshots; ``refresh_hz=0`` turns the reader thread off,
+    for tests that drive :meth:`pull` themselves (each pull then reads on the calling thread,
+    and every pull is shown). With it on, the source is drained ``refresh_hz`` times a second
+    on the reader thread but a snapshot is shown only when :class:`~tpuwatch.ui.pacer.Pacer`
+    says so (news at once, numbers once a second).
     """
+
+    class FrameRead(Message):
+        """The reader thread's latest frame, for the UI thread."""
+
+        def __init__(self, frame: Frame) -> None:
+            super().__init__()
+            self.frame = frame
 
     CSS_PATH = "tpuwatch.tcss"
     TITLE = "tpuwatch"
@@ -167,44 +177,45 @@ class TpuwatchApp(App[str]):
         baseline: Baseline | None = None,
     ) -> None:
         super().__init__()
-        self._baseline = baseline
-        #: Append new findings to the recording: only the process that owns the run does.
-        self._record_findings = record_findings
         self._handle_hangup = handle_hangup
         #: Set when the terminal hung up (SSH dropped): the caller treats it as a detach.
         self.hung_up = False
         self.source = source
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self._disk_checked_at = float("-inf")
-        self._disk_note = ""
         if title:
             self.title = title
         self._clock = clock
         self._refresh_hz = refresh_hz
-        self._pacer = Pacer(SHOW_PERIOD_S if refresh_hz > 0 else 0.0)
         self._replay_key: tuple = ()
-        self._state = RunState(clock=clock)
-        self._state.baseline = baseline
-        self._findings = FindingsFeed(clock, on_new=self._on_new_findings)
         self._replay: ReplayControl | None = source if isinstance(source, ReplayControl) else None
-        self._generation = self._replay.generation if self._replay else 0
-        self._tail: OutputTail | None = None
-        if self.run_dir is not None:
-            # A replay shows the whole log; a live view starts near the end of a long one.
-            start = 1 << 62 if self._replay else 1 << 20
-            self._tail = OutputTail(self.run_dir / rundir.OUTPUT, start_bytes=start)
+        # Record new findings: only the process that owns the run does.
+        self._reader = SourceReader(source, clock=clock, show_period_s=SHOW_PERIOD_S if refresh_hz > 0 else 0.0,
+                                    run_dir=self.run_dir, record_findings=record_findings, baseline=baseline)
+        #: The reader thread runs (refresh_hz > 0, mounted); otherwise pull() reads on its caller's thread.
+        self._threaded = False
+        self._wake = threading.Event()  # a pull asks the reader thread to read now
+        self._frame_shown = threading.Event()  # the UI took the last frame: the reader may read on
+        self._reader_stop = threading.Event()
+        self._read_lock = threading.Lock()  # held by the reader thread while it reads
+        self._stack_dumps: tuple[StackDump, ...] = ()
+        self._worker_errors: set[str] = set()  # worker failures already surfaced
         self._sent: dict[str, str] = {}  # action -> id of the command still in flight
         self._sent_ids: set[str] = set()  # every command this dashboard sent
         self._profiles_shown: set[str] = set()
         self._toasted: set[str] | None = None  # ids of ended commands already announced
-        self._replay_lines: list[str] | None = None  # a replay's whole output, read once
+        self._replay_lines: tuple[str, ...] | None = None  # a replay's whole output, read once
         self._replay_anchors: list[int] = []
         self._replay_shown = 0
-        self._replay_follows_tail = False  # a replay's output.log too long to hold: its end only
         self._opened_t = clock()  # results older than this were in the recording already
         self._binding_key: tuple = ()
         self._source_error = ""
         self._keymap = dict(keymap or {})
+
+    @property
+    def _state(self) -> RunState:
+        """The reader's run state. Only the reader's thread may touch it: tests that drive
+        :meth:`pull` themselves (``refresh_hz=0``), where that is the UI thread."""
+        return self._reader.state
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
@@ -241,15 +252,18 @@ class TpuwatchApp(App[str]):
     def on_mount(self) -> None:
         if self._keymap:
             self.set_keymap(self._keymap)
-        self.pull()
         if self._refresh_hz > 0:
-            self.set_interval(1.0 / self._refresh_hz, self.pull, name="refresh")
+            self._threaded = True
+            self._read_loop()  # its first read at once
+        else:
+            self.pull()
         if self._handle_hangup and hasattr(signal, "SIGHUP"):
             # Without this a dropped SSH session kills the viewer mid-frame; training lives in
             # its own session either way, but the caller should learn it was a detach.
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._hangup)
 
     def on_unmount(self) -> None:
+        self._reader_stop.set()
         if self._handle_hangup and hasattr(signal, "SIGHUP"):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
 
@@ -259,114 +273,89 @@ class TpuwatchApp(App[str]):
 
     # --- data ------------------------------------------------------------------------------
 
-    def _disk_full_note(self) -> str:
-        """Live runs: whether the run directory's disk is full (one statvfs every 2 s)."""
-        if self.run_dir is None or not self.source.live:
-            return ""
-        t = time.monotonic()
-        if t >= self._disk_checked_at + 2.0:
-            self._disk_checked_at = t
-            self._disk_note = full_note(self.run_dir)
-        return self._disk_note
-
     def pull(self) -> None:
-        """Drains the source into the run state and publishes one new snapshot."""
-        replay = self._replay
-        if replay is not None and replay.generation != self._generation:
-            self._generation = replay.generation
-            self._pacer.reset()
-            self._state = RunState(clock=self._clock)
-            self._state.baseline = self._baseline
-            self._findings = FindingsFeed(self._clock, on_new=self._on_new_findings)
-        apply = self._state.apply
-        diagnose = self._findings.apply
-        # Several workers' streams (a group, several HOST:PORT): each message with its worker.
-        poll = self.source.poll_tagged
-        deadline = time.perf_counter() + APPLY_BUDGET_S
-        backlog = False  # the budget ran out with messages still coming: more are waiting
+        """Reads the source and shows what came: at once on this thread with the reader thread
+        off (``refresh_hz=0``); otherwise the reader thread is woken to read now."""
+        if self._threaded:
+            self._wake.set()
+        else:
+            self._show_frame(self._reader.read())
+
+    @work(thread=True, group="reader", name="reading the run", exit_on_error=False)
+    def _read_loop(self) -> None:
+        """The reader thread: one read every 1/refresh_hz s (at once when woken), each frame
+        handed to the UI thread, the next read only once the UI took it."""
+        worker = get_current_worker()
+        period = 1.0 / self._refresh_hz
+        while True:
+            started = time.monotonic()
+            self._wake.clear()
+            with self._read_lock:
+                if worker.is_cancelled or self._reader_stop.is_set():
+                    return
+                frame = self._reader.read()
+            self._frame_shown.clear()
+            if not self.post_message(self.FrameRead(frame)):
+                return  # the app is closing
+            while not self._frame_shown.wait(0.1):
+                if worker.is_cancelled or self._reader_stop.is_set():
+                    return
+            self._wake.wait(max(0.0, started + period - time.monotonic()))
+
+    def on_tpuwatch_app_frame_read(self, message: FrameRead) -> None:
         try:
-            while True:
-                batch = poll()
-                for worker, msg in batch:
-                    apply(msg, worker)
-                    diagnose(msg, worker)
-                if not batch:
-                    break
-                if time.perf_counter() > deadline:
-                    backlog = True
-                    break
-            apply_worker_health(self.source, self._state)
-            stats = self.source.read_stats()
-            if stats is not None:  # unreadable lines: the header says so when nothing else came
-                self._state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
-                                            truncated_tail=stats.truncated_tail)
-        except OSError as e:
-            self._report_source_error(f"reading the run failed: {e}")
-        now = self.source.now()
-        now = self._clock() if now is None else now
-        self._findings.evaluate(self._state, now)
-        disk = self._disk_full_note()
-        # The state counts its news: a snapshot is built only when one is shown.
-        shown = self._pacer.due((self._state.version, disk, backlog), time.monotonic())
-        if shown:
-            snap = self._state.snapshot(now=now)
-            self.snapshot = dataclasses.replace(snap, disk_full=disk, catching_up=backlog) \
-                if disk or backlog else snap
-        self._command_line.tick(now)
+            if self.screen_stack and not self._reader_stop.is_set():  # not while closing
+                self._show_frame(message.frame)
+        finally:
+            self._frame_shown.set()
+
+    def stop_reading(self, timeout: float = READER_STOP_S) -> None:
+        """Stops the reader thread and waits (at most ``timeout`` s) for a read in progress, so
+        that the source can be closed under it."""
+        self._reader_stop.set()
+        self._wake.set()
+        if self._read_lock.acquire(timeout=timeout):
+            self._read_lock.release()
+
+    def _show_frame(self, frame: Frame) -> None:
+        """The UI thread's part of a refresh: the frame's snapshot, output and replay position."""
+        for error in frame.errors:
+            self._report_source_error(error)
+        self._stack_dumps = frame.stack_dumps
+        shown = frame.snapshot is not None
+        if frame.snapshot is not None:
+            self.snapshot = frame.snapshot
+        self._command_line.tick(frame.now)
         for done in new_profile_results(self.snapshot, self._profiles_shown, ids=self._sent_ids):
             self._show_profile(done, self.snapshot.input_recent)
         self._toast_results()
         if isinstance(self.screen, TextScreen):
             self.screen.show(self.snapshot)
-        if self._tail is not None and replay is not None and not self._replay_follows_tail:
+        if frame.replay_output_too_long:
+            # Too long to hold: its end, as a live view shows it, and the panel says so.
+            self.query_one(OutputPanel).border_title = f"{OutputPanel.TITLE} (its end: too long to follow the replay)"
+        if frame.replay_output is not None:
+            self._replay_lines = frame.replay_output
+            self._replay_anchors = epoch_anchors(frame.replay_output)
+            if frame.replay_output and not self._replay_anchors:
+                self.query_one(OutputPanel).border_title = f"{OutputPanel.TITLE} (replay position approximate)"
+        replay = frame.replay
+        if replay is not None and self._replay_lines is not None:
             self._replay_output(replay)
-        elif self._tail is not None:
-            try:
-                lines = self._tail.read_lines()
-            except OSError as e:
-                self._report_source_error(f"reading output.log failed: {e}")
-            else:
-                if lines:
-                    self.query_one(OutputPanel).append(lines)
+        if frame.output:
+            self.query_one(OutputPanel).append(list(frame.output))
         replay_key = (replay.paused, replay.speed, replay.at_end) if replay is not None else ()
         if replay is not None and (shown or replay_key != self._replay_key):
             self._replay_key = replay_key
-            self.query_one(ReplayBar).state = ReplayState(
-                paused=replay.paused,
-                speed=replay.speed,
-                position_s=replay.position - replay.start_t,
-                duration_s=replay.end_t - replay.start_t,
-                at_end=replay.at_end,
-            )
+            self.query_one(ReplayBar).state = replay
         self._refresh_bindings_if_changed()
 
-    def _replay_output(self, replay: ReplayControl) -> None:
+    def _replay_output(self, replay: ReplayState) -> None:
         """Keeps the Output panel in step with the replay position (see replay_output.py)."""
-        if self._replay_lines is None:
-            assert self._tail is not None
-            lines: list[str] = []
-            try:
-                if self._tail.path.stat().st_size > REPLAY_OUTPUT_MAX_BYTES:
-                    # Too long to hold: its end, as before, and the panel says so.
-                    title = f"{OutputPanel.TITLE} (its end: too long to follow the replay)"
-                    self.query_one(OutputPanel).border_title = title
-                    self._tail = OutputTail(self._tail.path, start_bytes=1 << 20)
-                    self._replay_follows_tail = True
-                    return
-                while chunk := self._tail.read_lines():  # bounded: the size checked above
-                    lines.extend(chunk)
-                lines.extend(self._tail.flush())
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                self._report_source_error(f"reading output.log failed: {e}")
-            self._replay_lines = lines
-            self._replay_anchors = epoch_anchors(lines)
-            if lines and not self._replay_anchors:
-                self.query_one(OutputPanel).border_title = f"{OutputPanel.TITLE} (replay position approximate)"
+        assert self._replay_lines is not None
         s = self.snapshot
-        span = replay.end_t - replay.start_t
-        fraction = (replay.position - replay.start_t) / span if span > 0 else 1.0
+        span = replay.duration_s
+        fraction = replay.position_s / span if span > 0 else 1.0
         ended = replay.at_end or s.status in ("finished", "stopped", "crashed", "lost")
         begun = 0 if s.epoch is None else s.epoch + 1
         ended_epochs = s.epoch_logs[-1][0] + 1 if s.epoch_logs else 0
@@ -376,7 +365,7 @@ class TpuwatchApp(App[str]):
             panel.log_view.clear()
             self._replay_shown = 0
         if n > self._replay_shown:
-            panel.append(self._replay_lines[self._replay_shown:n])
+            panel.append(list(self._replay_lines[self._replay_shown:n]))
             self._replay_shown = n
 
     def _toast_results(self) -> None:
@@ -399,12 +388,24 @@ class TpuwatchApp(App[str]):
             else:
                 self.notify(text + "  (r: all results)", timeout=8)
 
-    def _on_new_findings(self, findings: list) -> None:
-        if self._record_findings and self.run_dir is not None and self._replay is None:
-            try:
-                append(self.run_dir / rundir.EVENTS, findings)
-            except OSError as e:
-                self._report_source_error(f"cannot record findings: {e}")
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The one place a worker's failure surfaces (each runs with ``exit_on_error=False``):
+        a toast and a line in the Events panel, once per distinct error."""
+        if event.state != WorkerState.ERROR:
+            return
+        error = event.worker.error
+        text = f"{event.worker.name or event.worker.group} failed: {type(error).__name__}: {error}"
+        if text in self._worker_errors:
+            return
+        self._worker_errors.add(text)
+        self.notify(text, severity="error", timeout=12)
+        if event.worker.group == "reader":
+            # The reader thread is gone: its state is the UI thread's now, read at the refresh
+            # rate as tests' pull() does (a second failure ends the dashboard, as any error in it).
+            self._threaded = False
+            self.set_interval(1.0 / self._refresh_hz, self.pull, name="refresh")
+        self._reader.apply_local(lambda now: Event(t=now, level="error", source="viewer", message=text))
+        self.pull()
 
     def _report_source_error(self, message: str) -> None:
         if message != self._source_error:  # once per distinct error, not 4 times a second
@@ -439,7 +440,7 @@ class TpuwatchApp(App[str]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "restore":
             return self._zoomed()
-        if action in ("expand", "loss_scale", "fold_native") and len(self.screen_stack) > 1:
+        if action in ("expand", "loss_scale", "fold_native") and len(self._under_palette()) > 1:
             return False  # they act on the dashboard's panels, not on a dialog or list on top
         if action in (*COMMAND_ACTIONS, "stacks") and self._replay is not None:
             return False  # a recording cannot be asked for anything: hidden, not just dimmed
@@ -484,7 +485,7 @@ class TpuwatchApp(App[str]):
             return
         from tpuwatch.control.stack_request import StackRequest
 
-        dumps = lambda: self._state.stack_dumps  # noqa: E731
+        dumps = lambda: self._stack_dumps  # noqa: E731  # the latest frame's
         before = dumps()
         self._send("stack_dump")
         snap = self.snapshot
@@ -514,17 +515,17 @@ class TpuwatchApp(App[str]):
         command = Command(id=f"{action}-{secrets.token_hex(4)}", action=action)
         self._sent[action] = command.id
         self._sent_ids.add(command.id)
-        self._state.apply(command)  # shows as "pending" until the agent answers
+        self._reader.apply_local(lambda now: command)  # shows as "pending" until the agent answers
         self.pull()
         self._deliver(command)
 
-    @work(thread=True, group="profile-summary", exit_on_error=False)
+    @work(thread=True, group="profile-summary", name="loading the profile summary", exit_on_error=False)
     def _show_profile(self, command, live) -> None:
         # xprof takes up to ~0.3 s: never on the UI thread.
         text = load_summary_text(command, live)
         self.call_from_thread(self.push_screen, ProfileSummaryScreen(text))
 
-    @work(thread=True, group="commands", exit_on_error=False)
+    @work(thread=True, group="commands", name="sending a command", exit_on_error=False)
     def _deliver(self, command: Command) -> None:
         # Connecting to the agent may take up to its connect timeout: never on the UI thread.
         try:
@@ -534,9 +535,8 @@ class TpuwatchApp(App[str]):
 
     def _send_failed(self, command: Command, reason: str) -> None:
         self._sent.pop(command.action, None)
-        now = self.source.now()
-        self._state.apply(Result(t=self._clock() if now is None else now, id=command.id,
-                                 action=command.action, ok=False, message=f"not sent: {reason}"))
+        self._reader.apply_local(lambda now: Result(t=now, id=command.id, action=command.action, ok=False,
+                                                    message=f"not sent: {reason}"))
         self.notify(f"{command.action}: {reason}", severity="error", timeout=8)
         self.pull()
 
@@ -651,8 +651,13 @@ class TpuwatchApp(App[str]):
 
     def _zoomed(self) -> bool:
         """A panel expanded or the output maximised: esc (and q) put it back."""
-        return len(self.screen_stack) == 1 and (
-            self.screen.has_class("-panel-max") or self.screen.has_class("-output-max"))
+        stack = self._under_palette()
+        return len(stack) == 1 and (stack[0].has_class("-panel-max") or stack[0].has_class("-output-max"))
+
+    def _under_palette(self) -> list[Screen]:
+        """The screen stack without the command palette: what the palette offers is what the
+        screen under it can do."""
+        return [s for s in self.screen_stack if not isinstance(s, CommandPalette)]
 
     def action_restore(self) -> None:
         if not self._restore_panels() and self.screen.has_class("-output-max"):
@@ -683,59 +688,60 @@ class TpuwatchApp(App[str]):
 
     def action_toggle_pause(self) -> None:
         assert self._replay is not None
-        self._replay.toggle_pause()
+        self._reader.submit(self._replay.toggle_pause)
         self.pull()
 
     def action_faster(self) -> None:
         assert self._replay is not None
-        self._replay.faster()
+        self._reader.submit(self._replay.faster)
         self.pull()
 
     def action_slower(self) -> None:
         assert self._replay is not None
-        self._replay.slower()
+        self._reader.submit(self._replay.slower)
         self.pull()
 
     def action_seek(self, direction: int) -> None:
         assert self._replay is not None
-        self._replay.seek(direction * self._replay.seek_step_s)
+        replay = self._replay
+        self._reader.submit(lambda: replay.seek(direction * replay.seek_step_s))
         self.pull()
 
     def action_seek_start(self) -> None:
         assert self._replay is not None
-        self._replay.seek_start()
+        self._reader.submit(self._replay.seek_start)
         self.pull()
 
     def action_seek_end(self) -> None:
         assert self._replay is not None
-        self._replay.seek_end()
+        self._reader.submit(self._replay.seek_end)
         self.pull()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Textual's commands, then one per key binding that can run now, with the binding's own
+        description and tooltip (:func:`palette_bindings`): a key and its command never
+        disagree. Textual's own Quit runs :meth:`action_quit`, which asks as q does."""
         yield from super().get_system_commands(screen)
-        if self.check_action("profile", ()):
-            yield SystemCommand("Profile", "Capture a profile of the next steps", self.action_profile)
-        if self.check_action("checkpoint", ()):
-            yield SystemCommand("Checkpoint", "Save a checkpoint at the next step boundary", self.action_checkpoint)
-        if self.check_action("stacks", ()):
-            yield SystemCommand("Stacks", "Every thread's stack of the training process", self.action_stacks)
-        yield SystemCommand("Results", "Every command's result with full paths", self.action_results)
-        yield SystemCommand("Loss chart: next scale", "Recent window, log scale, whole run", self.action_loss_scale)
-        yield SystemCommand("Panel: expand / restore", "The focused panel on the whole screen", self.action_expand)
+        for b in palette_bindings(self.BINDINGS):
+            name, params = _split_action(b.action)
+            if not self.check_action(name, params):
+                continue
+            yield SystemCommand(b.description, b.tooltip, partial(self.run_action, b.action))
         yield SystemCommand("Retraces: every trace", "Each retrace with its step and the whole change",
                             self._show_retraces)
-        yield SystemCommand("Help", "Every key", self.action_help)
-        yield SystemCommand("Output: maximise / restore", "Show the script's output full screen", self.action_toggle_output)
-        yield SystemCommand("Output: search", "Search the script's output", self.action_search_output)
-        yield SystemCommand("Output: fold TensorFlow logs", "Hide / show TF's C++ log lines",
-                            self.action_fold_native)
-        if self.check_action("detach", ()):
-            yield SystemCommand("Detach", "Leave the dashboard; training keeps running", self.action_detach)
-        if self._replay is not None:
-            yield SystemCommand("Replay: pause / play", "Toggle playback", self.action_toggle_pause)
-            yield SystemCommand("Replay: faster", "Double the playback speed", self.action_faster)
-            yield SystemCommand("Replay: slower", "Halve the playback speed", self.action_slower)
-            yield SystemCommand("Replay: jump to end", "Show the run as it ended", self.action_seek_end)
+
+
+def _split_action(action: str) -> tuple[str, tuple[object, ...]]:
+    """``"seek(-1)"`` -> ``("seek", (-1,))``, as Textual reads a binding's action."""
+    _, name, params = parse(action)
+    return name, params
+
+
+def palette_bindings(bindings: Iterable[Binding | tuple[str, ...]]) -> list[Binding]:
+    """The key bindings the command palette lists: each one with an id, but the number keys
+    (a panel's number is its name) and q (Textual's palette has its own Quit)."""
+    return [b for b in bindings if isinstance(b, Binding) and b.id is not None
+            and not b.id.startswith("panel.") and b.id != "quit"]
 
 
 def run_dashboard(
@@ -760,6 +766,7 @@ def run_dashboard(
     try:
         result = app.run()
     finally:
+        app.stop_reading()  # no read in progress while the source closes
         source.close()
     if app.hung_up:
         return "detach"

@@ -2,12 +2,15 @@
 
 Every viewer (headless, dashboard, report) feeds the same messages to both and evaluates the
 rules about once a second; findings land in the state, and, for the process that owns the run
-(``tpuwatch run``), in the recording too (``on_new``).
+(``tpuwatch run``), in the recording too (``on_new``). The owner reads its own recording: the
+lines of the findings it wrote come back to it, and :meth:`FindingsFeed.read_back` tells them
+apart (they are in the state already; applied again, a stale copy would replace a later verdict).
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from tpuwatch.monitor.diagnostics.engine import Engine
@@ -17,6 +20,8 @@ if TYPE_CHECKING:
     from tpuwatch.monitor.state import RunState
 
 EVALUATE_EVERY_S = 1.0
+#: Findings handed to ``on_new`` and not yet read back (a bound: a write that failed never comes back).
+_HANDED_OUT_MAX = 10_000
 
 
 class FindingsFeed:
@@ -31,6 +36,20 @@ class FindingsFeed:
         self.on_new = on_new
         self._worker = ""  # the single stream's agent, from its Hello
         self._next_t: float | None = None
+        self._handed_out: Counter[tuple[str, str, float, str, str]] = Counter()
+
+    def read_back(self, msg: Message) -> bool:
+        """Whether ``msg`` is a finding this feed handed to ``on_new``, read back from the
+        recording it went into: the state has it since it was found, so the caller skips it."""
+        if not self._handed_out or not isinstance(msg, Finding):
+            return False
+        key = _identity(msg)
+        if not self._handed_out[key]:
+            return False
+        self._handed_out[key] -= 1
+        if not self._handed_out[key]:
+            del self._handed_out[key]
+        return True
 
     def apply(self, msg: Message, worker: str | None = None) -> None:
         """One message, in order. ``worker``: the sending agent (default: the last Hello's)."""
@@ -42,6 +61,8 @@ class FindingsFeed:
 
     def feed(self, state: "RunState", messages: Iterable[Message]) -> None:
         for msg in messages:
+            if self.read_back(msg):
+                continue
             state.apply(msg)
             self.apply(msg)
 
@@ -56,5 +77,14 @@ class FindingsFeed:
         for f in new:
             state.add_finding(f, f.worker)
         if new and self.on_new is not None:
+            if len(self._handed_out) > _HANDED_OUT_MAX:
+                self._handed_out.clear()
+            self._handed_out.update(_identity(f) for f in new)
             self.on_new(new)
         return new
+
+
+def _identity(f: Finding) -> tuple[str, str, float, str, str]:
+    """What tells one finding from another once it has been through the recording (its
+    evidence, a mapping, is not hashable)."""
+    return (f.rule, f.worker, f.t, f.severity, f.message)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from tpuwatch.protocol import VARIABLES_MADE_CHANGE, Finding, Message, Retrace, Severity
+from tpuwatch.protocol import NEW_OBJECT_CHANGE, VARIABLES_MADE_CHANGE, Finding, Message, Retrace, Severity
 
 from .robust_stats import sig
 from .rule import Rule
@@ -81,7 +81,7 @@ class _TracingRule(Rule):
         change = msg.change
         if change == VARIABLES_MADE_CHANGE:  # once per object, not a retrace problem
             h.variable_traces += 1
-        elif change and not change.startswith("new tf.function object"):
+        elif change and change != NEW_OBJECT_CHANGE:
             # the agent's change is against the previous trace; what made TF trace again is
             # what differs from the closest trace it already has
             change = closest_change(h.signatures, msg.signature) or change
