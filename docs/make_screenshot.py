@@ -49,6 +49,11 @@ def render() -> str:
         async def shoot() -> str:
             async with app.run_test(size=SIZE) as pilot:
                 await pilot.pause()
+                for _ in range(100):  # a loaded machine can cut a read short: read the whole recording
+                    if not app.snapshot.catching_up:
+                        break
+                    app.pull()
+                    await pilot.pause()
                 return app.export_screenshot(title="tpuwatch run sample_runs/keras_fit.py")
 
         return asyncio.run(shoot())

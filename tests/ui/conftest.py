@@ -19,6 +19,16 @@ from tpuwatch.sources.file_source import FileSource  # noqa: E402
 from tpuwatch.ui.app import TpuwatchApp  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def whole_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refresh reads everything the test's recording holds. The dashboard's 0.15 s budget per
+    read (what keeps a live UI responsive) cut the first read short on a loaded machine, and a
+    snapshot then drew part of the run. Tests of the budget set their own."""
+    from tpuwatch.ui import source_reader
+
+    monkeypatch.setattr(source_reader, "APPLY_BUDGET_S", 30.0)
+
+
 @pytest.fixture
 def sent() -> list[Command]:
     return []
