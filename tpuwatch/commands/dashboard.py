@@ -45,8 +45,8 @@ def show(run_dir: Path, live: bool, speed: float | None = None, owner: bool = Fa
 
 def nothing_to_show(run_dir: Path) -> str:
     """Why a viewer of ``run_dir`` could show nothing at all ("" when it can)."""
-    from tpuwatch.control.preflight import recording_problem
     from tpuwatch.monitor.group import worker_dirs
+    from tpuwatch.monitor.recording import recording_problem
 
     workers = worker_dirs(run_dir)
     problems = [recording_problem(w.path) for w in workers] if workers is not None else [recording_problem(run_dir)]

@@ -21,13 +21,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def main(ns: argparse.Namespace) -> int:
     if ns.speed <= 0:
         return error(f"--speed {ns.speed}: must be positive")
-    from tpuwatch.console.report import recording_problem
+    from tpuwatch.monitor.recording import recording_problem
 
     try:
         run_dir = rundir.find_run(ns.run)
     except FileNotFoundError as e:
         return error(str(e))
-    problem = recording_problem(run_dir) or dashboard.nothing_to_show(run_dir)
+    problem = recording_problem(run_dir, missing_ok=True) or dashboard.nothing_to_show(run_dir)
     if problem:
         return error(problem)
     if not sys.stdout.isatty():  # a dashboard into a pipe: escape codes, waiting for keys forever

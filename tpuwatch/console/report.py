@@ -21,12 +21,12 @@ from array import array
 from pathlib import Path
 from typing import Any, Callable
 
-from tpuwatch import protocol, rundir
+from tpuwatch import rundir
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.ledger import as_dict as ledger_dict
 from tpuwatch.monitor.ledger import rows as ledger_rows
-from tpuwatch.monitor.recording import iter_recording
+from tpuwatch.monitor.recording import iter_recording, recording_problem
 from tpuwatch.monitor.runs import run_alive
 from tpuwatch.monitor.snapshot import RunSnapshot, keras_loss, mean_loss, worker_exit_codes
 from tpuwatch.monitor.state import RunState
@@ -129,33 +129,6 @@ def _finding_dict(f: Finding) -> dict[str, Any]:
     }
 
 
-def recording_problem(run_dir: str | Path) -> str | None:
-    """Why ``run_dir/events.jsonl`` cannot be read as a recording (one line), None when it can
-    (or is absent: a run that has not written yet). Reads at most the first line."""
-    events = Path(run_dir) / rundir.EVENTS
-    meta = rundir.meta_problem(Path(run_dir))
-    if meta:
-        return meta
-    if not events.exists():
-        return None
-    if events.is_dir():
-        return f"{events} is not a file; a recording is a file of JSON lines"
-    try:
-        with rundir.open_regular(events) as f:
-            first = f.readline(protocol.MAX_LINE_BYTES)
-    except rundir.NotRegularFile as e:
-        return str(e.strerror)
-    except OSError as e:
-        return f"cannot read {events} ({e.strerror or e})"
-    if not first or not first.endswith(b"\n"):
-        return None  # empty, or the first line still being written
-    msg = protocol.Decoder().decode(first)
-    if msg is None:
-        return (f"{events} is not a tpuwatch recording (its first line is not a tpuwatch message); "
-                "give the directory of a run recorded by `tpuwatch run`")
-    return None
-
-
 def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = None) -> dict[str, Any]:
     """The report of one run directory. Raises :class:`ReportError` when it holds no run.
     ``on_step`` sees every step record the run's figures are computed from (``compare``
@@ -172,7 +145,7 @@ def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = N
     workers = worker_dirs(run_dir)
     if workers is not None:
         return _build_group_report(run_dir, meta, workers, on_step)
-    problem = recording_problem(run_dir)
+    problem = recording_problem(run_dir, missing_ok=True)
     if problem:
         raise ReportError(problem)
     if not events.is_file() and not meta:
