@@ -127,14 +127,20 @@ def percent(fraction: float | None) -> str:
         return UNKNOWN
     return f"{fraction * 100:.1f}%" if fraction < 0.1 else f"{fraction * 100:.0f}%"
 
+def device_name(device: str) -> str:
+    """A TensorFlow device's own name: ``/job:worker/replica:0/task:1/device:TPU:3`` -> ``TPU:3``
+    (what the agent puts on the wire: a topology's devices, memory samples' devices)."""
+    return device.rsplit("device:", 1)[-1] if "device:" in device else device
+
+
 def short_device(device: str) -> str:
-    """``/job:worker/replica:0/task:1/device:TPU:3`` -> ``t1/TPU:3`` (``TPU:3`` on task 0)."""
-    name = device.rsplit("device:", 1)[-1] if "device:" in device else device
+    """A device as the dashboard labels it: ``/job:worker/replica:0/task:1/device:TPU:3`` ->
+    ``t1/TPU:3`` (``TPU:3`` on task 0)."""
     task = ""
     for part in device.split("/"):
         if part.startswith("task:") and part != "task:0":
             task = "t" + part[5:] + "/"
-    return task + name
+    return task + device_name(device)
 
 
 # --- lines: the headless progress line, its summary and ``report`` ---------------------------
