@@ -21,7 +21,7 @@ from array import array
 from pathlib import Path
 from typing import Any, Callable
 
-from tpuwatch import rundir
+from tpuwatch import rundir, units
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.ledger import as_dict as ledger_dict
@@ -35,9 +35,7 @@ from tpuwatch.printable import one_line, printable
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
 from tpuwatch.units import (
     UNKNOWN,
-    fmt_bytes,
     fmt_duration,
-    fmt_loss,
     fmt_pct,
     fmt_rate,
     fmt_seconds,
@@ -225,7 +223,7 @@ def pipeline_lines(p: dict[str, Any]) -> list[str]:
     prev = ""
     for st in p["stages"]:
         extra = [x for x in (f"added by {st['added_by']}" if st["added_by"] else "",
-                             f"holds up to {fmt_bytes(st['holds_bytes'])}" if st["holds_bytes"] > 0 else "") if x]
+                             f"holds up to {units.size(st['holds_bytes'])}" if st["holds_bytes"] > 0 else "") if x]
         code = st["code"] if st["code"] != prev and not st["added_by"] else ""
         prev = st["code"]
         out.append(f"  {st['site'] or '?':<28} .{st['stage']}({st['settings']})"
@@ -449,18 +447,18 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         + " (after the first step)",
         f"input wait\t{fmt_pct(_num(s['input_wait_share']))} of step time"
         + (f" ({s['input_wait']['verdict']})" if s.get("input_wait") else ""),
-        f"loss\t{fmt_loss(_num(s['last_loss']))} (last step, the mean over replicas)",
+        f"loss\t{units.loss(_num(s['last_loss']))} (last step, the mean over replicas)",
     ]
     if s.get("keras_epoch_loss"):
         k = s["keras_epoch_loss"]
-        rows_sum.append(f"Keras loss\tepoch {k['epoch'] + 1} mean {fmt_loss(_num(k['loss']))}"
+        rows_sum.append(f"Keras loss\tepoch {k['epoch'] + 1} mean {units.loss(_num(k['loss']))}"
                         + (f" ({k['note']})" if k["note"] else ""))
     mem = s["memory"]
     if mem["devices"]:
         top = max(mem["devices"], key=lambda d: d["peak_bytes"])
-        rows_sum.append(f"device peak\t{fmt_bytes(top['peak_bytes'])} on {top['device']}"
-                        + (f" of {fmt_bytes(top['limit_bytes'])}" if top["limit_bytes"] else ""))
-    rows_sum.append(f"host RSS peak\t{fmt_bytes(mem['host_rss_peak_bytes'])}")
+        rows_sum.append(f"device peak\t{units.size(top['peak_bytes'])} on {top['device']}"
+                        + (f" of {units.size(top['limit_bytes'])}" if top["limit_bytes"] else ""))
+    rows_sum.append(f"host RSS peak\t{units.size(mem['host_rss_peak_bytes'])}")
     if mem.get("tpu_metrics_note"):
         rows_sum.append(f"TPU metrics\t{mem['tpu_metrics_note']}")
     health = []
@@ -479,7 +477,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
               + (f"; last change {r['last_change']}" if r["last_change"] else "")
               for r in s["retraces"]]
     losses = [f"replica {r['index']} ({(r['worker'] + ' ') if report.get('workers') else ''}"
-              f"{r['device'] or '?'}): {fmt_loss(_num(r['loss']))}"
+              f"{r['device'] or '?'}): {units.loss(_num(r['loss']))}"
               + ("" if r["finite"] else "  NON-FINITE")
               for r in s["replica_losses"]]
     out: list[tuple[str, str, list[str]]] = [("Run", "\n".join(rows_run), []), ("Summary", "\n".join(rows_sum), [])]
@@ -519,7 +517,7 @@ def _worker_line(w: dict[str, Any]) -> str:
         state += f" (exit {w['exit_code']}{', stopped' if w.get('stopped') else ''})"
     return (f"{w['name']} on {w['host'] or UNKNOWN} pid {w['pid'] or UNKNOWN}: {state}; {w['steps']:,} steps, "
             f"step p50 {fmt_seconds(_num(w['step_time_p50_s']))}, input wait "
-            f"{fmt_pct(_num(w['input_wait_share']))}, RSS {fmt_bytes(_num(w['rss_bytes']))}, "
+            f"{fmt_pct(_num(w['input_wait_share']))}, RSS {units.size(_num(w['rss_bytes']))}, "
             f"replicas {','.join(map(str, w['replicas'])) or UNKNOWN}")
 
 
