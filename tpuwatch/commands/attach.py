@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
-from typing import Callable
 
 from tpuwatch import address, rundir, settings
 from tpuwatch.commands import dashboard
 from tpuwatch.commands.lines import bad_every, error, say
 from tpuwatch.commands.outlets import Outlets, add_options
 from tpuwatch.commands.streams import sleep_watching_stdout
+from tpuwatch.monitor.runs import run_dir_alive
 from tpuwatch.printable import printable
 
 
@@ -53,7 +54,7 @@ def main(ns: argparse.Namespace) -> int:
         return error(problem)
     try:
         headless = not sys.stdout.isatty()
-        outlets.start(run_dir, run_dir_alive(run_dir), quiet=not headless)
+        outlets.start(run_dir, partial(run_dir_alive, run_dir), quiet=not headless)
         if headless:  # into a pipe or a file: progress lines, not a dashboard waiting for keys
             return _attach_headless(run_dir, ns.every)
         return _after_attach(run_dir, dashboard.show(run_dir, live=True))
@@ -71,7 +72,7 @@ def _attach_headless(run_dir: Path, every_s: float) -> int:
     from tpuwatch.sources.group_source import GroupSource
 
     workers = worker_dirs(run_dir)
-    alive = run_dir_alive(run_dir)
+    alive = partial(run_dir_alive, run_dir)
     sleep = sleep_watching_stdout()
     if workers is None:
         snap = headless.follow(run_dir / rundir.EVENTS, alive, out=sys.stdout, every_s=every_s, sleep=sleep)
@@ -85,17 +86,6 @@ def _attach_headless(run_dir: Path, every_s: float) -> int:
     if snap.exit_code is not None:
         return snap.exit_code
     return 1 if snap.status in ("lost", "crashed") else 0
-
-
-
-def run_dir_alive(run_dir: Path) -> Callable[[], bool]:
-    """Whether the run recorded in ``run_dir`` (any of its workers) still runs, asked anew each call."""
-    from tpuwatch.monitor.group import worker_dirs
-    from tpuwatch.monitor.runs import run_alive
-
-    workers = worker_dirs(run_dir)
-    dirs = [w.path for w in workers] if workers is not None else [run_dir]
-    return lambda: any(run_alive(rundir.read_meta(d)) for d in dirs)
 
 
 

@@ -370,9 +370,7 @@ def terminate(
         if not launch.alive():
             break
         report(f"sending {sig.name} to the training process group; waiting up to {grace:.0f} s")
-        try:
-            os.killpg(launch.pid, sig)
-        except ProcessLookupError:
+        if not launch.process.signal(sig):
             break
         try:
             launch.proc.wait(timeout=grace)

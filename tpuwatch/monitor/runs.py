@@ -115,6 +115,14 @@ def run_alive(meta: dict[str, Any]) -> bool:
     return process is not None and process.alive()
 
 
+def run_dir_alive(run_dir: Path) -> bool:
+    """Whether the run recorded in ``run_dir`` still runs: its training process, or for a
+    group (``run --workers``) any worker's."""
+    workers = worker_dirs(run_dir)
+    dirs = [w.path for w in workers] if workers is not None else [run_dir]
+    return any(run_alive(rundir.read_meta(d)) for d in dirs)
+
+
 def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
