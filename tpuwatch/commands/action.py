@@ -34,7 +34,7 @@ def add_checkpoint_parser(sub) -> argparse.ArgumentParser:
 def main(ns: argparse.Namespace) -> int:
     """``tpuwatch profile`` / ``tpuwatch checkpoint``: one command to a live agent, its result printed."""
     from tpuwatch.control import actions
-    from tpuwatch.monitor.runs import list_runs
+    from tpuwatch.monitor.runs import latest_live
 
     if not 0 < ns.timeout < float("inf"):
         return error(f"--timeout {ns.timeout:g}: give a positive number of seconds to wait for the result")
@@ -45,11 +45,11 @@ def main(ns: argparse.Namespace) -> int:
     try:
         if ns.run is None:  # the live run, not a newer one that ended (issue 28)
             root = rundir.check_runs_root()
-            running = [r for r in list_runs(root) if r.state == "running"]
-            if not running:
+            live = latest_live(root)
+            if live is None:
                 return error(f"no run is live under {root}; start one with `tpuwatch run "
                              f"SCRIPT`, or name a run recorded elsewhere: `tpuwatch {ns.command} RUN_DIR`")
-            run_dir = running[0].path
+            run_dir = live
         else:
             run_dir = rundir.find_run(ns.run)
     except FileNotFoundError as e:

@@ -115,11 +115,9 @@ def _after_attach(run_dir: Path, choice: str) -> int:
 
 def _latest_live_run() -> Path:
     """The newest running run; the newest run of any state when none is running."""
-    from tpuwatch.monitor.runs import list_runs
+    from tpuwatch.monitor.runs import latest_live
 
-    running = [r for r in list_runs(rundir.check_runs_root()) if r.state == "running"]
-    return running[0].path if running else rundir.find_run(None)
-
+    return latest_live(rundir.check_runs_root()) or rundir.find_run(None)
 
 
 def _attach_remote(ns: argparse.Namespace) -> int:

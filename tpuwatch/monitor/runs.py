@@ -249,3 +249,9 @@ def list_runs(root: str | Path | None = None) -> list[RunInfo]:
     runs = [run_info(d) for d in dirs if rundir.is_run_dir(d)]
     runs.sort(key=lambda r: (r.start or 0.0, r.id), reverse=True)
     return runs
+
+
+def latest_live(root: str | Path | None = None) -> Path | None:
+    """The newest running run under ``root`` (what ``attach`` and ``profile``/``checkpoint``
+    without RUN go to: not a newer run that has ended), None when none runs."""
+    return next((r.path for r in list_runs(root) if r.state == "running"), None)
