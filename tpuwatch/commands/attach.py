@@ -62,7 +62,6 @@ def main(ns: argparse.Namespace) -> int:
         outlets.close()
 
 
-
 def _attach_headless(run_dir: Path, every_s: float) -> int:
     """``tpuwatch attach RUN > file``: the headless progress lines on stdout (a run's own headless
     view writes them to stderr, beside the script's output) until the run ends, then its summary.
@@ -88,7 +87,6 @@ def _attach_headless(run_dir: Path, every_s: float) -> int:
     return 1 if snap.status in ("lost", "crashed") else 0
 
 
-
 def _after_attach(run_dir: Path, choice: str) -> int:
     """What the user chose when leaving ``tpuwatch attach``: say it, and stop training if asked."""
     from tpuwatch.control import run_stop
@@ -110,7 +108,6 @@ def _after_attach(run_dir: Path, choice: str) -> int:
     say(f"training {ended_state(code, True)} (exit code {code}); "
         f"`tpuwatch report {rundir.reference(run_dir)}` for the full report")
     return code
-
 
 
 def _latest_live_run() -> Path:
@@ -159,7 +156,6 @@ def _attach_remote(ns: argparse.Namespace) -> int:
 
         return stop_remote([(s.address, s.offset) for s in source.streams], token, report=say)
     return 0
-
 
 
 def _is_address(ref: str) -> bool:

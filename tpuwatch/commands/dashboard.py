@@ -42,7 +42,6 @@ def show(run_dir: Path, live: bool, speed: float | None = None, owner: bool = Fa
     return run_dashboard(run_dir, source, record_findings=owner, baseline=baseline)
 
 
-
 def nothing_to_show(run_dir: Path) -> str:
     """Why a viewer of ``run_dir`` could show nothing at all ("" when it can)."""
     from tpuwatch.monitor.group import worker_dirs

@@ -38,7 +38,6 @@ def run_group(ns: argparse.Namespace, env: dict[str, str] | None, outlets: Outle
         merger.close()
 
 
-
 def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
     from tpuwatch.console import headless
     from tpuwatch.monitor import group as groups
@@ -75,7 +74,6 @@ def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
     copier.join(timeout=2)
     say(f"exit code {code}; `tpuwatch report {rundir.reference(group.run_dir)}` for the merged report")
     return code
-
 
 
 def _run_group_dashboard(group, supervisor, merger) -> int:

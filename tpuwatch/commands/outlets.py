@@ -34,7 +34,6 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "docs/tensorboard.md)")
 
 
-
 class Outlets:
     """What the options above ask for: checked before the script starts, fed by a relay (its own
     thread, tailing the recording) while the run is watched, closed after the view."""

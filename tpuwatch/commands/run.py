@@ -1,5 +1,5 @@
-"""``tpuwatch run SCRIPT``: start a script under the agent, then the dashboard or the headless lines until it ends
-(``--workers N``: :mod:`.group`)."""
+"""``tpuwatch run SCRIPT``: start a script under the agent, then show the dashboard or the headless
+lines until it ends (``--workers N``: :mod:`.group`)."""
 
 from __future__ import annotations
 
@@ -117,7 +117,6 @@ def main(ns: argparse.Namespace) -> int:
         outlets.close()
 
 
-
 def load_baseline(ref: str):
     """The whole-run figures of a finished run for ``run --baseline``; ValueError with one line
     when ``ref`` is not a run, or one without steps."""
@@ -138,7 +137,6 @@ def load_baseline(ref: str):
                     steps_per_s=s.get("steps_per_s"), examples_per_s=s.get("examples_per_s"),
                     input_wait_share=s.get("input_wait_share"), goodput=ledger.get("goodput"),
                     ledger_shares=shares)
-
 
 
 def _run_headless(launch, every_s: float, baseline=None) -> int:
@@ -166,12 +164,10 @@ def _run_headless(launch, every_s: float, baseline=None) -> int:
     return code
 
 
-
 def _run_options() -> set[str]:
     """Every option string of `tpuwatch run` (`--headless`, `--every`, ...)."""
     run = add_parser(argparse.ArgumentParser().add_subparsers())
     return {o for action in run._actions for o in action.option_strings if o.startswith("--")}
-
 
 
 def _hint_misplaced_options(run_dir: Path, code: int) -> None:
@@ -196,7 +192,6 @@ def _hint_misplaced_options(run_dir: Path, code: int) -> None:
                 say(f"the script refused {' '.join(misplaced)}: that is tpuwatch's option, and tpuwatch's options "
                     f"go before the script (`tpuwatch run {' '.join(misplaced)} SCRIPT ARGS...`)")
             return
-
 
 
 def _run_dashboard(launch, baseline=None) -> int:
