@@ -1,23 +1,22 @@
 """How tpuwatch writes numbers, in every output: the dashboard, the headless lines and
 ``report``, and the one-line messages of findings.
 
-Three families, because each output has its own width and readers, and their forms differ on
-purpose (each keeps what it showed before they were gathered here):
+A byte count and a loss are written one way everywhere: :func:`size` (``3.00 GiB``, ``1.50 KiB``)
+and :func:`loss` (``0.6931``, ``NaN``, ``+Inf``). Times and shares have two families, because each
+output has its own width and readers, and their forms differ on purpose:
 
 =====================  ==================================  ===================================
                        dashboard (``tpuwatch.ui``)          lines (headless, ``report``)
 =====================  ==================================  ===================================
-bytes                  :func:`size`: ``3.00 GiB``           :func:`fmt_bytes`: ``3.0 GiB``
 step time              :func:`duration`: ``12.3 ms``        :func:`fmt_seconds`: ``12.3 ms``
 run time               :func:`clock`: ``1:02:03``           :func:`fmt_duration`: ``1h02m``
 share                  :func:`percent`: ``7.5%``            :func:`fmt_pct`: ``8%``
-loss                   :func:`loss`: ``NaN``, ``+Inf``      :func:`fmt_loss`: ``nan``, ``inf``
 =====================  ==================================  ===================================
 
 Findings' messages (:mod:`tpuwatch.monitor.diagnostics`) use :func:`finding_ms` and
 :func:`finding_duration`: 2-3 significant digits and no exponents, so that a message reads as a
 sentence. Every function takes plain numbers; ``None`` (not measured) prints as :data:`UNKNOWN`.
-Standard library only: every part but the agent imports this.
+Standard library only: every part imports this (the agent for :func:`device_name`).
 """
 
 from __future__ import annotations
@@ -127,34 +126,23 @@ def percent(fraction: float | None) -> str:
         return UNKNOWN
     return f"{fraction * 100:.1f}%" if fraction < 0.1 else f"{fraction * 100:.0f}%"
 
+def device_name(device: str) -> str:
+    """A TensorFlow device's own name: ``/job:worker/replica:0/task:1/device:TPU:3`` -> ``TPU:3``
+    (what the agent puts on the wire: a topology's devices, memory samples' devices)."""
+    return device.rsplit("device:", 1)[-1] if "device:" in device else device
+
+
 def short_device(device: str) -> str:
-    """``/job:worker/replica:0/task:1/device:TPU:3`` -> ``t1/TPU:3`` (``TPU:3`` on task 0)."""
-    name = device.rsplit("device:", 1)[-1] if "device:" in device else device
+    """A device as the dashboard labels it: ``/job:worker/replica:0/task:1/device:TPU:3`` ->
+    ``t1/TPU:3`` (``TPU:3`` on task 0)."""
     task = ""
     for part in device.split("/"):
         if part.startswith("task:") and part != "task:0":
             task = "t" + part[5:] + "/"
-    return task + name
+    return task + device_name(device)
 
 
 # --- lines: the headless progress line, its summary and ``report`` ---------------------------
-
-
-_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
-
-def fmt_bytes(n: float | None, *, decimal_from: str = "GiB") -> str:
-    """Binary units, one decimal from ``decimal_from`` up: ``fmt_bytes(3 * 2**30) == "3.0 GiB"``,
-    ``fmt_bytes(1536) == "2 KiB"``; a command result's size (``decimal_from="KiB"``): ``"1.5 KiB"``."""
-    if n is None:
-        return UNKNOWN
-    v = float(n)
-    precise = _BYTE_UNITS[_BYTE_UNITS.index(decimal_from):]
-    for unit in _BYTE_UNITS:
-        if abs(v) < 1024 or unit == "TiB":
-            return f"{v:.1f} {unit}" if unit in precise else f"{v:.0f} {unit}"
-        v /= 1024
-    return f"{v:.1f} TiB"  # unreachable; keeps type checkers content
 
 
 def fmt_seconds(s: float | None) -> str:
@@ -198,14 +186,6 @@ def fmt_pct(frac: float | None) -> str:
     if frac is None:
         return UNKNOWN
     return f"{100 * frac:.0f}%" if frac >= 0.01 or frac == 0 else f"{100 * frac:.1f}%"
-
-
-def fmt_loss(v: float | None) -> str:
-    if v is None:
-        return UNKNOWN
-    if not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    return f"{v:.4g}"
 
 
 # --- findings' messages ----------------------------------------------------------------------

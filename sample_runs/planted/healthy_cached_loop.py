@@ -17,18 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide C++ INFO/WARNING chat
 import numpy as np
 import tensorflow as tf
 import keras
-
-
-def make_strategy(replicas: int) -> tf.distribute.Strategy:
-    try:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
-    except ValueError:  # no TPU here
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
-        return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
-    tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
-    return tf.distribute.TPUStrategy(resolver)
+from training_setup import make_strategy
 
 
 def decode(image, label):

@@ -18,29 +18,9 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide C++ INFO/WARNING chatter; errors still print
 
-import numpy as np
 import tensorflow as tf
 import keras
-
-
-def make_strategy(replicas: int) -> tf.distribute.Strategy:
-    try:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
-    except ValueError:  # no TPU here
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
-        return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
-    tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
-    return tf.distribute.TPUStrategy(resolver)
-
-
-def synthetic_mnist(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    templates = rng.random((10, 28, 28, 1), dtype=np.float32)
-    labels = rng.integers(0, 10, n)
-    noise = rng.random((n, 28, 28, 1), dtype=np.float32)
-    return (0.5 * templates[labels] + 0.5 * noise).astype(np.float32), labels.astype(np.int64)
+from training_setup import make_strategy, synthetic_mnist
 
 
 def main() -> int:

@@ -25,23 +25,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np
 import tensorflow as tf
 import keras
-
-
-def make_strategy(replicas: int) -> tf.distribute.Strategy:
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
-    return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
-
-
-def synthetic(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    templates = rng.random((10, 28, 28, 1), dtype=np.float32)
-    labels = rng.integers(0, 10, n)
-    noise = rng.random((n, 28, 28, 1), dtype=np.float32)
-    return (0.5 * templates[labels] + 0.5 * noise).astype(np.float32), labels.astype(np.int64)
+from training_setup import make_strategy, synthetic_mnist
 
 
 def main() -> int:
@@ -62,7 +48,7 @@ def main() -> int:
     time.sleep(args.sleep_before_s)  # stands in for reading the data set from a slow disk
     print(f"planted sleep_before_s={time.perf_counter() - t0:.3f}", flush=True)
 
-    x, y = synthetic(global_batch * args.steps_per_epoch, 0)
+    x, y = synthetic_mnist(global_batch * args.steps_per_epoch, 0)
     train = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True)
     train_dist = strategy.experimental_distribute_dataset(train)
 
@@ -75,7 +61,7 @@ def main() -> int:
         images.set_shape([global_batch, 28, 28, 1])
         return images, labels
 
-    tx, ty = synthetic(global_batch * args.eval_batches, 1)
+    tx, ty = synthetic_mnist(global_batch * args.eval_batches, 1)
     test = tf.data.Dataset.from_tensor_slices((tx, ty)).batch(global_batch, drop_remainder=True).map(slow)
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False

@@ -73,9 +73,11 @@ def test_tf_config_parsing_and_worker_positions():
     assert environment.worker_name("h", 7, {"TF_CONFIG": "{nope"}) == "h:7"
 
 
-def test_short_device():
-    assert environment.short_device("/job:localhost/replica:0/task:0/device:CPU:3") == "CPU:3"
-    assert environment.short_device("/job:worker/replica:0/task:1/device:TPU:0") == "TPU:0"
+def test_device_name_is_the_form_memory_samples_use():
+    from tpuwatch import units
+
+    assert units.device_name("/job:localhost/replica:0/task:0/device:CPU:3") == "CPU:3"
+    assert units.device_name("/job:worker/replica:0/task:1/device:TPU:0") == "TPU:0"
 
 
 @pytest.mark.tf

@@ -58,7 +58,7 @@ def test_core_modules_import_only_the_standard_library(module):
 def test_viewer_parts_never_import_tensorflow_textual_or_a_part_above(package):
     mods = _import_all(package)
     assert not _top(mods) & (TF | TEXTUAL), sorted(_top(mods) & (TF | TEXTUAL))
-    above = ("tpuwatch.agent", "tpuwatch.cli") + LAYERS[LAYERS.index(package) + 1:]
+    above = ("tpuwatch.agent", "tpuwatch.cli", "tpuwatch.commands") + LAYERS[LAYERS.index(package) + 1:]
     assert not sorted(m for m in mods if m.startswith(above))
 
 
@@ -72,13 +72,13 @@ def test_ui_never_imports_tensorflow_or_the_agent():
     mods = _import_all("tpuwatch.ui")
     assert "textual" in _top(mods)
     assert not _top(mods) & TF
-    assert not any(m.startswith(("tpuwatch.agent", "tpuwatch.cli", "tpuwatch.console")) for m in mods)
+    assert not any(m.startswith(("tpuwatch.agent", "tpuwatch.cli", "tpuwatch.commands", "tpuwatch.console")) for m in mods)
 
 
 def test_agent_never_imports_textual_or_the_viewer_side():
     mods = _import_all("tpuwatch.agent")
     assert not _top(mods) & TEXTUAL
-    assert not any(m.startswith(("tpuwatch.cli",) + LAYERS) for m in mods)
+    assert not any(m.startswith(("tpuwatch.cli", "tpuwatch.commands") + LAYERS) for m in mods)
 
 
 def test_help_is_fast_and_needs_no_tensorflow():

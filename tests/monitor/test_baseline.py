@@ -58,13 +58,13 @@ def test_a_baseline_that_is_no_run_is_one_line_before_anything_starts(tmp_path):
 
 
 def test_a_baseline_carries_its_goodput_ledger(tmp_path):
-    from tpuwatch.cli import _load_baseline
+    from tpuwatch.commands.run import load_baseline
     from tpuwatch.console.report import build_report
 
     run = tmp_path / "base"
     run.mkdir()
     shutil.copy(DATA / "input_bound.jsonl", run / "events.jsonl")
-    b = _load_baseline(str(run))
+    b = load_baseline(str(run))
     ledger = build_report(run)["ledger"]
     assert b.goodput == ledger["goodput"] and b.goodput is not None
     assert b.ledger_shares["input_wait"] == ledger["buckets_s"]["input_wait"] / ledger["wall_s"] > 0.5

@@ -32,7 +32,7 @@ def test_progress_line_has_the_numbers():
     line = headless.progress_line(snap_of("healthy_4replica.jsonl"))
     assert "\n" not in line
     for part in ("step 300/300 (100%)", "steps/s", "p50 49.9 ms", "input 2%", "(4 replicas)",
-                 "retraces 1", "dev 332 MiB", "host 2.0 GiB", "[finished]"):
+                 "retraces 1", "dev 332 MiB", "host 2.00 GiB", "[finished]"):
         assert part in line, (part, line)
     running = headless.progress_line(snap_of("running_truncated.jsonl"))
     assert "step 200/600 (33%)" in running and "ETA 20s" in running and "[" not in running
@@ -47,7 +47,7 @@ def test_summary_of_crashed_and_truncated_runs():
     text = headless.summary(snap_of("crashed.jsonl"))
     assert text.startswith("tpuwatch: train.py crashed (exit 1) after 10s")
     assert "FloatingPointError: loss is nan at step 150" in text
-    assert "device peak 450 MiB" in text and "host RSS peak 2.0 GiB" in text
+    assert "device peak 450 MiB" in text and "host RSS peak 2.00 GiB" in text
     text = headless.summary(snap_of("running_truncated.jsonl"))
     assert "truncated tail" in text
 

@@ -27,4 +27,4 @@ def test_one_mean_loss_a_nan_replica_shows_in_the_header_the_panel_and_the_line(
     snap = s.snapshot(mr.T0 + 1)
     assert math.isnan(snap.loss)  # what the script's strategy.reduce(MEAN) prints
     assert "mean NaN" in replica_loss_text(snap, 10).plain  # was the finite replicas' 2
-    assert "nan, the mean over replicas" in summary(snap)
+    assert "NaN, the mean over replicas" in summary(snap)  # one loss format: the panel's

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tpuwatch import cli, rundir
+from tpuwatch.commands import dashboard
 from tpuwatch.control import launcher, run_stop
 from tpuwatch.monitor.runs import ended_state, run_info
 from tpuwatch.monitor.state import RunState
@@ -49,7 +50,7 @@ def test_stop_chosen_in_attach_stops_training_and_lists_it_stopped(tmp_path, mon
     launch = _start(tmp_path, LOOP)
     try:
         # The dashboard's answer is what matters here: the user pressed q, then "Stop training".
-        monkeypatch.setattr(cli, "_dashboard", lambda run_dir, live, **kw: "stop")
+        monkeypatch.setattr(dashboard, "show", lambda run_dir, live, **kw: "stop")
         monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: True)  # a dashboard needs a terminal
         code = cli.main(["attach", str(launch.run_dir)])
         err = capsys.readouterr().err
@@ -135,7 +136,7 @@ def test_detach_from_attach_says_training_goes_on(tmp_path, monkeypatch, capsys)
     rundir.create(run)
     (run / rundir.EVENTS).write_bytes(b"")
     rundir.write_meta(run, {"run_id": "r-1"})
-    monkeypatch.setattr(cli, "_dashboard", lambda run_dir, live, **kw: "detach")
+    monkeypatch.setattr(dashboard, "show", lambda run_dir, live, **kw: "detach")
     monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: True)  # a dashboard needs a terminal
     assert cli.main(["attach", str(run)]) == 0
     # Outside the runs home the id names nothing: the hint names the directory.

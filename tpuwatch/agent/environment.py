@@ -18,7 +18,7 @@ import weakref
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from tpuwatch import protocol
+from tpuwatch import protocol, units
 from tpuwatch.agent import clocks
 from tpuwatch.protocol import Config, Hello, Topology
 
@@ -214,12 +214,6 @@ def is_tpu_strategy(strategy: Any) -> bool:
     return any(cls.__name__ in _TPU_STRATEGY_CLASSES for cls in type(strategy).__mro__)
 
 
-def short_device(name: str) -> str:
-    """"/job:localhost/replica:0/task:0/device:CPU:1" -> "CPU:1" (the form memory samples use)."""
-    tail = name.rsplit("/", 1)[-1]
-    return tail[len("device:"):] if tail.startswith("device:") else tail
-
-
 def _replica_devices(strategy: Any) -> tuple[str, ...]:
     try:
         devices = tuple(strategy.extended.worker_devices)
@@ -227,7 +221,7 @@ def _replica_devices(strategy: Any) -> tuple[str, ...]:
         # The default strategy has no worker_devices: it runs on TF's default device.
         devices = ()
     if devices:
-        return tuple(short_device(d) for d in devices)
+        return tuple(units.device_name(d) for d in devices)
     import tensorflow as tf
 
     # Physical devices only: listing logical ones would initialise the runtime.

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
+from tpuwatch import units
 from tpuwatch.monitor.baseline import Baseline, deltas
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diskspace import full_note
@@ -36,9 +37,7 @@ from tpuwatch.sources.file_source import FileSource
 from tpuwatch.sources.source import RecordingSource, Tagged
 from tpuwatch.units import (
     UNKNOWN,
-    fmt_bytes,
     fmt_duration,
-    fmt_loss,
     fmt_pct,
     fmt_rate,
     fmt_seconds,
@@ -53,13 +52,13 @@ def _loss_range(snap: RunSnapshot) -> str:
     when newer steps carried none: a loss is never shown as current when it is not."""
     rows = snap.replica_losses
     if not rows:
-        return f"loss {fmt_loss(snap.loss)}"
+        return f"loss {units.loss(snap.loss)}"
     bad = [r.index for r in rows if not r.finite]
     finite = [r.loss for r in rows if r.finite]
     if len(rows) == 1:
-        text = f"loss {fmt_loss(rows[0].loss)}"
+        text = f"loss {units.loss(rows[0].loss)}"
     else:
-        text = f"loss {fmt_loss(min(finite))}..{fmt_loss(max(finite))} ({len(rows)} replicas)" if finite else "loss"
+        text = f"loss {units.loss(min(finite))}..{units.loss(max(finite))} ({len(rows)} replicas)" if finite else "loss"
     if bad:
         text += f" NON-FINITE on replica{'s' if len(bad) > 1 else ''} {','.join(map(str, bad))}"
     if snap.loss_step is not None and snap.loss_step < snap.step:
@@ -83,12 +82,12 @@ def progress_line(snap: RunSnapshot) -> str:
     parts.append(f"retraces {retraces}")
     if snap.device_memory:
         worst = max(snap.device_memory, key=lambda d: d.current_bytes)
-        dev = f"dev {fmt_bytes(worst.current_bytes)}"
+        dev = f"dev {units.size(worst.current_bytes)}"
         if worst.limit_bytes:
-            dev += f"/{fmt_bytes(worst.limit_bytes)}"
+            dev += f"/{units.size(worst.limit_bytes)}"
         parts.append(dev)
     if snap.host_memory:
-        parts.append(f"host {fmt_bytes(max(h.rss_bytes for h in snap.host_memory))}")
+        parts.append(f"host {units.size(max(h.rss_bytes for h in snap.host_memory))}")
     if snap.eta_s is not None:
         parts.append(f"ETA {fmt_duration(snap.eta_s)}")
     if snap.phase:
@@ -144,7 +143,7 @@ def summary(snap: RunSnapshot) -> str:
             row("input", f"{fmt_pct(snap.input_wait_frac_total)} of step time waiting for input "
                          f"(last {fmt_pct(snap.input_wait_frac)})")
         at = f"step {snap.loss_step:,}" if snap.loss_step is not None else "the last step"
-        row("loss", f"{fmt_loss(snap.loss)}, the mean over replicas at {at} ({LAST_STEP})"
+        row("loss", f"{units.loss(snap.loss)}, the mean over replicas at {at} ({LAST_STEP})"
                     + (f"; replicas {_loss_range(snap).removeprefix('loss ')}" if len(snap.replica_losses) > 1 else ""))
         if (keras := keras_loss(snap)) is not None:
             row("", keras.describe())
@@ -158,9 +157,9 @@ def summary(snap: RunSnapshot) -> str:
     mem = []
     if snap.device_peaks:
         w, dev, peak = max(snap.device_peaks, key=lambda x: x[2])
-        mem.append(f"device peak {fmt_bytes(peak)} ({dev.rsplit('/', 1)[-1]})")
+        mem.append(f"device peak {units.size(peak)} ({units.device_name(dev)})")
     if snap.host_rss_peak_bytes:
-        mem.append(f"host RSS peak {fmt_bytes(snap.host_rss_peak_bytes)}")
+        mem.append(f"host RSS peak {units.size(snap.host_rss_peak_bytes)}")
     if mem:
         row("memory", "  ".join(mem))
     if snap.ledger is not None and snap.ledger.wall_s > 0:

@@ -22,12 +22,12 @@ from array import array
 from pathlib import Path
 from typing import Any, Callable
 
-from tpuwatch import protocol, rundir
+from tpuwatch import rundir, units
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.ledger import as_dict as ledger_dict
 from tpuwatch.monitor.ledger import rows as ledger_rows
-from tpuwatch.monitor.recording import iter_recording
+from tpuwatch.monitor.recording import iter_recording, recording_problem
 from tpuwatch.monitor.runs import run_alive
 from tpuwatch.monitor.snapshot import RunSnapshot, keras_loss, mean_loss, worker_exit_codes
 from tpuwatch.monitor.state import RunState
@@ -36,9 +36,7 @@ from tpuwatch.printable import one_line, printable
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
 from tpuwatch.units import (
     UNKNOWN,
-    fmt_bytes,
     fmt_duration,
-    fmt_loss,
     fmt_pct,
     fmt_rate,
     fmt_seconds,
@@ -130,33 +128,6 @@ def _finding_dict(f: Finding) -> dict[str, Any]:
     }
 
 
-def recording_problem(run_dir: str | Path) -> str | None:
-    """Why ``run_dir/events.jsonl`` cannot be read as a recording (one line), None when it can
-    (or is absent: a run that has not written yet). Reads at most the first line."""
-    events = Path(run_dir) / rundir.EVENTS
-    meta = rundir.meta_problem(Path(run_dir))
-    if meta:
-        return meta
-    if not events.exists():
-        return None
-    if events.is_dir():
-        return f"{events} is not a file; a recording is a file of JSON lines"
-    try:
-        with rundir.open_regular(events) as f:
-            first = f.readline(protocol.MAX_LINE_BYTES)
-    except rundir.NotRegularFile as e:
-        return str(e.strerror)
-    except OSError as e:
-        return f"cannot read {events} ({e.strerror or e})"
-    if not first or not first.endswith(b"\n"):
-        return None  # empty, or the first line still being written
-    msg = protocol.Decoder().decode(first)
-    if msg is None:
-        return (f"{events} is not a tpuwatch recording (its first line is not a tpuwatch message); "
-                "give the directory of a run recorded by `tpuwatch run`")
-    return None
-
-
 def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = None) -> dict[str, Any]:
     """The report of one run directory. Raises :class:`ReportError` when it holds no run.
     ``on_step`` sees every step record the run's figures are computed from (``compare``
@@ -173,7 +144,7 @@ def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = N
     workers = worker_dirs(run_dir)
     if workers is not None:
         return _build_group_report(run_dir, meta, workers, on_step)
-    problem = recording_problem(run_dir)
+    problem = recording_problem(run_dir, missing_ok=True)
     if problem:
         raise ReportError(problem)
     if not events.is_file() and not meta:
@@ -253,7 +224,7 @@ def pipeline_lines(p: dict[str, Any]) -> list[str]:
     prev = ""
     for st in p["stages"]:
         extra = [x for x in (f"added by {st['added_by']}" if st["added_by"] else "",
-                             f"holds up to {fmt_bytes(st['holds_bytes'])}" if st["holds_bytes"] > 0 else "") if x]
+                             f"holds up to {units.size(st['holds_bytes'])}" if st["holds_bytes"] > 0 else "") if x]
         code = st["code"] if st["code"] != prev and not st["added_by"] else ""
         prev = st["code"]
         out.append(f"  {st['site'] or '?':<28} .{st['stage']}({st['settings']})"
@@ -477,18 +448,18 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         + " (after the first step)",
         f"input wait\t{fmt_pct(_num(s['input_wait_share']))} of step time"
         + (f" ({s['input_wait']['verdict']})" if s.get("input_wait") else ""),
-        f"loss\t{fmt_loss(_num(s['last_loss']))} (last step, the mean over replicas)",
+        f"loss\t{units.loss(_num(s['last_loss']))} (last step, the mean over replicas)",
     ]
     if s.get("keras_epoch_loss"):
         k = s["keras_epoch_loss"]
-        rows_sum.append(f"Keras loss\tepoch {k['epoch'] + 1} mean {fmt_loss(_num(k['loss']))}"
+        rows_sum.append(f"Keras loss\tepoch {k['epoch'] + 1} mean {units.loss(_num(k['loss']))}"
                         + (f" ({k['note']})" if k["note"] else ""))
     mem = s["memory"]
     if mem["devices"]:
         top = max(mem["devices"], key=lambda d: d["peak_bytes"])
-        rows_sum.append(f"device peak\t{fmt_bytes(top['peak_bytes'])} on {top['device']}"
-                        + (f" of {fmt_bytes(top['limit_bytes'])}" if top["limit_bytes"] else ""))
-    rows_sum.append(f"host RSS peak\t{fmt_bytes(mem['host_rss_peak_bytes'])}")
+        rows_sum.append(f"device peak\t{units.size(top['peak_bytes'])} on {top['device']}"
+                        + (f" of {units.size(top['limit_bytes'])}" if top["limit_bytes"] else ""))
+    rows_sum.append(f"host RSS peak\t{units.size(mem['host_rss_peak_bytes'])}")
     if mem.get("tpu_metrics_note"):
         rows_sum.append(f"TPU metrics\t{mem['tpu_metrics_note']}")
     health = []
@@ -507,7 +478,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
               + (f"; last change {r['last_change']}" if r["last_change"] else "")
               for r in s["retraces"]]
     losses = [f"replica {r['index']} ({(r['worker'] + ' ') if report.get('workers') else ''}"
-              f"{r['device'] or '?'}): {fmt_loss(_num(r['loss']))}"
+              f"{r['device'] or '?'}): {units.loss(_num(r['loss']))}"
               + ("" if r["finite"] else "  NON-FINITE")
               for r in s["replica_losses"]]
     out: list[tuple[str, str, list[str]]] = [("Run", "\n".join(rows_run), []), ("Summary", "\n".join(rows_sum), [])]
@@ -547,7 +518,7 @@ def _worker_line(w: dict[str, Any]) -> str:
         state += f" (exit {w['exit_code']}{', stopped' if w.get('stopped') else ''})"
     return (f"{w['name']} on {w['host'] or UNKNOWN} pid {w['pid'] or UNKNOWN}: {state}; {w['steps']:,} steps, "
             f"step p50 {fmt_seconds(_num(w['step_time_p50_s']))}, input wait "
-            f"{fmt_pct(_num(w['input_wait_share']))}, RSS {fmt_bytes(_num(w['rss_bytes']))}, "
+            f"{fmt_pct(_num(w['input_wait_share']))}, RSS {units.size(_num(w['rss_bytes']))}, "
             f"replicas {','.join(map(str, w['replicas'])) or UNKNOWN}")
 
 

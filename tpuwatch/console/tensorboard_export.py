@@ -18,6 +18,7 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from tpuwatch import units
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.protocol import DeviceSample, Finding, Hello, HostSample, Message, Step, StepLoss
 
@@ -127,7 +128,7 @@ class TensorBoardExport:
         elif isinstance(msg, HostSample):
             self._write(worker, self._step.get(worker, 0), msg.t, [(HOST_RSS, msg.rss_bytes)])
         elif isinstance(msg, DeviceSample):
-            tag = DEVICE_MEMORY.format(device=_tag_part(msg.device.rsplit("/", 1)[-1].removeprefix("device:")))
+            tag = DEVICE_MEMORY.format(device=_tag_part(units.device_name(msg.device)))
             self._write(worker, self._step.get(worker, 0), msg.t, [(tag, msg.current_bytes)])
 
     def update(self, snap: RunSnapshot, new_findings: Sequence[Finding]) -> None:

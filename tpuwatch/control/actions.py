@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, TextIO
 
-from tpuwatch import rundir
+from tpuwatch import rundir, units
 from tpuwatch.control.client import AgentClient, AgentUnavailable, new_command
 from tpuwatch.monitor.recording import RecordingReader, tail_messages
 from tpuwatch.printable import printable
 from tpuwatch.protocol import Command, CommandState, Epoch, Exit, Message, Result, Retrace, Step
-from tpuwatch.units import fmt_bytes
 
 Action = Literal["profile", "checkpoint"]
 
@@ -161,7 +160,7 @@ def describe_result(result: Result) -> str:
     if isinstance(d.get("path"), str):
         bits.append(str(d["path"]))
     if isinstance(d.get("bytes"), (int, float)):
-        bits.append(fmt_bytes(float(d["bytes"]), decimal_from="KiB"))  # type: ignore[arg-type]
+        bits.append(units.size(float(d["bytes"])))  # type: ignore[arg-type]
     if isinstance(d.get("seconds"), (int, float)):
         bits.append(f"{float(d['seconds']):.2f} s")  # type: ignore[arg-type]
     if isinstance(d.get("step"), int):

@@ -23,6 +23,7 @@ from typing import Callable
 from tpuwatch import address, protocol, rundir, settings
 from tpuwatch.control import output_pump
 from tpuwatch.control.run_stop import record_stop_request
+from tpuwatch.monitor.recording import last_exit
 from tpuwatch.monitor.runs import Process, ended_state
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -291,7 +292,8 @@ def finish(launch: Launch, clock: Callable[[], float] = time.time) -> int:
     # The run is over: the disk reserve is for exactly these last records (on a full disk they
     # would fail, leaving run.json "running").
     rundir.release_reserve(launch.run_dir)
-    recorded = _recorded_exit_code(launch.run_dir)
+    recorded_exit = last_exit(launch.run_dir / rundir.EVENTS)
+    recorded = recorded_exit.exit_code if recorded_exit else None
     if recorded != code:
         name = signal.Signals(sig).name if sig else ""
         reason = f"killed by {name}" if sig else "the agent did not record an exit (the process ended abruptly)"
@@ -345,24 +347,6 @@ def _ends_mid_line(path: Path) -> bool:
         return False
 
 
-def _recorded_exit_code(run_dir: Path) -> int | None:
-    """The exit code of the last exit record in the recording, None when there is none."""
-    path = run_dir / rundir.EVENTS
-    try:
-        with rundir.open_regular(path) as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
-            tail = f.read(65536)
-    except OSError:
-        return None
-    decoder = protocol.Decoder()
-    for line in reversed(tail.split(b"\n")):
-        if line.startswith(b'{"kind":"exit"'):
-            msg = decoder.decode(line)
-            if isinstance(msg, protocol.Exit):
-                return msg.exit_code
-    return None
-
-
 def stop(
     launch: Launch,
     grace_int_s: float = 15.0,
@@ -386,9 +370,7 @@ def terminate(
         if not launch.alive():
             break
         report(f"sending {sig.name} to the training process group; waiting up to {grace:.0f} s")
-        try:
-            os.killpg(launch.pid, sig)
-        except ProcessLookupError:
+        if not launch.process.signal(sig):
             break
         try:
             launch.proc.wait(timeout=grace)

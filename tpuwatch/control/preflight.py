@@ -10,45 +10,13 @@ others' problems.
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 from typing import Callable
 
-from tpuwatch import protocol, rundir
+from tpuwatch import protocol
 from tpuwatch.control.client import AgentClient, AgentUnavailable
 
-#: Bytes of a recording's start read to decide whether it is one.
-HEAD_BYTES = 1 << 16
 #: Seconds to wait for an agent's first line (its Hello, or its refusal).
 FIRST_LINE_S = 5.0
-
-
-def recording_problem(run_dir: Path) -> str:
-    """One line saying why ``run_dir`` holds no recording a viewer can show; "" when it does
-    (or when it is empty: a run that has just started)."""
-    path = run_dir / rundir.EVENTS
-    meta = rundir.meta_problem(run_dir)
-    if meta:
-        return meta
-    try:
-        with rundir.open_regular(path) as f:
-            head = f.read(HEAD_BYTES)
-    except FileNotFoundError:
-        return f"{run_dir} holds no recording ({rundir.EVENTS} is missing): is it a tpuwatch run directory?"
-    except rundir.NotRegularFile as e:
-        return str(e.strerror)
-    except OSError as e:
-        return f"cannot read {path}: {e.strerror or e}"
-    lines = head.split(b"\n")
-    if len(head) == HEAD_BYTES:
-        lines = lines[:-1]  # the last one may be cut by the read
-    lines = [line for line in lines if line.strip()]
-    if not lines:
-        return ""
-    decoder = protocol.Decoder()
-    if any(decoder.decode(line) is not None for line in lines):
-        return ""
-    return (f"{path} is not a tpuwatch recording: none of its first {len(lines)} line(s) is a tpuwatch "
-            f"message ({decoder.last_error or 'unknown kinds'})")
 
 
 def endpoint_problem(address: tuple[str, int], token: str, *,

@@ -9,7 +9,6 @@ first (run.json ``stop_requested`` and an ``Event`` in the recording), so that `
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from tpuwatch import protocol, rundir
-from tpuwatch.monitor.recording import append
+from tpuwatch.monitor.recording import append, last_exit
 from tpuwatch.monitor.runs import Process, ended_state, process_of
 
 #: How often the liveness of a process that is not our child is checked while waiting (s).
@@ -110,7 +109,7 @@ def stop_runs(
 def _finish(target: Target, last_signal: int, clock: Callable[[], float]) -> int:
     """Records the end of a stopped process that left no exit record; returns its exit code."""
     run_dir = target.run_dir
-    exit_msg = _recorded_exit(run_dir)
+    exit_msg = last_exit(run_dir / rundir.EVENTS)
     if exit_msg is None:
         # Our signal killed it before its agent could write (SIGKILL) or the process is stuck
         # past every grace period: record what we know, as the launcher would.
@@ -135,24 +134,5 @@ def _finish(target: Target, last_signal: int, clock: Callable[[], float]) -> int
     return code
 
 
-def _tail(run_dir: Path, limit: int = 65536) -> bytes:
-    path = run_dir / rundir.EVENTS
-    try:
-        with rundir.open_regular(path) as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
-            return f.read(limit)
-    except OSError:
-        return b""
-
-
 def _exit_recorded(run_dir: Path) -> bool:
-    return b'{"kind":"exit"' in _tail(run_dir)
-
-
-def _recorded_exit(run_dir: Path) -> protocol.Exit | None:
-    for line in reversed(_tail(run_dir).splitlines()):
-        if line.startswith(b'{"kind":"exit"'):
-            msg = protocol.decode(line)
-            if isinstance(msg, protocol.Exit):
-                return msg
-    return None
+    return last_exit(run_dir / rundir.EVENTS) is not None

@@ -309,10 +309,12 @@ def append(path: str | os.PathLike[str], messages: Iterable[Message]) -> None:
 
 #: Bytes of a recording's end that ``tail_messages`` reads by default (``ls`` reads this much per run).
 TAIL_BYTES = 64 * 1024
+#: Bytes of a recording's start read to decide whether it is one.
+HEAD_BYTES = 64 * 1024
 
 
-def tail_messages(path: Path, nbytes: int = TAIL_BYTES) -> list[Message]:
-    """Decodes the complete lines in the last ``nbytes`` of a recording."""
+def _tail_lines(path: Path, nbytes: int) -> list[bytes]:
+    """The complete lines in the last ``nbytes`` of a recording (none when it cannot be read)."""
     try:
         with rundir.open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
@@ -324,11 +326,69 @@ def tail_messages(path: Path, nbytes: int = TAIL_BYTES) -> list[Message]:
     lines = data.split(b"\n")
     if start > 0:
         lines = lines[1:]  # the first one is (probably) cut
+    return [line for line in lines if line.strip()]
+
+
+def tail_messages(path: Path, nbytes: int = TAIL_BYTES) -> list[Message]:
+    """Decodes the complete lines in the last ``nbytes`` of a recording."""
     dec = protocol.Decoder()
-    out = []
-    for line in lines:
-        if line.strip():
-            m = dec.decode(line)
-            if m is not None:
-                out.append(m)
-    return out
+    return [m for m in map(dec.decode, _tail_lines(path, nbytes)) if m is not None]
+
+
+def last_exit(path: Path, nbytes: int = TAIL_BYTES) -> protocol.Exit | None:
+    """The last exit record in the recording's tail, None when it has none (the run has not
+    ended, or ended without one: killed). Decodes only the exit lines, so it is cheap enough to
+    ask while waiting for a run to end."""
+    decoder = protocol.Decoder()
+    for line in reversed(_tail_lines(path, nbytes)):
+        if line.startswith(b'{"kind":"exit"'):
+            msg = decoder.decode(line)
+            if isinstance(msg, protocol.Exit):
+                return msg
+    return None
+
+
+def first_message(path: Path) -> Message | None:
+    """The recording's first message (a run's ``Hello``) if its first line is complete and one."""
+    try:
+        with rundir.open_regular(path) as f:
+            line = f.readline(protocol.MAX_LINE_BYTES)
+    except OSError:
+        return None
+    return protocol.Decoder().decode(line) if line.endswith(b"\n") else None
+
+
+def recording_problem(run_dir: Path, *, missing_ok: bool = False) -> str:
+    """One line saying why ``run_dir`` holds no recording that can be read; "" when it does, when
+    it is empty or its first line is still being written (a run that has just started), and, with
+    ``missing_ok``, when it has none (``report`` reports a run from its run.json alone).
+
+    A recording is a file whose first :data:`HEAD_BYTES` hold at least one tpuwatch message: a
+    line that cannot be decoded is skipped and counted in the rest of a recording, so one at its
+    start (a stray write) does not make the file foreign."""
+    path = run_dir / rundir.EVENTS
+    meta = rundir.meta_problem(run_dir)
+    if meta:
+        return meta
+    if path.is_dir():  # not "remove it", as for a FIFO or a device: it may hold someone's files
+        return f"{path} is not a file; a recording is a file of JSON lines"
+    try:
+        with rundir.open_regular(path) as f:
+            head = f.read(HEAD_BYTES)
+    except FileNotFoundError:
+        if missing_ok:
+            return ""
+        return f"{run_dir} holds no recording ({rundir.EVENTS} is missing): is it a tpuwatch run directory?"
+    except rundir.NotRegularFile as e:
+        return str(e.strerror)
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror or e}"
+    # The part after the last newline is a line not finished yet, or one cut by the read.
+    lines = [line for line in head.split(b"\n")[:-1] if line.strip()]
+    if not lines:
+        return ""
+    decoder = protocol.Decoder()
+    if any(decoder.decode(line) is not None for line in lines):
+        return ""
+    return (f"{path} is not a tpuwatch recording: none of its first {len(lines)} line(s) is a tpuwatch "
+            f"message ({decoder.last_error or 'unknown kinds'})")

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpuwatch import protocol, rundir
+from tpuwatch import rundir
 from tpuwatch.monitor.group import WorkerDir, worker_dirs
-from tpuwatch.monitor.recording import tail_messages
+from tpuwatch.monitor.recording import first_message, tail_messages
 from tpuwatch.protocol import Exit, Hello, Step
 
 #: Exit codes of a process ended by the signals a stop sends (SIGINT, SIGTERM, SIGKILL).
@@ -115,6 +115,14 @@ def run_alive(meta: dict[str, Any]) -> bool:
     return process is not None and process.alive()
 
 
+def run_dir_alive(run_dir: Path) -> bool:
+    """Whether the run recorded in ``run_dir`` still runs: its training process, or for a
+    group (``run --workers``) any worker's."""
+    workers = worker_dirs(run_dir)
+    dirs = [w.path for w in workers] if workers is not None else [run_dir]
+    return any(run_alive(rundir.read_meta(d)) for d in dirs)
+
+
 def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -162,16 +170,6 @@ class RunInfo:
     problem: str = ""  # why its run.json or recording cannot be read (one line), "" when they can
 
 
-def _first_hello(path: Path) -> Hello | None:
-    try:
-        with rundir.open_regular(path) as f:
-            line = f.readline(protocol.MAX_LINE_BYTES)
-    except OSError:
-        return None
-    m = protocol.Decoder().decode(line) if line.endswith(b"\n") else None
-    return m if isinstance(m, Hello) else None
-
-
 def run_info(run_dir: Path) -> RunInfo:
     """What ``ls`` shows for one run directory, reading run.json and the recording's ends."""
     workers = worker_dirs(run_dir)
@@ -181,7 +179,8 @@ def run_info(run_dir: Path) -> RunInfo:
     events = run_dir / rundir.EVENTS
     problem = rundir.files_problem(run_dir)
     tail = tail_messages(events)
-    hello = _first_hello(events)
+    first = first_message(events)
+    hello = first if isinstance(first, Hello) else None
     last_step = next((m for m in reversed(tail) if isinstance(m, Step)), None)
     exit_msg = next((m for m in reversed(tail) if isinstance(m, Exit)), None)
     last_t = next((m.t for m in reversed(tail) if hasattr(m, "t")), None)
@@ -250,3 +249,9 @@ def list_runs(root: str | Path | None = None) -> list[RunInfo]:
     runs = [run_info(d) for d in dirs if rundir.is_run_dir(d)]
     runs.sort(key=lambda r: (r.start or 0.0, r.id), reverse=True)
     return runs
+
+
+def latest_live(root: str | Path | None = None) -> Path | None:
+    """The newest running run under ``root`` (what ``attach`` and ``profile``/``checkpoint``
+    without RUN go to: not a newer run that has ended), None when none runs."""
+    return next((r.path for r in list_runs(root) if r.state == "running"), None)

@@ -1,0 +1,36 @@
+"""``tpuwatch ls``: the runs under $TPUWATCH_HOME/runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from tpuwatch import rundir
+from tpuwatch.commands.lines import error
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    return sub.add_parser("ls", help="list the runs under $TPUWATCH_HOME/runs (fitted to the terminal's width)")
+
+
+def main(ns: argparse.Namespace) -> int:
+    from tpuwatch.console.run_list import render_run_list
+    from tpuwatch.monitor.runs import list_runs
+
+    try:
+        root = rundir.check_runs_root()
+    except FileNotFoundError as e:
+        return error(str(e))
+    runs = list_runs(root)
+    for bad in (r for r in runs if r.problem):  # a FIFO for run.json, ...: one line each, the rest listed
+        print(f"tpuwatch: {bad.path.name}: {bad.problem}", file=sys.stderr)
+    runs = [r for r in runs if not r.problem]
+    if not runs:
+        print(f"no runs under {rundir.runs_root()}; start one with `tpuwatch run SCRIPT`")
+        return 0
+    # A terminal (or an explicit $COLUMNS) gets rows that never wrap; a pipe gets everything.
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() or os.environ.get("COLUMNS") else None
+    print(render_run_list(runs, width))
+    return 0
