@@ -339,7 +339,7 @@ def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
         raise
 
 
-META_LOCK_WAIT_S = 2.0
+META_LOCK_WAIT_S = 10.0
 
 
 def update_meta(run_dir: Path, **changes: Any) -> dict[str, Any]:

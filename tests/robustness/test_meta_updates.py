@@ -18,7 +18,7 @@ def _writer(run_dir: str, prefix: str, n: int) -> None:
 def test_concurrent_updates_keep_every_key(tmp_path):
     rundir.write_meta(tmp_path, {"run_id": "x"})
     ctx = multiprocessing.get_context("spawn")
-    n = 150
+    n = 60
     procs = [ctx.Process(target=_writer, args=(str(tmp_path), p, n)) for p in ("a", "b", "c")]
     for p in procs:
         p.start()
