@@ -608,9 +608,15 @@ class TpuwatchApp(App[str]):
 
     def action_focus_panel(self, index: int) -> None:
         widget = self.query_one(f"#{PANEL_IDS[index]}")
-        self._restore_panels()
+        restored = self._restore_panels()
         if self.screen.has_class("-output-max") and PANEL_IDS[index] != "output-log":
             self.action_toggle_output()
+            restored = True
+        if restored:
+            # The panels come back at the next layout: until then each has no area and would
+            # read as "no room at this size".
+            self.call_after_refresh(self.action_focus_panel, index)
+            return
         if isinstance(widget, Panel) and (not widget.display or not widget.region.area):
             # Hidden at this size (80x24 has no room for it): shown expanded instead.
             self._expand(widget)

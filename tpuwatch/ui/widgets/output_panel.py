@@ -38,6 +38,14 @@ class OutputPanel(Vertical):
         search = self.query_one("#output-search", Input)
         search.display = True
         search.focus()
+        self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "close_search":
+            # Nothing to close: esc goes on to the app (puts the maximised output back) and the
+            # footer shows that instead.
+            return self.query_one("#output-search", Input).display or bool(self.log_view.term)
+        return True
 
     def action_close_search(self) -> None:
         search = self.query_one("#output-search", Input)
@@ -47,6 +55,7 @@ class OutputPanel(Vertical):
         else:
             self.log_view.clear_search()
             self.border_subtitle = ""
+        self.refresh_bindings()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
@@ -59,6 +68,7 @@ class OutputPanel(Vertical):
             self.log_view.clear_search()
         self.border_subtitle = self.log_view.match_status()
         self.log_view.focus()
+        self.refresh_bindings()
 
     def on_output_log_search_changed(self, event: OutputLog.SearchChanged) -> None:
         self.border_subtitle = self.log_view.match_status()
