@@ -31,7 +31,7 @@ async def test_help_at_80x24_shows_every_description_whole_and_one_bottom_border
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
         text = screen_text(app)
-        assert "…" not in text.replace("1 … 9", "").replace("findings, …", "")
+        assert "…" not in text.replace("1 … 9, 0", "").replace("findings, …", "")
         words = " ".join(text.replace("│", " ").split())
         for whole in ("whole screen (it scrolls); again to restore", "stacks) with full paths",
                       *(["(a stalled or hung run)"] if name != "crashed" else [])):
@@ -247,8 +247,7 @@ async def test_the_workers_panel_carries_its_number_and_0_jumps_there(live_app) 
         await pilot.pause()
         assert app.focused is not panel and not app.query(".-maximised")
         hello = next(m for m in recording("healthy_4replica") if isinstance(m, protocol.Hello))
-        for name in ("h:1", "h:2"):
-            app._state.apply(dataclasses.replace(hello, host=name), worker=name)
+        app._state.apply(dataclasses.replace(hello, host="h", pid=2), worker="h:2")  # a second worker
         app.pull()
         await pilot.pause()
         assert len(app.snapshot.workers) == 2
@@ -257,4 +256,4 @@ async def test_the_workers_panel_carries_its_number_and_0_jumps_there(live_app) 
         assert app.focused is panel
         await pilot.press("question_mark")
         await pilot.pause()
-        assert "0 … 9" in screen_text(app)
+        assert "1 … 9, 0" in screen_text(app)
