@@ -257,3 +257,15 @@ async def test_the_workers_panel_carries_its_number_and_0_jumps_there(live_app) 
         await pilot.press("question_mark")
         await pilot.pause()
         assert "1 … 9, 0" in screen_text(app)
+
+
+@sync
+async def test_the_findings_marks_are_explained_in_the_help(live_app) -> None:
+    app = live_app("input_bound", upto=400)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert "!  highly input-bound" in screen_text(app)  # the mark a new user sees first
+        await pilot.press("question_mark", "end")
+        await pilot.pause()
+        rows = [" ".join(line.strip("│┃ ").split()) for line in screen_text(app).splitlines()]
+        assert "!!, !, i Findings: critical, warning, information" in rows, rows

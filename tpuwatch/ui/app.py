@@ -615,6 +615,7 @@ class TpuwatchApp(App[str]):
         # Glyphs, so none is unexplained (the expanded Step time panel says the same).
         rows.append(("▲ (chart)", "Step time: the first step (tracing, compiling), above the scale", True))
         rows.append(("w (chart)", "Step time, Input: " + WAIT_LEGEND.removeprefix("w: "), True))
+        rows.append(("!!, !, i", "Findings: critical, warning, information", True))
         return rows
 
     def action_focus_panel(self, index: int) -> None:
