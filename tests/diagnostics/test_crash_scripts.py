@@ -181,3 +181,48 @@ def test_the_scripts_traceback_is_byte_for_byte_a_plain_runs(tmp_path: Path, scr
     assert f'File "{folder / script}"' in expected  # python names the script by its absolute path
     assert _traceback_block(run.stdout) == expected
     assert _traceback_block((run_dir / "output.log").read_text()) == expected
+
+
+#: The Keras fit above, caught and printed by the script itself, then a tf.function's error too.
+CAUGHT = KERAS_FIT.replace("model.fit(", "try:\n    model.fit(").replace(
+    "verbose=0)\n", "verbose=0)\nexcept Exception:\n    traceback.print_exc()\n") + """
+
+@tf.function
+def pick(i):
+    return tf.gather(tf.range(3), i)
+
+
+try:
+    pick(tf.constant(7))
+except Exception:
+    traceback.print_exc()
+"""
+
+
+def test_a_traceback_the_script_prints_itself_differs_only_by_the_wrappers_frames(tmp_path: Path) -> None:
+    """What tpuwatch cannot avoid: the script catches the error and prints it itself; the agent's
+    wrappers of fit and of a tf.function call, between the script and Keras' or TensorFlow's entry
+    point, are a frame each (a Python function that raises is one). Everything below them (the
+    step functions' patched calls inside fit, the "defined at" stacks) is as under plain python."""
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+    (folder / "caught.py").write_text("import traceback\n" + CAUGHT)
+    env = child_env(TPUWATCH_HOME=str(tmp_path / "home"), TF_CPP_MIN_LOG_LEVEL="3")
+    plain = subprocess.run([sys.executable, "caught.py"], capture_output=True, text=True, timeout=300, env=env,
+                           cwd=folder)
+    run_dir = tmp_path / "run"
+    run = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
+                          "caught.py"], capture_output=True, text=True, timeout=300, env=env, cwd=folder)
+    assert plain.returncode == run.returncode == 0, run.stderr[-3000:]
+
+    def printed(text: str) -> str:
+        at = text.find("Traceback (most recent call last):")
+        assert at >= 0, text[-3000:]
+        return re.sub(r"(\[Op:__inference_\w+?_)\d+\]", r"\1N]", text[at:])
+
+    got = printed(run.stdout).splitlines(keepends=True)
+    wrappers = [i for i, line in enumerate(got) if "/tpuwatch/agent/" in line]
+    assert [re.search(r"agent/(\w+\.py)", got[i]).group(1) for i in wrappers] == ["checkpointing.py", "steps.py"]
+    for i in reversed(wrappers):  # the frame's line, its source line and its carets
+        del got[i:i + 3]
+    assert "".join(got) == printed(plain.stderr)
