@@ -269,3 +269,30 @@ async def test_the_findings_marks_are_explained_in_the_help(live_app) -> None:
         await pilot.pause()
         rows = [" ".join(line.strip("│┃ ").split()) for line in screen_text(app).splitlines()]
         assert "!!, !, i Findings: critical, warning, information" in rows, rows
+
+
+@sync
+async def test_output_lines_wider_than_the_panel_say_so_and_scroll(live_app) -> None:
+    # Keras' progress line is 80 columns: the accuracy was cut at 80x24 with nothing saying so.
+    wide = "100/100 - 15s - 152ms/step - loss: 0.4131 - sparse_categorical_accuracy: 0.8598\n"
+    app = live_app(upto=200, output="Epoch 8/15\n" + wide)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        panel = app.query_one("#output")
+        assert "lines cut: ←/→ scroll" in str(panel.border_subtitle)
+        assert "lines cut" in screen_text(app)
+        await pilot.press("8", "right", "right", "right")
+        await pilot.pause()
+        assert app.query_one("#output-log").scroll_x > 0
+        assert "0.8598" in screen_text(app)
+        await pilot.press("o", "slash", *"loss", "enter")  # the search's matches take the subtitle
+        await pilot.pause()
+        assert str(panel.border_subtitle).startswith("/loss")
+
+
+@sync
+async def test_output_lines_that_fit_say_nothing(live_app) -> None:
+    app = live_app(upto=200, output="Epoch 8/15\nshort\n")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert not str(app.query_one("#output").border_subtitle)

@@ -241,7 +241,8 @@ class TpuwatchApp(App[str]):
             yield RetracePanel(id="retraces").data_bind(TpuwatchApp.snapshot)
             yield WorkersPanel(id="workers").data_bind(TpuwatchApp.snapshot)  # shown with 2+ workers
         with Horizontal(id="bottom"):
-            yield OutputPanel(id="output")
+            # a replay's arrows seek: they cannot scroll a cut line
+            yield OutputPanel(id="output", arrows_scroll=self._replay is None)
             yield EventPanel(id="events").data_bind(TpuwatchApp.snapshot)
             yield GoodputPanel(id="goodput").data_bind(TpuwatchApp.snapshot)
         # The palette key is listed in the help screen: the footer's room goes to our keys.
