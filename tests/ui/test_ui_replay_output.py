@@ -78,3 +78,20 @@ async def test_tensorflow_log_lines_are_dimmed_and_f_folds_them(live_app) -> Non
         assert list(log.lines)[-1] == "Epoch 2/3" and not any("cudart" in line for line in log.lines)
         await pilot.press("f")
         assert len(log.lines) == 6
+
+
+@sync
+async def test_a_replays_cut_lines_say_where_they_are_whole(tmp_path) -> None:
+    # In a replay the arrows seek: the live hint (arrows scroll) would be wrong.
+    run = tmp_path / "run"
+    rundir.create(run)
+    (run / rundir.OUTPUT).write_text("x" * 300 + "\n")
+    source = ReplaySource(recording("healthy_4replica"), paused=True, clock=FakeClock(0.0))
+    app = TpuwatchApp(source, run_dir=run, refresh_hz=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        source.seek_end()
+        app.pull()
+        await pilot.pause()
+        assert app.query_one(OutputLog).lines
+        assert str(app.query_one("#output").border_subtitle) == "lines cut: whole in output.log"

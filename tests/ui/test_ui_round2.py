@@ -56,7 +56,7 @@ async def test_every_panel_closes_with_escape_and_q_and_keeps_other_keys(live_ap
 
 @sync
 async def test_panel_titles_carry_their_number(live_app) -> None:
-    from tpuwatch.ui.app import PANEL_IDS
+    from tpuwatch.ui.app import PANEL_IDS, panel_key
 
     app = live_app(upto=300)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -64,7 +64,7 @@ async def test_panel_titles_carry_their_number(live_app) -> None:
         for i, pid in enumerate(PANEL_IDS):
             widget = app.query_one(f"#{pid}")
             owner = widget if isinstance(widget, Panel) else widget.parent
-            assert str(owner.border_title).startswith(f"{i + 1} "), (pid, owner.border_title)
+            assert str(owner.border_title).startswith(f"{panel_key(i)} "), (pid, owner.border_title)
 
 
 # --- item 10: replay starts at 1x, its hint fits 80 columns, arrows seek 5% of the run ------------

@@ -31,7 +31,7 @@ async def test_help_at_80x24_shows_every_description_whole_and_one_bottom_border
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
         text = screen_text(app)
-        assert "…" not in text.replace("1 … 9", "").replace("findings, …", "")
+        assert "…" not in text.replace("1 … 9, 0", "").replace("findings, …", "")
         words = " ".join(text.replace("│", " ").split())
         for whole in ("whole screen (it scrolls); again to restore", "stacks) with full paths",
                       *(["(a stalled or hung run)"] if name != "crashed" else [])):
@@ -161,3 +161,138 @@ async def test_steps_without_input_wait_say_not_measured(tmp_path) -> None:
         assert app.snapshot.step > 0 and app.snapshot.input_wait_frac is None
         text = screen_text(app)
         assert "no data yet" not in text and "wait not measured" in " ".join(text.split()), text
+
+
+# --- the README's first command tried at 80x24 in tmux, round 3 ------------------------------------
+
+
+@sync
+async def test_help_says_how_to_close_it_without_scrolling(live_app) -> None:
+    # At 80x24 the help's closing line was below the fold and the footer is covered: no way back shown.
+    app = live_app(upto=200)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        last = screen_text(app).splitlines()[-1]
+        assert "esc" in last and "close" in last, last
+
+
+@pytest.mark.parametrize("keys", [("o",), ("8", "z")])
+@sync
+async def test_maximised_output_goes_back_with_escape_and_the_footer_says_so(live_app, keys) -> None:
+    # The focused output log's own esc (close the search) took the key: esc did nothing, the footer
+    # showed no way back.
+    app = live_app(upto=200, output="".join(f"line {i}\n" for i in range(100)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press(*keys)
+        await pilot.pause()
+        assert app.screen.has_class("-output-max")
+        assert "esc Back" in screen_text(app).splitlines()[-1]
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not app.screen.has_class("-output-max")
+        assert "esc Back" not in screen_text(app).splitlines()[-1]
+        # with a search shown, esc clears the search first, then puts the output back
+        await pilot.press("o", "slash", *"line 9", "enter")
+        await pilot.pause()
+        assert "/line 9" in str(app.query_one("#output").border_subtitle)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen.has_class("-output-max") and not str(app.query_one("#output").border_subtitle)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not app.screen.has_class("-output-max")
+
+
+@pytest.mark.parametrize("first", ["o", "5", "9"])  # the output maximised, a hidden panel shown expanded
+@sync
+async def test_a_number_key_on_the_maximised_output_goes_to_that_panel_unexpanded(live_app, first) -> None:
+    app = live_app(upto=200)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press(first, "1")
+        await pilot.pause()
+        panel = app.query_one("#step-time")
+        assert not app.screen.has_class("-output-max")
+        assert not panel.has_class("-maximised") and app.focused is panel
+
+
+@sync
+async def test_the_input_panel_has_no_lone_scale_label(live_app) -> None:
+    app = live_app("input_bound", upto=400)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("5")  # hidden at 80x24: shown expanded
+        await pilot.pause()
+        text = screen_text(app)
+        assert app.query_one("#input").has_class("-maximised")
+        # 100% appears only where it is explained: the legend naming the strip's scale
+        for line in text.splitlines():
+            if "100%" in line:
+                assert "w: input wait, share of each step (full height 100%)" in line, line
+        assert "full height 100%" in text
+
+
+@sync
+async def test_the_workers_panel_carries_its_number_and_0_jumps_there(live_app) -> None:
+    app = live_app(upto=200)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        panel = app.query_one("#workers")
+        assert str(panel.border_title) == "0 Workers"
+        await pilot.press("0")  # one worker: the panel is not shown and the key does nothing
+        await pilot.pause()
+        assert app.focused is not panel and not app.query(".-maximised")
+        hello = next(m for m in recording("healthy_4replica") if isinstance(m, protocol.Hello))
+        app._state.apply(dataclasses.replace(hello, host="h", pid=2), worker="h:2")  # a second worker
+        app.pull()
+        await pilot.pause()
+        assert len(app.snapshot.workers) == 2
+        await pilot.press("0")
+        await pilot.pause()
+        assert app.focused is panel
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert "1 … 9, 0" in screen_text(app)
+
+
+@sync
+async def test_the_findings_marks_are_explained_in_the_help(live_app) -> None:
+    app = live_app("input_bound", upto=400)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert "!  highly input-bound" in screen_text(app)  # the mark a new user sees first
+        await pilot.press("question_mark", "end")
+        await pilot.pause()
+        rows = [" ".join(line.strip("│┃ ").split()) for line in screen_text(app).splitlines()]
+        assert "!!, !, i Findings: critical, warning, information" in rows, rows
+
+
+@sync
+async def test_output_lines_wider_than_the_panel_say_so_and_scroll(live_app) -> None:
+    # Keras' progress line is 80 columns: the accuracy was cut at 80x24 with nothing saying so.
+    wide = "100/100 - 15s - 152ms/step - loss: 0.4131 - sparse_categorical_accuracy: 0.8598\n"
+    app = live_app(upto=200, output="Epoch 8/15\n" + wide)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        panel = app.query_one("#output")
+        assert "lines cut: ←/→ scroll" in str(panel.border_subtitle)
+        assert "lines cut" in screen_text(app)
+        await pilot.press("8", "right", "right", "right")
+        await pilot.pause()
+        assert app.query_one("#output-log").scroll_x > 0
+        assert "0.8598" in screen_text(app)
+        await pilot.press("o", "slash", *"loss", "enter")  # the search's matches take the subtitle
+        await pilot.pause()
+        assert str(panel.border_subtitle).startswith("/loss")
+
+
+@sync
+async def test_output_lines_that_fit_say_nothing(live_app) -> None:
+    app = live_app(upto=200, output="Epoch 8/15\nshort\n")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert not str(app.query_one("#output").border_subtitle)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from tpuwatch import address, rundir, settings
 from tpuwatch.agent import clocks, exit_guard
+from tpuwatch.agent.traceback_filters import own_frame
 from tpuwatch.protocol import clip_argv
 
 if TYPE_CHECKING:
@@ -275,22 +276,13 @@ def without_launcher_entry(path: list[str], ours: str, user_pythonpath: str,
     return out
 
 
-_AGENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _own_frame(filename: str) -> bool:
-    """A frame of tpuwatch's, not the script's: the agent's (its runner, its patched step calls)
-    and runpy's, which a plain `python script.py` does not have."""
-    return (filename.startswith(_AGENT_DIR) or filename in ("<frozen runpy>", runpy.__file__))
-
-
 def _without_own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     """``tb`` without tpuwatch's frames (a new chain; the frames are the same)."""
     import types
 
     kept = []
     while tb is not None:
-        if not _own_frame(tb.tb_frame.f_code.co_filename):
+        if not own_frame(tb.tb_frame.f_code.co_filename):
             kept.append(tb)
         tb = tb.tb_next
     out: types.TracebackType | None = None
@@ -303,8 +295,6 @@ def plain_traceback(exc: BaseException) -> str:
     """The script's uncaught exception as `python script.py` prints it: no tpuwatch or runpy
     frames, in the exception and in those it was raised from (or while handling). Drops them
     from the tracebacks themselves (the script has ended)."""
-    import traceback
-
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -317,7 +307,28 @@ def plain_traceback(exc: BaseException) -> str:
         except (TypeError, ValueError, AttributeError):
             pass  # printed with its frames rather than not at all
         todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return _printed_by_python(exc)
+
+
+def _printed_by_python(exc: BaseException) -> str:
+    """What Python's own printing (``sys.__excepthook__``; C code up to 3.12) writes for ``exc``.
+    Not the traceback module's: the two differ where an entry's line and its instruction disagree,
+    as in the tracebacks TensorFlow's and Keras' filters rebuild (the line they kept, the
+    instruction where the frame ended): Python prints the line. Written into a buffer that stands
+    in for sys.stderr meanwhile (another thread's write in that instant joins the text)."""
+    import io
+    import traceback
+
+    buf = io.StringIO()
+    saved = sys.stderr
+    try:
+        sys.stderr = buf
+        sys.__excepthook__(type(exc), exc, exc.__traceback__)
+    except Exception:  # printed by the traceback module rather than not at all
+        buf = io.StringIO()
+    finally:
+        sys.stderr = saved
+    return buf.getvalue() or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
 def _print_as_python_would(exc: BaseException) -> None:

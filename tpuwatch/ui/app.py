@@ -63,7 +63,7 @@ from tpuwatch.ui.widgets.command_line import CommandLine, command_summary
 from tpuwatch.ui.widgets.event_panel import EventPanel
 from tpuwatch.ui.widgets.findings_panel import FindingsPanel
 from tpuwatch.ui.widgets.goodput_panel import GoodputPanel
-from tpuwatch.ui.widgets.input_panel import InputPanel
+from tpuwatch.ui.widgets.input_panel import WAIT_LEGEND, InputPanel
 from tpuwatch.ui.widgets.memory_panel import MemoryPanel
 from tpuwatch.ui.widgets.output_panel import OutputPanel
 from tpuwatch.ui.widgets.panel import Panel
@@ -92,7 +92,15 @@ ENDED = ("finished", "stopped", "crashed")
 LIVE_ACTIONS = (*COMMAND_ACTIONS, "stacks", "detach")
 
 #: Panels in the order the number keys (1..9) jump to them.
-PANEL_IDS = ("step-time", "loss", "memory", "findings", "input", "retraces", "events", "output-log", "goodput")
+#: The panels the number keys jump to: ``1`` ... ``9``, then ``0`` (Workers, with two or more workers).
+PANEL_IDS = ("step-time", "loss", "memory", "findings", "input", "retraces", "events", "output-log", "goodput",
+             "workers")
+
+
+def panel_key(index: int) -> str:
+    """The number key of ``PANEL_IDS[index]`` (the tenth is ``0``)."""
+    return str((index + 1) % 10)
+
 
 
 class TpuwatchApp(App[str]):
@@ -155,7 +163,8 @@ class TpuwatchApp(App[str]):
         Binding("end", "seek_end", "End", id="replay.end", show=False, priority=True,
                 tooltip="Replay: jump to the end"),
         *(
-            Binding(str(i + 1), f"focus_panel({i})", f"Panel {i + 1}", id=f"panel.{i + 1}", show=False)
+            Binding(panel_key(i), f"focus_panel({i})", f"Panel {panel_key(i)}", id=f"panel.{panel_key(i)}",
+                    show=False)
             for i in range(len(PANEL_IDS))
         ),
     ]
@@ -243,7 +252,8 @@ class TpuwatchApp(App[str]):
             yield RetracePanel(id="retraces").data_bind(TpuwatchApp.snapshot)
             yield WorkersPanel(id="workers").data_bind(TpuwatchApp.snapshot)  # shown with 2+ workers
         with Horizontal(id="bottom"):
-            yield OutputPanel(id="output")
+            # a replay's arrows seek: they cannot scroll a cut line
+            yield OutputPanel(id="output", arrows_scroll=self._replay is None)
             yield EventPanel(id="events").data_bind(TpuwatchApp.snapshot)
             yield GoodputPanel(id="goodput").data_bind(TpuwatchApp.snapshot)
         # The palette key is listed in the help screen: the footer's room goes to our keys.
@@ -440,6 +450,8 @@ class TpuwatchApp(App[str]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "restore":
             return self._zoomed()
+        if action == "focus_panel" and parameters and PANEL_IDS[int(str(parameters[0]))] == "workers":
+            return len(self.snapshot.workers) > 1  # the panel is shown with two or more workers only
         if action in ("expand", "loss_scale", "fold_native") and len(self._under_palette()) > 1:
             return False  # they act on the dashboard's panels, not on a dialog or list on top
         if action in (*COMMAND_ACTIONS, "stacks") and self._replay is not None:
@@ -598,19 +610,26 @@ class TpuwatchApp(App[str]):
                 )
                 # esc is hidden from the footer until something is expanded, never off.
                 rows.append((keys, b.tooltip or b.description, bool(enabled) or action == "restore"))
-        rows.append(("1 … 9", "Jump to a panel (step, loss, memory, findings, …, goodput)", True))
+        rows.append(("1 … 9, 0", "Jump to a panel (step, loss, memory, findings, …, goodput; 0 workers)", True))
         rows.append(("tab, shift+tab", "Next / previous panel", True))
         rows.append(("n, N", "Next / previous search match (output)", True))
         # Glyphs, so none is unexplained (the expanded Step time panel says the same).
         rows.append(("▲ (chart)", "Step time: the first step (tracing, compiling), above the scale", True))
-        rows.append(("w (chart)", "Step time: input wait, share of each step (full height 100%)", True))
+        rows.append(("w (chart)", "Step time, Input: " + WAIT_LEGEND.removeprefix("w: "), True))
+        rows.append(("!!, !, i", "Findings: critical, warning, information", True))
         return rows
 
     def action_focus_panel(self, index: int) -> None:
         widget = self.query_one(f"#{PANEL_IDS[index]}")
-        self._restore_panels()
+        restored = self._restore_panels()
         if self.screen.has_class("-output-max") and PANEL_IDS[index] != "output-log":
             self.action_toggle_output()
+            restored = True
+        if restored:
+            # The panels come back at the next layout: until then each has no area and would
+            # read as "no room at this size".
+            self.call_after_refresh(self.action_focus_panel, index)
+            return
         if isinstance(widget, Panel) and (not widget.display or not widget.region.area):
             # Hidden at this size (80x24 has no room for it): shown expanded instead.
             self._expand(widget)

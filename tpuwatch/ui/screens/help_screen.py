@@ -39,7 +39,11 @@ class HelpScreen(ModalScreen[None]):
             yield Static(help_text(self._rows), id="help-text")
 
     def on_mount(self) -> None:
-        self.query_one("#help-dialog").border_title = "Help"
+        dialog = self.query_one("#help-dialog")
+        dialog.border_title = "Help"
+        # On the border, not only at the end: at 80x24 the end is below the fold and the dialog
+        # covers the footer.
+        dialog.border_subtitle = "esc or ? closes · arrows scroll"
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(None)

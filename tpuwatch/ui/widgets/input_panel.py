@@ -44,6 +44,10 @@ _VERDICT = {
 }
 
 
+#: What the ``w`` strip is and its scale (the expanded Step time and Input panels; the help).
+WAIT_LEGEND = "w: input wait, share of each step (full height 100%)"
+
+
 def wait_series(s: RunSnapshot) -> BarSeries:
     """Input-wait share of each history point, 0..1 (same buckets as the step-time plot)."""
     values = tuple(
@@ -54,7 +58,8 @@ def wait_series(s: RunSnapshot) -> BarSeries:
     name = f"w {units.percent(s.input_wait_frac)}" if s.input_wait_frac is not None else "wait"
     # Steps, or an ended run, without a wait: not coming (no tf.data input), not "yet".
     measured = s.history or s.status in ("finished", "stopped", "crashed", "lost")
-    return BarSeries(values, 0.0, 1.0, name=name, top_label="100%", reduce="mean",
+    # No "100%" over the strip: a lone figure there read as unexplained; WAIT_LEGEND says it.
+    return BarSeries(values, 0.0, 1.0, name=name, reduce="mean",
                      empty="not measured" if measured else "no data yet")
 
 
@@ -123,7 +128,10 @@ class InputPanel(Panel):
         yield HistoryBars(id="input-bars")
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
-        return input_text(snapshot, expanded=rows >= EXPANDED_ROWS)
+        text = input_text(snapshot, expanded=rows >= EXPANDED_ROWS)
+        if rows >= EXPANDED_ROWS and snapshot.history:
+            text = Content("\n").join([text, Content.styled(WAIT_LEGEND, "dim")])
+        return text
 
     def state(self, snapshot: RunSnapshot) -> str | None:
         level = input_level(snapshot)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import Static
@@ -12,7 +10,7 @@ from tpuwatch import units
 from tpuwatch.monitor.diagnostics.robust_stats import median
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
-from tpuwatch.ui.widgets.input_panel import input_level, input_style, wait_series
+from tpuwatch.ui.widgets.input_panel import WAIT_LEGEND, input_level, input_style, wait_series
 from tpuwatch.ui.widgets.panel import Panel
 
 
@@ -76,7 +74,7 @@ def legend(s: RunSnapshot) -> Content:
         first = s.history[0]
         parts.append(f"▲ step {units.integer(first.step)} ({units.duration(first.step_time_s)}: tracing and "
                      "compiling) is above the scale")
-    parts.append("w: input wait, share of each step (full height 100%)")
+    parts.append(WAIT_LEGEND)
     return Content.styled(" · ".join(parts), "dim")
 
 
@@ -101,8 +99,7 @@ class StepTimePanel(Panel):
         self.border_subtitle = step_scope(snapshot)
         self.query_one("#step-bars", HistoryBars).series = step_series(snapshot, self.has_class("-maximised"))
         wait = self.query_one("#wait-bars", HistoryBars)
-        # No lone "100%" over a 2-row strip: its scale is in the legend (expanded) and the help.
-        wait.series = replace(wait_series(snapshot), top_label="")
+        wait.series = wait_series(snapshot)  # its scale: in the legend (expanded) and the help
         level = input_level(snapshot)
         wait.set_class(level == "high", "-critical")
         wait.set_class(level == "moderate", "-warning")

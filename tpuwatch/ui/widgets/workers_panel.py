@@ -118,7 +118,7 @@ def workers_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
 
 
 class WorkersPanel(Panel):
-    TITLE = "Workers"
+    TITLE = "0 Workers"  # the number key that jumps here (with two or more workers)
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
         return workers_text(snapshot, rows, width)
