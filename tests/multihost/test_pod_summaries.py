@@ -23,7 +23,7 @@ from tpuwatch import protocol
 from tpuwatch.agent.transport import Server
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.state import RunState
-from tpuwatch.protocol import Exit, HostSummary, Step
+from tpuwatch.protocol import Exit, Step
 from tpuwatch.sources.remote_source import RemoteSource
 
 HOSTS = 4

@@ -16,17 +16,23 @@ nothing. Nothing here imports TensorFlow.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeVar
 
 from tpuwatch import protocol
 from tpuwatch.protocol import DeviceSample, HostSample, HostSummary, Phase, Step, StepLoss
 
 #: Seconds between two summaries of one host.
 SUMMARY_INTERVAL_S = 1.0
+#: How often a summary stream that has read everything looks for new lines (a full stream: 50 ms).
+SUMMARY_POLL_S = 0.25
+
+_M = TypeVar("_M", HostSample, DeviceSample)
 
 # Kinds folded into a summary (the prefix every encoded line of theirs starts with: ``kind`` is
 # written first). Anything else is passed on without decoding.
 _FOLDED = tuple(f'{{"kind":"{k}"'.encode() for k in ("step", "step_loss", "host_sample", "device_sample", "phase"))
+_HOST = b'{"kind":"host_sample"'
+_DEVICE = b'{"kind":"device_sample"'
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -62,8 +68,8 @@ class SummaryBuilder:
         self._time_sum = 0.0
         self._wait_sum = 0.0
         self._wait_steps = 0
-        self._host: HostSample | None = None
-        self._devices: dict[str, DeviceSample] = {}
+        self._host: bytes | None = None  # the newest host sample's line
+        self._devices: dict[bytes, bytes] = {}  # the newest line of each device
 
     def feed(self, line: bytes) -> list[bytes]:
         """Takes one whole recorded line (with its newline); returns what to send now."""
@@ -72,6 +78,14 @@ class SummaryBuilder:
         if not line.startswith(_FOLDED):
             # passed on as recorded, after a summary that accounts for everything before it
             return self._pass(start, line)
+        # Samples: only each one's newest is sent, so only that one is decoded (at the summary).
+        if line.startswith(_HOST):
+            self._host = line
+            return []
+        if line.startswith(_DEVICE):
+            at = line.find(b'"device":"')
+            self._devices[line[at:line.find(b'"', at + 10)] if at >= 0 else b""] = line
+            return []
         try:
             msg = protocol.decode(line)
         except protocol.ProtocolError:
@@ -82,10 +96,6 @@ class SummaryBuilder:
             if self._last_step is not None and msg.step == self._last_step.step and (
                     self._losses is None or self._losses.step <= msg.step):
                 self._losses = msg
-        elif type(msg) is HostSample:
-            self._host = msg
-        elif type(msg) is DeviceSample:
-            self._devices[msg.device] = msg
         elif type(msg) is Phase:
             key = (msg.phase, msg.since)
             now = self._clock()
@@ -137,8 +147,8 @@ class SummaryBuilder:
         waits = sorted(self._waits)
         last = self._last_step if self._steps else None
         losses = self._losses
-        host = self._host
-        devs = list(self._devices.values())
+        host = _decoded(self._host, HostSample)
+        devs = [d for d in (_decoded(line, DeviceSample) for line in self._devices.values()) if d is not None]
         return HostSummary(
             t=self._clock(), offset_bytes=offset, records=len(times), steps=self._steps,
             step=last.step if last else None, step_t=last.t if last else None,
@@ -159,3 +169,13 @@ class SummaryBuilder:
             device_limit_bytes=tuple(d.limit_bytes or 0 for d in devs),
             device_source=devs[0].source if devs else "", device_limit_source=devs[0].limit_source if devs else "",
         )
+
+
+def _decoded(line: bytes | None, cls: type[_M]) -> _M | None:
+    if line is None:
+        return None
+    try:
+        msg = protocol.decode(line)
+    except protocol.ProtocolError:
+        return None  # a malformed sample: as if there were none
+    return msg if type(msg) is cls else None

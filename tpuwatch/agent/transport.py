@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Callable
 from tpuwatch import protocol
 from tpuwatch.protocol import Attach, Command, Decoder
 from tpuwatch.agent import clocks
-from tpuwatch.agent.summary import SUMMARY_INTERVAL_S, SummaryBuilder
+from tpuwatch.agent.summary import SUMMARY_INTERVAL_S, SUMMARY_POLL_S, SummaryBuilder
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -394,7 +394,7 @@ class Server:
                         return
                     if closing:
                         return
-                    time.sleep(POLL_S)
+                    time.sleep(POLL_S if builder is None else SUMMARY_POLL_S)
                     continue
                 data = pending + chunk
                 cut = data.rfind(b"\n") + 1

@@ -145,6 +145,7 @@ class _Worker:
     # The newest summary with step records (the summary stream: its p50 is the Workers panel's).
     summary: HostSummary | None = None
     summarised: bool = False  # some of its steps came only as summaries (not in the ledger)
+    from_summary: bool = False  # its newest step came in a summary
 
     @property
     def topology(self) -> Topology | None:
@@ -384,6 +385,7 @@ class RunState:
         w.count_steps(msg.steps)
         w.stats.add(msg)
         w.last_step = msg
+        w.from_summary = False
         if msg.replica_losses:
             w.last_losses = msg
         t = msg.t
@@ -400,6 +402,7 @@ class RunState:
             w.count_steps(msg.steps)
             w.summarised = True
             w.summary = msg if msg.records else w.summary
+            w.from_summary = True
             w.last_step = Step(step=msg.step, t=msg.step_t, step_time_s=msg.step_time_p50_s or math.nan,
                                input_wait_s=None, loss=None, steps=msg.steps, function=msg.function,
                                epoch=msg.epoch)
@@ -823,8 +826,7 @@ class RunState:
         if roll is None:
             roll = w.stats.rolling()
         p50 = roll.step_p50_s
-        if w.summary is not None and (w.last_step is None or w.stats.records == 0
-                                      or w.summary.step is not None and w.summary.step >= w.last_step.step):
+        if w.from_summary and w.summary is not None:
             p50 = w.summary.step_time_p50_s  # its newest summary's interval (about a second)
         hello = w.hello
         wait, wait_scope = self._input.of_worker(w.name)
@@ -842,6 +844,7 @@ class RunState:
             connected=w.connected,
             exit_code=w.exit.exit_code if w.exit else None,
             exit_signal=w.exit.signal if w.exit else None,
+            summary=w.from_summary,
         )
 
 
