@@ -121,7 +121,7 @@ def _sample_lines(i: int, t: float, k: int, cache: dict) -> bytes:
 
 
 def serve_pod(n: int, backlog_s: float, slow_host: int, ports_file: Path, seconds: float, first: int = 0,
-              count: int | None = None, t0: float | None = None) -> None:
+              count: int | None = None, t0: float | None = None, flush_s: float = FLUSH_S) -> None:
     """Hosts ``first`` .. ``first + count - 1`` of a pod of ``n`` (the pod is served by several
     processes, as it runs on many machines: one process's lock would be the bottleneck)."""
     from tpuwatch.agent.transport import Server
@@ -169,7 +169,7 @@ def serve_pod(n: int, backlog_s: float, slow_host: int, ports_file: Path, second
     stop = time.monotonic() + seconds
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while time.monotonic() < stop:
-        time.sleep(FLUSH_S)
+        time.sleep(flush_s)
         write_until(time.time())
 
 
@@ -303,7 +303,8 @@ def run_size(n: int, a: argparse.Namespace) -> dict:
         pods.append(subprocess.Popen([sys.executable, __file__, "--serve", str(n), "--first", str(first),
                                       "--count", str(min(HOSTS_PER_PROCESS, n - first)), "--t0", repr(t0),
                                       "--backlog", str(a.backlog), "--slow-host", str(slow), "--ports", str(part),
-                                      "--pod-seconds", str(a.backlog + a.seconds + 600)], env=env))
+                                      "--pod-seconds", str(a.backlog + a.seconds + 600), "--flush", str(a.flush)],
+                                     env=env))
     try:
         limit = time.monotonic() + 300
         while not all(p.exists() for p in parts):
@@ -343,6 +344,9 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=600.0, help="seconds the viewer gets to catch up")
     ap.add_argument("--summaries", choices=("auto", "on", "off"), default="auto",
                     help="as `attach --summaries` (auto: summaries above 16 hosts)")
+    ap.add_argument("--flush", type=float, default=FLUSH_S,
+                    help="seconds between two writes of each simulated host's recording (default 0.05; a larger "
+                         "value lightens the simulator where it shares a small box with the viewer)")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--view", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -354,7 +358,7 @@ def main() -> None:
     ap.add_argument("--pod-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
-        serve_pod(a.serve, a.backlog, a.slow_host, a.ports, a.pod_seconds, a.first, a.count, a.t0)
+        serve_pod(a.serve, a.backlog, a.slow_host, a.ports, a.pod_seconds, a.first, a.count, a.t0, a.flush)
         return
     if a.view:
         from tpuwatch.control.client import read_addresses
@@ -365,7 +369,8 @@ def main() -> None:
                                           summary=summary))))
         return
     print(f"{os.cpu_count()} cores; a step every {STEP_S * 1e3:.0f} ms per host, {CHIPS} chips, samples at "
-          f"{SAMPLE_HZ:g} Hz; backlog {a.backlog:g} s; steady window {a.seconds:g} s; summaries {a.summaries}",
+          f"{SAMPLE_HZ:g} Hz, written every {a.flush:g} s; backlog {a.backlog:g} s; steady window {a.seconds:g} s; "
+          f"summaries {a.summaries}",
           flush=True)
     folded, plain = fold_cost()
     print(f"agent side, per recorded line on the stream thread: {folded:.1f} us folding into summaries, "
