@@ -207,3 +207,39 @@ def test_an_agent_without_summaries_still_works(pod, monkeypatch):
             assert viewer.kinds[f"worker:{i}"].count("step") == pod.step
     finally:
         source.close()
+
+
+def test_the_workers_panel_zooms_the_selected_worker(pod):
+    """Pilot: focus the Workers panel, `]` selects the next worker, `v` gives its every record."""
+    import asyncio
+
+    from tpuwatch.ui.app import TpuwatchApp
+    from tpuwatch.ui.widgets.workers_panel import WorkersPanel
+
+    source = RemoteSource([s.tcp_address for s in pod.servers], pod.token, summary=True)
+
+    async def run() -> None:
+        app = TpuwatchApp(source, title="pod")
+        async with app.run_test(size=(160, 48)) as pilot:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (
+                    len(app.snapshot.workers) == HOSTS and sum(w.summary for w in app.snapshot.workers) == HOSTS - 1):
+                await pilot.pause(0.1)
+            panel = app.query_one(WorkersPanel)
+            assert f"{HOSTS - 1} on summaries" in str(panel.border_subtitle)
+            panel.focus()
+            await pilot.press("right_square_bracket", "right_square_bracket")  # worker:0 -> worker:2
+            assert panel.selected_worker() == "worker:2"
+            await pilot.press("v")
+            assert source.full_workers() == {"worker:0", "worker:2"}
+            while time.monotonic() < deadline and next(
+                    w for w in app.snapshot.workers if w.name == "worker:2").summary:
+                await pilot.pause(0.1)
+            assert not next(w for w in app.snapshot.workers if w.name == "worker:2").summary
+            await pilot.press("v")  # already full: says so, changes nothing
+            assert source.full_workers() == {"worker:0", "worker:2"}
+
+    try:
+        asyncio.run(run())
+    finally:
+        source.close()
