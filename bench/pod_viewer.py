@@ -303,7 +303,8 @@ def run_size(n: int, a: argparse.Namespace) -> dict:
         pods.append(subprocess.Popen([sys.executable, __file__, "--serve", str(n), "--first", str(first),
                                       "--count", str(min(HOSTS_PER_PROCESS, n - first)), "--t0", repr(t0),
                                       "--backlog", str(a.backlog), "--slow-host", str(slow), "--ports", str(part),
-                                      "--pod-seconds", str(a.backlog + a.seconds + 600), "--flush", str(a.flush)],
+                                      "--pod-seconds", str(a.backlog + a.seconds + 600), "--flush", str(a.flush),
+                                      *(["--nice-pod"] if a.nice_pod else [])],
                                      env=env))
     try:
         limit = time.monotonic() + 300
@@ -347,6 +348,9 @@ def main() -> None:
     ap.add_argument("--flush", type=float, default=FLUSH_S,
                     help="seconds between two writes of each simulated host's recording (default 0.05; a larger "
                          "value lightens the simulator where it shares a small box with the viewer)")
+    ap.add_argument("--nice-pod", action="store_true",
+                    help="run the simulated pod at the lowest CPU priority: it stands in for other machines, so "
+                         "on a small box the viewer gets the CPU it would have beside a real pod")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--view", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -358,6 +362,8 @@ def main() -> None:
     ap.add_argument("--pod-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
+        if a.nice_pod:
+            os.nice(19)
         serve_pod(a.serve, a.backlog, a.slow_host, a.ports, a.pod_seconds, a.first, a.count, a.t0, a.flush)
         return
     if a.view:
@@ -370,7 +376,7 @@ def main() -> None:
         return
     print(f"{os.cpu_count()} cores; a step every {STEP_S * 1e3:.0f} ms per host, {CHIPS} chips, samples at "
           f"{SAMPLE_HZ:g} Hz, written every {a.flush:g} s; backlog {a.backlog:g} s; steady window {a.seconds:g} s; "
-          f"summaries {a.summaries}",
+          f"summaries {a.summaries}{'; pod at nice 19' if a.nice_pod else ''}",
           flush=True)
     folded, plain = fold_cost()
     print(f"agent side, per recorded line on the stream thread: {folded:.1f} us folding into summaries, "
