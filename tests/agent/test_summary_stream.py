@@ -81,3 +81,12 @@ def test_other_lines_go_on_as_recorded_and_offsets_stay_exact():
     # a summary before each line passed on; the phase's progress (same since, within the interval) is folded
     assert kinds == ["host_summary", "event", "event", "host_summary", "phase", "host_summary"]
     assert lines[1] in sent and lines[2] in sent and lines[4] in sent and lines[5] not in sent
+
+
+def test_bytes_of_a_line_too_long_to_send_still_count_in_the_offset():
+    b = SummaryBuilder(0, clock=lambda: 0.0)
+    line = protocol.encode(Step(step=1, t=1.0, step_time_s=0.1, input_wait_s=None, loss=1.0))
+    b.feed(line)
+    b.skip(5000)  # the transport dropped a runaway line's bytes
+    (s,) = [protocol.decode(x) for x in b.tick()]
+    assert s.offset_bytes == len(line) + 5000

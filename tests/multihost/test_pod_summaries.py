@@ -163,7 +163,7 @@ def test_summaries_give_steps_losses_and_the_straggler_and_a_zoom_gives_every_re
         # each worker's step is one its host recorded, recently; its losses name their step and equal
         # what that host recorded for it
         for w in snap.workers:
-            assert 0 < pod.step - w.step < 200
+            assert 0 <= pod.step - w.step < 200
             assert w.step_p50_s == pytest.approx(STEP_S)
         rows = [r for r in snap.replica_losses if r.worker == f"worker:{SLOW}"]
         assert [r.index for r in rows] == [SLOW * REPLICAS + r for r in range(REPLICAS)]

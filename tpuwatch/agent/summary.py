@@ -106,6 +106,10 @@ class SummaryBuilder:
                 return self._pass(start, line)
         return []
 
+    def skip(self, n: int) -> None:
+        """``n`` bytes of the recording that are not sent (part of a line too long to take)."""
+        self.offset += n
+
     def _pass(self, start: int, line: bytes) -> list[bytes]:
         """``line`` as recorded, after a summary that accounts for everything before it."""
         out = [*self._flush(start, force=self.reported != start), line]

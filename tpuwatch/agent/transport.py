@@ -400,6 +400,8 @@ class Server:
                 cut = data.rfind(b"\n") + 1
                 pending = data[cut:]
                 if len(pending) > protocol.MAX_LINE_BYTES:
+                    if builder is not None:
+                        builder.skip(len(pending))  # its bytes still count in the offsets it reports
                     pending = b""  # a runaway line no decoder would take: do not hold it
                 if builder is not None:
                     if cut:
