@@ -11,6 +11,8 @@ recorded, so the viewer attaches late and must catch up.
 
 A *viewer* subprocess is the dashboard (``TpuwatchApp`` on ``make_remote_source``, what
 ``tpuwatch attach @hosts.txt`` runs; headless, 160x48, its normal 4 Hz drain and 1 Hz frames).
+With ``--summaries auto`` (the default, as ``attach``) a viewer of more than 16 hosts takes one
+summary a second from each (worker 0 full); ``on``/``off`` force either way.
 It reports:
 - catch-up: seconds from start until every host's newest step is live (recorded after the attach);
 - straggler: seconds from start until the ``straggler-host`` finding appears, and whom it names;
@@ -18,10 +20,11 @@ It reports:
   primary host, and of the *most behind* host (p50 / p95 / max);
 - CPU (process_time / wall over the steady window, % of one core) and RSS (end, peak).
 
-    .venv/bin/python bench/pod_viewer.py [--hosts 8,64,256] [--backlog 60] [--seconds 20]
+    .venv/bin/python bench/pod_viewer.py [--hosts 8,64,256] [--backlog 60] [--seconds 20] [--summaries auto]
 
-Prints one line per pod size with the 1-minute load average. Targets: lag < 1 s, CPU < 50% of a
-core, RSS < 300 MB. Asserts nothing.
+Prints first the agent side's cost of the summary stream (microseconds per recorded line folded,
+on the stream thread), then one line per pod size with the 1-minute load average. Targets: lag
+< 1 s, CPU < 50% of a core, RSS < 300 MB, straggler named within 5 s. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ STEP_S = 0.1
 SAMPLE_HZ = 4.0
 CHIPS = 4
 FLUSH_S = 0.05
+HOSTS_PER_PROCESS = 128  # the simulated pod's hosts per process
 GiB = 1 << 30
 
 
@@ -103,15 +107,33 @@ def _samples(i: int, t: float, k: int) -> list[protocol.Message]:
     return out
 
 
-def serve_pod(n: int, backlog_s: float, slow_host: int, ports_file: Path, seconds: float) -> None:
+_T_MARK = 1234567.125  # a sample time no real one equals: cached sample lines get the real one
+
+
+def _sample_lines(i: int, t: float, k: int, cache: dict) -> bytes:
+    """``_samples(i, t, k)`` encoded (cached per host and value pattern: the simulator's own cost
+    must not crowd out what it simulates on a 2-core box)."""
+    key = (i, k % 15)
+    lines = cache.get(key)
+    if lines is None:
+        lines = cache[key] = b"".join(protocol.encode(m) for m in _samples(i, _T_MARK, k))
+    return lines.replace(b'"t":%r' % _T_MARK, b'"t":%r' % t)
+
+
+def serve_pod(n: int, backlog_s: float, slow_host: int, ports_file: Path, seconds: float, first: int = 0,
+              count: int | None = None, t0: float | None = None, flush_s: float = FLUSH_S) -> None:
+    """Hosts ``first`` .. ``first + count - 1`` of a pod of ``n`` (the pod is served by several
+    processes, as it runs on many machines: one process's lock would be the bottleneck)."""
     from tpuwatch.agent.transport import Server
 
     token = os.environ["TPUWATCH_TOKEN"]
     base = Path(tempfile.mkdtemp(prefix="tpuwatch-pod-"))
     now = time.time()
-    t0 = now - backlog_s
+    t0 = now - backlog_s if t0 is None else t0
+    count = n - first if count is None else count
     files, servers = [], []
-    for i in range(n):
+    cache: dict = {}
+    for i in range(first, first + count):
         run_dir = base / f"host{i}"
         run_dir.mkdir()
         f = open(run_dir / "events.jsonl", "ab", buffering=0)
@@ -129,14 +151,14 @@ def serve_pod(n: int, backlog_s: float, slow_host: int, ports_file: Path, second
         while t0 + k / SAMPLE_HZ <= t_end:
             samples.append((k, t0 + k / SAMPLE_HZ))
             k += 1
-        for i, f in enumerate(files):
-            msgs = [m for s, t in steps for m in [_step(i, s, t, i == slow_host)]]
-            msgs += [m for kk, t in samples for m in _samples(i, t, kk)]
-            msgs.sort(key=lambda m: m.t)
-            if msgs:
-                f.write(b"".join(protocol.encode(m) for m in msgs))
+        for i, f in enumerate(files, first):
+            lines = [(t, protocol.encode(_step(i, s, t, i == slow_host))) for s, t in steps]
+            lines += [(t, _sample_lines(i, t, kk, cache)) for kk, t in samples]
+            lines.sort(key=lambda x: x[0])
+            if lines:
+                f.write(b"".join(line for _, line in lines))
 
-    for i, f in enumerate(files):
+    for i, f in enumerate(files, first):
         f.write(b"".join(protocol.encode(m) for m in _head(i, n, t0)))
     write_until(now)
     for s in servers:
@@ -147,14 +169,42 @@ def serve_pod(n: int, backlog_s: float, slow_host: int, ports_file: Path, second
     stop = time.monotonic() + seconds
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while time.monotonic() < stop:
-        time.sleep(FLUSH_S)
+        time.sleep(flush_s)
         write_until(time.time())
 
 
 # --- the viewer ----------------------------------------------------------------------------------
 
 
-async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_host: int, deadline_s: float) -> dict:
+def fold_cost() -> tuple[float, float]:
+    """Microseconds per recorded line the agent's stream thread spends folding one host's
+    recording into summaries, and per line streamed as it is (the full stream's own work)."""
+    from tpuwatch.agent.summary import SummaryBuilder
+
+    t0 = time.time()
+    lines: list[bytes] = []
+    for step in range(1, 20_001):
+        lines.append(protocol.encode(_step(0, step, t0 + step * STEP_S, False)))
+        if step % 3 == 0:
+            lines += [protocol.encode(m) for m in _samples(0, t0 + step * STEP_S, step)]
+    b = SummaryBuilder(0, time.time)
+    start = time.perf_counter()
+    for i, line in enumerate(lines):
+        b.feed(line)
+        if i % 300 == 0:
+            b.tick()
+    folded = (time.perf_counter() - start) / len(lines) * 1e6
+    start = time.perf_counter()
+    data = b"".join(lines)
+    cut = 0
+    while cut < len(data):  # what the full stream does per line: find it
+        cut = data.index(b"\n", cut) + 1
+    plain = (time.perf_counter() - start) / len(lines) * 1e6
+    return folded, plain
+
+
+async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_host: int, deadline_s: float,
+               summary: bool | None = None) -> dict:
     import psutil
 
     from tpuwatch.sources.remote_source import make_remote_source
@@ -162,7 +212,7 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
 
     attach_t = time.time()
     rss0 = psutil.Process().memory_info().rss
-    source = make_remote_source(addresses, os.environ["TPUWATCH_TOKEN"])
+    source = make_remote_source(addresses, os.environ["TPUWATCH_TOKEN"], summary=summary)
     app = TpuwatchApp(source, title="pod bench")
     out: dict = {"hosts": n}
     lag_primary: list[float] = []
@@ -219,6 +269,7 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
             await asyncio.sleep(0.2)
         out["workers_shown"] = len(app.snapshot.workers)
         out["replicas_shown"] = len(app.snapshot.replica_losses)
+        out["summarised"] = sum(1 for st in source.streams if st.summaries and st.summary)
         await pilot.pause()
     source.close()
     out["cpu_pct"] = 100 * (cpu1 - cpu0) / (wall1 - wall0)
@@ -244,25 +295,35 @@ def run_size(n: int, a: argparse.Namespace) -> dict:
     ports = tmp / "hosts.txt"
     env = dict(os.environ, PYTHONPATH=str(ROOT), TPUWATCH_TOKEN=secrets.token_urlsafe(24))
     slow = n // 3
-    pod = subprocess.Popen([sys.executable, __file__, "--serve", str(n), "--backlog", str(a.backlog),
-                            "--slow-host", str(slow), "--ports", str(ports),
-                            "--pod-seconds", str(a.backlog + a.seconds + 600)], env=env)
+    t0 = time.time() - a.backlog
+    pods, parts = [], []
+    for first in range(0, n, HOSTS_PER_PROCESS):
+        part = tmp / f"hosts-{first}.txt"
+        parts.append(part)
+        pods.append(subprocess.Popen([sys.executable, __file__, "--serve", str(n), "--first", str(first),
+                                      "--count", str(min(HOSTS_PER_PROCESS, n - first)), "--t0", repr(t0),
+                                      "--backlog", str(a.backlog), "--slow-host", str(slow), "--ports", str(part),
+                                      "--pod-seconds", str(a.backlog + a.seconds + 600), "--flush", str(a.flush),
+                                      *(["--nice-pod"] if a.nice_pod else [])],
+                                     env=env))
     try:
-        limit = time.monotonic() + 120
-        while not ports.exists():
-            if pod.poll() is not None or time.monotonic() > limit:
+        limit = time.monotonic() + 300
+        while not all(p.exists() for p in parts):
+            if any(pod.poll() is not None for pod in pods) or time.monotonic() > limit:
                 raise SystemExit(f"the simulated pod of {n} hosts did not start")
             time.sleep(0.1)
-        pod_ps = psutil.Process(pod.pid)
-        pod_cpu0 = sum(pod_ps.cpu_times()[:2])
+        ports.write_text("".join(p.read_text() for p in parts))
+        pod_ps = [psutil.Process(pod.pid) for pod in pods]
+        pod_cpu0 = sum(sum(ps.cpu_times()[:2]) for ps in pod_ps)
         load0 = os.getloadavg()[0]
         t = time.perf_counter()
         viewer = subprocess.run([sys.executable, __file__, "--view", str(ports), "--n", str(n), "--slow-host",
-                                 str(slow), "--seconds", str(a.seconds), "--deadline", str(a.deadline)],
+                                 str(slow), "--seconds", str(a.seconds), "--deadline", str(a.deadline),
+                                 "--summaries", a.summaries],
                                 env=env, capture_output=True, text=True,
                                 timeout=a.seconds + 900)
         wall = time.perf_counter() - t
-        pod_cpu = sum(pod_ps.cpu_times()[:2]) - pod_cpu0
+        pod_cpu = sum(sum(ps.cpu_times()[:2]) for ps in pod_ps) - pod_cpu0
         if viewer.returncode != 0:
             raise SystemExit(f"viewer failed:\n{viewer.stderr[-3000:]}")
         result = json.loads(viewer.stdout.strip().splitlines()[-1])
@@ -270,8 +331,10 @@ def run_size(n: int, a: argparse.Namespace) -> dict:
         result["pod_cpu_pct"] = 100 * pod_cpu / wall
         return result
     finally:
-        pod.terminate()
-        pod.wait(30)
+        for pod in pods:
+            pod.terminate()
+        for pod in pods:
+            pod.wait(30)
 
 
 def main() -> None:
@@ -280,24 +343,44 @@ def main() -> None:
     ap.add_argument("--backlog", type=float, default=60.0, help="seconds already recorded when the viewer attaches")
     ap.add_argument("--seconds", type=float, default=20.0, help="steady-state window after catching up")
     ap.add_argument("--deadline", type=float, default=600.0, help="seconds the viewer gets to catch up")
+    ap.add_argument("--summaries", choices=("auto", "on", "off"), default="auto",
+                    help="as `attach --summaries` (auto: summaries above 16 hosts)")
+    ap.add_argument("--flush", type=float, default=FLUSH_S,
+                    help="seconds between two writes of each simulated host's recording (default 0.05; a larger "
+                         "value lightens the simulator where it shares a small box with the viewer)")
+    ap.add_argument("--nice-pod", action="store_true",
+                    help="run the simulated pod at the lowest CPU priority: it stands in for other machines, so "
+                         "on a small box the viewer gets the CPU it would have beside a real pod")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--view", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--slow-host", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--ports", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--t0", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--pod-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
-        serve_pod(a.serve, a.backlog, a.slow_host, a.ports, a.pod_seconds)
+        if a.nice_pod:
+            os.nice(19)
+        serve_pod(a.serve, a.backlog, a.slow_host, a.ports, a.pod_seconds, a.first, a.count, a.t0, a.flush)
         return
     if a.view:
         from tpuwatch.control.client import read_addresses
 
         addresses = read_addresses(["@" + str(a.view)])
-        print(json.dumps(asyncio.run(view(addresses, a.n, a.seconds, a.slow_host, deadline_s=a.deadline))))
+        summary = {"auto": None, "on": True, "off": False}[a.summaries]
+        print(json.dumps(asyncio.run(view(addresses, a.n, a.seconds, a.slow_host, deadline_s=a.deadline,
+                                          summary=summary))))
         return
     print(f"{os.cpu_count()} cores; a step every {STEP_S * 1e3:.0f} ms per host, {CHIPS} chips, samples at "
-          f"{SAMPLE_HZ:g} Hz; backlog {a.backlog:g} s; steady window {a.seconds:g} s", flush=True)
+          f"{SAMPLE_HZ:g} Hz, written every {a.flush:g} s; backlog {a.backlog:g} s; steady window {a.seconds:g} s; "
+          f"summaries {a.summaries}{'; pod at nice 19' if a.nice_pod else ''}",
+          flush=True)
+    folded, plain = fold_cost()
+    print(f"agent side, per recorded line on the stream thread: {folded:.1f} us folding into summaries, "
+          f"{plain:.2f} us streaming as is; load {os.getloadavg()[0]:.2f}", flush=True)
     for n in (int(x) for x in a.hosts.split(",")):
         r = run_size(n, a)
 
@@ -318,7 +401,8 @@ def main() -> None:
               f"(most-behind host {ms(r['lag_worst_host'])} ms); CPU {r['cpu_pct']:.1f}% of a core; RSS "
               f"{r['rss_mib']:.0f} MiB (peak {r['peak_rss_mib']:.0f}); {r['frames_per_s']:.2f} frames/s; "
               f"straggler {straggler}; "
-              f"{r['workers_shown']} workers, {r['replicas_shown']} replica losses shown; pod simulator CPU "
+              f"{r['workers_shown']} workers ({r['summarised']} on summaries), {r['replicas_shown']} replica "
+              f"losses shown; pod simulator CPU "
               f"{r['pod_cpu_pct']:.0f}%; load {r['load'][0]:.2f}->{r['load'][1]:.2f}", flush=True)
 
 

@@ -477,6 +477,73 @@ class Attach(Message):
     offset: int = 0
     token: str = ""
     viewer: str = ""
+    # Ask for the summary stream: the recording from ``offset`` with its per-step records and
+    # samples folded into one :class:`HostSummary` about once a second (a viewer of many hosts).
+    # An agent that predates the field ignores it and streams every line.
+    summary: bool = False
+
+
+@dataclass(frozen=True)
+class HostSummary(Message):
+    """One host's step records and samples since the previous summary, folded by its agent's
+    transport for a viewer that asked for summaries (:attr:`Attach.summary`). Never recorded:
+    the recording keeps every record; every other kind travels to that viewer as recorded.
+
+    ``offset_bytes`` is the recording's byte offset this summary accounts for: the agent sends
+    one before every line it passes on, so a viewer's offset is this value plus the lengths of
+    the lines after it (where it re-attaches, in either mode, losing and repeating nothing).
+    """
+
+    kind: ClassVar[str] = "host_summary"
+    t: float  # unix time the agent built it
+    offset_bytes: int
+    records: int = 0  # step records folded in
+    steps: int = 0  # training steps in them (k per record with steps_per_execution = k)
+    step: int | None = None  # the newest record's global step
+    step_t: float | None = None  # its unix time
+    function: str = ""  # its step function
+    epoch: int | None = None
+    step_time_p50_s: float | None = None  # over the records' per-step times
+    step_time_p95_s: float | None = None
+    step_time_max_s: float | None = None
+    step_time_sum_s: float = 0.0  # sum of step_time_s x steps: the interval's step time
+    input_wait_sum_s: float = 0.0  # sum of input_wait_s x steps over records that measured it
+    input_wait_steps: int = 0  # steps whose input wait was measured
+    input_wait_p50_s: float | None = None  # over the records that measured it
+    loss: float | None = None  # the newest losses read in the interval (none: none were)
+    replica_losses: tuple[float, ...] = ()
+    loss_step: int | None = None  # the step those losses belong to
+    host_t: float | None = None  # the newest host sample, as recorded (None: none in the interval)
+    rss_bytes: int | None = None
+    available_bytes: int | None = None
+    total_bytes: int | None = None
+    cpu_percent: float | None = None
+    load_1m: float | None = None
+    # The newest sample of each device in the interval, in the order first seen.
+    devices: tuple[str, ...] = ()
+    device_t: tuple[float, ...] = ()
+    device_current_bytes: tuple[int, ...] = ()
+    device_peak_bytes: tuple[int, ...] = ()
+    device_limit_bytes: tuple[int, ...] = ()  # 0: no limit known
+    device_source: str = ""  # of the first device ("tf", "tpu-info", ...)
+    device_limit_source: str = ""
+
+    def host_sample(self) -> HostSample | None:
+        """The newest host sample it carries, as recorded (None: none in the interval)."""
+        if self.host_t is None or self.rss_bytes is None:
+            return None
+        return HostSample(t=self.host_t, rss_bytes=self.rss_bytes, available_bytes=self.available_bytes or 0,
+                          total_bytes=self.total_bytes or 0, cpu_percent=self.cpu_percent or 0.0,
+                          load_1m=self.load_1m)
+
+    def device_samples(self) -> list[DeviceSample]:
+        """The newest sample of each device it carries, as recorded."""
+        n = min(len(self.devices), len(self.device_t), len(self.device_current_bytes),
+                len(self.device_peak_bytes), len(self.device_limit_bytes))
+        return [DeviceSample(t=self.device_t[i], device=self.devices[i], current_bytes=self.device_current_bytes[i],
+                             peak_bytes=self.device_peak_bytes[i], limit_bytes=self.device_limit_bytes[i] or None,
+                             source=self.device_source, limit_source=self.device_limit_source)
+                for i in range(n)]
 
 
 MESSAGE_TYPES: tuple[type[Message], ...] = (
@@ -501,6 +568,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     StackDump,
     Finding,
     Attach,
+    HostSummary,
 )
 BY_KIND: dict[str, type[Message]] = {cls.kind: cls for cls in MESSAGE_TYPES}
 

@@ -59,6 +59,16 @@ MESSAGES: list[p.Message] = [
               advice="prefetch(tf.data.AUTOTUNE)", evidence={"wait_share": 0.42, "steps": 300}, first_step=10,
               last_step=310, worker="tpu-vm-0:4242"),
     p.Attach(protocol_version=1, offset=0, token="", viewer="tpuwatch"),
+    p.Attach(protocol_version=1, offset=4096, token="t0k", viewer="tpuwatch", summary=True),
+    p.HostSummary(
+        t=1795300009.5, offset_bytes=81920, records=10, steps=10, step=1210, step_t=1795300009.4,
+        function="train_step", epoch=1, step_time_p50_s=0.1, step_time_p95_s=0.125, step_time_max_s=0.25,
+        step_time_sum_s=1.05, input_wait_sum_s=0.6, input_wait_steps=10, input_wait_p50_s=0.06, loss=2.25,
+        replica_losses=(2.25, math.nan, 2.5, 2.0), loss_step=1208, host_t=1795300009.25, rss_bytes=6_442_450_944,
+        available_bytes=300_000_000_000, total_bytes=400_000_000_000, cpu_percent=150.0, load_1m=None,
+        devices=("TPU:0", "TPU:1"), device_t=(1795300009.25, 1795300009.25),
+        device_current_bytes=(21_474_836_480, 21_475_000_000), device_peak_bytes=(25_769_803_776, 25_769_803_776),
+        device_limit_bytes=(34_359_738_368, 0), device_source="tpu-info", device_limit_source="chip table v4"),
     p.Exit(t=1795300010.0, exit_code=137, signal=9, source="launcher", reason="killed by SIGKILL"),
 ]
 

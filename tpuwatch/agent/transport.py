@@ -21,6 +21,10 @@ and after ``MAX_SKIPPED_COMMANDS`` the viewer is disconnected.
 A viewer that takes nothing for
 ``TPUWATCH_VIEWER_TIMEOUT_S`` (default 30 s) is dropped, and it can attach again from its offset.
 When the agent stops, each live stream is sent the rest of the recording (the ``exit``) first.
+
+A viewer of many hosts asks for the summary stream (``Attach.summary``): the same loop, its lines
+folded by :class:`tpuwatch.agent.summary.SummaryBuilder` on this stream's thread, one
+``host_summary`` about once a second in place of the step records and samples.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch import protocol
 from tpuwatch.agent import clocks
+from tpuwatch.agent.summary import SUMMARY_INTERVAL_S, SUMMARY_POLL_S, SummaryBuilder
 from tpuwatch.protocol import Attach, Command, Decoder
 
 if TYPE_CHECKING:
@@ -62,6 +67,10 @@ def send_timeout_s() -> float:
 
 
 class Server:
+    #: Whether a viewer's ``Attach.summary`` is honoured (an agent from before summaries streams
+    #: every line whatever it is asked: tests set this False to be one).
+    summaries = True
+
     def __init__(
         self,
         agent: "Agent",
@@ -251,7 +260,8 @@ class Server:
                 return
             conn.settimeout(self.send_timeout_s)
             if hello.offset >= 0:
-                stream = threading.Thread(target=self._stream, args=(conn, hello.offset), name="tpuwatch-stream",
+                fold = hello.summary and self.summaries
+                stream = threading.Thread(target=self._stream, args=(conn, hello.offset, fold), name="tpuwatch-stream",
                                           daemon=True)
                 with self._lock:
                     self._streams = [t for t in self._streams if t.is_alive()]
@@ -349,8 +359,9 @@ class Server:
                                  f"viewer {peer} sent {rejected} malformed and {too_long} over-long "
                                  f"(> {MAX_COMMAND_BYTES} bytes) lines, skipped{why}")
 
-    def _stream(self, conn: socket.socket, offset: int) -> None:
-        """Sends the recording from ``offset`` on, whole lines only, until the agent stops.
+    def _stream(self, conn: socket.socket, offset: int, summary: bool = False) -> None:
+        """Sends the recording from ``offset`` on, whole lines only, until the agent stops;
+        with ``summary``, folded into summaries (:mod:`tpuwatch.agent.summary`).
 
         Memory per viewer is one chunk: a viewer that stops reading blocks this thread in
         ``sendall`` (never the training thread) until the send timeout drops it.
@@ -362,39 +373,69 @@ class Server:
             return
         with f:
             f.seek(min(offset, os.fstat(f.fileno()).st_size))
+            builder = SummaryBuilder(f.tell(), clocks.wall) if summary else None
+            next_tick = clocks.monotonic() + SUMMARY_INTERVAL_S
+            caught_up = False
             pending = b""
             while True:
                 # Read the closing flag before the file, so the last read after it is set sees
                 # everything the agent wrote before closing (its final drain happens first).
                 closing = self._closing.is_set()
                 chunk = f.read(CHUNK)
+                out = b""
+                if builder is not None:
+                    now = clocks.monotonic()
+                    # each interval, as soon as a backlog has been read, and at the end
+                    if now >= next_tick or not chunk and (not caught_up or closing):
+                        caught_up = caught_up or not chunk
+                        next_tick = now + SUMMARY_INTERVAL_S
+                        out = b"".join(builder.tick())
                 if not chunk:
+                    if out and not self._send(conn, out):
+                        return
                     if closing:
                         return
-                    time.sleep(POLL_S)
+                    time.sleep(POLL_S if builder is None else SUMMARY_POLL_S)
                     continue
                 data = pending + chunk
                 cut = data.rfind(b"\n") + 1
                 pending = data[cut:]
                 if len(pending) > protocol.MAX_LINE_BYTES:
+                    if builder is not None:
+                        builder.skip(len(pending))  # its bytes still count in the offsets it reports
                     pending = b""  # a runaway line no decoder would take: do not hold it
-                if not cut:
-                    continue
-                try:
-                    conn.sendall(data[:cut])
-                except socket.timeout:
-                    with self._lock:
-                        self.dropped += 1
-                    self.agent.event("warning", "transport",
-                                     f"dropped a viewer that took nothing for {self.send_timeout_s:g} s; "
-                                     "it can attach again")
-                    try:
-                        conn.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
+                if builder is not None:
+                    if cut:
+                        start = 0
+                        parts = [out]
+                        while start < cut:
+                            nl = data.index(b"\n", start) + 1
+                            parts.extend(builder.feed(data[start:nl]))
+                            start = nl
+                        out = b"".join(parts)
+                elif cut:
+                    out = data[:cut]
+                if out and not self._send(conn, out):
                     return
-                except OSError:
-                    return
+
+    def _send(self, conn: socket.socket, data: bytes) -> bool:
+        """Sends ``data``; False when the viewer is gone (or was dropped for taking nothing)."""
+        try:
+            conn.sendall(data)
+            return True
+        except socket.timeout:
+            with self._lock:
+                self.dropped += 1
+            self.agent.event("warning", "transport",
+                             f"dropped a viewer that took nothing for {self.send_timeout_s:g} s; "
+                             "it can attach again")
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return False
+        except OSError:
+            return False
 
 
 def _token_matches(given: str, expected: str | None) -> bool:

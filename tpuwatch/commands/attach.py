@@ -23,6 +23,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     attach.add_argument("run", nargs="*", metavar="RUN",
                         help="run id, run directory, or HOST:PORT of agents started with --listen (default: the latest run)")
     attach.add_argument("--token-file", type=Path, help="token file for HOST:PORT viewers (the run's `token`)")
+    attach.add_argument("--summaries", choices=("auto", "on", "off"), default="auto",
+                        help="HOST:PORT viewers: ask each agent for one summary a second instead of every record "
+                             "(auto: with more than 16 hosts; worker 0 always sends every record; docs/multihost.md)")
     attach.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
                         help="when stdout is not a terminal: at most one progress line every SECONDS, when "
                              "something moved (default 5), until the run ends; then its summary and its exit code")
@@ -146,7 +149,7 @@ def _attach_remote(ns: argparse.Namespace) -> int:
     if not sys.stdout.isatty():  # a dashboard into a pipe: escape codes, waiting for keys forever
         return error("attaching to HOST:PORT needs a terminal (stdout is not one); run it in a terminal, or "
                      "`tpuwatch attach RUN > FILE` on the training host for progress lines")
-    source = make_remote_source(addresses, token)
+    source = make_remote_source(addresses, token, summary={"auto": None, "on": True, "off": False}[ns.summaries])
     names = ", ".join(f"{h}:{p}" for h, p in addresses[:3]) + (" ..." if len(addresses) > 3 else "")
     choice = run_dashboard(None, source, title=f"tpuwatch — {names}")
     if choice == "detach":

@@ -61,6 +61,7 @@ class AgentClient:
         self.token = token
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
+        self._streaming: socket.socket | None = None  # the socket of the current stream()
 
     @classmethod
     def for_run(cls, run_dir: Path) -> "AgentClient":
@@ -68,7 +69,7 @@ class AgentClient:
         path = Path(meta["socket"]) if meta.get("socket") else rundir.socket_path(run_dir)
         return cls(unix_path=path)
 
-    def _connect(self, offset: int) -> socket.socket:
+    def _connect(self, offset: int, summary: bool = False) -> socket.socket:
         try:
             if self.tcp is not None:
                 sock = socket.create_connection(self.tcp, timeout=CONNECT_TIMEOUT_S)
@@ -84,7 +85,7 @@ class AgentClient:
             raise AgentUnavailable(f"cannot reach the agent: {e.strerror or e}") from None
         try:
             sock.sendall(protocol.encode(Attach(protocol_version=protocol.PROTOCOL_VERSION, offset=offset,
-                                                token=self.token, viewer="tpuwatch")))
+                                                token=self.token, viewer="tpuwatch", summary=summary)))
         except OSError as e:  # the agent closed at once: it refused us (too many viewers, ...)
             sock.close()
             raise AgentUnavailable(f"the agent closed the connection ({e.strerror or e}); it may have too "
@@ -106,16 +107,19 @@ class AgentClient:
                     if attempt:
                         raise AgentUnavailable("the connection to the agent broke") from None
 
-    def stream(self, offset: int = 0, idle_timeout_s: float | None = None):
+    def stream(self, offset: int = 0, idle_timeout_s: float | None = None, summary: bool = False):
         """Yields raw lines of the agent's recording from ``offset`` on (remote viewers).
 
         Each line is whole, without its newline; the byte offset after it is the previous
-        offset plus ``len(line) + 1`` (reconnect from there). Ends when the agent closes the
-        connection; raises ``OSError`` (``socket.timeout`` after ``idle_timeout_s`` of silence)
-        when it breaks. A line longer than the protocol's limit is cut off and skipped.
+        offset plus ``len(line) + 1`` (reconnect from there), except after a ``host_summary``
+        (asked for with ``summary``), which says the offset itself. Ends when the agent closes the
+        connection or :meth:`interrupt_stream` is called; raises ``OSError`` (``socket.timeout``
+        after ``idle_timeout_s`` of silence) when it breaks. A line longer than the protocol's
+        limit is cut off and skipped.
         """
-        sock = self._connect(offset=offset)
+        sock = self._connect(offset=offset, summary=summary)
         sock.settimeout(idle_timeout_s)
+        self._streaming = sock
         buf = b""
         try:
             while True:
@@ -128,7 +132,18 @@ class AgentClient:
                 if len(buf) > protocol.MAX_LINE_BYTES:
                     raise AgentUnavailable(f"the agent sent a line over {protocol.MAX_LINE_BYTES} bytes")
         finally:
+            self._streaming = None
             sock.close()
+
+    def interrupt_stream(self) -> None:
+        """Ends the current :meth:`stream` (from another thread): it returns as if the agent had
+        closed the connection."""
+        sock = self._streaming
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close_locked(self) -> None:
         if self._sock is not None:

@@ -131,6 +131,7 @@ class WorkerView:
     exit_code: int | None = None
     exit_signal: int | None = None
     input_scope: str = ""  # "over the last 30 s" / "over the whole run"
+    summary: bool = False  # its newest step came in a summary (the summary stream), not a record
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ from tpuwatch.protocol import (
     Finding,
     Hello,
     HostSample,
+    HostSummary,
     Message,
     Phase,
     Pipeline,
@@ -142,6 +143,10 @@ class _Worker:
     last_t: float | None = None
     phase: Phase | None = None
     ledger: LedgerBuilder = field(default_factory=LedgerBuilder)
+    # The newest summary with step records (the summary stream: its p50 is the Workers panel's).
+    summary: HostSummary | None = None
+    summarised: bool = False  # some of its steps came only as summaries (not in the ledger)
+    from_summary: bool = False  # its newest step came in a summary
 
     @property
     def topology(self) -> Topology | None:
@@ -256,6 +261,7 @@ class RunState:
             StackDump: self._stack_dump,
             Finding: self._finding,
             Phase: self._phase,
+            HostSummary: self._summary,
         }
         self._stalls: Mapping[str, list[tuple[float, float]]] = {}
 
@@ -276,7 +282,8 @@ class RunState:
         handler = self._handlers.get(type(msg))
         if handler is None:
             return
-        if type(msg) is not HostSample and type(msg) is not DeviceSample and type(msg) is not Phase:
+        if type(msg) is not HostSample and type(msg) is not DeviceSample and type(msg) is not Phase \
+                and type(msg) is not HostSummary:
             self.version += 1
         if type(msg) is Hello and worker is None:
             worker = msg.worker
@@ -379,6 +386,7 @@ class RunState:
         w.count_steps(msg.steps)
         w.stats.add(msg)
         w.last_step = msg
+        w.from_summary = False
         if msg.replica_losses:
             w.last_losses = msg
         t = msg.t
@@ -387,6 +395,31 @@ class RunState:
             self._last_t = t
         if msg.epoch is not None:
             self._epoch = msg.epoch
+
+    def _summary(self, msg: HostSummary, w: _Worker) -> None:
+        """A summary-stream interval: the newest step and its time, the losses with the step they
+        belong to (never a newer step's), the newest host and device samples as recorded."""
+        if msg.step is not None and msg.step_t is not None and (w.last_step is None or msg.step >= w.last_step.step):
+            w.count_steps(msg.steps)
+            w.summarised = True
+            w.summary = msg if msg.records else w.summary
+            w.from_summary = True
+            w.last_step = Step(step=msg.step, t=msg.step_t, step_time_s=msg.step_time_p50_s or math.nan,
+                               input_wait_s=None, loss=None, steps=msg.steps, function=msg.function,
+                               epoch=msg.epoch)
+            if msg.epoch is not None:
+                self._epoch = msg.epoch
+            if msg.step_t > (w.last_t or 0.0):
+                w.last_t = msg.step_t
+        if msg.loss_step is not None and (msg.replica_losses or msg.loss is not None) and (
+                w.last_losses is None or msg.loss_step >= w.last_losses.step):
+            w.last_losses = Step(step=msg.loss_step, t=msg.step_t or msg.t, step_time_s=math.nan, input_wait_s=None,
+                                 loss=msg.loss, replica_losses=msg.replica_losses)
+        host = msg.host_sample()
+        if host is not None:
+            self._host(host, w)
+        for d in msg.device_samples():
+            self._device(d, w)
 
     def _phase(self, msg: Phase, w: _Worker) -> None:
         if msg.phase == "starting" and (self._started_t is None or msg.since < self._started_t):
@@ -404,7 +437,8 @@ class RunState:
 
     def _ledger(self, workers: list[_Worker], now: float, live: bool) -> Ledger | None:
         return merge([(w.name, w.ledger.ledger(self._stalls.get(w.name, ()), now=now if live else None))
-                      for w in workers if w.ledger.steps or w.ledger.exit_t is not None or w.phase is not None])
+                      for w in workers if not w.summarised
+                      and (w.ledger.steps or w.ledger.exit_t is not None or w.phase is not None)])
 
     def _step_loss(self, msg: StepLoss, w: _Worker) -> None:
         """The last step's losses, read after it: they belong to that step and nothing newer."""
@@ -796,6 +830,9 @@ class RunState:
     def _worker_view(self, w: _Worker, status: RunStatus, roll: Rolling | None) -> WorkerView:
         if roll is None:
             roll = w.stats.rolling()
+        p50 = roll.step_p50_s
+        if w.from_summary and w.summary is not None:
+            p50 = w.summary.step_time_p50_s  # its newest summary's interval (about a second)
         hello = w.hello
         wait, wait_scope = self._input.of_worker(w.name)
         return WorkerView(
@@ -805,13 +842,14 @@ class RunState:
             status=status,
             step=w.last_step.step if w.last_step else 0,
             last_step_t=w.last_step.t if w.last_step else None,
-            step_p50_s=roll.step_p50_s,
+            step_p50_s=p50,
             input_wait_frac=wait.share if wait else None,
             input_scope=wait_scope,
             rss_bytes=w.host.rss_bytes if w.host else None,
             connected=w.connected,
             exit_code=w.exit.exit_code if w.exit else None,
             exit_signal=w.exit.signal if w.exit else None,
+            summary=w.from_summary,
         )
 
 

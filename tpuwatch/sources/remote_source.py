@@ -9,6 +9,14 @@ from the last whole line it received (nothing is lost or repeated: the recording
 Several streams feed one ``RunState``: :meth:`RemoteSource.poll_tagged` returns each message with
 the worker name from its stream's ``hello``, for ``RunState.apply(msg, worker=name)``. With one
 stream, :meth:`poll` is enough. Nothing here imports Textual.
+
+Summaries: attached to more than :data:`SUMMARY_ABOVE_HOSTS` agents (or when asked), each stream
+asks its agent for the summary stream (:mod:`tpuwatch.agent.summary`): one ``host_summary`` a
+second in place of the step records and samples. The primary worker (``worker_index`` 0, whose
+steps the run's charts and rates follow) is switched to its full stream as soon as its topology
+says who it is, and :meth:`RemoteSource.zoom` does the same for any worker: the stream re-attaches
+from the byte offset it has accounted for, so nothing is lost or repeated. An agent that predates
+summaries ignores the request and streams every line, which the viewer takes as it always did.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from typing import Callable, Mapping, Sequence
 
 from tpuwatch.control.client import AgentClient, AgentUnavailable
 from tpuwatch.monitor.recording import ReadStats
-from tpuwatch.protocol import Command, Decoder, Event, Exit, Hello, Message
+from tpuwatch.protocol import Command, Decoder, Event, Exit, Hello, HostSummary, Message, Topology
 from tpuwatch.sources.source import Tagged, WorkerHealth, broadcast
 
 #: Messages held between the stream threads and the dashboard (all streams together).
@@ -32,6 +40,8 @@ QUEUE_MESSAGES = 50_000
 POLL_MESSAGES = 2_000
 #: Reconnect back-off, seconds: doubles from the first to the last value.
 RECONNECT_S = (0.25, 5.0)
+#: Attached to more agents than this, a viewer asks them for summaries (``--summaries auto``).
+SUMMARY_ABOVE_HOSTS = 16
 
 
 
@@ -47,7 +57,11 @@ class StreamState:
     refused: str = ""  # the agent refused us (token, version): no reconnect
     connects: int = 0
     malformed: int = 0
+    summary: bool = False  # ask the agent for summaries (False: the full stream)
+    summaries: int = 0  # host_summary messages received
+    switching: bool = False  # re-attaching in the other mode (not an outage)
     stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    client: AgentClient | None = field(default=None, repr=False)  # the stream's own connection
 
     @property
     def label(self) -> str:
@@ -70,10 +84,16 @@ class RemoteSource:
         queue_messages: int = QUEUE_MESSAGES,
         reconnect_s: tuple[float, float] = RECONNECT_S,
         clock: Callable[[], float] = time.time,
+        summary: bool | None = None,
     ) -> None:
+        """``summary``: ask every agent for summaries (True), for every line (False), or
+        summaries when there are more than :data:`SUMMARY_ABOVE_HOSTS` agents (None)."""
         if not addresses:
             raise ValueError("RemoteSource needs at least one HOST:PORT")
-        self.streams = [StreamState(address=tuple(a)) for a in addresses]  # type: ignore[arg-type]
+        if summary is None:
+            summary = len(addresses) > SUMMARY_ABOVE_HOSTS
+        self.summary = summary
+        self.streams = [StreamState(address=tuple(a), summary=summary) for a in addresses]  # type: ignore[arg-type]
         self._token = token
         self._factory = client_factory
         self._queue: queue.Queue[Tagged] = queue.Queue(maxsize=queue_messages)
@@ -123,6 +143,29 @@ class RemoteSource:
     def now(self) -> float | None:
         return None
 
+    def zoom(self, worker: str) -> bool:
+        """Switches ``worker``'s stream from summaries to every record, from where it is (the
+        stream re-attaches at the byte offset it has accounted for). False when no stream of
+        that worker is on summaries (already full, unknown, or ended)."""
+        for s in self.streams:
+            if s.worker == worker and s.summary and not s.ended:
+                self._switch(s)
+                return True
+        return False
+
+    def full_workers(self) -> frozenset[str]:
+        """Workers whose stream carries every record while others carry summaries."""
+        if not self.summary:
+            return frozenset()
+        return frozenset(s.worker for s in self.streams if s.worker is not None and not s.summary)
+
+    def _switch(self, stream: StreamState) -> None:
+        stream.summary = False
+        stream.switching = True
+        client = stream.client
+        if client is not None:
+            client.interrupt_stream()
+
     def close(self) -> None:
         for s in self.streams:
             s.stop.set()
@@ -145,7 +188,7 @@ class RemoteSource:
         self._put(stream, Event(t=self._clock(), level=level, source="remote", message=message))  # type: ignore[arg-type]
 
     def _follow(self, stream: StreamState) -> None:
-        client = self._factory(tcp=stream.address, token=self._token)
+        client = stream.client = self._factory(tcp=stream.address, token=self._token)
         decoder = Decoder()
         delay = self._reconnect_s[0]
         announced_outage = False
@@ -153,8 +196,9 @@ class RemoteSource:
             got_lines = False
             try:
                 stream.connects += 1
+                stream.switching = False
                 first = True
-                for line in client.stream(stream.offset):
+                for line in client.stream(stream.offset, summary=stream.summary):
                     if stream.stop.is_set():
                         return
                     if not stream.connected:
@@ -169,9 +213,13 @@ class RemoteSource:
                         self._note(stream, "error", f"{stream.label} refused this viewer: {msg.message}")
                         return
                     first = False
-                    stream.offset += len(line) + 1
                     got_lines = True
                     stream.malformed = decoder.malformed
+                    if type(msg) is HostSummary:
+                        stream.offset = msg.offset_bytes  # it accounts for the lines it folded
+                        stream.summaries += 1
+                    else:
+                        stream.offset += len(line) + 1
                     if msg is None:
                         continue
                     if isinstance(msg, Hello) and stream.worker is None:
@@ -180,6 +228,10 @@ class RemoteSource:
                         return
                     if isinstance(msg, Exit):
                         stream.ended = True
+                    elif type(msg) is Topology and msg.worker_index == 0 and stream.summary:
+                        # the primary: the run's charts and rates follow its every step
+                        self._switch(stream)
+                        break
             except AgentUnavailable as e:
                 why = str(e)
             except OSError as e:
@@ -190,6 +242,9 @@ class RemoteSource:
                 stream.connected = False
             if stream.ended or stream.stop.is_set():
                 return
+            if stream.switching:
+                delay = self._reconnect_s[0]
+                continue  # re-attach at once in the other mode; not an outage
             if not announced_outage:
                 self._note(stream, "warning", f"{stream.label}: {why}; reconnecting from byte {stream.offset}")
                 announced_outage = True
@@ -199,6 +254,7 @@ class RemoteSource:
             delay = min(delay * 2, self._reconnect_s[1])
 
 
-def make_remote_source(addresses: Sequence[tuple[str, int]], token: str) -> RemoteSource:
-    """The source ``tpuwatch attach HOST:PORT [...] --token-file F`` gives the dashboard."""
-    return RemoteSource(addresses, token)
+def make_remote_source(addresses: Sequence[tuple[str, int]], token: str, summary: bool | None = None) -> RemoteSource:
+    """The source ``tpuwatch attach HOST:PORT [...] --token-file F [--summaries on|off]`` gives the
+    dashboard (``summary`` None: summaries above :data:`SUMMARY_ABOVE_HOSTS` hosts)."""
+    return RemoteSource(addresses, token, summary=summary)

@@ -613,6 +613,8 @@ class TpuwatchApp(App[str]):
         rows.append(("1 … 9, 0", "Jump to a panel (step, loss, memory, findings, …, goodput; 0 workers)", True))
         rows.append(("tab, shift+tab", "Next / previous panel", True))
         rows.append(("n, N", "Next / previous search match (output)", True))
+        rows.append(("[ ] v (Workers)", "Select a worker; v: its every record instead of summaries (many hosts)",
+                     True))
         # Glyphs, so none is unexplained (the expanded Step time panel says the same).
         rows.append(("▲ (chart)", "Step time: the first step (tracing, compiling), above the scale", True))
         rows.append(("w (chart)", "Step time, Input: " + WAIT_LEGEND.removeprefix("w: "), True))
@@ -635,6 +637,19 @@ class TpuwatchApp(App[str]):
             self._expand(widget)
             return
         widget.focus()
+
+    def action_zoom_worker(self) -> None:
+        """The Workers panel's selected worker sends every record instead of summaries."""
+        name = self.query_one(WorkersPanel).selected_worker()
+        zoom = getattr(self.source, "zoom", None)
+        if name is None or zoom is None:
+            self.notify("every worker already sends every record (summaries are for HOST:PORT viewers of many "
+                        "hosts)", severity="warning")
+        elif zoom(name):
+            self.notify(f"{name}: every record from now on (its history before stays summaries; "
+                        f"`tpuwatch attach` of that host alone shows it all)")
+        else:
+            self.notify(f"{name} already sends every record", severity="warning")
 
     def action_expand(self) -> None:
         """The focused panel takes the whole screen and scrolls (the Retraces panel then lists

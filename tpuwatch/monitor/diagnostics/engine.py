@@ -30,6 +30,7 @@ from tpuwatch.protocol import (
     Exit,
     Finding,
     HostSample,
+    HostSummary,
     Message,
     Phase,
     Pipeline,
@@ -140,6 +141,15 @@ class Engine:
             w.on_host(msg)
         elif isinstance(msg, DeviceSample):
             w.on_device(msg)
+        elif type(msg) is HostSummary:
+            w.on_summary(msg)
+            if msg.records:
+                tel.steps_seen = True
+            host = msg.host_sample()
+            if host is not None:
+                w.on_host(host)
+            for d in msg.device_samples():
+                w.on_device(d)
         elif isinstance(msg, Retrace):
             w.on_retrace(msg.t)
         elif isinstance(msg, Pipeline):

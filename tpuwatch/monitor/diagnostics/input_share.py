@@ -17,6 +17,7 @@ profile summary all quote :class:`InputShare` values computed here, so they agre
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Sequence
 
@@ -70,10 +71,15 @@ class InputFigures:
     workers: tuple[tuple[str, InputShare | None, str], ...] = ()
 
     def of_worker(self, name: str) -> tuple[InputShare | None, str]:
+        return self._by_worker.get(name, (None, ""))
+
+    @functools.cached_property
+    def _by_worker(self) -> dict[str, tuple[InputShare | None, str]]:
+        # a dict once, not a scan per worker: a pod's snapshot asks for a thousand of them
+        out: dict[str, tuple[InputShare | None, str]] = {}
         for n, share, scope in self.workers:
-            if n == name:
-                return share, scope
-        return None, ""
+            out.setdefault(n, (share, scope))
+        return out
 
 
 class InputTotals:

@@ -53,9 +53,10 @@ class Stall(Rule):
         #: its longest stretch with nothing progressing)
         self.gaps: dict[str, list[tuple[int, float, int, tuple[float, float]]]] = {}
 
-    def limit(self, w: WorkerTelemetry, tel: Telemetry, live: bool) -> StallLimit | None:
+    def limit(self, w: WorkerTelemetry, tel: Telemetry, live: bool, spe: int | None = -1) -> StallLimit | None:
         """The stall threshold for a gap after ``w``'s latest step record (None: no stall).
-        ``live``: the gap is still going on (the live floor applies)."""
+        ``live``: the gap is still going on (the live floor applies). ``spe``: the run's steps
+        per epoch when the caller has it (-1: read it here)."""
         th = self.th
         total = tel.config.get("total_steps")
         if isinstance(total, int) and total > 0 and w.last_step >= total:
@@ -74,7 +75,8 @@ class Stall(Rule):
                 if cadence < limit.seconds:
                     limit = StallLimit(cadence, f"{th.stall_p95_factor:g} x p95 step interval "
                                                 f"({finding_ms(p95)}), at least {th.stall_gap_min_s:g} s")
-        spe = tel.steps_per_epoch()
+        if spe == -1:
+            spe = tel.steps_per_epoch()
         if w.boundary_since_step or (spe and w.last_step % spe == 0):
             if w.longest_boundary_gap_s > 0:
                 b = StallLimit(th.stall_boundary_factor * w.longest_boundary_gap_s,
@@ -107,6 +109,7 @@ class Stall(Rule):
             self._record(w, gap, limit, ongoing=False, resumed_at=msg.step, quiet=quiet)  # type: ignore
 
     def current(self, tel: Telemetry, now: float) -> dict[str, Finding]:
+        spe = tel.steps_per_epoch()  # once: it looks at every worker, and a pod has a thousand
         for w in tel.step_workers():
             if w.last_step_t is None:
                 continue
@@ -123,7 +126,7 @@ class Stall(Rule):
             if gap <= self.th.stall_gap_min_s:
                 continue
             quiet = w.quiet_s(end)
-            limit = self.limit(w, tel, live=not w.ended)
+            limit = self.limit(w, tel, live=not w.ended, spe=spe)
             if limit is not None and quiet >= limit.seconds:
                 self._record(w, gap, limit, ongoing=not w.ended, resumed_at=None, quiet=quiet)
         return self._found

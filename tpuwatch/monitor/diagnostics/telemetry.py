@@ -18,6 +18,7 @@ from tpuwatch.protocol import (
     Epoch,
     Exit,
     HostSample,
+    HostSummary,
     Phase,
     Pipeline,
     Step,
@@ -178,6 +179,42 @@ class WorkerTelemetry:
                 self.first_times[m.function] = [st]
         elif len(first) < self.th.jitter_min_records:
             first.append(st)
+
+    def on_summary(self, m: HostSummary) -> None:
+        """A host's summary (the summary stream): its interval becomes one window record of
+        ``m.steps`` steps with the interval's mean step time and input wait, so shares (sums of
+        waits over sums of times) are the records' own; medians are over intervals. No step
+        intervals are taken from it (a summary's cadence is not the steps')."""
+        if m.step is None or m.step_t is None:
+            return
+        self.records += m.records
+        if self.last_step_t is None:
+            self.first_step_t = m.step_t
+        if m.step > self.last_step:
+            self.last_step = m.step
+        if self.last_step_t is None or m.step_t > self.last_step_t:
+            self.last_step_t = m.step_t
+            self.quiet_since = m.step_t
+            self.longest_quiet_s = 0.0
+            self.longest_quiet_at = None
+        if m.step_t > (self.last_alive_t or 0.0):
+            self.last_alive_t = m.step_t
+        if m.epoch is not None:
+            self.epoch = m.epoch
+        if self.skip_left >= m.records:  # an interval of warm-up records only
+            self.skip_left -= m.records
+            return
+        self.skip_left = 0
+        if m.steps <= 0 or not (m.step_time_sum_s > 0 and math.isfinite(m.step_time_sum_s)):
+            return
+        st = m.step_time_sum_s / m.steps
+        wait = m.input_wait_sum_s / m.input_wait_steps if m.input_wait_steps else None
+        if wait is not None and not math.isfinite(wait):
+            wait = None
+        if wait is not None:
+            self.input_totals.add(m.step, st, wait, m.steps)
+        self.window.append((m.step, m.step_t, st, wait, m.steps, m.function))
+        self.eligible += 1
 
     def on_phase(self, m: Phase) -> None:
         """Evaluations progress by their calls; saves, new iterators and traces while they last;

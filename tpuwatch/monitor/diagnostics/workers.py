@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from tpuwatch.protocol import Finding
 from tpuwatch.units import finding_ms
 
@@ -30,13 +32,14 @@ class StragglerHost(Rule):
         self._span: dict[str, tuple[int, int, float]] = {}  # worker -> first, last step, t
         for w in tel.step_workers():
             recs = list(w.window)
-            if len(recs) < th.straggler_min_records:
+            # steps, not records: a record of a summary stream is an interval of many steps
+            if sum(r[4] for r in recs) < th.straggler_min_records:
                 continue
             self._span[w.name] = (recs[0][0], recs[-1][0], recs[-1][1])
             s = {"step_time": median([r[2] for r in recs])}
-            waits = [r[3] for r in recs if r[3] is not None]
-            if len(waits) >= th.straggler_min_records:
-                s["input_wait"] = median(waits)
+            waits = [r for r in recs if r[3] is not None]
+            if sum(r[4] for r in waits) >= th.straggler_min_records:
+                s["input_wait"] = median([float(r[3] or 0.0) for r in waits])
             stats[w.name] = s
         if len(stats) < 2:
             return
@@ -51,9 +54,12 @@ class StragglerHost(Rule):
                       step_med: float) -> None:
         th = self.th
         floor = max(th.straggler_min_excess_s, th.straggler_min_excess_frac * step_med)
+        ordered = sorted(vals.values())  # once: a pod has a thousand workers
+        allv = list(vals.values())
+        center = median(allv)
+        spread = max(mad(allv, center), th.straggler_min_mad_frac * center)
         for name, v in vals.items():
-            others = [x for n, x in vals.items() if n != name]
-            ref = median(others)
+            ref = _median_without(ordered, bisect_left(ordered, v))
             excess = v - ref
             if excess < floor:
                 continue
@@ -62,9 +68,6 @@ class StragglerHost(Rule):
                     continue
                 how = f"{th.straggler_pair_ratio:g}x the other worker"
             else:
-                allv = list(vals.values())
-                center = median(allv)
-                spread = max(mad(allv, center), th.straggler_min_mad_frac * center)
                 if v <= center + th.straggler_mad_factor * spread:
                     continue
                 how = f"median + {th.straggler_mad_factor:g} x MAD across workers"
@@ -91,3 +94,13 @@ class StragglerHost(Rule):
                 },
                 first_step=first, last_step=last, worker=name,
             ))
+
+
+def _median_without(ordered: list[float], i: int) -> float:
+    """The median (two middle values averaged) of sorted ``ordered`` without its ``i``-th value."""
+    m = len(ordered) - 1
+
+    def at(j: int) -> float:
+        return ordered[j] if j < i else ordered[j + 1]
+
+    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2

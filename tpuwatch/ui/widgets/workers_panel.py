@@ -5,10 +5,15 @@ Each row: the worker, its state (a dead one says how it ended: ``crashed (exit 1
 a ``straggler`` mark when the ``straggler-host`` rule names it, and the rules of the findings about
 that worker alone (``input-bound``). In synchronous training every
 worker's step time equalises to the slowest one's, so the input-wait column is the telling one.
+
+A viewer of many hosts takes summaries from them (docs/multihost.md): the border says how many,
+``[`` and ``]`` select a worker (its name is highlighted while the panel has focus) and ``v`` asks
+for that worker's every record (the app's ``zoom_worker``).
 """
 
 from __future__ import annotations
 
+from textual.binding import Binding
 from textual.content import Content
 
 from tpuwatch import units
@@ -74,7 +79,8 @@ def _compact_row(w, state: str, style: str, straggler: bool, width: int) -> Cont
     return line
 
 
-def workers_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
+def workers_text(s: RunSnapshot, rows: int, width: int = 80, selected: int | None = None) -> Content:
+    """The rows; ``selected``: the index of the worker to highlight (and keep in view)."""
     if not s.workers:
         return Content.styled("no worker has reported yet", "dim")
     codes = worker_exit_codes(s)
@@ -84,15 +90,18 @@ def workers_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
     for d in s.device_memory:
         dev[d.worker] = dev.get(d.worker, 0) + d.current_bytes
     lines: list[Content] = []
-    shown = s.workers if len(s.workers) <= rows else s.workers[: max(0, rows - 1)]
-    for w in shown:
+    first = 0
+    if len(s.workers) > rows and selected is not None and selected >= rows - 1:
+        first = min(selected - (rows - 2), len(s.workers) - (rows - 1))  # keep the selection in view
+    shown = s.workers if len(s.workers) <= rows else s.workers[first: first + max(0, rows - 1)]
+    for n, w in enumerate(shown, first):
         state = worker_status_text(s, w.name, w.status, w.connected, codes)
         style = _STATE_STYLE.get(state.split(" ")[0], "")
         if width < COMPACT_BELOW:
             lines.append(_compact_row(w, state, style, w.name in slow, width))
             continue
         line = Content.assemble(
-            (f"{w.name[:12]:<12} ", "bold"),
+            (f"{w.name[:12]:<12} ", "bold reverse" if n == selected else "bold"),
             (f"{state[:18]:<18} ", style),
             ("step ", "dim"), f"{units.integer(w.step):>7} ",
             ("p50 ", "dim"), f"{units.duration(w.step_p50_s):>8} ",
@@ -114,19 +123,47 @@ def workers_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
         lines.append(line)
     if len(shown) < len(s.workers):
         lines.append(Content.styled(f"… {len(s.workers) - len(shown)} more workers", "dim"))
+        if first:
+            lines[-1] = Content.styled(f"… {first} workers above, {len(s.workers) - len(shown) - first} below", "dim")
     return Content("\n").join(lines)
 
 
 class WorkersPanel(Panel):
     TITLE = "0 Workers"  # the number key that jumps here (with two or more workers)
+    BINDINGS = [
+        Binding("left_square_bracket", "select(-1)", "Previous worker", show=False),
+        Binding("right_square_bracket", "select(1)", "Next worker", show=False),
+        Binding("v", "app.zoom_worker", "Every record", show=False,
+                tooltip="Workers panel: the selected worker ([ ]) sends every record instead of summaries"),
+    ]
+    selected = 0  # index into the snapshot's workers
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
-        return workers_text(snapshot, rows, width)
+        return workers_text(snapshot, rows, width, self.selected if self.has_focus else None)
+
+    def selected_worker(self) -> str | None:
+        workers = self.snapshot.workers
+        return workers[min(self.selected, len(workers) - 1)].name if workers else None
+
+    def action_select(self, step: int) -> None:
+        if self.snapshot.workers:
+            self.selected = (self.selected + step) % len(self.snapshot.workers)
+            self.watch_snapshot(self.snapshot)
+
+    def on_focus(self) -> None:
+        self.watch_snapshot(self.snapshot)
+
+    def on_blur(self) -> None:
+        self.watch_snapshot(self.snapshot)
 
     def update_extra(self, snapshot: RunSnapshot) -> None:
         # each row's input share is the input-bound rule's for that worker: say over what
         scopes = {w.input_scope for w in snapshot.workers if w.input_scope}
-        self.border_subtitle = f"input {scopes.pop()}" if len(scopes) == 1 else ""
+        parts = [f"input {scopes.pop()}"] if len(scopes) == 1 else []
+        summarised = sum(w.summary for w in snapshot.workers)
+        if summarised:
+            parts.append(f"{summarised:,} on summaries; [ ] v: every record")
+        self.border_subtitle = " · ".join(parts)
 
     def on_mount(self) -> None:
         self.styles.column_span = 3  # a whole row of the wide grid; one cell of the narrow one
