@@ -188,8 +188,9 @@ class PipelineMap:
         for node in chain:
             site, api, line, by = node.__dict__.get(_SITE) or ("", "", "", "tensorflow")
             cls = type(node).__name__
-            # a stage Keras or tf.distribute made is named by its class: its API call is theirs
-            stages.append(api if api and not by else _stage_name(cls))
+            # a stage Keras or tf.distribute made is named by its class: its API call is theirs;
+            # so is one the script made by calling a class (TFRecordDataset(files) is __init__)
+            stages.append(api if api and api != "__init__" and not by else _stage_name(cls))
             sites.append(site)
             settings.append(_settings(node, cls))
             code.append(line)
