@@ -4,8 +4,8 @@ naming the interleave's line and the parallel read to ask for.
 The training data is 32 shards (``.npy`` files written to a temporary directory first); fetching a
 shard waits ~60 ms of latency before it reads, as an object in a storage bucket does (each
 shard's dataset fetches it when iterated: a ``tf.numpy_function`` that sleeps, then ``np.load``).
-``files.interleave(load_shard, cycle_length=1)`` fetches one shard at a time, so every batch of the Keras ``fit`` waits for a fetch
-although the pipeline ends with ``prefetch``. The fix reads several shards at once:
+``files.interleave(load_shard, cycle_length=1)`` fetches one shard at a time, so every batch of
+the Keras ``fit`` waits for a fetch although the pipeline ends with ``prefetch``. The fix reads several shards at once:
 ``cycle_length=tf.data.AUTOTUNE, num_parallel_calls=tf.data.AUTOTUNE``.
 """
 from __future__ import annotations
