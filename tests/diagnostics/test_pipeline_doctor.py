@@ -126,6 +126,32 @@ def test_numpy_into_fit_is_not_told_to_add_a_prefetch(tmp_path):
         assert "prefetch(" not in f["evidence"]["fix"] and "fix_code_new" not in f["evidence"], f
 
 
+def test_the_eager_fetch_of_distributed_batches_is_named_at_its_loop(tmp_path):
+    script = PLANTED / "input_eager_fetch.py"
+    before = run_and_report(tmp_path, script, name="before")
+    (f,) = findings(before, "input-bound")
+    line = _line_of(script, "for batch in dist_ds:")
+    assert f["evidence"]["culprit_site"] == f"input_eager_fetch.py:{line}", f
+    assert "eager fetch" in f["advice"] and "next(iterator)" in f["evidence"]["fix"], f
+    assert "prefetch" not in f["evidence"]["fix"]  # the pipeline has one
+    # the advice applied (it is more than one line's text): the step takes the iterator and
+    # calls next() inside the tf.function, the loop passes the iterator
+    text = script.read_text()
+    for old, new in [("    def train_step(batch):\n", "    def train_step(iterator):\n        batch = next(iterator)\n"),
+                     ("        for batch in dist_ds:\n            total += float(train_step(batch))\n",
+                      "        iterator = iter(dist_ds)\n        for _ in range(steps_per_epoch):\n"
+                      "            total += float(train_step(iterator))\n")]:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    fixed = tmp_path / "fixed" / script.name
+    fixed.parent.mkdir()
+    fixed.write_text(text)
+    after = run_and_report(tmp_path, fixed, name="after")
+    assert after["summary"]["steps"] == before["summary"]["steps"]
+    left = findings(after, "input-bound")
+    assert not left or left[0]["evidence"]["input_wait_pct"] < f["evidence"]["input_wait_pct"] / 2, left
+
+
 def _line_of(script: Path, text: str) -> int:
     (n,) = [i for i, line in enumerate(script.read_text().splitlines(), start=1) if text in line]
     return n

@@ -140,12 +140,16 @@ class PipelineMap:
                 try:
                     from tensorflow.python.framework import ops
 
+                    from tensorflow.python.eager import context
+
                     ds = dataset_of(dds)
                     if ds is not None:
+                        # iterated eagerly: each batch is fetched between steps, at this line
+                        site = this.site(1)[0] if context.executing_eagerly() else ""
                         # iterated inside a tf.function: read outside its graph (cardinality
                         # would otherwise add ops to the user's function)
                         with ops.init_scope():
-                            this.record(ds, consumer)
+                            this.record(ds, consumer, site)
                 except Exception as e:
                     this.agent.probe_failed(PROBE, e)
             return it
@@ -168,16 +172,16 @@ class PipelineMap:
 
         return __init__
 
-    def record(self, ds, consumer: str) -> None:
+    def record(self, ds, consumer: str, consumer_site: str = "") -> None:
         if ds.__dict__.get(_MAPPED) or self._sent >= _MAX_DATASETS:
             return
         ds.__dict__[_MAPPED] = True
         self._sent += 1
-        msg = self.describe(ds, consumer, self._sent)
+        msg = self.describe(ds, consumer, self._sent, consumer_site)
         self.held_bytes += sum(b for b in msg.holds_bytes if b > 0)
         self.agent.emit(msg)
 
-    def describe(self, ds, consumer: str, number: int) -> Pipeline:
+    def describe(self, ds, consumer: str, number: int, consumer_site: str = "") -> Pipeline:
         chain = []
         node = ds
         while node is not None and len(chain) < _MAX_STAGES:
@@ -198,7 +202,8 @@ class PipelineMap:
             added.append(by)
         return Pipeline(t=self.agent.clock(), dataset=number, consumer=consumer, stages=tuple(stages),
                         sites=tuple(sites), settings=tuple(settings), code=tuple(code),
-                        holds_bytes=tuple(holds), added_by=tuple(added), elements=_cardinality(ds))
+                        holds_bytes=tuple(holds), added_by=tuple(added), elements=_cardinality(ds),
+                        consumer_site=consumer_site)
 
 
 def _first_input(ds):

@@ -93,10 +93,11 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
                        f"end it with .prefetch({AUTOTUNE}) after .{stage} at {site}",
                        code if new else "", new)
     if not fetch_in_step and p.consumer != "iterator":
-        return Culprit("", "", "the pipeline overlaps with the step already; the wait is the "
-                       "eager fetch of each distributed batch (for batch in dist_dataset) between "
-                       "steps", "fetch inside the step: pass the iterator to the tf.function and "
-                       "call next(iterator) there (or run several steps per call)")
+        at = f" at {p.consumer_site}" if p.consumer_site else ""
+        return Culprit("", p.consumer_site, "the pipeline overlaps with the step already; the wait is "
+                       f"the eager fetch of each distributed batch (for batch in dist_dataset{at}) "
+                       "between steps", "fetch inside the step: pass the iterator to the tf.function "
+                       "and call next(iterator) there (or run several steps per call)")
     return Culprit("", "", "no setting of the pipeline explains the wait (no sequential map, a "
                    "final prefetch): its stages cannot produce batches as fast as the step takes them",
                    ".cache() after the expensive stages if the data fits, or give tf.data "
