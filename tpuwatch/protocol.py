@@ -244,6 +244,9 @@ class Pipeline(Message):
     holds_bytes: tuple[int, ...]
     added_by: tuple[str, ...]  # "" (the script), "keras", "tf.distribute", "tensorflow"
     elements: int | None = None  # elements per pass at the last stage (None: infinite/unknown)
+    #: the script's ``file:line`` that iterates a distributed dataset eagerly (``for batch in
+    #: dist_dataset``): where each batch is fetched between steps ("" for other consumers, unknown)
+    consumer_site: str = ""
 
 
 @dataclass(frozen=True)

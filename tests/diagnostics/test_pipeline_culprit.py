@@ -75,6 +75,13 @@ def test_numpy_into_fit_says_there_is_no_pipeline():
     assert c.stage == "" and "NumPy" in c.problem and "train.py:40" in c.fix
 
 
+def test_numpy_into_fit_is_not_told_to_prefetch_what_keras_prefetches():
+    c = culprit(pipe(("range", "", ""), ("parallelmap", "num_parallel_calls=AUTOTUNE", ""),
+                     ("prefetch", "buffer_size=AUTOTUNE", ""), added_by="keras"), fetch_in_step=True)
+    assert c.stage == "" and "NumPy" in c.problem and "train.py:40" in c.problem
+    assert "prefetch" not in c.fix and "tf.data.Dataset" not in c.fix and not c.new_code
+
+
 def test_a_healthy_pipeline_in_a_custom_loop_blames_the_eager_fetch():
     c = culprit(pipe(SOURCE, BATCH, PREFETCH, consumer="experimental_distribute_dataset"), fetch_in_step=False)
     assert "eager fetch" in c.problem and "next(iterator)" in c.fix

@@ -39,13 +39,18 @@ def findings(report: dict, rule: str) -> list[dict]:
     ("--images", "16384", "--batch-per-replica", "4", "--epochs", "2"),
     ("--cache-file", "{tmp}/cache"),
     ("--shuffle-buffer", "8192"),
-], ids=["cache-in-memory", "cache-to-file", "long-shuffle-buffer"])
+    ("--cache-file", "{tmp}/cache", "--shuffle-buffer", "8192"),
+], ids=["cache-in-memory", "cache-to-file", "long-shuffle-buffer", "file-cache-long-shuffle"])
 def test_healthy_cached_pipeline_raises_no_host_memory_warning(tmp_path, args):
     args = tuple(a.replace("{tmp}", str(tmp_path)) for a in args)
     report = run_and_report(tmp_path, PLANTED / "healthy_cached_loop.py", *args)
     assert report["summary"]["steps"] >= 384
     alarms = [f for f in findings(report, "host-memory-growth") if f["severity"] != "info"]
     assert alarms == [], alarms
+    # nor an input finding against the pipeline: the loop's eager fetch of each distributed batch
+    # (~3 ms of a ~9 ms step with 4 replicas) is what waits, never the shuffle buffer or the cache
+    for f in findings(report, "input-bound"):
+        assert f["evidence"]["culprit_stage"] == "" and "eager fetch" in f["advice"], f
     # nothing suspected, nothing sampled: the leak doctor never opened a window
     assert not [m for m in report["_events"] if m["kind"] == "allocation_sites"]
 
@@ -76,15 +81,73 @@ def _apply_fix(tmp_path: Path, script: Path, finding: dict) -> Path:
     return fixed
 
 
-@pytest.mark.parametrize("script, stage", [
-    ("input_sequential_map.py", "map"),
+@pytest.mark.parametrize("script, stage, has", [
+    ("input_sequential_map.py", "map", "prefetch"),  # a sequential .map, the pipeline ends with prefetch(2)
+    # shards fetched one at a time, each behind ~60 ms of latency (issue 25: the edit must help on 2 cores)
+    ("input_interleave_one.py", "interleave", "prefetch"),
 ])
-def test_the_proposed_edit_removes_the_input_wait(tmp_path, script, stage):
+def test_the_proposed_edit_removes_the_input_wait(tmp_path, script, stage, has):
     before = run_and_report(tmp_path, PLANTED / script, name="before")
     (f,) = findings(before, "input-bound")
-    assert f["severity"] == "warning" and f["evidence"]["culprit_stage"] == stage, f
-    assert "prefetch" not in f["advice"]  # the script has one
+    assert f["evidence"]["culprit_stage"] == stage, f
+    assert has not in f["evidence"]["fix"], f  # never what the script already has
     after = run_and_report(tmp_path, _apply_fix(tmp_path, PLANTED / script, f), name="after")
+    left = findings(after, "input-bound")
+    assert not left or left[0]["evidence"]["input_wait_pct"] < f["evidence"]["input_wait_pct"] / 2, left
+
+
+def test_files_read_one_at_a_time_are_named_at_the_reader_line(tmp_path):
+    # TFRecordDataset(files) is a class the script calls: its stage was named '__init__' and no
+    # culprit was found (issue 25: reading files without parallelism)
+    script = PLANTED / "input_serial_files.py"
+    before = run_and_report(tmp_path, script, name="before")
+    (f,) = findings(before, "input-bound")
+    line = _line_of(script, "ds = tf.data.TFRecordDataset(files")
+    assert (f["evidence"]["culprit_stage"], f["evidence"]["culprit_site"]) == ("tfrecord", f"input_serial_files.py:{line}")
+    assert f["evidence"]["fix_code_new"].endswith('compression_type="GZIP", num_parallel_reads=tf.data.AUTOTUNE)')
+    stages = [s["stage"] for s in before["pipelines"][0]["stages"]]
+    assert stages[:2] == ["tensorslice", "tfrecord"], stages
+    # the edit is valid code the run takes; whether it cuts the wait depends on the host's free
+    # cores (local GZIP shards are inflated on the CPU the step also uses): not asserted here
+    after = run_and_report(tmp_path, _apply_fix(tmp_path, script, f), name="after")
+    (tfrecord,) = [s for s in after["pipelines"][0]["stages"] if s["stage"] == "tfrecord"]
+    assert tfrecord["settings"] == "num_parallel_reads=AUTOTUNE"
+
+
+def test_numpy_into_fit_is_not_told_to_add_a_prefetch(tmp_path):
+    # Keras' own pipeline for the arrays ends with a prefetch: the script's fit line is named,
+    # never "add .prefetch" nor a dataset that overlaps no more (issue 25 item 3; measured 7% -> 6%)
+    script = PLANTED / "input_numpy_fit.py"
+    report = run_and_report(tmp_path, script)
+    assert [s["stage"] for s in report["pipelines"][0]["stages"]][-1] == "prefetch"
+    line = _line_of(script, "model.fit(x, y,")
+    for f in findings(report, "input-bound"):
+        assert f"input_numpy_fit.py:{line}" in f["advice"] and "NumPy" in f["advice"], f
+        assert "prefetch(" not in f["evidence"]["fix"] and "fix_code_new" not in f["evidence"], f
+
+
+def test_the_eager_fetch_of_distributed_batches_is_named_at_its_loop(tmp_path):
+    script = PLANTED / "input_eager_fetch.py"
+    before = run_and_report(tmp_path, script, name="before")
+    (f,) = findings(before, "input-bound")
+    line = _line_of(script, "for batch in dist_ds:")
+    assert f["evidence"]["culprit_site"] == f"input_eager_fetch.py:{line}", f
+    assert "eager fetch" in f["advice"] and "next(iterator)" in f["evidence"]["fix"], f
+    assert "prefetch" not in f["evidence"]["fix"]  # the pipeline has one
+    # the advice applied (it is more than one line's text): the step takes the iterator and
+    # calls next() inside the tf.function, the loop passes the iterator
+    text = script.read_text()
+    for old, new in [("    def train_step(batch):\n", "    def train_step(iterator):\n        batch = next(iterator)\n"),
+                     ("        for batch in dist_ds:\n            total += float(train_step(batch))\n",
+                      "        iterator = iter(dist_ds)\n        for _ in range(steps_per_epoch):\n"
+                      "            total += float(train_step(iterator))\n")]:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    fixed = tmp_path / "fixed" / script.name
+    fixed.parent.mkdir()
+    fixed.write_text(text)
+    after = run_and_report(tmp_path, fixed, name="after")
+    assert after["summary"]["steps"] == before["summary"]["steps"]
     left = findings(after, "input-bound")
     assert not left or left[0]["evidence"]["input_wait_pct"] < f["evidence"]["input_wait_pct"] / 2, left
 

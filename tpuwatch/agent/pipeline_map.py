@@ -139,14 +139,17 @@ class PipelineMap:
                 this._local.quiet -= 1
             if this.agent.enabled(PROBE):
                 try:
+                    from tensorflow.python.eager import context
                     from tensorflow.python.framework import ops
 
                     ds = dataset_of(dds)
                     if ds is not None:
+                        # iterated eagerly: each batch is fetched between steps, at this line
+                        site = this.site(1)[0] if context.executing_eagerly() else ""
                         # iterated inside a tf.function: read outside its graph (cardinality
                         # would otherwise add ops to the user's function)
                         with ops.init_scope():
-                            this.record(ds, consumer)
+                            this.record(ds, consumer, site)
                 except Exception as e:  # the script's iterator is made: only the probe stops
                     this.agent.probe_failed(PROBE, e)
             return it
@@ -169,16 +172,16 @@ class PipelineMap:
 
         return __init__
 
-    def record(self, ds: Any, consumer: str) -> None:
+    def record(self, ds: Any, consumer: str, consumer_site: str = "") -> None:
         if ds.__dict__.get(_MAPPED) or self._sent >= _MAX_DATASETS:
             return
         ds.__dict__[_MAPPED] = True
         self._sent += 1
-        msg = self.describe(ds, consumer, self._sent)
+        msg = self.describe(ds, consumer, self._sent, consumer_site)
         self.held_bytes += sum(b for b in msg.holds_bytes if b > 0)
         self.agent.emit(msg)
 
-    def describe(self, ds: Any, consumer: str, number: int) -> Pipeline:
+    def describe(self, ds: Any, consumer: str, number: int, consumer_site: str = "") -> Pipeline:
         chain: list[Any] = []
         node = ds
         while node is not None and len(chain) < _MAX_STAGES:
@@ -189,8 +192,9 @@ class PipelineMap:
         for node in chain:
             site, api, line, by = node.__dict__.get(_SITE) or ("", "", "", "tensorflow")
             cls = type(node).__name__
-            # a stage Keras or tf.distribute made is named by its class: its API call is theirs
-            stages.append(api if api and not by else _stage_name(cls))
+            # a stage Keras or tf.distribute made is named by its class: its API call is theirs;
+            # so is one the script made by calling a class (TFRecordDataset(files) is __init__)
+            stages.append(api if api and api != "__init__" and not by else _stage_name(cls))
             sites.append(site)
             settings.append(_settings(node, cls))
             code.append(line)
@@ -198,7 +202,8 @@ class PipelineMap:
             added.append(by)
         return Pipeline(t=self.agent.clock(), dataset=number, consumer=consumer, stages=tuple(stages),
                         sites=tuple(sites), settings=tuple(settings), code=tuple(code),
-                        holds_bytes=tuple(holds), added_by=tuple(added), elements=_cardinality(ds))
+                        holds_bytes=tuple(holds), added_by=tuple(added), elements=_cardinality(ds),
+                        consumer_site=consumer_site)
 
 
 def _first_input(ds: Any) -> Any:
