@@ -346,7 +346,7 @@ def update_meta(run_dir: Path, **changes: Any) -> dict[str, Any]:
     """Read-modify-write of run.json under a lock, so two processes updating it at once (the
     launcher and the agent) keep each other's keys. The lock is waited for at most
     ``META_LOCK_WAIT_S`` (a holder that hangs must not stop the other); without it, or where the
-    directory refuses a lock file, the update goes ahead unlocked as before."""
+    directory cannot be locked, the update goes ahead unlocked as before."""
     with _meta_lock(run_dir):
         meta = read_meta(run_dir)
         meta.update(changes)
@@ -357,7 +357,8 @@ def update_meta(run_dir: Path, **changes: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def _meta_lock(run_dir: Path) -> Iterator[None]:
     try:
-        fd = os.open(run_dir / f".{META}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # the run directory itself is the lock (no file left behind)
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         yield
         return
