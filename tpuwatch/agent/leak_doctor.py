@@ -12,12 +12,23 @@ first sample, one at the end, diffed by traceback; each growing allocation is ch
 innermost frame of the script (outside TensorFlow, Keras, NumPy, tpuwatch and the standard
 library) and sent as one :class:`~tpuwatch.protocol.AllocationSites`, with the step time inside
 the window and just before it (the window's cost).
+
+TensorFlow allocates a tensor's buffer (and its Python object) outside Python's allocator, so
+tracemalloc does not see a list of tensors grow. The window therefore also diffs the eager
+tensors the garbage collector tracks (one ``gc.get_objects()`` pass at each end, ~20-40 ms with
+the GIL held, once per window): the tensors alive at its end that were not at its start, their
+buffer bytes, the container that holds them (``gc.get_referrers``), the name it is bound to, and
+the script's line that adds to that name (``NAME.append(`` / ``NAME[key] =``); that line is a site
+of kind ``"tensors"`` (``"scalar tensors"`` when every one is a scalar, such as a loss), or a site
+``""`` when the line is not found.
 """
 
 from __future__ import annotations
 
+import gc
 import linecache
 import os
+import re
 import sys
 import sysconfig
 import time
@@ -96,6 +107,7 @@ class LeakDoctor:
         self._last_window_t = -1e18
         self._window: dict[str, Any] | None = None
         self._roots: tuple[str, ...] | None = None
+        self._site_files: list[str] = []
 
     def __call__(self) -> Iterable[Message]:
         now = self._clock()
@@ -136,7 +148,7 @@ class LeakDoctor:
         tracemalloc.start(FRAMES)
         self._windows += 1
         self._last_window_t = now
-        self._window = {"t0": now, "step0": step, "before": before, "snap": None}
+        self._window = {"t0": now, "step0": step, "before": before, "snap": None, "tensors": None}
 
     def _advance(self, now: float, step: int) -> Iterable[Message]:
         import tracemalloc
@@ -145,6 +157,7 @@ class LeakDoctor:
         assert w is not None
         if w["snap"] is None:
             w["snap"] = tracemalloc.take_snapshot()
+            w["tensors"] = _tensor_ids()
             w["t1"], w["step1"] = now, step
             return ()
         if now - w["t0"] < WINDOW_S:
@@ -156,7 +169,8 @@ class LeakDoctor:
             self._window = None
             self._points.clear()
         inside = (now - w["t0"]) / (step - w["step0"]) if step > w["step0"] else None
-        return (self._sites(w["snap"], end, now - w["t1"], w["step1"], step, inside, w["before"]),)
+        sites = self._sites(w["snap"], end, now - w["t1"], w["step1"], step, inside, w["before"])
+        return (_with_tensors(sites, w["tensors"], self._roots or (), self._site_files),)
 
     def _sites(self, start, end, window_s: float, step_from: int, step_to: int,
                inside: float | None, before: float | None) -> AllocationSites:
@@ -183,6 +197,8 @@ class LeakDoctor:
             entry[0] += d.size_diff
             entry[1] += max(d.count_diff, 0)
         top = sorted(by_site.items(), key=lambda kv: -kv[1][0])[:TOP]
+        # every file the script grew in, small growth too: a list's own array grows where it is appended to
+        self._site_files = [f for (f, _), _ in sorted(by_site.items(), key=lambda kv: -kv[1][1])]
         top = [kv for kv in top if kv[1][0] >= _MIN_SITE_BYTES]
         return AllocationSites(
             t=self.agent.clock(), window_s=round(window_s, 3), step_from=step_from, step_to=step_to,
@@ -192,6 +208,131 @@ class LeakDoctor:
             kinds=tuple(v[2] for _, v in top),
             code=tuple(linecache.getline(f, n).strip()[:_MAX_CODE] for (f, n), _ in top),
             traced_bytes=traced)
+
+
+_MAX_TENSORS = 20000  # new tensors whose bytes are read (the rest extrapolated)
+_HOLDER_SAMPLE = 16  # new tensors whose holders are looked up
+
+
+def _eager_tensor_type() -> type | None:
+    ops = sys.modules.get("tensorflow.python.framework.ops")
+    t = getattr(ops, "EagerTensor", None)  # private name: absent, the tensor diff is skipped
+    return t if isinstance(t, type) else None
+
+
+def _tensor_ids() -> tuple[type, set[int]] | None:
+    """The ids of the eager tensors alive now (one pass over the gc-tracked objects)."""
+    t = _eager_tensor_type()
+    if t is None:
+        return None
+    return t, {id(o) for o in gc.get_objects() if type(o) is t}
+
+
+def _tensor_bytes(tensors: list[Any]) -> tuple[int, bool]:
+    """(buffer bytes, every one a scalar) of ``tensors``, extrapolated past ``_MAX_TENSORS``."""
+    total, scalars = 0, True
+    for o in tensors[:_MAX_TENSORS]:
+        try:
+            n = o.shape.num_elements()
+            total += (n or 0) * o.dtype.size
+            scalars = scalars and o.shape.rank == 0
+        except (AttributeError, TypeError, ValueError):
+            continue
+    if len(tensors) > _MAX_TENSORS:
+        total = total * len(tensors) // _MAX_TENSORS
+    return total, scalars
+
+
+def _holder(sample: list[Any], exclude: set[int]) -> Any:
+    """The list, dict or deque that holds most of ``sample`` (one gc pass), or None when none
+    holds half of it."""
+    want = {id(o) for o in sample}
+    best, most = None, 0
+    for r in gc.get_referrers(*sample):
+        if id(r) in exclude or not isinstance(r, (list, dict, deque)):
+            continue
+        held = sum(1 for o in (r.values() if isinstance(r, dict) else r) if id(o) in want)
+        if held > most:
+            best, most = r, held
+    return best if most * 2 >= len(sample) else None
+
+
+def _names(container: Any, exclude: set[int], frames: list[Any]) -> list[str]:
+    """The names ``container`` is bound to: an attribute or global (a referring dict's key), or
+    a local of one of ``frames`` (a running frame's locals are not among gc's referrers)."""
+    names = []
+    for r in gc.get_referrers(container):
+        if id(r) not in exclude and isinstance(r, dict):
+            names += [k for k, v in r.items() if v is container and isinstance(k, str)]
+    for f in frames:
+        names += [k for k, v in f.f_locals.items() if v is container]
+    return names
+
+
+def _adding_line(names: list[str], files: list[str]) -> tuple[str, int] | None:
+    """The first line of ``files`` that adds to one of ``names``: ``NAME.append(`` and kin, or
+    ``NAME[key] = `` (``self.NAME`` matches too)."""
+    if not names:
+        return None
+    alt = "|".join(re.escape(n) for n in dict.fromkeys(names))
+    pattern = re.compile(rf"(?<![\w])(?:{alt})\s*(?:\.\s*(?:append|extend|insert|appendleft|add|setdefault|update)\s*\("
+                         rf"|\[[^\]]+\]\s*=(?!=))")
+    for f in files:
+        for n, line in enumerate(linecache.getlines(f), start=1):
+            if pattern.search(line.split("#", 1)[0]):
+                return f, n
+    return None
+
+
+def _with_tensors(sites: AllocationSites, before: tuple[type, set[int]] | None,
+                  roots: tuple[str, ...], site_files: list[str]) -> AllocationSites:
+    """``sites`` with the eager tensors that grew in the window charged to the line that keeps
+    them (first: tensors are what a step's allocations are when the script keeps them)."""
+    if before is None:
+        return sites
+    t, ids = before
+    objs = gc.get_objects()
+    new = [o for o in objs if type(o) is t and id(o) not in ids]
+    del objs
+    grown, scalars = _tensor_bytes(new)
+    if grown < _MIN_SITE_BYTES:
+        return sites
+    count = len(new)
+    stride = max(1, len(new) // _HOLDER_SAMPLE)
+    sample = new[::stride][:_HOLDER_SAMPLE]
+    exclude = {id(new), id(sample)}
+    holder = _holder(sample, exclude)
+    del new, sample
+    where = None
+    if holder is not None:
+        files = list(site_files)
+        frames = []
+        for top in sys._current_frames().values():
+            frame: Any = top
+            while frame is not None:
+                name = frame.f_code.co_filename
+                if not name.startswith(roots) and not name.startswith("<") and name != __file__:
+                    files.append(name)
+                    frames.append(frame)
+                frame = frame.f_back
+        main = getattr(sys.modules.get("__main__"), "__file__", None)
+        if main:
+            files.append(os.path.abspath(main))
+        where = _adding_line(_names(holder, exclude | {id(sites)}, frames), list(dict.fromkeys(files)))
+        del frames
+    site = f"{os.path.basename(where[0])}:{where[1]}" if where else ""
+    code = linecache.getline(where[0], where[1]).strip()[:_MAX_CODE] if where else ""
+    kind = "scalar tensors" if scalars else "tensors"
+    rows = [(site, grown, count, kind, code)] + [
+        row for row in zip(sites.sites, sites.grown_bytes, sites.blocks, sites.kinds, sites.code)
+        if not site or row[0] != site]  # the line's own Python growth (the list's array) is in the tensors'
+    rows = sorted(rows, key=lambda r: -r[1])[:TOP]
+    return AllocationSites(
+        t=sites.t, window_s=sites.window_s, step_from=sites.step_from, step_to=sites.step_to,
+        step_time_inside_s=sites.step_time_inside_s, step_time_before_s=sites.step_time_before_s,
+        sites=tuple(r[0] for r in rows), grown_bytes=tuple(r[1] for r in rows),
+        blocks=tuple(r[2] for r in rows), kinds=tuple(r[3] for r in rows), code=tuple(r[4] for r in rows),
+        traced_bytes=sites.traced_bytes)
 
 
 def install(agent: "Agent", patches: "Patches") -> LeakDoctor | None:
