@@ -210,7 +210,8 @@ class LeakDoctor:
             traced_bytes=traced)
 
 
-_MAX_TENSORS = 20000  # new tensors whose bytes are read (the rest extrapolated)
+_MAX_TENSORS = 256  # new tensors whose bytes are read (the rest extrapolated: ~40 us each)
+_MIN_TENSORS = 1000  # new tensors reported however small (a loss kept per step)
 _HOLDER_SAMPLE = 16  # new tensors whose holders are looked up
 
 
@@ -229,12 +230,14 @@ def _tensor_ids() -> tuple[type, set[int]] | None:
 
 
 def _tensor_bytes(tensors: list[Any]) -> tuple[int, bool]:
-    """(buffer bytes, every one a scalar) of ``tensors``, extrapolated past ``_MAX_TENSORS``."""
+    """(bytes, every one a scalar) of ``tensors``: each one's buffer (at least the 64 bytes TF's
+    allocator aligns to) and its Python object, extrapolated past ``_MAX_TENSORS``. A lower
+    bound: TF's handle and shape records are left out."""
     total, scalars = 0, True
     for o in tensors[:_MAX_TENSORS]:
         try:
             n = o.shape.num_elements()
-            total += (n or 0) * o.dtype.size
+            total += max((n or 0) * o.dtype.size, 64) + sys.getsizeof(o)
             scalars = scalars and o.shape.rank == 0
         except (AttributeError, TypeError, ValueError):
             continue
@@ -243,29 +246,29 @@ def _tensor_bytes(tensors: list[Any]) -> tuple[int, bool]:
     return total, scalars
 
 
-def _holder(sample: list[Any], exclude: set[int]) -> Any:
-    """The list, dict or deque that holds most of ``sample`` (one gc pass), or None when none
-    holds half of it."""
+def _holder(candidates: list[Any], sample: list[Any]) -> Any:
+    """Of ``candidates``, the container that holds most of ``sample``, or None when none holds
+    half of it."""
     want = {id(o) for o in sample}
     best, most = None, 0
-    for r in gc.get_referrers(*sample):
-        if id(r) in exclude or not isinstance(r, (list, dict, deque)):
-            continue
-        held = sum(1 for o in (r.values() if isinstance(r, dict) else r) if id(o) in want)
+    for r in candidates:
+        held = len(want.intersection(map(id, r.values() if type(r) is dict else r)))  # in C: no __eq__
         if held > most:
             best, most = r, held
     return best if most * 2 >= len(sample) else None
 
 
-def _names(container: Any, exclude: set[int], frames: list[Any]) -> list[str]:
-    """The names ``container`` is bound to: an attribute or global (a referring dict's key), or
-    a local of one of ``frames`` (a running frame's locals are not among gc's referrers)."""
-    names = []
+def _names(container: Any, frames: list[Any]) -> list[str]:
+    """The names ``container`` is bound to: a local of one of ``frames`` (the script's running
+    functions), else an attribute or a global (one pass over gc's referrers)."""
+    names = [k for f in frames for k, v in f.f_locals.items() if v is container]
+    if names:
+        return names
     for r in gc.get_referrers(container):
-        if id(r) not in exclude and isinstance(r, dict):
+        if isinstance(r, dict):
             names += [k for k, v in r.items() if v is container and isinstance(k, str)]
-    for f in frames:
-        names += [k for k, v in f.f_locals.items() if v is container]
+        elif isinstance(getattr(r, "__dict__", None), dict):  # an instance whose dict gc does not list
+            names += [k for k, v in vars(r).items() if v is container]
     return names
 
 
@@ -291,18 +294,23 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, set[int]] | None,
     if before is None:
         return sites
     t, ids = before
-    objs = gc.get_objects()
-    new = [o for o in objs if type(o) is t and id(o) not in ids]
-    del objs
+    new, containers = [], []
+    for o in gc.get_objects():  # one pass: the new tensors and the containers that could hold them
+        tp = type(o)
+        if tp is t:
+            if id(o) not in ids:
+                new.append(o)
+        elif (tp is list or tp is dict or tp is deque) and len(o) >= _HOLDER_SAMPLE and o is not new:
+            containers.append(o)  # (``new`` itself is among the objects: it was made before them)
     grown, scalars = _tensor_bytes(new)
-    if grown < _MIN_SITE_BYTES:
+    if grown < _MIN_SITE_BYTES and len(new) < _MIN_TENSORS:
         return sites
     count = len(new)
     stride = max(1, len(new) // _HOLDER_SAMPLE)
     sample = new[::stride][:_HOLDER_SAMPLE]
-    exclude = {id(new), id(sample)}
-    holder = _holder(sample, exclude)
-    del new, sample
+    del new
+    holder = _holder([c for c in containers if len(c) >= count // 4], sample)
+    del containers, sample
     where = None
     if holder is not None:
         files = list(site_files)
@@ -318,7 +326,7 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, set[int]] | None,
         main = getattr(sys.modules.get("__main__"), "__file__", None)
         if main:
             files.append(os.path.abspath(main))
-        where = _adding_line(_names(holder, exclude | {id(sites)}, frames), list(dict.fromkeys(files)))
+        where = _adding_line(_names(holder, frames), list(dict.fromkeys(files)))
         del frames
     site = f"{os.path.basename(where[0])}:{where[1]}" if where else ""
     code = linecache.getline(where[0], where[1]).strip()[:_MAX_CODE] if where else ""
