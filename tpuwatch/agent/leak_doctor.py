@@ -15,10 +15,11 @@ the window and just before it (the window's cost).
 
 TensorFlow allocates a tensor's buffer (and its Python object) outside Python's allocator, so
 tracemalloc does not see a list of tensors grow. The window therefore also diffs the eager
-tensors the garbage collector tracks (one ``gc.get_objects()`` pass at each end, ~20-40 ms with
-the GIL held, once per window): the tensors alive at its end that were not at its start, their
-buffer bytes, the container that holds them (``gc.get_referrers``), the name it is bound to, and
-the script's line that adds to that name (``NAME.append(`` / ``NAME[key] =``); that line is a site
+tensors the garbage collector tracks (one ``gc.get_objects()`` walk at each end, with the GIL
+held, once per window: tens of ms, ``bench/leak_tensor_pass.py``): the tensors alive at its end
+that were not at its start, their bytes, the list, dict or deque that holds most of them, the
+name it is bound to (a local of the script's running functions, else through
+``gc.get_referrers``), and the script's line that adds to that name (``NAME.append(`` / ``NAME[key] =``); that line is a site
 of kind ``"tensors"`` (``"scalar tensors"`` when every one is a scalar, such as a loss), or a site
 ``""`` when the line is not found.
 """
@@ -170,7 +171,11 @@ class LeakDoctor:
             self._points.clear()
         inside = (now - w["t0"]) / (step - w["step0"]) if step > w["step0"] else None
         sites = self._sites(w["snap"], end, now - w["t1"], w["step1"], step, inside, w["before"])
-        return (_with_tensors(sites, w["tensors"], self._roots or (), self._site_files),)
+        try:
+            return (_with_tensors(sites, w["tensors"], self._roots or (), self._site_files),)
+        except Exception as e:  # noqa: BLE001  (a TF without what the pass reads: the Python sites still go)
+            self.agent.probe_failed(PROBE + ".tensors", e)
+            return (sites,)
 
     def _sites(self, start, end, window_s: float, step_from: int, step_to: int,
                inside: float | None, before: float | None) -> AllocationSites:
