@@ -108,12 +108,16 @@ def test_the_leak_finding_names_the_line_that_allocates_and_its_edit_ends_the_le
     assert f["severity"] in ("warning", "critical"), f
     line = _line_of(PLANTED / script, line_text)
     assert f["evidence"]["grows_at"] == f"{script}:{line}", f["evidence"]
-    assert f["evidence"]["grows_at_kind"] == kind and f["evidence"]["grows_at_mb"] > 20
+    assert f["evidence"]["grows_at_kind"] == kind
     assert f"allocated at {script}:{line}" in f["message"] and line_text in f["advice"]
     # the window's cost is stated: the step time inside it and just before it
     assert f["evidence"]["leak_window_step_ms"] > 0 and f["evidence"]["step_ms_before_leak_window"] > 0
     (sites,) = [m for m in report["_events"] if m["kind"] == "allocation_sites"]  # one window
     assert sites["window_s"] <= 4
+    # the line accounts for most of the growth: at least half of RSS's per step over the window's
+    # steps (how many steps fit in it depends on the machine's load)
+    window_steps = sites["step_to"] - sites["step_from"]
+    assert f["evidence"]["grows_at_mb"] >= 0.5 * f["evidence"]["mib_per_step"] * window_steps
     # the one edit the finding proposes, applied to a copy: no host-memory finding left
     assert f["evidence"]["fix_code_new"] in f["advice"]
     after = run_and_report(tmp_path, _apply_fix(tmp_path, PLANTED / script, f, "grows_at"), name="after")

@@ -283,6 +283,20 @@ def _holds(ds, cls: str) -> int:
     return 0
 
 
+def _distributed(dds):
+    """The dataset a distributed dataset's first input worker iterates: the script's, with the
+    stages tf.distribute added (rebatch, auto-shard) when they still lead back to it; else the
+    script's own (a clone made from its graph has lost the chain)."""
+    original = dds.__dict__.get("_original_dataset")
+    cloned = (dds.__dict__.get("_cloned_datasets") or [None])[0]
+    node, hops = cloned, 0
+    while node is not None and hops < _MAX_STAGES:
+        if node is original:
+            return cloned
+        node, hops = _first_input(node), hops + 1
+    return original
+
+
 def install(agent: "Agent", patches: "Patches") -> PipelineMap:
     from tensorflow.python.data.ops import dataset_ops, iterator_ops
     from tensorflow.python.distribute import input_lib
@@ -292,8 +306,7 @@ def install(agent: "Agent", patches: "Patches") -> PipelineMap:
     patches.wrap(dataset_ops.DatasetV2, "__init__", pm.make_init)
     patches.wrap(iterator_ops.OwnedIterator, "__init__", pm.make_iterator_init)
     patches.wrap(input_lib.DistributedDataset, "__iter__",
-                 lambda o: pm.make_iter(o, "experimental_distribute_dataset",
-                                        lambda d: d.__dict__.get("_original_dataset")))
+                 lambda o: pm.make_iter(o, "experimental_distribute_dataset", _distributed))
     patches.wrap(input_lib.DistributedDatasetsFromFunction, "__iter__",
                  lambda o: pm.make_iter(o, "distribute_datasets_from_function",
                                         lambda d: (d.__dict__.get("_datasets") or [None])[0]))
