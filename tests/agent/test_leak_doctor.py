@@ -75,6 +75,20 @@ def test_an_attribute_dict_of_scalar_tensors_is_charged_to_its_store_line():
     assert found.kinds == ("tensors",) and 35 <= found.blocks[0] <= 40
 
 
+def test_tensors_kept_in_a_tuple_per_step_are_charged_to_the_lists_append_line():
+    import tensorflow as tf
+
+    def fill(end):
+        records = []
+        for step in range(40):
+            records.append((step, tf.ones((256, 256)), tf.zeros((8,))))
+        end()
+
+    found = _window(fill)
+    assert found.sites == (_line("records.append((step, tf.ones((256, 256)), tf.zeros((8,))))"),)
+    assert found.kinds == ("tensors",)
+
+
 def test_tensors_that_do_not_outlive_the_window_are_not_reported():
     import tensorflow as tf
 

@@ -314,8 +314,17 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, set[int]] | None,
     stride = max(1, len(new) // _HOLDER_SAMPLE)
     sample = new[::stride][:_HOLDER_SAMPLE]
     del new
-    holder = _holder([c for c in containers if len(c) >= count // 4], sample)
-    del containers, sample
+    big = [c for c in containers if len(c) >= count // 4]
+    holder = _holder(big, sample)
+    if holder is None:
+        # kept one level down: each step's tensors in a tuple or a dict (``(loss, logits)``,
+        # ``{"logits": ...}``), those in the container (one referrer pass, only here)
+        exclude = {id(sample), id(big), id(containers)}
+        wrappers = [r for r in gc.get_referrers(*sample)
+                    if id(r) not in exclude and (type(r) is tuple or (type(r) is dict and len(r) < _HOLDER_SAMPLE))]
+        holder = _holder(big, wrappers) if len(wrappers) * 2 >= len(sample) else None
+        del wrappers
+    del containers, big, sample
     where = None
     if holder is not None:
         files = list(site_files)
