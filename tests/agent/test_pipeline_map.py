@@ -55,6 +55,8 @@ def test_each_stage_is_named_with_its_line_and_settings(run_agent, mode, consume
     assert holds["cache"] == 256 * (8 * 4 + 8)  # 256 elements of float32[8] and int64
     assert holds["shuffle"] == 64 * (8 * 4 + 8)
     assert p.code[p.stages.index("map")] == "ds = ds.map(scale)  # stage map"
+    if mode in ("custom", "fit", "plain"):  # the script's batches per pass, not the replicas' after rebatch
+        assert p.elements == 256 // 32, p
     assert not run.warnings, run.warnings
 
 

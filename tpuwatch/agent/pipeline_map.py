@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 PROBE = "pipeline_map"
 _SITE = "_tpuwatch_site"  # set on each dataset: (file:line, api, code, added_by)
+_OWN = "_tpuwatch_own"  # on a distributed dataset's worker dataset: the script's dataset it was made from
 _MAPPED = "_tpuwatch_mapped"
 _MAX_STAGES = 64
 _MAX_DATASETS = 64  # pipelines sent per run (a script that makes datasets in a loop stops here)
@@ -197,7 +198,8 @@ class PipelineMap:
             added.append(by)
         return Pipeline(t=self.agent.clock(), dataset=number, consumer=consumer, stages=tuple(stages),
                         sites=tuple(sites), settings=tuple(settings), code=tuple(code),
-                        holds_bytes=tuple(holds), added_by=tuple(added), elements=_cardinality(ds))
+                        holds_bytes=tuple(holds), added_by=tuple(added),
+                        elements=_cardinality(ds.__dict__.get(_OWN, ds)))
 
 
 def _first_input(ds):
@@ -292,6 +294,7 @@ def _distributed(dds):
     node, hops = cloned, 0
     while node is not None and hops < _MAX_STAGES:
         if node is original:
+            cloned.__dict__[_OWN] = original  # its size per pass is the script's dataset's
             return cloned
         node, hops = _first_input(node), hops + 1
     return original
