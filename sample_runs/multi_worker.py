@@ -9,7 +9,9 @@ Start one process per worker, each with ``TF_CONFIG`` naming the cluster and its
 
 Without ``TF_CONFIG`` it runs as a single worker. Each worker trains on one CPU device; a custom loop
 is used because Keras 3.15 ``model.fit`` fails under this strategy (keras-team/keras#20585).
-Each worker reads its own shard through ``distribute_datasets_from_function``.
+Each worker reads its own shard through ``distribute_datasets_from_function``; with
+``--global-dataset`` one global-batch pipeline goes through ``experimental_distribute_dataset``
+instead, which tf.distribute shards across the workers itself (auto-shard by data).
 
 Switch that plants a problem on purpose:
   --slow-worker INDEX   that worker's input pipeline sleeps ``--slow-ms`` (default 200 ms) per batch
@@ -45,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=200.0)
     p.add_argument("--loss-log", metavar="PATH", help="write 'step,reduced_loss' per step to PATH")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--global-dataset", action="store_true",
+                   help="one global-batch dataset through experimental_distribute_dataset (auto-sharded)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch_per_worker < 1:
         p.error("--steps and --batch-per-worker must be at least 1")
@@ -120,7 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         options.autotune.enabled = False
         return ds.map(slowed).with_options(options)
 
-    dist_dataset = strategy.distribute_datasets_from_function(dataset_fn)
+    if args.global_dataset:
+        images, labels = synthetic_mnist(4096, args.seed)
+        ds = tf.data.Dataset.from_tensor_slices((images, labels)).cache()
+        ds = ds.shuffle(1024, seed=args.seed).repeat().batch(global_batch, drop_remainder=True)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        dist_dataset = strategy.experimental_distribute_dataset(ds.with_options(options).prefetch(2))
+    else:
+        dist_dataset = strategy.distribute_datasets_from_function(dataset_fn)
 
     def step_fn(images, labels):
         with tf.GradientTape() as tape:

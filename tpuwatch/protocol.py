@@ -256,7 +256,9 @@ class AllocationSites(Message):
 
     One entry per site in each tuple, largest growth first. ``kinds`` says what allocated there:
     the library whose code made the allocation ("numpy", "tensorflow") or "python" for the
-    script's own objects. The step times say what the window cost (inside it vs just before).
+    script's own objects; "tensors" ("scalar tensors") for eager tensors kept alive, which
+    tracemalloc does not see (``blocks``: how many; the site "" when the line that keeps them was
+    not found). The step times say what the window cost (inside it vs just before).
     """
 
     kind: ClassVar[str] = "allocation_sites"

@@ -1,8 +1,9 @@
 """host-memory-growth and device-memory-headroom."""
 
+import pytest
 from diag_synthetic import GiB, MiB, SyntheticRun, findings
 
-from tpuwatch.protocol import Pipeline
+from tpuwatch.protocol import AllocationSites, Pipeline
 
 
 def leaking(mb_per_min: float, minutes: float = 8.0, **kw) -> SyntheticRun:
@@ -197,3 +198,42 @@ def test_growth_in_step_with_traces_is_the_retrace_findings_evidence():
     assert findings(eng, "host-memory-growth") == []
     (storm,) = findings(eng, "retrace-storm")
     assert storm.severity == "critical" and storm.evidence["host_memory_grown_with_traces_mb"] > 700
+
+
+def _with_sites(run: SyntheticRun, site: str, code: str, kind: str, blocks: int = 160) -> SyntheticRun:
+    run.emit(AllocationSites(t=run.t, window_s=3.0, step_from=150, step_to=300, step_time_inside_s=0.012,
+                             step_time_before_s=0.007, sites=(site,), grown_bytes=(40 * MiB,),
+                             blocks=(blocks,), kinds=(kind,), code=(code,)))
+    run.steps(100)
+    return run
+
+
+@pytest.mark.parametrize("code, kind, new", [
+    ("all_logits.append(logits)", "tensors", "all_logits.append(logits); del all_logits[:-10]"),
+    ("losses.append(loss)", "scalar tensors", "losses.append(float(loss))"),
+    ("self.snapshots.append(self.model.get_weights())", "tensorflow",
+     "self.snapshots.append(self.model.get_weights()); del self.snapshots[:-10]"),
+    ("outputs_by_step[step] = logits.numpy()", "tensorflow",
+     "outputs_by_step.clear(); outputs_by_step[step] = logits.numpy()"),
+    ("cache[key] = loss  # by step", "scalar tensors", "cache[key] = float(loss)"),
+])
+def test_the_leak_finding_proposes_one_edit_of_the_growing_line(code, kind, new):
+    run = _with_sites(short_leak(2.0, steps=300), "train.py:48", code, kind)
+    (f,) = findings(run.engine(), "host-memory-growth")
+    assert f.evidence["grows_at"] == "train.py:48" and f.evidence["grows_at_kind"] == kind
+    assert f.evidence["fix_code_old"] == code and f.evidence["fix_code_new"] == new
+    assert f"`{new}`" in f.advice
+
+
+def test_a_line_that_is_no_container_gets_the_general_advice():
+    run = _with_sites(short_leak(2.0, steps=300), "train.py:12", "big = make_buffer(step)", "numpy")
+    (f,) = findings(run.engine(), "host-memory-growth")
+    assert "fix_code_new" not in f.evidence and "deque(maxlen" in f.advice
+
+
+def test_tensors_kept_by_an_unknown_line_are_said_so():
+    run = _with_sites(short_leak(2.0, steps=300), "", "", "tensors", blocks=160)
+    (f,) = findings(run.engine(), "host-memory-growth")
+    assert "grows_at" not in f.evidence and f.evidence["tensors_grown"] == 160
+    assert "160 tensors (+40 MB)" in f.advice and "was not found" in f.advice
+    assert "allocated at" not in f.message

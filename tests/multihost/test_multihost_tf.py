@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +120,66 @@ def test_headless_printed_straggler_and_ls_lists_group(slowed_group):
                         env=child_env(TPUWATCH_HOME=str(home)))
     line = next(line for line in ls.stdout.splitlines() if line.startswith("group"))
     assert line.split()[1] == "finished" and " 45 " in line and "(2 workers)" in line, ls.stdout
+
+
+def _script_line(text: str) -> str:
+    (n,) = [i for i, line in enumerate(Path(SCRIPT).read_text().splitlines(), start=1) if line.strip() == text]
+    return f"multi_worker.py:{n}"
+
+
+def test_each_workers_pipeline_map_names_the_scripts_lines(slowed_group):
+    """Issue 25: the map of each worker's dataset (its own dataset_fn call under
+    distribute_datasets_from_function), each stage at the line of multi_worker.py that made it."""
+    run, proc, _, _ = slowed_group
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    source = _script_line("ds = tf.data.Dataset.from_tensor_slices((images, labels))")
+    shard = _script_line("ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id).cache()")
+    shuffle = _script_line("ds = ds.shuffle(1024, seed=args.seed).repeat()")
+    batch = _script_line("ds = ds.batch(ctx.get_per_replica_batch_size(global_batch), drop_remainder=True)")
+    common = [("from_tensor_slices", source), ("shard", shard), ("cache", shard), ("shuffle", shuffle),
+              ("repeat", shuffle), ("batch", batch)]
+    tails = {0: [("prefetch", _script_line("return ds.prefetch(tf.data.AUTOTUNE)"))],  # the fast worker
+             1: [("map", _script_line("return ds.map(slowed).with_options(options)")),  # the slowed one
+                 ("with_options", _script_line("return ds.map(slowed).with_options(options)"))]}
+    for i in (0, 1):
+        events = [json.loads(line) for line in (run / f"worker-{i}" / rundir.EVENTS).read_text().splitlines()]
+        (pipe,) = [m for m in events if m.get("kind") == "pipeline"]  # once, with its worker's stages
+        assert pipe["consumer"] == "distribute_datasets_from_function"
+        assert list(zip(pipe["stages"], pipe["sites"])) == common + tails[i], pipe
+        assert not any(pipe["added_by"]), pipe  # the script shards itself: nothing added
+        holds = dict(zip(pipe["stages"], pipe["holds_bytes"]))
+        element = 28 * 28 * 4 + 8  # float32 image and int64 label
+        assert holds["cache"] == 4096 // 2 * element and holds["shuffle"] == 1024 * element
+        assert dict(zip(pipe["stages"], pipe["settings"]))["batch"] == "batch_size=16, drop_remainder=True"
+
+
+def test_a_global_dataset_maps_what_tf_distribute_adds_at_the_distribute_line(tmp_path):
+    """Issue 25: one global-batch pipeline through experimental_distribute_dataset; each worker's
+    map has the script's stages at their lines, then the rebatch and auto-shard tf.distribute
+    adds, named at the script's experimental_distribute_dataset line."""
+    run = tmp_path / "global"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpuwatch", "run", "--headless", "--workers", "2", "--run-dir", str(run),
+         SCRIPT, "--steps", "5", "--batch-per-worker", "16", "--global-dataset"],
+        capture_output=True, text=True, timeout=150, env=child_env(TPUWATCH_HOME=str(tmp_path / "home")))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    source = _script_line("ds = tf.data.Dataset.from_tensor_slices((images, labels)).cache()")
+    batch = _script_line("ds = ds.shuffle(1024, seed=args.seed).repeat().batch(global_batch, drop_remainder=True)")
+    distribute = _script_line(
+        "dist_dataset = strategy.experimental_distribute_dataset(ds.with_options(options).prefetch(2))")
+    script = [("from_tensor_slices", source), ("cache", source), ("shuffle", batch), ("repeat", batch),
+              ("batch", batch), ("with_options", distribute), ("prefetch", distribute)]
+    for i in (0, 1):
+        events = [json.loads(line) for line in (run / f"worker-{i}" / rundir.EVENTS).read_text().splitlines()]
+        (pipe,) = [m for m in events if m.get("kind") == "pipeline"]
+        assert pipe["consumer"] == "experimental_distribute_dataset"
+        stages = list(zip(pipe["stages"], pipe["sites"], pipe["added_by"]))
+        assert [(s, site) for s, site, by in stages if not by] == script, pipe
+        added = [(s, site) for s, site, by in stages[len(script):]]
+        assert all(by for _, _, by in stages[len(script):]), pipe  # all after the script's are added
+        assert {"rebatch", "autoshard"} <= {s for s, _ in added}, pipe
+        assert {site for _, site in added} == {distribute}, pipe
+        assert dict(zip(pipe["stages"], pipe["settings"]))["batch"] == "batch_size=32, drop_remainder=True"
 
 
 def test_killed_worker_is_marked_and_the_other_is_stopped(tmp_path):

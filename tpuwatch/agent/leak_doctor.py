@@ -12,12 +12,24 @@ first sample, one at the end, diffed by traceback; each growing allocation is ch
 innermost frame of the script (outside TensorFlow, Keras, NumPy, tpuwatch and the standard
 library) and sent as one :class:`~tpuwatch.protocol.AllocationSites`, with the step time inside
 the window and just before it (the window's cost).
+
+TensorFlow allocates a tensor's buffer (and its Python object) outside Python's allocator, so
+tracemalloc does not see a list of tensors grow. The window therefore also diffs the eager
+tensors the garbage collector tracks (one ``gc.get_objects()`` walk at each end, with the GIL
+held, once per window: tens of ms, ``bench/leak_tensor_pass.py``): the tensors alive at its end
+that were not at its start, their bytes, the list, dict or deque that holds most of them, the
+name it is bound to (a local of the script's running functions, else through
+``gc.get_referrers``), and the script's line that adds to that name (``NAME.append(`` / ``NAME[key] =``); that line is a site
+of kind ``"tensors"`` (``"scalar tensors"`` when every one is a scalar, such as a loss), or a site
+``""`` when the line is not found.
 """
 
 from __future__ import annotations
 
+import gc
 import linecache
 import os
+import re
 import sys
 import sysconfig
 import time
@@ -98,6 +110,7 @@ class LeakDoctor:
         self._last_window_t = -1e18
         self._window: dict[str, Any] | None = None
         self._roots: tuple[str, ...] | None = None
+        self._site_files: list[str] = []
 
     def __call__(self) -> Iterable[Message]:
         now = self._clock()
@@ -138,7 +151,7 @@ class LeakDoctor:
         tracemalloc.start(FRAMES)
         self._windows += 1
         self._last_window_t = now
-        self._window = {"t0": now, "step0": step, "before": before, "snap": None}
+        self._window = {"t0": now, "step0": step, "before": before, "snap": None, "tensors": None}
 
     def _advance(self, now: float, step: int) -> Iterable[Message]:
         import tracemalloc
@@ -147,6 +160,7 @@ class LeakDoctor:
         assert w is not None
         if w["snap"] is None:
             w["snap"] = tracemalloc.take_snapshot()
+            w["tensors"] = _tensor_ids()
             w["t1"], w["step1"] = now, step
             return ()
         if now - w["t0"] < WINDOW_S:
@@ -158,7 +172,12 @@ class LeakDoctor:
             self._window = None
             self._points.clear()
         inside = (now - w["t0"]) / (step - w["step0"]) if step > w["step0"] else None
-        return (self._sites(w["snap"], end, now - w["t1"], w["step1"], step, inside, w["before"]),)
+        sites = self._sites(w["snap"], end, now - w["t1"], w["step1"], step, inside, w["before"])
+        try:
+            return (_with_tensors(sites, w["tensors"], self._roots or (), self._site_files),)
+        except Exception as e:  # noqa: BLE001  (a TF without what the pass reads: the Python sites still go)
+            self.agent.probe_failed(PROBE + ".tensors", e)
+            return (sites,)
 
     def _sites(self, start: tracemalloc.Snapshot, end: tracemalloc.Snapshot, window_s: float, step_from: int, step_to: int,
                inside: float | None, before: float | None) -> AllocationSites:
@@ -185,6 +204,8 @@ class LeakDoctor:
             entry[0] += d.size_diff
             entry[1] += max(d.count_diff, 0)
         top = sorted(by_site.items(), key=lambda kv: -kv[1][0])[:TOP]
+        # every file the script grew in, small growth too: a list's own array grows where it is appended to
+        self._site_files = [f for (f, _), _ in sorted(by_site.items(), key=lambda kv: -kv[1][1])]
         top = [kv for kv in top if kv[1][0] >= _MIN_SITE_BYTES]
         return AllocationSites(
             t=self.agent.clock(), window_s=round(window_s, 3), step_from=step_from, step_to=step_to,
@@ -194,6 +215,148 @@ class LeakDoctor:
             kinds=tuple(v[2] for _, v in top),
             code=tuple(linecache.getline(f, n).strip()[:_MAX_CODE] for (f, n), _ in top),
             traced_bytes=traced)
+
+
+_MAX_TENSORS = 256  # new tensors whose bytes are read (the rest extrapolated: ~40 us each)
+_MIN_TENSORS = 1000  # new tensors reported however small (a loss kept per step)
+_HOLDER_SAMPLE = 16  # new tensors whose holders are looked up
+
+
+def _eager_tensor_type() -> type | None:
+    ops = sys.modules.get("tensorflow.python.framework.ops")
+    t = getattr(ops, "EagerTensor", None)  # private name: absent, the tensor diff is skipped
+    return t if isinstance(t, type) else None
+
+
+def _tensor_ids() -> tuple[type, set[int]] | None:
+    """The ids of the eager tensors alive now (one pass over the gc-tracked objects)."""
+    t = _eager_tensor_type()
+    if t is None:
+        return None
+    return t, {id(o) for o in gc.get_objects() if type(o) is t}
+
+
+def _tensor_bytes(tensors: list[Any]) -> tuple[int, bool]:
+    """(bytes, every one a scalar) of ``tensors``: each one's buffer (at least the 64 bytes TF's
+    allocator aligns to) and its Python object, extrapolated past ``_MAX_TENSORS``. A lower
+    bound: TF's handle and shape records are left out."""
+    total, scalars = 0, True
+    for o in tensors[:_MAX_TENSORS]:
+        try:
+            n = o.shape.num_elements()
+            total += max((n or 0) * o.dtype.size, 64) + sys.getsizeof(o)
+            scalars = scalars and o.shape.rank == 0
+        except (AttributeError, TypeError, ValueError):
+            continue
+    if len(tensors) > _MAX_TENSORS:
+        total = total * len(tensors) // _MAX_TENSORS
+    return total, scalars
+
+
+def _holder(candidates: list[Any], sample: list[Any]) -> Any:
+    """Of ``candidates``, the container that holds most of ``sample``, or None when none holds
+    half of it."""
+    want = {id(o) for o in sample}
+    best, most = None, 0
+    for r in candidates:
+        held = len(want.intersection(map(id, r.values() if type(r) is dict else r)))  # in C: no __eq__
+        if held > most:
+            best, most = r, held
+    return best if most * 2 >= len(sample) else None
+
+
+def _names(container: Any, frames: list[Any]) -> list[str]:
+    """The names ``container`` is bound to: a local of one of ``frames`` (the script's running
+    functions), else an attribute or a global (one pass over gc's referrers)."""
+    names = [k for f in frames for k, v in f.f_locals.items() if v is container]
+    if names:
+        return names
+    for r in gc.get_referrers(container):
+        if isinstance(r, dict):
+            names += [k for k, v in r.items() if v is container and isinstance(k, str)]
+        elif isinstance(getattr(r, "__dict__", None), dict):  # an instance whose dict gc does not list
+            names += [k for k, v in vars(r).items() if v is container]
+    return names
+
+
+def _adding_line(names: list[str], files: list[str]) -> tuple[str, int] | None:
+    """The first line of ``files`` that adds to one of ``names``: ``NAME.append(`` and kin, or
+    ``NAME[key] = `` (``self.NAME`` matches too)."""
+    if not names:
+        return None
+    alt = "|".join(re.escape(n) for n in dict.fromkeys(names))
+    pattern = re.compile(rf"(?<![\w])(?:{alt})\s*(?:\.\s*(?:append|extend|insert|appendleft|add|setdefault|update)\s*\("
+                         rf"|\[[^\]]+\]\s*=(?!=))")
+    for f in files:
+        for n, line in enumerate(linecache.getlines(f), start=1):
+            if pattern.search(line.split("#", 1)[0]):
+                return f, n
+    return None
+
+
+def _with_tensors(sites: AllocationSites, before: tuple[type, set[int]] | None,
+                  roots: tuple[str, ...], site_files: list[str]) -> AllocationSites:
+    """``sites`` with the eager tensors that grew in the window charged to the line that keeps
+    them (first: tensors are what a step's allocations are when the script keeps them)."""
+    if before is None:
+        return sites
+    t, ids = before
+    new, containers = [], []
+    for o in gc.get_objects():  # one pass: the new tensors and the containers that could hold them
+        tp = type(o)
+        if tp is t:
+            if id(o) not in ids:
+                new.append(o)
+        elif (tp is list or tp is dict or tp is deque) and len(o) >= _HOLDER_SAMPLE and o is not new:
+            containers.append(o)  # (``new`` itself is among the objects: it was made before them)
+    grown, scalars = _tensor_bytes(new)
+    if grown < _MIN_SITE_BYTES and len(new) < _MIN_TENSORS:
+        return sites
+    count = len(new)
+    stride = max(1, len(new) // _HOLDER_SAMPLE)
+    sample = new[::stride][:_HOLDER_SAMPLE]
+    del new
+    big = [c for c in containers if len(c) >= count // 4]
+    holder = _holder(big, sample)
+    if holder is None:
+        # kept one level down: each step's tensors in a tuple or a dict (``(loss, logits)``,
+        # ``{"logits": ...}``), those in the container (one referrer pass, only here)
+        exclude = {id(sample), id(big), id(containers)}
+        wrappers = [r for r in gc.get_referrers(*sample)
+                    if id(r) not in exclude and (type(r) is tuple or (type(r) is dict and len(r) < _HOLDER_SAMPLE))]
+        holder = _holder(big, wrappers) if len(wrappers) * 2 >= len(sample) else None
+        del wrappers
+    del containers, big, sample
+    where = None
+    if holder is not None:
+        files = list(site_files)
+        frames = []
+        for top in sys._current_frames().values():
+            frame: Any = top
+            while frame is not None:
+                name = frame.f_code.co_filename
+                if not name.startswith(roots) and not name.startswith("<") and name != __file__:
+                    files.append(name)
+                    frames.append(frame)
+                frame = frame.f_back
+        main = getattr(sys.modules.get("__main__"), "__file__", None)
+        if main:
+            files.append(os.path.abspath(main))
+        where = _adding_line(_names(holder, frames), list(dict.fromkeys(files)))
+        del frames
+    site = f"{os.path.basename(where[0])}:{where[1]}" if where else ""
+    code = linecache.getline(where[0], where[1]).strip()[:_MAX_CODE] if where else ""
+    kind = "scalar tensors" if scalars else "tensors"
+    rows = [(site, grown, count, kind, code)] + [
+        row for row in zip(sites.sites, sites.grown_bytes, sites.blocks, sites.kinds, sites.code)
+        if not site or row[0] != site]  # the line's own Python growth (the list's array) is in the tensors'
+    rows = sorted(rows, key=lambda r: -r[1])[:TOP]
+    return AllocationSites(
+        t=sites.t, window_s=sites.window_s, step_from=sites.step_from, step_to=sites.step_to,
+        step_time_inside_s=sites.step_time_inside_s, step_time_before_s=sites.step_time_before_s,
+        sites=tuple(r[0] for r in rows), grown_bytes=tuple(r[1] for r in rows),
+        blocks=tuple(r[2] for r in rows), kinds=tuple(r[3] for r in rows), code=tuple(r[4] for r in rows),
+        traced_bytes=sites.traced_bytes)
 
 
 def install(agent: "Agent", patches: "Patches") -> LeakDoctor | None:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 PROBE = "pipeline_map"
 _SITE = "_tpuwatch_site"  # set on each dataset: (file:line, api, code, added_by)
+_OWN = "_tpuwatch_own"  # on a distributed dataset's worker dataset: the script's dataset it was made from
 _MAPPED = "_tpuwatch_mapped"
 _MAX_STAGES = 64
 _MAX_DATASETS = 64  # pipelines sent per run (a script that makes datasets in a loop stops here)
@@ -202,8 +203,8 @@ class PipelineMap:
             added.append(by)
         return Pipeline(t=self.agent.clock(), dataset=number, consumer=consumer, stages=tuple(stages),
                         sites=tuple(sites), settings=tuple(settings), code=tuple(code),
-                        holds_bytes=tuple(holds), added_by=tuple(added), elements=_cardinality(ds),
-                        consumer_site=consumer_site)
+                        holds_bytes=tuple(holds), added_by=tuple(added),
+                        elements=_cardinality(ds.__dict__.get(_OWN, ds)), consumer_site=consumer_site)
 
 
 def _first_input(ds: Any) -> Any:
@@ -289,6 +290,21 @@ def _holds(ds: Any, cls: str) -> int:
     return 0
 
 
+def _distributed(dds: Any) -> Any:
+    """The dataset a distributed dataset's first input worker iterates: the script's, with the
+    stages tf.distribute added (rebatch, auto-shard) when they still lead back to it; else the
+    script's own (a clone made from its graph has lost the chain)."""
+    original = dds.__dict__.get("_original_dataset")
+    cloned = (dds.__dict__.get("_cloned_datasets") or [None])[0]
+    node, hops = cloned, 0
+    while node is not None and hops < _MAX_STAGES:
+        if node is original:
+            cloned.__dict__[_OWN] = original  # its size per pass is the script's dataset's
+            return cloned
+        node, hops = _first_input(node), hops + 1
+    return original
+
+
 def install(agent: "Agent", patches: "Patches") -> PipelineMap:
     from tensorflow.python.data.ops import dataset_ops, iterator_ops
     from tensorflow.python.distribute import input_lib
@@ -298,8 +314,7 @@ def install(agent: "Agent", patches: "Patches") -> PipelineMap:
     patches.wrap(dataset_ops.DatasetV2, "__init__", pm.make_init)
     patches.wrap(iterator_ops.OwnedIterator, "__init__", pm.make_iterator_init)
     patches.wrap(input_lib.DistributedDataset, "__iter__",
-                 lambda o: pm.make_iter(o, "experimental_distribute_dataset",
-                                        lambda d: d.__dict__.get("_original_dataset")))
+                 lambda o: pm.make_iter(o, "experimental_distribute_dataset", _distributed))
     patches.wrap(input_lib.DistributedDatasetsFromFunction, "__iter__",
                  lambda o: pm.make_iter(o, "distribute_datasets_from_function",
                                         lambda d: (d.__dict__.get("_datasets") or [None])[0]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from tpuwatch.protocol import Finding, Severity
 
 from .robust_stats import sig, theil_sen
@@ -176,22 +178,34 @@ class HostMemoryGrowth(Rule):
             if a.step_time_inside_s is not None and a.step_time_before_s is not None:
                 evidence["leak_window_step_ms"] = sig(a.step_time_inside_s * 1000, 2)
                 evidence["step_ms_before_leak_window"] = sig(a.step_time_before_s * 1000, 2)
-            if a.sites:
+            if a.sites and a.sites[0]:
                 evidence.update(grows_at=a.sites[0], grows_at_mb=sig(a.grown_bytes[0] / MB, 3),
                                 grows_at_kind=a.kinds[0], grows_at_code=a.code[0])
                 if len(a.sites) > 1:
                     evidence["also_grows_at"] = ", ".join(
-                        f"{s} (+{b / MB:.3g} MB)" for s, b in zip(a.sites[1:], a.grown_bytes[1:]))
+                        f"{s} (+{b / MB:.3g} MB)" for s, b in zip(a.sites[1:], a.grown_bytes[1:]) if s)
                 where = f"; allocated at {a.sites[0]}"
+                what = (f"{a.blocks[0]} {a.kinds[0]} kept alive" if "tensors" in a.kinds[0]
+                        else f"{a.kinds[0]} allocations")
                 advice = (f"What grows is allocated at {a.sites[0]} ({a.code[0] or 'the line'}): "
-                          f"+{a.grown_bytes[0] / MB:.3g} MB of {a.kinds[0]} allocations in "
-                          f"{a.window_s:.2g} s that were still alive at its end. Keep less there: "
-                          "a float (float(loss)) instead of a tensor or an array, a bounded "
-                          "container (collections.deque(maxlen=...)), or clear it per epoch")
+                          f"+{a.grown_bytes[0] / MB:.3g} MB of {what} in "
+                          f"{a.window_s:.2g} s that were still alive at its end. ")
+                fix = leak_fix(a.code[0], a.kinds[0])
+                if fix is not None:
+                    evidence.update(fix_code_old=a.code[0], fix_code_new=fix[0])
+                    advice += f"{fix[1]}: `{fix[0]}`"
+                else:
+                    advice += ("Keep less there: a float (float(loss)) instead of a tensor or an array, "
+                               "a bounded container (collections.deque(maxlen=...)), or clear it per epoch")
+            elif a.sites:  # tensors grew, but not the line that keeps them
+                evidence.update(tensors_grown_mb=sig(a.grown_bytes[0] / MB, 3), tensors_grown=a.blocks[0])
+                advice = (f"{a.blocks[0]} {a.kinds[0]} (+{a.grown_bytes[0] / MB:.3g} MB) created in "
+                          f"{a.window_s:.2g} s were still alive at its end; the line that keeps them "
+                          "was not found. " + ADVICE)
             else:
-                advice = ("The script's Python allocations did not grow while sampled "
-                          f"({a.window_s:.2g} s): what grows is native memory (tensors kept "
-                          "alive, graphs, datasets created per step). " + ADVICE)
+                advice = ("The script's Python allocations and its eager tensors did not grow while "
+                          f"sampled ({a.window_s:.2g} s): what grows is native memory (graphs, "
+                          "datasets or tf.functions created per step). " + ADVICE)
         self._keep(w.name, Finding(
             t=t, rule=self.id, severity=severity,
             # the step fit's message leaves the growth so far to the evidence: it changes at
@@ -201,6 +215,33 @@ class HostMemoryGrowth(Rule):
             advice=advice, evidence=evidence,
             first_step=None, last_step=w.last_step or None, worker=w.name,
         ))
+
+
+KEEP_LATEST = 10  # what the proposed edit keeps of a container that grew every step
+_APPEND = re.compile(r"^(?P<target>[A-Za-z_][\w.]*)\.append\((?P<arg>.+)\)$")
+_STORE = re.compile(r"^(?P<target>[A-Za-z_][\w.]*)\[(?P<key>[^\]]+)\]\s*=\s*(?P<arg>[^=].*)$")
+
+
+def leak_fix(code: str, kind: str) -> tuple[str, str] | None:
+    """(the growing line rewritten, what the rewrite does) for a line that adds to a container
+    every step, or None for any other line. Scalar tensors become floats (a loss history);
+    anything else is bounded on the same line: a list keeps its latest ``KEEP_LATEST``, a dict
+    keyed per step only the latest entry."""
+    code = code.split("  #", 1)[0].strip()
+    m = _APPEND.match(code)
+    if m:
+        target, arg = m["target"], m["arg"]
+        if kind == "scalar tensors":
+            return f"{target}.append(float({arg}))", "keep a Python float instead of the tensor"
+        return (f"{target}.append({arg}); del {target}[:-{KEEP_LATEST}]",
+                f"keep only the latest {KEEP_LATEST}")
+    m = _STORE.match(code)
+    if m:
+        target, key, arg = m["target"], m["key"], m["arg"]
+        if kind == "scalar tensors":
+            return f"{target}[{key}] = float({arg})", "keep a Python float instead of the tensor"
+        return f"{target}.clear(); {target}[{key}] = {arg}", "keep only the latest entry"
+    return None
 
 
 def _may_fill(w: WorkerTelemetry) -> bool:
