@@ -107,7 +107,7 @@ class InputWaitProbe:
         start = probe.perf()
         result = original(it, *args, **kwargs)
         probe.eager_wait_s += probe.perf() - start
-        probe.eager_fetched()
+        probe.eager_loop.fetched()
         if not optional:
             try:
                 examples = _static_examples(result)

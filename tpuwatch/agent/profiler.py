@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
-from tpuwatch.agent import destinations
+from tpuwatch.agent import clocks, destinations
 from tpuwatch.agent.runtime import CommandRefused
 from tpuwatch.protocol import Command
-from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -291,7 +290,8 @@ class Profiler:
         details["capture_s"] = round(seconds, 3)
         span = ""
         if capture.first_step is not None:
-            span = f" (steps {capture.first_step}-{capture.last_step})" if capture.steps > 1 else f" (step {capture.first_step})"
+            span = (f" (steps {capture.first_step}-{capture.last_step})" if capture.steps > 1
+                    else f" (step {capture.first_step})")
         note = ""
         if capture.reason == "timer" and capture.spec.steps is not None:
             note = f"; only {capture.steps} of {capture.spec.steps} steps ran in {capture.spec.max_s:g} s (stalled?)"

@@ -221,10 +221,10 @@ class ReplicaLossProbe:
         if graph is None and not probe.in_eager_run and not probe.eager_function_call:
             # A loop with no tf.function (inside a strategy's scope too): its first gradient's loss
             # (inside a tpuwatch.step(), the script gives its own).
-            if probe.current_top is None and (probe.eager_loop_loss is None
-                                              or (of_variables and not probe.eager_loop_loss_of_variables)):
-                probe.eager_loop_loss = loss
-                probe.eager_loop_loss_of_variables = of_variables
+            loop = probe.eager_loop
+            if probe.current_top is None and (loop.loss is None or (of_variables and not loop.loss_of_variables)):
+                loop.loss = loss
+                loop.loss_of_variables = of_variables
             return
         ctx = tf.distribute.get_replica_context()
         if ctx is None:  # cross-replica context: not a replica's loss
@@ -296,7 +296,6 @@ class ReplicaLossProbe:
 
         executing_eagerly = context.executing_eagerly
         this = self
-        probe = self.probe
         agent = self.agent
 
         def run(strategy, fn, args=(), kwargs=None, options=None):

@@ -7,19 +7,9 @@ functions are not. A top-level eager call of a step function is one record (``st
 the call runs several training steps: Keras ``steps_per_execution`` or a ``tf.range`` loop, counted
 in-graph). An eager ``strategy.run`` whose replicas compute gradients is a step too.
 
-A loop with no tf.function at all (TF's custom training walkthrough) has no call to time: there a
-step is an eager optimizer update (Keras 3 ``apply``, tf_keras ``apply_gradients``) after at least
-one eager gradient with respect to variables, timed from the outermost gradient tape first opened
-since the last step, plus the input wait before that tape (a fetch inside the step is in its time
-already); its loss is the first of those gradients' target. An update of other variables with no
-input fetched since the last eager step (a GAN's generator update after its discriminator's, on
-one batch) belongs to that step, and its time is added to the next step's; an update of the same
-variables again is the next step (a loop over NumPy slices fetches nothing). Micro-batches
-accumulated before one update are one step. An update whose gradients a tf.function computed was
-counted with that function. A gradient with respect to tensors only (an FGSM perturbation, a
-gradient penalty) is no eager step, though its tape is part of the next one; its target is the
-loss shown only if no gradient with respect to variables follows (traced, it trains: a TPU
-embedding's activations).
+A loop with no tf.function at all (TF's custom training walkthrough) has no call to time: its
+steps are found by :mod:`tpuwatch.agent.eager_loop` from its tapes, gradients and optimizer
+updates. An update whose gradients a tf.function computed was counted with that function.
 
 A step function running eagerly (``tf.config.run_functions_eagerly(True)``) has no graph to count
 in: its call counts its ``strategy.run``s whose replicas computed gradients, else the most
@@ -42,10 +32,11 @@ import contextlib
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
-from tpuwatch.agent import accumulator
+from tpuwatch.agent import accumulator, clocks
 from tpuwatch.agent.accumulator import EXAMPLES, FETCHES, RUNS, WAIT_S
+from tpuwatch.agent.eager_loop import EagerLoop
+from tpuwatch.agent.read_pacer import ReadPacer
 from tpuwatch.protocol import Config, StepLoss, step_values
-from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -99,14 +90,8 @@ class StepProbe:
         self.epoch_source: Any = None  # keras_hooks.KerasHooks: its .epoch is the current epoch
         self._config_batch: int | None = None
         self.last_loss: tuple[int, float, int] | None = None  # (step, mean, replicas) last read
-        self.loss_every_s, self._read_all_left = _loss_every_s()
-        # Reads are paced by training time (the step calls' time and their eager input wait), not
-        # by the wall clock: a pause (evaluation, a checkpoint) does not make the next read due.
-        self._trained_s = 0.0
-        self._loss_read_trained = float("-inf")
-        self._loss_read_at = float("-inf")  # wall clock (perf) of the last loss read: pauses use it
+        self.pacer = ReadPacer.from_settings()  # when losses and the accumulator are read
         self._unread: tuple[dict, int] | None = None  # (flags, step) of a record sent without losses
-        self._acc_read_trained = float("-inf")
         self._acc_unread_steps = 0  # training steps since the accumulator was last read
         self._last_strategy: Any = None
         # Graph -> training steps traced into it that run once per call (see count_training_runs).
@@ -114,26 +99,7 @@ class StepProbe:
         self._gradient_graphs: weakref.WeakSet = weakref.WeakSet()
         # Graph -> the second timestamp of its last timed in-graph fetch (see input_wait, _after).
         self.fetch_timed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # An eager loop's step in progress (see eager_applied): when its first tape opened, whether
-        # an eager gradient ran, the loss tensor of the first one, and optimizer-update nesting.
-        self.eager_step_start: float | None = None
-        self.eager_gradients = False
-        self.eager_loop_loss: Any = None
-        self.eager_loop_loss_of_variables = False
-        self._applying = 0
-        self.eager_fetches = 0  # eager input fetches since the last step
-        self._eager_tape: Any = None  # weak reference to the tape that opened the step
-        self._eager_wait_at_start = 0.0  # eager input wait before that tape opened
-        self._eager_last = False  # the last step recorded was an eager loop's
-        self._eager_extra_s = 0.0  # time of later updates on that step's batch (a GAN's generator)
-        # Which variables (ids of the first and last source of each gradient) the gradients of the
-        # step in progress, and of that step, were taken with respect to; its updates, and how
-        # many updates the step before it had (a GAN's: 2).
-        self._window_vars: set[int] = set()
-        self._step_vars: set[int] = set()
-        self._step_updates = 0
-        self._eager_cycle = 1
-        self._eager_held_at: int | None = None  # fetch count when a tensors-only gradient held the clock
+        self.eager_loop = EagerLoop(self)  # a loop with no tf.function: its step in progress
 
     # --- flags ------------------------------------------------------------------------------
 
@@ -268,15 +234,16 @@ class StepProbe:
             # A top-level eager call: a step boundary if this is a step function. Per call this
             # path does one weak-dict lookup; the first call of each function does the rest.
             try:
-                flags = probe.flags.get(fn)
+                known: dict | None = probe.flags.get(fn)
             except TypeError:  # not weak-referenceable: never a step function
                 return original(fn, *args, **kwargs)
-            if flags is None or "_name" not in flags:
+            if known is None or "_name" not in known:
                 for prepare in probe.before_first_call:
                     prepare()
-                if flags is None:
-                    flags = probe.flags[fn] = {}
-                flags["_name"] = _name_of(fn)
+                if known is None:
+                    known = probe.flags[fn] = {}
+                known["_name"] = _name_of(fn)
+            flags = known
             was_step = "training" in flags
             if was_step and pending:
                 agent.safe_point()
@@ -301,7 +268,7 @@ class StepProbe:
                     probe.record(flags, end - start, end, eagerly)
                 except Exception as e:
                     agent.probe_failed("steps", e)
-            elif probe._applying or not tape_set_is_empty():
+            elif probe.eager_loop.applying or not tape_set_is_empty():
                 pass  # a helper inside an eager loop's step (its forward pass, tf_keras' XLA update)
             else:
                 # Evaluation, prediction, setup: neither their time nor their in-graph fetches
@@ -330,18 +297,19 @@ class StepProbe:
         measured_wait = wait_s > 0.0
         examples = self.eager_examples
         # One of the run's first records: every sampled value is read (a short run's diagnostics
-        # see every step); later ones at most every loss_every_s of training.
-        read_all = self._read_all_left > 0
+        # see every step); later ones at most every pacer.every_s of training.
+        pacer = self.pacer
+        read_all = pacer.read_all
         # Training time is the step's own time, its wait for the batch included (an input-bound
         # loop is read as often as any other); evaluation and other pauses are not in it.
-        trained = self._trained_s = self._trained_s + call_s + wait_s
+        trained = pacer.trained(call_s + wait_s)
         if self.accumulator is not None and "acc" in flags:
             # Read after every call when the call's step count is in there (a loop); otherwise it
             # holds only input wait and examples, which are sampled like losses: a read gives
             # their sum since the last one, spread over the steps in between.
-            if "acc_runs" in flags or read_all or trained - self._acc_read_trained >= self.loss_every_s:
+            if "acc_runs" in flags or read_all or pacer.acc_due(trained):
                 acc = self.read_accumulator().tolist()  # Python floats: cheaper than numpy scalars
-                self._acc_read_trained = trained
+                pacer.acc_read(trained)
                 last = self.acc_last
                 self.acc_last = acc
                 pending, self._acc_unread_steps = self._acc_unread_steps, 0
@@ -366,21 +334,19 @@ class StepProbe:
                 self.read_unread_losses(now)
                 return
             steps = 1
-        if read_all:
-            self._read_all_left -= 1
+        pacer.recorded()
         step_time_s = (call_s + self.eager_wait_s) / steps
         # Each replica's loss is sampled like the wait (and read at a function's first record):
         # each read is a transfer per replica on a TPU, ~0.1 ms per replica on a CPU. A record
         # without one says so (loss None); the dashboard shows the last loss with its step.
         losses = None
-        due = read_all or trained - self._loss_read_trained >= self.loss_every_s or "_read" not in flags
+        due = read_all or pacer.loss_due(trained) or "_read" not in flags
         # A call that ran eagerly kept its losses as values while it ran: they are always taken.
         reader = self.eager_function_loss_reader if eagerly else self.loss_reader if due else None
         if reader is not None:
             losses = reader(flags)
             if losses is not None:
-                self._loss_read_trained = trained
-                self._loss_read_at = now
+                pacer.loss_read(trained, now)
                 if not eagerly:
                     flags["_read"] = True
         strategy = flags.get("strategy")
@@ -393,6 +359,12 @@ class StepProbe:
         # A record without its losses: they stay in the loss variables until the next training
         # step, and are read if training pauses first (read_unread_losses).
         self._unread = (flags, self.agent.global_step) if losses is None and "loss" in flags and not eagerly else None
+
+    def first_strategy_if_none(self) -> None:
+        """A step trained on the current strategy: announced if no step has named one yet."""
+        if self._last_strategy is None and self.on_training_strategy is not None:
+            self._last_strategy = strategy = _current_strategy()
+            self.on_training_strategy(strategy)
 
     def start_eager_function(self) -> None:
         """A top-level tf.function call is about to run eagerly (``tf.config.run_functions_eagerly``)."""
@@ -425,17 +397,17 @@ class StepProbe:
     def read_unread_losses(self, now: float | None = None) -> None:
         """Training paused (evaluation began, an epoch or the script ended): the last step's
         losses, if its record went without them, are read now and sent for that step. With
-        ``now``, only if a read is due anyway (at most one every ``loss_every_s``)."""
+        ``now``, only if a read is due anyway (at most one every ``pacer.every_s``)."""
         unread = self._unread
         if unread is None or self.loss_reader is None:
             return
-        if now is not None and now - self._loss_read_at < self.loss_every_s:
+        if now is not None and not self.pacer.pause_read_due(now):
             return
         self._unread = None
         flags, step = unread
         losses = self.loss_reader(flags)
         if losses:
-            self._loss_read_at = self.perf()
+            self.pacer.paused_read(self.perf())
             agent = self.agent
             agent.emit(StepLoss(t=agent.clock(), step=step, loss=sum(losses) / len(losses), replica_losses=losses))
 
@@ -456,13 +428,7 @@ class StepProbe:
         agent.global_step += steps
         self.eager_wait_s = 0.0
         self.eager_examples = None
-        # Whatever kind of step this was, eager gradients before it belonged to it (or to nothing).
-        self._clear_eager_window()
-        self.eager_fetches = 0
-        self._eager_last = False
-        self._eager_extra_s = 0.0
-        self._step_vars = set()
-        self._step_updates = 0
+        self.eager_loop.stepped()
         loss = None
         if losses:
             loss = sum(losses) / len(losses)
@@ -479,147 +445,6 @@ class StepProbe:
         if examples and self._config_batch is None:
             self._config_batch = examples
             agent.emit(Config(t=agent.clock(), global_batch_size=examples))
-
-    # --- loops with no tf.function ----------------------------------------------------------
-
-    def eager_top(self) -> bool:
-        """Eager code outside any step being measured (a tf.function call, an eager
-        ``strategy.run``, a ``tpuwatch.step()``)."""
-        from tensorflow.python.eager import context
-
-        return self.current_top is None and not self.in_eager_run and context.executing_eagerly()
-
-    def tape_entered(self, tape: Any) -> None:
-        """An eager gradient tape opened: the outermost one first opened since the last step starts
-        the next (a tape nested in it, or the same tape entered again by tf_keras' ``minimize(...,
-        tape=tape)``, does not)."""
-        if self.eager_gradients or not self.eager_top():
-            return
-        from tensorflow.python import pywrap_tfe
-
-        if not pywrap_tfe.TFE_Py_TapeSetIsEmpty():
-            return
-        if self._eager_tape is not None and self._eager_tape() is tape:
-            return
-        if self._eager_held_at is not None and self._eager_held_at == self.eager_fetches:
-            return  # after an FGSM-style gradient on this batch: the step began at its tape
-        # Commands wait while the step's batch has updates to come (a checkpoint between a GAN's
-        # discriminator and generator updates would hold one updated and not the other).
-        if self.agent.has_pending and not (self._continues_step() and self._step_updates < self._eager_cycle):
-            self.agent.safe_point()
-        self._start_eager_step()
-        try:
-            self._eager_tape = weakref.ref(tape)
-        except TypeError:
-            self._eager_tape = None
-
-    def _clear_eager_window(self) -> None:
-        """Forgets the eager work since the last update: its tapes, gradients and loss."""
-        self.eager_gradients = False
-        self.eager_step_start = None
-        self.eager_loop_loss = None
-        self.eager_loop_loss_of_variables = False
-        self._eager_tape = None
-        self._eager_held_at = None
-        self._window_vars = set()
-
-    def _start_eager_step(self) -> None:
-        self.eager_step_start = self.perf()
-        self._eager_wait_at_start = self.eager_wait_s
-
-    def _continues_step(self) -> bool:
-        """More work on the last eager step's batch: no fetch since, and (once the gradients are
-        known) other variables."""
-        return self._eager_last and self.eager_fetches == 0 and not (self._window_vars & self._step_vars)
-
-    def eager_fetched(self) -> None:
-        """The script fetched a batch eagerly (the input-wait probe has added its wait)."""
-        self.eager_fetches += 1
-
-    def eager_gradient(self, variables: tuple[int, ...]) -> None:
-        """An eager top-level ``tape.gradient`` with respect to variables ran (its loss is kept by
-        the replica-loss probe); ``variables``: ids of its first and last source."""
-        if self.eager_step_start is None:  # a tape entered before the agent was installed
-            self._start_eager_step()
-        self.eager_gradients = True
-        self._window_vars.update(variables)
-
-    def eager_probe_gradient(self) -> None:
-        """An eager top-level gradient with respect to tensors only (an FGSM perturbation): no
-        step, but the work of the one that follows on this batch (the clock runs on)."""
-        if self.eager_step_start is None:
-            self._start_eager_step()
-        self._eager_held_at = self.eager_fetches
-
-    def eager_applied(self) -> None:
-        """An eager optimizer update ended: one step of a loop with no tf.function, if eager
-        gradients were computed for it (on the training thread; no I/O)."""
-        if not self.eager_gradients:
-            return
-        now = self.perf()
-        call_s = now - (self.eager_step_start if self.eager_step_start is not None else now)
-        target = self.eager_loop_loss
-        window_vars = self._window_vars
-        continues = self._continues_step()
-        self._clear_eager_window()
-        if continues:
-            self._eager_extra_s += call_s  # counted in the next step's time
-            self._step_vars |= window_vars
-            self._step_updates += 1
-            return
-        cycle = self._step_updates or 1
-        read_all = self._read_all_left > 0
-        if read_all:
-            self._read_all_left -= 1
-        wait_s = self.eager_wait_s  # every fetch of the step; those after its tape opened are in call_s
-        step_time_s = call_s + self._eager_wait_at_start + self._eager_extra_s
-        trained = self._trained_s = self._trained_s + step_time_s
-        losses = None
-        if target is not None and (read_all or trained - self._loss_read_trained >= self.loss_every_s):
-            try:
-                import tensorflow as tf
-
-                losses = (float(tf.reduce_mean(tf.cast(target, tf.float32)).numpy()),)
-                self._loss_read_trained = trained
-                self._loss_read_at = now
-            except Exception as e:
-                self.agent.probe_failed("replica_loss", e)
-        if self._last_strategy is None and self.on_training_strategy is not None:
-            self._last_strategy = tf_strategy = _current_strategy()
-            self.on_training_strategy(tf_strategy)
-        self._emit("eager loop", 1, step_time_s, wait_s if wait_s > 0 else None, losses, self.eager_examples)
-        self._eager_last = True
-        self._step_vars = window_vars
-        self._step_updates = 1
-        self._eager_cycle = cycle
-
-    def make_update_wrapper(self, original: Callable) -> Callable:
-        """Wraps an optimizer's update method: an eager top-level update may end a step."""
-        probe = self
-        agent = self.agent
-
-        def update(optimizer, *args, **kwargs):
-            if probe._applying or "steps" in agent._disabled:
-                return original(optimizer, *args, **kwargs)
-            try:
-                top = probe.eager_top()
-            except Exception as e:
-                agent.probe_failed("steps", e)
-                top = False
-            if not top:
-                return original(optimizer, *args, **kwargs)
-            probe._applying += 1
-            try:
-                result = original(optimizer, *args, **kwargs)
-            finally:
-                probe._applying -= 1
-            try:
-                probe.eager_applied()
-            except Exception as e:
-                agent.probe_failed("steps", e)
-            return result
-
-        return update
 
     # --- the explicit API (tpuwatch.step) ---------------------------------------------------
 
@@ -665,35 +490,6 @@ class StepProbe:
             yield
         finally:
             self.in_eager_run -= 1
-
-
-#: Records whose losses (and in-graph input wait) are read whatever the sampling period: a short
-#: run's diagnostics see every step.
-READ_ALL_FIRST = 256
-
-
-#: The least training time between two reads after a run's first READ_ALL_FIRST records: a 4 Hz
-#: sample, the agent's default sampling rate. A read of every replica's loss and the accumulator
-#: costs 0.3-0.9 ms on this project's 2-core CPU box right after a step (an eager op there costs
-#: ~100 µs while tf.data refills), ~0.1 ms a replica of transfers on a TPU: at 10 Hz that was
-#: ~100 µs a step at 20 ms steps. People read a number at 1-2 Hz; every step is still counted.
-LOSS_EVERY_S = 0.25
-
-
-def _loss_every_s() -> tuple[float, int]:
-    """TPUWATCH_LOSS_EVERY_S: the least training time between two reads of the replicas' losses
-    and the in-graph input wait, and how many first records are read regardless. Default: every
-    record of the first READ_ALL_FIRST, then at most every LOSS_EVERY_S. Set, it applies from the
-    first record (0 reads after every step call)."""
-    from tpuwatch import settings
-
-    raw = settings.LOSS_EVERY_S.get()
-    if not raw:
-        return LOSS_EVERY_S, READ_ALL_FIRST
-    try:
-        return max(0.0, float(raw)), 0
-    except ValueError:
-        return LOSS_EVERY_S, READ_ALL_FIRST
 
 
 class _Manual:
@@ -833,9 +629,9 @@ def install(agent: "Agent", patches) -> StepProbe:
                     # An eager loop's gradient: with respect to tensors only (FGSM), it is no step.
                     if variables:
                         probe.mark("training")
-                        probe.eager_gradient(variables)
+                        probe.eager_loop.gradient(variables)
                     else:
-                        probe.eager_probe_gradient()
+                        probe.eager_loop.probe_gradient()
                 else:
                     # Traced (or in an eager strategy.run, or a tf.function running eagerly),
                     # every gradient trains: a TPU embedding's is taken with respect to its activations.
@@ -858,7 +654,7 @@ def install(agent: "Agent", patches) -> StepProbe:
     def make_enter(original):
         def __enter__(tape, *args, **kwargs):
             try:
-                probe.tape_entered(tape)
+                probe.eager_loop.tape_entered(tape)
             except Exception as e:
                 agent.probe_failed("steps", e)
             return original(tape, *args, **kwargs)
@@ -893,7 +689,7 @@ def _install_updates(agent: "Agent", patches, probe: StepProbe) -> None:
             for name in class_names:
                 cls = getattr(module, name, None)
                 if cls is not None and method in vars(cls):
-                    patches.wrap(cls, method, probe.make_update_wrapper)
+                    patches.wrap(cls, method, probe.eager_loop.make_update_wrapper)
 
         return patch
 
