@@ -163,7 +163,7 @@ class InputWaitProbe:
         # after the fetch is timed: TF would otherwise start that call first and take the second
         # timestamp only when a thread frees up, counting step time as input wait. Only the
         # timestamp: the accounting after it runs beside the step, off its critical path.
-        self.probe.fetch_timed[tf.compat.v1.get_default_graph()] = t1.op
+        self.probe.fetch_order.timed(tf.compat.v1.get_default_graph(), t1.op)
 
 
 def install(agent: "Agent", patches, probe: "StepProbe") -> InputWaitProbe:

@@ -135,7 +135,7 @@ class ReplicaLossProbe:
     def eager_losses(self) -> tuple[float, ...] | None:
         """Each replica's loss after a top-level eager strategy.run (None if none was kept)."""
         probe = self.probe
-        flags = probe.eager_run_flags
+        flags = probe.strategy_run.flags
         if probe.eager_losses:
             return self._kept_eagerly(flags)
         slot = flags.get("loss")  # the run called a tf.function that keeps the loss in-graph
@@ -218,7 +218,7 @@ class ReplicaLossProbe:
 
         self.agent.inject_fault(PROBE)
         probe = self.probe
-        if graph is None and not probe.in_eager_run and not probe.eager_function_call:
+        if graph is None and not probe.strategy_run.depth and not probe.eager_function_call:
             # A loop with no tf.function (inside a strategy's scope too): its first gradient's loss
             # (inside a tpuwatch.step(), the script gives its own).
             loop = probe.eager_loop
@@ -239,8 +239,8 @@ class ReplicaLossProbe:
             if kept is None or rank > kept[0]:
                 probe.eager_losses[rid] = (rank, float(tf.reduce_mean(tf.cast(loss, tf.float32)).numpy()))
                 self._captured[id(loss)] = loss
-                if probe.in_eager_run:
-                    probe.eager_run_flags["loss_scaled"] = scaled and not keras_value
+                if probe.strategy_run.depth:
+                    probe.strategy_run.flags["loss_scaled"] = scaled and not keras_value
                 else:
                     probe.mark("loss_scaled", scaled and not keras_value)
                     if keras_value:
@@ -315,7 +315,7 @@ class ReplicaLossProbe:
         try:
             if self.announce is not None:
                 self.announce(strategy)
-            if agent.enabled(PROBE) and (not eager or (probe.current_top is None and not probe.in_eager_run)):
+            if agent.enabled(PROBE) and (not eager or (probe.current_top is None and not probe.strategy_run.depth)):
                 self.slot_for(strategy)  # variables can only be made in cross-replica context
         except Exception as e:
             agent.probe_failed(PROBE, e)
@@ -346,35 +346,18 @@ class ReplicaLossProbe:
                 except Exception as e:
                     agent.probe_failed("steps", e)
             return result
-        if probe.current_top is not None or probe.in_eager_run:
+        if probe.current_top is not None or probe.strategy_run.depth:
             return original(strategy, fn, args, kwargs, options)
         # A top-level eager strategy.run: a step if its replicas compute gradients.
-        with probe.eager_run():
-            start = probe.perf()
-            result = original(strategy, fn, args, kwargs, options)
-            elapsed = probe.perf() - start
-            trained = probe.eager_run_trained
-            if trained:
-                probe.eager_run_flags["strategy"] = strategy
-                try:
-                    losses = self.eager_losses() if agent.enabled(PROBE) else None
-                except Exception as e:
-                    agent.probe_failed(PROBE, e)
-                    losses = None
-        if trained:
+
+        def read_losses() -> tuple[float, ...] | None:
             try:
-                if probe.on_training_strategy is not None:
-                    probe.on_training_strategy(strategy)
-                probe.record_eager_run(elapsed, losses)
-            except Exception as e:
-                agent.probe_failed("steps", e)
-        else:
-            probe.eager_wait_s = 0.0
-            try:
-                agent.phases.other_call("strategy.run", start)
-            except Exception as e:
-                agent.probe_failed("phases", e)
-        return result
+                return self.eager_losses() if agent.enabled(PROBE) else None
+            except Exception as e:  # a probe never raises into the script
+                agent.probe_failed(PROBE, e)
+                return None
+
+        return probe.strategy_run.step(lambda: original(strategy, fn, args, kwargs, options), strategy, read_losses)
 
     def make_reduce_wrapper(self, original: Callable) -> Callable:
         this = self

@@ -35,7 +35,9 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 from tpuwatch.agent import accumulator, clocks
 from tpuwatch.agent.accumulator import EXAMPLES, FETCHES, RUNS, WAIT_S
 from tpuwatch.agent.eager_loop import EagerLoop
+from tpuwatch.agent.fetch_order import FetchOrder
 from tpuwatch.agent.read_pacer import ReadPacer
+from tpuwatch.agent.strategy_run import EagerStrategyRun
 from tpuwatch.protocol import Config, StepLoss, step_values
 
 if TYPE_CHECKING:
@@ -58,9 +60,7 @@ class StepProbe:
         # threads run while it waits, so a plain list read from those threads is accurate.
         self.tracing: list[tuple[Any, Any]] = []
         self.current_top: Any = None  # the top-level Function being called now
-        self.in_eager_run = 0  # depth of top-level eager strategy.run calls
-        self.eager_run_trained = False
-        self.eager_run_flags: dict = {}  # flags marked while a top-level eager strategy.run ran
+        self.strategy_run = EagerStrategyRun(self)  # a top-level eager strategy.run under way
         self.training_marks = 0  # how many times "training" was marked (a run trains if it grows)
         self.eager_wait_s = 0.0  # eager input fetch time since the last step ended
         self.eager_examples: int | None = None
@@ -97,8 +97,7 @@ class StepProbe:
         # Graph -> training steps traced into it that run once per call (see count_training_runs).
         self._implicit_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._gradient_graphs: weakref.WeakSet = weakref.WeakSet()
-        # Graph -> the second timestamp of its last timed in-graph fetch (see input_wait, _after).
-        self.fetch_timed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.fetch_order = FetchOrder()  # calls after an in-graph fetch wait for its timestamp
         self.eager_loop = EagerLoop(self)  # a loop with no tf.function: its step in progress
 
     # --- flags ------------------------------------------------------------------------------
@@ -111,10 +110,8 @@ class StepProbe:
             self._flag(self.current_top, key, value)
         if key == "training":
             self.training_marks += 1
-            if self.in_eager_run:
-                self.eager_run_trained = True
-        if self.in_eager_run:
-            self.eager_run_flags[key] = value
+        if self.strategy_run.depth:
+            self.strategy_run.marked(key, value)
 
     def _flag(self, fn: Any, key: str, value: Any) -> None:
         try:
@@ -197,9 +194,10 @@ class StepProbe:
         pending = agent._pending
         perf = self.perf
         switch = _functions_eagerly_switch()
+        strategy_run = self.strategy_run
 
         def __call__(fn, *args, **kwargs):
-            if probe.current_top is not None or probe.in_eager_run or not executing_eagerly():
+            if probe.current_top is not None or strategy_run.depth or not executing_eagerly():
                 # A nested call, a call while tracing, or one inside an eager strategy.run.
                 flags = probe.flags_of(fn)
                 if flags:
@@ -207,21 +205,20 @@ class StepProbe:
                         probe.propagate(flags)
                     except Exception as e:
                         agent.probe_failed("steps", e)
-                if executing_eagerly() and not probe.in_eager_run:
+                if executing_eagerly() and not strategy_run.depth:
                     return original(fn, *args, **kwargs)
                 # Traced now, or called from an eager strategy.run (which traces it on first use:
                 # its trace's flags must land on it so later eager runs know what it does).
                 call_site = current_graph()
-                fetched = probe.fetch_timed.get(call_site) if call_site is not None else None
+                fetched = probe.fetch_order.before_call(call_site)
                 probe.tracing.append((fn, call_site))
-                first_new_op = len(call_site.get_operations()) if fetched is not None else 0
                 try:
                     result = original(fn, *args, **kwargs)
                 finally:
                     probe.tracing.pop()
                 if fetched is not None:
                     try:
-                        _after(fetched, call_site.get_operations()[first_new_op:])
+                        probe.fetch_order.after_call(call_site, fetched)
                     except Exception as e:
                         agent.probe_failed("input_wait", e)
                 try:
@@ -411,10 +408,6 @@ class StepProbe:
             agent = self.agent
             agent.emit(StepLoss(t=agent.clock(), step=step, loss=sum(losses) / len(losses), replica_losses=losses))
 
-    def record_eager_run(self, call_s: float, losses: tuple[float, ...] | None) -> None:
-        wait = self.eager_wait_s
-        self._emit("strategy.run", 1, call_s + wait, wait if wait > 0 else None, losses, self.eager_examples)
-
     def _emit(
         self,
         fn_name: str,
@@ -452,7 +445,7 @@ class StepProbe:
     def manual_step(self, info: Any):
         """One step marked by the script; automatic detection is suspended inside it."""
         agent = self.agent
-        if self.current_top is not None or self.in_eager_run:
+        if self.current_top is not None or self.strategy_run.depth:
             yield  # nested inside a step already being measured
             return
         if agent.has_pending:
@@ -475,70 +468,12 @@ class StepProbe:
         except Exception as e:
             agent.probe_failed("steps", e)
 
-    # --- eager strategy.run ---------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def eager_run(self):
-        """Wraps a top-level eager strategy.run: it is a step if its replicas computed gradients."""
-        if self.agent.has_pending:
-            self.agent.safe_point()
-        self.in_eager_run += 1
-        self.eager_run_trained = False
-        self.eager_run_flags = {}
-        self.eager_losses = {}
-        try:
-            yield
-        finally:
-            self.in_eager_run -= 1
-
 
 class _Manual:
     """Stands for the script's own step in ``current_top`` (see manual_step)."""
 
 
 _MANUAL = _Manual()
-
-
-def _after(fetched: Any, new_ops: list) -> None:
-    """The call ops just made start once the fetch before them is timed. Without this, TF may
-    start a nested step function (Keras' ``one_step_on_data``) first and take the fetch's second
-    timestamp only when a thread frees up, counting step time as input wait.
-
-    The order is on the data: each input of the call that the step computed (not a resource, nor
-    one of the function's captured inputs where it has others) goes through an
-    ``Identity`` that waits for the timestamp, **colocated with that input**: TF inlines the call,
-    so each replica's part starts once its own batch is timed, and the batch stays on its device.
-    (Unplaced, the identities went to the default device: every replica's batch made a round trip
-    through device 0, ~12 send/receive pairs a 4-replica tiny ``fit`` step here, an inter-device
-    copy of each batch on GPUs.) A control input on the call op itself gates every op of the
-    inlined body (~400 µs a tiny 4-replica step, bench/ingraph_cost.py --fit); gating only the
-    first input left the other replicas free to start first, and the cached pipeline read 20-30%
-    wait again. A ``control_dependencies`` block would not do either (the call's captured inputs
-    are made inside it, and TF then leaves the call op out). A call with no such input gets the
-    control input.
-
-    A call inside a TPU (XLA) computation is left alone: ``TPUReplicateContext`` would pull the
-    host's float64 timestamp into the computation, which a TPU cannot compile; there the step's
-    work runs on the chips, so it cannot hold up the timestamp's host thread anyway."""
-    import tensorflow as tf
-    from tensorflow.python.framework import ops
-
-    for op in new_ops:
-        if op.type not in ("StatefulPartitionedCall", "PartitionedCall") or fetched in op.control_inputs:
-            continue
-        if op._get_control_flow_context() is not None:  # TPU/XLA (TF2's own control flow has none)
-            continue
-        data = [(i, t) for i, t in enumerate(op.inputs) if t.dtype != tf.resource]
-        data = [(i, t) for i, t in data if t.op.type != "Placeholder"] or data
-        if not data:
-            op._add_control_input(fetched)
-            continue
-        for index, tensor in data:
-            if tensor.op.type == "Identity" and fetched in tensor.op.control_inputs:
-                continue  # already ordered
-            with op.graph.as_default(), ops.colocate_with(tensor.op), tf.control_dependencies([fetched]):
-                gated = tf.identity(tensor)
-            op._update_input(index, gated)
 
 
 def _initialising_wrapper(graph: Any) -> bool:
@@ -625,7 +560,7 @@ def install(agent: "Agent", patches) -> StepProbe:
             try:
                 variables = _variables_of(args[1] if len(args) > 1 else kwargs.get("sources"))
                 graph = current_graph()
-                if graph is None and probe.current_top is None and not probe.in_eager_run:
+                if graph is None and probe.current_top is None and not probe.strategy_run.depth:
                     # An eager loop's gradient: with respect to tensors only (FGSM), it is no step.
                     if variables:
                         probe.mark("training")
