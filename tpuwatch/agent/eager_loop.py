@@ -59,7 +59,7 @@ class EagerLoop:
         from tensorflow.python.eager import context
 
         probe = self.probe
-        return probe.current_top is None and not probe.strategy_run.depth and context.executing_eagerly()
+        return probe.trace.current_top is None and not probe.strategy_run.depth and context.executing_eagerly()
 
     def tape_entered(self, tape: Any) -> None:
         """An eager gradient tape opened: the outermost one first opened since the last step starts

@@ -222,7 +222,7 @@ class ReplicaLossProbe:
             # A loop with no tf.function (inside a strategy's scope too): its first gradient's loss
             # (inside a tpuwatch.step(), the script gives its own).
             loop = probe.eager_loop
-            if probe.current_top is None and (loop.loss is None or (of_variables and not loop.loss_of_variables)):
+            if probe.trace.current_top is None and (loop.loss is None or (of_variables and not loop.loss_of_variables)):
                 loop.loss = loss
                 loop.loss_of_variables = of_variables
             return
@@ -242,9 +242,9 @@ class ReplicaLossProbe:
                 if probe.strategy_run.depth:
                     probe.strategy_run.flags["loss_scaled"] = scaled and not keras_value
                 else:
-                    probe.mark("loss_scaled", scaled and not keras_value)
+                    probe.trace.mark("loss_scaled", scaled and not keras_value)
                     if keras_value:
-                        probe.mark("loss_reduce", MEAN)
+                        probe.trace.mark("loss_reduce", MEAN)
             return
         done = getattr(self._local, "captured", None)
         if done is None:
@@ -258,10 +258,10 @@ class ReplicaLossProbe:
         slot.var.assign(tf.cast(value, tf.float32))  # a later assign in the graph runs later
         done[graph] = of_variables
         self._captured[id(loss)] = loss
-        probe.mark("loss", slot)
-        probe.mark("loss_scaled", scaled and not keras_value)
+        probe.trace.mark("loss", slot)
+        probe.trace.mark("loss_scaled", scaled and not keras_value)
         if keras_value:
-            probe.mark("loss_reduce", MEAN)  # Keras logs the mean over replicas
+            probe.trace.mark("loss_reduce", MEAN)  # Keras logs the mean over replicas
 
     def note_loss_scaled(self, loss: Any, scaled: Any) -> None:
         """A loss-scale optimizer made ``scaled`` from ``loss`` (mixed precision)."""
@@ -315,38 +315,38 @@ class ReplicaLossProbe:
         try:
             if self.announce is not None:
                 self.announce(strategy)
-            if agent.enabled(PROBE) and (not eager or (probe.current_top is None and not probe.strategy_run.depth)):
+            if agent.enabled(PROBE) and (not eager or (probe.trace.current_top is None and not probe.strategy_run.depth)):
                 self.slot_for(strategy)  # variables can only be made in cross-replica context
         except Exception as e:
             agent.probe_failed(PROBE, e)
         if not eager:
-            marks = probe.training_marks
+            marks = probe.trace.training_marks
             result = original(strategy, fn, args, kwargs, options)
-            if probe.training_marks != marks:  # its replicas computed gradients: a training step
+            if probe.trace.training_marks != marks:  # its replicas computed gradients: a training step
                 try:
                     probe.count_training_runs(current_graph())
-                    probe.mark("strategy", strategy)
+                    probe.trace.mark("strategy", strategy)
                 except Exception as e:
                     agent.probe_failed("steps", e)
             return result
         if probe.eager_function_call:
             # Inside a tf.function that runs eagerly (tf.config.run_functions_eagerly): a training
             # step of that call if its replicas compute gradients, with their losses.
-            marks = probe.training_marks
+            marks = probe.trace.training_marks
             kept, probe.eager_losses = probe.eager_losses, {}
             try:
                 result = original(strategy, fn, args, kwargs, options)
             finally:
                 try:
-                    if probe.training_marks != marks:
+                    if probe.trace.training_marks != marks:
                         probe.eager_function_runs += 1
-                        probe.mark("strategy", strategy)
+                        probe.trace.mark("strategy", strategy)
                     else:
                         probe.eager_losses = kept
                 except Exception as e:
                     agent.probe_failed("steps", e)
             return result
-        if probe.current_top is not None or probe.strategy_run.depth:
+        if probe.trace.current_top is not None or probe.strategy_run.depth:
             return original(strategy, fn, args, kwargs, options)
         # A top-level eager strategy.run: a step if its replicas compute gradients.
 
@@ -370,7 +370,7 @@ class ReplicaLossProbe:
                     if kind is not None:
                         for part in strategy.experimental_local_results(value):
                             if this._captured.get(id(part)) is part:
-                                this.probe.mark("loss_reduce", kind)
+                                this.probe.trace.mark("loss_reduce", kind)
                                 break
             except Exception as e:
                 this.agent.probe_failed(PROBE, e)

@@ -38,6 +38,7 @@ from tpuwatch.agent.eager_loop import EagerLoop
 from tpuwatch.agent.fetch_order import FetchOrder
 from tpuwatch.agent.read_pacer import ReadPacer
 from tpuwatch.agent.strategy_run import EagerStrategyRun
+from tpuwatch.agent.trace_flags import TraceFlags
 from tpuwatch.protocol import Config, StepLoss, step_values
 
 if TYPE_CHECKING:
@@ -50,18 +51,9 @@ class StepProbe:
     def __init__(self, agent: "Agent") -> None:
         self.agent = agent
         self.perf = clocks.perf
-        # What each tf.function's trace did: {"training": True, "acc": True, "loss": slot}.
-        # Weak keys: Keras recreates its functions on recompile. A nested function's flags
-        # propagate to every function being traced around it, so an outer function that calls an
-        # inner one traced earlier is flagged too.
-        self.flags: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # Functions being traced right now (outermost first), each with the graph it is called
-        # from. Only the training thread traces top-level functions; MirroredStrategy's replica
-        # threads run while it waits, so a plain list read from those threads is accurate.
-        self.tracing: list[tuple[Any, Any]] = []
-        self.current_top: Any = None  # the top-level Function being called now
         self.strategy_run = EagerStrategyRun(self)  # a top-level eager strategy.run under way
-        self.training_marks = 0  # how many times "training" was marked (a run trains if it grows)
+        self.trace = TraceFlags(self.strategy_run)  # what each tf.function's trace did
+        self.mark = self.trace.mark  # the accumulator marks the functions it counts in
         self.eager_wait_s = 0.0  # eager input fetch time since the last step ended
         self.eager_examples: int | None = None
         self.accumulator = None  # tf ResourceVariable float64[4], created on first in-graph use
@@ -102,38 +94,15 @@ class StepProbe:
 
     # --- flags ------------------------------------------------------------------------------
 
-    def mark(self, key: str, value: Any = True) -> None:
-        """Flags every function being traced (and the top-level one being called)."""
-        for fn, _ in self.tracing:
-            self._flag(fn, key, value)
-        if self.current_top is not None:
-            self._flag(self.current_top, key, value)
-        if key == "training":
-            self.training_marks += 1
-        if self.strategy_run.depth:
-            self.strategy_run.marked(key, value)
-
-    def _flag(self, fn: Any, key: str, value: Any) -> None:
-        try:
-            flags = self.flags.get(fn)
-            if flags is None:
-                flags = self.flags[fn] = {}
-            flags[key] = value
-        except TypeError:  # not weak-referenceable: never a step function
-            pass
-
-    def propagate(self, flags: dict) -> None:
-        """A function traced earlier is called inside another's trace: what it does, the caller
-        does. Keys starting with ``_`` (its name, its first read) are its own, and its training
-        steps counted without an op are counted at the call site (``count_nested_runs``)."""
-        for key, value in flags.items():
-            if not key.startswith("_") and key != "implicit_runs":
-                self.mark(key, value)
+    @property
+    def training_marks(self) -> int:
+        """How many gradients were marked so far (the retrace probe asks whether a trace trained)."""
+        return self.trace.training_marks
 
     def count_nested_runs(self, fn: Any, call_site: Any) -> None:
         """``fn`` was just called inside another function's trace, from graph ``call_site``: the
         training steps it runs once per call run as often as that call site does."""
-        runs = self.flags_of(fn).get("implicit_runs")
+        runs = self.trace.flags_of(fn).get("implicit_runs")
         if runs and call_site is not None:
             self.count_training_runs(call_site, runs)
 
@@ -147,7 +116,8 @@ class StepProbe:
         reduce function, one in-graph add counts each execution. The count is kept per function,
         not per trace: a function retraced into another shape is counted by its last trace.
         """
-        owner, call_site = self.tracing[-1] if self.tracing else (self.current_top, None)
+        trace = self.trace
+        owner, call_site = trace.tracing[-1] if trace.tracing else (trace.current_top, None)
         outer = graph.outer_graph
         # The function's own graph: made in its call site's graph (or, for a top-level call,
         # outside any function or inside TF's own initialising wrapper). Anything else is a loop
@@ -158,13 +128,13 @@ class StepProbe:
             own = not getattr(outer, "building_function", False) or _initialising_wrapper(outer)
         if owner is None or not own or getattr(graph, "is_control_flow_graph", False):
             accumulator.add_constant(self, RUNS, float(n))
-            self.mark("runs")
-            self.mark("acc_runs")  # the accumulator holds this function's step count
+            trace.mark("runs")
+            trace.mark("acc_runs")  # the accumulator holds this function's step count
             return
         total = self._implicit_runs.get(graph, 0) + n
         self._implicit_runs[graph] = total
-        self._flag(owner, "implicit_runs", total)
-        self.mark("runs")
+        trace.flag(owner, "implicit_runs", total)
+        trace.mark("runs")
 
     def count_gradient_step(self, graph: Any) -> None:
         """A gradient outside any ``strategy.run`` (a loop with no strategy): one step per graph,
@@ -173,12 +143,6 @@ class StepProbe:
             return
         self._gradient_graphs.add(graph)
         self.count_training_runs(graph)
-
-    def flags_of(self, fn: Any) -> dict:
-        try:
-            return self.flags.get(fn) or {}
-        except TypeError:
-            return {}
 
     # --- the wrapper of Function.__call__ -------------------------------------------------------
 
@@ -195,14 +159,15 @@ class StepProbe:
         perf = self.perf
         switch = _functions_eagerly_switch()
         strategy_run = self.strategy_run
+        trace = self.trace
 
         def __call__(fn, *args, **kwargs):
-            if probe.current_top is not None or strategy_run.depth or not executing_eagerly():
+            if trace.current_top is not None or strategy_run.depth or not executing_eagerly():
                 # A nested call, a call while tracing, or one inside an eager strategy.run.
-                flags = probe.flags_of(fn)
+                flags = trace.flags_of(fn)
                 if flags:
                     try:
-                        probe.propagate(flags)
+                        trace.propagate(flags)
                     except Exception as e:
                         agent.probe_failed("steps", e)
                 if executing_eagerly() and not strategy_run.depth:
@@ -211,11 +176,11 @@ class StepProbe:
                 # its trace's flags must land on it so later eager runs know what it does).
                 call_site = current_graph()
                 fetched = probe.fetch_order.before_call(call_site)
-                probe.tracing.append((fn, call_site))
+                trace.tracing.append((fn, call_site))
                 try:
                     result = original(fn, *args, **kwargs)
                 finally:
-                    probe.tracing.pop()
+                    trace.tracing.pop()
                 if fetched is not None:
                     try:
                         probe.fetch_order.after_call(call_site, fetched)
@@ -231,14 +196,14 @@ class StepProbe:
             # A top-level eager call: a step boundary if this is a step function. Per call this
             # path does one weak-dict lookup; the first call of each function does the rest.
             try:
-                known: dict | None = probe.flags.get(fn)
+                known: dict | None = trace.flags.get(fn)
             except TypeError:  # not weak-referenceable: never a step function
                 return original(fn, *args, **kwargs)
             if known is None or "_name" not in known:
                 for prepare in probe.before_first_call:
                     prepare()
                 if known is None:
-                    known = probe.flags[fn] = {}
+                    known = trace.flags[fn] = {}
                 known["_name"] = _name_of(fn)
             flags = known
             was_step = "training" in flags
@@ -248,7 +213,7 @@ class StepProbe:
             eagerly = switch.RUN_FUNCTIONS_EAGERLY  # tf.config.run_functions_eagerly(True)
             if eagerly:
                 probe.start_eager_function()
-            probe.current_top = fn
+            trace.current_top = fn
             start = perf()
             try:
                 if ctx is not None and was_step:
@@ -257,7 +222,7 @@ class StepProbe:
                 else:
                     result = original(fn, *args, **kwargs)
             finally:
-                probe.current_top = None
+                trace.current_top = None
                 probe.eager_function_call = False
             end = perf()
             if was_step or "training" in flags:
@@ -445,17 +410,17 @@ class StepProbe:
     def manual_step(self, info: Any):
         """One step marked by the script; automatic detection is suspended inside it."""
         agent = self.agent
-        if self.current_top is not None or self.strategy_run.depth:
+        if self.trace.current_top is not None or self.strategy_run.depth:
             yield  # nested inside a step already being measured
             return
         if agent.has_pending:
             agent.safe_point()
-        self.current_top = _MANUAL
+        self.trace.current_top = _MANUAL
         start = self.perf()
         try:
             yield
         finally:
-            self.current_top = None
+            self.trace.current_top = None
         elapsed = self.perf() - start
         try:
             losses = tuple(float(v) for v in (info.replica_losses or ()))
@@ -470,7 +435,7 @@ class StepProbe:
 
 
 class _Manual:
-    """Stands for the script's own step in ``current_top`` (see manual_step)."""
+    """Stands for the script's own step in ``TraceFlags.current_top`` (see manual_step)."""
 
 
 _MANUAL = _Manual()
@@ -560,17 +525,17 @@ def install(agent: "Agent", patches) -> StepProbe:
             try:
                 variables = _variables_of(args[1] if len(args) > 1 else kwargs.get("sources"))
                 graph = current_graph()
-                if graph is None and probe.current_top is None and not probe.strategy_run.depth:
+                if graph is None and probe.trace.current_top is None and not probe.strategy_run.depth:
                     # An eager loop's gradient: with respect to tensors only (FGSM), it is no step.
                     if variables:
-                        probe.mark("training")
+                        probe.trace.mark("training")
                         probe.eager_loop.gradient(variables)
                     else:
                         probe.eager_loop.probe_gradient()
                 else:
                     # Traced (or in an eager strategy.run, or a tf.function running eagerly),
                     # every gradient trains: a TPU embedding's is taken with respect to its activations.
-                    probe.mark("training")
+                    probe.trace.mark("training")
                     if graph is not None:
                         if _outside_strategy_run():
                             probe.count_gradient_step(graph)
