@@ -173,12 +173,12 @@ class EagerLoop:
         self._step_updates = 1
         self._cycle = cycle
 
-    def make_update_wrapper(self, original: Callable) -> Callable:
+    def make_update_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """Wraps an optimizer's update method: an eager top-level update may end a step."""
         loop = self
         agent = self.agent
 
-        def update(optimizer, *args, **kwargs):
+        def update(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
             if loop.applying or "steps" in agent._disabled:
                 return original(optimizer, *args, **kwargs)
             try:

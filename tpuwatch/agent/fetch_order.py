@@ -36,7 +36,7 @@ class FetchOrder:
         gate(fetched, graph.get_operations()[first_new_op:])
 
 
-def gate(fetched: Any, new_ops: list) -> None:
+def gate(fetched: Any, new_ops: list[Any]) -> None:
     """The call ops just made start once the fetch before them is timed. Without this, TF may
     start a nested step function (Keras' ``one_step_on_data``) first and take the fetch's second
     timestamp only when a thread frees up, counting step time as input wait.
