@@ -39,6 +39,7 @@ from tpuwatch.agent import accumulator
 from tpuwatch.agent.steps import current_graph
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.patches import Patches
     from tpuwatch.agent.runtime import Agent
     from tpuwatch.agent.steps import StepProbe
 
@@ -50,7 +51,7 @@ SUM, MEAN = "sum", "mean"
 class LossSlot:
     """One ON_READ variable per strategy, holding each local replica's last loss."""
 
-    def __init__(self, strategy) -> None:
+    def __init__(self, strategy: Any) -> None:
         import tensorflow as tf
 
         with tf.init_scope(), strategy.scope():
@@ -70,7 +71,7 @@ class LossSlot:
         return tuple(float(v) for v in self._read())
 
 
-def _first_float(value: Any):
+def _first_float(value: Any) -> Any:
     """``value`` if it is a floating tensor, else the first floating tensor in its structure."""
     import tensorflow as tf
 
@@ -90,7 +91,7 @@ def _reduce_kind(reduce_op: Any) -> str | None:
     return None
 
 
-def scale_for(flags: dict, replicas: int) -> float:
+def scale_for(flags: dict[str, Any], replicas: int) -> float:
     """What a captured per-replica value is multiplied by to give that replica's own mean loss."""
     kind = flags.get("loss_reduce") or (SUM if flags.get("loss_scaled") else MEAN)
     return float(replicas) if kind == SUM and replicas > 1 else 1.0
@@ -102,7 +103,7 @@ class ReplicaLossProbe:
         self.probe = probe
         self.announce = announce
         self._slots: dict[int, LossSlot] = {}
-        self.strategies: weakref.WeakSet = weakref.WeakSet()  # made so far (see prepare)
+        self.strategies: weakref.WeakSet[Any] = weakref.WeakSet()  # made so far (see prepare)
         # Per thread (MirroredStrategy runs each replica on its own thread while tracing):
         # keras_loss = (graph, tensor) computed by Keras and not yet used by a gradient;
         # scaled = compute_average_loss/scale_regularization_loss ran since the last gradient;
@@ -120,7 +121,7 @@ class ReplicaLossProbe:
 
     # --- reading (training thread, after a step call) ---------------------------------------
 
-    def read_for(self, flags: dict) -> tuple[float, ...] | None:
+    def read_for(self, flags: dict[str, Any]) -> tuple[float, ...] | None:
         """Each local replica's loss after a call of the function with these flags."""
         slot = flags.get("loss")
         if slot is None or not self.agent.enabled(PROBE):
@@ -143,14 +144,14 @@ class ReplicaLossProbe:
             return None
         return tuple(v * scale_for(flags, slot.replicas) for v in slot.read())
 
-    def read_eager_function(self, flags: dict) -> tuple[float, ...] | None:
+    def read_eager_function(self, flags: dict[str, Any]) -> tuple[float, ...] | None:
         """Each replica's loss after a call of a function that ran eagerly
         (``tf.config.run_functions_eagerly``): kept as values while it ran."""
         if not self.probe.eager_losses or not self.agent.enabled(PROBE):
             return None
         return self._kept_eagerly(flags)
 
-    def _kept_eagerly(self, flags: dict) -> tuple[float, ...]:
+    def _kept_eagerly(self, flags: dict[str, Any]) -> tuple[float, ...]:
         losses = self.probe.eager_losses
         strategy = flags.get("strategy")
         replicas = int(getattr(strategy, "num_replicas_in_sync", len(losses)) or 1)
@@ -159,7 +160,7 @@ class ReplicaLossProbe:
 
     # --- capturing (replica context) ----------------------------------------------------------
 
-    def slot_for(self, strategy) -> LossSlot:
+    def slot_for(self, strategy: Any) -> LossSlot:
         slot = self._slots.get(id(strategy))
         if slot is None:
             slot = self._slots[id(strategy)] = LossSlot(strategy)
@@ -291,14 +292,14 @@ class ReplicaLossProbe:
 
     # --- strategy.run and strategy.reduce ------------------------------------------------------
 
-    def make_run_wrapper(self, original: Callable) -> Callable:
+    def make_run_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         from tensorflow.python.eager import context
 
         executing_eagerly = context.executing_eagerly
         this = self
         agent = self.agent
 
-        def run(strategy, fn, args=(), kwargs=None, options=None):
+        def run(strategy: Any, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None) -> Any:
             # OneDeviceStrategy.run calls StrategyBase.run: only the outermost call counts.
             if getattr(this._in_run, "active", False) or not agent.enabled("steps"):
                 return original(strategy, fn, args, kwargs, options)
@@ -310,7 +311,8 @@ class ReplicaLossProbe:
 
         return run
 
-    def _run(self, original, strategy, fn, args, kwargs, options, eager: bool):
+    def _run(self, original: Callable[..., Any], strategy: Any, fn: Any, args: Any, kwargs: Any, options: Any,
+             eager: bool) -> Any:
         probe, agent = self.probe, self.agent
         try:
             if self.announce is not None:
@@ -359,10 +361,10 @@ class ReplicaLossProbe:
 
         return probe.strategy_run.step(lambda: original(strategy, fn, args, kwargs, options), strategy, read_losses)
 
-    def make_reduce_wrapper(self, original: Callable) -> Callable:
+    def make_reduce_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         this = self
 
-        def reduce(strategy, reduce_op, value, *args, **kwargs):
+        def reduce(strategy: Any, reduce_op: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 if this._captured and this.agent.enabled(PROBE) and (
                         current_graph() is not None or this.probe.eager_function_call):
@@ -380,10 +382,11 @@ class ReplicaLossProbe:
 
     # --- Keras --------------------------------------------------------------------------------
 
-    def make_compute_loss_wrapper(self, original: Callable, unscale: Callable | None) -> Callable:
+    def make_compute_loss_wrapper(self, original: Callable[..., Any],
+                                  unscale: Callable[..., Any] | None) -> Callable[..., Any]:
         this = self
 
-        def compute_loss(model, *args, **kwargs):
+        def compute_loss(model: Any, *args: Any, **kwargs: Any) -> Any:
             loss = original(model, *args, **kwargs)
             if loss is None or kwargs.get("training", True) is False or not this.agent.enabled(PROBE):
                 return loss  # a disabled probe adds no op to the step (the unscale below is two)
@@ -395,11 +398,11 @@ class ReplicaLossProbe:
 
         return compute_loss
 
-    def make_loss_scale_wrapper(self, original: Callable) -> Callable:
+    def make_loss_scale_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``optimizer.scale_loss(loss)`` / ``get_scaled_loss(loss)``: remember what it scaled."""
         this = self
 
-        def scale(optimizer, loss, *args, **kwargs):
+        def scale(optimizer: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
             scaled = original(optimizer, loss, *args, **kwargs)
             if this.agent.enabled(PROBE):
                 try:
@@ -410,10 +413,10 @@ class ReplicaLossProbe:
 
         return scale
 
-    def make_scaling_wrapper(self, original: Callable) -> Callable:
+    def make_scaling_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         this = self
 
-        def scaling(*args, **kwargs):
+        def scaling(*args: Any, **kwargs: Any) -> Any:
             try:
                 this.note_scaled()
             except Exception as e:
@@ -423,7 +426,8 @@ class ReplicaLossProbe:
         return scaling
 
 
-def install(agent: "Agent", patches, probe: "StepProbe", announce: Callable[[Any], None] | None = None) -> ReplicaLossProbe:
+def install(agent: "Agent", patches: "Patches", probe: "StepProbe",
+            announce: Callable[[Any], None] | None = None) -> ReplicaLossProbe:
     from tensorflow.python.distribute import distribute_lib
 
     rl = ReplicaLossProbe(agent, probe, announce)
@@ -431,8 +435,8 @@ def install(agent: "Agent", patches, probe: "StepProbe", announce: Callable[[Any
     patches.wrap(distribute_lib.StrategyBase, "run", rl.make_run_wrapper)
     patches.wrap(distribute_lib.StrategyBase, "reduce", rl.make_reduce_wrapper)
 
-    def make_init(original):
-        def __init__(strategy, *args, **kwargs):
+    def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
+        def __init__(strategy: Any, *args: Any, **kwargs: Any) -> None:
             original(strategy, *args, **kwargs)
             try:
                 rl.strategies.add(strategy)
@@ -462,7 +466,7 @@ def install(agent: "Agent", patches, probe: "StepProbe", announce: Callable[[Any
     return rl
 
 
-def _install_scaling(patches, rl: ReplicaLossProbe) -> None:
+def _install_scaling(patches: "Patches", rl: ReplicaLossProbe) -> None:
     """``tf.nn.compute_average_loss`` / ``scale_regularization_loss``: where they are defined and
     where the public ``tf.nn`` namespace holds them (it keeps its own reference)."""
     import tensorflow as tf
@@ -484,7 +488,7 @@ LOSS_SCALE_METHODS = (
 )
 
 
-def _install_loss_scale(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
+def _install_loss_scale(agent: "Agent", patches: "Patches", rl: ReplicaLossProbe) -> None:
     """Patches each class's own loss-scaling method when the script imports its module (never
     importing Keras or tf_keras for it)."""
     from tpuwatch.agent import post_import
@@ -502,7 +506,7 @@ def _install_loss_scale(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
         post_import.when_imported(module, patcher(class_names, method), lambda e: agent.probe_failed(PROBE, e))
 
 
-def _unscale_tf_keras(loss):
+def _unscale_tf_keras(loss: Any) -> Any:
     """tf_keras' compiled loss divides each replica's loss by the replicas in sync (losses_utils.
     scale_loss_for_distribution); its loss metric, like ours, is the unscaled value."""
     import tensorflow as tf
@@ -511,7 +515,7 @@ def _unscale_tf_keras(loss):
     return loss * replicas if replicas > 1 else loss
 
 
-def _install_keras(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
+def _install_keras(agent: "Agent", patches: "Patches", rl: ReplicaLossProbe) -> None:
     """Keras 3's per-replica loss (only if Keras 3 is importable; legacy tf_keras below).
 
     Keras 3.5+ calls ``Trainer._compute_loss`` (which calls a user's ``compute_loss`` override);

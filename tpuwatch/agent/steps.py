@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 from tpuwatch.agent import accumulator, clocks
 from tpuwatch.agent.accumulator import EXAMPLES, FETCHES, RUNS, WAIT_S
@@ -42,6 +42,7 @@ from tpuwatch.agent.trace_flags import TraceFlags
 from tpuwatch.protocol import Config, StepLoss, step_values
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.patches import Patches
     from tpuwatch.agent.runtime import Agent
 
 
@@ -59,7 +60,7 @@ class StepProbe:
         self.accumulator = None  # tf ResourceVariable float64[4], created on first in-graph use
         self.read_accumulator: Callable[[], Any] = lambda: None
         self.acc_last: Any = None
-        self.loss_reader: Callable[[dict], tuple[float, ...] | None] | None = None  # from a function's flags
+        self.loss_reader: Callable[[dict[str, Any]], tuple[float, ...] | None] | None = None  # from a function's flags
         # Each replica's loss kept as a value by a top-level eager strategy.run or a tf.function
         # running eagerly (tf.config.run_functions_eagerly): {replica id: ((step within the call,
         # of variables), loss)}; and how many strategy.runs of such a function trained.
@@ -69,13 +70,13 @@ class StepProbe:
         # Gradients taken outside any strategy.run by that call, by the variables they were taken
         # with respect to (``()``: tensors only); see eager_function_steps.
         self.eager_function_gradients: dict[tuple[int, ...], int] = {}
-        self.eager_function_loss_reader: Callable[[dict], tuple[float, ...] | None] | None = None
+        self.eager_function_loss_reader: Callable[[dict[str, Any]], tuple[float, ...] | None] | None = None
         # Called on each tape.gradient(target, sources) with the target (the loss in every training
         # loop) and whether any source is a variable.
         self.gradient_hooks: list[Callable[[Any, bool], None]] = []
         # Called with the strategy object of a step that trained (topology follows training).
         self.on_training_strategy: Callable[[Any], None] | None = None
-        self.step_context: Callable[[int], ContextManager] | None = None  # set by the profiler
+        self.step_context: Callable[[int], ContextManager[Any]] | None = None  # set by the profiler
         # Called before the first top-level call of each tf.function (eager, cross-replica
         # context): probes make their variables there rather than inside the trace.
         self.before_first_call: list[Callable[[], None]] = []
@@ -83,12 +84,12 @@ class StepProbe:
         self._config_batch: int | None = None
         self.last_loss: tuple[int, float, int] | None = None  # (step, mean, replicas) last read
         self.pacer = ReadPacer.from_settings()  # when losses and the accumulator are read
-        self._unread: tuple[dict, int] | None = None  # (flags, step) of a record sent without losses
+        self._unread: tuple[dict[str, Any], int] | None = None  # (flags, step) of a record sent without losses
         self._acc_unread_steps = 0  # training steps since the accumulator was last read
         self._last_strategy: Any = None
         # Graph -> training steps traced into it that run once per call (see count_training_runs).
-        self._implicit_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._gradient_graphs: weakref.WeakSet = weakref.WeakSet()
+        self._implicit_runs: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._gradient_graphs: weakref.WeakSet[Any] = weakref.WeakSet()
         self.fetch_order = FetchOrder()  # calls after an in-graph fetch wait for its timestamp
         self.eager_loop = EagerLoop(self)  # a loop with no tf.function: its step in progress
 
@@ -146,7 +147,7 @@ class StepProbe:
 
     # --- the wrapper of Function.__call__ -------------------------------------------------------
 
-    def make_call_wrapper(self, original: Callable) -> Callable:
+    def make_call_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         probe = self
         agent = self.agent
         from tensorflow.python import pywrap_tfe
@@ -161,7 +162,7 @@ class StepProbe:
         strategy_run = self.strategy_run
         trace = self.trace
 
-        def __call__(fn, *args, **kwargs):
+        def __call__(fn: Any, *args: Any, **kwargs: Any) -> Any:
             if trace.current_top is not None or strategy_run.depth or not executing_eagerly():
                 # A nested call, a call while tracing, or one inside an eager strategy.run.
                 flags = trace.flags_of(fn)
@@ -196,7 +197,7 @@ class StepProbe:
             # A top-level eager call: a step boundary if this is a step function. Per call this
             # path does one weak-dict lookup; the first call of each function does the rest.
             try:
-                known: dict | None = trace.flags.get(fn)
+                known: dict[str, Any] | None = trace.flags.get(fn)
             except TypeError:  # not weak-referenceable: never a step function
                 return original(fn, *args, **kwargs)
             if known is None or "_name" not in known:
@@ -251,7 +252,7 @@ class StepProbe:
 
     # --- records --------------------------------------------------------------------------------
 
-    def record(self, flags: dict, call_s: float, now: float, eagerly: bool = False) -> None:
+    def record(self, flags: dict[str, Any], call_s: float, now: float, eagerly: bool = False) -> None:
         """Emits one Step for a finished step call (on the training thread; no I/O); ``eagerly``:
         the call ran eagerly (``tf.config.run_functions_eagerly``)."""
         steps = flags.get("implicit_runs", 0)
@@ -407,7 +408,7 @@ class StepProbe:
     # --- the explicit API (tpuwatch.step) ---------------------------------------------------
 
     @contextlib.contextmanager
-    def manual_step(self, info: Any):
+    def manual_step(self, info: Any) -> Iterator[None]:
         """One step marked by the script; automatic detection is suspended inside it."""
         agent = self.agent
         if self.trace.current_top is not None or self.strategy_run.depth:
@@ -512,7 +513,7 @@ def _variables_of(sources: Any) -> tuple[int, ...]:
     return ()
 
 
-def install(agent: "Agent", patches) -> StepProbe:
+def install(agent: "Agent", patches: "Patches") -> StepProbe:
     from tensorflow.python.eager import backprop
     from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
@@ -520,8 +521,8 @@ def install(agent: "Agent", patches) -> StepProbe:
     probe = agent.step_probe if isinstance(agent.step_probe, StepProbe) else StepProbe(agent)
     patches.wrap(polymorphic_function.Function, "__call__", probe.make_call_wrapper)
 
-    def make_gradient(original):
-        def gradient(tape, *args, **kwargs):
+    def make_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
+        def gradient(tape: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 variables = _variables_of(args[1] if len(args) > 1 else kwargs.get("sources"))
                 graph = current_graph()
@@ -551,8 +552,8 @@ def install(agent: "Agent", patches) -> StepProbe:
 
         return gradient
 
-    def make_enter(original):
-        def __enter__(tape, *args, **kwargs):
+    def make_enter(original: Callable[..., Any]) -> Callable[..., Any]:
+        def __enter__(tape: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 probe.eager_loop.tape_entered(tape)
             except Exception as e:
@@ -580,7 +581,7 @@ UPDATE_METHODS = (
 )
 
 
-def _install_updates(agent: "Agent", patches, probe: StepProbe) -> None:
+def _install_updates(agent: "Agent", patches: "Patches", probe: StepProbe) -> None:
     """Patches each class's own update method when the script imports its module."""
     from tpuwatch.agent import post_import
 
