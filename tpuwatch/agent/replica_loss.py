@@ -116,7 +116,7 @@ class ReplicaLossProbe:
         self._scaled: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._unscaled: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         probe.loss_reader = self.read_for
-        probe.eager_function_loss_reader = self.read_eager_function
+        probe.eager_function.loss_reader = self.read_eager_function
         probe.gradient_hooks.append(self.on_gradient)
 
     # --- reading (training thread, after a step call) ---------------------------------------
@@ -219,7 +219,7 @@ class ReplicaLossProbe:
 
         self.agent.inject_fault(PROBE)
         probe = self.probe
-        if graph is None and not probe.strategy_run.depth and not probe.eager_function_call:
+        if graph is None and not probe.strategy_run.depth and not probe.eager_function.active:
             # A loop with no tf.function (inside a strategy's scope too): its first gradient's loss
             # (inside a tpuwatch.step(), the script gives its own).
             loop = probe.eager_loop
@@ -235,7 +235,7 @@ class ReplicaLossProbe:
             # each replica's loss kept as a value, the first of its step (a loop inside the
             # function: the last step's), of variables over tensors only.
             rid = int(ctx.replica_id_in_sync_group)
-            rank = (probe.eager_function_step_index() if probe.eager_function_call else 0, of_variables)
+            rank = (probe.eager_function.step_index() if probe.eager_function.active else 0, of_variables)
             kept = probe.eager_losses.get(rid)
             if kept is None or rank > kept[0]:
                 probe.eager_losses[rid] = (rank, float(tf.reduce_mean(tf.cast(loss, tf.float32)).numpy()))
@@ -331,7 +331,7 @@ class ReplicaLossProbe:
                 except Exception as e:
                     agent.probe_failed("steps", e)
             return result
-        if probe.eager_function_call:
+        if probe.eager_function.active:
             # Inside a tf.function that runs eagerly (tf.config.run_functions_eagerly): a training
             # step of that call if its replicas compute gradients, with their losses.
             marks = probe.trace.training_marks
@@ -341,7 +341,7 @@ class ReplicaLossProbe:
             finally:
                 try:
                     if probe.trace.training_marks != marks:
-                        probe.eager_function_runs += 1
+                        probe.eager_function.runs += 1
                         probe.trace.mark("strategy", strategy)
                     else:
                         probe.eager_losses = kept
@@ -367,7 +367,7 @@ class ReplicaLossProbe:
         def reduce(strategy: Any, reduce_op: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 if this._captured and this.agent.enabled(PROBE) and (
-                        current_graph() is not None or this.probe.eager_function_call):
+                        current_graph() is not None or this.probe.eager_function.active):
                     kind = _reduce_kind(reduce_op)
                     if kind is not None:
                         for part in strategy.experimental_local_results(value):

@@ -12,10 +12,7 @@ steps are found by :mod:`tpuwatch.agent.eager_loop` from its tapes, gradients an
 updates. An update whose gradients a tf.function computed was counted with that function.
 
 A step function running eagerly (``tf.config.run_functions_eagerly(True)``) has no graph to count
-in: its call counts its ``strategy.run``s whose replicas computed gradients, else the most
-gradients taken with respect to one set of variables outside any (a loop over batches with a
-GAN's two tapes each counts its batches; gradients with respect to tensors only count none), and
-none if it computed no gradient. Whether a call runs eagerly is read when it starts.
+in: :mod:`tpuwatch.agent.eager_function` counts its steps.
 
 Per-step figures that live inside the compiled function (input wait, training steps run, examples)
 are accumulated in-graph (:mod:`tpuwatch.agent.accumulator`), read once after each step call;
@@ -34,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 from tpuwatch.agent import accumulator, clocks
 from tpuwatch.agent.accumulator import EXAMPLES, FETCHES, RUNS, WAIT_S
+from tpuwatch.agent.eager_function import EagerFunctionCall
 from tpuwatch.agent.eager_loop import EagerLoop
 from tpuwatch.agent.fetch_order import FetchOrder
 from tpuwatch.agent.read_pacer import ReadPacer
@@ -65,12 +63,7 @@ class StepProbe:
         # running eagerly (tf.config.run_functions_eagerly): {replica id: ((step within the call,
         # of variables), loss)}; and how many strategy.runs of such a function trained.
         self.eager_losses: dict[int, tuple[tuple[int, bool], float]] = {}
-        self.eager_function_call = False  # a top-level tf.function call running eagerly is under way
-        self.eager_function_runs = 0
-        # Gradients taken outside any strategy.run by that call, by the variables they were taken
-        # with respect to (``()``: tensors only); see eager_function_steps.
-        self.eager_function_gradients: dict[tuple[int, ...], int] = {}
-        self.eager_function_loss_reader: Callable[[dict[str, Any]], tuple[float, ...] | None] | None = None
+        self.eager_function = EagerFunctionCall()  # a top-level tf.function call running eagerly
         # Called on each tape.gradient(target, sources) with the target (the loss in every training
         # loop) and whether any source is a variable.
         self.gradient_hooks: list[Callable[[Any, bool], None]] = []
@@ -161,6 +154,7 @@ class StepProbe:
         switch = _functions_eagerly_switch()
         strategy_run = self.strategy_run
         trace = self.trace
+        eager_function = self.eager_function
 
         def __call__(fn: Any, *args: Any, **kwargs: Any) -> Any:
             if trace.current_top is not None or strategy_run.depth or not executing_eagerly():
@@ -224,7 +218,7 @@ class StepProbe:
                     result = original(fn, *args, **kwargs)
             finally:
                 trace.current_top = None
-                probe.eager_function_call = False
+                eager_function.active = False
             end = perf()
             if was_step or "training" in flags:
                 try:
@@ -289,7 +283,7 @@ class StepProbe:
                 self._acc_unread_steps += steps
         counted = "runs" in flags
         if eagerly:  # no graph counted them
-            steps, counted = self.eager_function_steps(), True
+            steps, counted = self.eager_function.steps(), True
         if steps <= 0:
             if counted:  # its training steps are counted, and this call ran none
                 self.eager_wait_s = 0.0
@@ -305,7 +299,7 @@ class StepProbe:
         losses = None
         due = read_all or pacer.loss_due(trained) or "_read" not in flags
         # A call that ran eagerly kept its losses as values while it ran: they are always taken.
-        reader = self.eager_function_loss_reader if eagerly else self.loss_reader if due else None
+        reader = self.eager_function.loss_reader if eagerly else self.loss_reader if due else None
         if reader is not None:
             losses = reader(flags)
             if losses is not None:
@@ -331,31 +325,8 @@ class StepProbe:
 
     def start_eager_function(self) -> None:
         """A top-level tf.function call is about to run eagerly (``tf.config.run_functions_eagerly``)."""
-        self.eager_function_call = True
-        self.eager_function_runs = 0
-        self.eager_function_gradients = {}
+        self.eager_function.start()
         self.eager_losses = {}
-
-    def eager_function_steps(self) -> int:
-        """Training steps of a call that ran eagerly, where no in-graph count exists: its
-        strategy.runs whose replicas computed gradients; else its step index (below); 0 if it
-        computed no gradient."""
-        return self.eager_function_runs or self.eager_function_step_index()
-
-    def eager_function_step_index(self) -> int:
-        """Steps so far of a call running eagerly, by its gradients outside any strategy.run: the
-        most taken with respect to one set of variables (a loop over batches with a GAN's two tapes
-        each: one a batch; an FGSM-style gradient w.r.t. tensors is none), or 1 if all were w.r.t.
-        tensors only (traced, those train: a TPU embedding's)."""
-        counts = self.eager_function_gradients
-        if not counts:
-            return 0
-        return max((n for key, n in counts.items() if key), default=1)
-
-    def eager_function_gradient(self, variables: tuple[int, ...]) -> None:
-        """A tf.function running eagerly took a gradient outside any strategy.run."""
-        counts = self.eager_function_gradients
-        counts[variables] = counts.get(variables, 0) + 1
 
     def read_unread_losses(self, now: float | None = None) -> None:
         """Training paused (evaluation began, an epoch or the script ended): the last step's
@@ -540,8 +511,8 @@ def install(agent: "Agent", patches: "Patches") -> StepProbe:
                     if graph is not None:
                         if _outside_strategy_run():
                             probe.count_gradient_step(graph)
-                    elif probe.eager_function_call and _outside_strategy_run():
-                        probe.eager_function_gradient(variables)
+                    elif probe.eager_function.active and _outside_strategy_run():
+                        probe.eager_function.gradient(variables)
                 if probe.gradient_hooks:
                     target = args[0] if args else kwargs.get("target")
                     for hook in probe.gradient_hooks:
