@@ -203,7 +203,7 @@ def main() -> None:
         for _ in range(10):
             for key in keys:
                 once(key)
-        agent.step_probe._read_all_left = 0  # steady state (the first 256 records are all read)
+        agent.step_probe.pacer.read_all_left = 0  # steady state (the first 256 records are all read)
         rng = random.Random(0)
         times: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
         load0 = os.getloadavg()[0]

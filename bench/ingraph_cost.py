@@ -39,7 +39,7 @@ VARIANTS = {
     "+ replica loss (all)": (),
 }
 # All probes, but a nested step function (Keras' one_step_on_data) is not made to start after the
-# fetch is timed (steps._after): what that ordering costs (it is what makes fit's input wait true).
+# fetch is timed (fetch_order.gate): what that ordering costs (it is what makes fit's input wait true).
 UNORDERED = "all, step not ordered"
 VARIANTS[UNORDERED] = ()
 
@@ -58,9 +58,9 @@ def main() -> None:
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * a.replicas)
-    from tpuwatch.agent import probes, steps
+    from tpuwatch.agent import fetch_order, probes
 
-    ordered = steps._after
+    ordered = fetch_order.gate
     from tpuwatch.agent.runtime import Agent
 
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(a.replicas)])
@@ -102,9 +102,9 @@ def main() -> None:
                 agent._disabled.clear()
                 agent._disabled.update({name: "bench" for name in disabled})
             if label == UNORDERED:
-                steps._after = lambda fetched, new_ops: None
+                fetch_order.gate = lambda fetched, new_ops: None
             fn(it)
-            steps._after = ordered
+            fetch_order.gate = ordered
             # The graph traced by that call (asked for while the same patches are active).
             graph_def = traced_graph(fn).as_graph_def()
             agent._disabled.clear()

@@ -188,8 +188,8 @@ def main() -> None:
         for _ in range(20):  # warm up every variant
             for fn, active in variants.values():
                 once(fn, active)
-        # Steady state: the agent reads every record of a run's first 256 (see steps.READ_ALL_FIRST).
-        agent.step_probe._read_all_left = 0
+        # Steady state: the agent reads every record of a run's first 256 (see read_pacer.READ_ALL_FIRST).
+        agent.step_probe.pacer.read_all_left = 0
         record_calls.clear()  # the warm-up's records were read every call: not the steady state
         python_calls.clear()
         times: dict[tuple[str, int], list[float]] = {key: [] for key in variants}

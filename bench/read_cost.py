@@ -51,7 +51,7 @@ def main() -> None:
     for _ in range(50):
         step(it)
     probe = agent.step_probe
-    flags = next(f for f in probe.flags.values() if "_name" in f and "training" in f)
+    flags = next(f for f in probe.trace.flags.values() if "_name" in f and "training" in f)
     agent._disabled["steps"] = "bench"  # the calls below are not recorded: only the reads are timed
     fast, ctx, one = pywrap_tfe.TFE_Py_FastPathExecute, context.context(), tf.constant(1.0)
     perf = time.perf_counter

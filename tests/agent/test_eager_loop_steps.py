@@ -43,10 +43,10 @@ def _probe(tmp_path):
 def _update(probe, variables: tuple[int, ...], fetch: bool) -> None:
     """One tape, one gradient with respect to ``variables`` (ids), one eager update (after a fetch)."""
     if fetch:
-        probe.eager_fetched()
-    probe.tape_entered(_tape())
-    probe.eager_gradient(variables)
-    probe.eager_applied()
+        probe.eager_loop.fetched()
+    probe.eager_loop.tape_entered(_tape())
+    probe.eager_loop.gradient(variables)
+    probe.eager_loop.applied()
 
 
 @pytest.mark.parametrize("fetches", [True, False], ids=["dataset", "numpy"])
@@ -69,7 +69,7 @@ def test_updates_of_the_same_variables_without_fetches_are_a_step_each(tmp_path)
     update of the same variables is a step, whatever optimizer object makes it (one made anew
     each epoch to change the learning rate), and each has a safe point before it."""
     agent, probe = _probe(tmp_path)
-    probe.eager_fetched()
+    probe.eager_loop.fetched()
     for _ in range(5):
         _update(probe, (1, 2), fetch=False)
     assert agent.global_step == 5
@@ -82,15 +82,15 @@ def test_micro_batches_are_one_step_and_a_compiled_step_clears_eager_gradients(t
     returned: no second step."""
     agent, probe = _probe(tmp_path)
     for _ in range(3):
-        probe.eager_fetched()
-        probe.tape_entered(_tape())
-        probe.eager_gradient((1, 2))
-    probe.eager_applied()
+        probe.eager_loop.fetched()
+        probe.eager_loop.tape_entered(_tape())
+        probe.eager_loop.gradient((1, 2))
+    probe.eager_loop.applied()
     assert agent.global_step == 1
-    probe.tape_entered(_tape())
-    probe.eager_gradient((1, 2))
+    probe.eager_loop.tape_entered(_tape())
+    probe.eager_loop.gradient((1, 2))
     probe._emit("train_step", 1, 0.01, None, None, None)  # what a tf.function step's record ends in
-    probe.eager_applied()
+    probe.eager_loop.applied()
     assert agent.global_step == 2
 
 
@@ -100,13 +100,13 @@ def test_an_fgsm_tape_starts_the_step_it_belongs_to(tmp_path):
     safe point; the next batch's fetch does."""
     agent, probe = _probe(tmp_path)
     for _ in range(2):
-        probe.eager_fetched()
-        probe.tape_entered(_tape())
-        probe.eager_probe_gradient()
-        started = probe.eager_step_start
-        probe.tape_entered(_tape())
-        assert probe.eager_step_start == started
-        probe.eager_gradient((1, 2))
-        probe.eager_applied()
+        probe.eager_loop.fetched()
+        probe.eager_loop.tape_entered(_tape())
+        probe.eager_loop.probe_gradient()
+        started = probe.eager_loop.start
+        probe.eager_loop.tape_entered(_tape())
+        assert probe.eager_loop.start == started
+        probe.eager_loop.gradient((1, 2))
+        probe.eager_loop.applied()
     assert agent.global_step == 2
     assert agent.safe_points == [0, 1]

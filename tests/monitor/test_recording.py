@@ -10,7 +10,6 @@ from monitor_recordings import DATA, encode_all, mr, step
 from tpuwatch import protocol
 from tpuwatch.monitor.recording import (
     RecordingReader,
-    _fast_step,
     iter_recording,
     read_all,
 )
@@ -133,14 +132,14 @@ def test_fast_step_path_matches_the_full_decoder():
     for msg in cases:
         line = protocol.encode(msg).rstrip(b"\n")
         full = protocol.decode(line)
-        fast = _fast_step(line)
+        fast = protocol.decode_step_line(line)
         if fast is not None:  # non-finite values take the full path
             assert fast == full
         (dec,) = read_into_list(line + b"\n")
         assert repr(dec) == repr(full)  # repr: nan != nan
-    assert _fast_step(b'{"kind":"step","step":1.5,"t":1,"step_time_s":1,"input_wait_s":null,'
+    assert protocol.decode_step_line(b'{"kind":"step","step":1.5,"t":1,"step_time_s":1,"input_wait_s":null,'
                       b'"loss":null}') is None
-    assert _fast_step(b'{"kind":"step","step":1,"t":true,"step_time_s":1,"input_wait_s":null,'
+    assert protocol.decode_step_line(b'{"kind":"step","step":1,"t":true,"step_time_s":1,"input_wait_s":null,'
                       b'"loss":null}') is None
 
 

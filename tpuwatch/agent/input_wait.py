@@ -19,13 +19,14 @@ from tpuwatch.agent import accumulator
 from tpuwatch.agent.accumulator import EXAMPLES
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.patches import Patches
     from tpuwatch.agent.runtime import Agent
     from tpuwatch.agent.steps import StepProbe
 
 PROBE = "input_wait"
 
 
-def _examples_in(value) -> Any:
+def _examples_in(value: Any) -> Any:
     """Batch size of a fetched element, as a tensor (summed over replicas); None if unknown."""
     import tensorflow as tf
 
@@ -47,7 +48,7 @@ def _examples_in(value) -> Any:
     return tf.add_n(sizes)
 
 
-def _examples_or_zero(value) -> Any:
+def _examples_or_zero(value: Any) -> Any:
     """``_examples_in`` for a ``tf.cond`` branch: a tensor, never None (and never a Python bool
     test of a tensor, which autograph rejects inside loops over distributed datasets)."""
     import tensorflow as tf
@@ -56,7 +57,7 @@ def _examples_or_zero(value) -> Any:
     return tf.constant(0.0, tf.float64) if examples is None else tf.cast(examples, tf.float64)
 
 
-def _static_examples(value) -> int | None:
+def _static_examples(value: Any) -> int | None:
     import tensorflow as tf
 
     flat = tf.nest.flatten(value)
@@ -79,14 +80,14 @@ class InputWaitProbe:
         self.probe = probe
         self._depth = threading.local()
 
-    def make_wrapper(self, optional: bool) -> Callable[[Callable], Callable]:
-        def make(original: Callable) -> Callable:
+    def make_wrapper(self, optional: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
             from tensorflow.python.eager import context
 
             executing_eagerly = context.executing_eagerly
             this = self
 
-            def fetch(it, *args, **kwargs):
+            def fetch(it: Any, *args: Any, **kwargs: Any) -> Any:
                 depth = getattr(this._depth, "n", 0)
                 if depth or not this.agent.enabled(PROBE):
                     return original(it, *args, **kwargs)
@@ -102,12 +103,12 @@ class InputWaitProbe:
 
         return make
 
-    def _eager(self, original, optional, it, args, kwargs):
+    def _eager(self, original: Callable[..., Any], optional: bool, it: Any, args: Any, kwargs: Any) -> Any:
         probe = self.probe
         start = probe.perf()
         result = original(it, *args, **kwargs)
         probe.eager_wait_s += probe.perf() - start
-        probe.eager_fetched()
+        probe.eager_loop.fetched()
         if not optional:
             try:
                 examples = _static_examples(result)
@@ -117,7 +118,7 @@ class InputWaitProbe:
                 self.agent.probe_failed("examples", e)
         return result
 
-    def _traced(self, original, optional, it, args, kwargs):
+    def _traced(self, original: Callable[..., Any], optional: bool, it: Any, args: Any, kwargs: Any) -> Any:
         try:
             import tensorflow as tf
 
@@ -137,7 +138,7 @@ class InputWaitProbe:
             self.agent.probe_failed(PROBE, e)
         return result
 
-    def _account(self, result, optional: bool, t0) -> None:
+    def _account(self, result: Any, optional: bool, t0: Any) -> None:
         import tensorflow as tf
 
         outputs = [t for t in tf.nest.flatten(result, expand_composites=True) if isinstance(t, tf.Tensor)]
@@ -163,10 +164,10 @@ class InputWaitProbe:
         # after the fetch is timed: TF would otherwise start that call first and take the second
         # timestamp only when a thread frees up, counting step time as input wait. Only the
         # timestamp: the accounting after it runs beside the step, off its critical path.
-        self.probe.fetch_timed[tf.compat.v1.get_default_graph()] = t1.op
+        self.probe.fetch_order.timed(tf.compat.v1.get_default_graph(), t1.op)
 
 
-def install(agent: "Agent", patches, probe: "StepProbe") -> InputWaitProbe:
+def install(agent: "Agent", patches: "Patches", probe: "StepProbe") -> InputWaitProbe:
     from tensorflow.python.data.ops import iterator_ops
     from tensorflow.python.distribute import input_lib
 

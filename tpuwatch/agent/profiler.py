@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
-from tpuwatch.agent import destinations
+from tpuwatch.agent import clocks, destinations
 from tpuwatch.agent.runtime import CommandRefused
 from tpuwatch.protocol import Command
-from tpuwatch.agent import clocks
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -58,7 +57,7 @@ class ProfileSpec:
         return self.ms / 1000.0 if self.ms is not None else self.max_s
 
 
-def _number(args: dict, name: str, kind: type, low: float, high: float) -> Any:
+def _number(args: dict[str, Any], name: str, kind: type, low: float, high: float) -> Any:
     value = args.get(name)
     if value is None or value == "":
         return None
@@ -141,14 +140,14 @@ class Capture:
         self.reason = ""
         self.stopping = False
         self._lock = threading.Lock()
-        self.ctx: Callable[[int], ContextManager] = self.step_context
+        self.ctx: Callable[[int], ContextManager[Any]] = self.step_context
         self.timer = threading.Timer(spec.deadline_s + TIMER_GRACE_S, self.request_stop, args=("timer",))
         self.timer.daemon = True
         self.thread: threading.Thread | None = None
 
     # --- on the training thread, around each step call ---------------------------------------
 
-    def step_context(self, step_num: int) -> ContextManager:
+    def step_context(self, step_num: int) -> ContextManager[Any]:
         if self.stopping:
             return contextlib.nullcontext()
         if self.perf() >= self.deadline:
@@ -212,7 +211,7 @@ class Profiler:
 
     # --- at the step boundary (training thread) ---------------------------------------------------
 
-    def handle(self, cmd: Command) -> tuple[str | None, dict]:
+    def handle(self, cmd: Command) -> tuple[str | None, dict[str, Any]]:
         spec = parse_spec(cmd)
         if self.active is not None:  # validated on receipt, but two may have been queued
             raise CommandRefused(f"a profile capture is already running ({self.active.describe()}); wait for its result")
@@ -250,7 +249,7 @@ class Profiler:
         self.active = None
         agent.finish(cmd, ok, message, details)
 
-    def _stop_and_store(self, capture: Capture) -> tuple[bool, str, dict]:
+    def _stop_and_store(self, capture: Capture) -> tuple[bool, str, dict[str, Any]]:
         import tensorflow as tf
 
         # TF names the capture directory after the local time in whole seconds at stop: a second
@@ -272,7 +271,7 @@ class Profiler:
         files = sorted(p for p in run_dir.iterdir() if p.is_file())
         size = sum(p.stat().st_size for p in files)
         path = str(run_dir)
-        details: dict = {
+        details: dict[str, Any] = {
             "path": path, "local_path": path, "bytes": size, "steps": capture.steps,
             "step": capture.first_step if capture.first_step is not None else capture.start_step,
             "logdir": capture.dest.url, "stopped_by": capture.reason,
@@ -291,7 +290,8 @@ class Profiler:
         details["capture_s"] = round(seconds, 3)
         span = ""
         if capture.first_step is not None:
-            span = f" (steps {capture.first_step}-{capture.last_step})" if capture.steps > 1 else f" (step {capture.first_step})"
+            span = (f" (steps {capture.first_step}-{capture.last_step})" if capture.steps > 1
+                    else f" (step {capture.first_step})")
         note = ""
         if capture.reason == "timer" and capture.spec.steps is not None:
             note = f"; only {capture.steps} of {capture.spec.steps} steps ran in {capture.spec.max_s:g} s (stalled?)"

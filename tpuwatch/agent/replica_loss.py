@@ -39,6 +39,7 @@ from tpuwatch.agent import accumulator
 from tpuwatch.agent.steps import current_graph
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.patches import Patches
     from tpuwatch.agent.runtime import Agent
     from tpuwatch.agent.steps import StepProbe
 
@@ -50,7 +51,7 @@ SUM, MEAN = "sum", "mean"
 class LossSlot:
     """One ON_READ variable per strategy, holding each local replica's last loss."""
 
-    def __init__(self, strategy) -> None:
+    def __init__(self, strategy: Any) -> None:
         import tensorflow as tf
 
         with tf.init_scope(), strategy.scope():
@@ -70,7 +71,7 @@ class LossSlot:
         return tuple(float(v) for v in self._read())
 
 
-def _first_float(value: Any):
+def _first_float(value: Any) -> Any:
     """``value`` if it is a floating tensor, else the first floating tensor in its structure."""
     import tensorflow as tf
 
@@ -90,7 +91,7 @@ def _reduce_kind(reduce_op: Any) -> str | None:
     return None
 
 
-def scale_for(flags: dict, replicas: int) -> float:
+def scale_for(flags: dict[str, Any], replicas: int) -> float:
     """What a captured per-replica value is multiplied by to give that replica's own mean loss."""
     kind = flags.get("loss_reduce") or (SUM if flags.get("loss_scaled") else MEAN)
     return float(replicas) if kind == SUM and replicas > 1 else 1.0
@@ -102,7 +103,7 @@ class ReplicaLossProbe:
         self.probe = probe
         self.announce = announce
         self._slots: dict[int, LossSlot] = {}
-        self.strategies: weakref.WeakSet = weakref.WeakSet()  # made so far (see prepare)
+        self.strategies: weakref.WeakSet[Any] = weakref.WeakSet()  # made so far (see prepare)
         # Per thread (MirroredStrategy runs each replica on its own thread while tracing):
         # keras_loss = (graph, tensor) computed by Keras and not yet used by a gradient;
         # scaled = compute_average_loss/scale_regularization_loss ran since the last gradient;
@@ -115,12 +116,12 @@ class ReplicaLossProbe:
         self._scaled: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._unscaled: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         probe.loss_reader = self.read_for
-        probe.eager_function_loss_reader = self.read_eager_function
+        probe.eager_function.loss_reader = self.read_eager_function
         probe.gradient_hooks.append(self.on_gradient)
 
     # --- reading (training thread, after a step call) ---------------------------------------
 
-    def read_for(self, flags: dict) -> tuple[float, ...] | None:
+    def read_for(self, flags: dict[str, Any]) -> tuple[float, ...] | None:
         """Each local replica's loss after a call of the function with these flags."""
         slot = flags.get("loss")
         if slot is None or not self.agent.enabled(PROBE):
@@ -135,7 +136,7 @@ class ReplicaLossProbe:
     def eager_losses(self) -> tuple[float, ...] | None:
         """Each replica's loss after a top-level eager strategy.run (None if none was kept)."""
         probe = self.probe
-        flags = probe.eager_run_flags
+        flags = probe.strategy_run.flags
         if probe.eager_losses:
             return self._kept_eagerly(flags)
         slot = flags.get("loss")  # the run called a tf.function that keeps the loss in-graph
@@ -143,14 +144,14 @@ class ReplicaLossProbe:
             return None
         return tuple(v * scale_for(flags, slot.replicas) for v in slot.read())
 
-    def read_eager_function(self, flags: dict) -> tuple[float, ...] | None:
+    def read_eager_function(self, flags: dict[str, Any]) -> tuple[float, ...] | None:
         """Each replica's loss after a call of a function that ran eagerly
         (``tf.config.run_functions_eagerly``): kept as values while it ran."""
         if not self.probe.eager_losses or not self.agent.enabled(PROBE):
             return None
         return self._kept_eagerly(flags)
 
-    def _kept_eagerly(self, flags: dict) -> tuple[float, ...]:
+    def _kept_eagerly(self, flags: dict[str, Any]) -> tuple[float, ...]:
         losses = self.probe.eager_losses
         strategy = flags.get("strategy")
         replicas = int(getattr(strategy, "num_replicas_in_sync", len(losses)) or 1)
@@ -159,7 +160,7 @@ class ReplicaLossProbe:
 
     # --- capturing (replica context) ----------------------------------------------------------
 
-    def slot_for(self, strategy) -> LossSlot:
+    def slot_for(self, strategy: Any) -> LossSlot:
         slot = self._slots.get(id(strategy))
         if slot is None:
             slot = self._slots[id(strategy)] = LossSlot(strategy)
@@ -218,13 +219,13 @@ class ReplicaLossProbe:
 
         self.agent.inject_fault(PROBE)
         probe = self.probe
-        if graph is None and not probe.in_eager_run and not probe.eager_function_call:
+        if graph is None and not probe.strategy_run.depth and not probe.eager_function.active:
             # A loop with no tf.function (inside a strategy's scope too): its first gradient's loss
             # (inside a tpuwatch.step(), the script gives its own).
-            if probe.current_top is None and (probe.eager_loop_loss is None
-                                              or (of_variables and not probe.eager_loop_loss_of_variables)):
-                probe.eager_loop_loss = loss
-                probe.eager_loop_loss_of_variables = of_variables
+            loop = probe.eager_loop
+            if probe.trace.current_top is None and (loop.loss is None or (of_variables and not loop.loss_of_variables)):
+                loop.loss = loss
+                loop.loss_of_variables = of_variables
             return
         ctx = tf.distribute.get_replica_context()
         if ctx is None:  # cross-replica context: not a replica's loss
@@ -234,17 +235,17 @@ class ReplicaLossProbe:
             # each replica's loss kept as a value, the first of its step (a loop inside the
             # function: the last step's), of variables over tensors only.
             rid = int(ctx.replica_id_in_sync_group)
-            rank = (probe.eager_function_step_index() if probe.eager_function_call else 0, of_variables)
+            rank = (probe.eager_function.step_index() if probe.eager_function.active else 0, of_variables)
             kept = probe.eager_losses.get(rid)
             if kept is None or rank > kept[0]:
                 probe.eager_losses[rid] = (rank, float(tf.reduce_mean(tf.cast(loss, tf.float32)).numpy()))
                 self._captured[id(loss)] = loss
-                if probe.in_eager_run:
-                    probe.eager_run_flags["loss_scaled"] = scaled and not keras_value
+                if probe.strategy_run.depth:
+                    probe.strategy_run.flags["loss_scaled"] = scaled and not keras_value
                 else:
-                    probe.mark("loss_scaled", scaled and not keras_value)
+                    probe.trace.mark("loss_scaled", scaled and not keras_value)
                     if keras_value:
-                        probe.mark("loss_reduce", MEAN)
+                        probe.trace.mark("loss_reduce", MEAN)
             return
         done = getattr(self._local, "captured", None)
         if done is None:
@@ -258,10 +259,10 @@ class ReplicaLossProbe:
         slot.var.assign(tf.cast(value, tf.float32))  # a later assign in the graph runs later
         done[graph] = of_variables
         self._captured[id(loss)] = loss
-        probe.mark("loss", slot)
-        probe.mark("loss_scaled", scaled and not keras_value)
+        probe.trace.mark("loss", slot)
+        probe.trace.mark("loss_scaled", scaled and not keras_value)
         if keras_value:
-            probe.mark("loss_reduce", MEAN)  # Keras logs the mean over replicas
+            probe.trace.mark("loss_reduce", MEAN)  # Keras logs the mean over replicas
 
     def note_loss_scaled(self, loss: Any, scaled: Any) -> None:
         """A loss-scale optimizer made ``scaled`` from ``loss`` (mixed precision)."""
@@ -291,15 +292,14 @@ class ReplicaLossProbe:
 
     # --- strategy.run and strategy.reduce ------------------------------------------------------
 
-    def make_run_wrapper(self, original: Callable) -> Callable:
+    def make_run_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         from tensorflow.python.eager import context
 
         executing_eagerly = context.executing_eagerly
         this = self
-        probe = self.probe
         agent = self.agent
 
-        def run(strategy, fn, args=(), kwargs=None, options=None):
+        def run(strategy: Any, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None) -> Any:
             # OneDeviceStrategy.run calls StrategyBase.run: only the outermost call counts.
             if getattr(this._in_run, "active", False) or not agent.enabled("steps"):
                 return original(strategy, fn, args, kwargs, options)
@@ -311,84 +311,68 @@ class ReplicaLossProbe:
 
         return run
 
-    def _run(self, original, strategy, fn, args, kwargs, options, eager: bool):
+    def _run(self, original: Callable[..., Any], strategy: Any, fn: Any, args: Any, kwargs: Any, options: Any,
+             eager: bool) -> Any:
         probe, agent = self.probe, self.agent
         try:
             if self.announce is not None:
                 self.announce(strategy)
-            if agent.enabled(PROBE) and (not eager or (probe.current_top is None and not probe.in_eager_run)):
+            if agent.enabled(PROBE) and (not eager or (probe.trace.current_top is None and not probe.strategy_run.depth)):
                 self.slot_for(strategy)  # variables can only be made in cross-replica context
         except Exception as e:
             agent.probe_failed(PROBE, e)
         if not eager:
-            marks = probe.training_marks
+            marks = probe.trace.training_marks
             result = original(strategy, fn, args, kwargs, options)
-            if probe.training_marks != marks:  # its replicas computed gradients: a training step
+            if probe.trace.training_marks != marks:  # its replicas computed gradients: a training step
                 try:
                     probe.count_training_runs(current_graph())
-                    probe.mark("strategy", strategy)
+                    probe.trace.mark("strategy", strategy)
                 except Exception as e:
                     agent.probe_failed("steps", e)
             return result
-        if probe.eager_function_call:
+        if probe.eager_function.active:
             # Inside a tf.function that runs eagerly (tf.config.run_functions_eagerly): a training
             # step of that call if its replicas compute gradients, with their losses.
-            marks = probe.training_marks
+            marks = probe.trace.training_marks
             kept, probe.eager_losses = probe.eager_losses, {}
             try:
                 result = original(strategy, fn, args, kwargs, options)
             finally:
                 try:
-                    if probe.training_marks != marks:
-                        probe.eager_function_runs += 1
-                        probe.mark("strategy", strategy)
+                    if probe.trace.training_marks != marks:
+                        probe.eager_function.runs += 1
+                        probe.trace.mark("strategy", strategy)
                     else:
                         probe.eager_losses = kept
                 except Exception as e:
                     agent.probe_failed("steps", e)
             return result
-        if probe.current_top is not None or probe.in_eager_run:
+        if probe.trace.current_top is not None or probe.strategy_run.depth:
             return original(strategy, fn, args, kwargs, options)
         # A top-level eager strategy.run: a step if its replicas compute gradients.
-        with probe.eager_run():
-            start = probe.perf()
-            result = original(strategy, fn, args, kwargs, options)
-            elapsed = probe.perf() - start
-            trained = probe.eager_run_trained
-            if trained:
-                probe.eager_run_flags["strategy"] = strategy
-                try:
-                    losses = self.eager_losses() if agent.enabled(PROBE) else None
-                except Exception as e:
-                    agent.probe_failed(PROBE, e)
-                    losses = None
-        if trained:
-            try:
-                if probe.on_training_strategy is not None:
-                    probe.on_training_strategy(strategy)
-                probe.record_eager_run(elapsed, losses)
-            except Exception as e:
-                agent.probe_failed("steps", e)
-        else:
-            probe.eager_wait_s = 0.0
-            try:
-                agent.phases.other_call("strategy.run", start)
-            except Exception as e:
-                agent.probe_failed("phases", e)
-        return result
 
-    def make_reduce_wrapper(self, original: Callable) -> Callable:
+        def read_losses() -> tuple[float, ...] | None:
+            try:
+                return self.eager_losses() if agent.enabled(PROBE) else None
+            except Exception as e:  # a probe never raises into the script
+                agent.probe_failed(PROBE, e)
+                return None
+
+        return probe.strategy_run.step(lambda: original(strategy, fn, args, kwargs, options), strategy, read_losses)
+
+    def make_reduce_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         this = self
 
-        def reduce(strategy, reduce_op, value, *args, **kwargs):
+        def reduce(strategy: Any, reduce_op: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 if this._captured and this.agent.enabled(PROBE) and (
-                        current_graph() is not None or this.probe.eager_function_call):
+                        current_graph() is not None or this.probe.eager_function.active):
                     kind = _reduce_kind(reduce_op)
                     if kind is not None:
                         for part in strategy.experimental_local_results(value):
                             if this._captured.get(id(part)) is part:
-                                this.probe.mark("loss_reduce", kind)
+                                this.probe.trace.mark("loss_reduce", kind)
                                 break
             except Exception as e:
                 this.agent.probe_failed(PROBE, e)
@@ -398,10 +382,11 @@ class ReplicaLossProbe:
 
     # --- Keras --------------------------------------------------------------------------------
 
-    def make_compute_loss_wrapper(self, original: Callable, unscale: Callable | None) -> Callable:
+    def make_compute_loss_wrapper(self, original: Callable[..., Any],
+                                  unscale: Callable[..., Any] | None) -> Callable[..., Any]:
         this = self
 
-        def compute_loss(model, *args, **kwargs):
+        def compute_loss(model: Any, *args: Any, **kwargs: Any) -> Any:
             loss = original(model, *args, **kwargs)
             if loss is None or kwargs.get("training", True) is False or not this.agent.enabled(PROBE):
                 return loss  # a disabled probe adds no op to the step (the unscale below is two)
@@ -413,11 +398,11 @@ class ReplicaLossProbe:
 
         return compute_loss
 
-    def make_loss_scale_wrapper(self, original: Callable) -> Callable:
+    def make_loss_scale_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``optimizer.scale_loss(loss)`` / ``get_scaled_loss(loss)``: remember what it scaled."""
         this = self
 
-        def scale(optimizer, loss, *args, **kwargs):
+        def scale(optimizer: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
             scaled = original(optimizer, loss, *args, **kwargs)
             if this.agent.enabled(PROBE):
                 try:
@@ -428,10 +413,10 @@ class ReplicaLossProbe:
 
         return scale
 
-    def make_scaling_wrapper(self, original: Callable) -> Callable:
+    def make_scaling_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         this = self
 
-        def scaling(*args, **kwargs):
+        def scaling(*args: Any, **kwargs: Any) -> Any:
             try:
                 this.note_scaled()
             except Exception as e:
@@ -441,7 +426,8 @@ class ReplicaLossProbe:
         return scaling
 
 
-def install(agent: "Agent", patches, probe: "StepProbe", announce: Callable[[Any], None] | None = None) -> ReplicaLossProbe:
+def install(agent: "Agent", patches: "Patches", probe: "StepProbe",
+            announce: Callable[[Any], None] | None = None) -> ReplicaLossProbe:
     from tensorflow.python.distribute import distribute_lib
 
     rl = ReplicaLossProbe(agent, probe, announce)
@@ -449,8 +435,8 @@ def install(agent: "Agent", patches, probe: "StepProbe", announce: Callable[[Any
     patches.wrap(distribute_lib.StrategyBase, "run", rl.make_run_wrapper)
     patches.wrap(distribute_lib.StrategyBase, "reduce", rl.make_reduce_wrapper)
 
-    def make_init(original):
-        def __init__(strategy, *args, **kwargs):
+    def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
+        def __init__(strategy: Any, *args: Any, **kwargs: Any) -> None:
             original(strategy, *args, **kwargs)
             try:
                 rl.strategies.add(strategy)
@@ -480,7 +466,7 @@ def install(agent: "Agent", patches, probe: "StepProbe", announce: Callable[[Any
     return rl
 
 
-def _install_scaling(patches, rl: ReplicaLossProbe) -> None:
+def _install_scaling(patches: "Patches", rl: ReplicaLossProbe) -> None:
     """``tf.nn.compute_average_loss`` / ``scale_regularization_loss``: where they are defined and
     where the public ``tf.nn`` namespace holds them (it keeps its own reference)."""
     import tensorflow as tf
@@ -502,7 +488,7 @@ LOSS_SCALE_METHODS = (
 )
 
 
-def _install_loss_scale(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
+def _install_loss_scale(agent: "Agent", patches: "Patches", rl: ReplicaLossProbe) -> None:
     """Patches each class's own loss-scaling method when the script imports its module (never
     importing Keras or tf_keras for it)."""
     from tpuwatch.agent import post_import
@@ -520,7 +506,7 @@ def _install_loss_scale(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
         post_import.when_imported(module, patcher(class_names, method), lambda e: agent.probe_failed(PROBE, e))
 
 
-def _unscale_tf_keras(loss):
+def _unscale_tf_keras(loss: Any) -> Any:
     """tf_keras' compiled loss divides each replica's loss by the replicas in sync (losses_utils.
     scale_loss_for_distribution); its loss metric, like ours, is the unscaled value."""
     import tensorflow as tf
@@ -529,7 +515,7 @@ def _unscale_tf_keras(loss):
     return loss * replicas if replicas > 1 else loss
 
 
-def _install_keras(agent: "Agent", patches, rl: ReplicaLossProbe) -> None:
+def _install_keras(agent: "Agent", patches: "Patches", rl: ReplicaLossProbe) -> None:
     """Keras 3's per-replica loss (only if Keras 3 is importable; legacy tf_keras below).
 
     Keras 3.5+ calls ``Trainer._compute_loss`` (which calls a user's ``compute_loss`` override);

@@ -7,25 +7,12 @@ functions are not. A top-level eager call of a step function is one record (``st
 the call runs several training steps: Keras ``steps_per_execution`` or a ``tf.range`` loop, counted
 in-graph). An eager ``strategy.run`` whose replicas compute gradients is a step too.
 
-A loop with no tf.function at all (TF's custom training walkthrough) has no call to time: there a
-step is an eager optimizer update (Keras 3 ``apply``, tf_keras ``apply_gradients``) after at least
-one eager gradient with respect to variables, timed from the outermost gradient tape first opened
-since the last step, plus the input wait before that tape (a fetch inside the step is in its time
-already); its loss is the first of those gradients' target. An update of other variables with no
-input fetched since the last eager step (a GAN's generator update after its discriminator's, on
-one batch) belongs to that step, and its time is added to the next step's; an update of the same
-variables again is the next step (a loop over NumPy slices fetches nothing). Micro-batches
-accumulated before one update are one step. An update whose gradients a tf.function computed was
-counted with that function. A gradient with respect to tensors only (an FGSM perturbation, a
-gradient penalty) is no eager step, though its tape is part of the next one; its target is the
-loss shown only if no gradient with respect to variables follows (traced, it trains: a TPU
-embedding's activations).
+A loop with no tf.function at all (TF's custom training walkthrough) has no call to time: its
+steps are found by :mod:`tpuwatch.agent.eager_loop` from its tapes, gradients and optimizer
+updates. An update whose gradients a tf.function computed was counted with that function.
 
 A step function running eagerly (``tf.config.run_functions_eagerly(True)``) has no graph to count
-in: its call counts its ``strategy.run``s whose replicas computed gradients, else the most
-gradients taken with respect to one set of variables outside any (a loop over batches with a
-GAN's two tapes each counts its batches; gradients with respect to tensors only count none), and
-none if it computed no gradient. Whether a call runs eagerly is read when it starts.
+in: :mod:`tpuwatch.agent.eager_function` counts its steps.
 
 Per-step figures that live inside the compiled function (input wait, training steps run, examples)
 are accumulated in-graph (:mod:`tpuwatch.agent.accumulator`), read once after each step call;
@@ -40,14 +27,20 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
-from tpuwatch.agent import accumulator
+from tpuwatch.agent import accumulator, clocks
 from tpuwatch.agent.accumulator import EXAMPLES, FETCHES, RUNS, WAIT_S
-from tpuwatch.protocol import Config, StepLoss
-from tpuwatch.agent import clocks
+from tpuwatch.agent.eager_function import EagerFunctionCall
+from tpuwatch.agent.eager_loop import EagerLoop
+from tpuwatch.agent.fetch_order import FetchOrder
+from tpuwatch.agent.read_pacer import ReadPacer
+from tpuwatch.agent.strategy_run import EagerStrategyRun
+from tpuwatch.agent.trace_flags import TraceFlags
+from tpuwatch.protocol import Config, StepLoss, step_values
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.patches import Patches
     from tpuwatch.agent.runtime import Agent
 
 
@@ -57,120 +50,53 @@ class StepProbe:
     def __init__(self, agent: "Agent") -> None:
         self.agent = agent
         self.perf = clocks.perf
-        # What each tf.function's trace did: {"training": True, "acc": True, "loss": slot}.
-        # Weak keys: Keras recreates its functions on recompile. A nested function's flags
-        # propagate to every function being traced around it, so an outer function that calls an
-        # inner one traced earlier is flagged too.
-        self.flags: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # Functions being traced right now (outermost first), each with the graph it is called
-        # from. Only the training thread traces top-level functions; MirroredStrategy's replica
-        # threads run while it waits, so a plain list read from those threads is accurate.
-        self.tracing: list[tuple[Any, Any]] = []
-        self.current_top: Any = None  # the top-level Function being called now
-        self.in_eager_run = 0  # depth of top-level eager strategy.run calls
-        self.eager_run_trained = False
-        self.eager_run_flags: dict = {}  # flags marked while a top-level eager strategy.run ran
-        self.training_marks = 0  # how many times "training" was marked (a run trains if it grows)
+        self.strategy_run = EagerStrategyRun(self)  # a top-level eager strategy.run under way
+        self.trace = TraceFlags(self.strategy_run)  # what each tf.function's trace did
+        self.mark = self.trace.mark  # the accumulator marks the functions it counts in
         self.eager_wait_s = 0.0  # eager input fetch time since the last step ended
         self.eager_examples: int | None = None
         self.accumulator = None  # tf ResourceVariable float64[4], created on first in-graph use
         self.read_accumulator: Callable[[], Any] = lambda: None
         self.acc_last: Any = None
-        self.loss_reader: Callable[[dict], tuple[float, ...] | None] | None = None  # from a function's flags
+        self.loss_reader: Callable[[dict[str, Any]], tuple[float, ...] | None] | None = None  # from a function's flags
         # Each replica's loss kept as a value by a top-level eager strategy.run or a tf.function
         # running eagerly (tf.config.run_functions_eagerly): {replica id: ((step within the call,
         # of variables), loss)}; and how many strategy.runs of such a function trained.
         self.eager_losses: dict[int, tuple[tuple[int, bool], float]] = {}
-        self.eager_function_call = False  # a top-level tf.function call running eagerly is under way
-        self.eager_function_runs = 0
-        # Gradients taken outside any strategy.run by that call, by the variables they were taken
-        # with respect to (``()``: tensors only); see eager_function_steps.
-        self.eager_function_gradients: dict[tuple[int, ...], int] = {}
-        self.eager_function_loss_reader: Callable[[dict], tuple[float, ...] | None] | None = None
+        self.eager_function = EagerFunctionCall()  # a top-level tf.function call running eagerly
         # Called on each tape.gradient(target, sources) with the target (the loss in every training
         # loop) and whether any source is a variable.
         self.gradient_hooks: list[Callable[[Any, bool], None]] = []
         # Called with the strategy object of a step that trained (topology follows training).
         self.on_training_strategy: Callable[[Any], None] | None = None
-        self.step_context: Callable[[int], ContextManager] | None = None  # set by the profiler
+        self.step_context: Callable[[int], ContextManager[Any]] | None = None  # set by the profiler
         # Called before the first top-level call of each tf.function (eager, cross-replica
         # context): probes make their variables there rather than inside the trace.
         self.before_first_call: list[Callable[[], None]] = []
         self.epoch_source: Any = None  # keras_hooks.KerasHooks: its .epoch is the current epoch
         self._config_batch: int | None = None
         self.last_loss: tuple[int, float, int] | None = None  # (step, mean, replicas) last read
-        self.loss_every_s, self._read_all_left = _loss_every_s()
-        # Reads are paced by training time (the step calls' time and their eager input wait), not
-        # by the wall clock: a pause (evaluation, a checkpoint) does not make the next read due.
-        self._trained_s = 0.0
-        self._loss_read_trained = float("-inf")
-        self._loss_read_at = float("-inf")  # wall clock (perf) of the last loss read: pauses use it
-        self._unread: tuple[dict, int] | None = None  # (flags, step) of a record sent without losses
-        self._acc_read_trained = float("-inf")
+        self.pacer = ReadPacer.from_settings()  # when losses and the accumulator are read
+        self._unread: tuple[dict[str, Any], int] | None = None  # (flags, step) of a record sent without losses
         self._acc_unread_steps = 0  # training steps since the accumulator was last read
         self._last_strategy: Any = None
         # Graph -> training steps traced into it that run once per call (see count_training_runs).
-        self._implicit_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._gradient_graphs: weakref.WeakSet = weakref.WeakSet()
-        # Graph -> the second timestamp of its last timed in-graph fetch (see input_wait, _after).
-        self.fetch_timed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # An eager loop's step in progress (see eager_applied): when its first tape opened, whether
-        # an eager gradient ran, the loss tensor of the first one, and optimizer-update nesting.
-        self.eager_step_start: float | None = None
-        self.eager_gradients = False
-        self.eager_loop_loss: Any = None
-        self.eager_loop_loss_of_variables = False
-        self._applying = 0
-        self.eager_fetches = 0  # eager input fetches since the last step
-        self._eager_tape: Any = None  # weak reference to the tape that opened the step
-        self._eager_wait_at_start = 0.0  # eager input wait before that tape opened
-        self._eager_last = False  # the last step recorded was an eager loop's
-        self._eager_extra_s = 0.0  # time of later updates on that step's batch (a GAN's generator)
-        # Which variables (ids of the first and last source of each gradient) the gradients of the
-        # step in progress, and of that step, were taken with respect to; its updates, and how
-        # many updates the step before it had (a GAN's: 2).
-        self._window_vars: set[int] = set()
-        self._step_vars: set[int] = set()
-        self._step_updates = 0
-        self._eager_cycle = 1
-        self._eager_held_at: int | None = None  # fetch count when a tensors-only gradient held the clock
+        self._implicit_runs: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._gradient_graphs: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.fetch_order = FetchOrder()  # calls after an in-graph fetch wait for its timestamp
+        self.eager_loop = EagerLoop(self)  # a loop with no tf.function: its step in progress
 
     # --- flags ------------------------------------------------------------------------------
 
-    def mark(self, key: str, value: Any = True) -> None:
-        """Flags every function being traced (and the top-level one being called)."""
-        for fn, _ in self.tracing:
-            self._flag(fn, key, value)
-        if self.current_top is not None:
-            self._flag(self.current_top, key, value)
-        if key == "training":
-            self.training_marks += 1
-            if self.in_eager_run:
-                self.eager_run_trained = True
-        if self.in_eager_run:
-            self.eager_run_flags[key] = value
-
-    def _flag(self, fn: Any, key: str, value: Any) -> None:
-        try:
-            flags = self.flags.get(fn)
-            if flags is None:
-                flags = self.flags[fn] = {}
-            flags[key] = value
-        except TypeError:  # not weak-referenceable: never a step function
-            pass
-
-    def propagate(self, flags: dict) -> None:
-        """A function traced earlier is called inside another's trace: what it does, the caller
-        does. Keys starting with ``_`` (its name, its first read) are its own, and its training
-        steps counted without an op are counted at the call site (``count_nested_runs``)."""
-        for key, value in flags.items():
-            if not key.startswith("_") and key != "implicit_runs":
-                self.mark(key, value)
+    @property
+    def training_marks(self) -> int:
+        """How many gradients were marked so far (the retrace probe asks whether a trace trained)."""
+        return self.trace.training_marks
 
     def count_nested_runs(self, fn: Any, call_site: Any) -> None:
         """``fn`` was just called inside another function's trace, from graph ``call_site``: the
         training steps it runs once per call run as often as that call site does."""
-        runs = self.flags_of(fn).get("implicit_runs")
+        runs = self.trace.flags_of(fn).get("implicit_runs")
         if runs and call_site is not None:
             self.count_training_runs(call_site, runs)
 
@@ -184,7 +110,8 @@ class StepProbe:
         reduce function, one in-graph add counts each execution. The count is kept per function,
         not per trace: a function retraced into another shape is counted by its last trace.
         """
-        owner, call_site = self.tracing[-1] if self.tracing else (self.current_top, None)
+        trace = self.trace
+        owner, call_site = trace.tracing[-1] if trace.tracing else (trace.current_top, None)
         outer = graph.outer_graph
         # The function's own graph: made in its call site's graph (or, for a top-level call,
         # outside any function or inside TF's own initialising wrapper). Anything else is a loop
@@ -195,13 +122,13 @@ class StepProbe:
             own = not getattr(outer, "building_function", False) or _initialising_wrapper(outer)
         if owner is None or not own or getattr(graph, "is_control_flow_graph", False):
             accumulator.add_constant(self, RUNS, float(n))
-            self.mark("runs")
-            self.mark("acc_runs")  # the accumulator holds this function's step count
+            trace.mark("runs")
+            trace.mark("acc_runs")  # the accumulator holds this function's step count
             return
         total = self._implicit_runs.get(graph, 0) + n
         self._implicit_runs[graph] = total
-        self._flag(owner, "implicit_runs", total)
-        self.mark("runs")
+        trace.flag(owner, "implicit_runs", total)
+        trace.mark("runs")
 
     def count_gradient_step(self, graph: Any) -> None:
         """A gradient outside any ``strategy.run`` (a loop with no strategy): one step per graph,
@@ -211,15 +138,9 @@ class StepProbe:
         self._gradient_graphs.add(graph)
         self.count_training_runs(graph)
 
-    def flags_of(self, fn: Any) -> dict:
-        try:
-            return self.flags.get(fn) or {}
-        except TypeError:
-            return {}
-
     # --- the wrapper of Function.__call__ -------------------------------------------------------
 
-    def make_call_wrapper(self, original: Callable) -> Callable:
+    def make_call_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         probe = self
         agent = self.agent
         from tensorflow.python import pywrap_tfe
@@ -231,31 +152,33 @@ class StepProbe:
         pending = agent._pending
         perf = self.perf
         switch = _functions_eagerly_switch()
+        strategy_run = self.strategy_run
+        trace = self.trace
+        eager_function = self.eager_function
 
-        def __call__(fn, *args, **kwargs):
-            if probe.current_top is not None or probe.in_eager_run or not executing_eagerly():
+        def __call__(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            if trace.current_top is not None or strategy_run.depth or not executing_eagerly():
                 # A nested call, a call while tracing, or one inside an eager strategy.run.
-                flags = probe.flags_of(fn)
+                flags = trace.flags_of(fn)
                 if flags:
                     try:
-                        probe.propagate(flags)
+                        trace.propagate(flags)
                     except Exception as e:
                         agent.probe_failed("steps", e)
-                if executing_eagerly() and not probe.in_eager_run:
+                if executing_eagerly() and not strategy_run.depth:
                     return original(fn, *args, **kwargs)
                 # Traced now, or called from an eager strategy.run (which traces it on first use:
                 # its trace's flags must land on it so later eager runs know what it does).
                 call_site = current_graph()
-                fetched = probe.fetch_timed.get(call_site) if call_site is not None else None
-                probe.tracing.append((fn, call_site))
-                first_new_op = len(call_site.get_operations()) if fetched is not None else 0
+                fetched = probe.fetch_order.before_call(call_site)
+                trace.tracing.append((fn, call_site))
                 try:
                     result = original(fn, *args, **kwargs)
                 finally:
-                    probe.tracing.pop()
+                    trace.tracing.pop()
                 if fetched is not None:
                     try:
-                        _after(fetched, call_site.get_operations()[first_new_op:])
+                        probe.fetch_order.after_call(call_site, fetched)
                     except Exception as e:
                         agent.probe_failed("input_wait", e)
                 try:
@@ -268,15 +191,16 @@ class StepProbe:
             # A top-level eager call: a step boundary if this is a step function. Per call this
             # path does one weak-dict lookup; the first call of each function does the rest.
             try:
-                flags = probe.flags.get(fn)
+                known: dict[str, Any] | None = trace.flags.get(fn)
             except TypeError:  # not weak-referenceable: never a step function
                 return original(fn, *args, **kwargs)
-            if flags is None or "_name" not in flags:
+            if known is None or "_name" not in known:
                 for prepare in probe.before_first_call:
                     prepare()
-                if flags is None:
-                    flags = probe.flags[fn] = {}
-                flags["_name"] = _name_of(fn)
+                if known is None:
+                    known = trace.flags[fn] = {}
+                known["_name"] = _name_of(fn)
+            flags = known
             was_step = "training" in flags
             if was_step and pending:
                 agent.safe_point()
@@ -284,7 +208,7 @@ class StepProbe:
             eagerly = switch.RUN_FUNCTIONS_EAGERLY  # tf.config.run_functions_eagerly(True)
             if eagerly:
                 probe.start_eager_function()
-            probe.current_top = fn
+            trace.current_top = fn
             start = perf()
             try:
                 if ctx is not None and was_step:
@@ -293,15 +217,15 @@ class StepProbe:
                 else:
                     result = original(fn, *args, **kwargs)
             finally:
-                probe.current_top = None
-                probe.eager_function_call = False
+                trace.current_top = None
+                eager_function.active = False
             end = perf()
             if was_step or "training" in flags:
                 try:
                     probe.record(flags, end - start, end, eagerly)
                 except Exception as e:
                     agent.probe_failed("steps", e)
-            elif probe._applying or not tape_set_is_empty():
+            elif probe.eager_loop.applying or not tape_set_is_empty():
                 pass  # a helper inside an eager loop's step (its forward pass, tf_keras' XLA update)
             else:
                 # Evaluation, prediction, setup: neither their time nor their in-graph fetches
@@ -322,7 +246,7 @@ class StepProbe:
 
     # --- records --------------------------------------------------------------------------------
 
-    def record(self, flags: dict, call_s: float, now: float, eagerly: bool = False) -> None:
+    def record(self, flags: dict[str, Any], call_s: float, now: float, eagerly: bool = False) -> None:
         """Emits one Step for a finished step call (on the training thread; no I/O); ``eagerly``:
         the call ran eagerly (``tf.config.run_functions_eagerly``)."""
         steps = flags.get("implicit_runs", 0)
@@ -330,18 +254,19 @@ class StepProbe:
         measured_wait = wait_s > 0.0
         examples = self.eager_examples
         # One of the run's first records: every sampled value is read (a short run's diagnostics
-        # see every step); later ones at most every loss_every_s of training.
-        read_all = self._read_all_left > 0
+        # see every step); later ones at most every pacer.every_s of training.
+        pacer = self.pacer
+        read_all = pacer.read_all
         # Training time is the step's own time, its wait for the batch included (an input-bound
         # loop is read as often as any other); evaluation and other pauses are not in it.
-        trained = self._trained_s = self._trained_s + call_s + wait_s
+        trained = pacer.trained(call_s + wait_s)
         if self.accumulator is not None and "acc" in flags:
             # Read after every call when the call's step count is in there (a loop); otherwise it
             # holds only input wait and examples, which are sampled like losses: a read gives
             # their sum since the last one, spread over the steps in between.
-            if "acc_runs" in flags or read_all or trained - self._acc_read_trained >= self.loss_every_s:
+            if "acc_runs" in flags or read_all or pacer.acc_due(trained):
                 acc = self.read_accumulator().tolist()  # Python floats: cheaper than numpy scalars
-                self._acc_read_trained = trained
+                pacer.acc_read(trained)
                 last = self.acc_last
                 self.acc_last = acc
                 pending, self._acc_unread_steps = self._acc_unread_steps, 0
@@ -358,7 +283,7 @@ class StepProbe:
                 self._acc_unread_steps += steps
         counted = "runs" in flags
         if eagerly:  # no graph counted them
-            steps, counted = self.eager_function_steps(), True
+            steps, counted = self.eager_function.steps(), True
         if steps <= 0:
             if counted:  # its training steps are counted, and this call ran none
                 self.eager_wait_s = 0.0
@@ -366,21 +291,19 @@ class StepProbe:
                 self.read_unread_losses(now)
                 return
             steps = 1
-        if read_all:
-            self._read_all_left -= 1
+        pacer.recorded()
         step_time_s = (call_s + self.eager_wait_s) / steps
         # Each replica's loss is sampled like the wait (and read at a function's first record):
         # each read is a transfer per replica on a TPU, ~0.1 ms per replica on a CPU. A record
         # without one says so (loss None); the dashboard shows the last loss with its step.
         losses = None
-        due = read_all or trained - self._loss_read_trained >= self.loss_every_s or "_read" not in flags
+        due = read_all or pacer.loss_due(trained) or "_read" not in flags
         # A call that ran eagerly kept its losses as values while it ran: they are always taken.
-        reader = self.eager_function_loss_reader if eagerly else self.loss_reader if due else None
+        reader = self.eager_function.loss_reader if eagerly else self.loss_reader if due else None
         if reader is not None:
             losses = reader(flags)
             if losses is not None:
-                self._loss_read_trained = trained
-                self._loss_read_at = now
+                pacer.loss_read(trained, now)
                 if not eagerly:
                     flags["_read"] = True
         strategy = flags.get("strategy")
@@ -394,54 +317,33 @@ class StepProbe:
         # step, and are read if training pauses first (read_unread_losses).
         self._unread = (flags, self.agent.global_step) if losses is None and "loss" in flags and not eagerly else None
 
+    def first_strategy_if_none(self) -> None:
+        """A step trained on the current strategy: announced if no step has named one yet."""
+        if self._last_strategy is None and self.on_training_strategy is not None:
+            self._last_strategy = strategy = _current_strategy()
+            self.on_training_strategy(strategy)
+
     def start_eager_function(self) -> None:
         """A top-level tf.function call is about to run eagerly (``tf.config.run_functions_eagerly``)."""
-        self.eager_function_call = True
-        self.eager_function_runs = 0
-        self.eager_function_gradients = {}
+        self.eager_function.start()
         self.eager_losses = {}
-
-    def eager_function_steps(self) -> int:
-        """Training steps of a call that ran eagerly, where no in-graph count exists: its
-        strategy.runs whose replicas computed gradients; else its step index (below); 0 if it
-        computed no gradient."""
-        return self.eager_function_runs or self.eager_function_step_index()
-
-    def eager_function_step_index(self) -> int:
-        """Steps so far of a call running eagerly, by its gradients outside any strategy.run: the
-        most taken with respect to one set of variables (a loop over batches with a GAN's two tapes
-        each: one a batch; an FGSM-style gradient w.r.t. tensors is none), or 1 if all were w.r.t.
-        tensors only (traced, those train: a TPU embedding's)."""
-        counts = self.eager_function_gradients
-        if not counts:
-            return 0
-        return max((n for key, n in counts.items() if key), default=1)
-
-    def eager_function_gradient(self, variables: tuple[int, ...]) -> None:
-        """A tf.function running eagerly took a gradient outside any strategy.run."""
-        counts = self.eager_function_gradients
-        counts[variables] = counts.get(variables, 0) + 1
 
     def read_unread_losses(self, now: float | None = None) -> None:
         """Training paused (evaluation began, an epoch or the script ended): the last step's
         losses, if its record went without them, are read now and sent for that step. With
-        ``now``, only if a read is due anyway (at most one every ``loss_every_s``)."""
+        ``now``, only if a read is due anyway (at most one every ``pacer.every_s``)."""
         unread = self._unread
         if unread is None or self.loss_reader is None:
             return
-        if now is not None and now - self._loss_read_at < self.loss_every_s:
+        if now is not None and not self.pacer.pause_read_due(now):
             return
         self._unread = None
         flags, step = unread
         losses = self.loss_reader(flags)
         if losses:
-            self._loss_read_at = self.perf()
+            self.pacer.paused_read(self.perf())
             agent = self.agent
             agent.emit(StepLoss(t=agent.clock(), step=step, loss=sum(losses) / len(losses), replica_losses=losses))
-
-    def record_eager_run(self, call_s: float, losses: tuple[float, ...] | None) -> None:
-        wait = self.eager_wait_s
-        self._emit("strategy.run", 1, call_s + wait, wait if wait > 0 else None, losses, self.eager_examples)
 
     def _emit(
         self,
@@ -456,22 +358,17 @@ class StepProbe:
         agent.global_step += steps
         self.eager_wait_s = 0.0
         self.eager_examples = None
-        # Whatever kind of step this was, eager gradients before it belonged to it (or to nothing).
-        self._clear_eager_window()
-        self.eager_fetches = 0
-        self._eager_last = False
-        self._eager_extra_s = 0.0
-        self._step_vars = set()
-        self._step_updates = 0
+        self.eager_loop.stepped()
         loss = None
         if losses:
             loss = sum(losses) / len(losses)
             self.last_loss = (agent.global_step, loss, len(losses))
-        # The Step itself is built on the agent's thread (emit_step): a frozen dataclass of 11
-        # fields costs microseconds the training thread need not spend.
+        # Only the Step's values here; the Step itself is built on the agent's thread (emit_step):
+        # a frozen dataclass of 10 fields costs a microsecond the training thread need not spend.
         now = agent.clock()
-        agent.emit_step((agent.global_step, now, step_time_s, wait_s, loss, losses or (), steps,
-                         examples, fn_name, getattr(self.epoch_source, "epoch", None)))
+        agent.emit_step(step_values(step=agent.global_step, t=now, step_time_s=step_time_s, input_wait_s=wait_s,
+                                    loss=loss, replica_losses=losses or (), steps=steps, examples=examples,
+                                    function=fn_name, epoch=getattr(self.epoch_source, "epoch", None)))
         phases = agent.phases
         if phases.pending or phases.current != "training":  # one compare a step; a message on change
             phases.on_step(fn_name, now - step_time_s * steps)
@@ -479,164 +376,23 @@ class StepProbe:
             self._config_batch = examples
             agent.emit(Config(t=agent.clock(), global_batch_size=examples))
 
-    # --- loops with no tf.function ----------------------------------------------------------
-
-    def eager_top(self) -> bool:
-        """Eager code outside any step being measured (a tf.function call, an eager
-        ``strategy.run``, a ``tpuwatch.step()``)."""
-        from tensorflow.python.eager import context
-
-        return self.current_top is None and not self.in_eager_run and context.executing_eagerly()
-
-    def tape_entered(self, tape: Any) -> None:
-        """An eager gradient tape opened: the outermost one first opened since the last step starts
-        the next (a tape nested in it, or the same tape entered again by tf_keras' ``minimize(...,
-        tape=tape)``, does not)."""
-        if self.eager_gradients or not self.eager_top():
-            return
-        from tensorflow.python import pywrap_tfe
-
-        if not pywrap_tfe.TFE_Py_TapeSetIsEmpty():
-            return
-        if self._eager_tape is not None and self._eager_tape() is tape:
-            return
-        if self._eager_held_at is not None and self._eager_held_at == self.eager_fetches:
-            return  # after an FGSM-style gradient on this batch: the step began at its tape
-        # Commands wait while the step's batch has updates to come (a checkpoint between a GAN's
-        # discriminator and generator updates would hold one updated and not the other).
-        if self.agent.has_pending and not (self._continues_step() and self._step_updates < self._eager_cycle):
-            self.agent.safe_point()
-        self._start_eager_step()
-        try:
-            self._eager_tape = weakref.ref(tape)
-        except TypeError:
-            self._eager_tape = None
-
-    def _clear_eager_window(self) -> None:
-        """Forgets the eager work since the last update: its tapes, gradients and loss."""
-        self.eager_gradients = False
-        self.eager_step_start = None
-        self.eager_loop_loss = None
-        self.eager_loop_loss_of_variables = False
-        self._eager_tape = None
-        self._eager_held_at = None
-        self._window_vars = set()
-
-    def _start_eager_step(self) -> None:
-        self.eager_step_start = self.perf()
-        self._eager_wait_at_start = self.eager_wait_s
-
-    def _continues_step(self) -> bool:
-        """More work on the last eager step's batch: no fetch since, and (once the gradients are
-        known) other variables."""
-        return self._eager_last and self.eager_fetches == 0 and not (self._window_vars & self._step_vars)
-
-    def eager_fetched(self) -> None:
-        """The script fetched a batch eagerly (the input-wait probe has added its wait)."""
-        self.eager_fetches += 1
-
-    def eager_gradient(self, variables: tuple[int, ...]) -> None:
-        """An eager top-level ``tape.gradient`` with respect to variables ran (its loss is kept by
-        the replica-loss probe); ``variables``: ids of its first and last source."""
-        if self.eager_step_start is None:  # a tape entered before the agent was installed
-            self._start_eager_step()
-        self.eager_gradients = True
-        self._window_vars.update(variables)
-
-    def eager_probe_gradient(self) -> None:
-        """An eager top-level gradient with respect to tensors only (an FGSM perturbation): no
-        step, but the work of the one that follows on this batch (the clock runs on)."""
-        if self.eager_step_start is None:
-            self._start_eager_step()
-        self._eager_held_at = self.eager_fetches
-
-    def eager_applied(self) -> None:
-        """An eager optimizer update ended: one step of a loop with no tf.function, if eager
-        gradients were computed for it (on the training thread; no I/O)."""
-        if not self.eager_gradients:
-            return
-        now = self.perf()
-        call_s = now - (self.eager_step_start if self.eager_step_start is not None else now)
-        target = self.eager_loop_loss
-        window_vars = self._window_vars
-        continues = self._continues_step()
-        self._clear_eager_window()
-        if continues:
-            self._eager_extra_s += call_s  # counted in the next step's time
-            self._step_vars |= window_vars
-            self._step_updates += 1
-            return
-        cycle = self._step_updates or 1
-        read_all = self._read_all_left > 0
-        if read_all:
-            self._read_all_left -= 1
-        wait_s = self.eager_wait_s  # every fetch of the step; those after its tape opened are in call_s
-        step_time_s = call_s + self._eager_wait_at_start + self._eager_extra_s
-        trained = self._trained_s = self._trained_s + step_time_s
-        losses = None
-        if target is not None and (read_all or trained - self._loss_read_trained >= self.loss_every_s):
-            try:
-                import tensorflow as tf
-
-                losses = (float(tf.reduce_mean(tf.cast(target, tf.float32)).numpy()),)
-                self._loss_read_trained = trained
-                self._loss_read_at = now
-            except Exception as e:
-                self.agent.probe_failed("replica_loss", e)
-        if self._last_strategy is None and self.on_training_strategy is not None:
-            self._last_strategy = tf_strategy = _current_strategy()
-            self.on_training_strategy(tf_strategy)
-        self._emit("eager loop", 1, step_time_s, wait_s if wait_s > 0 else None, losses, self.eager_examples)
-        self._eager_last = True
-        self._step_vars = window_vars
-        self._step_updates = 1
-        self._eager_cycle = cycle
-
-    def make_update_wrapper(self, original: Callable) -> Callable:
-        """Wraps an optimizer's update method: an eager top-level update may end a step."""
-        probe = self
-        agent = self.agent
-
-        def update(optimizer, *args, **kwargs):
-            if probe._applying or "steps" in agent._disabled:
-                return original(optimizer, *args, **kwargs)
-            try:
-                top = probe.eager_top()
-            except Exception as e:
-                agent.probe_failed("steps", e)
-                top = False
-            if not top:
-                return original(optimizer, *args, **kwargs)
-            probe._applying += 1
-            try:
-                result = original(optimizer, *args, **kwargs)
-            finally:
-                probe._applying -= 1
-            try:
-                probe.eager_applied()
-            except Exception as e:
-                agent.probe_failed("steps", e)
-            return result
-
-        return update
-
     # --- the explicit API (tpuwatch.step) ---------------------------------------------------
 
     @contextlib.contextmanager
-    def manual_step(self, info: Any):
+    def manual_step(self, info: Any) -> Iterator[None]:
         """One step marked by the script; automatic detection is suspended inside it."""
         agent = self.agent
-        if self.current_top is not None or self.in_eager_run:
+        if self.trace.current_top is not None or self.strategy_run.depth:
             yield  # nested inside a step already being measured
             return
         if agent.has_pending:
             agent.safe_point()
-        self.current_top = _MANUAL
+        self.trace.current_top = _MANUAL
         start = self.perf()
         try:
             yield
         finally:
-            self.current_top = None
+            self.trace.current_top = None
         elapsed = self.perf() - start
         try:
             losses = tuple(float(v) for v in (info.replica_losses or ()))
@@ -649,99 +405,12 @@ class StepProbe:
         except Exception as e:
             agent.probe_failed("steps", e)
 
-    # --- eager strategy.run ---------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def eager_run(self):
-        """Wraps a top-level eager strategy.run: it is a step if its replicas computed gradients."""
-        if self.agent.has_pending:
-            self.agent.safe_point()
-        self.in_eager_run += 1
-        self.eager_run_trained = False
-        self.eager_run_flags = {}
-        self.eager_losses = {}
-        try:
-            yield
-        finally:
-            self.in_eager_run -= 1
-
-
-#: Records whose losses (and in-graph input wait) are read whatever the sampling period: a short
-#: run's diagnostics see every step.
-READ_ALL_FIRST = 256
-
-
-#: The least training time between two reads after a run's first READ_ALL_FIRST records: a 4 Hz
-#: sample, the agent's default sampling rate. A read of every replica's loss and the accumulator
-#: costs 0.3-0.9 ms on this project's 2-core CPU box right after a step (an eager op there costs
-#: ~100 µs while tf.data refills), ~0.1 ms a replica of transfers on a TPU: at 10 Hz that was
-#: ~100 µs a step at 20 ms steps. People read a number at 1-2 Hz; every step is still counted.
-LOSS_EVERY_S = 0.25
-
-
-def _loss_every_s() -> tuple[float, int]:
-    """TPUWATCH_LOSS_EVERY_S: the least training time between two reads of the replicas' losses
-    and the in-graph input wait, and how many first records are read regardless. Default: every
-    record of the first READ_ALL_FIRST, then at most every LOSS_EVERY_S. Set, it applies from the
-    first record (0 reads after every step call)."""
-    from tpuwatch import settings
-
-    raw = settings.LOSS_EVERY_S.get()
-    if not raw:
-        return LOSS_EVERY_S, READ_ALL_FIRST
-    try:
-        return max(0.0, float(raw)), 0
-    except ValueError:
-        return LOSS_EVERY_S, READ_ALL_FIRST
-
 
 class _Manual:
-    """Stands for the script's own step in ``current_top`` (see manual_step)."""
+    """Stands for the script's own step in ``TraceFlags.current_top`` (see manual_step)."""
 
 
 _MANUAL = _Manual()
-
-
-def _after(fetched: Any, new_ops: list) -> None:
-    """The call ops just made start once the fetch before them is timed. Without this, TF may
-    start a nested step function (Keras' ``one_step_on_data``) first and take the fetch's second
-    timestamp only when a thread frees up, counting step time as input wait.
-
-    The order is on the data: each input of the call that the step computed (not a resource, nor
-    one of the function's captured inputs where it has others) goes through an
-    ``Identity`` that waits for the timestamp, **colocated with that input**: TF inlines the call,
-    so each replica's part starts once its own batch is timed, and the batch stays on its device.
-    (Unplaced, the identities went to the default device: every replica's batch made a round trip
-    through device 0, ~12 send/receive pairs a 4-replica tiny ``fit`` step here, an inter-device
-    copy of each batch on GPUs.) A control input on the call op itself gates every op of the
-    inlined body (~400 µs a tiny 4-replica step, bench/ingraph_cost.py --fit); gating only the
-    first input left the other replicas free to start first, and the cached pipeline read 20-30%
-    wait again. A ``control_dependencies`` block would not do either (the call's captured inputs
-    are made inside it, and TF then leaves the call op out). A call with no such input gets the
-    control input.
-
-    A call inside a TPU (XLA) computation is left alone: ``TPUReplicateContext`` would pull the
-    host's float64 timestamp into the computation, which a TPU cannot compile; there the step's
-    work runs on the chips, so it cannot hold up the timestamp's host thread anyway."""
-    import tensorflow as tf
-    from tensorflow.python.framework import ops
-
-    for op in new_ops:
-        if op.type not in ("StatefulPartitionedCall", "PartitionedCall") or fetched in op.control_inputs:
-            continue
-        if op._get_control_flow_context() is not None:  # TPU/XLA (TF2's own control flow has none)
-            continue
-        data = [(i, t) for i, t in enumerate(op.inputs) if t.dtype != tf.resource]
-        data = [(i, t) for i, t in data if t.op.type != "Placeholder"] or data
-        if not data:
-            op._add_control_input(fetched)
-            continue
-        for index, tensor in data:
-            if tensor.op.type == "Identity" and fetched in tensor.op.control_inputs:
-                continue  # already ordered
-            with op.graph.as_default(), ops.colocate_with(tensor.op), tf.control_dependencies([fetched]):
-                gated = tf.identity(tensor)
-            op._update_input(index, gated)
 
 
 def _initialising_wrapper(graph: Any) -> bool:
@@ -815,7 +484,7 @@ def _variables_of(sources: Any) -> tuple[int, ...]:
     return ()
 
 
-def install(agent: "Agent", patches) -> StepProbe:
+def install(agent: "Agent", patches: "Patches") -> StepProbe:
     from tensorflow.python.eager import backprop
     from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
@@ -823,27 +492,27 @@ def install(agent: "Agent", patches) -> StepProbe:
     probe = agent.step_probe if isinstance(agent.step_probe, StepProbe) else StepProbe(agent)
     patches.wrap(polymorphic_function.Function, "__call__", probe.make_call_wrapper)
 
-    def make_gradient(original):
-        def gradient(tape, *args, **kwargs):
+    def make_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
+        def gradient(tape: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 variables = _variables_of(args[1] if len(args) > 1 else kwargs.get("sources"))
                 graph = current_graph()
-                if graph is None and probe.current_top is None and not probe.in_eager_run:
+                if graph is None and probe.trace.current_top is None and not probe.strategy_run.depth:
                     # An eager loop's gradient: with respect to tensors only (FGSM), it is no step.
                     if variables:
-                        probe.mark("training")
-                        probe.eager_gradient(variables)
+                        probe.trace.mark("training")
+                        probe.eager_loop.gradient(variables)
                     else:
-                        probe.eager_probe_gradient()
+                        probe.eager_loop.probe_gradient()
                 else:
                     # Traced (or in an eager strategy.run, or a tf.function running eagerly),
                     # every gradient trains: a TPU embedding's is taken with respect to its activations.
-                    probe.mark("training")
+                    probe.trace.mark("training")
                     if graph is not None:
                         if _outside_strategy_run():
                             probe.count_gradient_step(graph)
-                    elif probe.eager_function_call and _outside_strategy_run():
-                        probe.eager_function_gradient(variables)
+                    elif probe.eager_function.active and _outside_strategy_run():
+                        probe.eager_function.gradient(variables)
                 if probe.gradient_hooks:
                     target = args[0] if args else kwargs.get("target")
                     for hook in probe.gradient_hooks:
@@ -854,10 +523,10 @@ def install(agent: "Agent", patches) -> StepProbe:
 
         return gradient
 
-    def make_enter(original):
-        def __enter__(tape, *args, **kwargs):
+    def make_enter(original: Callable[..., Any]) -> Callable[..., Any]:
+        def __enter__(tape: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                probe.tape_entered(tape)
+                probe.eager_loop.tape_entered(tape)
             except Exception as e:
                 agent.probe_failed("steps", e)
             return original(tape, *args, **kwargs)
@@ -883,7 +552,7 @@ UPDATE_METHODS = (
 )
 
 
-def _install_updates(agent: "Agent", patches, probe: StepProbe) -> None:
+def _install_updates(agent: "Agent", patches: "Patches", probe: StepProbe) -> None:
     """Patches each class's own update method when the script imports its module."""
     from tpuwatch.agent import post_import
 
@@ -892,7 +561,7 @@ def _install_updates(agent: "Agent", patches, probe: StepProbe) -> None:
             for name in class_names:
                 cls = getattr(module, name, None)
                 if cls is not None and method in vars(cls):
-                    patches.wrap(cls, method, probe.make_update_wrapper)
+                    patches.wrap(cls, method, probe.eager_loop.make_update_wrapper)
 
         return patch
 

@@ -6,28 +6,26 @@ its newline arrives; only when the run is over (:meth:`RecordingReader.finish`) 
 newline reported as cut (``truncated_tail``), with the number of bytes dropped.
 
 Decoding never raises: malformed lines and unknown kinds are counted (:class:`protocol.Decoder`).
-``step`` lines, which are nearly all of a long recording, take a fast path that builds the
-:class:`~tpuwatch.protocol.Step` directly from the decoded object and falls back to the full,
-validating decoder for anything unusual (non-finite values, odd types, missing fields).
+``step`` lines, which are nearly all of a long recording, take a fast path
+(:func:`protocol.decode_step_line`) that builds the :class:`~tpuwatch.protocol.Step` directly from
+the decoded object and falls back to the full, validating decoder for anything unusual (non-finite
+values, odd types, missing fields).
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from tpuwatch import protocol, rundir
-from tpuwatch.protocol import Message, Step
+from tpuwatch.protocol import Message
 
 #: Default cap on bytes read per :meth:`RecordingReader.read_new` call, so a UI catching up on a
 #: huge recording stays responsive: ~8 MiB is ~30,000 step lines, ~0.3 s of decoding.
 DEFAULT_MAX_BYTES_PER_READ = 8 << 20
-
-_STEP_PREFIX = b'{"kind":"step",'
 
 
 @dataclass(frozen=True)
@@ -41,46 +39,6 @@ class ReadStats:
     truncated_tail: bool = False  # the recording ends in a line without its newline
     dropped_bytes: int = 0  # bytes of that cut line (plus any over-long lines skipped)
     last_error: str = ""
-
-
-def _float(v: object) -> float:
-    t = type(v)
-    if t is float:
-        return v  # type: ignore[return-value]
-    if t is int:
-        return float(v)  # type: ignore[arg-type]
-    raise TypeError
-
-
-def _fast_step(line: bytes) -> Step | None:
-    """A Step from a well-formed, all-finite step line; ``None`` means: use the full decoder."""
-    try:
-        o = json.loads(line)
-        step = o["step"]
-        steps = o.get("steps", 1)
-        examples = o.get("examples")
-        epoch = o.get("epoch")
-        function = o.get("function", "")
-        if (type(step) is not int or type(steps) is not int or type(function) is not str
-                or (examples is not None and type(examples) is not int)
-                or (epoch is not None and type(epoch) is not int)):
-            return None
-        wait = o["input_wait_s"]
-        loss = o["loss"]
-        return Step(
-            step=step,
-            t=_float(o["t"]),
-            step_time_s=_float(o["step_time_s"]),
-            input_wait_s=None if wait is None else _float(wait),
-            loss=None if loss is None else _float(loss),
-            replica_losses=tuple(map(_float, o.get("replica_losses", ()))),
-            steps=steps,
-            examples=examples,
-            function=function,
-            epoch=epoch,
-        )
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        return None
 
 
 class RecordingReader:
@@ -205,10 +163,11 @@ class RecordingReader:
         out: list[Message] = []
         append = out.append
         decode = self._decoder.decode
+        decode_step, step_prefix = protocol.decode_step_line, protocol.STEP_LINE_PREFIX
         for line in body.split(b"\n"):
             if not line or line.isspace():
                 continue
-            msg: Message | None = _fast_step(line) if line.startswith(_STEP_PREFIX) else None
+            msg: Message | None = decode_step(line) if line.startswith(step_prefix) else None
             if msg is None:
                 msg = decode(line)
                 if msg is None:

@@ -1,0 +1,100 @@
+"""When the step probe reads what lives in TensorFlow variables: each replica's loss and the in-graph
+accumulator (input wait, examples, steps run).
+
+Each read is a transfer per replica on a TPU, ~0.1 ms a replica on a CPU, so after a run's first
+:data:`READ_ALL_FIRST` records (all read: a short run's diagnostics see every step) reads are
+paced by *training* time (the step calls' time and their input wait), not by the wall clock: a
+pause (evaluation, a checkpoint) does not make the next read due. When training pauses, the last
+step's losses, if its record went without them, are read if the wall clock says one is due.
+No TensorFlow here: the step probe asks, and reads.
+"""
+
+from __future__ import annotations
+
+#: Records whose losses (and in-graph input wait) are read whatever the sampling period: a short
+#: run's diagnostics see every step.
+READ_ALL_FIRST = 256
+
+
+#: The least training time between two reads after a run's first READ_ALL_FIRST records: a 4 Hz
+#: sample, the agent's default sampling rate. A read of every replica's loss and the accumulator
+#: costs 0.3-0.9 ms on this project's 2-core CPU box right after a step (an eager op there costs
+#: ~100 µs while tf.data refills), ~0.1 ms a replica of transfers on a TPU: at 10 Hz that was
+#: ~100 µs a step at 20 ms steps. People read a number at 1-2 Hz; every step is still counted.
+LOSS_EVERY_S = 0.25
+
+
+def _loss_every_s() -> tuple[float, int]:
+    """TPUWATCH_LOSS_EVERY_S: the least training time between two reads of the replicas' losses
+    and the in-graph input wait, and how many first records are read regardless. Default: every
+    record of the first READ_ALL_FIRST, then at most every LOSS_EVERY_S. Set, it applies from the
+    first record (0 reads after every step call)."""
+    from tpuwatch import settings
+
+    raw = settings.LOSS_EVERY_S.get()
+    if not raw:
+        return LOSS_EVERY_S, READ_ALL_FIRST
+    try:
+        return max(0.0, float(raw)), 0
+    except ValueError:
+        return LOSS_EVERY_S, READ_ALL_FIRST
+
+
+class ReadPacer:
+    """Training time so far, and when the losses and the accumulator were last read (on the
+    training thread only). Times are seconds: training time as :meth:`trained` adds it up, the
+    wall clock as the probe's ``perf`` gives it."""
+
+    def __init__(self, every_s: float, read_all_first: int) -> None:
+        self.every_s = every_s
+        self.read_all_left = read_all_first  # records still read whatever the pace
+        self.trained_s = 0.0
+        self._loss_read_trained = float("-inf")
+        self._loss_read_at = float("-inf")  # wall clock of the last loss read: pauses use it
+        self._acc_read_trained = float("-inf")
+
+    @classmethod
+    def from_settings(cls) -> "ReadPacer":
+        """The pace ``TPUWATCH_LOSS_EVERY_S`` asks for (see :func:`_loss_every_s`)."""
+        every_s, first = _loss_every_s()
+        return cls(every_s, first)
+
+    @property
+    def read_all(self) -> bool:
+        """The next record is one of the run's first: everything in it is read."""
+        return self.read_all_left > 0
+
+    def trained(self, seconds: float) -> float:
+        """A step's ``seconds`` of training (its wait for its batch included); the total so far."""
+        self.trained_s += seconds
+        return self.trained_s
+
+    def recorded(self) -> None:
+        """A record was made: one fewer of the first records left to read whatever the pace."""
+        if self.read_all_left > 0:
+            self.read_all_left -= 1
+
+    def loss_due(self, trained: float) -> bool:
+        """The losses are to be read at training time ``trained`` (read_all aside)."""
+        return trained - self._loss_read_trained >= self.every_s
+
+    def loss_read(self, trained: float, now: float) -> None:
+        """The losses were read at training time ``trained``, wall clock ``now``."""
+        self._loss_read_trained = trained
+        self._loss_read_at = now
+
+    def acc_due(self, trained: float) -> bool:
+        """The accumulator is to be read at training time ``trained`` (read_all aside)."""
+        return trained - self._acc_read_trained >= self.every_s
+
+    def acc_read(self, trained: float) -> None:
+        self._acc_read_trained = trained
+
+    def pause_read_due(self, now: float) -> bool:
+        """Training paused at wall clock ``now``: a held-back loss may be read (at most one every
+        ``every_s``)."""
+        return now - self._loss_read_at >= self.every_s
+
+    def paused_read(self, now: float) -> None:
+        """A held-back loss was read at wall clock ``now``."""
+        self._loss_read_at = now
