@@ -59,9 +59,11 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
         if stage == "from_generator":
             return Culprit(stage, site, f"the Python generator read by from_generator at {site} "
                            "makes one element at a time, holding the GIL",
-                           "move the per-element work out of the generator into "
-                           f".map(..., num_parallel_calls={AUTOTUNE}) on tensors (or read the data "
-                           "with from_tensor_slices / TFRecordDataset)")
+                           "yield the raw element from the generator and move the per-element work "
+                           f"(decode, augment, normalise) into .map(..., num_parallel_calls={AUTOTUNE}) "
+                           "written in TF ops (tf.image, tf.cast: they run in parallel without the GIL; "
+                           "the same NumPy code in tf.numpy_function keeps the GIL and gains little), or "
+                           "read the data with from_tensor_slices / TFRecordDataset")
     cached = max((i for i, s in enumerate(user) if s[0] == "cache"), default=-1)
     for i, (stage, site, settings, code, _) in enumerate(user):
         if stage == "map" and "num_parallel_calls" not in settings and i > cached:
