@@ -5,7 +5,9 @@ A pipeline ``range.map(read, num_parallel_calls=AUTOTUNE).batch(8)`` whose ``rea
 (I/O: it releases the GIL) feeds a loop whose step takes 8 ms (a sleep, as a device step frees
 the host). Prints the share of the loop spent waiting in ``next()`` as written, with
 ``.prefetch(AUTOTUNE)`` added, and with TF's ``inject_prefetch`` optimisation turned off, each
-``--rounds`` times. Run: ``python bench/prefetch_after_parallel_map.py``.
+``--rounds`` times. ``--interleave``: the batches come from a parallel ``interleave`` of 4 readers
+(each reads its elements one after another, 2 ms each) instead of the parallel map. Run:
+``python bench/prefetch_after_parallel_map.py [--interleave]``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--batches", type=int, default=150)
+    p.add_argument("--interleave", action="store_true")
     args = p.parse_args()
     import numpy as np
     import tensorflow as tf
@@ -35,7 +38,12 @@ def main() -> None:
         return y
 
     def pipeline(variant: str) -> tf.data.Dataset:
-        ds = tf.data.Dataset.range(10**9).map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(8)
+        if args.interleave:
+            ds = tf.data.Dataset.range(64).interleave(lambda shard: tf.data.Dataset.range(10**6).map(parse),
+                                                      cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
+        else:
+            ds = tf.data.Dataset.range(10**9).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.batch(8)
         if variant == "prefetch":
             ds = ds.prefetch(tf.data.AUTOTUNE)
         if variant == "no-inject":

@@ -51,8 +51,10 @@ PARALLEL_MAP = ("map", "num_parallel_calls=AUTOTUNE, deterministic='default'",
     (SOURCE, PARALLEL_MAP, BATCH),  # tf.data fuses them into one parallel map-and-batch
     (SOURCE, PARALLEL_MAP, BATCH, ("repeat", "count=-1", "ds = ds.repeat()")),
     (SOURCE, BATCH, PARALLEL_MAP),
+    (SOURCE, ("interleave", "cycle_length=4, block_length=1, num_parallel_calls=AUTOTUNE",
+              "ds = files.interleave(read, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)"), BATCH),
     (SOURCE, ("batch", "batch_size=64, num_parallel_calls=AUTOTUNE", "ds = ds.batch(64, num_parallel_calls=-1)"),),
-], ids=["map-batch", "map-batch-repeat", "batch-map", "parallel-batch"])
+], ids=["map-batch", "map-batch-repeat", "batch-map", "interleave-batch", "parallel-batch"])
 def test_no_final_prefetch_is_advised_after_a_parallel_last_stage(stages):
     # the parallel stage runs ahead by itself (and TF's inject_prefetch adds a prefetch after
     # it): bench/prefetch_after_parallel_map.py measured no wait cut by adding one

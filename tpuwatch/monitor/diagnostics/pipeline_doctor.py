@@ -111,19 +111,19 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
 
 def _runs_ahead(working: list[tuple[str, str, str, str, str]]) -> bool:
     """The pipeline's last stage runs ahead of the step by itself, so a final ``prefetch`` adds
-    nothing: a parallel ``map``/``interleave``/``batch`` last, or a ``batch`` right after a parallel
-    ``map`` (tf.data fuses the two into one parallel map-and-batch). Each keeps a buffer of finished
-    elements that autotuning sizes, and TF's ``inject_prefetch`` optimisation (on by default) puts
-    a prefetch after such a stage anyway. Measured (``bench/prefetch_after_parallel_map.py``:
-    ``map(read, AUTOTUNE).batch(8)``, 2 ms reads, 8 ms steps, load 1.5-3.4): 9-17 % of the loop
-    waiting as written, 10-17 % with the prefetch, 9-17 % with ``inject_prefetch`` off; each round's
-    three within 2 points."""
+    nothing: a parallel ``map``/``interleave``/``batch`` last, or a ``batch`` right after one (a
+    parallel ``map`` and its ``batch`` are fused into one parallel map-and-batch). Each keeps a
+    buffer of finished elements that autotuning sizes, and TF's ``inject_prefetch`` optimisation
+    (on by default) puts a prefetch after such a stage anyway. Measured
+    (``bench/prefetch_after_parallel_map.py``: ``map(read, AUTOTUNE).batch(8)``, 2 ms reads, 8 ms
+    steps, load 1.5-3.4): 9-17 % of the loop waiting as written, 10-17 % with the prefetch, 9-17 %
+    with ``inject_prefetch`` off, each round's three within 2 points; a ``batch`` after a parallel
+    ``interleave`` of 4 readers (``--interleave``) 8.5-9 % without a prefetch, 8.5-10 % with it."""
     def parallel(st: tuple[str, str, str, str, str]) -> bool:
         return st[0].startswith("parallel") or "num_parallel_calls" in st[2]
     if parallel(working[-1]):
         return True
-    return working[-1][0] in ("batch", "padded_batch") and len(working) > 1 and \
-        working[-2][0] in ("map", "parallelmap") and parallel(working[-2])
+    return working[-1][0] in ("batch", "padded_batch") and len(working) > 1 and parallel(working[-2])
 
 
 def _add_argument(stage: str, site: str, code: str, name: str, value: str, problem: str,
