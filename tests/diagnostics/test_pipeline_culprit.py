@@ -131,3 +131,19 @@ def test_report_lists_the_pipeline_map(tmp_path):
     assert d["stages"][1]["site"] == "train.py:41"
     text = render_text(report)
     assert "Input pipeline" in text and "train.py:41" in text and ".map()   ds = ds.map(decode)" in text
+
+
+GENERATOR = ("from_generator", "", "ds = tf.data.Dataset.from_generator(examples, output_signature=sig)")
+
+
+def test_a_generator_is_told_to_move_its_work_into_a_parallel_map():
+    c = culprit(pipe(GENERATOR, BATCH, PREFETCH), fetch_in_step=True)
+    assert (c.stage, c.site) == ("from_generator", "train.py:40")
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in c.fix and "TF ops" in c.fix
+
+
+def test_a_generator_whose_work_is_in_a_parallel_map_is_not_told_to_move_it():
+    # the advice applied (input_slow_generator.py's edit): what is left is the generator's yield
+    c = culprit(pipe(GENERATOR, PARALLEL_MAP, BATCH, PREFETCH), fetch_in_step=True)
+    assert (c.stage, c.site) == ("from_generator", "train.py:40")
+    assert "num_parallel_calls" not in c.fix and "from_tensor_slices" in c.fix, c

@@ -242,3 +242,5 @@ def test_a_slow_generator_is_named_at_its_from_generator_line_and_its_edit_remov
         ["num_parallel_calls=AUTOTUNE, deterministic='default'"]
     left = findings(after, "input-bound")
     assert not left or left[0]["evidence"]["input_wait_pct"] < f["evidence"]["input_wait_pct"] / 2, left
+    # what is left (if any) is the generator's own yield: never told to do what it now does
+    assert all("num_parallel_calls" not in g["evidence"]["fix"] for g in left), left

@@ -56,8 +56,15 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
                        f"at {site or 'the fit call'}, pass a tf.data.Dataset instead: "
                        f"tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x)).batch(batch_size)"
                        f".prefetch({AUTOTUNE})")
-    for stage, site, *_ in user:
+    for i, (stage, site, *_) in enumerate(user):
         if stage == "from_generator":
+            if any(st[0] in ("map", "parallelmap") and "num_parallel_calls" in st[2] for st in user[i + 1:]):
+                # the work is in a parallel map already: what waits is the generator's own yield
+                return Culprit(stage, site, f"the Python generator read by from_generator at {site} "
+                               "still hands over one element at a time, holding the GIL (its work is "
+                               "in a parallel .map already)", "read the data without a Python "
+                               "generator: tf.data.Dataset.from_tensor_slices over the arrays or the "
+                               "file names (then the parallel .map), or TFRecordDataset for records")
             return Culprit(stage, site, f"the Python generator read by from_generator at {site} "
                            "makes one element at a time, holding the GIL",
                            "yield the raw element from the generator and move the per-element work "
