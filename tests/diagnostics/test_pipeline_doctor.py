@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tpuwatch.monitor.diagnostics.pipeline_doctor import AUTOTUNE
 from tpuwatch_testing import SAMPLES, child_env
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
@@ -188,13 +189,58 @@ def test_the_leak_finding_names_the_line_that_allocates_and_its_edit_ends_the_le
     assert [g for g in findings(after, "host-memory-growth") if g["severity"] != "info"] == []
 
 
-def test_a_slow_generator_is_named_at_its_from_generator_line(tmp_path):
+# the generator's per-image NumPy augmentation moved into a parallel map of TF ops: the generator
+# yields the raw uint8 image, augment() crops, flips, jitters and normalises it as tensors
+_GENERATOR_WORK = """            image = images[i].astype(np.float32) / 255.0
+            top, left = rng.integers(0, SIZE - CROP + 1, size=2)
+            image = image[top:top + CROP, left:left + CROP]
+            if rng.random() < 0.5:
+                image = image[:, ::-1]
+            image = image * rng.uniform(0.8, 1.2) + rng.uniform(-0.1, 0.1)  # contrast, brightness
+            image = (image - MEAN) / STD
+            yield image, labels[i]
+"""
+_AS_A_MAP = """            yield images[i], labels[i]
+
+
+def augment(image, label):
+    image = tf.image.random_crop(image, (CROP, CROP, 3))
+    image = tf.image.random_flip_left_right(image)
+    image = tf.cast(image, tf.float32) / 255.0
+    image = image * tf.random.uniform((), 0.8, 1.2) + tf.random.uniform((), -0.1, 0.1)
+    return (image - MEAN) / STD, label
+"""
+_SIGNATURE = "examples, output_signature=(tf.TensorSpec((CROP, CROP, 3), tf.float32), tf.TensorSpec((), tf.int64)))\n"
+_RAW_SIGNATURE_AND_MAP = ("examples, output_signature=(tf.TensorSpec((SIZE, SIZE, 3), tf.uint8), "
+                          "tf.TensorSpec((), tf.int64)))\n"
+                          "    ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)\n")
+
+
+def test_a_slow_generator_is_named_at_its_from_generator_line_and_its_edit_removes_the_wait(tmp_path):
     script = PLANTED / "input_slow_generator.py"
-    report = run_and_report(tmp_path, script)
-    (f,) = findings(report, "input-bound")
+    before = run_and_report(tmp_path, script, name="before")
+    (f,) = findings(before, "input-bound")
     line = _line_of(script, "tf.data.Dataset.from_generator(")
     assert f["evidence"]["culprit_stage"] == "from_generator"
     assert f["evidence"]["culprit_site"] == f"input_slow_generator.py:{line}"
     assert "prefetch" not in f["evidence"]["fix"]  # it has one
-    (pipe,) = report["pipelines"]
+    assert f"map(..., num_parallel_calls={AUTOTUNE})" in f["evidence"]["fix"] and "TF ops" in f["evidence"]["fix"]
+    (pipe,) = before["pipelines"]
     assert [s["stage"] for s in pipe["stages"]][-2:] == ["batch", "prefetch"]
+    # the advice applied (it spans the generator's body and the line after from_generator, so it
+    # is written here, not read from the finding): the same augmentation, as TF ops in the map
+    text = script.read_text()
+    for old, new in [(_GENERATOR_WORK, _AS_A_MAP), (_SIGNATURE, _RAW_SIGNATURE_AND_MAP)]:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    fixed = tmp_path / "fixed" / script.name
+    fixed.parent.mkdir()
+    fixed.write_text(text)
+    after = run_and_report(tmp_path, fixed, name="after")
+    assert after["summary"]["steps"] == before["summary"]["steps"]
+    assert [s["settings"] for s in after["pipelines"][0]["stages"] if s["stage"] == "map"] == \
+        ["num_parallel_calls=AUTOTUNE, deterministic='default'"]
+    left = findings(after, "input-bound")
+    assert not left or left[0]["evidence"]["input_wait_pct"] < f["evidence"]["input_wait_pct"] / 2, left
+    # what is left (if any) is the generator's own yield: never told to do what it now does
+    assert all("num_parallel_calls" not in g["evidence"]["fix"] for g in left), left
