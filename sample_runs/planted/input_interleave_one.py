@@ -2,7 +2,7 @@
 naming the interleave's line and the parallel read to ask for.
 
 The training data is 32 shards (``.npy`` files written to a temporary directory first); fetching a
-shard waits ~60 ms of latency before it reads, as an object in a storage bucket does (each
+shard waits ~40 ms of latency before it reads, as an object in a storage bucket does (each
 shard's dataset fetches it when iterated: a ``tf.numpy_function`` that sleeps, then ``np.load``).
 ``files.interleave(load_shard, cycle_length=1)`` fetches one shard at a time, so every batch of
 the Keras ``fit`` waits for a fetch although the pipeline ends with ``prefetch``. The fix reads several shards at once:
@@ -37,7 +37,7 @@ def write_shards(directory: str, shards: int) -> list[str]:
 
 
 def fetch_shard(path: bytes) -> np.ndarray:
-    time.sleep(0.06)  # the storage service's latency before the first byte
+    time.sleep(0.04)  # the storage service's latency before the first byte
     return np.load(path.decode())
 
 

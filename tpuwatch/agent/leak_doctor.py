@@ -18,8 +18,10 @@ tracemalloc does not see a list of tensors grow. The window therefore also diffs
 tensors the garbage collector tracks (one ``gc.get_objects()`` walk at each end, with the GIL
 held, once per window: tens of ms, ``bench/leak_tensor_pass.py``): the tensors alive at its end
 that were not at its start, their bytes, the list, dict or deque that holds most of them, the
-name it is bound to (a local of the script's running functions, else through
-``gc.get_referrers``), and the script's line that adds to that name (``NAME.append(`` / ``NAME[key] =``); that line is a site
+name it is bound to (a local of the script's running functions, a global of the script, or an
+attribute of an object one of those names; found walking down from them, never with
+``gc.get_referrers``, which traverses every object and crashed the interpreter once under
+TensorFlow), and the script's line that adds to that name (``NAME.append(`` / ``NAME[key] =``); that line is a site
 of kind ``"tensors"`` (``"scalar tensors"`` when every one is a scalar, such as a loss), or a site
 ``""`` when the line is not found.
 """
@@ -254,12 +256,20 @@ def _tensor_bytes(tensors: list[Any]) -> tuple[int, bool]:
 
 
 def _holder(candidates: list[Any], sample: list[Any]) -> Any:
-    """Of ``candidates``, the container that holds most of ``sample``, or None when none holds
-    half of it."""
+    """Of ``candidates``, the container that holds most of ``sample``, directly or one level down
+    (each step's tensors in a tuple or a small dict: ``(loss, logits)``, ``{"logits": ...}``), or
+    None when none holds half of it. Walks down from the containers only: ``gc.get_referrers``
+    traverses every object of the process and crashed the interpreter once under TensorFlow."""
     want = {id(o) for o in sample}
     best, most = None, 0
     for r in candidates:
-        held = len(want.intersection(map(id, r.values() if type(r) is dict else r)))  # in C: no __eq__
+        items = list(r.values() if type(r) is dict else r)
+        held = len(want.intersection(map(id, items)))  # in C: no __eq__
+        if held * 2 < len(sample):
+            for item in items:
+                tp = type(item)
+                if tp is tuple or (tp is dict and len(item) < _HOLDER_SAMPLE):
+                    held += len(want.intersection(map(id, item.values() if tp is dict else item)))
         if held > most:
             best, most = r, held
     return best if most * 2 >= len(sample) else None
@@ -267,15 +277,23 @@ def _holder(candidates: list[Any], sample: list[Any]) -> Any:
 
 def _names(container: Any, frames: list[Any]) -> list[str]:
     """The names ``container`` is bound to: a local of one of ``frames`` (the script's running
-    functions), else an attribute or a global (one pass over gc's referrers)."""
+    functions), else a global of the script, else an attribute of an object one of those holds
+    (``self.history``, ``h.losses``). Only downward from the script's own names: no
+    ``gc.get_referrers``."""
     names = [k for f in frames for k, v in f.f_locals.items() if v is container]
     if names:
         return names
-    for r in gc.get_referrers(container):
-        if isinstance(r, dict):
-            names += [k for k, v in r.items() if v is container and isinstance(k, str)]
-        elif isinstance(getattr(r, "__dict__", None), dict):  # an instance whose dict gc does not list
-            names += [k for k, v in vars(r).items() if v is container]
+    main = sys.modules.get("__main__")
+    scopes = [dict(f.f_locals) for f in frames] + ([dict(vars(main))] if main is not None else [])
+    for scope in scopes:
+        names += [k for k, v in scope.items() if v is container and isinstance(k, str)]
+    if names:
+        return names
+    for scope in scopes:
+        for v in scope.values():
+            d = getattr(v, "__dict__", None) if not isinstance(v, type) else None
+            if type(d) is dict:
+                names += [k for k, a in d.items() if a is container and isinstance(k, str)]
     return names
 
 
@@ -318,14 +336,6 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, set[int]] | None,
     del new
     big = [c for c in containers if len(c) >= count // 4]
     holder = _holder(big, sample)
-    if holder is None:
-        # kept one level down: each step's tensors in a tuple or a dict (``(loss, logits)``,
-        # ``{"logits": ...}``), those in the container (one referrer pass, only here)
-        exclude = {id(sample), id(big), id(containers)}
-        wrappers = [r for r in gc.get_referrers(*sample)
-                    if id(r) not in exclude and (type(r) is tuple or (type(r) is dict and len(r) < _HOLDER_SAMPLE))]
-        holder = _holder(big, wrappers) if len(wrappers) * 2 >= len(sample) else None
-        del wrappers
     del containers, big, sample
     where = None
     if holder is not None:
