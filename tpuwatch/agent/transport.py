@@ -55,7 +55,7 @@ MAX_SKIPPED_COMMANDS = 100  # a viewer that overruns the limit this often is dis
 MAX_COMMAND_BYTES = 64 * 1024
 CHUNK = 256 * 1024
 POLL_S = 0.05  # how often a caught-up stream looks for new lines
-CLOSE_FLUSH_S = 1.0  # at exit, how long the streams get to send the end of the recording
+CLOSE_FLUSH_S = 3.0  # at exit, how long the streams get to send the end of the recording (1 s was short under load)
 REFUSAL_EVENT_INTERVAL_S = 1.0  # a flood of bad handshakes becomes one event a second
 
 
@@ -151,7 +151,7 @@ class Server:
         self._listeners = []
 
     def close(self) -> None:
-        """Stops accepting viewers; live streams get the rest of the recording (up to 1 s)."""
+        """Stops accepting viewers; live streams get the rest of the recording (up to CLOSE_FLUSH_S)."""
         self._closing.set()
         for sock, _ in self._listeners:
             try:
