@@ -48,7 +48,8 @@ def test_dashboard_in_tmux_shows_a_real_run_to_the_end(tmp_path, _isolated_home)
 def test_attach_checkpoint_result_reads_at_120x40_and_stop_ends_training(tmp_path, _isolated_home):
     """A run started headless elsewhere; `tpuwatch attach` in a 120x40 terminal: `c` saves a
     checkpoint whose result reads on screen (short path), then `q`, `s` stops the training for
-    real: the grace periods are printed, the run ends with 130 and is listed as stopped."""
+    real: the grace periods are printed, the run ends with 130 (143 when the interrupt outlasts
+    its grace) and is listed as stopped."""
     assert shutil.which("tmux"), "tmux is required for the end-to-end test (.ci/run installs it)"
     session = f"tpuwatch-e2e-attach-{os.getpid()}"
     run_dir = _isolated_home / "runs" / "e2e-stop"  # under the runs root: `tpuwatch ls` lists it
@@ -79,12 +80,17 @@ def test_attach_checkpoint_result_reads_at_120x40_and_stop_ends_training(tmp_pat
         tmux("send-keys", "-t", session, "s")
         text = wait_for(lambda s: "ATTACH-EXIT=" in s, 60, "attach to stop the run and exit", screen)
         assert "sending SIGINT to the training process group; waiting up to 15 s" in text
-        assert "training stopped (exit code 130)" in text and "ATTACH-EXIT=130" in text
-        assert runner.wait(timeout=60) == 130  # the training really ended, with the interrupt's code
+        # 130: the interrupt ended it. Under CI's load, fit's unwinding of the KeyboardInterrupt
+        # (tearing its distributed iterator down in C takes seconds even under plain python) once
+        # outlasted the 15 s grace, and the stop escalated to SIGTERM as documented: 143. Either
+        # way the same code is on screen, in attach's exit, the process's and run.json's.
+        code = 143 if "sending SIGTERM" in text else 130
+        assert f"training stopped (exit code {code})" in text and f"ATTACH-EXIT={code}" in text
+        assert runner.wait(timeout=60) == code  # the training really ended, with that code
         meta = json.loads((run_dir / "run.json").read_text())
-        assert (meta["state"], meta["exit_code"]) == ("stopped", 130)
+        assert (meta["state"], meta["exit_code"]) == ("stopped", code)
         ls = subprocess.run([str(exe), "ls"], env=env, capture_output=True, text=True, timeout=60).stdout
-        assert any("stopped" in row and "130" in row for row in ls.splitlines()), ls
+        assert any("stopped" in row and str(code) in row for row in ls.splitlines()), ls
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
         if runner.poll() is None:
