@@ -219,11 +219,12 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
     lag_worst: list[float] = []
     frames = [0]
     caught_up: list[float] = []
-    original = app.pull
+    # every frame the dashboard shows passes here (its reader thread reads; the UI thread shows)
+    original = app._show_frame
     shown = [None]
 
-    def pull() -> None:
-        original()
+    def pull(frame) -> None:  # type: ignore[no-untyped-def]
+        original(frame)
         s = app.snapshot
         now = time.time()
         if s is shown[0]:
@@ -244,7 +245,7 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
         lag_primary.append(now - (s.last_step_t or now))
         lag_worst.append(now - min(w.last_step_t for w in workers))
 
-    app.pull = pull  # type: ignore[method-assign]
+    app._show_frame = pull  # type: ignore[method-assign]
     async with app.run_test(size=(160, 48)) as pilot:
         limit = time.monotonic() + deadline_s
         while not caught_up and time.monotonic() < limit:
