@@ -79,6 +79,18 @@ def _copy_dir(tmp_path: Path, script: Path) -> Path:
     return folder
 
 
+def _edited_copy(tmp_path: Path, script: Path, replacements: list[tuple[str, str]]) -> Path:
+    """A copy of ``script`` with each ``old`` text (found exactly once) replaced by its ``new``:
+    an edit that spans more than the one line a finding names."""
+    text = script.read_text()
+    for old, new in replacements:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    fixed = _copy_dir(tmp_path, script) / script.name
+    fixed.write_text(text)
+    return fixed
+
+
 def _apply_fix(tmp_path: Path, script: Path, finding: dict, site: str = "culprit_site") -> Path:
     """The finding's edit applied to a copy of the script: the named line's text replaced."""
     ev = finding["evidence"]
@@ -156,15 +168,11 @@ def test_the_eager_fetch_of_distributed_batches_is_named_at_its_loop(tmp_path):
     assert "prefetch" not in f["evidence"]["fix"]  # the pipeline has one
     # the advice applied (it is more than one line's text): the step takes the iterator and
     # calls next() inside the tf.function, the loop passes the iterator
-    text = script.read_text()
-    for old, new in [("    def train_step(batch):\n", "    def train_step(iterator):\n        batch = next(iterator)\n"),
-                     ("        for batch in dist_ds:\n            total += float(train_step(batch))\n",
-                      "        iterator = iter(dist_ds)\n        for _ in range(steps_per_epoch):\n"
-                      "            total += float(train_step(iterator))\n")]:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    fixed = _copy_dir(tmp_path, script) / script.name
-    fixed.write_text(text)
+    fixed = _edited_copy(tmp_path, script, [
+        ("    def train_step(batch):\n", "    def train_step(iterator):\n        batch = next(iterator)\n"),
+        ("        for batch in dist_ds:\n            total += float(train_step(batch))\n",
+         "        iterator = iter(dist_ds)\n        for _ in range(steps_per_epoch):\n"
+         "            total += float(train_step(iterator))\n")])
     after = run_and_report(tmp_path, fixed, name="after")
     assert after["summary"]["steps"] == before["summary"]["steps"]
     left = findings(after, "input-bound")
@@ -250,12 +258,7 @@ def test_a_slow_generator_is_named_at_its_from_generator_line_and_its_edit_remov
     assert [s["stage"] for s in pipe["stages"]][-2:] == ["batch", "prefetch"]
     # the advice applied (it spans the generator's body and the line after from_generator, so it
     # is written here, not read from the finding): the same augmentation, as TF ops in the map
-    text = script.read_text()
-    for old, new in [(_GENERATOR_WORK, _AS_A_MAP), (_SIGNATURE, _RAW_SIGNATURE_AND_MAP)]:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    fixed = _copy_dir(tmp_path, script) / script.name
-    fixed.write_text(text)
+    fixed = _edited_copy(tmp_path, script, [(_GENERATOR_WORK, _AS_A_MAP), (_SIGNATURE, _RAW_SIGNATURE_AND_MAP)])
     after = run_and_report(tmp_path, fixed, name="after")
     assert after["summary"]["steps"] == before["summary"]["steps"]
     assert [s["settings"] for s in after["pipelines"][0]["stages"] if s["stage"] == "map"] == \
