@@ -99,3 +99,63 @@ def test_tensors_that_do_not_outlive_the_window_are_not_reported():
         end()
 
     assert _window(fill) == EMPTY
+
+
+def test_a_window_still_open_when_the_script_ends_reports_what_it_saw(tmp_path, monkeypatch):
+    # a short run can end inside the 3 s window: its sites were lost and tracemalloc stayed on
+    # through the exit (CI, 2026-11-26: the finding came without the line)
+    import importlib
+    import tracemalloc
+
+    (tmp_path / "leaky_script.py").write_text(
+        "import numpy as np\n"
+        "\n"
+        "def fill(kept, n):\n"
+        "    for _ in range(n):\n"
+        "        kept.append(np.ones(1 << 18))  # 2 MiB a step, kept\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    leaky = importlib.import_module("leaky_script")
+
+    class Agent:
+        global_step = 0
+
+        def __init__(self) -> None:
+            self.emitted: list = []
+
+        def emit(self, msg, force=False) -> None:
+            self.emitted.append(msg)
+
+        def clock(self) -> float:
+            return 1.8e9 + t[0]
+
+        def probe_failed(self, name, e) -> None:
+            raise e
+
+    agent, t = Agent(), [0.0]
+    rss = [1 << 30]
+
+    def sample():
+        t[0] += 0.5
+        agent.global_step += 20
+        rss[0] += 30 << 20
+        return list(doctor())
+
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    kept: list = []
+    try:
+        for _ in range(leak_doctor.RISE_SAMPLES + 1):
+            assert sample() == []
+        assert tracemalloc.is_tracing()  # the window opened
+        assert sample() == []  # its first snapshot
+        leaky.fill(kept, 20)
+        t[0] += 1.0  # the script ends 1 s in
+        doctor.close()
+    finally:
+        if tracemalloc.is_tracing() and agent.emitted == []:
+            tracemalloc.stop()
+    assert not tracemalloc.is_tracing()
+    (sites,) = agent.emitted
+    assert isinstance(sites, AllocationSites) and sites.window_s < leak_doctor.WINDOW_S
+    assert sites.sites[0] == "leaky_script.py:5" and sites.grown_bytes[0] >= 20 * (2 << 20)
+    doctor.close()  # twice (or with no window): nothing more
+    assert len(agent.emitted) == 1

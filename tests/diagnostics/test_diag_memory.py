@@ -225,6 +225,23 @@ def test_the_leak_finding_proposes_one_edit_of_the_growing_line(code, kind, new)
     assert f"`{new}`" in f.advice
 
 
+def test_sites_that_arrive_after_the_last_step_still_name_the_line():
+    # CI, 2026-11-26: the leak window closed as the run ended; its sites came after the last
+    # host sample the rule had analysed, and the kept finding had no grows_at
+    run = short_leak(2.0, steps=400)
+    eng = run.engine()
+    (before,) = findings(eng, "host-memory-growth")  # judged live, before the window's sites
+    assert "grows_at" not in before.evidence
+    run.emit(AllocationSites(t=run.t, window_s=3.0, step_from=250, step_to=400, step_time_inside_s=0.012,
+                             step_time_before_s=0.007, sites=("train.py:48",), grown_bytes=(40 * MiB,),
+                             blocks=(160,), kinds=("numpy",), code=("kept.append(np.full(n, loss))",)))
+    run.exit()
+    run.feed(eng)
+    (f,) = findings(eng, "host-memory-growth")
+    assert f.evidence["grows_at"] == "train.py:48", f.evidence
+    assert "allocated at train.py:48" in f.message
+
+
 def test_a_line_that_is_no_container_gets_the_general_advice():
     run = _with_sites(short_leak(2.0, steps=300), "train.py:12", "big = make_buffer(step)", "numpy")
     (f,) = findings(run.engine(), "host-memory-growth")

@@ -34,6 +34,7 @@ import os
 import re
 import sys
 import sysconfig
+import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -113,8 +114,13 @@ class LeakDoctor:
         self._window: dict[str, Any] | None = None
         self._roots: tuple[str, ...] | None = None
         self._site_files: list[str] = []
+        self._lock = threading.Lock()  # the agent thread's samples vs close() at the script's end
 
     def __call__(self) -> Iterable[Message]:
+        with self._lock:
+            return self._sample()
+
+    def _sample(self) -> Iterable[Message]:
         now = self._clock()
         step = self.agent.global_step
         if self._window is not None:
@@ -155,7 +161,23 @@ class LeakDoctor:
         self._last_window_t = now
         self._window = {"t0": now, "step0": step, "before": before, "snap": None, "tensors": None}
 
-    def _advance(self, now: float, step: int) -> Iterable[Message]:
+    def close(self) -> None:
+        """The script has ended (a shutdown hook): a window still open ends now, with what it
+        saw so far (its sites would be lost, and tracemalloc would slow the exit)."""
+        with self._lock:
+            w = self._window
+            if w is None:
+                return
+            if w["snap"] is None:  # no first snapshot yet: nothing to diff
+                import tracemalloc
+
+                tracemalloc.stop()
+                self._window = None
+                return
+            for msg in self._advance(self._clock(), self.agent.global_step, early=True):
+                self.agent.emit(msg, force=True)
+
+    def _advance(self, now: float, step: int, early: bool = False) -> Iterable[Message]:
         import tracemalloc
 
         w = self._window
@@ -165,7 +187,7 @@ class LeakDoctor:
             w["tensors"] = _tensor_ids()
             w["t1"], w["step1"] = now, step
             return ()
-        if now - w["t0"] < WINDOW_S:
+        if now - w["t0"] < WINDOW_S and not early:
             return ()
         try:
             end = tracemalloc.take_snapshot()
@@ -380,4 +402,5 @@ def install(agent: "Agent", patches: "Patches") -> LeakDoctor | None:
     doctor = LeakDoctor(agent, rss, held=(lambda: pm.held_bytes) if pm is not None else (lambda: 0),
                         traces=(lambda: sum(counts.values())) if counts is not None else (lambda: 0))
     agent.add_sampler(PROBE, doctor)
+    agent.on_shutdown(doctor.close)
     return doctor

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tpuwatch.protocol import Finding, Severity
+from tpuwatch.protocol import AllocationSites, Finding, Severity
 
 from .robust_stats import sig, theil_sen
 from .rule import Rule
@@ -46,8 +46,10 @@ class HostMemoryGrowth(Rule):
 
     def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
-        self._checked_at: dict[str, float] = {}  # worker -> time of the last point analysed
-        self._steps_checked_at: dict[str, int] = {}  # worker -> step of the last point analysed
+        # worker -> (the last point analysed, the leak doctor's sites then): sites that arrive
+        # after the last point (a window that closed as the run ended) are news too
+        self._checked_at: dict[str, tuple[float, AllocationSites | None]] = {}
+        self._steps_checked_at: dict[str, tuple[int, AllocationSites | None]] = {}
 
     def _analysis_start(self, w: WorkerTelemetry) -> float | None:
         th = self.th
@@ -74,9 +76,9 @@ class HostMemoryGrowth(Rule):
         start = self._analysis_start(w)
         if start is None:
             return
-        if not w.rss_points or self._checked_at.get(w.name) == w.rss_points[-1][0]:
+        if not w.rss_points or _same(self._checked_at.get(w.name), w.rss_points[-1][0], w):
             return  # nothing new since the last check
-        self._checked_at[w.name] = w.rss_points[-1][0]
+        self._checked_at[w.name] = (w.rss_points[-1][0], w.allocations)
         sel = [p for p in w.rss_points if p[0] >= start]
         if len(sel) < th.rss_min_points or sel[-1][0] - sel[0][0] < th.rss_min_span_s:
             return
@@ -93,9 +95,9 @@ class HostMemoryGrowth(Rule):
     def _check_steps(self, w: WorkerTelemetry) -> None:
         th = self.th
         pts = w.rss_step_points
-        if not pts or self._steps_checked_at.get(w.name) == pts[-1][0]:
+        if not pts or _same(self._steps_checked_at.get(w.name), pts[-1][0], w):
             return
-        self._steps_checked_at[w.name] = pts[-1][0]
+        self._steps_checked_at[w.name] = (pts[-1][0], w.allocations)
         first = th.rss_warmup_steps
         if w.epoch_begin_seen and _may_fill(w):
             if w.epoch_end_steps:
@@ -248,6 +250,11 @@ def _may_fill(w: WorkerTelemetry) -> bool:
     """Whether the first epoch may be a cache filling by an unknown amount: without a pipeline
     map, or with a stage holding data of unknown size. (A known size is judged against.)"""
     return not w.pipelines or any(b < 0 for _, _, b in w.memory_holders)
+
+
+def _same(checked: tuple[float, AllocationSites | None] | None, last: float, w: WorkerTelemetry) -> bool:
+    """True when ``last`` was analysed already, with the sites the worker has now."""
+    return checked is not None and checked[0] == last and checked[1] is w.allocations
 
 
 def _held_by_pipeline(w: WorkerTelemetry) -> tuple[int, str] | None:
