@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from ui_support import DATA, FakeClock, screen_text, sync
+from ui_support import DATA, FakeClock, screen_text, sync, until_shown
 
 from tpuwatch import protocol, rundir
 from tpuwatch.monitor.snapshot import RunSnapshot
@@ -83,9 +83,9 @@ async def test_markup_in_a_stack_dump_note_is_shown_literally(live_app, sent) ->
         app._state.apply(Result(t=app.snapshot.now, id=cid, action="stack_dump", ok=False,
                                 message="cannot write [/]stacks[lr=0.1]"))
         app.pull()
-        await pilot.pause(0.6)
+        shown = await until_shown(pilot, app, "cannot write [/]stacks[lr=0.1]")
         assert app.is_running
-        assert "cannot write [/]stacks[lr=0.1]" in screen_text(app)
+        assert "cannot write [/]stacks[lr=0.1]" in shown
 
 
 @sync
