@@ -61,10 +61,8 @@ async def test_markup_in_command_results_is_shown_literally(live_app, sent) -> N
         app._state.apply(Result(t=t, id="profile-other", action="profile", ok=True, message="profile saved",
                                 details={"path": "/data/run[lr=0.1]/[b]prof[/b]"}))
         app.pull()
-        await pilot.pause()
-        await pilot.pause(0.2)
+        shown = await until_shown(pilot, app, "cannot write /etc/x[/]y: permission denied")
         assert app.is_running
-        shown = screen_text(app)
         assert "cannot write /etc/x[/]y: permission denied" in shown, shown
         assert "/data/run[lr=0.1]/[b]prof[/b]" in shown, shown
         toasts = [toast.render().plain for toast in app.screen.query("Toast")]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ui_support import FakeClock, last_t, make_live_run, recording, screen_text, sync
+from ui_support import FakeClock, last_t, make_live_run, recording, screen_text, sync, until_shown
 
 from tpuwatch import protocol, rundir
 from tpuwatch.sources.file_source import FileSource
@@ -140,8 +140,7 @@ async def test_a_long_retrace_signature_is_cut_on_its_line_keeping_its_replica_c
         long = "x: float32[16, 28, 28, 1] x4, y: int64[16] x4, sample_weight: float32[16, 1, 1, 1] x4"
         app.snapshot = dataclasses.replace(app.snapshot, retraces=(dataclasses.replace(first, signature=long),))
         await pilot.press("6")  # hidden at 80x24: shown expanded
-        await pilot.pause()
-        lines = screen_text(app).splitlines()
+        lines = (await until_shown(pilot, app, "signature")).splitlines()
         (signature,) = [line for line in lines if "signature" in line]
         assert "…" in signature and signature.rstrip(" │┃").endswith("… x4"), signature
         assert not any(line.strip(" │┃") == "x4" for line in lines)
