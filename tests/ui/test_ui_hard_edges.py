@@ -61,7 +61,8 @@ async def test_markup_in_command_results_is_shown_literally(live_app, sent) -> N
         app._state.apply(Result(t=t, id="profile-other", action="profile", ok=True, message="profile saved",
                                 details={"path": "/data/run[lr=0.1]/[b]prof[/b]"}))
         app.pull()
-        shown = await until_shown(pilot, app, "cannot write /etc/x[/]y: permission denied")
+        shown = await until_shown(pilot, app, "cannot write /etc/x[/]y: permission denied",
+                                  "/data/run[lr=0.1]/[b]prof[/b]")
         assert app.is_running
         assert "cannot write /etc/x[/]y: permission denied" in shown, shown
         assert "/data/run[lr=0.1]/[b]prof[/b]" in shown, shown

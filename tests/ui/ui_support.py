@@ -67,12 +67,13 @@ def sync(fn):
     return run
 
 
-async def until_shown(pilot, app: TpuwatchApp, text: str, timeout_s: float = 10.0) -> str:
-    """The screen's text once it shows ``text`` (repaints can lag on a loaded machine), or the
-    last text seen after ``timeout_s``: the caller's assertion then says what was there."""
+async def until_shown(pilot, app: TpuwatchApp, *texts: str, timeout_s: float = 10.0) -> str:
+    """The screen's text once it shows every one of ``texts`` (repaints and toasts can lag on a
+    loaded machine), or the last text seen after ``timeout_s``: the caller's assertions then say
+    what was there."""
     shown = screen_text(app)
     for _ in range(int(timeout_s / 0.1)):
-        if text in shown:
+        if all(text in shown for text in texts):
             break
         await pilot.pause(0.1)
         shown = screen_text(app)
