@@ -150,7 +150,6 @@ class RunState:
         self.telemetry = Telemetry(Thresholds(), new_stats=lambda: StepStats(
             window, rate_window_s, history_points=history_points))
         self._workers = self.telemetry.workers
-        self._config: dict[str, object] = {}
         # input wait by the diagnostics' definition, set by the findings feed (the one computation)
         self._input = InputFigures()
         #: A finished run the snapshot carries for deltas (``tpuwatch run --baseline``).
@@ -303,11 +302,7 @@ class RunState:
                       f"{strategy_name(msg.strategy)} with {msg.replicas} replica(s) on {msg.device_kind}", w.name)
 
     def _config_msg(self, msg: Config, w: Worker) -> None:
-        for name in ("mixed_precision", "global_batch_size", "per_replica_batch_size",
-                     "steps_per_execution", "total_steps", "epochs", "keras_version"):
-            v = getattr(msg, name)
-            if v is not None:
-                self._config[name] = v
+        self.telemetry.on_config(msg)  # the run's configuration: one home, the records' (idempotent)
 
     def _step(self, msg: Step, w: Worker) -> None:
         w.note(msg)
@@ -606,7 +601,7 @@ class RunState:
         status = self._run_status(list(statuses.values()))
         hello, topo, stats, last = p.hello, p.topology, p.stats, p.last_step
         roll = stats.rolling()
-        cfg = self._config
+        cfg = self.telemetry.config
 
         total = cfg.get("total_steps")
         eta = None

@@ -480,12 +480,13 @@ class Worker:
 
 @dataclass
 class Telemetry:
-    """All workers (each one :class:`Worker`, by name, in order of first appearance) plus the
-    rules' run-wide facts (configuration, topology)."""
+    """All workers (each one :class:`Worker`, by name, in order of first appearance) plus
+    run-wide facts: the run's configuration (the run state's too) and what the rules read of the
+    topology."""
 
     th: Thresholds
     workers: dict[str, Worker] = field(default_factory=dict)
-    config: dict[str, object] = field(default_factory=dict)  # latest non-None Config fields
+    config: dict[str, object] = field(default_factory=dict)  # latest non-None Config fields (the run's)
     topology: Topology | None = None  # the latest from any worker
     is_tpu: bool = False
     steps_seen: bool = False
@@ -516,8 +517,9 @@ class Telemetry:
         self.default = name
 
     def on_config(self, m: Config) -> None:
+        """The latest value of each field a Config carried (the run state reads them too)."""
         for f in ("mixed_precision", "global_batch_size", "per_replica_batch_size",
-                  "steps_per_execution", "total_steps", "epochs"):
+                  "steps_per_execution", "total_steps", "epochs", "keras_version"):
             v = getattr(m, f)
             if v is not None:
                 self.config[f] = v
