@@ -557,7 +557,7 @@ class RunState:
 
     @staticmethod
     def _silent(w: Worker, now: float) -> bool:
-        return w.host is not None and w.last_t is not None and now - w.last_t > SILENT_AFTER_S
+        return w.samples_seen and w.last_t is not None and now - w.last_t > SILENT_AFTER_S
 
     def _stall_ongoing(self, w: Worker) -> bool:
         """The stall rule's live verdict on ``w``: its finding says the gap after ``w``'s latest

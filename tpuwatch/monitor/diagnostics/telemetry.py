@@ -106,6 +106,8 @@ class Worker:
     #: The agent's current phase (None before any Phase message: an older agent).
     phase: Phase | None = None
     phase_new: bool = False  # the newest Phase began a phase (not an evaluation's progress)
+    #: Its agent's sampler reports (host or device samples): silence then means no progress.
+    samples_seen: bool = False
     _noted: Message | None = field(default=None, repr=False)
     # --- the run state's (views) ----------------------------------------------------------
     stats: StepStats = field(default_factory=_new_stats)
@@ -129,7 +131,6 @@ class Worker:
     skip_left: int = 0
     #: Wall time between consecutive step records: the stall baseline.
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=101))
-    samples_seen: bool = False  # the agent's sampler thread reports, so silence means no steps
     # epochs
     epoch: int | None = None
     boundary_since_step: bool = False  # an Epoch message arrived after the last step record
@@ -203,7 +204,9 @@ class Worker:
         t = getattr(msg, "t", None)
         if isinstance(t, (int, float)) and (self.last_t is None or t > self.last_t):
             self.last_t = float(t)
-        if isinstance(msg, HostSummary):
+        if isinstance(msg, (HostSample, DeviceSample)):
+            self.samples_seen = True
+        elif isinstance(msg, HostSummary):
             self._note_summary(msg)
         elif isinstance(msg, Hello):
             self.hello = msg
@@ -219,7 +222,10 @@ class Worker:
                                      traceback=without_own_frames(msg.traceback))
 
     def _note_summary(self, m: HostSummary) -> None:
-        """A summary's newest step and its time (never an older step than the newest known)."""
+        """A summary's samples, its newest step and its time (never an older step than the newest
+        known)."""
+        if (m.host_t is not None and m.rss_bytes is not None) or (m.devices and m.device_t):
+            self.samples_seen = True
         if m.step is None or m.step_t is None or (self.last_step is not None and m.step < self.last_step.step):
             return
         self.prev_step, self.stepped = self.last_step, True
@@ -412,7 +418,6 @@ class Worker:
                 self.epoch_end_steps.append(m.step)
 
     def on_host(self, m: HostSample) -> None:
-        self.samples_seen = True
         if not (0 <= m.rss_bytes < _MAX_BYTES and 0 <= m.available_bytes < _MAX_BYTES):
             return
         self.available_bytes = m.available_bytes
@@ -444,7 +449,6 @@ class Worker:
                 pts.append((step, m.t, m.rss_bytes, untraced))
 
     def on_device(self, m: DeviceSample) -> None:
-        self.samples_seen = True
         if not all(0 <= b < _MAX_BYTES for b in (m.current_bytes, m.peak_bytes, m.limit_bytes or 0)):
             return
         old = self.devices.get(m.device)
