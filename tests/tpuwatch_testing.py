@@ -13,6 +13,26 @@ SAMPLES = ROOT / "sample_runs"
 SCRIPTS = Path(__file__).resolve().parent / "agent" / "scripts"
 
 
+def pending_agent(run_dir: Path):
+    """An in-process agent (no TensorFlow needed) with a command always queued, which records the
+    global step at each safe point it is given in ``agent.safe_points``."""
+    from tpuwatch.agent.runtime import Agent
+
+    class PendingAgent(Agent):
+        safe_points: list[int]
+
+        @property
+        def has_pending(self) -> bool:
+            return True
+
+        def safe_point(self) -> None:
+            self.safe_points.append(self.global_step)
+
+    agent = PendingAgent(run_dir, "t")
+    agent.safe_points = []
+    return agent
+
+
 
 @dataclass
 class AgentRun:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpuwatch.agent.runtime import Agent
+from tpuwatch_testing import pending_agent
 
 pytestmark = pytest.mark.tf
 
@@ -18,24 +18,10 @@ def _tape():
     return tf.GradientTape()
 
 
-class _PendingAgent(Agent):
-    """An agent with a command always queued, which counts the safe points it is given."""
-
-    safe_points: list[int]
-
-    @property
-    def has_pending(self) -> bool:
-        return True
-
-    def safe_point(self) -> None:
-        self.safe_points.append(self.global_step)
-
-
 def _probe(tmp_path):
     from tpuwatch.agent.steps import StepProbe
 
-    agent = _PendingAgent(tmp_path, "t")
-    agent.safe_points = []
+    agent = pending_agent(tmp_path)
     probe = agent.step_probe = StepProbe(agent)
     return agent, probe
 

@@ -8,23 +8,12 @@ import pytest
 from tpuwatch.agent.runtime import Agent
 from tpuwatch.agent.steps import StepProbe
 from tpuwatch.protocol import Step
-
-
-class _Agent(Agent):
-    safe_points: list[int]
-
-    @property
-    def has_pending(self) -> bool:
-        return True
-
-    def safe_point(self) -> None:
-        self.safe_points.append(self.global_step)
+from tpuwatch_testing import pending_agent
 
 
 @pytest.fixture
 def probe(tmp_path):
-    agent = _Agent(tmp_path, "t")
-    agent.safe_points = []
+    agent = pending_agent(tmp_path)
     probe = StepProbe(agent)
     probe._last_strategy = probe.on_training_strategy = None
     yield probe

@@ -174,9 +174,20 @@ def test_rising_trend_threshold():
     assert 1.5 <= f.evidence["rise_ratio"] <= 1.7
 
 
-def test_launcher_exit_under_its_own_name_ends_the_workers():
+def test_a_worker_that_exits_before_any_step_does_not_end_its_peers():
+    # An exit is a fact about its own worker (one record per worker, issue 27 item 6): the
+    # engine used to end every worker without an exit when one that had run no step exited (a
+    # launcher's exit under a name of its own), so a live peer's stall read as "killed" while
+    # the dashboard showed it running. A single stream's launcher exit carries the worker's name.
+    run = stalled(120.0, workers=2)
+    run.emit(protocol_exit(run.t, 1, None), "worker:9")
+    stalls = findings(run.engine(), "stall")
+    assert stalls and all(f.evidence["ongoing"] == 1 and "killed" not in f.message for f in stalls)
+
+
+def test_a_killed_workers_launcher_exit_ends_its_stall():
     run = stalled(120.0)
-    run.emit(protocol_exit(run.t, 137, 9), "launcher")
+    run.emit(protocol_exit(run.t, 137, 9), run.names[0])
     (f,) = findings(run.engine(), "stall")
     assert f.evidence["ongoing"] == 0 and "killed" in f.message
 

@@ -478,3 +478,42 @@ def test_the_headless_summary_error_line_is_whole_lines_not_a_cut_message():
     assert error.split(None, 1)[1].startswith("InvalidArgumentError: Graph execution error: (+")
     assert "more lines" in error and "/home/user" not in error
     assert not any(line.startswith('  File "/home/user') for line in lines)
+
+
+# --- one record per worker (issue 27 item 6) -------------------------------------------------------
+
+
+def _restarted_then_hung(feed: FindingsFeed, s: RunState, clock: Clock) -> None:
+    """200 steps, the step count restarted (a second loop from step 1) for 100 steps, then no
+    step for 120 s."""
+    feed.feed(s, [mr.hello(mr.T0)] + [step(i, mr.T0 + 10 + i * 0.5, step_time_s=0.5) for i in range(1, 201)])
+    t = mr.T0 + 10 + 200 * 0.5
+    feed.feed(s, [step(i, t + i * 0.5, step_time_s=0.5) for i in range(1, 101)])
+    clock.t = t + 100 * 0.5 + 120
+    feed.evaluate(s, clock.t)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_rules_and_the_dashboard_agree_on_a_workers_last_step(shared: bool):
+    """The rules took a worker's highest step for its last, the dashboard its newest: after a
+    restarted step count the stall was "after step 200" while the header said step 100, and the
+    badge (the stall finding about the newest step) stayed "running"."""
+    clock = Clock()
+    s = RunState(clock=clock)
+    feed = FindingsFeed(clock, every_s=0.0, **({"state": s} if shared else {}))
+    _restarted_then_hung(feed, s, clock)
+    snap = s.snapshot()
+    (f,) = [f for f in snap.findings if f.rule == "stall"]
+    assert snap.step == 100 and f.evidence["last_step"] == 100 and "after step 100" in f.message
+    assert snap.status == "stalled"
+
+
+def test_the_engine_beside_a_state_reads_the_states_worker_records():
+    clock = Clock()
+    s = RunState(clock=clock)
+    feed = FindingsFeed(clock, every_s=0.0, state=s)
+    _restarted_then_hung(feed, s, clock)
+    feed.feed(s, [Exit(t=clock.t, exit_code=0)])
+    (w,) = s.telemetry.workers.values()
+    assert feed.engine.telemetry is s.telemetry and w.name == mr.hello(mr.T0).worker
+    assert w.exit is not None and w.ended and w.step == 100 and w.records == 300

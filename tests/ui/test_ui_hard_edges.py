@@ -166,8 +166,9 @@ def samples(t0: float, seconds: float) -> list[HostSample]:
                        cpu_percent=3.0) for i in range(1, int(seconds * 2) + 1)]
 
 
-def hung_run(tmp_path: Path, sampling_s: float) -> tuple[Path, float]:
-    """A live run that hangs after step 150 of 300 while its agent samples for ``sampling_s``."""
+def hung_app(tmp_path: Path, sampling_s: float, seen_after_s: float) -> tuple[TpuwatchApp, Path, FakeClock, float]:
+    """A dashboard on a live run that hangs after step 150 of 300 while its agent samples for
+    ``sampling_s``, its clock ``seen_after_s`` after that step: (app, run, clock, the step's time)."""
     msgs = [m for m in mr.healthy_messages(300) if not isinstance(m, Exit)]
     last_t = next(m.t for m in msgs if isinstance(m, Step) and m.step == 150)
     msgs = [m for m in msgs if getattr(m, "t", 0.0) <= last_t] + samples(last_t, sampling_s)
@@ -175,19 +176,23 @@ def hung_run(tmp_path: Path, sampling_s: float) -> tuple[Path, float]:
     rundir.create(run)
     mr.write(run / rundir.EVENTS, msgs)
     (run / rundir.OUTPUT).write_text("")
-    return run, last_t
+    clock = FakeClock(last_t + seen_after_s)
+    return TpuwatchApp(FileSource(run), run_dir=run, clock=clock, refresh_hz=0), run, clock, last_t
+
+
+async def first_frame(app: TpuwatchApp, pilot) -> str:
+    """The screen after the app's first read."""
+    await pilot.pause()
+    app.pull()
+    await pilot.pause()
+    return screen_text(app)
 
 
 @sync
 async def test_the_stalled_badge_and_the_findings_panel_agree_during_a_hang(tmp_path) -> None:
-    run, last_t = hung_run(tmp_path, sampling_s=30)
-    clock = FakeClock(last_t + 30)
-    app = TpuwatchApp(FileSource(run), run_dir=run, clock=clock, refresh_hz=0)
+    app, run, clock, last_t = hung_app(tmp_path, sampling_s=30, seen_after_s=30)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause()
-        app.pull()
-        await pilot.pause()
-        shown = screen_text(app)
+        shown = await first_frame(app, pilot)
         assert "RUNNING" in shown and "stall:" not in shown
         assert "20.0 steps/s" in shown
         # Past the stall limit (60 s), the agent still sampling: the badge and the finding at once.
@@ -204,14 +209,9 @@ async def test_the_stalled_badge_and_the_findings_panel_agree_during_a_hang(tmp_
 
 @sync
 async def test_a_silent_process_is_stalled_and_the_findings_panel_says_why(tmp_path) -> None:
-    run, last_t = hung_run(tmp_path, sampling_s=5)
-    clock = FakeClock(last_t + 600)
-    app = TpuwatchApp(FileSource(run), run_dir=run, clock=clock, refresh_hz=0)
+    app, _, _, _ = hung_app(tmp_path, sampling_s=5, seen_after_s=600)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause()
-        app.pull()
-        await pilot.pause()
-        shown = screen_text(app)
+        shown = await first_frame(app, pilot)
         assert "STALLED 10:00" in shown
         assert "silent: nothing from the training process for" in shown and "9:55" in shown, shown
 

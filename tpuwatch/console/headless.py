@@ -272,7 +272,7 @@ def follow_group(
     """
     state = RunState(clock=clock)
     state.baseline = baseline
-    diag = FindingsFeed(clock, on_new=record_findings)
+    diag = FindingsFeed(clock, on_new=record_findings, state=state)
     next_print = clock() + every_s
     last_key: tuple | None = None
     disk_note = ""

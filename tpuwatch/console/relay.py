@@ -64,7 +64,7 @@ class Relay:
         self.poll_s = poll_s
         self.exit_grace_s = exit_grace_s
         self.state = RunState(clock=clock)
-        self._feed = FindingsFeed(clock)
+        self._feed = FindingsFeed(clock, state=self.state)
         self._hello_worker = ""
         self._leave = threading.Event()
         self._closed = threading.Event()

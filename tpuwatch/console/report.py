@@ -154,7 +154,7 @@ def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = N
         raise ReportError(f"{run_dir} is not a tpuwatch run (no {rundir.EVENTS}, no {rundir.META})")
 
     state = RunState()
-    diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0)
+    diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0, state=state)
     times = _StepTimes(on_step)
     stats = None
     if events.is_file():
@@ -238,7 +238,7 @@ def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[Worke
     if not tagged and not meta:
         raise ReportError(f"{run_dir} holds no recording of any worker")
     state = RunState()
-    diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0)
+    diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0, state=state)
     times = _StepTimes(on_step)
     primary = workers[0].name if workers else ""
     tap = times.add

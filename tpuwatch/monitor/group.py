@@ -88,28 +88,28 @@ class GroupReader:
 
     def __init__(self, workers: Sequence[WorkerDir], *, max_bytes_per_read: int | None = None) -> None:
         kw = {} if max_bytes_per_read is None else {"max_bytes_per_read": max_bytes_per_read}
-        self.workers = list(workers)
-        self._readers = [RecordingReader(w.path / rundir.EVENTS, **kw) for w in self.workers]
+        #: (worker name, the reader of its recording), in index order
+        self._readers = [(w.name, RecordingReader(w.path / rundir.EVENTS, **kw)) for w in workers]
 
     @property
     def caught_up(self) -> bool:
-        return all(r.caught_up for r in self._readers)
+        return all(r.caught_up for _, r in self._readers)
 
     @property
     def stats(self) -> ReadStats:
-        return sum_stats([r.stats for r in self._readers])
+        return sum_stats([r.stats for _, r in self._readers])
 
     def read_new(self) -> list[Tagged]:
         out: list[Tagged] = []
-        for w, r in zip(self.workers, self._readers):
-            out.extend((w.name, m) for m in r.read_new())
+        for name, r in self._readers:
+            out.extend((name, m) for m in r.read_new())
         return out
 
     def finish(self) -> list[Tagged]:
         """The rest of every recording, at the end of the run (a cut last line counts as cut)."""
         out: list[Tagged] = []
-        for w, r in zip(self.workers, self._readers):
-            out.extend((w.name, m) for m in r.finish())
+        for name, r in self._readers:
+            out.extend((name, m) for m in r.finish())
         return out
 
 

@@ -20,13 +20,15 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
 
 from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputFigures
+from tpuwatch.monitor.diagnostics.telemetry import Telemetry, Worker
+from tpuwatch.monitor.diagnostics.thresholds import Thresholds
 from tpuwatch.monitor.diagnostics.tracing import closest_change, function_label, remember_signature
-from tpuwatch.monitor.ledger import Ledger, LedgerBuilder, merge
+from tpuwatch.monitor.ledger import Ledger, merge
 from tpuwatch.monitor.runs import ended_state
 from tpuwatch.monitor.snapshot import (
     CommandStatus,
@@ -43,7 +45,6 @@ from tpuwatch.monitor.snapshot import (
     mean_loss,
 )
 from tpuwatch.monitor.stats import History, Rolling, StepStats
-from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
 from tpuwatch.protocol import DISK_FULL_SOURCE as DISK_FULL
 from tpuwatch.protocol import (
     NEW_OBJECT_CHANGE,
@@ -97,9 +98,6 @@ def strategy_name(class_name: str) -> str:
 #: History points kept for a worker that is not the primary (worker_index != 0): enough to plot
 #: it should it become the primary (worker 0 never seen), without a full history per host of a pod.
 SECONDARY_HISTORY_POINTS = 200
-#: Host samples the Memory panel charts (two a second by default: the last ~4 minutes).
-HOST_HISTORY = 512
-
 _SEVERITY_LEVEL = {"info": "info", "warning": "warning", "critical": "error"}
 
 
@@ -117,60 +115,6 @@ def finding_key(f: Finding, worker: str = "") -> tuple[str, str, str]:
 
 
 _MAX_PIPELINES = 16  # pipelines kept for the map (a script making datasets in a loop stops here)
-
-
-@dataclass
-class _Worker:
-    """Everything known about one agent process."""
-
-    name: str
-    order: int  # order of first appearance
-    hello: Hello | None = None
-    # Every strategy this worker announced, with the training steps run under it (the steps
-    # after a Topology belong to it); ``topology`` is the one that trained most.
-    topologies: list[list[Any]] = field(default_factory=list)  # [Topology, steps]
-    current_topology: int = -1
-    stats: StepStats = field(default_factory=StepStats)
-    last_step: Step | None = None
-    last_losses: Step | None = None  # last step record that carried replica losses
-    exit: Exit | None = None
-    exception: ExceptionRaised | None = None
-    lost_reason: str | None = None
-    connected: bool = True
-    host: HostSample | None = None
-    host_history: deque[HostPoint] = field(default_factory=lambda: deque(maxlen=HOST_HISTORY))
-    rss_peak: int = 0
-    last_t: float | None = None
-    phase: Phase | None = None
-    ledger: LedgerBuilder = field(default_factory=LedgerBuilder)
-    # The newest summary with step records (the summary stream: its p50 is the Workers panel's).
-    summary: HostSummary | None = None
-    summarised: bool = False  # some of its steps came only as summaries (not in the ledger)
-    from_summary: bool = False  # its newest step came in a summary
-
-    @property
-    def topology(self) -> Topology | None:
-        if not self.topologies:
-            return None
-        best = max(range(len(self.topologies)), key=lambda i: (self.topologies[i][1], i))
-        topo: Topology = self.topologies[best][0]
-        return topo
-
-    def add_topology(self, msg: Topology) -> bool:
-        """Makes ``msg`` the current strategy; True if it was not seen before."""
-        key = (msg.strategy, msg.replicas, msg.devices, msg.num_workers)
-        for i, (known, _) in enumerate(self.topologies):
-            if (known.strategy, known.replicas, known.devices, known.num_workers) == key:
-                self.topologies[i][0] = msg
-                self.current_topology = i
-                return False
-        self.topologies.append([msg, 0])
-        self.current_topology = len(self.topologies) - 1
-        return True
-
-    def count_steps(self, steps: int) -> None:
-        if self.current_topology >= 0:
-            self.topologies[self.current_topology][1] += steps
 
 
 DISK_FULL_SOURCE = DISK_FULL
@@ -201,9 +145,11 @@ class RunState:
         self._window = window
         self._rate_window_s = rate_window_s
         self._history_points = history_points
-        self._workers: dict[str, _Worker] = {}
-        self._default_worker: str | None = None
-        self._config: dict[str, object] = {}
+        #: The workers' records (one :class:`Worker` each), which the diagnostics engine beside
+        #: this state reads and updates too (``FindingsFeed(state=...)``).
+        self.telemetry = Telemetry(Thresholds(), new_stats=lambda: StepStats(
+            window, rate_window_s, history_points=history_points))
+        self._workers = self.telemetry.workers
         # input wait by the diagnostics' definition, set by the findings feed (the one computation)
         self._input = InputFigures()
         #: A finished run the snapshot carries for deltas (``tpuwatch run --baseline``).
@@ -241,7 +187,7 @@ class RunState:
         # What the recording may be missing: full-disk losses the agent noted, a hard end.
         self._gaps: list[str] = []
         # Each handler takes the message of its own type (Any: a dict keyed by type cannot say so).
-        self._handlers: dict[type, Callable[[Any, _Worker], None]] = {
+        self._handlers: dict[type, Callable[[Any, Worker], None]] = {
             Hello: self._hello,
             Topology: self._topology,
             Config: self._config_msg,
@@ -273,9 +219,9 @@ class RunState:
         (Attach) are ignored."""
         self.messages += 1
         if type(msg) is Step:  # the hot path: most messages of a run
-            w = self._workers.get(worker or self._default_worker or "")
+            w = self._workers.get(worker or self.telemetry.default or "")
             if w is None:
-                w = self._worker(worker)
+                w = self.telemetry.worker(worker)
             self._step(msg, w)
             w.ledger.apply(msg)
             return
@@ -287,20 +233,13 @@ class RunState:
             self.version += 1
         if type(msg) is Hello and worker is None:
             worker = msg.worker
-            anon = self._workers.get("")
-            if anon is not None and anon.hello is None and worker not in self._workers:
-                # Messages before the first Hello (a viewer attached mid-run) belong to it.
-                del self._workers[""]
-                anon.name = worker
-                self._workers[worker] = anon
-            self._default_worker = worker
-        w = self._worker(worker)
+            self.telemetry.hello(worker)
+        w = self.telemetry.worker(worker)
         t = getattr(msg, "t", None)
-        if t is not None:
-            w.last_t = t
-            if self._last_t is None or t > self._last_t:
-                self._last_t = t
-        handler(msg, w)
+        if t is not None and (self._last_t is None or t > self._last_t):
+            self._last_t = t
+        handler(msg, w)  # it notes the facts where it needs them noted; else here, after it
+        w.note(msg)
         w.ledger.apply(msg)
 
     def apply_all(self, messages: Iterable[Message], worker: str | None = None) -> None:
@@ -318,9 +257,9 @@ class RunState:
         """The launcher saw the process gone without an Exit: the run (or ``worker``) is lost.
 
         Ignored for a worker that has already exited."""
-        targets = [self._worker(worker)] if worker is not None else list(self._workers.values())
+        targets = [self.telemetry.worker(worker)] if worker is not None else list(self._workers.values())
         if not targets:
-            targets = [self._worker(None)]
+            targets = [self.telemetry.worker(None)]
         for w in targets:
             if w.exit is None and w.lost_reason is None:
                 w.lost_reason = reason
@@ -329,25 +268,12 @@ class RunState:
 
     def set_connected(self, connected: bool, worker: str | None = None) -> None:
         """Whether a live connection to the worker's agent is held (for ``WorkerView``)."""
-        w = self._worker(worker)
+        w = self.telemetry.worker(worker)
         if w.connected != connected:
             w.connected = connected
             self.version += 1
 
     # --- handlers ------------------------------------------------------------------------------
-
-    def _worker(self, name: str | None) -> _Worker:
-        if name is None:
-            name = self._default_worker or ""
-        w = self._workers.get(name)
-        if w is None:
-            w = _Worker(name=name, order=len(self._workers),
-                        stats=StepStats(self._window, self._rate_window_s,
-                                        history_points=self._history_points))
-            self._workers[name] = w
-            if self._default_worker is None:
-                self._default_worker = name
-        return w
 
     def _now_t(self) -> float:
         return self._last_t if self._last_t is not None else self.clock()
@@ -357,16 +283,16 @@ class RunState:
         self._events.append(LogEntry(t=t, level=level, source=source, message=message,
                                      worker=worker))
 
-    def _hello(self, msg: Hello, w: _Worker) -> None:
-        w.hello = msg
+    def _hello(self, msg: Hello, w: Worker) -> None:
         if self._started_t is None or msg.t < self._started_t:
             self._started_t = msg.t
         self._log(msg.t, "info", "agent",
                   f"{msg.script} started on {msg.host} (pid {msg.pid}, TF {msg.tf_version})",
                   w.name)
 
-    def _topology(self, msg: Topology, w: _Worker) -> None:
-        first = w.add_topology(msg)
+    def _topology(self, msg: Topology, w: Worker) -> None:
+        w.note(msg)
+        first = w.topology_new
         if msg.worker_index != 0 and w.stats.records == 0:
             # Only the primary worker's history is plotted; the others keep a short one (a
             # viewer of 256 hosts held ~180 MB of histories nobody looks at).
@@ -375,42 +301,33 @@ class RunState:
             self._log(msg.t, "info", "agent",
                       f"{strategy_name(msg.strategy)} with {msg.replicas} replica(s) on {msg.device_kind}", w.name)
 
-    def _config_msg(self, msg: Config, w: _Worker) -> None:
-        for name in ("mixed_precision", "global_batch_size", "per_replica_batch_size",
-                     "steps_per_execution", "total_steps", "epochs", "keras_version"):
-            v = getattr(msg, name)
-            if v is not None:
-                self._config[name] = v
+    def _config_msg(self, msg: Config, w: Worker) -> None:
+        self.telemetry.on_config(msg)  # the run's configuration: one home, the records' (idempotent)
 
-    def _step(self, msg: Step, w: _Worker) -> None:
+    def _step(self, msg: Step, w: Worker) -> None:
+        w.note(msg)
         w.count_steps(msg.steps)
         w.stats.add(msg)
-        w.last_step = msg
         w.from_summary = False
         if msg.replica_losses:
             w.last_losses = msg
         t = msg.t
-        w.last_t = t
         if self._last_t is None or t > self._last_t:
             self._last_t = t
         if msg.epoch is not None:
             self._epoch = msg.epoch
 
-    def _summary(self, msg: HostSummary, w: _Worker) -> None:
+    def _summary(self, msg: HostSummary, w: Worker) -> None:
         """A summary-stream interval: the newest step and its time, the losses with the step they
         belong to (never a newer step's), the newest host and device samples as recorded."""
-        if msg.step is not None and msg.step_t is not None and (w.last_step is None or msg.step >= w.last_step.step):
+        w.note(msg)  # its newest step (never older than the newest known)
+        if w.stepped:
             w.count_steps(msg.steps)
             w.summarised = True
             w.summary = msg if msg.records else w.summary
             w.from_summary = True
-            w.last_step = Step(step=msg.step, t=msg.step_t, step_time_s=msg.step_time_p50_s or math.nan,
-                               input_wait_s=None, loss=None, steps=msg.steps, function=msg.function,
-                               epoch=msg.epoch)
             if msg.epoch is not None:
                 self._epoch = msg.epoch
-            if msg.step_t > (w.last_t or 0.0):
-                w.last_t = msg.step_t
         if msg.loss_step is not None and (msg.replica_losses or msg.loss is not None) and (
                 w.last_losses is None or msg.loss_step >= w.last_losses.step):
             w.last_losses = Step(step=msg.loss_step, t=msg.step_t or msg.t, step_time_s=math.nan, input_wait_s=None,
@@ -421,51 +338,50 @@ class RunState:
         for d in msg.device_samples():
             self._device(d, w)
 
-    def _phase(self, msg: Phase, w: _Worker) -> None:
+    def _phase(self, msg: Phase, w: Worker) -> None:
         if msg.phase == "starting" and (self._started_t is None or msg.since < self._started_t):
             # the launch (the process's creation), where the ledger's wall time starts: the run's
             # duration is one figure in the header, the summary, the report and the ledger
             self._started_t = msg.since
-        prev = w.phase
-        if prev is None or prev.phase != msg.phase or prev.since != msg.since:
+        w.note(msg)
+        if w.phase_new:
             self.version += 1  # a new phase is news; an evaluation's progress is a number
-        w.phase = msg
 
     def set_stall_episodes(self, episodes: Mapping[str, list[tuple[float, float]]]) -> None:
         """The stall rule's episodes per worker, (start, end) unix: the ledger's *stalled* time."""
         self._stalls = episodes
 
-    def _ledger(self, workers: list[_Worker], now: float, live: bool) -> Ledger | None:
+    def _ledger(self, workers: list[Worker], now: float, live: bool) -> Ledger | None:
         return merge([(w.name, w.ledger.ledger(self._stalls.get(w.name, ()), now=now if live else None))
                       for w in workers if not w.summarised
                       and (w.ledger.steps or w.ledger.exit_t is not None or w.phase is not None)])
 
-    def _step_loss(self, msg: StepLoss, w: _Worker) -> None:
+    def _step_loss(self, msg: StepLoss, w: Worker) -> None:
         """The last step's losses, read after it: they belong to that step and nothing newer."""
         last = w.last_step
         if last is None or last.step != msg.step or (w.last_losses is not None and w.last_losses.step >= msg.step):
             return
         w.last_losses = replace(last, loss=msg.loss, replica_losses=msg.replica_losses)
 
-    def _host(self, msg: HostSample, w: _Worker) -> None:
+    def _host(self, msg: HostSample, w: Worker) -> None:
         w.host = msg
         w.host_history.append(HostPoint(t=msg.t, rss_bytes=msg.rss_bytes, cpu_percent=msg.cpu_percent,
                                         load_1m=msg.load_1m))
         if msg.rss_bytes > w.rss_peak:
             w.rss_peak = msg.rss_bytes
 
-    def _device(self, msg: DeviceSample, w: _Worker) -> None:
+    def _device(self, msg: DeviceSample, w: Worker) -> None:
         key = (w.name, msg.device)
         self._devices[key] = msg
         peak = max(msg.peak_bytes, msg.current_bytes)
         if peak > self._device_peaks.get(key, 0):
             self._device_peaks[key] = peak
 
-    def _pipeline(self, msg: Pipeline, w: _Worker) -> None:
+    def _pipeline(self, msg: Pipeline, w: Worker) -> None:
         if len(self._pipelines) < _MAX_PIPELINES:
             self._pipelines.append((w.name, msg))
 
-    def _retrace(self, msg: Retrace, w: _Worker) -> None:
+    def _retrace(self, msg: Retrace, w: Worker) -> None:
         # the change that made TF trace again: against the closest trace it has, as the
         # retrace-storm finding says it (the agent's is against the previous trace)
         name = function_label(msg.function, msg.evaluation)
@@ -485,7 +401,7 @@ class RunState:
             last_change=msg.change or (prev.last_change if prev else ""),
             last_signature=msg.signature, last_step=msg.step, t=msg.t, evaluation=msg.evaluation)
 
-    def _epoch_msg(self, msg: Epoch, w: _Worker) -> None:
+    def _epoch_msg(self, msg: Epoch, w: Worker) -> None:
         if msg.phase == "begin":
             self._epoch = msg.epoch
             self._log(msg.t, "info", "keras", f"epoch {msg.epoch + 1} began", w.name)
@@ -496,7 +412,7 @@ class RunState:
             self._log(msg.t, "info", "keras",
                       f"epoch {msg.epoch + 1} ended" + (f": {logs}" if logs else ""), w.name)
 
-    def _event(self, msg: Event, w: _Worker) -> None:
+    def _event(self, msg: Event, w: Worker) -> None:
         self._log(msg.t, msg.level, msg.source, msg.message, w.name)
         if msg.source == DISK_FULL_SOURCE and len(self._gaps) < 100:
             self._gaps.append(msg.message)
@@ -512,13 +428,12 @@ class RunState:
         elif fact == EventFact.DEVICE_MEMORY_UNAVAILABLE:
             self._device_mem_notes[subject] = reason
 
-    def _exception(self, msg: ExceptionRaised, w: _Worker) -> None:
-        # shown to the user: without tpuwatch's own frames (runpy, the agent), saying so
-        w.exception = replace(msg, message=strip_own_frames(msg.message)[0],
-                              traceback=without_own_frames(msg.traceback))
-        self._log(msg.t, "error", "script", f"{msg.type}: {w.exception.message}", w.name)
+    def _exception(self, msg: ExceptionRaised, w: Worker) -> None:
+        w.note(msg)  # shown to the user without tpuwatch's own frames (runpy, the agent)
+        text = w.exception.message if w.exception is not None else msg.message
+        self._log(msg.t, "error", "script", f"{msg.type}: {text}", w.name)
 
-    def _exit(self, msg: Exit, w: _Worker) -> None:
+    def _exit(self, msg: Exit, w: Worker) -> None:
         if msg.source == "launcher" and w.exit is None and len(self._gaps) < 100:
             # The agent did not end the run itself (killed, crashed hard): what it had not yet
             # written (one flush interval, 1/sample-hz, 0.25 s by default) is not in the recording.
@@ -526,7 +441,7 @@ class RunState:
             self._gaps.append(f"{who}the process ended abruptly ({msg.reason or 'no exit record'}); "
                               "the last fraction of a second before it (one agent flush, 0.25 s by "
                               "default) may be missing")
-        w.exit = msg
+        w.note(msg)
         w.connected = False
         text = f"exited with code {msg.exit_code}"
         if msg.signal is not None:
@@ -544,12 +459,12 @@ class RunState:
             oldest = next(iter(self._commands))
             del self._commands[oldest]
 
-    def _command(self, msg: Command, w: _Worker) -> None:
+    def _command(self, msg: Command, w: Worker) -> None:
         if msg.id in self._commands:  # a duplicate request never resets progress
             return
         self._set_command(msg.id, msg.action, "pending", "", msg.args, self._now_t())
 
-    def _command_state(self, msg: CommandState, w: _Worker) -> None:
+    def _command_state(self, msg: CommandState, w: Worker) -> None:
         prev = self._commands.get(msg.id)
         if prev is not None and prev.status in ("done", "failed"):
             return
@@ -558,18 +473,18 @@ class RunState:
             details["step"] = msg.step
         self._set_command(msg.id, msg.action, msg.state, "", details, msg.t)
 
-    def _result(self, msg: Result, w: _Worker) -> None:
+    def _result(self, msg: Result, w: Worker) -> None:
         self._set_command(msg.id, msg.action, "done" if msg.ok else "failed", msg.message,
                           msg.details, msg.t)
         self._log(msg.t, "info" if msg.ok else "error", f"command:{msg.action}", msg.message,
                   w.name)
 
-    def _stack_dump(self, msg: StackDump, w: _Worker) -> None:
+    def _stack_dump(self, msg: StackDump, w: Worker) -> None:
         self._stack_dumps.append(msg)
         where = f" ({msg.path})" if msg.path else ""
         self._log(msg.t, "info", "command:stack_dump", f"stack dump taken{where}", w.name)
 
-    def _finding(self, msg: Finding, w: _Worker) -> None:
+    def _finding(self, msg: Finding, w: Worker) -> None:
         self.add_finding(msg, worker=w.name)
 
     def add_finding(self, f: Finding, worker: str = "") -> bool:
@@ -609,7 +524,7 @@ class RunState:
         """Time of the newest message (use as ``now`` when replaying a recording)."""
         return self._last_t
 
-    def _primary(self) -> _Worker | None:
+    def _primary(self) -> Worker | None:
         if not self._workers:
             return None
         best = None
@@ -623,7 +538,7 @@ class RunState:
                 best = w
         return best or next(iter(self._workers.values()))
 
-    def _worker_status(self, w: _Worker, now: float) -> RunStatus:
+    def _worker_status(self, w: Worker, now: float) -> RunStatus:
         if w.exit is not None:
             if w.exit.exit_code == 0 and w.exception is None:
                 return "finished"
@@ -641,10 +556,10 @@ class RunState:
         return "running"
 
     @staticmethod
-    def _silent(w: _Worker, now: float) -> bool:
-        return w.host is not None and w.last_t is not None and now - w.last_t > SILENT_AFTER_S
+    def _silent(w: Worker, now: float) -> bool:
+        return w.samples_seen and w.last_t is not None and now - w.last_t > SILENT_AFTER_S
 
-    def _stall_ongoing(self, w: _Worker) -> bool:
+    def _stall_ongoing(self, w: Worker) -> bool:
         """The stall rule's live verdict on ``w``: its finding says the gap after ``w``'s latest
         step still goes on. (A step after the hang ends it at once, before the next evaluation
         updates the finding: the finding is about an earlier step then.)"""
@@ -686,7 +601,7 @@ class RunState:
         status = self._run_status(list(statuses.values()))
         hello, topo, stats, last = p.hello, p.topology, p.stats, p.last_step
         roll = stats.rolling()
-        cfg = self._config
+        cfg = self.telemetry.config
 
         total = cfg.get("total_steps")
         eta = None
@@ -805,7 +720,7 @@ class RunState:
             truncated_tail=self.truncated_tail, recording_gaps=tuple(self._gaps),
         )
 
-    def _replica_losses(self, workers: list[_Worker]) -> tuple[ReplicaLoss, ...]:
+    def _replica_losses(self, workers: list[Worker]) -> tuple[ReplicaLoss, ...]:
         rows: list[tuple[int, str, str, float, int]] = []
         for w in workers:
             m = w.last_losses
@@ -827,7 +742,7 @@ class RunState:
                         finite=math.isfinite(v), step=s)
             for i, d, wn, v, s in sorted(rows))
 
-    def _worker_view(self, w: _Worker, status: RunStatus, roll: Rolling | None) -> WorkerView:
+    def _worker_view(self, w: Worker, status: RunStatus, roll: Rolling | None) -> WorkerView:
         if roll is None:
             roll = w.stats.rolling()
         p50 = roll.step_p50_s

@@ -21,7 +21,7 @@ from tpuwatch.monitor.recording import ReadStats
 from tpuwatch.monitor.runs import run_alive
 from tpuwatch.protocol import Command, Exit, Message
 from tpuwatch.sources.replay_source import ReplaySource
-from tpuwatch.sources.source import WorkerHealth, broadcast
+from tpuwatch.sources.source import WorkerHealth, WorkerStream, broadcast, health_of
 
 #: A worker whose process is gone and whose launcher recorded no end for this long is lost.
 LOST_AFTER_S = 3.0
@@ -35,12 +35,10 @@ class GroupSource:
 
     def __init__(self, workers: Sequence[WorkerDir], *, clock: Callable[[], float] = time.monotonic,
                  run_alive: Callable[[dict], bool] = run_alive) -> None:
-        self.workers = list(workers)
-        self._reader = GroupReader(self.workers)
-        self._clients = {w.name: AgentClient.for_run(w.path) for w in self.workers}
-        self._seen: set[str] = set()  # workers with at least one message
-        self._ended: set[str] = set()  # workers whose exit record arrived
-        self._dead_since: dict[str, float] = {}
+        self._reader = GroupReader(workers)
+        self.streams = [WorkerStream(label=w.name, worker=w.name, dir=w, sender=AgentClient.for_run(w.path))
+                        for w in workers]
+        self._by_name = {s.label: s for s in self.streams}
         self._clock = clock
         self._run_alive = run_alive  # of a worker's run.json
 
@@ -50,9 +48,10 @@ class GroupSource:
     def poll_tagged(self) -> list[Tagged]:
         out = self._reader.read_new()
         for name, msg in out:
-            self._seen.add(name)
+            stream = self._by_name[name]
+            stream.seen = True
             if isinstance(msg, Exit):
-                self._ended.add(name)
+                stream.ended = True
         return out
 
     @property
@@ -68,34 +67,34 @@ class GroupSource:
     def health(self) -> dict[str, WorkerHealth]:
         """``{worker: (connected, lost reason or None)}`` for workers seen and not ended: a worker
         whose process is gone with no end recorded (its launcher died too) is lost."""
-        out: dict[str, tuple[bool, str | None]] = {}
         now = self._clock()
-        for w in self.workers:
-            if w.name not in self._seen or w.name in self._ended:
+        for s in self.streams:
+            if not s.seen or s.ended or s.dir is None:
                 continue
-            meta = rundir.read_meta(w.path)
-            pid = meta.get("child_pid")
+            meta = rundir.read_meta(s.dir.path)
             if self._run_alive(meta) or isinstance(meta.get("exit_code"), int):
-                self._dead_since.pop(w.name, None)  # running, or its end is on the way
-                out[w.name] = (True, None)
+                s.connected, s.lost, s.gone_since = True, None, None  # running, or its end is on the way
                 continue
-            since = self._dead_since.setdefault(w.name, now)
-            lost = now - since >= LOST_AFTER_S
-            out[w.name] = (False, f"process {pid} is gone and left no exit record" if lost else None)
-        return out
+            if s.gone_since is None:
+                s.gone_since = now
+            s.connected = False
+            s.lost = (f"process {meta.get('child_pid')} is gone and left no exit record"
+                      if now - s.gone_since >= LOST_AFTER_S else None)
+        return health_of(self.streams)
 
     def send(self, command: Command) -> None:
         """Sends ``command`` to every worker still running (a checkpoint or profile of a
         multi-worker job concerns all of them). Raises OSError when none took it."""
-        broadcast(command, ((name, client.send) for name, client in self._clients.items()
-                            if name not in self._ended), "no worker is running any more")
+        broadcast(command, ((s.label, s.sender.send) for s in self.streams
+                            if s.sender is not None and not s.ended), "no worker is running any more")
 
     def now(self) -> float | None:
         return None
 
     def close(self) -> None:
-        for client in self._clients.values():
-            client.close()
+        for s in self.streams:
+            if s.sender is not None:
+                s.sender.close()
 
 
 class GroupReplaySource(ReplaySource):

@@ -24,13 +24,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from tpuwatch.control.client import AgentClient, AgentUnavailable
 from tpuwatch.monitor.recording import ReadStats
 from tpuwatch.protocol import Command, Decoder, Event, Exit, Hello, HostSummary, Message, Topology
-from tpuwatch.sources.source import Tagged, WorkerHealth, broadcast
+from tpuwatch.sources.source import Tagged, WorkerHealth, WorkerStream, broadcast, health_of
 
 #: Messages held between the stream threads and the dashboard (all streams together).
 QUEUE_MESSAGES = 50_000
@@ -43,30 +42,6 @@ RECONNECT_S = (0.25, 5.0)
 #: Attached to more agents than this, a viewer asks them for summaries (``--summaries auto``).
 SUMMARY_ABOVE_HOSTS = 16
 
-
-
-@dataclass
-class StreamState:
-    """One agent's connection, as the source sees it (read by tests and the status line)."""
-
-    address: tuple[str, int]
-    offset: int = 0  # bytes of the recording received as whole lines
-    worker: str | None = None  # from the stream's hello
-    connected: bool = False
-    ended: bool = False  # the stream delivered the run's exit: no reconnect
-    refused: str = ""  # the agent refused us (token, version): no reconnect
-    connects: int = 0
-    malformed: int = 0
-    summary: bool = False  # ask the agent for summaries (False: the full stream)
-    summaries: int = 0  # host_summary messages received
-    switching: bool = False  # re-attaching in the other mode (not an outage)
-    stop: threading.Event = field(default_factory=threading.Event, repr=False)
-    client: AgentClient | None = field(default=None, repr=False)  # the stream's own connection
-
-    @property
-    def label(self) -> str:
-        host, port = self.address
-        return f"{host}:{port}"
 
 
 class RemoteSource:
@@ -93,13 +68,14 @@ class RemoteSource:
         if summary is None:
             summary = len(addresses) > SUMMARY_ABOVE_HOSTS
         self.summary = summary
-        self.streams = [StreamState(address=tuple(a), summary=summary) for a in addresses]  # type: ignore[arg-type]
+        self.streams = [WorkerStream(label=f"{host}:{port}", address=(host, port), summary=summary,
+                                     sender=client_factory(tcp=(host, port), token=token))
+                        for host, port in addresses]
         self._token = token
         self._factory = client_factory
         self._queue: queue.Queue[Tagged] = queue.Queue(maxsize=queue_messages)
         self._reconnect_s = reconnect_s
         self._clock = clock
-        self._senders = [client_factory(tcp=s.address, token=token) for s in self.streams]
         self._threads = [
             threading.Thread(target=self._follow, args=(s,), name=f"tpuwatch-remote-{s.label}", daemon=True)
             for s in self.streams
@@ -128,8 +104,7 @@ class RemoteSource:
         own events). A stream never says a worker is lost: the agent may come back."""
         if len(self.streams) < 2:
             return {}
-        return {s.worker: (bool(s.connected), None) for s in self.streams
-                if s.worker is not None and not s.ended}
+        return health_of(self.streams)
 
     def read_stats(self) -> ReadStats | None:
         return None  # unreadable lines are counted per stream and said in the events
@@ -137,8 +112,8 @@ class RemoteSource:
     def send(self, command: Command) -> None:
         """Sends ``command`` to every agent still running (a checkpoint or a stack dump of a
         multi-host job concerns all of them). Raises OSError when none took it."""
-        broadcast(command, ((stream.label, client.send) for stream, client in zip(self.streams, self._senders)
-                            if not (stream.ended or stream.refused)), "no agent is running any more")
+        broadcast(command, ((s.label, s.sender.send) for s in self.streams
+                            if s.sender is not None and not (s.ended or s.refused)), "no agent is running any more")
 
     def now(self) -> float | None:
         return None
@@ -159,7 +134,7 @@ class RemoteSource:
             return frozenset()
         return frozenset(s.worker for s in self.streams if s.worker is not None and not s.summary)
 
-    def _switch(self, stream: StreamState) -> None:
+    def _switch(self, stream: WorkerStream) -> None:
         stream.summary = False
         stream.switching = True
         client = stream.client
@@ -169,12 +144,13 @@ class RemoteSource:
     def close(self) -> None:
         for s in self.streams:
             s.stop.set()
-        for client in self._senders:
-            client.close()
+        for s in self.streams:
+            if s.sender is not None:
+                s.sender.close()
 
     # --- the stream threads --------------------------------------------------------------------
 
-    def _put(self, stream: StreamState, msg: Message) -> bool:
+    def _put(self, stream: WorkerStream, msg: Message) -> bool:
         """Waits for room (back-pressure); False when the source is closing."""
         while not stream.stop.is_set():
             try:
@@ -184,10 +160,10 @@ class RemoteSource:
                 continue
         return False
 
-    def _note(self, stream: StreamState, level: str, message: str) -> None:
+    def _note(self, stream: WorkerStream, level: str, message: str) -> None:
         self._put(stream, Event(t=self._clock(), level=level, source="remote", message=message))  # type: ignore[arg-type]
 
-    def _follow(self, stream: StreamState) -> None:
+    def _follow(self, stream: WorkerStream) -> None:
         client = stream.client = self._factory(tcp=stream.address, token=self._token)
         decoder = Decoder()
         delay = self._reconnect_s[0]
@@ -214,6 +190,7 @@ class RemoteSource:
                         return
                     first = False
                     got_lines = True
+                    stream.seen = True
                     stream.malformed = decoder.malformed
                     if type(msg) is HostSummary:
                         stream.offset = msg.offset_bytes  # it accounts for the lines it folded

@@ -12,15 +12,70 @@ sources, through :class:`RecordingSource`.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
+from tpuwatch.monitor.group import WorkerDir
 from tpuwatch.monitor.recording import ReadStats
 from tpuwatch.protocol import Command, Message
 
+if TYPE_CHECKING:
+    from tpuwatch.control.client import AgentClient
+
 #: A message with the name of the worker it came from (``None``: the worker its Hello names).
 Tagged = tuple["str | None", Message]
-#: A worker's health as a source sees it: (connected, why it is lost or None).
+#: A worker's health as a source sees it: (connected, why it is lost or None). Derived from its
+#: :class:`WorkerStream` (:meth:`WorkerStream.health`), never kept.
 WorkerHealth = tuple[bool, "str | None"]
+
+
+@dataclass
+class WorkerStream:
+    """One worker's stream as a source follows it: a TCP stream to its agent
+    (:class:`~tpuwatch.sources.remote_source.RemoteSource`) or its recording in a group directory
+    (:class:`~tpuwatch.sources.group_source.GroupSource`). The one record a source keeps per
+    worker: its health is derived from it (:meth:`health`), commands go out through its
+    ``sender``. Read by tests, the status line and ``attach``'s stop (``address``, ``offset``)."""
+
+    label: str  # how messages about it name it: HOST:PORT, or the worker's name
+    worker: str | None = None  # its agent's name: a TCP stream's hello's; a group's, from run.json
+    seen: bool = False  # a message of it arrived
+    connected: bool = False
+    ended: bool = False  # its exit record arrived: nothing more comes, no reconnect
+    lost: str | None = None  # why it is lost (a group's worker whose process is gone, no end recorded)
+    gone_since: float | None = None  # when its process was first found gone (a group's, source clock)
+    sender: AgentClient | None = field(default=None, repr=False)  # commands to its agent
+    # a group's worker
+    dir: WorkerDir | None = None
+    # a TCP stream
+    address: tuple[str, int] = ("", 0)
+    offset: int = 0  # bytes of the recording received as whole lines
+    refused: str = ""  # the agent refused us (token, version): no reconnect
+    connects: int = 0
+    malformed: int = 0
+    summary: bool = False  # ask the agent for summaries (False: the full stream)
+    summaries: int = 0  # host_summary messages received
+    switching: bool = False  # re-attaching in the other mode (not an outage)
+    stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    client: AgentClient | None = field(default=None, repr=False)  # the stream's own connection
+
+    def health(self) -> WorkerHealth | None:
+        """(connected, lost reason) from its first message until it ends; ``None`` (no say) before
+        and after, or while its agent's name is unknown."""
+        if self.worker is None or not self.seen or self.ended:
+            return None
+        return (self.connected, self.lost)
+
+
+def health_of(streams: Iterable[WorkerStream]) -> dict[str, WorkerHealth]:
+    """``{worker: health}`` of the streams that have a say (:meth:`WorkerStream.health`)."""
+    out: dict[str, WorkerHealth] = {}
+    for s in streams:
+        h = s.health()
+        if h is not None and s.worker is not None:
+            out[s.worker] = h
+    return out
 
 
 @runtime_checkable

@@ -82,7 +82,7 @@ class SourceReader:
         self._errors: list[str] = []
         self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.state = self._new_state()
-        self._findings = FindingsFeed(clock, on_new=self._record if self._record_to else None)
+        self._findings = FindingsFeed(clock, on_new=self._record if self._record_to else None, state=self.state)
         self._tail: OutputTail | None = None
         if run_dir is not None:
             # A replay shows the whole log; a live view starts near the end of a long one.
@@ -130,7 +130,8 @@ class SourceReader:
             self._generation = replay.generation
             self._pacer.reset()
             self.state = self._new_state()
-            self._findings = FindingsFeed(self._clock, on_new=self._record if self._record_to else None)
+            self._findings = FindingsFeed(self._clock, on_new=self._record if self._record_to else None,
+                                          state=self.state)
         apply = self.state.apply
         diagnose = self._findings.apply
         read_back = self._findings.read_back

@@ -16,7 +16,7 @@ from tpuwatch.protocol import ExceptionRaised, Finding, Message
 
 from .robust_stats import sig
 from .rule import Rule
-from .telemetry import Telemetry, WorkerTelemetry
+from .telemetry import Telemetry, Worker
 from .thresholds import Thresholds
 
 MB = 1 << 20
@@ -146,7 +146,7 @@ class ScriptCrash(Rule):
         super().__init__(th)
         self.crashes: dict[str, tuple[ExceptionRaised, Crash]] = {}
 
-    def observe(self, msg: Message, w: WorkerTelemetry, tel: Telemetry) -> None:
+    def observe(self, msg: Message, w: Worker, tel: Telemetry) -> None:
         assert isinstance(msg, ExceptionRaised)
         tb, _ = strip_own_frames(msg.traceback)
         message, _ = strip_own_frames(msg.message)
@@ -171,8 +171,8 @@ class ScriptCrash(Rule):
         }
         if frame:
             evidence["script_line"] = str(frame)
-        if w is not None and w.last_step:
-            evidence["last_step"] = w.last_step
+        if w is not None and w.step:
+            evidence["last_step"] = w.step
         if sig_ is None:
             meaning = f"{crash.type}{where}: {first_line[:200]} (no known failure signature)"
             advice = ("Read the error at the script's line; `tpuwatch report` shows the traceback "
@@ -187,13 +187,13 @@ class ScriptCrash(Rule):
             message=f"script crashed: {meaning}",
             advice=advice + (f" (the script's line: {frame})" if frame else ""),
             evidence=evidence,
-            first_step=w.last_step if w is not None and w.last_step else None,
-            last_step=w.last_step if w is not None and w.last_step else None,
+            first_step=w.step if w is not None and w.step else None,
+            last_step=w.step if w is not None and w.step else None,
             worker=name,
         )
 
 
-def _memory_context(tel: Telemetry, w: WorkerTelemetry | None, evidence: dict[str, Any]) -> str:
+def _memory_context(tel: Telemetry, w: Worker | None, evidence: dict[str, Any]) -> str:
     """Headroom history and per-replica batch for an out-of-memory crash."""
     parts: list[str] = []
     per_replica = tel.config.get("per_replica_batch_size")
@@ -202,8 +202,8 @@ def _memory_context(tel: Telemetry, w: WorkerTelemetry | None, evidence: dict[st
         if isinstance(gb, int) and reps:
             per_replica = gb // reps
         elif w is not None and w.examples and reps:
-            per_replica = w.examples.most_common(1)[0][0] // max(1, w.topology.local_replicas
-                                                                  if w.topology else reps)
+            per_replica = w.examples.most_common(1)[0][0] // max(1, w.latest_topology.local_replicas
+                                                                  if w.latest_topology else reps)
     if isinstance(per_replica, int):
         evidence["per_replica_batch"] = per_replica
         parts.append(f"per-replica batch {per_replica}")

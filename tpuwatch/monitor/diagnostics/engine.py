@@ -26,8 +26,6 @@ from tpuwatch.protocol import (
     Config,
     DeviceSample,
     Epoch,
-    ExceptionRaised,
-    Exit,
     Finding,
     HostSample,
     HostSummary,
@@ -47,7 +45,7 @@ from .loss import LossNonfinite, ReplicaLossSkew
 from .memory import DeviceMemoryHeadroom, HostMemoryGrowth
 from .progress import Stall, StepTimeJitter
 from .rule import Rule
-from .telemetry import WHOLE_RUN, Telemetry, WorkerTelemetry
+from .telemetry import WHOLE_RUN, Telemetry, Worker
 from .thresholds import Thresholds
 from .tpu_config import BatchSizeAlignment, Float32OnTpu
 from .tracing import FunctionRecreated, RetraceStorm
@@ -71,7 +69,7 @@ RULES: tuple[type[Rule], ...] = (
 )
 RULE_IDS: tuple[str, ...] = tuple(r.id for r in RULES)
 
-Observer = Callable[[Message, WorkerTelemetry, Telemetry], None]
+Observer = Callable[[Message, Worker, Telemetry], None]
 
 
 class Engine:
@@ -83,12 +81,19 @@ class Engine:
     """
 
     def __init__(self, clock: Callable[[], float] = time.time,
-                 thresholds: Thresholds | None = None, **overrides: float) -> None:
-        self.thresholds = Thresholds.with_overrides(thresholds, **overrides)
+                 thresholds: Thresholds | None = None, *, telemetry: Telemetry | None = None,
+                 **overrides: float) -> None:
+        """``telemetry``: the workers' records to read and update, a run state's
+        (``RunState.telemetry``) when the engine runs beside one; its thresholds are the
+        engine's. Default: records of its own."""
+        if telemetry is not None and (thresholds is not None or overrides):
+            raise TypeError("an engine over a run state's records has that state's thresholds")
+        self.thresholds = (telemetry.th if telemetry is not None
+                           else Thresholds.with_overrides(thresholds, **overrides))
         if self.thresholds.check_every_records < 1:
             raise ValueError("check_every_records must be at least 1")
         self._clock = clock
-        self.telemetry = Telemetry(self.thresholds)
+        self.telemetry = telemetry if telemetry is not None else Telemetry(self.thresholds)
         self.rules: tuple[Rule, ...] = tuple(cls(self.thresholds) for cls in RULES)
         observers: dict[type, list[Observer]] = {}
         for rule in self.rules:
@@ -106,15 +111,18 @@ class Engine:
 
     # --- input ---------------------------------------------------------------------------
 
-    def apply(self, msg: Message, worker: str = "") -> None:
-        """Takes one protocol message from agent ``worker`` (messages in order)."""
+    def apply(self, msg: Message, worker: str | None = "") -> None:
+        """Takes one protocol message from agent ``worker`` (messages in order; ``None``: the
+        worker of the records' default, the last Hello's). Beside a run state, apply each
+        message to the state first: it names the workers (:meth:`Telemetry.hello`)."""
         tel = self.telemetry
-        w = tel.workers.get(worker)
+        w = tel.workers.get(worker) if worker is not None else None
         if w is None:
             w = tel.worker(worker)
+        w.note(msg)  # the facts first (a no-op when the state beside took them)
         if type(msg) is Step:  # the hot path: one record per training-step call
             for observe in self._step_observers:
-                observe(msg, w, tel)  # before the telemetry moves on: they see the previous step
+                observe(msg, w, tel)  # before the windows move on (w.prev_step: the previous step)
             if w.records == 0:
                 self._step_workers += 1
                 if self._step_workers == 1:
@@ -134,9 +142,6 @@ class Engine:
         self._applied += 1
         for observe in self._observers.get(type(msg), ()):
             observe(msg, w, tel)
-        t = getattr(msg, "t", None)
-        if isinstance(t, (int, float)) and not isinstance(msg, Exit) and t > (w.last_alive_t or 0.0):
-            w.last_alive_t = float(t)
         if isinstance(msg, HostSample):
             w.on_host(msg)
         elif isinstance(msg, DeviceSample):
@@ -161,18 +166,9 @@ class Engine:
         elif isinstance(msg, Phase):
             w.on_phase(msg)
         elif isinstance(msg, Topology):
-            tel.on_topology(w, msg)
+            tel.on_topology(msg)
         elif isinstance(msg, Config):
             tel.on_config(msg)
-        elif isinstance(msg, ExceptionRaised):
-            w.exception_seen = True
-        elif isinstance(msg, Exit):
-            if w.records == 0:
-                # the launcher speaks for the processes it started: it may not use their names
-                for other in tel.workers.values():
-                    if other.exit is None:
-                        other.exit = msg
-            w.exit = msg
 
     def _check_all(self) -> None:
         self._checked_at = self._applied

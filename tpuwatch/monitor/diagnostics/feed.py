@@ -1,7 +1,9 @@
 """Runs the diagnostics engine beside a :class:`~tpuwatch.monitor.state.RunState`.
 
-Every viewer (headless, dashboard, report) feeds the same messages to both and evaluates the
-rules about once a second; findings land in the state, and, for the process that owns the run
+Every viewer (headless, dashboard, report) feeds the same messages to both, the state first,
+and evaluates the rules about once a second. Given the state (``FindingsFeed(state=...)``), the
+engine reads and updates the state's own worker records (``RunState.telemetry``: one record per
+worker, its facts noted once); findings land in the state, and, for the process that owns the run
 (``tpuwatch run``), in the recording too (``on_new``). The owner reads its own recording: the
 lines of the findings it wrote come back to it, and :meth:`FindingsFeed.read_back` tells them
 apart (they are in the state already; applied again, a stale copy would replace a later verdict).
@@ -30,8 +32,11 @@ class FindingsFeed:
         clock: Callable[[], float] = time.time,
         every_s: float = EVALUATE_EVERY_S,
         on_new: Callable[[list[Finding]], None] | None = None,
+        state: "RunState | None" = None,
     ) -> None:
-        self.engine = Engine(clock=clock)
+        """``state``: the run state fed beside (its worker records are the engine's)."""
+        self.engine = Engine(clock=clock, telemetry=state.telemetry if state is not None else None)
+        self._shared = state is not None
         self.every_s = every_s
         self.on_new = on_new
         self._worker = ""  # the single stream's agent, from its Hello
@@ -55,6 +60,9 @@ class FindingsFeed:
         """One message, in order. ``worker``: the sending agent (default: the last Hello's)."""
         if isinstance(msg, Finding):
             return  # the engine makes its own
+        if self._shared:
+            self.engine.apply(msg, worker)  # the state named the workers (the default: the last Hello's)
+            return
         if isinstance(msg, Hello) and worker is None:
             self._worker = msg.worker
         self.engine.apply(msg, worker if worker is not None else self._worker)

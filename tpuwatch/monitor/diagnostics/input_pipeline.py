@@ -11,7 +11,7 @@ from .input_share import InputShare
 from .pipeline_doctor import KERAS_STEP_FUNCTIONS, culprit, training_pipeline
 from .robust_stats import sig
 from .rule import Rule
-from .telemetry import Rec, Telemetry, WorkerTelemetry
+from .telemetry import Rec, Telemetry, Worker
 from .thresholds import Thresholds
 
 _EPISODE_MIN_GAP = 0.2  # share of step time: the wait after the split exceeds the wait before by this
@@ -53,7 +53,7 @@ class InputBound(Rule):
             self._judge(w.name, w.last_step_t or 0.0, s, scope, w)
 
     def _judge(self, worker: str, t: float, s: InputShare | None, scope: str,
-               w: WorkerTelemetry | None = None) -> None:
+               w: Worker | None = None) -> None:
         th = self.th
         if s is None or s.level not in ("moderate", "high"):
             return

@@ -11,7 +11,7 @@ from tpuwatch.protocol import Finding, Message, Step
 
 from .robust_stats import quantile, sig
 from .rule import Rule
-from .telemetry import Telemetry, WorkerTelemetry
+from .telemetry import Telemetry, Worker
 from .thresholds import Thresholds
 
 _MAX_VALUES_PER_CHECK = 16384
@@ -119,7 +119,7 @@ class LossNonfinite(Rule):
         #: worker -> the latest finite per-replica rows, to find where a non-finite loss began
         self.recent: dict[str, deque[tuple[int, tuple[float, ...]]]] = {}
 
-    def observe(self, msg: Message, w: WorkerTelemetry, tel: Telemetry) -> None:
+    def observe(self, msg: Message, w: Worker, tel: Telemetry) -> None:
         msg = cast(Step, msg)  # observes = (Step,)
         loss, rl = msg.loss, msg.replica_losses
         # sum() of finite values is finite; NaN or Inf anywhere makes it non-finite (fast path)
@@ -207,7 +207,7 @@ class ReplicaLossSkew(Rule):
         self.rings: dict[str, deque[tuple[int, tuple[float, ...]]]] = {}
         self._went_nonfinite: set[str] = set()
 
-    def observe(self, msg: Message, w: WorkerTelemetry, tel: Telemetry) -> None:
+    def observe(self, msg: Message, w: Worker, tel: Telemetry) -> None:
         msg = cast(Step, msg)  # observes = (Step,)
         rl = msg.replica_losses
         if rl:
@@ -219,7 +219,7 @@ class ReplicaLossSkew(Rule):
                 self._before_nonfinite(w, ring, msg.step)
             ring.append((msg.step, rl))
 
-    def _before_nonfinite(self, w: WorkerTelemetry, ring: deque[tuple[int, tuple[float, ...]]], step: int) -> None:
+    def _before_nonfinite(self, w: Worker, ring: deque[tuple[int, tuple[float, ...]]], step: int) -> None:
         """The steps before a non-finite loss: one replica that departed from the others is
         its origin, however few steps the run has (no 50-step window needed)."""
         rows = [r for r in list(ring)[-self.th.skew_origin_lookback:] if math.isfinite(sum(r[1]))]

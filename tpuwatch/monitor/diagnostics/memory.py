@@ -8,7 +8,7 @@ from tpuwatch.protocol import AllocationSites, Finding, Severity
 
 from .robust_stats import sig, theil_sen
 from .rule import Rule
-from .telemetry import Telemetry, WorkerTelemetry
+from .telemetry import Telemetry, Worker
 from .thresholds import Thresholds
 
 MB = 1 << 20
@@ -51,7 +51,7 @@ class HostMemoryGrowth(Rule):
         self._checked_at: dict[str, tuple[float, AllocationSites | None]] = {}
         self._steps_checked_at: dict[str, tuple[int, AllocationSites | None]] = {}
 
-    def _analysis_start(self, w: WorkerTelemetry) -> float | None:
+    def _analysis_start(self, w: Worker) -> float | None:
         th = self.th
         if w.rss_first_t is None:
             return None
@@ -71,7 +71,7 @@ class HostMemoryGrowth(Rule):
             self._check_steps(w)
             self._check_time(w)
 
-    def _check_time(self, w: WorkerTelemetry) -> None:
+    def _check_time(self, w: Worker) -> None:
         th = self.th
         start = self._analysis_start(w)
         if start is None:
@@ -92,7 +92,7 @@ class HostMemoryGrowth(Rule):
         self._report(w, sel[-1][0], sel[-1][1], slope_bps, up_share, growth_mb,
                      f"over {span_s / 60:.2g} min", {"window_min": sig(span_s / 60, 2)})
 
-    def _check_steps(self, w: WorkerTelemetry) -> None:
+    def _check_steps(self, w: Worker) -> None:
         th = self.th
         pts = w.rss_step_points
         if not pts or _same(self._steps_checked_at.get(w.name), pts[-1][0], w):
@@ -131,7 +131,7 @@ class HostMemoryGrowth(Rule):
                                              "window_s": sig(span_s, 2)},
                      per_step=per_step)
 
-    def _report(self, w: WorkerTelemetry, t: float, rss: int, slope_bps: float, up_share: float,
+    def _report(self, w: Worker, t: float, rss: int, slope_bps: float, up_share: float,
                 growth_mb: float, scope: str | None, extra: dict[str, float | int | str],
                 per_step: float | None = None) -> None:
         th = self.th
@@ -169,7 +169,7 @@ class HostMemoryGrowth(Rule):
                              f"buffers ({where}: up to {bound / MB:.3g} MB): expected, not a leak"),
                     advice=("Nothing to fix while the data fits in host memory. To keep a large "
                             "cache out of RAM, give it a file: .cache(\"/path/to/cache\")"),
-                    evidence=evidence, first_step=None, last_step=w.last_step or None, worker=w.name,
+                    evidence=evidence, first_step=None, last_step=w.step or None, worker=w.name,
                 ))
                 return
         advice = ADVICE
@@ -215,7 +215,7 @@ class HostMemoryGrowth(Rule):
             message=(f"host memory grows steadily: {rate}+{_n(mb_per_min)} MB/min"
                      + (f" (+{growth_mb:.3g} MB {scope})" if scope else "") + where + tail),
             advice=advice, evidence=evidence,
-            first_step=None, last_step=w.last_step or None, worker=w.name,
+            first_step=None, last_step=w.step or None, worker=w.name,
         ))
 
 
@@ -246,18 +246,18 @@ def leak_fix(code: str, kind: str) -> tuple[str, str] | None:
     return None
 
 
-def _may_fill(w: WorkerTelemetry) -> bool:
+def _may_fill(w: Worker) -> bool:
     """Whether the first epoch may be a cache filling by an unknown amount: without a pipeline
     map, or with a stage holding data of unknown size. (A known size is judged against.)"""
     return not w.pipelines or any(b < 0 for _, _, b in w.memory_holders)
 
 
-def _same(checked: tuple[float, AllocationSites | None] | None, last: float, w: WorkerTelemetry) -> bool:
+def _same(checked: tuple[float, AllocationSites | None] | None, last: float, w: Worker) -> bool:
     """True when ``last`` was analysed already, with the sites the worker has now."""
     return checked is not None and checked[0] == last and checked[1] is w.allocations
 
 
-def _held_by_pipeline(w: WorkerTelemetry) -> tuple[int, str] | None:
+def _held_by_pipeline(w: Worker) -> tuple[int, str] | None:
     """(bytes, where) the iterated pipelines' caches and shuffle buffers can hold in host memory;
     None when there are none, or one of them has no known bound (a dataset without static
     shapes: its growth is not explained)."""
@@ -338,5 +338,5 @@ class DeviceMemoryHeadroom(Rule):
                     "limit_source": d.limit_source,
                     "warning_threshold_pct": round(100 * th.device_warning_frac),
                 },
-                first_step=None, last_step=w.last_step or None, worker=w.name,
+                first_step=None, last_step=w.step or None, worker=w.name,
             ))

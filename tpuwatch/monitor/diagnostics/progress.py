@@ -10,7 +10,7 @@ from tpuwatch.units import finding_duration, finding_ms
 
 from .robust_stats import median, quantile, sig
 from .rule import Rule
-from .telemetry import Telemetry, WorkerTelemetry
+from .telemetry import Telemetry, Worker
 from .thresholds import Thresholds
 
 
@@ -53,13 +53,16 @@ class Stall(Rule):
         #: its longest stretch with nothing progressing)
         self.gaps: dict[str, list[tuple[int, float, int, tuple[float, float]]]] = {}
 
-    def limit(self, w: WorkerTelemetry, tel: Telemetry, live: bool, spe: int | None = -1) -> StallLimit | None:
-        """The stall threshold for a gap after ``w``'s latest step record (None: no stall).
-        ``live``: the gap is still going on (the live floor applies). ``spe``: the run's steps
-        per epoch when the caller has it (-1: read it here)."""
+    def limit(self, w: Worker, tel: Telemetry, live: bool, spe: int | None = -1,
+              step: int | None = None) -> StallLimit | None:
+        """The stall threshold for a gap after step ``step`` of ``w`` (default: its newest;
+        None: no stall). ``live``: the gap is still going on (the live floor applies). ``spe``:
+        the run's steps per epoch when the caller has it (-1: read it here)."""
         th = self.th
+        if step is None:
+            step = w.step
         total = tel.config.get("total_steps")
-        if isinstance(total, int) and total > 0 and w.last_step >= total:
+        if isinstance(total, int) and total > 0 and step >= total:
             return None
         limit = StallLimit(th.stall_min_s, "live minimum")
         if len(w.intervals) >= 5:
@@ -77,7 +80,7 @@ class Stall(Rule):
                                                 f"({finding_ms(p95)}), at least {th.stall_gap_min_s:g} s")
         if spe == -1:
             spe = tel.steps_per_epoch()
-        if w.boundary_since_step or (spe and w.last_step % spe == 0):
+        if w.boundary_since_step or (spe and step % spe == 0):
             if w.longest_boundary_gap_s > 0:
                 b = StallLimit(th.stall_boundary_factor * w.longest_boundary_gap_s,
                                f"{th.stall_boundary_factor:g} x longest epoch-boundary gap")
@@ -87,31 +90,33 @@ class Stall(Rule):
                 limit = b
         return limit
 
-    def observe(self, msg: Message, w: WorkerTelemetry, tel: Telemetry) -> None:
-        # called before the telemetry takes the step in: w.last_step_t is the previous record
-        if w.last_step_t is None:
+    def observe(self, msg: Message, w: Worker, tel: Telemetry) -> None:
+        # called before the windows take the step in: w.prev_step is the step before it
+        prev = w.prev_step
+        if prev is None:
             return
-        gap = msg.t - w.last_step_t  # type: ignore[attr-defined]
+        gap = msg.t - prev.t  # type: ignore[attr-defined]
         if gap <= self.th.stall_gap_min_s:
             return  # the fast path: below the smallest possible limit
         span = w.quiet_span(msg.t)  # type: ignore[attr-defined]
         quiet = span[1]
-        limit = self.limit(w, tel, live=False)
+        limit = self.limit(w, tel, live=False, step=prev.step)
         seen = self._found.get(w.name)
         was_ongoing = (seen is not None and seen.evidence.get("ongoing") == 1
-                       and seen.evidence.get("last_step") == w.last_step)
+                       and seen.evidence.get("last_step") == prev.step)
         if limit is not None and (quiet >= limit.seconds or was_ongoing):
             # an episode once reported stays reported, whatever the cadence says when it ends
             gaps = self.gaps.setdefault(w.name, [])
-            gaps.append((w.last_step, gap, msg.step, span))  # type: ignore[attr-defined]
+            gaps.append((prev.step, gap, msg.step, span))  # type: ignore[attr-defined]
             if len(gaps) > self.th.stall_max_gaps:  # keep the longest, in step order
                 gaps.remove(min(gaps, key=lambda g: g[1]))
-            self._record(w, gap, limit, ongoing=False, resumed_at=msg.step, quiet=quiet)  # type: ignore
+            self._record(w, prev, gap, limit, ongoing=False, resumed_at=msg.step, quiet=quiet)  # type: ignore
 
     def current(self, tel: Telemetry, now: float) -> dict[str, Finding]:
         spe = tel.steps_per_epoch()  # once: it looks at every worker, and a pod has a thousand
         for w in tel.step_workers():
-            if w.last_step_t is None:
+            last = w.last_step
+            if last is None:
                 continue
             if w.ended:
                 ex = w.exit
@@ -121,14 +126,14 @@ class Stall(Rule):
                     continue
                 end = ex.t if ex is not None else now  # killed: ex is there
             else:
-                end = w.last_alive_t if w.samples_seen and w.last_alive_t else now
-            gap = end - w.last_step_t
+                end = w.last_t if w.samples_seen and w.last_t else now
+            gap = end - last.t
             if gap <= self.th.stall_gap_min_s:
                 continue
             quiet = w.quiet_s(end)
             limit = self.limit(w, tel, live=not w.ended, spe=spe)
             if limit is not None and quiet >= limit.seconds:
-                self._record(w, gap, limit, ongoing=not w.ended, resumed_at=None, quiet=quiet)
+                self._record(w, last, gap, limit, ongoing=not w.ended, resumed_at=None, quiet=quiet)
         return self._found
 
     def episodes(self, worker: str, tel: Telemetry | None = None, now: float | None = None
@@ -141,33 +146,34 @@ class Stall(Rule):
         if f is not None and f.evidence.get("ongoing") == 1 and tel is not None:
             w = tel.workers.get(worker)
             if w is not None and w.last_step_t is not None:
-                end = now if now is not None else (w.last_alive_t or w.last_step_t)
+                end = now if now is not None else (w.last_t or w.last_step_t)
                 start, quiet = w.quiet_span(end)
                 out.append((start, start + quiet))
         return out
 
-    def _finished_after_last_step(self, w: WorkerTelemetry) -> None:
+    def _finished_after_last_step(self, w: Worker) -> None:
         """A live stall after the last step that ended with the script finishing cleanly was
         the script's own end (saving, TF destroying a distributed iterator, which can take
         minutes at exit): say so as an info, in place of the warning seen while it lasted."""
         f = self._found.get(w.name)
         ex = w.exit
         if (f is None or ex is None or ex.exit_code != 0 or f.severity == "info"
-                or not f.evidence.get("ongoing") or f.evidence.get("last_step") != w.last_step):
+                or not f.evidence.get("ongoing") or f.evidence.get("last_step") != w.step):
             return
         gap = ex.t - (w.last_step_t or ex.t)
         self._found[w.name] = replace(
             f, severity="info", t=ex.t,
             message=(f"the script took {finding_duration(gap)} to finish after its last step "
-                     f"({w.last_step}), then exited cleanly"),
+                     f"({w.step}), then exited cleanly"),
             advice=("Nothing to fix in training. If the wait at the end matters: TF can take "
                     "minutes destroying a live distributed iterator at exit (break out of "
                     "`for x in dist_dataset` early and delete the iterator, or iterate a "
                     "finite dataset to its end); a final save or evaluation also shows here"),
             evidence={**f.evidence, "gap_s": sig(gap, 2), "ongoing": 0, "finished_cleanly": 1})
 
-    def _record(self, w: WorkerTelemetry, gap: float, limit: StallLimit, *, ongoing: bool,
+    def _record(self, w: Worker, after: Step, gap: float, limit: StallLimit, *, ongoing: bool,
                 resumed_at: int | None, quiet: float | None = None) -> None:
+        """A gap of ``gap`` seconds after the step record ``after`` of ``w``."""
         th = self.th
         severity: Severity = "critical" if gap >= th.stall_critical_factor * limit.seconds else "warning"
         if ongoing:
@@ -177,14 +183,14 @@ class Stall(Rule):
         else:
             state = "then the process was killed"
         evidence: dict[str, float | int | str] = {
-            "last_step": w.last_step,
+            "last_step": after.step,
             "gap_s": sig(gap, 2),
             "limit_s": sig(limit.seconds, 2),
             "limit_reason": limit.why,
             "ongoing": int(ongoing),
         }
-        if w.phase:
-            evidence["phase"] = w.phase
+        if w.phase is not None and w.phase.phase:
+            evidence["phase"] = w.phase.phase
         if quiet is not None and quiet < gap - 0.5:
             evidence["quiet_s"] = sig(quiet, 2)
             state += (f"; {finding_duration(gap - quiet)} of it in evaluations, saves or new iterators "
@@ -204,16 +210,16 @@ class Stall(Rule):
                 evidence={**kept.evidence, "long_gaps": len(gaps), "gaps": evidence["gaps"]})
             return
         self._keep(w.name, Finding(
-            t=(w.last_step_t or 0.0) + gap, rule=self.id, severity=severity,
-            message=(f"stall: no step for {finding_duration(gap)} after step {w.last_step} "
+            t=after.t + gap, rule=self.id, severity=severity,
+            message=(f"stall: no step for {finding_duration(gap)} after step {after.step} "
                      f"(limit {finding_duration(limit.seconds)}); {state}{others}"),
-            advice=(f"Training stopped making progress after step {w.last_step}: take a stack "
+            advice=(f"Training stopped making progress after step {after.step}: take a stack "
                     "dump (the dashboard's stack-dump key, or the stack_dump command) to see where "
                     "every thread waits - a hung collective or a dead worker in multi-worker "
                     "runs, a blocked input pipeline (a generator waiting on I/O or a lock), or "
                     "a deadlock in user code"),
             evidence=evidence,
-            first_step=w.last_step, last_step=resumed_at if resumed_at is not None else w.last_step,
+            first_step=after.step, last_step=resumed_at if resumed_at is not None else after.step,
             worker=w.name,
         ))
 
@@ -235,7 +241,7 @@ class StepTimeJitter(Rule):
             for fn, recs in by_fn.items():
                 self._check_fn(w, fn, recs)
 
-    def _check_fn(self, w: WorkerTelemetry, fn: str, recs: list[tuple[Any, ...]]) -> None:
+    def _check_fn(self, w: Worker, fn: str, recs: list[tuple[Any, ...]]) -> None:
         th = self.th
         if len(recs) < th.jitter_min_records:
             return

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Message
 
-from .telemetry import Telemetry, WorkerTelemetry
+from .telemetry import Telemetry, Worker
 from .thresholds import Thresholds
 
 
@@ -32,7 +32,7 @@ class Rule:
         self.th = th
         self._found: dict[str, Finding] = {}
 
-    def observe(self, msg: Message, w: WorkerTelemetry, tel: Telemetry) -> None:
+    def observe(self, msg: Message, w: Worker, tel: Telemetry) -> None:
         """Called for each message of a type in ``observes``."""
 
     def check(self, tel: Telemetry) -> None:

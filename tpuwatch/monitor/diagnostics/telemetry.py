@@ -1,24 +1,34 @@
-"""What the rules read: per-worker bounded windows and run-wide facts, built from messages.
+"""The one record per worker on the viewer side, and the rules' run-wide facts.
 
-:class:`Telemetry` is updated by the engine for every message (``Step`` on the fast path: a few
-attribute writes and one ``deque.append``); rules read it and keep only their own verdicts.
-Every container is bounded, so memory does not grow with the length of the run.
+:class:`Worker` is everything known about one agent process: the facts its messages state (its
+hello, strategies, newest step, exit, exception, phase, when it last spoke: :meth:`Worker.note`,
+their one writer), the bounded windows the diagnostics rules read, and what the run state keeps
+for the views (step statistics, ledger, host samples, connection). :class:`Telemetry` holds the
+workers by name. A :class:`~tpuwatch.monitor.state.RunState` owns one, and the diagnostics engine
+beside it (``FindingsFeed(state=...)``) reads and updates the same records; an engine alone has its
+own. Every container is bounded, so memory does not grow with the length of the run.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable
 
+from tpuwatch.monitor.ledger import LedgerBuilder
+from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
 from tpuwatch.protocol import (
     AllocationSites,
     Config,
     DeviceSample,
     Epoch,
+    ExceptionRaised,
     Exit,
+    Hello,
     HostSample,
     HostSummary,
+    Message,
     Phase,
     Pipeline,
     Step,
@@ -27,6 +37,16 @@ from tpuwatch.protocol import (
 
 from .input_share import InputShare, InputTotals, recent_share
 from .thresholds import Thresholds
+
+if TYPE_CHECKING:
+    from tpuwatch.monitor.snapshot import HostPoint
+    from tpuwatch.monitor.stats import StepStats
+
+
+def _new_stats() -> StepStats:
+    # imported here: monitor.stats imports this package (robust_stats)
+    from tpuwatch.monitor.stats import StepStats
+    return StepStats()
 
 #: One eligible step record in a window:
 #: (step, t, step_time_s, input_wait_s or None, steps, function name).
@@ -40,6 +60,8 @@ _MAX_FIRST_FUNCTIONS = 16  # step functions whose first step times are kept (tre
 _MAX_BYTES = 1 << 60  # byte counts beyond this are corrupt: ignored, never a crash
 _MAX_PIPELINES = 8
 _MAX_HOLDERS = 32  # pipeline stages holding host memory remembered per worker
+#: Host samples the Memory panel charts (two a second by default: the last ~4 minutes).
+HOST_HISTORY = 512
 
 
 @dataclass
@@ -53,15 +75,55 @@ class DevicePeak:
 
 
 @dataclass
-class WorkerTelemetry:
-    """One agent process, keyed by the ``worker`` name given to ``Engine.apply``."""
+class Worker:
+    """One agent process, keyed by its worker name: the one record of it on the viewer side.
+
+    Facts its messages state have one home each, written by :meth:`note` alone; the rules'
+    windows and the views' statistics are kept beside them by their readers (the engine's
+    ``on_*`` methods, the run state's handlers)."""
 
     name: str
     th: Thresholds
-    topology: Topology | None = None
+    order: int = 0  # order of first appearance
+    # --- facts (written by note) ----------------------------------------------------------
+    hello: Hello | None = None
+    # Every strategy this worker announced, with the training steps run under it (the steps
+    # after a Topology belong to it, counted by the run state); ``topology`` is the one that
+    # trained most, ``latest_topology`` the newest.
+    topologies: list[list[Any]] = field(default_factory=list)  # [Topology, steps]
+    current_topology: int = -1
+    topology_new: bool = False  # the newest Topology was a strategy not seen before
+    #: The newest step record (a summary's newest step, as a Step, on the summary stream).
+    last_step: Step | None = None
+    #: The step record before it (what a rule observing a step compares it with).
+    prev_step: Step | None = None
+    stepped: bool = False  # the newest message noted moved ``last_step``
+    #: Latest time any message of the worker carries (its exit's aside: the launcher's clock).
+    last_t: float | None = None
+    exit: Exit | None = None
+    #: The script's exception, without tpuwatch's own frames.
+    exception: ExceptionRaised | None = None
+    #: The agent's current phase (None before any Phase message: an older agent).
+    phase: Phase | None = None
+    phase_new: bool = False  # the newest Phase began a phase (not an evaluation's progress)
+    #: Its agent's sampler reports (host or device samples): silence then means no progress.
+    samples_seen: bool = False
+    _noted: Message | None = field(default=None, repr=False)
+    # --- the run state's (views) ----------------------------------------------------------
+    stats: StepStats = field(default_factory=_new_stats)
+    last_losses: Step | None = None  # last step record that carried replica losses
+    lost_reason: str | None = None
+    connected: bool = True
+    host: HostSample | None = None
+    host_history: deque[HostPoint] = field(default_factory=lambda: deque(maxlen=HOST_HISTORY))
+    rss_peak: int = 0
+    ledger: LedgerBuilder = field(default_factory=LedgerBuilder)
+    # The newest summary with step records (the summary stream: its p50 is the Workers panel's).
+    summary: HostSummary | None = None
+    summarised: bool = False  # some of its steps came only as summaries (not in the ledger)
+    from_summary: bool = False  # its newest step came in a summary
+    # --- the rules' -----------------------------------------------------------------------
     records: int = 0  # Step messages seen
-    last_step: int = 0  # highest step number seen
-    last_step_t: float | None = None
     first_step_t: float | None = None
     #: Eligible records only (warm-up and boundary records left out).
     window: deque[Rec] = field(default_factory=deque)
@@ -69,11 +131,6 @@ class WorkerTelemetry:
     skip_left: int = 0
     #: Wall time between consecutive step records: the stall baseline.
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=101))
-    # liveness
-    last_alive_t: float | None = None  # latest t of any message from this worker
-    samples_seen: bool = False  # the agent's sampler thread reports, so silence means no steps
-    exit: Exit | None = None
-    exception_seen: bool = False
     # epochs
     epoch: int | None = None
     boundary_since_step: bool = False  # an Epoch message arrived after the last step record
@@ -82,9 +139,6 @@ class WorkerTelemetry:
     epoch_begin_seen: bool = False
     longest_boundary_gap_s: float = 0.0
     # phases (the agent's Phase messages): the time since the last step that no phase explains.
-    #: The agent's current phase ("" before any Phase message: an older agent).
-    phase: str = ""
-    phase_since: float | None = None
     #: Start of the current stretch with nothing progressing (None: in a save, a new iterator or
     #: a trace, which count as progress while they last).
     quiet_since: float | None = None
@@ -129,11 +183,106 @@ class WorkerTelemetry:
         self.rss_points = deque(maxlen=self.th.rss_window_points)
         self.skip_left = self.th.warmup_records
 
-    # --- updates (called by the engine) ------------------------------------------------------
+    # --- facts ---------------------------------------------------------------------------------
+
+    def note(self, msg: Message) -> None:
+        """Takes the facts ``msg`` states about this worker: the one writer of them. Each reader
+        of a message (the run state, then the engine beside it) calls it; the first call notes,
+        the others find the message noted already. Costs a few attribute writes for a Step."""
+        if msg is self._noted:
+            return
+        self._noted = msg
+        if type(msg) is Step:
+            self.prev_step, self.last_step, self.stepped = self.last_step, msg, True
+            if self.last_t is None or msg.t > self.last_t:
+                self.last_t = msg.t
+            return
+        self.stepped = False
+        if isinstance(msg, Exit):
+            self.exit = msg
+            return  # its time is the launcher's when the launcher wrote it: no sign of life
+        t = getattr(msg, "t", None)
+        if isinstance(t, (int, float)) and (self.last_t is None or t > self.last_t):
+            self.last_t = float(t)
+        if isinstance(msg, (HostSample, DeviceSample)):
+            self.samples_seen = True
+        elif isinstance(msg, HostSummary):
+            self._note_summary(msg)
+        elif isinstance(msg, Hello):
+            self.hello = msg
+        elif isinstance(msg, Topology):
+            self.topology_new = self._add_topology(msg)
+        elif isinstance(msg, Phase):
+            prev = self.phase
+            self.phase_new = prev is None or prev.phase != msg.phase or prev.since != msg.since
+            self.phase = msg
+        elif isinstance(msg, ExceptionRaised):
+            # shown to the user: without tpuwatch's own frames (runpy, the agent)
+            self.exception = replace(msg, message=strip_own_frames(msg.message)[0],
+                                     traceback=without_own_frames(msg.traceback))
+
+    def _note_summary(self, m: HostSummary) -> None:
+        """A summary's samples, its newest step and its time (never an older step than the newest
+        known)."""
+        if (m.host_t is not None and m.rss_bytes is not None) or (m.devices and m.device_t):
+            self.samples_seen = True
+        if m.step is None or m.step_t is None or (self.last_step is not None and m.step < self.last_step.step):
+            return
+        self.prev_step, self.stepped = self.last_step, True
+        self.last_step = Step(step=m.step, t=m.step_t, step_time_s=m.step_time_p50_s or math.nan,
+                              input_wait_s=None, loss=None, steps=m.steps, function=m.function, epoch=m.epoch)
+        if self.last_t is None or m.step_t > self.last_t:
+            self.last_t = m.step_t
+
+    def _add_topology(self, msg: Topology) -> bool:
+        """Makes ``msg`` the current strategy; True if it was not seen before."""
+        key = (msg.strategy, msg.replicas, msg.devices, msg.num_workers)
+        for i, (known, _) in enumerate(self.topologies):
+            if (known.strategy, known.replicas, known.devices, known.num_workers) == key:
+                self.topologies[i][0] = msg
+                self.current_topology = i
+                return False
+        self.topologies.append([msg, 0])
+        self.current_topology = len(self.topologies) - 1
+        return True
+
+    def count_steps(self, steps: int) -> None:
+        """Training steps run under the current strategy (the run state counts them)."""
+        if self.current_topology >= 0:
+            self.topologies[self.current_topology][1] += steps
+
+    @property
+    def topology(self) -> Topology | None:
+        """The strategy that trained most (the newest of equals)."""
+        if not self.topologies:
+            return None
+        best = max(range(len(self.topologies)), key=lambda i: (self.topologies[i][1], i))
+        topo: Topology = self.topologies[best][0]
+        return topo
+
+    @property
+    def latest_topology(self) -> Topology | None:
+        """The strategy announced last."""
+        if self.current_topology < 0:
+            return None
+        topo: Topology = self.topologies[self.current_topology][0]
+        return topo
+
+    @property
+    def step(self) -> int:
+        """The newest step's number (0 before any)."""
+        return self.last_step.step if self.last_step is not None else 0
+
+    @property
+    def last_step_t(self) -> float | None:
+        """The newest step's time (unix seconds)."""
+        return self.last_step.t if self.last_step is not None else None
+
+    # --- updates (called by the engine, after note) --------------------------------------------
 
     def on_step(self, m: Step) -> None:
         self.records += 1
-        prev_t = self.last_step_t
+        prev_t = self.prev_step.t if self.prev_step is not None else None
         if prev_t is not None:
             gap = m.t - prev_t
             if gap > 0:
@@ -142,14 +291,9 @@ class WorkerTelemetry:
                     self.longest_boundary_gap_s = gap
         else:
             self.first_step_t = m.t
-        if m.step > self.last_step:
-            self.last_step = m.step
-        self.last_step_t = m.t
         self.quiet_since = m.t
         self.longest_quiet_s = 0.0
         self.longest_quiet_at = None
-        if m.t > (self.last_alive_t or 0.0):
-            self.last_alive_t = m.t
         if m.epoch is not None and m.epoch != self.epoch:
             if self.epoch is not None:
                 self.skip_left = max(self.skip_left, self.th.boundary_skip_records)
@@ -188,17 +332,12 @@ class WorkerTelemetry:
         if m.step is None or m.step_t is None:
             return
         self.records += m.records
-        if self.last_step_t is None:
-            self.first_step_t = m.step_t
-        if m.step > self.last_step:
-            self.last_step = m.step
-        if self.last_step_t is None or m.step_t > self.last_step_t:
-            self.last_step_t = m.step_t
+        if self.stepped:  # it is the newest step (note)
+            if self.prev_step is None:
+                self.first_step_t = m.step_t
             self.quiet_since = m.step_t
             self.longest_quiet_s = 0.0
             self.longest_quiet_at = None
-        if m.step_t > (self.last_alive_t or 0.0):
-            self.last_alive_t = m.step_t
         if m.epoch is not None:
             self.epoch = m.epoch
         if self.skip_left >= m.records:  # an interval of warm-up records only
@@ -219,8 +358,7 @@ class WorkerTelemetry:
     def on_phase(self, m: Phase) -> None:
         """Evaluations progress by their calls; saves, new iterators and traces while they last;
         anything else (host time, training between steps) is quiet until the next step."""
-        new = m.phase != self.phase or m.since != self.phase_since
-        self.phase, self.phase_since = m.phase, m.since
+        new = self.phase_new  # (note)
         if m.phase in ("checkpointing", "iterator", "compiling", "evaluating"):
             at = m.since if new else m.t
             self._close_quiet(at)
@@ -280,7 +418,6 @@ class WorkerTelemetry:
                 self.epoch_end_steps.append(m.step)
 
     def on_host(self, m: HostSample) -> None:
-        self.samples_seen = True
         if not (0 <= m.rss_bytes < _MAX_BYTES and 0 <= m.available_bytes < _MAX_BYTES):
             return
         self.available_bytes = m.available_bytes
@@ -301,17 +438,17 @@ class WorkerTelemetry:
         else:
             self.rss_bucket_start_t = m.t
             self.rss_points.append((m.t, m.rss_bytes, untraced))
-        if self.last_step > 0:
+        step = self.step
+        if step > 0:
             pts = self.rss_step_points
-            if pts and pts[-1][0] == self.last_step:
-                pts[-1] = (self.last_step, m.t, m.rss_bytes, untraced)
+            if pts and pts[-1][0] == step:
+                pts[-1] = (step, m.t, m.rss_bytes, untraced)
             else:
                 if len(pts) >= self.th.rss_step_points:
                     del pts[1::2]  # keep every other point: the fit needs the shape, not all
-                pts.append((self.last_step, m.t, m.rss_bytes, untraced))
+                pts.append((step, m.t, m.rss_bytes, untraced))
 
     def on_device(self, m: DeviceSample) -> None:
-        self.samples_seen = True
         if not all(0 <= b < _MAX_BYTES for b in (m.current_bytes, m.peak_bytes, m.limit_bytes or 0)):
             return
         old = self.devices.get(m.device)
@@ -324,7 +461,7 @@ class WorkerTelemetry:
 
     @property
     def ended(self) -> bool:
-        return self.exit is not None or self.exception_seen
+        return self.exit is not None or self.exception is not None
 
     def input_share(self) -> tuple[InputShare | None, str]:
         """This worker's input wait as the ``input-bound`` rule judges it, with its scope in
@@ -335,11 +472,11 @@ class WorkerTelemetry:
 
     def replica_offset(self) -> int:
         """Global index of this worker's first replica (0 without a topology)."""
-        topo = self.topology
+        topo = self.latest_topology
         return topo.worker_index * topo.local_replicas if topo else 0
 
     def device_of(self, local_index: int) -> str:
-        topo = self.topology
+        topo = self.latest_topology
         if topo and local_index < len(topo.devices):
             return topo.devices[local_index]
         return ""
@@ -347,34 +484,55 @@ class WorkerTelemetry:
 
 @dataclass
 class Telemetry:
-    """All workers plus run-wide facts (configuration, topology)."""
+    """All workers (each one :class:`Worker`, by name, in order of first appearance) plus
+    run-wide facts: the run's configuration (the run state's too) and what the rules read of the
+    topology."""
 
     th: Thresholds
-    workers: dict[str, WorkerTelemetry] = field(default_factory=dict)
-    config: dict[str, object] = field(default_factory=dict)  # latest non-None Config fields
+    workers: dict[str, Worker] = field(default_factory=dict)
+    config: dict[str, object] = field(default_factory=dict)  # latest non-None Config fields (the run's)
     topology: Topology | None = None  # the latest from any worker
     is_tpu: bool = False
     steps_seen: bool = False
+    #: The worker a message without a name belongs to: the last Hello's (see :meth:`hello`).
+    default: str | None = None
+    #: Makes a new worker's step statistics (the run state's window sizes).
+    new_stats: Callable[[], StepStats] = _new_stats
 
-    def worker(self, name: str) -> WorkerTelemetry:
+    def worker(self, name: str | None) -> Worker:
+        """The record of ``name`` (``None``: the default worker), made on first mention."""
+        if name is None:
+            name = self.default or ""
         w = self.workers.get(name)
         if w is None:
-            w = self.workers[name] = WorkerTelemetry(name, self.th)
+            w = self.workers[name] = Worker(name, self.th, order=len(self.workers), stats=self.new_stats())
+            if self.default is None:
+                self.default = name
         return w
 
+    def hello(self, name: str) -> None:
+        """A stream's Hello names its worker: it becomes the default, and what arrived unnamed
+        before it (a viewer attached mid-run) is that worker's."""
+        anon = self.workers.get("")
+        if anon is not None and anon.hello is None and name not in self.workers:
+            del self.workers[""]
+            anon.name = name
+            self.workers[name] = anon
+        self.default = name
+
     def on_config(self, m: Config) -> None:
+        """The latest value of each field a Config carried (the run state reads them too)."""
         for f in ("mixed_precision", "global_batch_size", "per_replica_batch_size",
-                  "steps_per_execution", "total_steps", "epochs"):
+                  "steps_per_execution", "total_steps", "epochs", "keras_version"):
             v = getattr(m, f)
             if v is not None:
                 self.config[f] = v
 
-    def on_topology(self, w: WorkerTelemetry, m: Topology) -> None:
-        w.topology = m
+    def on_topology(self, m: Topology) -> None:
         self.topology = m
         self.is_tpu = self.is_tpu or m.is_tpu
 
-    def step_workers(self) -> list[WorkerTelemetry]:
+    def step_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.records > 0]
 
     def steps_per_epoch(self) -> int | None:

@@ -19,11 +19,11 @@ def per_replica_batch(tel: Telemetry) -> tuple[int, str] | None:
     if isinstance(gbs, int) and gbs > 0 and topo and topo.replicas > 0 and gbs % topo.replicas == 0:
         return gbs // topo.replicas, f"Config.global_batch_size {gbs} / {topo.replicas} replicas"
     for w in tel.step_workers():
-        if w.examples and w.topology and w.topology.local_replicas > 0:
+        if w.examples and w.latest_topology and w.latest_topology.local_replicas > 0:
             ex, _ = w.examples.most_common(1)[0]  # the common batch, not the last partial one
-            if ex % w.topology.local_replicas == 0:
-                return (ex // w.topology.local_replicas,
-                        f"Step.examples {ex} / {w.topology.local_replicas} local replicas")
+            if ex % w.latest_topology.local_replicas == 0:
+                return (ex // w.latest_topology.local_replicas,
+                        f"Step.examples {ex} / {w.latest_topology.local_replicas} local replicas")
     return None
 
 

@@ -9,7 +9,7 @@ from tpuwatch.protocol import NEW_OBJECT_CHANGE, VARIABLES_MADE_CHANGE, Finding,
 
 from .robust_stats import sig
 from .rule import Rule
-from .telemetry import Telemetry, WorkerTelemetry
+from .telemetry import Telemetry, Worker
 from .thresholds import Thresholds
 
 _SHAPE_CHANGE = re.compile(r"shape\s*\(([^)]*)\)\s*->\s*\(([^)]*)\)")
@@ -64,7 +64,7 @@ class _TracingRule(Rule):
         super().__init__(th)
         self.functions: dict[tuple[str, str], FunctionHistory] = {}
 
-    def observe(self, msg: Message, w: WorkerTelemetry, tel: Telemetry) -> None:
+    def observe(self, msg: Message, w: Worker, tel: Telemetry) -> None:
         assert isinstance(msg, Retrace)
         label = function_label(msg.function, msg.evaluation)
         key = (w.name, label)
