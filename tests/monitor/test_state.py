@@ -478,3 +478,42 @@ def test_the_headless_summary_error_line_is_whole_lines_not_a_cut_message():
     assert error.split(None, 1)[1].startswith("InvalidArgumentError: Graph execution error: (+")
     assert "more lines" in error and "/home/user" not in error
     assert not any(line.startswith('  File "/home/user') for line in lines)
+
+
+def test_device_memory_follows_new_samples_between_snapshots():
+    """A device's row is built again only for a new sample: the others are the same objects,
+    and a device seen for the first time takes its place in the order."""
+    from tpuwatch.protocol import DeviceSample
+
+    def sample(device: str, t: float, used: int) -> DeviceSample:
+        return DeviceSample(t=t, device=device, current_bytes=used, peak_bytes=used, limit_bytes=8 * mr.GiB)
+
+    s = RunState()
+    s.apply(mr.hello(mr.T0), "worker:1")
+    s.apply(sample("/gpu:1", mr.T0, 1 * mr.GiB), "worker:1")
+    s.apply(sample("/gpu:0", mr.T0, 2 * mr.GiB), "worker:1")
+    first = s.snapshot(now=mr.T0 + 1).device_memory
+    assert [(d.device, d.current_bytes) for d in first] == [("/gpu:0", 2 * mr.GiB), ("/gpu:1", 1 * mr.GiB)]
+    s.apply(sample("/gpu:1", mr.T0 + 1, 3 * mr.GiB), "worker:1")
+    s.apply(sample("/gpu:0", mr.T0 + 1, 2 * mr.GiB), "worker:0")  # another worker's device
+    second = s.snapshot(now=mr.T0 + 2).device_memory
+    assert [(d.worker, d.device, d.current_bytes) for d in second] == [
+        ("worker:0", "/gpu:0", 2 * mr.GiB), ("worker:1", "/gpu:0", 2 * mr.GiB), ("worker:1", "/gpu:1", 3 * mr.GiB)]
+    assert second[1] is first[0]  # no new sample: the same row
+
+
+def test_a_workers_input_share_follows_its_window():
+    """The live window's share is kept between evaluations and computed again once the window
+    takes a record."""
+    from tpuwatch.monitor.diagnostics.telemetry import WorkerTelemetry
+    from tpuwatch.monitor.diagnostics.thresholds import Thresholds
+
+    w = WorkerTelemetry("worker:0", Thresholds())
+    for i in range(1, 60):
+        w.on_step(step(i, mr.T0 + i * 0.1, step_time_s=0.1, wait=0.01))
+    before = w.input_share()
+    assert before == w.input_share() and before[0] is not None
+    for i in range(60, 120):
+        w.on_step(step(i, mr.T0 + i * 0.1, step_time_s=0.1, wait=0.09))
+    after = w.input_share()[0]
+    assert after is not None and after.share > before[0].share

@@ -150,8 +150,8 @@ class _Worker:
 
     @property
     def topology(self) -> Topology | None:
-        if not self.topologies:
-            return None
+        if len(self.topologies) < 2:  # the usual case, read for every worker at every snapshot
+            return self.topologies[0][0] if self.topologies else None
         best = max(range(len(self.topologies)), key=lambda i: (self.topologies[i][1], i))
         topo: Topology = self.topologies[best][0]
         return topo
@@ -221,6 +221,10 @@ class RunState:
         # The newest sample per (worker, device); made into DeviceMemory at snapshot time only (a
         # pod's chips send thousands of samples between two snapshots).
         self._devices: dict[tuple[str, str], DeviceSample] = {}
+        # What the snapshot shows of each device, built again only for a new sample (a pod has
+        # thousands of devices, most unchanged between two frames), in the devices' order.
+        self._device_views: dict[tuple[str, str], tuple[DeviceSample, DeviceMemory]] = {}
+        self._device_order: list[tuple[str, str]] = []
         self._device_peaks: dict[tuple[str, str], int] = {}
         self._disabled: dict[str, str] = {}
         self._device_mem_notes: dict[str, str] = {}  # device -> why its memory cannot be read
@@ -779,7 +783,7 @@ class RunState:
             functions=tuple(sorted(self._functions.values(), key=lambda f: (-f.traces, f.name))),
             retraces=tuple(self._retraces),
             pipelines=tuple(self._pipelines),
-            device_memory=tuple(_device_memory(k[0], self._devices[k]) for k in sorted(self._devices)),
+            device_memory=self._device_memory(),
             device_peaks=tuple((k[0], k[1], v) for k, v in sorted(self._device_peaks.items())),
             host_memory=tuple(HostMemory(worker=w.name, rss_bytes=w.host.rss_bytes,
                              available_bytes=w.host.available_bytes,
@@ -804,6 +808,20 @@ class RunState:
             unknown=self.unknown,
             truncated_tail=self.truncated_tail, recording_gaps=tuple(self._gaps),
         )
+
+    def _device_memory(self) -> tuple[DeviceMemory, ...]:
+        """Every device's newest sample as shown, by worker and device name."""
+        if len(self._device_order) != len(self._devices):  # a new device (none ever leaves)
+            self._device_order = sorted(self._devices)
+        views = self._device_views
+        out = []
+        for key in self._device_order:
+            msg = self._devices[key]
+            seen = views.get(key)
+            if seen is None or seen[0] is not msg:
+                seen = views[key] = (msg, _device_memory(key[0], msg))
+            out.append(seen[1])
+        return tuple(out)
 
     def _replica_losses(self, workers: list[_Worker]) -> tuple[ReplicaLoss, ...]:
         rows: list[tuple[int, str, str, float, int]] = []

@@ -42,7 +42,7 @@ from tpuwatch.protocol import (
 from .crash import ScriptCrash
 from .folding import fold
 from .input_pipeline import InputBound
-from .input_share import InputFigures, combine, recent_share
+from .input_share import InputFigures, combine
 from .loss import LossNonfinite, ReplicaLossSkew
 from .memory import DeviceMemoryHeadroom, HostMemoryGrowth
 from .progress import Stall, StepTimeJitter
@@ -220,7 +220,7 @@ class Engine:
         ``input-bound`` rule computes them (the definition in :mod:`.input_share`)."""
         th = self.thresholds
         ws = self.telemetry.step_workers()
-        recents = [recent_share(w.window, th) for w in ws]  # O(window) each: once per worker
+        recents = [w.recent_input_share() for w in ws]  # O(window) each when it moved
         per = tuple((w.name, w.input_totals.share(th), WHOLE_RUN) if w.ended else (w.name, *recent)
                     for w, recent in zip(ws, recents))
         running = [scope for _, _, scope in per if scope != WHOLE_RUN]
