@@ -16,11 +16,15 @@ summary a second from each (worker 0 full); ``on``/``off`` force either way.
 It reports:
 - catch-up: seconds from start until every host's newest step is live (recorded after the attach);
 - straggler: seconds from start until the ``straggler-host`` finding appears, and whom it names;
+  and when the slow host's first summary reached the viewer (what the simulated pod takes to
+  deliver it), then how long the viewer took to apply, judge (the findings are evaluated once a
+  second) and show it;
 - display lag at each frame shown after catch-up: now minus the newest step time of the
   primary host, and of the *most behind* host (p50 / p95 / max);
 - CPU (process_time / wall over the steady window, % of one core) and RSS (end, peak).
 
     .venv/bin/python bench/pod_viewer.py [--hosts 8,64,256] [--backlog 60] [--seconds 20] [--summaries auto]
+        [--profile DIR]  # each stage's time and a cProfile of the viewer's reads, DIR/viewer-N.txt
 
 Prints first the agent side's cost of the summary stream (microseconds per recorded line folded,
 on the stream thread), then one line per pod size with the 1-minute load average. Targets: lag
@@ -204,17 +208,19 @@ def fold_cost() -> tuple[float, float]:
 
 
 class _Trace:
-    """``--profile``: where the time to name the straggler goes, stage by stage (seconds after
-    the attach), and a cProfile of the reader thread's reads (the viewer's work but drawing)."""
+    """Where the time to name the straggler goes, stage by stage (seconds after the attach): the
+    slow host's first summary reaching the viewer (the pod's part), applied, found by the rule,
+    shown (the viewer's). With ``--profile`` also a cProfile of the reader thread's reads (the
+    viewer's work but drawing) and every stage, into a file."""
 
-    def __init__(self, attach_t: float, slow: str) -> None:
+    def __init__(self, attach_t: float, slow: str, profile: bool) -> None:
         import cProfile
 
         self.attach_t, self.slow = attach_t, slow
         self.marks: dict[str, float] = {}
         self.first_summary: dict[str, float] = {}  # worker -> its first summary with steps, queued
         self.reads: list[tuple[float, float, int]] = []  # (start, seconds, messages queued after)
-        self.profile = cProfile.Profile()
+        self.profile = cProfile.Profile() if profile else None
 
     def mark(self, what: str) -> None:
         self.marks.setdefault(what, time.time() - self.attach_t)
@@ -258,11 +264,13 @@ class _Trace:
 
         def traced():  # type: ignore[no-untyped-def]
             start = time.time()
-            self.profile.enable()
+            if self.profile:
+                self.profile.enable()
             try:
                 return read()
             finally:
-                self.profile.disable()
+                if self.profile:
+                    self.profile.disable()
                 self.reads.append((start - self.attach_t, time.time() - start, source._queue.qsize()))
                 w = reader._findings.engine.telemetry.workers.get(self.slow)
                 if w is not None and w.window:
@@ -289,8 +297,9 @@ class _Trace:
                         f"max {durations[-1]:.3f} total {sum(durations):.2f}\n")
             for start, d, left in self.reads[:80]:
                 f.write(f"  read at {start:7.2f} s: {d * 1e3:6.0f} ms, {left} messages queued after\n")
-            pstats.Stats(self.profile, stream=f).sort_stats("cumulative").print_stats(60)
-            pstats.Stats(self.profile, stream=f).sort_stats("tottime").print_stats(40)
+            if self.profile:
+                pstats.Stats(self.profile, stream=f).sort_stats("cumulative").print_stats(60)
+                pstats.Stats(self.profile, stream=f).sort_stats("tottime").print_stats(40)
 
 
 async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_host: int, deadline_s: float,
@@ -302,13 +311,11 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
 
     attach_t = time.time()
     rss0 = psutil.Process().memory_info().rss
-    trace = _Trace(attach_t, f"worker:{slow_host}") if profile else None
-    if trace:
-        trace.hook_source(addresses[slow_host])
+    trace = _Trace(attach_t, f"worker:{slow_host}", profile is not None)
+    trace.hook_source(addresses[slow_host])
     source = make_remote_source(addresses, os.environ["TPUWATCH_TOKEN"], summary=summary)
     app = TpuwatchApp(source, title="pod bench")
-    if trace:
-        trace.hook_reader(app._reader, source)
+    trace.hook_reader(app._reader, source)
     out: dict = {"hosts": n}
     lag_primary: list[float] = []
     lag_worst: list[float] = []
@@ -329,8 +336,7 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
         if "straggler_s" not in out:
             for f in s.findings:
                 if f.rule == "straggler-host":
-                    if trace:
-                        trace.mark("straggler shown")
+                    trace.mark("straggler shown")
                     out["straggler_s"] = now - attach_t
                     out["straggler_names"] = f.worker or f.message[:80]
                     out["straggler_right"] = f.worker == f"worker:{slow_host}" or f"worker:{slow_host} " in f.message
@@ -355,7 +361,7 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
             out["cpu_pct"] = 100 * time.process_time() / max(1e-9, time.time() - attach_t)
             out["rss_mib"] = psutil.Process().memory_info().rss / 2**20
             out["workers_shown"] = len(s.workers)
-            if trace and profile:
+            if profile:
                 trace.report(profile)
             return out
         out["catch_up_s"] = caught_up[0]
@@ -372,8 +378,10 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
         out["summarised"] = sum(1 for st in source.streams if st.summaries and st.summary)
         await pilot.pause()
     source.close()
-    if trace and profile:
+    if profile:
         trace.report(profile)
+    out["straggler_stages"] = {k: trace.marks.get(k) for k in (
+        "slow host's first summary queued", "slow host's summary applied", "straggler found (in the state)")}
     out["cpu_pct"] = 100 * (cpu1 - cpu0) / (wall1 - wall0)
     out["rss_mib"] = psutil.Process().memory_info().rss / 2**20
     out["rss_start_mib"] = rss0 / 2**20
@@ -505,6 +513,11 @@ def main() -> None:
         straggler = ("found at %.1f s, names %s (%s)" % (r["straggler_s"], r["straggler_names"],
                                                         "right" if r["straggler_right"] else "WRONG")
                      if "straggler_s" in r else "NOT found")
+        came, applied, found = r["straggler_stages"].values()
+        if "straggler_s" in r and None not in (came, applied, found):
+            straggler += (f" (its host's first summary reached the viewer at {came:.1f} s: the pod's part; "
+                          f"then applied +{applied - came:.2f} s, judged +{found - applied:.2f} s, "
+                          f"shown +{r['straggler_s'] - found:.2f} s)")
         print(f"{n:4d} hosts: catch-up {r['catch_up_s']:.1f} s; lag p50/p95/max {ms(r['lag_primary'])} ms "
               f"(most-behind host {ms(r['lag_worst_host'])} ms); CPU {r['cpu_pct']:.1f}% of a core; RSS "
               f"{r['rss_mib']:.0f} MiB (peak {r['peak_rss_mib']:.0f}); {r['frames_per_s']:.2f} frames/s; "

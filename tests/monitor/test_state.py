@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from monitor_recordings import DATA, mr, step
@@ -371,6 +372,11 @@ def test_version_grows_with_news_but_not_with_steps_or_samples():
     v = state.version
     state.apply_all(mr.steps(50, t0=mr.T0 + 1))
     state.apply_all(mr.samples(mr.T0 + 1, mr.T0 + 3))
+    assert state.version == v
+    # who another worker is: its row comes with the next frame (a pod's hosts join over seconds)
+    state.apply(replace(mr.hello(mr.T0 + 3), worker="worker:1"), "worker:1")
+    state.apply(mr.topology(mr.T0 + 3), "worker:1")
+    state.apply(Config(t=mr.T0 + 3, global_batch_size=128), "worker:1")
     assert state.version == v
     state.apply(Event(t=mr.T0 + 4, level="warning", source="agent", message="something"))
     assert state.version > v

@@ -175,6 +175,12 @@ class _Worker:
 
 DISK_FULL_SOURCE = DISK_FULL
 
+#: Kinds that change numbers, not news a viewer must show at once (``RunState.version``): samples,
+#: summaries, a phase's progress (a new phase is news: ``_phase``), and who a worker is (its hello,
+#: strategy and config; shown with the next frame: a pod's thousand hosts join over seconds, and a
+#: frame of them for each drain cost the viewer the CPU it needed to take them in).
+_NOT_NEWS = frozenset({HostSample, DeviceSample, Phase, HostSummary, Hello, Topology, Config})
+
 
 class RunState:
     """Mutable state of one run; feed it messages, read snapshots.
@@ -286,8 +292,7 @@ class RunState:
         handler = self._handlers.get(type(msg))
         if handler is None:
             return
-        if type(msg) is not HostSample and type(msg) is not DeviceSample and type(msg) is not Phase \
-                and type(msg) is not HostSummary:
+        if type(msg) not in _NOT_NEWS:
             self.version += 1
         if type(msg) is Hello and worker is None:
             worker = msg.worker
@@ -356,8 +361,9 @@ class RunState:
     def _now_t(self) -> float:
         return self._last_t if self._last_t is not None else self.clock()
 
-    def _log(self, t: float, level: str, source: str, message: str, worker: str = "") -> None:
-        self.version += 1  # a new event line (a finding, a lost run): news for a viewer
+    def _log(self, t: float, level: str, source: str, message: str, worker: str = "", news: bool = True) -> None:
+        if news:
+            self.version += 1  # a new event line (a finding, a lost run): news for a viewer
         self._events.append(LogEntry(t=t, level=level, source=source, message=message,
                                      worker=worker))
 
@@ -367,7 +373,7 @@ class RunState:
             self._started_t = msg.t
         self._log(msg.t, "info", "agent",
                   f"{msg.script} started on {msg.host} (pid {msg.pid}, TF {msg.tf_version})",
-                  w.name)
+                  w.name, news=False)  # who the worker is (_NOT_NEWS): with the next frame
 
     def _topology(self, msg: Topology, w: _Worker) -> None:
         first = w.add_topology(msg)
@@ -377,7 +383,8 @@ class RunState:
             w.stats.history = History(SECONDARY_HISTORY_POINTS)
         if first:
             self._log(msg.t, "info", "agent",
-                      f"{strategy_name(msg.strategy)} with {msg.replicas} replica(s) on {msg.device_kind}", w.name)
+                      f"{strategy_name(msg.strategy)} with {msg.replicas} replica(s) on {msg.device_kind}", w.name,
+                      news=False)
 
     def _config_msg(self, msg: Config, w: _Worker) -> None:
         for name in ("mixed_precision", "global_batch_size", "per_replica_batch_size",

@@ -98,6 +98,9 @@ class Engine:
         self._step_observers = self._observers.get(Step, ())
         self._countdown = self.thresholds.check_every_records
         self._step_workers = 0
+        #: Workers with step records or summaries of them (the rules' evidence: one that joins
+        #: is judged at the feed's next drain, see FindingsFeed.evaluate).
+        self.workers_with_steps = 0
         self._check_due_t = float("inf")  # agent time of the next time-based check
         self._applied = 0  # messages applied
         self._checked_at = -1  # value of _applied at the last windowed check
@@ -117,6 +120,7 @@ class Engine:
                 observe(msg, w, tel)  # before the telemetry moves on: they see the previous step
             if w.records == 0:
                 self._step_workers += 1
+                self.workers_with_steps += 1
                 if self._step_workers == 1:
                     self._check_due_t = msg.t + self.thresholds.input_recent_s
             self._applied += 1
@@ -142,7 +146,10 @@ class Engine:
         elif isinstance(msg, DeviceSample):
             w.on_device(msg)
         elif type(msg) is HostSummary:
+            joined = w.records == 0
             w.on_summary(msg)
+            if joined and w.records:
+                self.workers_with_steps += 1
             if msg.records:
                 tel.steps_seen = True
             host = msg.host_sample()
