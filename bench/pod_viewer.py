@@ -18,7 +18,7 @@ It reports:
 - straggler: seconds from start until the ``straggler-host`` finding appears, and whom it names;
   and when the slow host's first summary reached the viewer (what the simulated pod takes to
   deliver it), then how long the viewer took to apply, judge (the findings are evaluated once a
-  second) and show it;
+  second, and half a second after the last time when a worker's first steps came) and show it;
 - display lag at each frame shown after catch-up: now minus the newest step time of the
   primary host, and of the *most behind* host (p50 / p95 / max);
 - CPU (process_time / wall over the steady window, % of one core) and RSS (end, peak).
