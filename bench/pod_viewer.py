@@ -16,11 +16,15 @@ summary a second from each (worker 0 full); ``on``/``off`` force either way.
 It reports:
 - catch-up: seconds from start until every host's newest step is live (recorded after the attach);
 - straggler: seconds from start until the ``straggler-host`` finding appears, and whom it names;
+  and when the slow host's first summary reached the viewer (what the simulated pod takes to
+  deliver it), then how long the viewer took to apply, judge (the findings are evaluated once a
+  second, and half a second after the last time when a worker's first steps came) and show it;
 - display lag at each frame shown after catch-up: now minus the newest step time of the
   primary host, and of the *most behind* host (p50 / p95 / max);
 - CPU (process_time / wall over the steady window, % of one core) and RSS (end, peak).
 
     .venv/bin/python bench/pod_viewer.py [--hosts 8,64,256] [--backlog 60] [--seconds 20] [--summaries auto]
+        [--profile DIR]  # each stage's time and a cProfile of the viewer's reads, DIR/viewer-N.txt
 
 Prints first the agent side's cost of the summary stream (microseconds per recorded line folded,
 on the stream thread), then one line per pod size with the 1-minute load average. Targets: lag
@@ -203,8 +207,103 @@ def fold_cost() -> tuple[float, float]:
     return folded, plain
 
 
+class _Trace:
+    """Where the time to name the straggler goes, stage by stage (seconds after the attach): the
+    slow host's first summary reaching the viewer (the pod's part), applied, found by the rule,
+    shown (the viewer's). With ``--profile`` also a cProfile of the reader thread's reads (the
+    viewer's work but drawing) and every stage, into a file."""
+
+    def __init__(self, attach_t: float, slow: str, profile: bool) -> None:
+        import cProfile
+
+        self.attach_t, self.slow = attach_t, slow
+        self.marks: dict[str, float] = {}
+        self.first_summary: dict[str, float] = {}  # worker -> its first summary with steps, queued
+        self.reads: list[tuple[float, float, int]] = []  # (start, seconds, messages queued after)
+        self.profile = cProfile.Profile() if profile else None
+
+    def mark(self, what: str) -> None:
+        self.marks.setdefault(what, time.time() - self.attach_t)
+
+    def hook_source(self, slow_address: tuple[str, int]) -> None:
+        from tpuwatch.control.client import AgentClient
+        from tpuwatch.protocol import HostSummary
+        from tpuwatch.sources.remote_source import RemoteSource
+
+        connect = AgentClient._connect
+        self.connected: list[float] = []
+
+        def traced_connect(client: AgentClient, offset: int, summary: bool = False):  # type: ignore[no-untyped-def]
+            slow = client.tcp == slow_address and offset >= 0
+            if slow:
+                self.mark("slow host: connecting")
+            sock = connect(client, offset, summary)
+            if offset >= 0:
+                self.connected.append(time.time() - self.attach_t)
+            if slow:
+                self.mark("slow host: connected, attach sent")
+            return sock
+
+        AgentClient._connect = traced_connect  # type: ignore[method-assign]
+
+        put = RemoteSource._put
+
+        def traced(source: RemoteSource, stream, msg) -> bool:  # type: ignore[no-untyped-def]
+            if stream.worker == self.slow:
+                self.mark("slow host's first message queued")
+            if type(msg) is HostSummary and msg.records and stream.worker not in self.first_summary:
+                self.first_summary[stream.worker] = time.time() - self.attach_t
+                if stream.worker == self.slow:
+                    self.mark("slow host's first summary queued")
+            return put(source, stream, msg)
+
+        RemoteSource._put = traced  # type: ignore[method-assign]
+
+    def hook_reader(self, reader, source) -> None:  # type: ignore[no-untyped-def]
+        read = reader.read
+
+        def traced():  # type: ignore[no-untyped-def]
+            start = time.time()
+            if self.profile:
+                self.profile.enable()
+            try:
+                return read()
+            finally:
+                if self.profile:
+                    self.profile.disable()
+                self.reads.append((start - self.attach_t, time.time() - start, source._queue.qsize()))
+                w = reader._findings.engine.telemetry.workers.get(self.slow)
+                if w is not None and w.window:
+                    self.mark("slow host's summary applied")
+                if any(f.rule == "straggler-host" for f in reader.state._findings.values()):
+                    self.mark("straggler found (in the state)")
+
+        reader.read = traced
+
+    def report(self, path: Path) -> None:
+        import pstats
+
+        for what, times in (("first summaries queued", self.first_summary.values()),
+                            ("streams connected", self.connected)):
+            ordered = sorted(times)
+            for p in (10, 50, 90, 100) if ordered else ():
+                self.marks[f"{what}: {p}% of hosts"] = ordered[min(len(ordered) - 1, len(ordered) * p // 100)]
+        durations = sorted(d for _, d, _ in self.reads)
+        with open(path, "w") as f:
+            for what, t in sorted(self.marks.items(), key=lambda x: x[1]):
+                f.write(f"{t:8.2f} s  {what}\n")
+            if durations:
+                f.write(f"reads: {len(durations)}, seconds p50 {durations[len(durations) // 2]:.3f} "
+                        f"max {durations[-1]:.3f} total {sum(durations):.2f}\n")
+            for start, d, left in self.reads[:80]:
+                f.write(f"  read at {start:7.2f} s: {d * 1e3:6.0f} ms, {left} messages queued after\n")
+            if self.profile:
+                pstats.Stats(self.profile, stream=f).sort_stats("cumulative").print_stats(60)
+                pstats.Stats(self.profile, stream=f).sort_stats("tottime").print_stats(40)
+
+
 async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_host: int, deadline_s: float,
-               summary: bool | None = None) -> dict:
+               summary: bool | None = None, profile: Path | None = None) -> dict:
     import psutil
 
     from tpuwatch.sources.remote_source import make_remote_source
@@ -212,8 +311,11 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
 
     attach_t = time.time()
     rss0 = psutil.Process().memory_info().rss
+    trace = _Trace(attach_t, f"worker:{slow_host}", profile is not None)
+    trace.hook_source(addresses[slow_host])
     source = make_remote_source(addresses, os.environ["TPUWATCH_TOKEN"], summary=summary)
     app = TpuwatchApp(source, title="pod bench")
+    trace.hook_reader(app._reader, source)
     out: dict = {"hosts": n}
     lag_primary: list[float] = []
     lag_worst: list[float] = []
@@ -234,6 +336,7 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
         if "straggler_s" not in out:
             for f in s.findings:
                 if f.rule == "straggler-host":
+                    trace.mark("straggler shown")
                     out["straggler_s"] = now - attach_t
                     out["straggler_names"] = f.worker or f.message[:80]
                     out["straggler_right"] = f.worker == f"worker:{slow_host}" or f"worker:{slow_host} " in f.message
@@ -258,6 +361,8 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
             out["cpu_pct"] = 100 * time.process_time() / max(1e-9, time.time() - attach_t)
             out["rss_mib"] = psutil.Process().memory_info().rss / 2**20
             out["workers_shown"] = len(s.workers)
+            if profile:
+                trace.report(profile)
             return out
         out["catch_up_s"] = caught_up[0]
         frames0 = frames[0]
@@ -273,6 +378,10 @@ async def view(addresses: list[tuple[str, int]], n: int, seconds: float, slow_ho
         out["summarised"] = sum(1 for st in source.streams if st.summaries and st.summary)
         await pilot.pause()
     source.close()
+    if profile:
+        trace.report(profile)
+    out["straggler_stages"] = {k: trace.marks.get(k) for k in (
+        "slow host's first summary queued", "slow host's summary applied", "straggler found (in the state)")}
     out["cpu_pct"] = 100 * (cpu1 - cpu0) / (wall1 - wall0)
     out["rss_mib"] = psutil.Process().memory_info().rss / 2**20
     out["rss_start_mib"] = rss0 / 2**20
@@ -320,7 +429,8 @@ def run_size(n: int, a: argparse.Namespace) -> dict:
         t = time.perf_counter()
         viewer = subprocess.run([sys.executable, __file__, "--view", str(ports), "--n", str(n), "--slow-host",
                                  str(slow), "--seconds", str(a.seconds), "--deadline", str(a.deadline),
-                                 "--summaries", a.summaries],
+                                 "--summaries", a.summaries,
+                                 *(["--profile", str(a.profile / f"viewer-{n}.txt")] if a.profile else [])],
                                 env=env, capture_output=True, text=True,
                                 timeout=a.seconds + 900)
         wall = time.perf_counter() - t
@@ -352,6 +462,9 @@ def main() -> None:
     ap.add_argument("--nice-pod", action="store_true",
                     help="run the simulated pod at the lowest CPU priority: it stands in for other machines, so "
                          "on a small box the viewer gets the CPU it would have beside a real pod")
+    ap.add_argument("--profile", type=Path,
+                    help="write, per pod size, where the time to name the straggler went (stage by stage) and a "
+                         "cProfile of the viewer's reads to PROFILE/viewer-N.txt")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--view", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -373,7 +486,7 @@ def main() -> None:
         addresses = read_addresses(["@" + str(a.view)])
         summary = {"auto": None, "on": True, "off": False}[a.summaries]
         print(json.dumps(asyncio.run(view(addresses, a.n, a.seconds, a.slow_host, deadline_s=a.deadline,
-                                          summary=summary))))
+                                          summary=summary, profile=a.profile))))
         return
     print(f"{os.cpu_count()} cores; a step every {STEP_S * 1e3:.0f} ms per host, {CHIPS} chips, samples at "
           f"{SAMPLE_HZ:g} Hz, written every {a.flush:g} s; backlog {a.backlog:g} s; steady window {a.seconds:g} s; "
@@ -382,6 +495,8 @@ def main() -> None:
     folded, plain = fold_cost()
     print(f"agent side, per recorded line on the stream thread: {folded:.1f} us folding into summaries, "
           f"{plain:.2f} us streaming as is; load {os.getloadavg()[0]:.2f}", flush=True)
+    if a.profile:
+        a.profile.mkdir(parents=True, exist_ok=True)
     for n in (int(x) for x in a.hosts.split(",")):
         r = run_size(n, a)
 
@@ -398,6 +513,11 @@ def main() -> None:
         straggler = ("found at %.1f s, names %s (%s)" % (r["straggler_s"], r["straggler_names"],
                                                         "right" if r["straggler_right"] else "WRONG")
                      if "straggler_s" in r else "NOT found")
+        came, applied, found = r["straggler_stages"].values()
+        if "straggler_s" in r and None not in (came, applied, found):
+            straggler += (f" (its host's first summary reached the viewer at {came:.1f} s: the pod's part; "
+                          f"then applied +{applied - came:.2f} s, judged +{found - applied:.2f} s, "
+                          f"shown +{r['straggler_s'] - found:.2f} s)")
         print(f"{n:4d} hosts: catch-up {r['catch_up_s']:.1f} s; lag p50/p95/max {ms(r['lag_primary'])} ms "
               f"(most-behind host {ms(r['lag_worst_host'])} ms); CPU {r['cpu_pct']:.1f}% of a core; RSS "
               f"{r['rss_mib']:.0f} MiB (peak {r['peak_rss_mib']:.0f}); {r['frames_per_s']:.2f} frames/s; "

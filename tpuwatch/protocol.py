@@ -545,14 +545,20 @@ class HostSummary(Message):
                           total_bytes=self.total_bytes or 0, cpu_percent=self.cpu_percent or 0.0,
                           load_1m=self.load_1m)
 
-    def device_samples(self) -> list[DeviceSample]:
-        """The newest sample of each device it carries, as recorded."""
+    def device_samples(self) -> tuple[DeviceSample, ...]:
+        """The newest sample of each device it carries, as recorded. Built once per message (a
+        viewer's state and its diagnostics both read them; not a field, so not on the wire)."""
+        cached: tuple[DeviceSample, ...] | None = self.__dict__.get("_device_samples")
+        if cached is not None:
+            return cached
         n = min(len(self.devices), len(self.device_t), len(self.device_current_bytes),
                 len(self.device_peak_bytes), len(self.device_limit_bytes))
-        return [DeviceSample(t=self.device_t[i], device=self.devices[i], current_bytes=self.device_current_bytes[i],
-                             peak_bytes=self.device_peak_bytes[i], limit_bytes=self.device_limit_bytes[i] or None,
-                             source=self.device_source, limit_source=self.device_limit_source)
-                for i in range(n)]
+        out = tuple(DeviceSample(t=self.device_t[i], device=self.devices[i], current_bytes=self.device_current_bytes[i],
+                                 peak_bytes=self.device_peak_bytes[i], limit_bytes=self.device_limit_bytes[i] or None,
+                                 source=self.device_source, limit_source=self.device_limit_source)
+                    for i in range(n))
+        self.__dict__["_device_samples"] = out  # frozen: set beside the fields, as cached_property does
+        return out
 
 
 MESSAGE_TYPES: tuple[type[Message], ...] = (

@@ -48,7 +48,7 @@ def test_a_summary_carries_the_records_figures_and_the_losses_with_their_step():
     assert abs(s.input_wait_sum_s - sum(m.input_wait_s for m in steps)) < 1e-12 and s.input_wait_steps == 9
     # step 9 read no loss: the newest losses are step 8's, and say so
     assert (s.loss_step, s.loss, s.replica_losses) == (8, steps[7].loss, steps[7].replica_losses)
-    assert s.host_sample() == extra[1] and s.device_samples() == [extra[3]]
+    assert s.host_sample() == extra[1] and s.device_samples() == (extra[3],)
     assert s.offset_bytes == sum(map(len, _lines(steps + extra)))
 
     # the last step's losses read late (StepLoss) belong to step 9 and come in the next summary

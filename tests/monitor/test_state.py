@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from monitor_recordings import DATA, mr, step
@@ -372,6 +373,11 @@ def test_version_grows_with_news_but_not_with_steps_or_samples():
     state.apply_all(mr.steps(50, t0=mr.T0 + 1))
     state.apply_all(mr.samples(mr.T0 + 1, mr.T0 + 3))
     assert state.version == v
+    # who another worker is: its row comes with the next frame (a pod's hosts join over seconds)
+    state.apply(replace(mr.hello(mr.T0 + 3), worker="worker:1"), "worker:1")
+    state.apply(mr.topology(mr.T0 + 3), "worker:1")
+    state.apply(Config(t=mr.T0 + 3, global_batch_size=128), "worker:1")
+    assert state.version == v
     state.apply(Event(t=mr.T0 + 4, level="warning", source="agent", message="something"))
     assert state.version > v
     v = state.version
@@ -517,3 +523,42 @@ def test_the_engine_beside_a_state_reads_the_states_worker_records():
     (w,) = s.telemetry.workers.values()
     assert feed.engine.telemetry is s.telemetry and w.name == mr.hello(mr.T0).worker
     assert w.exit is not None and w.ended and w.step == 100 and w.records == 300
+
+
+def test_device_memory_follows_new_samples_between_snapshots():
+    """A device's row is built again only for a new sample: the others are the same objects,
+    and a device seen for the first time takes its place in the order."""
+    from tpuwatch.protocol import DeviceSample
+
+    def sample(device: str, t: float, used: int) -> DeviceSample:
+        return DeviceSample(t=t, device=device, current_bytes=used, peak_bytes=used, limit_bytes=8 * mr.GiB)
+
+    s = RunState()
+    s.apply(mr.hello(mr.T0), "worker:1")
+    s.apply(sample("/gpu:1", mr.T0, 1 * mr.GiB), "worker:1")
+    s.apply(sample("/gpu:0", mr.T0, 2 * mr.GiB), "worker:1")
+    first = s.snapshot(now=mr.T0 + 1).device_memory
+    assert [(d.device, d.current_bytes) for d in first] == [("/gpu:0", 2 * mr.GiB), ("/gpu:1", 1 * mr.GiB)]
+    s.apply(sample("/gpu:1", mr.T0 + 1, 3 * mr.GiB), "worker:1")
+    s.apply(sample("/gpu:0", mr.T0 + 1, 2 * mr.GiB), "worker:0")  # another worker's device
+    second = s.snapshot(now=mr.T0 + 2).device_memory
+    assert [(d.worker, d.device, d.current_bytes) for d in second] == [
+        ("worker:0", "/gpu:0", 2 * mr.GiB), ("worker:1", "/gpu:0", 2 * mr.GiB), ("worker:1", "/gpu:1", 3 * mr.GiB)]
+    assert second[1] is first[0]  # no new sample: the same row
+
+
+def test_a_workers_input_share_follows_its_window():
+    """The live window's share is kept between evaluations and computed again once the window
+    takes a record."""
+    from tpuwatch.monitor.diagnostics.telemetry import Worker
+    from tpuwatch.monitor.diagnostics.thresholds import Thresholds
+
+    w = Worker("worker:0", Thresholds())
+    for i in range(1, 60):
+        w.on_step(step(i, mr.T0 + i * 0.1, step_time_s=0.1, wait=0.01))
+    before = w.input_share()
+    assert before == w.input_share() and before[0] is not None
+    for i in range(60, 120):
+        w.on_step(step(i, mr.T0 + i * 0.1, step_time_s=0.1, wait=0.09))
+    after = w.input_share()[0]
+    assert after is not None and after.share > before[0].share

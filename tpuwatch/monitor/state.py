@@ -119,6 +119,12 @@ _MAX_PIPELINES = 16  # pipelines kept for the map (a script making datasets in a
 
 DISK_FULL_SOURCE = DISK_FULL
 
+#: Kinds that change numbers, not news a viewer must show at once (``RunState.version``): samples,
+#: summaries, a phase's progress (a new phase is news: ``_phase``), and who a worker is (its hello,
+#: strategy and config; shown with the next frame: a pod's thousand hosts join over seconds, and a
+#: frame of them for each drain cost the viewer the CPU it needed to take them in).
+_NOT_NEWS = frozenset({HostSample, DeviceSample, Phase, HostSummary, Hello, Topology, Config})
+
 
 class RunState:
     """Mutable state of one run; feed it messages, read snapshots.
@@ -167,6 +173,10 @@ class RunState:
         # The newest sample per (worker, device); made into DeviceMemory at snapshot time only (a
         # pod's chips send thousands of samples between two snapshots).
         self._devices: dict[tuple[str, str], DeviceSample] = {}
+        # What the snapshot shows of each device, built again only for a new sample (a pod has
+        # thousands of devices, most unchanged between two frames), in the devices' order.
+        self._device_views: dict[tuple[str, str], tuple[DeviceSample, DeviceMemory]] = {}
+        self._device_order: list[tuple[str, str]] = []
         self._device_peaks: dict[tuple[str, str], int] = {}
         self._disabled: dict[str, str] = {}
         self._device_mem_notes: dict[str, str] = {}  # device -> why its memory cannot be read
@@ -228,8 +238,7 @@ class RunState:
         handler = self._handlers.get(type(msg))
         if handler is None:
             return
-        if type(msg) is not HostSample and type(msg) is not DeviceSample and type(msg) is not Phase \
-                and type(msg) is not HostSummary:
+        if type(msg) not in _NOT_NEWS:
             self.version += 1
         if type(msg) is Hello and worker is None:
             worker = msg.worker
@@ -278,8 +287,9 @@ class RunState:
     def _now_t(self) -> float:
         return self._last_t if self._last_t is not None else self.clock()
 
-    def _log(self, t: float, level: str, source: str, message: str, worker: str = "") -> None:
-        self.version += 1  # a new event line (a finding, a lost run): news for a viewer
+    def _log(self, t: float, level: str, source: str, message: str, worker: str = "", news: bool = True) -> None:
+        if news:
+            self.version += 1  # a new event line (a finding, a lost run): news for a viewer
         self._events.append(LogEntry(t=t, level=level, source=source, message=message,
                                      worker=worker))
 
@@ -288,7 +298,7 @@ class RunState:
             self._started_t = msg.t
         self._log(msg.t, "info", "agent",
                   f"{msg.script} started on {msg.host} (pid {msg.pid}, TF {msg.tf_version})",
-                  w.name)
+                  w.name, news=False)  # who the worker is (_NOT_NEWS): with the next frame
 
     def _topology(self, msg: Topology, w: Worker) -> None:
         w.note(msg)
@@ -299,7 +309,8 @@ class RunState:
             w.stats.history = History(SECONDARY_HISTORY_POINTS)
         if first:
             self._log(msg.t, "info", "agent",
-                      f"{strategy_name(msg.strategy)} with {msg.replicas} replica(s) on {msg.device_kind}", w.name)
+                      f"{strategy_name(msg.strategy)} with {msg.replicas} replica(s) on {msg.device_kind}", w.name,
+                      news=False)
 
     def _config_msg(self, msg: Config, w: Worker) -> None:
         self.telemetry.on_config(msg)  # the run's configuration: one home, the records' (idempotent)
@@ -694,7 +705,7 @@ class RunState:
             functions=tuple(sorted(self._functions.values(), key=lambda f: (-f.traces, f.name))),
             retraces=tuple(self._retraces),
             pipelines=tuple(self._pipelines),
-            device_memory=tuple(_device_memory(k[0], self._devices[k]) for k in sorted(self._devices)),
+            device_memory=self._device_memory(),
             device_peaks=tuple((k[0], k[1], v) for k, v in sorted(self._device_peaks.items())),
             host_memory=tuple(HostMemory(worker=w.name, rss_bytes=w.host.rss_bytes,
                              available_bytes=w.host.available_bytes,
@@ -719,6 +730,20 @@ class RunState:
             unknown=self.unknown,
             truncated_tail=self.truncated_tail, recording_gaps=tuple(self._gaps),
         )
+
+    def _device_memory(self) -> tuple[DeviceMemory, ...]:
+        """Every device's newest sample as shown, by worker and device name."""
+        if len(self._device_order) != len(self._devices):  # a new device (none ever leaves)
+            self._device_order = sorted(self._devices)
+        views = self._device_views
+        out = []
+        for key in self._device_order:
+            msg = self._devices[key]
+            seen = views.get(key)
+            if seen is None or seen[0] is not msg:
+                seen = views[key] = (msg, _device_memory(key[0], msg))
+            out.append(seen[1])
+        return tuple(out)
 
     def _replica_losses(self, workers: list[Worker]) -> tuple[ReplicaLoss, ...]:
         rows: list[tuple[int, str, str, float, int]] = []

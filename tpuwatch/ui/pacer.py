@@ -5,7 +5,8 @@ finding is evaluated on fresh data), but redrawing every panel at that rate chan
 than anyone reads them and costs terminal bytes, which matter over SSH: a frame of the 120x40
 dashboard is ~3.5 KB. So a drained snapshot is *shown* when something a person must see at once
 changed (a finding, a command's progress, an event, a retrace, a worker's connection, the epoch,
-the end of the run: ``RunState.version``), and otherwise at most once every ``period_s`` (1 s: the
+the end of the run: ``RunState.version``; not who a worker is, its hello, strategy and config:
+a pod's thousand hosts join over seconds), and otherwise at most once every ``period_s`` (1 s: the
 header's clock ticks once a second, like ``top -d 1``). Charts ride on the same frames; they change only where their glyphs
 change (see ``HistoryBars``).
 

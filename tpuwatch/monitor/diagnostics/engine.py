@@ -40,7 +40,7 @@ from tpuwatch.protocol import (
 from .crash import ScriptCrash
 from .folding import fold
 from .input_pipeline import InputBound
-from .input_share import InputFigures, combine, recent_share
+from .input_share import InputFigures, combine
 from .loss import LossNonfinite, ReplicaLossSkew
 from .memory import DeviceMemoryHeadroom, HostMemoryGrowth
 from .progress import Stall, StepTimeJitter
@@ -103,6 +103,9 @@ class Engine:
         self._step_observers = self._observers.get(Step, ())
         self._countdown = self.thresholds.check_every_records
         self._step_workers = 0
+        #: Workers with step records or summaries of them (the rules' evidence: one that joins
+        #: is judged at the feed's next drain, see FindingsFeed.evaluate).
+        self.workers_with_steps = 0
         self._check_due_t = float("inf")  # agent time of the next time-based check
         self._applied = 0  # messages applied
         self._checked_at = -1  # value of _applied at the last windowed check
@@ -125,6 +128,7 @@ class Engine:
                 observe(msg, w, tel)  # before the windows move on (w.prev_step: the previous step)
             if w.records == 0:
                 self._step_workers += 1
+                self.workers_with_steps += 1
                 if self._step_workers == 1:
                     self._check_due_t = msg.t + self.thresholds.input_recent_s
             self._applied += 1
@@ -147,7 +151,10 @@ class Engine:
         elif isinstance(msg, DeviceSample):
             w.on_device(msg)
         elif type(msg) is HostSummary:
+            joined = w.records == 0
             w.on_summary(msg)
+            if joined and w.records:
+                self.workers_with_steps += 1
             if msg.records:
                 tel.steps_seen = True
             host = msg.host_sample()
@@ -216,7 +223,7 @@ class Engine:
         ``input-bound`` rule computes them (the definition in :mod:`.input_share`)."""
         th = self.thresholds
         ws = self.telemetry.step_workers()
-        recents = [recent_share(w.window, th) for w in ws]  # O(window) each: once per worker
+        recents = [w.recent_input_share() for w in ws]  # O(window) each when it moved
         per = tuple((w.name, w.input_totals.share(th), WHOLE_RUN) if w.ended else (w.name, *recent)
                     for w, recent in zip(ws, recents))
         running = [scope for _, _, scope in per if scope != WHOLE_RUN]

@@ -178,6 +178,10 @@ class Worker:
     #: rising-trend baseline, the same whenever the rules are checked (live or a report).
     first_times: dict[str, list[float]] = field(default_factory=dict)
 
+    #: The live window's input share and the ``eligible`` count it was computed at.
+    _recent: tuple[InputShare | None, str] = field(default=(None, ""), init=False, repr=False)
+    _recent_at: int = field(default=-1, init=False, repr=False)
+
     def __post_init__(self) -> None:
         self.window = deque(maxlen=self.th.window_records)
         self.rss_points = deque(maxlen=self.th.rss_window_points)
@@ -254,8 +258,8 @@ class Worker:
     @property
     def topology(self) -> Topology | None:
         """The strategy that trained most (the newest of equals)."""
-        if not self.topologies:
-            return None
+        if len(self.topologies) < 2:  # the usual case, read for every worker at every snapshot
+            return self.topologies[0][0] if self.topologies else None
         best = max(range(len(self.topologies)), key=lambda i: (self.topologies[i][1], i))
         topo: Topology = self.topologies[best][0]
         return topo
@@ -468,7 +472,17 @@ class Worker:
         words: the latest window while the worker runs, every eligible step once it has ended."""
         if self.ended:
             return self.input_totals.share(self.th), WHOLE_RUN
-        return recent_share(self.window, self.th)
+        return self.recent_input_share()
+
+    def recent_input_share(self) -> tuple[InputShare | None, str]:
+        """The input share over the live window and its scope (:func:`recent_share`), computed
+        again only when the window moved (every record it takes counts in ``eligible``): the
+        ``input-bound`` rule and the engine's figures ask each worker at every evaluation, and
+        on a pod most workers' windows move once a second."""
+        if self._recent_at != self.eligible:
+            self._recent = recent_share(self.window, self.th)
+            self._recent_at = self.eligible
+        return self._recent
 
     def replica_offset(self) -> int:
         """Global index of this worker's first replica (0 without a topology)."""
