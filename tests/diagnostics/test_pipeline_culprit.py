@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from diag_synthetic import SyntheticRun, findings
 
-from tpuwatch.monitor.diagnostics.pipeline_doctor import culprit
-from tpuwatch.protocol import Pipeline
+from tpuwatch.monitor.diagnostics.input_pipeline import with_measurement
+from tpuwatch.monitor.diagnostics.pipeline_doctor import culprit, measured_stage, stage_of_iterators
+from tpuwatch.protocol import InputStages, Pipeline
 
 
 def pipe(*stages: tuple[str, str, str], added_by: str = "", consumer: str = "iterator") -> Pipeline:
@@ -147,3 +148,109 @@ def test_a_generator_whose_work_is_in_a_parallel_map_is_not_told_to_move_it():
     c = culprit(pipe(GENERATOR, PARALLEL_MAP, BATCH, PREFETCH), fetch_in_step=True)
     assert (c.stage, c.site) == ("from_generator", "train.py:40")
     assert "num_parallel_calls" not in c.fix and "from_tensor_slices" in c.fix, c
+
+
+# --- the stage measured by the auto-profile (protocol.InputStages) --------------------------------
+
+def stages_of(*rows: tuple[str, float]) -> InputStages:
+    """An auto-profile's iterator self times, as the agent sends them (names after tf.data's rewrites)."""
+    return InputStages(t=0.0, path="/r/profiles/plugins/profile/1", step_from=39, step_to=50, capture_s=1.35,
+                       fetch_s=0.22, iterators=tuple(r[0] for r in rows), self_s=tuple(r[1] for r in rows),
+                       calls=(1,) * len(rows), step_time_before_s=0.114, step_time_inside_s=0.089,
+                       step_time_after_s=0.117)
+
+
+SEQUENTIAL_MAP = pipe(SOURCE, ("shuffle", "buffer_size=4096", "ds = ds.shuffle(4096).repeat()"),
+                      ("repeat", "count=-1", "ds = ds.shuffle(4096).repeat()"), ("map", "", "ds = ds.map(decode)"),
+                      BATCH, ("prefetch", "buffer_size=2", "ds = ds.prefetch(2)"))
+# recorded from input_sequential_map.py's auto-profile (TF 2.21): map and batch run fused, shuffle
+# and repeat too; Prefetch's self time is its consumer waiting for the map
+SEQUENTIAL_MAP_CAPTURE = stages_of(
+    ("Root", 0.000241), ("Root::Prefetch", 0.220514), ("Root::Prefetch::MapAndBatch", 1.029747),
+    ("Root::Prefetch::MapAndBatch::ShuffleAndRepeat", 0.004536),
+    ("Root::Prefetch::MapAndBatch::ShuffleAndRepeat::TensorSlice", 0.007532))
+
+
+def test_iterators_map_onto_the_pipeline_stages_in_chain_order():
+    owners = stage_of_iterators(SEQUENTIAL_MAP, SEQUENTIAL_MAP_CAPTURE.iterators)
+    # Root and the consumer side of Prefetch wait; the fused map-and-batch is the map's (41+2),
+    # shuffle-and-repeat the shuffle's
+    assert owners == [None, None, 3, 1, 0]
+    ms = measured_stage(SEQUENTIAL_MAP, SEQUENTIAL_MAP_CAPTURE)
+    assert (ms.stage, ms.site) == ("map", "train.py:43")
+    # 1.0297 of the work stages' 1.0297 + 0.0045 + 0.0075 s (waits left out)
+    assert ms.share == pytest.approx(1.029747 / (1.029747 + 0.004536 + 0.007532))
+
+
+def test_an_interleaves_own_datasets_are_charged_to_the_interleave():
+    p = pipe(SOURCE, ("interleave", "cycle_length=1, block_length=1", "ds = files.interleave(load, cycle_length=1)"),
+             BATCH, PREFETCH)
+    m = stages_of(("Root", 0.0005), ("Root::Prefetch", 0.0019), ("Root::Prefetch::BatchV2", 0.0022),
+                  ("Root::Prefetch::BatchV2::Interleave", 0.0098), ("Root::Prefetch::BatchV2::Interleave::TensorSlice",
+                                                                    0.0001),
+                  ("Root::Prefetch::BatchV2::Interleave[0]::Unbatch", 0.0026),
+                  ("Root::Prefetch::BatchV2::Interleave[0]::Unbatch::Map", 0.8152),
+                  ("Root::Prefetch::BatchV2::Interleave[0]::Unbatch::Map::FromTensor", 0.0001))
+    assert stage_of_iterators(p, m.iterators) == [None, None, 2, 1, 0, 1, 1, 1]
+    ms = measured_stage(p, m)
+    assert (ms.stage, ms.site) == ("interleave", "train.py:41") and ms.share > 0.99
+
+
+def test_the_finding_states_the_measured_stage_its_line_share_and_edit():
+    run = SyntheticRun(step_time_s=0.05)
+    run.emit(SEQUENTIAL_MAP)
+    run.steps(150, input_wait_s=0.03)
+    run.emit(SEQUENTIAL_MAP_CAPTURE)
+    run.steps(150, input_wait_s=0.03)
+    (f,) = findings(run.engine(), "input-bound")
+    ev = f.evidence
+    assert (ev["culprit_stage"], ev["culprit_site"]) == ("map", "train.py:43")
+    assert (ev["measured_stage"], ev["measured_site"], ev["measured_share_pct"]) == ("map", "train.py:43", 99)
+    assert ev["fix_code_new"] == "ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)"
+    assert ev["profile_steps"] == "39-50" and ev["profile_path"] == "/r/profiles/plugins/profile/1"
+    assert (ev["auto_profile_step_time_ms_before"], ev["auto_profile_step_time_ms_inside"],
+            ev["auto_profile_step_time_ms_after"]) == (114.0, 89.0, 117.0)
+    assert "measured: 99% of the input pipeline's time in a profile of steps 39-50" in f.advice
+    assert "measured_overrides" not in ev
+
+
+def test_the_measured_stage_wins_over_the_pick_by_settings():
+    # by its settings the sequential map is blamed first; the profile says the interleave reading
+    # one shard at a time takes the time (the map is cheap)
+    p = pipe(SOURCE, ("interleave", "cycle_length=1, block_length=1", "ds = files.interleave(load, cycle_length=1)"),
+             ("map", "", "ds = ds.map(scale)"), BATCH, PREFETCH)
+    assert culprit(p, fetch_in_step=True).stage == "map"
+    run = SyntheticRun(step_time_s=0.05)
+    run.emit(p)
+    run.emit(stages_of(("Root", 0.001), ("Root::Prefetch", 0.3), ("Root::Prefetch::MapAndBatch", 0.05),
+                       ("Root::Prefetch::MapAndBatch::Interleave", 0.02),
+                       ("Root::Prefetch::MapAndBatch::Interleave[0]::TFRecord", 0.9),
+                       ("Root::Prefetch::MapAndBatch::Interleave::TensorSlice", 0.001)))
+    run.steps(300, input_wait_s=0.03)
+    (f,) = findings(run.engine(), "input-bound")
+    ev = f.evidence
+    assert (ev["culprit_stage"], ev["culprit_site"]) == ("interleave", "train.py:41")
+    assert (ev["static_stage"], ev["static_site"]) == ("map", "train.py:42")
+    assert "the measured stage wins" in ev["measured_overrides"]
+    assert ev["measured_share_pct"] == round(100 * 0.92 / 0.971)
+    assert ev["fix_code_new"] == ("ds = files.interleave(load, cycle_length=tf.data.AUTOTUNE, "
+                                  "num_parallel_calls=tf.data.AUTOTUNE)")
+
+
+def test_a_measured_stage_does_not_replace_the_eager_fetch_verdict():
+    p = pipe(SOURCE, PARALLEL_MAP, BATCH, PREFETCH, consumer="experimental_distribute_dataset")
+    c, ev = with_measurement(p, culprit(p, fetch_in_step=False),
+                             stages_of(("Root", 0.001), ("Root::Prefetch", 0.01),
+                                       ("Root::Prefetch::ParallelMapV2", 0.2),
+                                       ("Root::Prefetch::ParallelMapV2::TensorSlice", 0.01)))
+    assert "eager fetch" in c.problem and ev["measured_stage"] == "map"
+    assert "the verdict above stands" in ev["measured_note"] and "measured_overrides" not in ev
+
+
+def test_a_parallel_stage_measured_busiest_is_not_told_what_it_has():
+    p = pipe(SOURCE, PARALLEL_MAP, BATCH)  # by settings: nothing (the parallel map runs ahead)
+    c, ev = with_measurement(p, culprit(p, fetch_in_step=True),
+                             stages_of(("Root", 0.001), ("Root::MapAndBatch", 0.9),
+                                       ("Root::MapAndBatch::TensorSlice", 0.01)))
+    assert (c.stage, c.site) == ("map", "train.py:41") and "measured stage wins" in ev["measured_overrides"]
+    assert "num_parallel_calls" not in c.fix and ".cache()" in c.fix

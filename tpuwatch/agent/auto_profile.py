@@ -95,6 +95,7 @@ class AutoProfile:
         self._before: float | None = None
         self._inside: float | None = None
         self._outcome: tuple[bool, str, dict[str, Any]] | None = None
+        self._inside_steps = _Sums()
         self._measured: tuple[str, float, int, int, tf_data_trace.IteratorTimes] | None = None
         self._after_t0 = 0.0
         self.probe = PROBE  # the runtime names this probe when a listener fails
@@ -161,20 +162,19 @@ class AutoProfile:
 
     def _result(self, ok: bool, message: str, details: dict[str, Any]) -> None:
         """The profile's Result (any thread: the profiler's helper, the training thread, this one)."""
-        with self._lock:
+        with self._lock:  # the steps from here on are after the capture
             self._outcome = (ok, message, details)
+            self._inside_steps, self._phase = self._phase, _Sums()
+            self.state = "after" if ok else "idle"
 
     def _on_outcome(self, outcome: tuple[bool, str, dict[str, Any]], now: float) -> None:
         ok, message, details = outcome
-        with self._lock:
-            inside, self._phase = self._phase, _Sums()
-            self.state = "after" if ok else "idle"
         if not ok:
             if not self._said_failure:  # said once; a later episode may try again
                 self._said_failure = True
                 self.agent.event("warning", PROBE, f"auto-profile: no capture ({message})")
             return
-        self._inside = inside.mean_step_s()
+        self._inside = self._inside_steps.mean_step_s()
         self._after_t0 = now
         path = str(details.get("local_path") or details.get("path") or "")
         first = details.get("step")

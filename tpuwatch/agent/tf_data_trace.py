@@ -101,11 +101,15 @@ def read(path: Path, max_bytes: int = MAX_BYTES, max_events: int = MAX_EVENTS) -
         xplane_pb2 = _xplane_pb2()
     except ImportError:
         raise TraceError("this TensorFlow has no XPlane reader (xplane_pb2)") from None
+    from google.protobuf.message import DecodeError  # protobuf comes with TensorFlow
+
     space = xplane_pb2.XSpace()
     try:
         with open(path, "rb") as f:
             space.ParseFromString(f.read())
-    except (OSError, ValueError) as e:  # protobuf's DecodeError is a ValueError
+    except OSError as e:
+        raise TraceError(f"cannot read {path}: {e.strerror}") from None
+    except DecodeError as e:
         raise TraceError(f"cannot parse {path}: {e}") from None
     budget = [max_events]
     return self_times(_lines(space, budget))

@@ -31,6 +31,7 @@ from tpuwatch.protocol import (
     Finding,
     HostSample,
     HostSummary,
+    InputStages,
     Message,
     Phase,
     Pipeline,
@@ -156,6 +157,8 @@ class Engine:
             w.on_pipeline(msg)
         elif isinstance(msg, AllocationSites):
             w.allocations = msg
+        elif isinstance(msg, InputStages):
+            w.input_stages = msg
         elif isinstance(msg, Epoch):
             w.on_epoch(msg)
         elif isinstance(msg, Phase):

@@ -19,6 +19,7 @@ from tpuwatch.protocol import (
     Exit,
     HostSample,
     HostSummary,
+    InputStages,
     Phase,
     Pipeline,
     Step,
@@ -112,6 +113,8 @@ class WorkerTelemetry:
     memory_holders: list[tuple[str, str, int]] = field(default_factory=list)
     #: The leak doctor's latest window: where Python allocations grew.
     allocations: AllocationSites | None = None
+    #: The latest auto-profile's tf.data iterator self times (which stage the wait comes from).
+    input_stages: InputStages | None = None
     #: The pipelines this worker iterates, in the order it first did (the first few).
     pipelines: list[Pipeline] = field(default_factory=list)
     available_bytes: int | None = None
