@@ -290,8 +290,10 @@ class InputStages(Message):
     after its graph rewrites, the chain from the root without ``Iterator::``
     (``Root::Prefetch::MapAndBatch``); ``self_s`` is each one's self time over the capture (its
     events' durations minus those of the iterator events nested in them on the same thread).
-    ``fetch_s`` is the consumer's time inside tf.data (the root iterators' durations). The step
-    times say what the capture cost: just before it, during it (its stop included), just after.
+    ``busy_s`` are their whole durations (an asynchronous stage's input runs on its own threads,
+    so its consumer's self time holds the wait for that input). ``fetch_s`` is the consumer's time
+    inside tf.data (the root iterators' durations). The step times say what the capture cost:
+    just before it, during it (its stop included), just after.
     """
 
     kind: ClassVar[str] = "input_stages"
@@ -304,6 +306,7 @@ class InputStages(Message):
     iterators: tuple[str, ...]
     self_s: tuple[float, ...]
     calls: tuple[int, ...]
+    busy_s: tuple[float, ...] = ()  # each iterator's events' durations
     step_time_before_s: float | None = None
     step_time_inside_s: float | None = None
     step_time_after_s: float | None = None

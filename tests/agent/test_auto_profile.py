@@ -35,6 +35,7 @@ def test_self_time_is_the_duration_less_the_nested_iterators_on_the_same_line():
     assert got["Root::Prefetch::MapAndBatch::TensorSlice"] == pytest.approx(0.004)  # (3 - 1) + 2
     assert got["Root::Prefetch::MapAndBatch::TensorSlice::Inner"] == pytest.approx(0.001)
     assert dict(zip(t.names, t.calls))["Root::Prefetch::MapAndBatch"] == 2
+    assert dict(zip(t.names, t.busy_s))["Root::Prefetch::MapAndBatch"] == pytest.approx(0.025)
     assert t.root_s == pytest.approx(0.030) and t.events == 7
     assert t.names[0] == "Root"  # root first, in chain order
 
@@ -129,7 +130,7 @@ def test_the_capture_is_read_and_sent_with_the_step_time_around_it(monkeypatch, 
     run.mkdir(parents=True)
     (run / "host.xplane.pb").write_bytes(b"")
     times = tf_data_trace.IteratorTimes(names=("Root", "Root::Map"), self_s=(0.001, 0.9), calls=(20, 20),
-                                        root_s=0.3, events=40)
+                                        busy_s=(0.3, 0.9), root_s=0.3, events=40)
     monkeypatch.setattr(tf_data_trace, "read", lambda path: times)
     while not agent.submitted:
         _play(auto, clock, 0.25, 0.3, step, step_time_s=0.05)
@@ -141,7 +142,8 @@ def test_the_capture_is_read_and_sent_with_the_step_time_around_it(monkeypatch, 
     (m,) = sent
     assert isinstance(m, InputStages)
     assert (m.path, m.step_from, m.step_to, m.capture_s) == (str(run), 60, 75, 1.2)
-    assert (m.iterators, m.self_s, m.calls, m.fetch_s) == (times.names, times.self_s, times.calls, 0.3)
+    assert (m.iterators, m.self_s, m.calls, m.busy_s, m.fetch_s) == (times.names, times.self_s, times.calls,
+                                                                     times.busy_s, 0.3)
     assert m.step_time_before_s == pytest.approx(0.05)
     assert m.step_time_inside_s == pytest.approx(0.0625)
     assert m.step_time_after_s == pytest.approx(0.05)

@@ -7,7 +7,7 @@ import pytest
 from diag_synthetic import SyntheticRun, findings
 
 from tpuwatch.monitor.diagnostics.input_pipeline import with_measurement
-from tpuwatch.monitor.diagnostics.pipeline_doctor import culprit, measured_stage, stage_of_iterators
+from tpuwatch.monitor.diagnostics.pipeline_doctor import culprit, measured_stage, own_times, stage_of_iterators
 from tpuwatch.protocol import InputStages, Pipeline
 
 
@@ -152,12 +152,13 @@ def test_a_generator_whose_work_is_in_a_parallel_map_is_not_told_to_move_it():
 
 # --- the stage measured by the auto-profile (protocol.InputStages) --------------------------------
 
-def stages_of(*rows: tuple[str, float]) -> InputStages:
-    """An auto-profile's iterator self times, as the agent sends them (names after tf.data's rewrites)."""
+def stages_of(*rows: tuple) -> InputStages:
+    """An auto-profile's iterators as the agent sends them (names after tf.data's rewrites): rows
+    of (name, self time, whole duration; the self time when left out)."""
     return InputStages(t=0.0, path="/r/profiles/plugins/profile/1", step_from=39, step_to=50, capture_s=1.35,
                        fetch_s=0.22, iterators=tuple(r[0] for r in rows), self_s=tuple(r[1] for r in rows),
-                       calls=(1,) * len(rows), step_time_before_s=0.114, step_time_inside_s=0.089,
-                       step_time_after_s=0.117)
+                       calls=(1,) * len(rows), busy_s=tuple(r[-1] for r in rows), step_time_before_s=0.114,
+                       step_time_inside_s=0.089, step_time_after_s=0.117)
 
 
 SEQUENTIAL_MAP = pipe(SOURCE, ("shuffle", "buffer_size=4096", "ds = ds.shuffle(4096).repeat()"),
@@ -166,8 +167,8 @@ SEQUENTIAL_MAP = pipe(SOURCE, ("shuffle", "buffer_size=4096", "ds = ds.shuffle(4
 # recorded from input_sequential_map.py's auto-profile (TF 2.21): map and batch run fused, shuffle
 # and repeat too; Prefetch's self time is its consumer waiting for the map
 SEQUENTIAL_MAP_CAPTURE = stages_of(
-    ("Root", 0.000241), ("Root::Prefetch", 0.220514), ("Root::Prefetch::MapAndBatch", 1.029747),
-    ("Root::Prefetch::MapAndBatch::ShuffleAndRepeat", 0.004536),
+    ("Root", 0.000241, 0.220755), ("Root::Prefetch", 0.220514), ("Root::Prefetch::MapAndBatch", 1.029747),
+    ("Root::Prefetch::MapAndBatch::ShuffleAndRepeat", 0.004536, 0.012068),
     ("Root::Prefetch::MapAndBatch::ShuffleAndRepeat::TensorSlice", 0.007532))
 
 
@@ -178,8 +179,28 @@ def test_iterators_map_onto_the_pipeline_stages_in_chain_order():
     assert owners == [None, None, 3, 1, 0]
     ms = measured_stage(SEQUENTIAL_MAP, SEQUENTIAL_MAP_CAPTURE)
     assert (ms.stage, ms.site) == ("map", "train.py:43")
-    # 1.0297 of the work stages' 1.0297 + 0.0045 + 0.0075 s (waits left out)
-    assert ms.share == pytest.approx(1.029747 / (1.029747 + 0.004536 + 0.007532))
+    # the map-and-batch's own time is its wait less its input's 12 ms on the map's thread; the
+    # share is of every iterator's own time (the waits of Root and Prefetch left out)
+    assert ms.own_s == pytest.approx(1.029747 - 0.012068)
+    assert ms.share == pytest.approx(1.017679 / (1.017679 + 0.004536 + 0.007532))
+
+
+def test_an_asynchronous_stage_waiting_for_its_input_is_not_blamed_for_the_input():
+    # TFRecordDataset(files) without num_parallel_reads reads through a FlatMap over the file
+    # names; the parallel map's consumer waits 0.95 s, 0.9 s of it for the reads on its threads
+    p = pipe(("tensorslice", "", 'ds = tf.data.TFRecordDataset(files, compression_type="GZIP")'),
+             ("tfrecord", "num_parallel_reads=None", 'ds = tf.data.TFRecordDataset(files, compression_type="GZIP")'),
+             PARALLEL_MAP, BATCH, PREFETCH)
+    m = stages_of(("Root", 0.001, 0.3), ("Root::Prefetch", 0.29, 0.3), ("Root::Prefetch::MapAndBatch", 0.95),
+                  ("Root::Prefetch::MapAndBatch::FlatMap", 0.005, 0.9),
+                  ("Root::Prefetch::MapAndBatch::FlatMap::TensorSlice", 0.0001),
+                  ("Root::Prefetch::MapAndBatch::FlatMap[0]::TFRecord", 0.45),
+                  ("Root::Prefetch::MapAndBatch::FlatMap[1]::TFRecord", 0.44))
+    assert stage_of_iterators(p, m.iterators) == [None, None, 2, 1, 0, 1, 1]
+    assert own_times(m)[2] == pytest.approx(0.05)
+    ms = measured_stage(p, m)
+    assert (ms.stage, ms.site) == ("tfrecord", "train.py:41")
+    assert ms.share == pytest.approx(0.895 / 0.9451)
 
 
 def test_an_interleaves_own_datasets_are_charged_to_the_interleave():
@@ -206,6 +227,7 @@ def test_the_finding_states_the_measured_stage_its_line_share_and_edit():
     ev = f.evidence
     assert (ev["culprit_stage"], ev["culprit_site"]) == ("map", "train.py:43")
     assert (ev["measured_stage"], ev["measured_site"], ev["measured_share_pct"]) == ("map", "train.py:43", 99)
+    assert ev["measured_own_ms"] == 1017.7
     assert ev["fix_code_new"] == "ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)"
     assert ev["profile_steps"] == "39-50" and ev["profile_path"] == "/r/profiles/plugins/profile/1"
     assert (ev["auto_profile_step_time_ms_before"], ev["auto_profile_step_time_ms_inside"],
@@ -222,8 +244,8 @@ def test_the_measured_stage_wins_over_the_pick_by_settings():
     assert culprit(p, fetch_in_step=True).stage == "map"
     run = SyntheticRun(step_time_s=0.05)
     run.emit(p)
-    run.emit(stages_of(("Root", 0.001), ("Root::Prefetch", 0.3), ("Root::Prefetch::MapAndBatch", 0.05),
-                       ("Root::Prefetch::MapAndBatch::Interleave", 0.02),
+    run.emit(stages_of(("Root", 0.001), ("Root::Prefetch", 0.3), ("Root::Prefetch::MapAndBatch", 0.95),
+                       ("Root::Prefetch::MapAndBatch::Interleave", 0.02, 0.921),
                        ("Root::Prefetch::MapAndBatch::Interleave[0]::TFRecord", 0.9),
                        ("Root::Prefetch::MapAndBatch::Interleave::TensorSlice", 0.001)))
     run.steps(300, input_wait_s=0.03)
@@ -232,7 +254,8 @@ def test_the_measured_stage_wins_over_the_pick_by_settings():
     assert (ev["culprit_stage"], ev["culprit_site"]) == ("interleave", "train.py:41")
     assert (ev["static_stage"], ev["static_site"]) == ("map", "train.py:42")
     assert "the measured stage wins" in ev["measured_overrides"]
-    assert ev["measured_share_pct"] == round(100 * 0.92 / 0.971)
+    # the interleave's 0.02 + 0.9 s of reads its datasets make, of the map's own 0.95 - 0.921 s too
+    assert ev["measured_share_pct"] == round(100 * 0.92 / (0.92 + 0.029 + 0.001))
     assert ev["fix_code_new"] == ("ds = files.interleave(load, cycle_length=tf.data.AUTOTUNE, "
                                   "num_parallel_calls=tf.data.AUTOTUNE)")
 

@@ -206,6 +206,7 @@ class AutoProfile:
         return InputStages(t=self.agent.clock(), path=path, step_from=step_from, step_to=step_to,
                            capture_s=round(capture_s, 3), fetch_s=round(times.root_s, 6), iterators=times.names,
                            self_s=tuple(round(s, 6) for s in times.self_s), calls=times.calls,
+                           busy_s=tuple(round(s, 6) for s in times.busy_s),
                            step_time_before_s=self._before, step_time_inside_s=self._inside,
                            step_time_after_s=after)
 

@@ -43,6 +43,7 @@ class IteratorTimes:
     names: tuple[str, ...]
     self_s: tuple[float, ...]
     calls: tuple[int, ...]
+    busy_s: tuple[float, ...]  # the events' durations (an asynchronous stage's input is busy on other threads)
     root_s: float  # the consumer's time in tf.data (the Root iterators' durations)
     events: int  # iterator events read
 
@@ -53,6 +54,7 @@ def self_times(lines: Iterable[Iterable[tuple[str, int, int]]]) -> IteratorTimes
     On one line, events nest (a TraceMe ends before its parent does); an event's direct children
     are the iterator events inside it with no other between."""
     self_ps: dict[str, int] = {}
+    busy_ps: dict[str, int] = {}
     calls: dict[str, int] = {}
     root_ps = 0
     count = 0
@@ -67,6 +69,7 @@ def self_times(lines: Iterable[Iterable[tuple[str, int, int]]]) -> IteratorTimes
                 stack[-1][2] -= min(duration, stack[-1][1] - start)
             stack.append([name, start + duration, duration])
             calls[name] = calls.get(name, 0) + 1
+            busy_ps[name] = busy_ps.get(name, 0) + duration
             if name == "Root":
                 root_ps += duration
         while stack:
@@ -74,7 +77,8 @@ def self_times(lines: Iterable[Iterable[tuple[str, int, int]]]) -> IteratorTimes
     ranked = sorted(self_ps, key=lambda n: -self_ps[n])[:MAX_ITERATORS]
     ranked.sort(key=lambda n: (n.count("::"), n))  # the chain's order, root first
     return IteratorTimes(names=tuple(ranked), self_s=tuple(max(0, self_ps[n]) / 1e12 for n in ranked),
-                         calls=tuple(calls[n] for n in ranked), root_s=root_ps / 1e12, events=count)
+                         calls=tuple(calls[n] for n in ranked), busy_s=tuple(busy_ps[n] / 1e12 for n in ranked),
+                         root_s=root_ps / 1e12, events=count)
 
 
 def _close(frame: list[Any], self_ps: dict[str, int]) -> None:

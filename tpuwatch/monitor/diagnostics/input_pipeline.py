@@ -111,7 +111,7 @@ class InputBound(Rule):
 def with_measurement(p: Pipeline, c: Culprit, m: InputStages) -> tuple[Culprit, dict[str, str | int | float]]:
     """The culprit once a profile measured the stages (``m``), and the evidence it adds.
 
-    The stage whose iterators took the most self time (:func:`.pipeline_doctor.measured_stage`)
+    The stage whose iterators took the most time of their own (:func:`.pipeline_doctor.measured_stage`)
     wins over the pick by settings when they differ, when it took at least
     ``MEASURED_MIN_SHARE`` of the pipeline's time, is the script's own, and the wait is the
     pipeline's (not the eager fetch or Keras' own input, which overlap with the step already)."""
@@ -120,7 +120,7 @@ def with_measurement(p: Pipeline, c: Culprit, m: InputStages) -> tuple[Culprit, 
         return c, {}
     ev: dict[str, str | int | float] = {
         "measured_stage": ms.stage, "measured_site": ms.site,
-        "measured_share_pct": round(100 * ms.share), "measured_self_ms": round(ms.self_s * 1000, 1),
+        "measured_share_pct": round(100 * ms.share), "measured_own_ms": round(ms.own_s * 1000, 1),
         "measured_iterators": ", ".join(ms.iterators)[:300],
         "profile_path": m.path, "profile_steps": f"{m.step_from}-{m.step_to}",
         "profile_capture_s": m.capture_s,

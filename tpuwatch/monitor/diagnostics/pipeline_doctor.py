@@ -186,22 +186,30 @@ def _after_call(code: str, call: str, text: str) -> str:
 # --- the stage measured in a profile (protocol.InputStages) ---------------------------------------
 
 #: tf.data's iterator names (after its rewrites, version suffix removed) -> the pipeline map's
-#: stages each one runs, the stage whose work it is first (a fused map-and-batch is the map's)
+#: stages it can be, the one whose work it is first. A stage the script made by calling a class is
+#: named by the class (``tensorslice``, ``tfrecord``: TFRecordDataset(files) reads through a
+#: ``FlatMap`` over the file names, a ``ParallelInterleave`` with num_parallel_reads).
 _ITERATOR_STAGES: dict[str, tuple[str, ...]] = {
-    "TensorSlice": ("from_tensor_slices",), "FromTensor": ("from_tensors",), "Tensor": ("from_tensors",),
-    "Range": ("range",), "Generator": ("from_generator",), "FlatMap": ("flat_map", "from_generator"),
+    "TensorSlice": ("from_tensor_slices", "tensorslice"), "FromTensor": ("from_tensors",),
+    "Tensor": ("from_tensors",), "Range": ("range",), "Generator": ("from_generator",),
+    "FlatMap": ("flat_map", "from_generator", "tfrecord", "textline", "fixedlengthrecord"),
     "Map": ("map", "from_generator"), "ParallelMap": ("map",), "MapAndBatch": ("map", "batch"),
     "Batch": ("batch",), "ParallelBatch": ("batch",), "PaddedBatch": ("padded_batch",),
     "Shuffle": ("shuffle",), "ShuffleAndRepeat": ("shuffle", "repeat"), "Repeat": ("repeat",),
     "ForeverRepeat": ("repeat",), "Prefetch": ("prefetch",), "Interleave": ("interleave",),
-    "ParallelInterleave": ("interleave",), "LegacyParallelInterleave": ("interleave",),
-    "TFRecord": ("tfrecord",), "TextLine": ("textline",), "FixedLengthRecord": ("fixedlengthrecord",),
-    "MemoryCache": ("cache",), "Cache": ("cache",), "FileCache": ("cache",), "Take": ("take",),
-    "FiniteTake": ("take",), "Skip": ("skip",), "Filter": ("filter",), "ParallelFilter": ("filter",),
-    "Zip": ("zip",), "Concatenate": ("concatenate",), "Unbatch": ("unbatch",), "Rebatch": ("rebatch",),
-    "AutoShard": ("autoshard",),
+    "ParallelInterleave": ("interleave", "tfrecord", "textline", "fixedlengthrecord"),
+    "LegacyParallelInterleave": ("interleave",), "TFRecord": ("tfrecord",), "TextLine": ("textline",),
+    "FixedLengthRecord": ("fixedlengthrecord",), "MemoryCache": ("cache",), "Cache": ("cache",),
+    "FileCache": ("cache",), "Take": ("take",), "FiniteTake": ("take",), "Skip": ("skip",),
+    "Filter": ("filter",), "ParallelFilter": ("filter",), "Zip": ("zip",), "Concatenate": ("concatenate",),
+    "Unbatch": ("unbatch",), "Rebatch": ("rebatch",), "AutoShard": ("autoshard",),
 }
-#: Iterators whose self time is a wait for the threads that fill their buffer, not work of theirs.
+#: One iterator running two stages of the script's, fused by tf.data's rewrites.
+_FUSED = frozenset({"MapAndBatch", "ShuffleAndRepeat"})
+#: Iterators whose input runs on threads of their own: the consumer's self time is the wait for them.
+_ASYNC = frozenset({"Prefetch", "ParallelMap", "MapAndBatch", "ParallelInterleave", "LegacyParallelInterleave",
+                    "ParallelBatch", "ParallelFilter"})
+#: Iterators whose own time is only a wait for the threads that fill their buffer, never work.
 _WAITING = frozenset({"Root", "Prefetch"})
 #: The measured stage replaces the pick by settings when it takes at least this share.
 MEASURED_MIN_SHARE = 0.5
@@ -209,21 +217,39 @@ MEASURED_MIN_SHARE = 0.5
 
 @dataclass(frozen=True)
 class MeasuredStage:
-    """The stage whose iterators took the largest self time in the capture."""
+    """The stage whose iterators took the most time of their own in the capture."""
 
     index: int  # into the pipeline's stages
     stage: str
     site: str
-    self_s: float
-    share: float  # of the pipeline's self time over the capture (buffers' waits left out)
+    own_s: float
+    share: float  # of all the pipeline's iterators' own time over the capture
     iterators: tuple[str, ...]  # tf.data's names for it (a fused stage's, an interleave's inputs)
 
 
+def _plain_chain(name: str) -> str:
+    """``Root::Interleave[0]::Map`` -> ``Root::Interleave::Map``."""
+    return "::".join(part.split("[", 1)[0] for part in name.split("::"))
+
+
 def _component(name: str) -> str:
-    """``ParallelMapV2`` -> ``ParallelMap``; ``Interleave[0]`` -> ``Interleave``."""
-    name = name.split("[", 1)[0].removesuffix("Dataset")
+    """The iterator's own kind: ``Root::ParallelMapV2`` -> ``ParallelMap``; ``Interleave[0]`` -> ``Interleave``."""
+    name = name.rsplit("::", 1)[-1].split("[", 1)[0].removesuffix("Dataset")
     base = name.rstrip("0123456789")
     return base[:-1] if base != name and base.endswith("V") else name
+
+
+def own_times(m: InputStages) -> list[float]:
+    """Each iterator's own time: its self time, less, for an asynchronous one, its inputs' whole
+    durations (they ran on its threads while its consumer waited); never below 0."""
+    chains = [_plain_chain(n) for n in m.iterators]
+    busy = m.busy_s if len(m.busy_s) == len(chains) else (0.0,) * len(chains)  # a recording without busy_s
+    inputs: dict[str, float] = {}
+    for chain, b in zip(chains, busy):
+        parent = chain.rsplit("::", 1)[0]
+        inputs[parent] = inputs.get(parent, 0.0) + b
+    return [max(0.0, self_s - (inputs.get(chain, 0.0) if _component(chain) in _ASYNC else 0.0))
+            for chain, self_s in zip(chains, m.self_s)]
 
 
 def stage_of_iterators(p: Pipeline, iterators: tuple[str, ...]) -> list[int | None]:
@@ -248,30 +274,31 @@ def stage_of_iterators(p: Pipeline, iterators: tuple[str, ...]) -> list[int | No
                 continue
             k = hits[0]
             taken = [k]
-            while (k := k + 1) < len(root_first) and p.stages[root_first[k]] in names and len(taken) < len(names):
-                taken.append(k)  # a fused iterator runs the next stages too
+            while (k := k + 1) < len(root_first) and (
+                    p.stages[root_first[k]] == p.stages[root_first[taken[-1]]]  # one call made two (from_generator)
+                    or (kind in _FUSED and p.stages[root_first[k]] in names and len(taken) < len(names))):
+                taken.append(k)
             owner = next((root_first[t] for t in taken if p.stages[root_first[t]] == names[0]),
                          root_first[taken[0]])
             j = taken[-1] + 1
-        out.append(owner if chain.split("::")[-1].split("[", 1)[0] not in _WAITING or inside else None)
+        out.append(owner if _component(chain) not in _WAITING or inside else None)
     return out
 
 
 def measured_stage(p: Pipeline, m: InputStages) -> MeasuredStage | None:
-    """The stage whose iterators took the most self time in ``m``'s capture, with its share of
-    all the pipeline's iterators' self time (the waits of ``Root`` and ``Prefetch`` on the
-    threads that fill them left out: they wait for the stages below them). None when the
-    capture has no iterator events of work."""
+    """The stage whose iterators took the most time of their own (:func:`own_times`) in ``m``'s
+    capture, with its share of all the pipeline's iterators' own time (``Root`` and ``Prefetch``
+    left out: they only wait). None when the capture has no iterator events of work."""
     owners = stage_of_iterators(p, m.iterators)
     per: dict[int, float] = {}
     names: dict[int, list[str]] = {}
     total = 0.0
-    for chain, self_s, owner in zip(m.iterators, m.self_s, owners):
-        if _component(chain.split("::")[-1]) in _WAITING:
+    for chain, own, owner in zip(m.iterators, own_times(m), owners):
+        if _component(chain) in _WAITING:
             continue
-        total += self_s
+        total += own
         if owner is not None:
-            per[owner] = per.get(owner, 0.0) + self_s
+            per[owner] = per.get(owner, 0.0) + own
             names.setdefault(owner, []).append(chain)
     if not per or total <= 0:
         return None
