@@ -271,9 +271,13 @@ def test_a_measured_stage_does_not_replace_the_eager_fetch_verdict():
 
 
 def test_a_parallel_stage_measured_busiest_is_not_told_what_it_has():
-    p = pipe(SOURCE, PARALLEL_MAP, BATCH)  # by settings: nothing (the parallel map runs ahead)
-    c, ev = with_measurement(p, culprit(p, fetch_in_step=True),
-                             stages_of(("Root", 0.001), ("Root::MapAndBatch", 0.9),
-                                       ("Root::MapAndBatch::TensorSlice", 0.01)))
-    assert (c.stage, c.site) == ("map", "train.py:41") and "measured stage wins" in ev["measured_overrides"]
-    assert "num_parallel_calls" not in c.fix and ".cache()" in c.fix
+    # the sequential map's edit applied (input_sequential_map.py): the map, parallel now, is
+    # still the busiest stage; it has no edit to ask for, so the verdict by settings stands
+    p = pipe(SOURCE, PARALLEL_MAP, BATCH, PREFETCH)
+    static = culprit(p, fetch_in_step=True)
+    c, ev = with_measurement(p, static, stages_of(("Root", 0.001), ("Root::Prefetch", 0.2, 0.3),
+                                                  ("Root::Prefetch::MapAndBatch", 0.9),
+                                                  ("Root::Prefetch::MapAndBatch::TensorSlice", 0.01)))
+    assert c == static and c.stage == "" and "num_parallel_calls" not in c.fix
+    assert (ev["measured_stage"], ev["measured_site"]) == ("map", "train.py:41")
+    assert "parallel already" in ev["measured_note"] and "measured_overrides" not in ev

@@ -12,7 +12,6 @@ from .pipeline_doctor import (
     KERAS_STEP_FUNCTIONS,
     MEASURED_MIN_SHARE,
     Culprit,
-    MeasuredStage,
     culprit,
     measured_stage,
     stage_culprit,
@@ -113,8 +112,10 @@ def with_measurement(p: Pipeline, c: Culprit, m: InputStages) -> tuple[Culprit, 
 
     The stage whose iterators took the most time of their own (:func:`.pipeline_doctor.measured_stage`)
     wins over the pick by settings when they differ, when it took at least
-    ``MEASURED_MIN_SHARE`` of the pipeline's time, is the script's own, and the wait is the
-    pipeline's (not the eager fetch or Keras' own input, which overlap with the step already)."""
+    ``MEASURED_MIN_SHARE`` of the pipeline's time, its settings ask for an edit (one proved on
+    the planted scripts: a stage parallel already gets none), and the wait is the pipeline's (not
+    the eager fetch or Keras' own input, which overlap with the step already). Otherwise the
+    verdict by settings stands and the evidence says what was measured."""
     ms = measured_stage(p, m)
     if ms is None:
         return c, {}
@@ -131,24 +132,18 @@ def with_measurement(p: Pipeline, c: Culprit, m: InputStages) -> tuple[Culprit, 
             ev[f"auto_profile_step_time_ms_{part}"] = round(value * 1000, 1)
     if (ms.stage, ms.site) == (c.stage, c.site):
         return c, ev
-    if c.overlapped or ms.share < MEASURED_MIN_SHARE or p.added_by[ms.index]:
-        ev["measured_note"] = (f"the profile measured {ms.stage} at {ms.site or '?'} ({round(100 * ms.share)}% of the "
-                               "pipeline's time); the verdict above stands: "
-                               + ("the wait is not the pipeline's stages" if c.overlapped
-                                  else "no stage of the script's takes most of it"))
+    mc = stage_culprit(p, ms.index) if not (c.overlapped or ms.share < MEASURED_MIN_SHARE) else None
+    if mc is None:
+        why = ("the wait is not the pipeline's stages" if c.overlapped
+               else "no stage of the script's takes most of it" if ms.share < MEASURED_MIN_SHARE
+               else "its settings ask for no edit (it is parallel already)")
+        ev["measured_note"] = (f"the profile measured {ms.stage} at {ms.site or '?'} ({round(100 * ms.share)}% "
+                               f"of the pipeline's time); the verdict above stands: {why}")
         return c, ev
     ev.update(static_stage=c.stage, static_site=c.site,
               measured_overrides=f"the settings pointed at {c.stage or 'no stage'} at {c.site or '?'}; the "
                                  f"profile measured {ms.stage} at {ms.site or '?'}: the measured stage wins")
-    return stage_culprit(p, ms.index) or _busy_stage(ms), ev
-
-
-def _busy_stage(ms: MeasuredStage) -> Culprit:
-    """A stage that takes most of the pipeline's time though its settings ask for nothing more."""
-    return Culprit(ms.stage, ms.site, f".{ms.stage} at {ms.site or '?'} takes most of the input pipeline's time "
-                   "though its settings are parallel already", ".cache() right after it if its output fits "
-                   "in memory (it then runs once), or make its per-element work cheaper; if the host's cores "
-                   "are busy, give tf.data more CPU (the tf.data service)")
+    return mc, ev
 
 
 def episode_start(window: Iterable[Rec], first_step: int) -> int:
