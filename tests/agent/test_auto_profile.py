@@ -44,6 +44,10 @@ class FakeProfiler:
     active = None
 
 
+class FakePipelineMap:
+    eager_fetch = False
+
+
 class FakeAgent:
     sample_interval_s = 0.25
 
@@ -52,6 +56,7 @@ class FakeAgent:
         self.submitted: list = []
         self.emitted: list = []
         self.profiler = FakeProfiler()
+        self.pipeline_map = FakePipelineMap()
         self.step_taps: list = []
         self.samplers: list = []
         self.hooks: list = []
@@ -121,6 +126,14 @@ def test_one_capture_per_input_bound_episode_through_the_profile_command():
     on_result(False, "again", {})
     _play(auto, clock, 1, 0.3, step)
     assert len([1 for lvl, _ in agent.events if lvl == "warning"]) == 1  # said once
+
+
+def test_nothing_is_captured_when_the_wait_is_the_eager_fetch_of_distributed_batches():
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    agent.pipeline_map.eager_fetch = True  # for batch in dist_dataset: the fetch is the wait
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _play(auto, clock, 5, 0.3, step)
+    assert agent.submitted == [] and agent.events == []
 
 
 def test_the_capture_is_read_and_sent_with_the_step_time_around_it(monkeypatch, tmp_path):

@@ -7,7 +7,8 @@ on the training thread) into per-sample sums, and at the sample rate the wait ov
 time (xprof's "moderately input-bound", the ``input-bound`` rule's info threshold; the rule's own
 figure is the one every view quotes, this is only the trigger) and ends when a full window falls
 below it. Once per episode (at most ``MAX_CAPTURES`` a run, ``MIN_GAP_S`` apart, never while
-another capture runs) the agent sends itself a ``profile`` command of ``CAPTURE_MS``: it runs
+another capture runs, never when the training fetches distributed batches eagerly: that fetch is
+the wait, whatever the stages) the agent sends itself a ``profile`` command of ``CAPTURE_MS``: it runs
 through the profiler's own path (queued, started at the next step boundary, stopped and written
 on the profiler's helper thread) and is recorded as any profile, with its Result and path. When
 the Result is in, the capture's ``*.xplane.pb`` is read here (:mod:`.tf_data_trace`, bounded) and
@@ -141,8 +142,14 @@ class AutoProfile:
         elif not waiting and self._window[0][0] <= now - WINDOW_S + 2 * self.agent.sample_interval_s:
             self._episode = self._want = False  # a full window below the threshold: the episode ended
         if (self._want and self.state == "idle" and self._captures < MAX_CAPTURES
-                and now - self._last_t >= MIN_GAP_S and self.profiler.active is None):
+                and now - self._last_t >= MIN_GAP_S and self.profiler.active is None and not self._eager_fetch()):
             self._start(now)
+
+    def _eager_fetch(self) -> bool:
+        """The training fetches distributed batches eagerly: that fetch is the wait (the doctor's
+        verdict, with its fix), which no stage's measurement changes, so nothing is captured."""
+        pm = self.agent.pipeline_map
+        return pm is not None and pm.eager_fetch
 
     def _start(self, now: float) -> None:
         self._want = False
