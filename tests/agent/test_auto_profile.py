@@ -195,3 +195,26 @@ def test_a_capture_file_is_read_with_tensorflows_xplane_proto(tmp_path):
     path.write_bytes(b"\xff\xff not a proto")
     with pytest.raises(tf_data_trace.TraceError, match="cannot parse"):
         tf_data_trace.read(path)
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_a_profile_the_script_starts_during_an_automatic_capture_wins(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tpuwatch_testing import child_env
+
+    script = Path(__file__).parent / "scripts" / "profiles_itself.py"
+    run_dir, own = tmp_path / "run", tmp_path / "own"
+    proc = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
+                           str(script), str(own)], capture_output=True, text=True, timeout=300,
+                          env=child_env(TPUWATCH_HOME=str(tmp_path / "home")))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "own profile started" in proc.stdout and "own profile done" in proc.stdout and "trained" in proc.stdout
+    assert list(own.glob("plugins/profile/*/*.xplane.pb"))  # the script's capture is whole
+    msgs = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    (result,) = [m for m in msgs if m["kind"] == "result" and m["id"] == "auto-profile-1"]
+    assert result["ok"] and result["details"]["stopped_by"] == "the script started a profile of its own", result

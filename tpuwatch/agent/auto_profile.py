@@ -14,6 +14,12 @@ on the profiler's helper thread) and is recorded as any profile, with its Result
 the Result is in, the capture's ``*.xplane.pb`` is read here (:mod:`.tf_data_trace`, bounded) and
 sent as one :class:`~tpuwatch.protocol.InputStages` with the step time before, inside and after
 the capture (its cost). Any failure is one event; nothing raises into the script.
+
+The script's own profile wins: TF runs one profiler at a time, so a script (or library) that calls
+``tf.profiler.experimental.start`` while an automatic capture runs would get an error. The start is
+wrapped: such a call first stops the automatic capture and waits for it (bounded by
+``YIELD_WAIT_S``; once, on the thread that starts the profile), then starts the script's. Where the
+wrapper cannot be installed, nothing is captured.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ AFTER_S = 2.0  # step time after the capture is taken over this long (or AFTER_S
 AFTER_STEPS = 50
 MAX_CAPTURES = 3
 MIN_GAP_S = 60.0
+YIELD_WAIT_S = 5.0
+ID_PREFIX = "auto-profile-"
 
 _NAMES = [f.name for f in fields(Step)]
 _STEP, _TIME, _WAIT, _STEPS = (_NAMES.index(n) for n in ("step", "step_time_s", "input_wait_s", "steps"))
@@ -164,7 +172,7 @@ class AutoProfile:
         agent.event("info", PROBE, f"the step waits for input: capturing a {CAPTURE_MS / 1000:g} s profile to "
                                    "measure which tf.data stage the wait comes from (tpuwatch run "
                                    "--no-auto-profile turns this off)")
-        agent.submit(Command(id=f"auto-profile-{self._captures}", action="profile", args={"ms": CAPTURE_MS}),
+        agent.submit(Command(id=f"{ID_PREFIX}{self._captures}", action="profile", args={"ms": CAPTURE_MS}),
                      on_result=self._result)
 
     def _result(self, ok: bool, message: str, details: dict[str, Any]) -> None:
@@ -217,6 +225,29 @@ class AutoProfile:
                            step_time_before_s=self._before, step_time_inside_s=self._inside,
                            step_time_after_s=after)
 
+    # --- the script starts a profile of its own ----------------------------------------------
+
+    def make_start(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        this = self
+
+        def start(*args: Any, **kwargs: Any) -> Any:
+            try:
+                this.yield_to_script()
+            except Exception as e:  # the script's start goes on; only this probe stops
+                this.agent.probe_failed(PROBE, e)
+            return original(*args, **kwargs)
+
+        return start
+
+    def yield_to_script(self) -> None:
+        """Stops an automatic capture under way (and waits for it) so the script's starts."""
+        capture = self.profiler.active
+        if capture is None or not capture.cmd.id.startswith(ID_PREFIX):
+            return
+        capture.request_stop("the script started a profile of its own")
+        if capture.thread is not None and capture.thread is not threading.current_thread():
+            capture.thread.join(YIELD_WAIT_S)
+
     # --- the script ended --------------------------------------------------------------------
 
     def shutdown(self) -> None:
@@ -237,7 +268,14 @@ def install(agent: "Agent", patches: "Patches") -> AutoProfile | None:
     profiler = agent.profiler
     if profiler is None:
         return None
+    import tensorflow as tf
+    from tensorflow.python.profiler import profiler_v2  # TF 2.16-2.21
+
     auto = AutoProfile(agent, profiler)
+    # the public name holds its own reference (tf.profiler.experimental.start), the module's is what
+    # its Profile context manager calls
+    patches.wrap(profiler_v2, "start", auto.make_start)
+    patches.wrap(tf.profiler.experimental, "start", auto.make_start)
     agent.step_taps.append((PROBE, auto.tap))
     agent.add_sampler(PROBE, auto)
     agent.on_shutdown(auto.shutdown)
