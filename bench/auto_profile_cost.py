@@ -28,7 +28,7 @@ def tap_cost_us(n: int = 200_000) -> float:
     from tpuwatch.protocol import step_values
 
     class Agent:
-        pipeline_map = None
+        step_probe = None
 
     auto = AutoProfile(Agent(), None)  # type: ignore[arg-type]
     fields = step_values(step=100, t=0.0, step_time_s=0.05, input_wait_s=0.01, loss=None)

@@ -44,8 +44,8 @@ class FakeProfiler:
     active = None
 
 
-class FakePipelineMap:
-    eager_fetch = False
+class FakeStepProbe:
+    eager_distributed_fetches = 0
 
 
 class FakeAgent:
@@ -56,7 +56,7 @@ class FakeAgent:
         self.submitted: list = []
         self.emitted: list = []
         self.profiler = FakeProfiler()
-        self.pipeline_map = FakePipelineMap()
+        self.step_probe = FakeStepProbe()
         self.step_taps: list = []
         self.samplers: list = []
         self.hooks: list = []
@@ -87,13 +87,15 @@ class Clock:
 
 
 def _play(auto: AutoProfile, clock: Clock, seconds: float, wait_frac: float, step: list[int],
-          step_time_s: float = 0.05) -> list:
-    """Steps of ``step_time_s`` waiting ``wait_frac`` of it, sampled at 4 Hz; the messages sent."""
+          step_time_s: float = 0.05, eager_fetch: bool = False) -> list:
+    """Steps of ``step_time_s`` waiting ``wait_frac`` of it, sampled at 4 Hz; the messages sent.
+    ``eager_fetch``: each step's batch is a distributed one fetched eagerly."""
     out = []
     per_sample = int(0.25 / step_time_s)
     for _ in range(int(seconds / 0.25)):
         for _ in range(per_sample):
             step[0] += 1
+            auto.agent.step_probe.eager_distributed_fetches += eager_fetch
             auto.tap(step_values(step=step[0], t=clock.t, step_time_s=step_time_s,
                                  input_wait_s=step_time_s * wait_frac, loss=None))
         clock.t += 0.25
@@ -130,10 +132,12 @@ def test_one_capture_per_input_bound_episode_through_the_profile_command():
 
 def test_nothing_is_captured_when_the_wait_is_the_eager_fetch_of_distributed_batches():
     agent, clock, step = FakeAgent(), Clock(), [0]
-    agent.pipeline_map.eager_fetch = True  # for batch in dist_dataset: the fetch is the wait
     auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
-    _play(auto, clock, 5, 0.3, step)
+    agent.step_probe.eager_distributed_fetches = 3  # Keras' fit under a strategy, setting up
+    _play(auto, clock, 5, 0.3, step, eager_fetch=True)  # for batch in dist_dataset: the fetch is the wait
     assert agent.submitted == [] and agent.events == []
+    _play(auto, clock, 4, 0.3, step)  # the batches fetched in the step from here on: measured
+    assert len(agent.submitted) == 1
 
 
 def test_the_capture_is_read_and_sent_with_the_step_time_around_it(monkeypatch, tmp_path):

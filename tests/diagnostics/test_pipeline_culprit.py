@@ -281,3 +281,31 @@ def test_a_parallel_stage_measured_busiest_is_not_told_what_it_has():
     assert c == static and c.stage == "" and "num_parallel_calls" not in c.fix
     assert (ev["measured_stage"], ev["measured_site"]) == ("map", "train.py:41")
     assert "parallel already" in ev["measured_note"] and "measured_overrides" not in ev
+
+
+def test_a_fit_under_mirrored_strategy_is_measured_at_the_scripts_map():
+    # recorded from input_bound.py (fit over 4 replicas, TF 2.21): the pipeline map lists what
+    # tf.distribute added after the script's stages; each device's Generator waits on the host
+    # pipeline's buffer; the fused map-and-batch is the script's map and batch, not the map
+    # tf.distribute added
+    n = 10
+    p = Pipeline(t=0.0, dataset=1, consumer="experimental_distribute_dataset",
+                 stages=("from_tensor_slices", "shuffle", "repeat", "map", "batch", "map", "restructured",
+                         "rebatch", "prefetch", "autoshard"),
+                 sites=("train.py:49",) * 3 + ("train.py:50",) * 2 + ("train.py:62",) * 5,
+                 settings=("", "buffer_size=4096", "count=-1", "", "batch_size=128, drop_remainder=True", "", "",
+                           "", "buffer_size=4", ""),
+                 code=("ds = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(4096).repeat()",) * 3
+                 + ("ds = ds.map(parse).batch(global_batch, drop_remainder=True)",) * 2 + ("model.fit(ds)",) * 5,
+                 holds_bytes=(0,) * n, added_by=("",) * 5 + ("tf.distribute",) * 4 + ("tensorflow",))
+    m = stages_of(("Root", 0.001605, 4.676503), ("Root::Prefetch", 4.674898), ("Root::Prefetch::Generator", 3.941878),
+                  ("Root::Prefetch::Rebatch", 0.000154, 0.985052), ("Root::Prefetch::Rebatch::MapAndBatch", 0.984898),
+                  ("Root::Prefetch::Rebatch::MapAndBatch::ShuffleAndRepeat", 0.008367, 0.021772),
+                  ("Root::Prefetch::Rebatch::MapAndBatch::ShuffleAndRepeat::TensorSlice", 0.013404))
+    assert stage_of_iterators(p, m.iterators) == [None, None, None, 7, 3, 1, 0]
+    ms = measured_stage(p, m)
+    assert (ms.stage, ms.site) == ("map", "train.py:50")
+    own = 0.984898 - 0.021772
+    assert ms.share == pytest.approx(own / (0.000154 + own + 0.008367 + 0.013404))
+    c, ev = with_measurement(p, culprit(p, fetch_in_step=True), m)
+    assert (c.stage, c.site) == ("map", "train.py:50") and ev["measured_share_pct"] == 98

@@ -58,7 +58,7 @@ _STEP, _TIME, _WAIT, _STEPS = (_NAMES.index(n) for n in ("step", "step_time_s", 
 
 
 class _Sums:
-    __slots__ = ("steps", "time_s", "measured", "measured_time_s", "wait_s", "first", "last")
+    __slots__ = ("steps", "time_s", "measured", "measured_time_s", "wait_s", "first", "last", "eager_fetches")
 
     def __init__(self) -> None:
         self.steps = 0
@@ -68,6 +68,7 @@ class _Sums:
         self.wait_s = 0.0
         self.first: int | None = None
         self.last: int | None = None
+        self.eager_fetches = 0  # distributed batches fetched eagerly meanwhile
 
     def add(self, step: int, step_time_s: float, wait_s: float | None, k: int) -> None:
         self.steps += k
@@ -92,6 +93,7 @@ class AutoProfile:
         self._lock = threading.Lock()
         self._bucket = _Sums()  # steps tapped since the last sample
         self._window: deque[tuple[float, _Sums]] = deque()
+        self._fetches = 0  # the step probe's eager distributed fetches at the last sample
         self._episode = False
         self._want = False
         self._captures = 0
@@ -126,6 +128,9 @@ class AutoProfile:
         with self._lock:
             bucket, self._bucket = self._bucket, _Sums()
             outcome, self._outcome = self._outcome, None
+        probe = self.agent.step_probe
+        fetches = getattr(probe, "eager_distributed_fetches", 0)
+        bucket.eager_fetches, self._fetches = fetches - self._fetches, fetches
         if bucket.steps:
             self._window.append((now, bucket))
         while self._window and now - self._window[0][0] > WINDOW_S:
@@ -154,10 +159,12 @@ class AutoProfile:
             self._start(now)
 
     def _eager_fetch(self) -> bool:
-        """The training fetches distributed batches eagerly: that fetch is the wait (the doctor's
-        verdict, with its fix), which no stage's measurement changes, so nothing is captured."""
-        pm = self.agent.pipeline_map
-        return pm is not None and pm.eager_fetch
+        """The training fetches its distributed batches eagerly (a fetch for at least every other
+        step of the window): that fetch is the wait (the doctor's verdict, with its fix), which no
+        stage's measurement changes, so nothing is captured. (Keras' fit under a strategy fetches
+        in its compiled step; it fetches eagerly only while it sets up.)"""
+        steps = sum(b.steps for _, b in self._window)
+        return 2 * sum(b.eager_fetches for _, b in self._window) >= steps > 0
 
     def _start(self, now: float) -> None:
         self._want = False

@@ -84,7 +84,6 @@ class PipelineMap:
         self._roots: tuple[str, ...] | None = None
         self._sent = 0
         self.held_bytes = 0  # what the mapped pipelines' caches and shuffle buffers can hold
-        self.eager_fetch = False  # a distributed dataset is iterated eagerly (for batch in dist_dataset)
         self._local = threading.local()  # .quiet: inside a distributed dataset's __iter__
 
     # --- creation sites (once per transformation) ------------------------------------------
@@ -179,7 +178,6 @@ class PipelineMap:
             return
         ds.__dict__[_MAPPED] = True
         self._sent += 1
-        self.eager_fetch = self.eager_fetch or bool(consumer_site)
         msg = self.describe(ds, consumer, self._sent, consumer_site)
         self.held_bytes += sum(b for b in msg.holds_bytes if b > 0)
         self.agent.emit(msg)

@@ -204,8 +204,9 @@ _ITERATOR_STAGES: dict[str, tuple[str, ...]] = {
     "Filter": ("filter",), "ParallelFilter": ("filter",), "Zip": ("zip",), "Concatenate": ("concatenate",),
     "Unbatch": ("unbatch",), "Rebatch": ("rebatch",), "AutoShard": ("autoshard",),
 }
-#: One iterator running two stages of the script's, fused by tf.data's rewrites.
-_FUSED = frozenset({"MapAndBatch", "ShuffleAndRepeat"})
+#: One iterator running two stages of the script's, fused by tf.data's rewrites: the two stages,
+#: root first (a map and the batch after it).
+_FUSED = {"MapAndBatch": ("batch", "map"), "ShuffleAndRepeat": ("repeat", "shuffle")}
 #: Iterators whose input runs on threads of their own: the consumer's self time is the wait for them.
 _ASYNC = frozenset({"Prefetch", "ParallelMap", "MapAndBatch", "ParallelInterleave", "LegacyParallelInterleave",
                     "ParallelBatch", "ParallelFilter"})
@@ -230,6 +231,14 @@ class MeasuredStage:
 def _plain_chain(name: str) -> str:
     """``Root::Interleave[0]::Map`` -> ``Root::Interleave::Map``."""
     return "::".join(part.split("[", 1)[0] for part in name.split("::"))
+
+
+def _waiting(chain: str) -> bool:
+    """Only a wait: ``Root``, a ``Prefetch``, and the per-device ``Generator`` tf.distribute feeds
+    from the host pipeline's buffer (a ``from_generator`` of the script's is under a ``FlatMap``)."""
+    parts = chain.split("::")
+    kind = _component(parts[-1])
+    return kind in _WAITING or (kind == "Generator" and (len(parts) < 2 or _component(parts[-2]) != "FlatMap"))
 
 
 def _component(name: str) -> str:
@@ -268,20 +277,22 @@ def stage_of_iterators(p: Pipeline, iterators: tuple[str, ...]) -> list[int | No
                 continue
             kind = _component(part)
             names = _ITERATOR_STAGES.get(kind, (kind.lower(),))
+            pair = _FUSED.get(kind)
+            if pair is not None:  # the two stages next to each other, else either alone
+                fused = [k for k in range(j, len(root_first) - 1)
+                         if (p.stages[root_first[k]], p.stages[root_first[k + 1]]) == pair]
+                if fused:
+                    owner, j = root_first[fused[0] + 1], fused[0] + 2
+                    continue
             hits = [k for k in range(j, len(root_first)) if p.stages[root_first[k]] in names]
             if not hits:
                 inside = owner is not None
                 continue
             k = hits[0]
-            taken = [k]
-            while (k := k + 1) < len(root_first) and (
-                    p.stages[root_first[k]] == p.stages[root_first[taken[-1]]]  # one call made two (from_generator)
-                    or (kind in _FUSED and p.stages[root_first[k]] in names and len(taken) < len(names))):
-                taken.append(k)
-            owner = next((root_first[t] for t in taken if p.stages[root_first[t]] == names[0]),
-                         root_first[taken[0]])
-            j = taken[-1] + 1
-        out.append(owner if _component(chain) not in _WAITING or inside else None)
+            while k + 1 < len(root_first) and p.stages[root_first[k + 1]] == p.stages[root_first[k]]:
+                k += 1  # one call made two stages (from_generator): the same line
+            owner, j = root_first[k], k + 1
+        out.append(None if _waiting(chain) else owner)
     return out
 
 
@@ -294,7 +305,7 @@ def measured_stage(p: Pipeline, m: InputStages) -> MeasuredStage | None:
     names: dict[int, list[str]] = {}
     total = 0.0
     for chain, own, owner in zip(m.iterators, own_times(m), owners):
-        if _component(chain) in _WAITING:
+        if _waiting(chain):
             continue
         total += own
         if owner is not None:
