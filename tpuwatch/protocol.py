@@ -320,6 +320,10 @@ VARIABLES_MADE_CHANGE = "the first call created variables, so TF traced it again
 #: TF trace is the new object, not a difference to any trace it had (the agent writes it, the
 #: viewer's state and the retrace rule compare with it).
 NEW_OBJECT_CHANGE = "new tf.function object, same inputs"
+#: The id of every ``profile`` command the agent sends itself (the auto-profile, :class:`InputStages`):
+#: ``auto-profile-1``, ... The viewer leaves the steps inside such a capture out of its step-time
+#: and input figures (the profiler's own overhead, not the script's).
+AUTO_PROFILE_ID_PREFIX = "auto-profile-"
 
 
 @dataclass(frozen=True)

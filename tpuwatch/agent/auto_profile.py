@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from tpuwatch.agent import tf_data_trace
-from tpuwatch.protocol import Command, InputStages, Message, Step
+from tpuwatch.protocol import AUTO_PROFILE_ID_PREFIX, Command, InputStages, Message, Step
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -51,7 +51,6 @@ AFTER_STEPS = 50
 MAX_CAPTURES = 3
 MIN_GAP_S = 60.0
 YIELD_WAIT_S = 5.0
-ID_PREFIX = "auto-profile-"
 
 _NAMES = [f.name for f in fields(Step)]
 _STEP, _TIME, _WAIT, _STEPS = (_NAMES.index(n) for n in ("step", "step_time_s", "input_wait_s", "steps"))
@@ -179,7 +178,8 @@ class AutoProfile:
         agent.event("info", PROBE, f"the step waits for input: capturing a {CAPTURE_MS / 1000:g} s profile to "
                                    "measure which tf.data stage the wait comes from (tpuwatch run "
                                    "--no-auto-profile turns this off)")
-        agent.submit(Command(id=f"{ID_PREFIX}{self._captures}", action="profile", args={"ms": CAPTURE_MS}),
+        agent.submit(Command(id=f"{AUTO_PROFILE_ID_PREFIX}{self._captures}", action="profile",
+                             args={"ms": CAPTURE_MS}),
                      on_result=self._result)
 
     def _result(self, ok: bool, message: str, details: dict[str, Any]) -> None:
@@ -249,7 +249,7 @@ class AutoProfile:
     def yield_to_script(self) -> None:
         """Stops an automatic capture under way (and waits for it) so the script's starts."""
         capture = self.profiler.active
-        if capture is None or not capture.cmd.id.startswith(ID_PREFIX):
+        if capture is None or not capture.cmd.id.startswith(AUTO_PROFILE_ID_PREFIX):
             return
         capture.request_stop("the script started a profile of its own")
         if capture.thread is not None and capture.thread is not threading.current_thread():

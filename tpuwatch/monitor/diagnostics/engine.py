@@ -21,8 +21,10 @@ from dataclasses import replace
 from typing import Callable
 
 from tpuwatch.protocol import (
+    AUTO_PROFILE_ID_PREFIX,
     SEVERITY_RANK,
     AllocationSites,
+    CommandState,
     Config,
     DeviceSample,
     Epoch,
@@ -35,6 +37,7 @@ from tpuwatch.protocol import (
     Message,
     Phase,
     Pipeline,
+    Result,
     Retrace,
     Step,
     Topology,
@@ -159,6 +162,8 @@ class Engine:
             w.allocations = msg
         elif isinstance(msg, InputStages):
             w.input_stages = msg
+        elif isinstance(msg, (CommandState, Result)) and msg.id.startswith(AUTO_PROFILE_ID_PREFIX):
+            w.capturing = isinstance(msg, CommandState) and msg.state == "running"
         elif isinstance(msg, Epoch):
             w.on_epoch(msg)
         elif isinstance(msg, Phase):
