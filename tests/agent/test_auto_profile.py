@@ -179,7 +179,9 @@ def test_an_unreadable_capture_is_one_event():
 
 @pytest.mark.tf
 def test_a_capture_file_is_read_with_tensorflows_xplane_proto(tmp_path):
-    xplane_pb2 = tf_data_trace._xplane_pb2()
+    import tensorflow  # noqa: F401  (the reader finds the proto module beside it)
+
+    xplane_pb2 = tf_data_trace._load_module(tf_data_trace.xplane_pb2_path())
     space = xplane_pb2.XSpace()
     plane = space.planes.add(name="/host:CPU")
     for i, name in enumerate(("Iterator::Root", "Iterator::Root::Map", "IteratorGetNextOp::DoCompute"), start=1):
