@@ -224,3 +224,18 @@ def test_a_profile_the_script_starts_during_an_automatic_capture_wins(tmp_path):
     msgs = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     (result,) = [m for m in msgs if m["kind"] == "result" and m["id"] == "auto-profile-1"]
     assert result["ok"] and result["details"]["stopped_by"] == "the script started a profile of its own", result
+
+
+def test_nothing_is_captured_while_tracemalloc_traces():
+    import tracemalloc
+
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    tracemalloc.start()  # the leak doctor's window: the steps are slower meanwhile
+    try:
+        _play(auto, clock, 4, 0.3, step)
+    finally:
+        tracemalloc.stop()
+    assert agent.submitted == []
+    _play(auto, clock, 1, 0.3, step)
+    assert len(agent.submitted) == 1

@@ -7,8 +7,9 @@ on the training thread) into per-sample sums, and at the sample rate the wait ov
 time (xprof's "moderately input-bound", the ``input-bound`` rule's info threshold; the rule's own
 figure is the one every view quotes, this is only the trigger) and ends when a full window falls
 below it. Once per episode (at most ``MAX_CAPTURES`` a run, ``MIN_GAP_S`` apart, never while
-another capture runs, never when the training fetches distributed batches eagerly: that fetch is
-the wait, whatever the stages) the agent sends itself a ``profile`` command of ``CAPTURE_MS``: it runs
+another capture runs nor while tracemalloc traces (the leak doctor's window: both slow the steps),
+never when the training fetches distributed batches eagerly: that fetch is the wait, whatever
+the stages) the agent sends itself a ``profile`` command of ``CAPTURE_MS``: it runs
 through the profiler's own path (queued, started at the next step boundary, stopped and written
 on the profiler's helper thread) and is recorded as any profile, with its Result and path. When
 the Result is in, the capture's ``*.xplane.pb`` is read here (:mod:`.tf_data_trace`, bounded) and
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+import tracemalloc
 from collections import deque
 from dataclasses import fields
 from pathlib import Path
@@ -154,7 +156,8 @@ class AutoProfile:
         elif not waiting and self._window[0][0] <= now - WINDOW_S + 2 * self.agent.sample_interval_s:
             self._episode = self._want = False  # a full window below the threshold: the episode ended
         if (self._want and self.state == "idle" and self._captures < MAX_CAPTURES
-                and now - self._last_t >= MIN_GAP_S and self.profiler.active is None and not self._eager_fetch()):
+                and now - self._last_t >= MIN_GAP_S and self.profiler.active is None and not self._eager_fetch()
+                and not tracemalloc.is_tracing()):  # the leak doctor's window (or the script's) slows the steps
             self._start(now)
 
     def _eager_fetch(self) -> bool:
