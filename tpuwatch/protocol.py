@@ -280,6 +280,38 @@ class AllocationSites(Message):
     traced_bytes: int = 0  # all growth tracemalloc saw in the window (the script's or not)
 
 
+@dataclass(frozen=True)
+class InputStages(Message):
+    """Which tf.data stage the input wait comes from, measured: tf.data's own iterator events in a
+    short profile the agent captured when the step began to wait for input (``tpuwatch run
+    --no-auto-profile`` turns it off).
+
+    One entry per iterator in each tuple, root first. ``iterators`` are tf.data's names for them
+    after its graph rewrites, the chain from the root without ``Iterator::``
+    (``Root::Prefetch::MapAndBatch``); ``self_s`` is each one's self time over the capture (its
+    events' durations minus those of the iterator events nested in them on the same thread).
+    ``busy_s`` are their whole durations (an asynchronous stage's input runs on its own threads,
+    so its consumer's self time holds the wait for that input). ``fetch_s`` is the consumer's time
+    inside tf.data (the root iterators' durations). The step times say what the capture cost:
+    just before it, during it (its stop included), just after.
+    """
+
+    kind: ClassVar[str] = "input_stages"
+    t: float
+    path: str  # the capture's directory (the profile command's Result has the same path)
+    step_from: int
+    step_to: int
+    capture_s: float
+    fetch_s: float
+    iterators: tuple[str, ...]
+    self_s: tuple[float, ...]
+    calls: tuple[int, ...]
+    busy_s: tuple[float, ...] = ()  # each iterator's events' durations
+    step_time_before_s: float | None = None
+    step_time_inside_s: float | None = None
+    step_time_after_s: float | None = None
+
+
 #: ``Retrace.change`` of the trace TF makes again, same inputs, when a function's first call
 #: created variables (lazily built optimizer slots, a model built inside the step): a real trace,
 #: counted as TF counts it, but no retrace problem (it happens once per function).
@@ -288,6 +320,10 @@ VARIABLES_MADE_CHANGE = "the first call created variables, so TF traced it again
 #: TF trace is the new object, not a difference to any trace it had (the agent writes it, the
 #: viewer's state and the retrace rule compare with it).
 NEW_OBJECT_CHANGE = "new tf.function object, same inputs"
+#: The id of every ``profile`` command the agent sends itself (the auto-profile, :class:`InputStages`):
+#: ``auto-profile-1``, ... The viewer leaves the steps inside such a capture out of its step-time
+#: and input figures (the profiler's own overhead, not the script's).
+AUTO_PROFILE_ID_PREFIX = "auto-profile-"
 
 
 @dataclass(frozen=True)
@@ -572,6 +608,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     Retrace,
     Pipeline,
     AllocationSites,
+    InputStages,
     Epoch,
     Phase,
     Event,

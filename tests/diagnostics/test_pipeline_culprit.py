@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from diag_synthetic import SyntheticRun, findings
 
-from tpuwatch.monitor.diagnostics.pipeline_doctor import culprit
-from tpuwatch.protocol import Pipeline
+from tpuwatch.monitor.diagnostics.input_pipeline import with_measurement
+from tpuwatch.monitor.diagnostics.pipeline_doctor import culprit, measured_stage, own_times, stage_of_iterators
+from tpuwatch.protocol import InputStages, Pipeline
 
 
 def pipe(*stages: tuple[str, str, str], added_by: str = "", consumer: str = "iterator") -> Pipeline:
@@ -147,3 +148,185 @@ def test_a_generator_whose_work_is_in_a_parallel_map_is_not_told_to_move_it():
     c = culprit(pipe(GENERATOR, PARALLEL_MAP, BATCH, PREFETCH), fetch_in_step=True)
     assert (c.stage, c.site) == ("from_generator", "train.py:40")
     assert "num_parallel_calls" not in c.fix and "from_tensor_slices" in c.fix, c
+
+
+# --- the stage measured by the auto-profile (protocol.InputStages) --------------------------------
+
+def stages_of(*rows: tuple) -> InputStages:
+    """An auto-profile's iterators as the agent sends them (names after tf.data's rewrites): rows
+    of (name, self time, whole duration; the self time when left out)."""
+    return InputStages(t=0.0, path="/r/profiles/plugins/profile/1", step_from=39, step_to=50, capture_s=1.35,
+                       fetch_s=0.22, iterators=tuple(r[0] for r in rows), self_s=tuple(r[1] for r in rows),
+                       calls=(1,) * len(rows), busy_s=tuple(r[-1] for r in rows), step_time_before_s=0.114,
+                       step_time_inside_s=0.089, step_time_after_s=0.117)
+
+
+SEQUENTIAL_MAP = pipe(SOURCE, ("shuffle", "buffer_size=4096", "ds = ds.shuffle(4096).repeat()"),
+                      ("repeat", "count=-1", "ds = ds.shuffle(4096).repeat()"), ("map", "", "ds = ds.map(decode)"),
+                      BATCH, ("prefetch", "buffer_size=2", "ds = ds.prefetch(2)"))
+# recorded from input_sequential_map.py's auto-profile (TF 2.21): map and batch run fused, shuffle
+# and repeat too; Prefetch's self time is its consumer waiting for the map
+SEQUENTIAL_MAP_CAPTURE = stages_of(
+    ("Root", 0.000241, 0.220755), ("Root::Prefetch", 0.220514), ("Root::Prefetch::MapAndBatch", 1.029747),
+    ("Root::Prefetch::MapAndBatch::ShuffleAndRepeat", 0.004536, 0.012068),
+    ("Root::Prefetch::MapAndBatch::ShuffleAndRepeat::TensorSlice", 0.007532))
+
+
+def test_iterators_map_onto_the_pipeline_stages_in_chain_order():
+    owners = stage_of_iterators(SEQUENTIAL_MAP, SEQUENTIAL_MAP_CAPTURE.iterators)
+    # Root and the consumer side of Prefetch wait; the fused map-and-batch is the map's (41+2),
+    # shuffle-and-repeat the shuffle's
+    assert owners == [None, None, 3, 1, 0]
+    ms = measured_stage(SEQUENTIAL_MAP, SEQUENTIAL_MAP_CAPTURE)
+    assert (ms.stage, ms.site) == ("map", "train.py:43")
+    # the map-and-batch's own time is its wait less its input's 12 ms on the map's thread; the
+    # share is of every iterator's own time (the waits of Root and Prefetch left out)
+    assert ms.own_s == pytest.approx(1.029747 - 0.012068)
+    assert ms.share == pytest.approx(1.017679 / (1.017679 + 0.004536 + 0.007532))
+
+
+def test_an_asynchronous_stage_waiting_for_its_input_is_not_blamed_for_the_input():
+    # TFRecordDataset(files) without num_parallel_reads reads through a FlatMap over the file
+    # names; the parallel map's consumer waits 0.95 s, 0.9 s of it for the reads on its threads
+    p = pipe(("tensorslice", "", 'ds = tf.data.TFRecordDataset(files, compression_type="GZIP")'),
+             ("tfrecord", "num_parallel_reads=None", 'ds = tf.data.TFRecordDataset(files, compression_type="GZIP")'),
+             PARALLEL_MAP, BATCH, PREFETCH)
+    m = stages_of(("Root", 0.001, 0.3), ("Root::Prefetch", 0.29, 0.3), ("Root::Prefetch::MapAndBatch", 0.95),
+                  ("Root::Prefetch::MapAndBatch::FlatMap", 0.005, 0.9),
+                  ("Root::Prefetch::MapAndBatch::FlatMap::TensorSlice", 0.0001),
+                  ("Root::Prefetch::MapAndBatch::FlatMap[0]::TFRecord", 0.45),
+                  ("Root::Prefetch::MapAndBatch::FlatMap[1]::TFRecord", 0.44))
+    assert stage_of_iterators(p, m.iterators) == [None, None, 2, 1, 0, 1, 1]
+    assert own_times(m)[2] == pytest.approx(0.05)
+    ms = measured_stage(p, m)
+    assert (ms.stage, ms.site) == ("tfrecord", "train.py:41")
+    assert ms.share == pytest.approx(0.895 / 0.9451)
+
+
+def test_an_interleaves_own_datasets_are_charged_to_the_interleave():
+    p = pipe(SOURCE, ("interleave", "cycle_length=1, block_length=1", "ds = files.interleave(load, cycle_length=1)"),
+             BATCH, PREFETCH)
+    m = stages_of(("Root", 0.0005), ("Root::Prefetch", 0.0019), ("Root::Prefetch::BatchV2", 0.0022),
+                  ("Root::Prefetch::BatchV2::Interleave", 0.0098), ("Root::Prefetch::BatchV2::Interleave::TensorSlice",
+                                                                    0.0001),
+                  ("Root::Prefetch::BatchV2::Interleave[0]::Unbatch", 0.0026),
+                  ("Root::Prefetch::BatchV2::Interleave[0]::Unbatch::Map", 0.8152),
+                  ("Root::Prefetch::BatchV2::Interleave[0]::Unbatch::Map::FromTensor", 0.0001))
+    assert stage_of_iterators(p, m.iterators) == [None, None, 2, 1, 0, 1, 1, 1]
+    ms = measured_stage(p, m)
+    assert (ms.stage, ms.site) == ("interleave", "train.py:41") and ms.share > 0.99
+
+
+def test_the_finding_states_the_measured_stage_its_line_share_and_edit():
+    run = SyntheticRun(step_time_s=0.05)
+    run.emit(SEQUENTIAL_MAP)
+    run.steps(150, input_wait_s=0.03)
+    run.emit(SEQUENTIAL_MAP_CAPTURE)
+    run.steps(150, input_wait_s=0.03)
+    (f,) = findings(run.engine(), "input-bound")
+    ev = f.evidence
+    assert (ev["culprit_stage"], ev["culprit_site"]) == ("map", "train.py:43")
+    assert (ev["measured_stage"], ev["measured_site"], ev["measured_share_pct"]) == ("map", "train.py:43", 99)
+    assert ev["measured_own_ms"] == 1017.7
+    assert ev["fix_code_new"] == "ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)"
+    assert ev["profile_steps"] == "39-50" and ev["profile_path"] == "/r/profiles/plugins/profile/1"
+    assert (ev["auto_profile_step_time_ms_before"], ev["auto_profile_step_time_ms_inside"],
+            ev["auto_profile_step_time_ms_after"]) == (114.0, 89.0, 117.0)
+    assert "measured: 99% of the input pipeline's time in a profile of steps 39-50" in f.advice
+    assert "measured_overrides" not in ev
+
+
+def test_the_measured_stage_wins_over_the_pick_by_settings():
+    # by its settings the sequential map is blamed first; the profile says the interleave reading
+    # one shard at a time takes the time (the map is cheap)
+    p = pipe(SOURCE, ("interleave", "cycle_length=1, block_length=1", "ds = files.interleave(load, cycle_length=1)"),
+             ("map", "", "ds = ds.map(scale)"), BATCH, PREFETCH)
+    assert culprit(p, fetch_in_step=True).stage == "map"
+    run = SyntheticRun(step_time_s=0.05)
+    run.emit(p)
+    run.emit(stages_of(("Root", 0.001), ("Root::Prefetch", 0.3), ("Root::Prefetch::MapAndBatch", 0.95),
+                       ("Root::Prefetch::MapAndBatch::Interleave", 0.02, 0.921),
+                       ("Root::Prefetch::MapAndBatch::Interleave[0]::TFRecord", 0.9),
+                       ("Root::Prefetch::MapAndBatch::Interleave::TensorSlice", 0.001)))
+    run.steps(300, input_wait_s=0.03)
+    (f,) = findings(run.engine(), "input-bound")
+    ev = f.evidence
+    assert (ev["culprit_stage"], ev["culprit_site"]) == ("interleave", "train.py:41")
+    assert (ev["static_stage"], ev["static_site"]) == ("map", "train.py:42")
+    assert "the measured stage wins" in ev["measured_overrides"]
+    # the interleave's 0.02 + 0.9 s of reads its datasets make, of the map's own 0.95 - 0.921 s too
+    assert ev["measured_share_pct"] == round(100 * 0.92 / (0.92 + 0.029 + 0.001))
+    assert ev["fix_code_new"] == ("ds = files.interleave(load, cycle_length=tf.data.AUTOTUNE, "
+                                  "num_parallel_calls=tf.data.AUTOTUNE)")
+
+
+def test_a_measured_stage_does_not_replace_the_eager_fetch_verdict():
+    p = pipe(SOURCE, PARALLEL_MAP, BATCH, PREFETCH, consumer="experimental_distribute_dataset")
+    c, ev = with_measurement(p, culprit(p, fetch_in_step=False),
+                             stages_of(("Root", 0.001), ("Root::Prefetch", 0.01),
+                                       ("Root::Prefetch::ParallelMapV2", 0.2),
+                                       ("Root::Prefetch::ParallelMapV2::TensorSlice", 0.01)))
+    assert "eager fetch" in c.problem and ev["measured_stage"] == "map"
+    assert "the verdict above stands" in ev["measured_note"] and "measured_overrides" not in ev
+
+
+def test_a_parallel_stage_measured_busiest_is_not_told_what_it_has():
+    # the sequential map's edit applied (input_sequential_map.py): the map, parallel now, is
+    # still the busiest stage; it has no edit to ask for, so the verdict by settings stands
+    p = pipe(SOURCE, PARALLEL_MAP, BATCH, PREFETCH)
+    static = culprit(p, fetch_in_step=True)
+    c, ev = with_measurement(p, static, stages_of(("Root", 0.001), ("Root::Prefetch", 0.2, 0.3),
+                                                  ("Root::Prefetch::MapAndBatch", 0.9),
+                                                  ("Root::Prefetch::MapAndBatch::TensorSlice", 0.01)))
+    assert c == static and c.stage == "" and "num_parallel_calls" not in c.fix
+    assert (ev["measured_stage"], ev["measured_site"]) == ("map", "train.py:41")
+    assert "parallel already" in ev["measured_note"] and "measured_overrides" not in ev
+
+
+def test_a_fit_under_mirrored_strategy_is_measured_at_the_scripts_map():
+    # recorded from input_bound.py (fit over 4 replicas, TF 2.21): the pipeline map lists what
+    # tf.distribute added after the script's stages; each device's Generator waits on the host
+    # pipeline's buffer; the fused map-and-batch is the script's map and batch, not the map
+    # tf.distribute added
+    n = 10
+    p = Pipeline(t=0.0, dataset=1, consumer="experimental_distribute_dataset",
+                 stages=("from_tensor_slices", "shuffle", "repeat", "map", "batch", "map", "restructured",
+                         "rebatch", "prefetch", "autoshard"),
+                 sites=("train.py:49",) * 3 + ("train.py:50",) * 2 + ("train.py:62",) * 5,
+                 settings=("", "buffer_size=4096", "count=-1", "", "batch_size=128, drop_remainder=True", "", "",
+                           "", "buffer_size=4", ""),
+                 code=("ds = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(4096).repeat()",) * 3
+                 + ("ds = ds.map(parse).batch(global_batch, drop_remainder=True)",) * 2 + ("model.fit(ds)",) * 5,
+                 holds_bytes=(0,) * n, added_by=("",) * 5 + ("tf.distribute",) * 4 + ("tensorflow",))
+    m = stages_of(("Root", 0.001605, 4.676503), ("Root::Prefetch", 4.674898), ("Root::Prefetch::Generator", 3.941878),
+                  ("Root::Prefetch::Rebatch", 0.000154, 0.985052), ("Root::Prefetch::Rebatch::MapAndBatch", 0.984898),
+                  ("Root::Prefetch::Rebatch::MapAndBatch::ShuffleAndRepeat", 0.008367, 0.021772),
+                  ("Root::Prefetch::Rebatch::MapAndBatch::ShuffleAndRepeat::TensorSlice", 0.013404))
+    assert stage_of_iterators(p, m.iterators) == [None, None, None, 7, 3, 1, 0]
+    ms = measured_stage(p, m)
+    assert (ms.stage, ms.site) == ("map", "train.py:50")
+    own = 0.984898 - 0.021772
+    assert ms.share == pytest.approx(own / (0.000154 + own + 0.008367 + 0.013404))
+    c, ev = with_measurement(p, culprit(p, fetch_in_step=True), m)
+    assert (c.stage, c.site) == ("map", "train.py:50") and ev["measured_share_pct"] == 98
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_the_steps_inside_an_automatic_capture_are_left_out_of_the_figures(captured):
+    # 10 ms steps; 60 steps six times slower while the profiler traces every op. Seen live on
+    # healthy_fit.py (600 steps): its own capture raised a step-time-jitter warning (p95 64 ms,
+    # 6.5x the median) that the same run without it did not have
+    from tpuwatch.protocol import CommandState, Result
+
+    run = SyntheticRun(step_time_s=0.01, time_noise=0.02)
+    run.steps(300, input_wait_s=0.0)
+    if captured:
+        run.emit(CommandState(t=run.t, id="auto-profile-1", action="profile", state="queued", step=run.step))
+        run.emit(CommandState(t=run.t, id="auto-profile-1", action="profile", state="running", step=run.step))
+    run.steps(60, step_time_s=0.06, input_wait_s=0.0)
+    if captured:
+        run.emit(Result(t=run.t, id="auto-profile-1", action="profile", ok=True, message="captured",
+                        details={"path": "/r/profiles/plugins/profile/1", "step": 301, "steps": 60}))
+    run.steps(300, input_wait_s=0.0)
+    jitter = findings(run.engine(), "step-time-jitter")
+    assert (jitter == []) == captured, jitter

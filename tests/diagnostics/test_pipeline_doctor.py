@@ -18,11 +18,12 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 PLANTED = SAMPLES / "planted"
 
 
-def run_and_report(tmp_path: Path, script: Path, *args: str, name: str = "run") -> dict:
+def run_and_report(tmp_path: Path, script: Path, *args: str, name: str = "run", options: tuple[str, ...] = ()) -> dict:
+    """``options``: tpuwatch run's own, before the script."""
     run_dir = tmp_path / name
     env = child_env(TPUWATCH_HOME=str(tmp_path / "home"))
     run = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
-                          str(script), *args], capture_output=True, text=True, timeout=300, env=env)
+                          *options, str(script), *args], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = subprocess.run([sys.executable, "-m", "tpuwatch", "report", str(run_dir), "--format", "json"],
                             capture_output=True, text=True, timeout=120, env=env, check=True)
@@ -119,6 +120,7 @@ def test_the_proposed_edit_removes_the_input_wait(tmp_path, script, stage, has, 
     (f,) = findings(before, "input-bound")
     assert f["evidence"]["culprit_stage"] == stage, f
     assert has not in f["evidence"]["fix"], f  # never what the script already has
+    _assert_measured_the_same(before, f)
     after = run_and_report(tmp_path, _apply_fix(tmp_path, PLANTED / script, f), name="after")
     left = findings(after, "input-bound")
     # the edited stage is never blamed again; what is left of the wait is another stage's or the
@@ -126,6 +128,31 @@ def test_the_proposed_edit_removes_the_input_wait(tmp_path, script, stage, has, 
     # half: issue 25's bar, measured figures above)
     assert not left or left[0]["evidence"].get("culprit_site") != f["evidence"]["culprit_site"], left
     assert not left or left[0]["evidence"]["input_wait_pct"] < cut * f["evidence"]["input_wait_pct"], left
+
+
+def _assert_measured_the_same(report: dict, f: dict) -> None:
+    """The auto-profile measured the stage the finding names, at the same line (issue 25 item 2),
+    and its capture is recorded as any profile: the profile command's Result with its path."""
+    ev = f["evidence"]
+    assert (ev["measured_stage"], ev["measured_site"]) == (ev["culprit_stage"], ev["culprit_site"]), ev
+    assert ev["measured_share_pct"] >= 50 and "measured_overrides" not in ev, ev
+    assert f"measured: {ev['measured_share_pct']}% of the input pipeline's time" in f["advice"]
+    (result,) = [m for m in report["_events"] if m["kind"] == "result" and m["action"] == "profile"]
+    assert result["ok"] and result["details"]["path"] == ev["profile_path"], result
+    assert list(Path(ev["profile_path"]).glob("*.xplane.pb"))
+    (stages,) = [m for m in report["_events"] if m["kind"] == "input_stages"]
+    assert stages["path"] == ev["profile_path"] and stages["step_time_before_s"] > 0, stages
+    assert ev["auto_profile_step_time_ms_before"] > 0 and ev["auto_profile_step_time_ms_inside"] > 0
+
+
+def test_no_auto_profile_captures_nothing(tmp_path):
+    report = run_and_report(tmp_path, PLANTED / "input_sequential_map.py", "--epochs", "1",
+                            options=("--no-auto-profile",))
+    assert not [m for m in report["_events"] if m["kind"] in ("command_state", "result", "input_stages")]
+    assert not (tmp_path / "run" / "profiles").exists()
+    assert not [m for m in report["_events"] if m["kind"] == "event" and m["source"] == "auto_profile"]
+    for f in findings(report, "input-bound"):  # named by the pipeline's settings alone
+        assert f["evidence"]["culprit_stage"] == "map" and "measured_stage" not in f["evidence"], f
 
 
 def test_files_read_one_at_a_time_are_named_at_the_reader_line(tmp_path):

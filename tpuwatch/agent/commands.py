@@ -30,6 +30,7 @@ class Commands:
 
 def install(agent: "Agent", patches: "Patches") -> Commands:
     profiler = Profiler(agent)
+    agent.profiler = profiler  # the auto-profile captures through it
     checkpointer = Checkpointer(agent)
     checkpointer.install(patches)
     agent.register("profile", profiler.handle, at_step_boundary=True, validate=profiler.validate)

@@ -80,7 +80,8 @@ class InputWaitProbe:
         self.probe = probe
         self._depth = threading.local()
 
-    def make_wrapper(self, optional: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make_wrapper(self, optional: bool,
+                     distributed: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             from tensorflow.python.eager import context
 
@@ -94,6 +95,8 @@ class InputWaitProbe:
                 this._depth.n = 1
                 try:
                     if executing_eagerly():
+                        if distributed:  # a distributed batch fetched between steps (the auto-profile asks)
+                            this.probe.eager_distributed_fetches += 1
                         return this._eager(original, optional, it, args, kwargs)
                     return this._traced(original, optional, it, args, kwargs)
                 finally:
@@ -181,8 +184,9 @@ def install(agent: "Agent", patches: "Patches", probe: "StepProbe") -> InputWait
 
     probe.before_first_call.append(prepare)
     # Distributed iterators (experimental_distribute_dataset / distribute_datasets_from_function).
-    patches.wrap(input_lib.DistributedIteratorBase, "get_next", iw.make_wrapper(optional=False))
-    patches.wrap(input_lib.DistributedIteratorBase, "get_next_as_optional", iw.make_wrapper(optional=True))
+    patches.wrap(input_lib.DistributedIteratorBase, "get_next", iw.make_wrapper(optional=False, distributed=True))
+    patches.wrap(input_lib.DistributedIteratorBase, "get_next_as_optional",
+                 iw.make_wrapper(optional=True, distributed=True))
     # Plain tf.data iterators (iter(dataset), the default strategy, per-worker iterators).
     patches.wrap(iterator_ops.OwnedIterator, "_next_internal", iw.make_wrapper(optional=False))
     patches.wrap(iterator_ops.OwnedIterator, "get_next_as_optional", iw.make_wrapper(optional=True))

@@ -77,7 +77,7 @@ def install_tf_probes(agent: "Agent", patches: Patches, disabled: set[str]) -> N
                 agent.probe_failed(name, e)
         agent.step_probe = step_probe
     for name in ("phases", "retraces", "pipeline_map", "leak_doctor", "memory", "keras_hooks", "stacks", "commands",
-                 "traceback_filters"):
+                 "auto_profile", "traceback_filters"):
         if name in disabled:
             continue
         try:

@@ -24,6 +24,7 @@ from tpuwatch.protocol import Command, CommandState, Event, Level, Message, Resu
 if TYPE_CHECKING:
     from tpuwatch.agent.guards import OutputGuard
     from tpuwatch.agent.pipeline_map import PipelineMap
+    from tpuwatch.agent.profiler import Profiler
     from tpuwatch.agent.retraces import RetraceProbe
     from tpuwatch.agent.steps import StepProbe
     from tpuwatch.agent.transport import Server
@@ -100,6 +101,12 @@ class Agent:
         self.step_probe: StepProbe | None = None  # set by probes.install_all
         self.retrace_probe: RetraceProbe | None = None  # set by probes.install_all (the leak doctor reads it)
         self.pipeline_map: PipelineMap | None = None  # set by pipeline_map.install (the leak doctor reads it)
+        self.profiler: Profiler | None = None  # set by commands.install (the auto-profile captures through it)
+        # Called on the agent thread with each Step's fields as it is written (never on the
+        # training thread); a tap that raises is dropped with its probe (its name, the tap).
+        self.step_taps: list[tuple[str, Callable[[tuple[Any, ...]], None]]] = []
+        # Command id -> called with (ok, message, details) when its Result is sent.
+        self._on_result: dict[str, Callable[[bool, str, dict[str, Any]], None]] = {}
         from tpuwatch.agent.phases import PhaseTracker
 
         self.phases = PhaseTracker(self)  # what the process is doing (no TensorFlow needed)
@@ -175,8 +182,12 @@ class Agent:
         """Registers a command handler. ``validate`` runs on receipt and may raise CommandRefused."""
         self._handlers[action] = (handler, at_step_boundary, validate)
 
-    def submit(self, cmd: Command) -> None:
-        """Called by the transport when a viewer sends a command (any thread)."""
+    def submit(self, cmd: Command,
+               on_result: Callable[[bool, str, dict[str, Any]], None] | None = None) -> None:
+        """Called by the transport when a viewer sends a command (any thread), or by the agent
+        itself (the auto-profile); ``on_result`` is called with its Result's ok, message, details."""
+        if on_result is not None:
+            self._on_result[cmd.id] = on_result
         entry = self._handlers.get(cmd.action)
         if entry is None:
             known = ", ".join(sorted(self._handlers)) or "none"
@@ -239,6 +250,12 @@ class Agent:
     def _result(self, cmd: Command, ok: bool, message: str, details: dict[str, Any] | None = None) -> None:
         plain = {k: v for k, v in (details or {}).items() if v is None or isinstance(v, (int, float, str, bool))}
         self.emit(Result(t=self.clock(), id=cmd.id, action=cmd.action, ok=ok, message=message, details=plain))
+        listener = self._on_result.pop(cmd.id, None)
+        if listener is not None:
+            try:
+                listener(ok, message, plain)
+            except Exception as e:  # the listener's probe stops; the command has its Result
+                self.probe_failed(getattr(listener, "probe", "agent"), e)
 
     def fail_pending(self, reason: str) -> None:
         while self._pending:
@@ -320,6 +337,8 @@ class Agent:
             except IndexError:
                 break
             kind = "step" if isinstance(item, tuple) else item.kind  # messages are dataclasses, never tuples
+            if kind == "step" and self.step_taps:
+                self._tap(item)  # type: ignore[arg-type]
             try:
                 line = protocol.encode(protocol.Step(*item) if isinstance(item, tuple) else item)
             except Exception as e:  # a bad value must never stop the recording
@@ -342,6 +361,14 @@ class Agent:
             self._write(b"".join(lines), final)
         with self._flushed:
             self._flushed.notify_all()
+
+    def _tap(self, fields: tuple[Any, ...]) -> None:
+        for name, tap in list(self.step_taps):
+            try:
+                tap(fields)
+            except Exception as e:  # that probe stops, the recording goes on
+                self.step_taps.remove((name, tap))
+                self.probe_failed(name, e)
 
     def _write(self, data: bytes, final: bool = False) -> None:
         """Appends whole lines. On a full disk the lines are dropped and counted (never retried

@@ -54,6 +54,7 @@ class StepProbe:
         self.trace = TraceFlags(self.strategy_run)  # what each tf.function's trace did
         self.mark = self.trace.mark  # the accumulator marks the functions it counts in
         self.eager_wait_s = 0.0  # eager input fetch time since the last step ended
+        self.eager_distributed_fetches = 0  # distributed batches fetched eagerly (between steps), all told
         self.eager_examples: int | None = None
         self.accumulator = None  # tf ResourceVariable float64[4], created on first in-graph use
         self.read_accumulator: Callable[[], Any] = lambda: None

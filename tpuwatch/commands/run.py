@@ -42,6 +42,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="a directory (or gs:// prefix) viewers may send checkpoints and profiles to, besides the "
                           "run directory and the script's checkpoint directory (repeatable)")
     run.add_argument("--sample-hz", type=float, default=None, help="agent sampling rate, 0.5-20 Hz (default 4)")
+    run.add_argument("--no-auto-profile", dest="auto_profile", action="store_false",
+                     help="do not capture a profile by itself: by default, when the step begins to wait for "
+                          "input, the agent captures one of 1 s (once per episode, at most 3 a run; recorded under "
+                          "profiles/ like any) to measure which tf.data stage the wait comes from")
     run.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
                      help="headless: at most one progress line every SECONDS, when something moved (default 5)")
     run.add_argument("--workers", type=int, default=None, metavar="N",
@@ -79,6 +83,10 @@ def main(ns: argparse.Namespace) -> int:
         env = dict(os.environ)
         env[settings.ALLOWED_DESTINATIONS.name] = os.pathsep.join(
             d if d.startswith("gs://") else os.path.abspath(os.path.expanduser(d)) for d in ns.allow_dest)
+    if not ns.auto_profile:
+        # the agent leaves the probe out (its --disable default)
+        env = dict(os.environ) if env is None else env
+        env[settings.DISABLE.name] = ",".join(p for p in (env.get(settings.DISABLE.name, ""), "auto_profile") if p)
     if ns.listen:
         try:
             host = address.parse(ns.listen, listen=True)[0]

@@ -21,17 +21,21 @@ from dataclasses import replace
 from typing import Callable
 
 from tpuwatch.protocol import (
+    AUTO_PROFILE_ID_PREFIX,
     SEVERITY_RANK,
     AllocationSites,
+    CommandState,
     Config,
     DeviceSample,
     Epoch,
     Finding,
     HostSample,
     HostSummary,
+    InputStages,
     Message,
     Phase,
     Pipeline,
+    Result,
     Retrace,
     Step,
     Topology,
@@ -168,6 +172,10 @@ class Engine:
             w.on_pipeline(msg)
         elif isinstance(msg, AllocationSites):
             w.allocations = msg
+        elif isinstance(msg, InputStages):
+            w.input_stages = msg
+        elif isinstance(msg, (CommandState, Result)) and msg.id.startswith(AUTO_PROFILE_ID_PREFIX):
+            w.capturing = isinstance(msg, CommandState) and msg.state == "running"
         elif isinstance(msg, Epoch):
             w.on_epoch(msg)
         elif isinstance(msg, Phase):

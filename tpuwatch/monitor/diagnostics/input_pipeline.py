@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tpuwatch.protocol import Finding, Severity
+from tpuwatch.protocol import Finding, InputStages, Pipeline, Severity
 from tpuwatch.units import finding_ms
 
 from .input_share import InputShare
-from .pipeline_doctor import KERAS_STEP_FUNCTIONS, culprit, training_pipeline
+from .pipeline_doctor import (
+    KERAS_STEP_FUNCTIONS,
+    MEASURED_MIN_SHARE,
+    Culprit,
+    culprit,
+    measured_stage,
+    stage_culprit,
+    training_pipeline,
+)
 from .robust_stats import sig
 from .rule import Rule
 from .telemetry import Rec, Telemetry, Worker
@@ -63,13 +71,19 @@ class InputBound(Rule):
         severity: Severity = "warning" if s.level == "high" else "info"
         pct = round(100 * s.share)
         advice = ADVICE
-        cause: dict[str, str] = {}
+        cause: dict[str, str | int | float] = {}
         p = training_pipeline(w.pipelines) if w is not None else None
         if w is not None and p is not None:
             fn = w.window[-1][5] if w.window else ""
             c = culprit(p, fetch_in_step=fn in KERAS_STEP_FUNCTIONS)
+            measured: dict[str, str | int | float] = {}
+            if w.input_stages is not None:
+                c, measured = with_measurement(p, c, w.input_stages)
             advice = f"{c.problem}: {c.fix}"
-            cause = {"culprit_stage": c.stage, "culprit_site": c.site, "fix": c.fix}
+            if "measured_share_pct" in measured and measured["measured_site"] == c.site:
+                advice = (f"{c.problem} (measured: {measured['measured_share_pct']}% of the input pipeline's "
+                          f"time in a profile of steps {measured['profile_steps']}): {c.fix}")
+            cause = {"culprit_stage": c.stage, "culprit_site": c.site, "fix": c.fix, **measured}
             if c.new_code:
                 cause.update(fix_code_old=c.old_code, fix_code_new=c.new_code)
         self._keep(worker, Finding(
@@ -91,6 +105,45 @@ class InputBound(Rule):
             },
             first_step=first_step, last_step=s.last_step, worker=worker,
         ))
+
+
+def with_measurement(p: Pipeline, c: Culprit, m: InputStages) -> tuple[Culprit, dict[str, str | int | float]]:
+    """The culprit once a profile measured the stages (``m``), and the evidence it adds.
+
+    The stage whose iterators took the most time of their own (:func:`.pipeline_doctor.measured_stage`)
+    wins over the pick by settings when they differ, when it took at least
+    ``MEASURED_MIN_SHARE`` of the pipeline's time, its settings ask for an edit (one proved on
+    the planted scripts: a stage parallel already gets none), and the wait is the pipeline's (not
+    the eager fetch or Keras' own input, which overlap with the step already). Otherwise the
+    verdict by settings stands and the evidence says what was measured."""
+    ms = measured_stage(p, m)
+    if ms is None:
+        return c, {}
+    ev: dict[str, str | int | float] = {
+        "measured_stage": ms.stage, "measured_site": ms.site,
+        "measured_share_pct": round(100 * ms.share), "measured_own_ms": round(ms.own_s * 1000, 1),
+        "measured_iterators": ", ".join(ms.iterators)[:300],
+        "profile_path": m.path, "profile_steps": f"{m.step_from}-{m.step_to}",
+        "profile_capture_s": m.capture_s,
+    }
+    for part, value in (("before", m.step_time_before_s), ("inside", m.step_time_inside_s),
+                        ("after", m.step_time_after_s)):
+        if value is not None:
+            ev[f"auto_profile_step_time_ms_{part}"] = round(value * 1000, 1)
+    if (ms.stage, ms.site) == (c.stage, c.site):
+        return c, ev
+    mc = stage_culprit(p, ms.index) if not (c.overlapped or ms.share < MEASURED_MIN_SHARE) else None
+    if mc is None:
+        why = ("the wait is not the pipeline's stages" if c.overlapped
+               else "no stage of the script's takes most of it" if ms.share < MEASURED_MIN_SHARE
+               else "its settings ask for no edit (it is parallel already)")
+        ev["measured_note"] = (f"the profile measured {ms.stage} at {ms.site or '?'} ({round(100 * ms.share)}% "
+                               f"of the pipeline's time); the verdict above stands: {why}")
+        return c, ev
+    ev.update(static_stage=c.stage, static_site=c.site,
+              measured_overrides=f"the settings pointed at {c.stage or 'no stage'} at {c.site or '?'}; the "
+                                 f"profile measured {ms.stage} at {ms.site or '?'}: the measured stage wins")
+    return mc, ev
 
 
 def episode_start(window: Iterable[Rec], first_step: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpuwatch.protocol import Pipeline
+from tpuwatch.protocol import InputStages, Pipeline
 
 AUTOTUNE = "tf.data.AUTOTUNE"
 _PASS_THROUGH = frozenset({"with_options", "options", "repeat", "take", "skip"})
@@ -30,6 +30,9 @@ class Culprit:
     fix: str  # the one edit, in words
     old_code: str = ""  # the line as written (stripped), when the edit is a text change of it
     new_code: str = ""
+    #: the pipeline overlaps with the step already: the wait is the fetch or Keras' own input
+    #: (a stage measured in a profile does not replace this verdict)
+    overlapped: bool = False
 
 
 def training_pipeline(pipelines: list[Pipeline]) -> Pipeline | None:
@@ -50,48 +53,16 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
             return Culprit("", site, f"fit takes NumPy arrays at {site or 'the fit call'}: Keras already "
                            "slices, batches and prefetches them in a tf.data pipeline of its own, so no "
                            "edit of the input overlaps more", "the host's CPU feeds it: the wait grows "
-                           "when other processes share the cores with tf.data and the step")
+                           "when other processes share the cores with tf.data and the step", overlapped=True)
         return Culprit("", site, "fit takes NumPy arrays: Keras slices and batches them on the host "
                        "between steps, with no tf.data pipeline of yours to overlap it",
                        f"at {site or 'the fit call'}, pass a tf.data.Dataset instead: "
                        f"tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x)).batch(batch_size)"
-                       f".prefetch({AUTOTUNE})")
-    for i, (stage, site, *_) in enumerate(user):
-        if stage == "from_generator":
-            if any(st[0] in ("map", "parallelmap") and "num_parallel_calls" in st[2] for st in user[i + 1:]):
-                # the work is in a parallel map already: what waits is the generator's own yield
-                return Culprit(stage, site, f"the Python generator read by from_generator at {site} "
-                               "still hands over one element at a time, holding the GIL (its work is "
-                               "in a parallel .map already)", "read the data without a Python "
-                               "generator: tf.data.Dataset.from_tensor_slices over the arrays or the "
-                               "file names (then the parallel .map), or TFRecordDataset for records")
-            return Culprit(stage, site, f"the Python generator read by from_generator at {site} "
-                           "makes one element at a time, holding the GIL",
-                           "yield the raw element from the generator and move the per-element work "
-                           f"(decode, augment, normalise) into .map(..., num_parallel_calls={AUTOTUNE}) "
-                           "written in TF ops (tf.image, tf.cast: they run in parallel without the GIL; "
-                           "the same NumPy code in tf.numpy_function keeps the GIL and gains little), or "
-                           "read the data with from_tensor_slices / TFRecordDataset")
+                       f".prefetch({AUTOTUNE})", overlapped=True)
     cached = max((i for i, s in enumerate(user) if s[0] == "cache"), default=-1)
-    for i, (stage, site, settings, code, _) in enumerate(user):
-        if stage == "map" and "num_parallel_calls" not in settings and i > cached:
-            return _add_argument(stage, site, code, "num_parallel_calls", AUTOTUNE,
-                                 f".map at {site} runs one element at a time")
-    for stage, site, settings, code, _ in user:
-        if stage == "interleave":
-            if "cycle_length=1," in settings + ",":
-                new = code.replace("cycle_length=1", f"cycle_length={AUTOTUNE}, num_parallel_calls={AUTOTUNE}")
-                return Culprit(stage, site, f".interleave at {site} has cycle_length=1: it reads one "
-                               "input at a time", "let it read several in parallel: "
-                               f"cycle_length={AUTOTUNE}, num_parallel_calls={AUTOTUNE}",
-                               code if new != code else "", new if new != code else "")
-            if "num_parallel_calls" not in settings:
-                return _add_argument(stage, site, code, "num_parallel_calls", AUTOTUNE,
-                                     f".interleave at {site} reads its inputs one after another")
-        if stage == "tfrecord" and "num_parallel_reads=None" in settings:
-            return _add_argument(stage, site, code, "num_parallel_reads", AUTOTUNE,
-                                 f"TFRecordDataset at {site} reads its files one at a time",
-                                 call="TFRecordDataset(")
+    rules = [(rule[0], i, rule[1]) for i in range(len(user)) if (rule := _stage_rule(user, i, cached))]
+    if rules:
+        return min(rules, key=lambda r: (r[0], r[1]))[2]  # the first of the kind that costs most
     # stages that pass elements through as they come do not undo a prefetch before them
     working = [st for st in user if st[0] not in _PASS_THROUGH] or user[-1:]
     last = working[-1]
@@ -108,12 +79,55 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
         return Culprit("", p.consumer_site, "the pipeline overlaps with the step already; the wait is "
                        f"the eager fetch of each distributed batch (for batch in dist_dataset{at}) "
                        "between steps", "fetch inside the step: pass the iterator to the tf.function "
-                       "and call next(iterator) there (or run several steps per call)")
+                       "and call next(iterator) there (or run several steps per call)", overlapped=True)
     return Culprit("", "", "no setting of the pipeline explains the wait (no sequential map, a "
                    "final prefetch or a parallel last stage that runs ahead): its stages cannot "
                    "produce batches as fast as the step takes them",
                    ".cache() after the expensive stages if the data fits, or give tf.data "
                    "more host CPU (the tf.data service)")
+
+
+_Stage = tuple[str, str, str, str, str]  # stage, site, settings, code, added_by
+
+
+def _stage_rule(user: list[_Stage], i: int, cached: int) -> tuple[int, Culprit] | None:
+    """The edit stage ``i`` of the script's stages needs by its settings, with its rank (a
+    generator before a sequential map before serial reads), or None. ``cached``: the index of
+    the last ``cache`` stage (a map before it runs once)."""
+    stage, site, settings, code, _ = user[i]
+    if stage == "from_generator":
+        if any(st[0] in ("map", "parallelmap") and "num_parallel_calls" in st[2] for st in user[i + 1:]):
+            # the work is in a parallel map already: what waits is the generator's own yield
+            return 0, Culprit(stage, site, f"the Python generator read by from_generator at {site} "
+                              "still hands over one element at a time, holding the GIL (its work is "
+                              "in a parallel .map already)", "read the data without a Python "
+                              "generator: tf.data.Dataset.from_tensor_slices over the arrays or the "
+                              "file names (then the parallel .map), or TFRecordDataset for records")
+        return 0, Culprit(stage, site, f"the Python generator read by from_generator at {site} "
+                          "makes one element at a time, holding the GIL",
+                          "yield the raw element from the generator and move the per-element work "
+                          f"(decode, augment, normalise) into .map(..., num_parallel_calls={AUTOTUNE}) "
+                          "written in TF ops (tf.image, tf.cast: they run in parallel without the GIL; "
+                          "the same NumPy code in tf.numpy_function keeps the GIL and gains little), or "
+                          "read the data with from_tensor_slices / TFRecordDataset")
+    if stage == "map" and "num_parallel_calls" not in settings and i > cached:
+        return 1, _add_argument(stage, site, code, "num_parallel_calls", AUTOTUNE,
+                                f".map at {site} runs one element at a time")
+    if stage == "interleave":
+        if "cycle_length=1," in settings + ",":
+            new = code.replace("cycle_length=1", f"cycle_length={AUTOTUNE}, num_parallel_calls={AUTOTUNE}")
+            return 2, Culprit(stage, site, f".interleave at {site} has cycle_length=1: it reads one "
+                              "input at a time", "let it read several in parallel: "
+                              f"cycle_length={AUTOTUNE}, num_parallel_calls={AUTOTUNE}",
+                              code if new != code else "", new if new != code else "")
+        if "num_parallel_calls" not in settings:
+            return 2, _add_argument(stage, site, code, "num_parallel_calls", AUTOTUNE,
+                                    f".interleave at {site} reads its inputs one after another")
+    if stage == "tfrecord" and "num_parallel_reads=None" in settings:
+        return 2, _add_argument(stage, site, code, "num_parallel_reads", AUTOTUNE,
+                                f"TFRecordDataset at {site} reads its files one at a time",
+                                call="TFRecordDataset(")
+    return None
 
 
 def _runs_ahead(working: list[tuple[str, str, str, str, str]]) -> bool:
@@ -167,3 +181,149 @@ def _before_close(code: str, call: str, text: str) -> str:
 def _after_call(code: str, call: str, text: str) -> str:
     i = _close_of(code, call)
     return code[:i + 1] + text + code[i + 1:] if i >= 0 else ""
+
+
+# --- the stage measured in a profile (protocol.InputStages) ---------------------------------------
+
+#: tf.data's iterator names (after its rewrites, version suffix removed) -> the pipeline map's
+#: stages it can be, the one whose work it is first. A stage the script made by calling a class is
+#: named by the class (``tensorslice``, ``tfrecord``: TFRecordDataset(files) reads through a
+#: ``FlatMap`` over the file names, a ``ParallelInterleave`` with num_parallel_reads).
+_ITERATOR_STAGES: dict[str, tuple[str, ...]] = {
+    "TensorSlice": ("from_tensor_slices", "tensorslice"), "FromTensor": ("from_tensors",),
+    "Tensor": ("from_tensors",), "Range": ("range",), "Generator": ("from_generator",),
+    "FlatMap": ("flat_map", "from_generator", "tfrecord", "textline", "fixedlengthrecord"),
+    "Map": ("map", "from_generator"), "ParallelMap": ("map",), "MapAndBatch": ("map", "batch"),
+    "Batch": ("batch",), "ParallelBatch": ("batch",), "PaddedBatch": ("padded_batch",),
+    "Shuffle": ("shuffle",), "ShuffleAndRepeat": ("shuffle", "repeat"), "Repeat": ("repeat",),
+    "ForeverRepeat": ("repeat",), "Prefetch": ("prefetch",), "Interleave": ("interleave",),
+    "ParallelInterleave": ("interleave", "tfrecord", "textline", "fixedlengthrecord"),
+    "LegacyParallelInterleave": ("interleave",), "TFRecord": ("tfrecord",), "TextLine": ("textline",),
+    "FixedLengthRecord": ("fixedlengthrecord",), "MemoryCache": ("cache",), "Cache": ("cache",),
+    "FileCache": ("cache",), "Take": ("take",), "FiniteTake": ("take",), "Skip": ("skip",),
+    "Filter": ("filter",), "ParallelFilter": ("filter",), "Zip": ("zip",), "Concatenate": ("concatenate",),
+    "Unbatch": ("unbatch",), "Rebatch": ("rebatch",), "AutoShard": ("autoshard",),
+}
+#: One iterator running two stages of the script's, fused by tf.data's rewrites: the two stages,
+#: root first (a map and the batch after it).
+_FUSED = {"MapAndBatch": ("batch", "map"), "ShuffleAndRepeat": ("repeat", "shuffle")}
+#: Iterators whose input runs on threads of their own: the consumer's self time is the wait for them.
+_ASYNC = frozenset({"Prefetch", "ParallelMap", "MapAndBatch", "ParallelInterleave", "LegacyParallelInterleave",
+                    "ParallelBatch", "ParallelFilter"})
+#: Iterators whose own time is only a wait for the threads that fill their buffer, never work.
+_WAITING = frozenset({"Root", "Prefetch"})
+#: The measured stage replaces the pick by settings when it takes at least this share.
+MEASURED_MIN_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class MeasuredStage:
+    """The stage whose iterators took the most time of their own in the capture."""
+
+    index: int  # into the pipeline's stages
+    stage: str
+    site: str
+    own_s: float
+    share: float  # of all the pipeline's iterators' own time over the capture
+    iterators: tuple[str, ...]  # tf.data's names for it (a fused stage's, an interleave's inputs)
+
+
+def _plain_chain(name: str) -> str:
+    """``Root::Interleave[0]::Map`` -> ``Root::Interleave::Map``."""
+    return "::".join(part.split("[", 1)[0] for part in name.split("::"))
+
+
+def _waiting(chain: str) -> bool:
+    """Only a wait: ``Root``, a ``Prefetch``, and the per-device ``Generator`` tf.distribute feeds
+    from the host pipeline's buffer (a ``from_generator`` of the script's is under a ``FlatMap``)."""
+    parts = chain.split("::")
+    kind = _component(parts[-1])
+    return kind in _WAITING or (kind == "Generator" and (len(parts) < 2 or _component(parts[-2]) != "FlatMap"))
+
+
+def _component(name: str) -> str:
+    """The iterator's own kind: ``Root::ParallelMapV2`` -> ``ParallelMap``; ``Interleave[0]`` -> ``Interleave``."""
+    name = name.rsplit("::", 1)[-1].split("[", 1)[0].removesuffix("Dataset")
+    base = name.rstrip("0123456789")
+    return base[:-1] if base != name and base.endswith("V") else name
+
+
+def own_times(m: InputStages) -> list[float]:
+    """Each iterator's own time: its self time, less, for an asynchronous one, its inputs' whole
+    durations (they ran on its threads while its consumer waited); never below 0."""
+    chains = [_plain_chain(n) for n in m.iterators]
+    busy = m.busy_s if len(m.busy_s) == len(chains) else (0.0,) * len(chains)  # a recording without busy_s
+    inputs: dict[str, float] = {}
+    for chain, b in zip(chains, busy):
+        parent = chain.rsplit("::", 1)[0]
+        inputs[parent] = inputs.get(parent, 0.0) + b
+    return [max(0.0, self_s - (inputs.get(chain, 0.0) if _component(chain) in _ASYNC else 0.0))
+            for chain, self_s in zip(chains, m.self_s)]
+
+
+def stage_of_iterators(p: Pipeline, iterators: tuple[str, ...]) -> list[int | None]:
+    """The index into ``p.stages`` each iterator's work belongs to (None: no stage of the
+    script's, like an injected ``Prefetch`` or the ``Root``), walking both chains from the root
+    in the same order. An iterator of a function's own datasets (an ``interleave``'s inputs) has
+    no stage of the chain: it is charged to the stage it runs under."""
+    root_first = list(range(len(p.stages)))[::-1]
+    out: list[int | None] = []
+    for chain in iterators:
+        j = 0
+        owner: int | None = None
+        inside = False  # below a stage whose function makes datasets of its own
+        for part in chain.split("::")[1:]:  # "Root" first
+            if inside:
+                continue
+            kind = _component(part)
+            names = _ITERATOR_STAGES.get(kind, (kind.lower(),))
+            pair = _FUSED.get(kind)
+            if pair is not None:  # the two stages next to each other, else either alone
+                fused = [k for k in range(j, len(root_first) - 1)
+                         if (p.stages[root_first[k]], p.stages[root_first[k + 1]]) == pair]
+                if fused:
+                    owner, j = root_first[fused[0] + 1], fused[0] + 2
+                    continue
+            hits = [k for k in range(j, len(root_first)) if p.stages[root_first[k]] in names]
+            if not hits:
+                inside = owner is not None
+                continue
+            k = hits[0]
+            while k + 1 < len(root_first) and p.stages[root_first[k + 1]] == p.stages[root_first[k]]:
+                k += 1  # one call made two stages (from_generator): the same line
+            owner, j = root_first[k], k + 1
+        out.append(None if _waiting(chain) else owner)
+    return out
+
+
+def measured_stage(p: Pipeline, m: InputStages) -> MeasuredStage | None:
+    """The stage whose iterators took the most time of their own (:func:`own_times`) in ``m``'s
+    capture, with its share of all the pipeline's iterators' own time (``Root`` and ``Prefetch``
+    left out: they only wait). None when the capture has no iterator events of work."""
+    owners = stage_of_iterators(p, m.iterators)
+    per: dict[int, float] = {}
+    names: dict[int, list[str]] = {}
+    total = 0.0
+    for chain, own, owner in zip(m.iterators, own_times(m), owners):
+        if _waiting(chain):
+            continue
+        total += own
+        if owner is not None:
+            per[owner] = per.get(owner, 0.0) + own
+            names.setdefault(owner, []).append(chain)
+    if not per or total <= 0:
+        return None
+    top = max(per, key=lambda i: per[i])
+    return MeasuredStage(top, p.stages[top], p.sites[top], per[top], per[top] / total, tuple(names[top]))
+
+
+def stage_culprit(p: Pipeline, index: int) -> Culprit | None:
+    """The edit stage ``index`` needs by its settings (the same rules as :func:`culprit`), or
+    None when its settings ask for nothing (it is parallel already) or a library added it."""
+    if p.added_by[index]:
+        return None
+    user_idx = [i for i in range(len(p.stages)) if not p.added_by[i]]
+    user = [(p.stages[i], p.sites[i], p.settings[i], p.code[i], p.added_by[i]) for i in user_idx]
+    cached = max((i for i, s in enumerate(user) if s[0] == "cache"), default=-1)
+    rule = _stage_rule(user, user_idx.index(index), cached)
+    return rule[1] if rule else None

@@ -28,6 +28,7 @@ from tpuwatch.protocol import (
     Hello,
     HostSample,
     HostSummary,
+    InputStages,
     Message,
     Phase,
     Pipeline,
@@ -166,6 +167,11 @@ class Worker:
     memory_holders: list[tuple[str, str, int]] = field(default_factory=list)
     #: The leak doctor's latest window: where Python allocations grew.
     allocations: AllocationSites | None = None
+    #: The latest auto-profile's tf.data iterator self times (which stage the wait comes from).
+    input_stages: InputStages | None = None
+    #: An automatic profile capture is under way: its steps carry the profiler's overhead and are
+    #: left out of the figures (like the records after a retrace), never out of the step count.
+    capturing: bool = False
     #: The pipelines this worker iterates, in the order it first did (the first few).
     pipelines: list[Pipeline] = field(default_factory=list)
     available_bytes: int | None = None
@@ -309,6 +315,8 @@ class Worker:
             self.examples[m.examples] += 1
         if self.skip_left > 0:
             self.skip_left -= 1
+            return
+        if self.capturing:
             return
         st = m.step_time_s
         if not (st > 0 and math.isfinite(st)):

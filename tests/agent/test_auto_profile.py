@@ -1,0 +1,241 @@
+"""The auto-profile (issue 25 item 2): when the step begins to wait for input the agent captures a
+short profile through the profile command and measures each tf.data iterator's self time.
+
+The trigger and the self-time arithmetic run without TensorFlow (a fake agent, iterator events
+given as tuples); reading a capture file builds a small XSpace with TensorFlow's own proto."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpuwatch.agent import auto_profile, tf_data_trace
+from tpuwatch.agent.auto_profile import AutoProfile
+from tpuwatch.protocol import InputStages, step_values
+
+MS = 10**9  # picoseconds in a millisecond
+
+
+def test_self_time_is_the_duration_less_the_nested_iterators_on_the_same_line():
+    consumer = [  # one fetch: Root 0-30 ms holds Prefetch 1-29 ms; nothing else on this line
+        ("Root", 0, 30 * MS), ("Root::Prefetch", 1 * MS, 28 * MS),
+    ]
+    producer = [  # the prefetch's thread: MapAndBatch 0-20 ms with two source reads inside it,
+        # one of which has a nested iterator of its own (charged to its parent only)
+        ("Root::Prefetch::MapAndBatch", 0, 20 * MS),
+        ("Root::Prefetch::MapAndBatch::TensorSlice", 2 * MS, 3 * MS),
+        ("Root::Prefetch::MapAndBatch::TensorSlice::Inner", 3 * MS, 1 * MS),
+        ("Root::Prefetch::MapAndBatch::TensorSlice", 10 * MS, 2 * MS),
+        ("Root::Prefetch::MapAndBatch", 25 * MS, 5 * MS),  # a second call, after the first
+    ]
+    t = tf_data_trace.self_times([consumer, producer])
+    got = dict(zip(t.names, t.self_s))
+    assert got["Root"] == pytest.approx(0.002)  # 30 - 28
+    assert got["Root::Prefetch"] == pytest.approx(0.028)  # its children run on another line
+    assert got["Root::Prefetch::MapAndBatch"] == pytest.approx(0.020)  # (20 - 3 - 2) + 5
+    assert got["Root::Prefetch::MapAndBatch::TensorSlice"] == pytest.approx(0.004)  # (3 - 1) + 2
+    assert got["Root::Prefetch::MapAndBatch::TensorSlice::Inner"] == pytest.approx(0.001)
+    assert dict(zip(t.names, t.calls))["Root::Prefetch::MapAndBatch"] == 2
+    assert dict(zip(t.names, t.busy_s))["Root::Prefetch::MapAndBatch"] == pytest.approx(0.025)
+    assert t.root_s == pytest.approx(0.030) and t.events == 7
+    assert t.names[0] == "Root"  # root first, in chain order
+
+
+class FakeProfiler:
+    active = None
+
+
+class FakeStepProbe:
+    eager_distributed_fetches = 0
+
+
+class FakeAgent:
+    sample_interval_s = 0.25
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.submitted: list = []
+        self.emitted: list = []
+        self.profiler = FakeProfiler()
+        self.step_probe = FakeStepProbe()
+        self.step_taps: list = []
+        self.samplers: list = []
+        self.hooks: list = []
+        self.clock = lambda: 1.0
+
+    def event(self, level, source, message, **_):
+        self.events.append((level, message))
+
+    def submit(self, cmd, on_result=None):
+        self.submitted.append((cmd, on_result))
+
+    def emit(self, msg):
+        self.emitted.append(msg)
+
+    def add_sampler(self, name, sampler):
+        self.samplers.append(sampler)
+
+    def on_shutdown(self, hook):
+        self.hooks.append(hook)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _play(auto: AutoProfile, clock: Clock, seconds: float, wait_frac: float, step: list[int],
+          step_time_s: float = 0.05, eager_fetch: bool = False) -> list:
+    """Steps of ``step_time_s`` waiting ``wait_frac`` of it, sampled at 4 Hz; the messages sent.
+    ``eager_fetch``: each step's batch is a distributed one fetched eagerly."""
+    out = []
+    per_sample = int(0.25 / step_time_s)
+    for _ in range(int(seconds / 0.25)):
+        for _ in range(per_sample):
+            step[0] += 1
+            auto.agent.step_probe.eager_distributed_fetches += eager_fetch
+            auto.tap(step_values(step=step[0], t=clock.t, step_time_s=step_time_s,
+                                 input_wait_s=step_time_s * wait_frac, loss=None))
+        clock.t += 0.25
+        out.extend(auto())
+    return out
+
+
+def test_one_capture_per_input_bound_episode_through_the_profile_command():
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _play(auto, clock, 5, 0.01, step)  # 1 % waiting: not input-bound
+    assert agent.submitted == []
+    _play(auto, clock, 3, 0.3, step)  # the wait rises: one capture, through the profile command
+    ((cmd, on_result),) = agent.submitted
+    assert (cmd.action, dict(cmd.args)) == ("profile", {"ms": auto_profile.CAPTURE_MS})
+    assert any("capturing a 1 s profile" in m for _, m in agent.events)
+    on_result(False, "cannot start the profiler (already running)", {})
+    _play(auto, clock, 5, 0.3, step)  # still the same episode: no second capture
+    assert len(agent.submitted) == 1
+    assert [m for lvl, m in agent.events if lvl == "warning"] == [
+        "auto-profile: no capture (cannot start the profiler (already running))"]
+    _play(auto, clock, 5, 0.0, step)  # the episode ends
+    clock.t += auto_profile.MIN_GAP_S
+    agent.profiler.active = object()  # a capture of the user's runs: none beside it
+    _play(auto, clock, 3, 0.3, step)
+    assert len(agent.submitted) == 1
+    agent.profiler.active = None
+    _play(auto, clock, 1, 0.3, step)  # a new episode, once the user's capture is done
+    assert len(agent.submitted) == 2
+    on_result(False, "again", {})
+    _play(auto, clock, 1, 0.3, step)
+    assert len([1 for lvl, _ in agent.events if lvl == "warning"]) == 1  # said once
+
+
+def test_nothing_is_captured_when_the_wait_is_the_eager_fetch_of_distributed_batches():
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    agent.step_probe.eager_distributed_fetches = 3  # Keras' fit under a strategy, setting up
+    _play(auto, clock, 5, 0.3, step, eager_fetch=True)  # for batch in dist_dataset: the fetch is the wait
+    assert agent.submitted == [] and agent.events == []
+    _play(auto, clock, 4, 0.3, step)  # the batches fetched in the step from here on: measured
+    assert len(agent.submitted) == 1
+
+
+def test_the_capture_is_read_and_sent_with_the_step_time_around_it(monkeypatch, tmp_path):
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    run = tmp_path / "plugins" / "profile" / "2026_11_26_02_48_55"
+    run.mkdir(parents=True)
+    (run / "host.xplane.pb").write_bytes(b"")
+    times = tf_data_trace.IteratorTimes(names=("Root", "Root::Map"), self_s=(0.001, 0.9), calls=(20, 20),
+                                        busy_s=(0.3, 0.9), root_s=0.3, events=40)
+    monkeypatch.setattr(tf_data_trace, "read", lambda path: times)
+    while not agent.submitted:
+        _play(auto, clock, 0.25, 0.3, step, step_time_s=0.05)
+    ((_, on_result),) = agent.submitted
+    _play(auto, clock, 1, 0.3, step, step_time_s=0.0625)  # inside the capture
+    on_result(True, "captured", {"local_path": str(run), "path": str(run), "step": 60, "steps": 16,
+                                 "capture_s": 1.2})
+    sent = _play(auto, clock, auto_profile.AFTER_S + 0.5, 0.3, step, step_time_s=0.05)
+    (m,) = sent
+    assert isinstance(m, InputStages)
+    assert (m.path, m.step_from, m.step_to, m.capture_s) == (str(run), 60, 75, 1.2)
+    assert (m.iterators, m.self_s, m.calls, m.busy_s, m.fetch_s) == (times.names, times.self_s, times.calls,
+                                                                     times.busy_s, 0.3)
+    assert m.step_time_before_s == pytest.approx(0.05)
+    assert m.step_time_inside_s == pytest.approx(0.0625)
+    assert m.step_time_after_s == pytest.approx(0.05)
+
+
+def test_an_unreadable_capture_is_one_event():
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _play(auto, clock, 3, 0.3, step)
+    ((_, on_result),) = agent.submitted
+    on_result(True, "captured", {"local_path": "/nonexistent/capture", "step": 1, "steps": 1})
+    assert _play(auto, clock, 3, 0.3, step) == []
+    (warning,) = [m for lvl, m in agent.events if lvl == "warning"]
+    assert warning == "auto-profile: tf.data's events not read: no .xplane.pb in /nonexistent/capture"
+
+
+@pytest.mark.tf
+def test_a_capture_file_is_read_with_tensorflows_xplane_proto(tmp_path):
+    import tensorflow  # noqa: F401  (the reader finds the proto module beside it)
+
+    xplane_pb2 = tf_data_trace._load_module(tf_data_trace.xplane_pb2_path())
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    for i, name in enumerate(("Iterator::Root", "Iterator::Root::Map", "IteratorGetNextOp::DoCompute"), start=1):
+        plane.event_metadata[i].id = i
+        plane.event_metadata[i].name = name
+    line = plane.lines.add(id=7, name="tf_data_iterator_get_next")
+    line.events.add(metadata_id=3, offset_ps=0, duration_ps=12 * MS)  # not an iterator: left out
+    line.events.add(metadata_id=1, offset_ps=0, duration_ps=10 * MS)
+    line.events.add(metadata_id=2, offset_ps=1 * MS, duration_ps=8 * MS)
+    path = tmp_path / "host.xplane.pb"
+    path.write_bytes(space.SerializeToString())
+    t = tf_data_trace.read(path)
+    assert dict(zip(t.names, t.self_s)) == pytest.approx({"Root": 0.002, "Root::Map": 0.008})
+    assert t.root_s == pytest.approx(0.010) and t.events == 2
+    with pytest.raises(tf_data_trace.TraceError, match="read up to 10"):
+        tf_data_trace.read(path, max_bytes=10)
+    path.write_bytes(b"\xff\xff not a proto")
+    with pytest.raises(tf_data_trace.TraceError, match="cannot parse"):
+        tf_data_trace.read(path)
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_a_profile_the_script_starts_during_an_automatic_capture_wins(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tpuwatch_testing import child_env
+
+    script = Path(__file__).parent / "scripts" / "profiles_itself.py"
+    run_dir, own = tmp_path / "run", tmp_path / "own"
+    proc = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
+                           str(script), str(own)], capture_output=True, text=True, timeout=300,
+                          env=child_env(TPUWATCH_HOME=str(tmp_path / "home")))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "own profile started" in proc.stdout and "own profile done" in proc.stdout and "trained" in proc.stdout
+    assert list(own.glob("plugins/profile/*/*.xplane.pb"))  # the script's capture is whole
+    msgs = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    (result,) = [m for m in msgs if m["kind"] == "result" and m["id"] == "auto-profile-1"]
+    assert result["ok"] and result["details"]["stopped_by"] == "the script started a profile of its own", result
+
+
+def test_nothing_is_captured_while_tracemalloc_traces():
+    import tracemalloc
+
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    tracemalloc.start()  # the leak doctor's window: the steps are slower meanwhile
+    try:
+        _play(auto, clock, 4, 0.3, step)
+    finally:
+        tracemalloc.stop()
+    assert agent.submitted == []
+    _play(auto, clock, 1, 0.3, step)
+    assert len(agent.submitted) == 1

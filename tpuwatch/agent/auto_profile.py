@@ -1,0 +1,292 @@
+"""The auto-profile: when the step begins to wait for input, capture a short profile and measure
+which tf.data stage the wait comes from (issue 25).
+
+Runs on the agent's thread: each Step is tapped as it is written (:attr:`Agent.step_taps`, never
+on the training thread) into per-sample sums, and at the sample rate the wait over the last
+``WINDOW_S`` seconds is judged. An *episode* begins when the wait reaches ``SHARE_FRAC`` of step
+time (xprof's "moderately input-bound", the ``input-bound`` rule's info threshold; the rule's own
+figure is the one every view quotes, this is only the trigger) and ends when a full window falls
+below it. Once per episode (at most ``MAX_CAPTURES`` a run, ``MIN_GAP_S`` apart, never while
+another capture runs nor while tracemalloc traces (the leak doctor's window: both slow the steps),
+never when the training fetches distributed batches eagerly: that fetch is the wait, whatever
+the stages) the agent sends itself a ``profile`` command of ``CAPTURE_MS``: it runs
+through the profiler's own path (queued, started at the next step boundary, stopped and written
+on the profiler's helper thread) and is recorded as any profile, with its Result and path. When
+the Result is in, the capture's ``*.xplane.pb`` is read here (:mod:`.tf_data_trace`, bounded) and
+sent as one :class:`~tpuwatch.protocol.InputStages` with the step time before, inside and after
+the capture (its cost). Any failure is one event; nothing raises into the script.
+
+The script's own profile wins: TF runs one profiler at a time, so a script (or library) that calls
+``tf.profiler.experimental.start`` while an automatic capture runs would get an error. The start is
+wrapped: such a call first stops the automatic capture and waits for it (bounded by
+``YIELD_WAIT_S``; once, on the thread that starts the profile), then starts the script's. Where the
+wrapper cannot be installed, nothing is captured.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import tracemalloc
+from collections import deque
+from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from tpuwatch.agent import tf_data_trace
+from tpuwatch.protocol import AUTO_PROFILE_ID_PREFIX, Command, InputStages, Message, Step
+
+if TYPE_CHECKING:
+    from tpuwatch.agent.patches import Patches
+    from tpuwatch.agent.profiler import Profiler
+    from tpuwatch.agent.runtime import Agent
+
+PROBE = "auto_profile"
+SHARE_FRAC = 0.05
+MIN_WAIT_S = 1e-4  # mean wait per step below this is timer noise (the rule's input_min_wait_s)
+WARMUP_STEPS = 20  # the first steps trace and compile
+WINDOW_S = 3.0
+MIN_STEPS = 8  # steps that measured their wait in the window, to judge it
+CAPTURE_MS = 1000.0
+AFTER_S = 2.0  # step time after the capture is taken over this long (or AFTER_STEPS steps)
+AFTER_STEPS = 50
+MAX_CAPTURES = 3
+MIN_GAP_S = 60.0
+YIELD_WAIT_S = 5.0
+
+_NAMES = [f.name for f in fields(Step)]
+_STEP, _TIME, _WAIT, _STEPS = (_NAMES.index(n) for n in ("step", "step_time_s", "input_wait_s", "steps"))
+
+
+class _Sums:
+    __slots__ = ("steps", "time_s", "measured", "measured_time_s", "wait_s", "first", "last", "eager_fetches")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.time_s = 0.0
+        self.measured = 0  # steps that measured their wait
+        self.measured_time_s = 0.0
+        self.wait_s = 0.0
+        self.first: int | None = None
+        self.last: int | None = None
+        self.eager_fetches = 0  # distributed batches fetched eagerly meanwhile
+
+    def add(self, step: int, step_time_s: float, wait_s: float | None, k: int) -> None:
+        self.steps += k
+        self.time_s += step_time_s * k
+        if wait_s is not None:
+            self.measured += k
+            self.measured_time_s += step_time_s * k
+            self.wait_s += wait_s * k
+        if self.first is None:
+            self.first = step
+        self.last = step
+
+    def mean_step_s(self) -> float | None:
+        return self.time_s / self.steps if self.steps else None
+
+
+class AutoProfile:
+    def __init__(self, agent: "Agent", profiler: "Profiler", clock: Callable[[], float] = time.monotonic) -> None:
+        self.agent = agent
+        self.profiler = profiler
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._bucket = _Sums()  # steps tapped since the last sample
+        self._window: deque[tuple[float, _Sums]] = deque()
+        self._fetches = 0  # the step probe's eager distributed fetches at the last sample
+        self._episode = False
+        self._want = False
+        self._captures = 0
+        self._last_t = -1e18
+        self._said_failure = False
+        # one capture in flight: "capturing" until its Result, "after" while the step time after
+        # it is taken; _phase holds that part's steps
+        self.state = "idle"
+        self._phase = _Sums()
+        self._before: float | None = None
+        self._inside: float | None = None
+        self._outcome: tuple[bool, str, dict[str, Any]] | None = None
+        self._inside_steps = _Sums()
+        self._measured: tuple[str, float, int, int, tf_data_trace.IteratorTimes] | None = None
+        self._after_t0 = 0.0
+        self.probe = PROBE  # the runtime names this probe when a listener fails
+
+    # --- on the agent thread, per Step written ------------------------------------------------
+
+    def tap(self, f: tuple[Any, ...]) -> None:
+        step, step_time_s, wait_s, k = f[_STEP], f[_TIME], f[_WAIT], f[_STEPS]
+        with self._lock:
+            if step > WARMUP_STEPS:
+                self._bucket.add(step, step_time_s, wait_s, k)
+            if self.state != "idle":
+                self._phase.add(step, step_time_s, wait_s, k)
+
+    # --- at the sample rate, on the agent thread --------------------------------------------
+
+    def __call__(self) -> Iterable[Message]:
+        now = self._clock()
+        with self._lock:
+            bucket, self._bucket = self._bucket, _Sums()
+            outcome, self._outcome = self._outcome, None
+        probe = self.agent.step_probe
+        fetches = getattr(probe, "eager_distributed_fetches", 0)
+        bucket.eager_fetches, self._fetches = fetches - self._fetches, fetches
+        if bucket.steps:
+            self._window.append((now, bucket))
+        while self._window and now - self._window[0][0] > WINDOW_S:
+            self._window.popleft()
+        if outcome is not None:
+            self._on_outcome(outcome, now)
+        if self.state == "after" and (now - self._after_t0 >= AFTER_S or self._phase.steps >= AFTER_STEPS):
+            msg = self._finish(self._phase.mean_step_s())
+            return [msg] if msg is not None else []
+        self._judge(now)
+        return []
+
+    def _judge(self, now: float) -> None:
+        measured = sum(b.measured for _, b in self._window)
+        if measured < MIN_STEPS:
+            return
+        wait = sum(b.wait_s for _, b in self._window)
+        busy = sum(b.measured_time_s for _, b in self._window)
+        waiting = busy > 0 and wait / busy >= SHARE_FRAC and wait / measured >= MIN_WAIT_S
+        if waiting and not self._episode:
+            self._episode = self._want = True
+        elif not waiting and self._window[0][0] <= now - WINDOW_S + 2 * self.agent.sample_interval_s:
+            self._episode = self._want = False  # a full window below the threshold: the episode ended
+        if (self._want and self.state == "idle" and self._captures < MAX_CAPTURES
+                and now - self._last_t >= MIN_GAP_S and self.profiler.active is None and not self._eager_fetch()
+                and not tracemalloc.is_tracing()):  # the leak doctor's window (or the script's) slows the steps
+            self._start(now)
+
+    def _eager_fetch(self) -> bool:
+        """The training fetches its distributed batches eagerly (a fetch for at least every other
+        step of the window): that fetch is the wait (the doctor's verdict, with its fix), which no
+        stage's measurement changes, so nothing is captured. (Keras' fit under a strategy fetches
+        in its compiled step; it fetches eagerly only while it sets up.)"""
+        steps = sum(b.steps for _, b in self._window)
+        return 2 * sum(b.eager_fetches for _, b in self._window) >= steps > 0
+
+    def _start(self, now: float) -> None:
+        self._want = False
+        self._captures += 1
+        self._last_t = now
+        steps = sum(b.steps for _, b in self._window)
+        self._before = sum(b.time_s for _, b in self._window) / steps if steps else None
+        with self._lock:
+            self.state = "capturing"
+            self._phase = _Sums()
+        agent = self.agent
+        agent.event("info", PROBE, f"the step waits for input: capturing a {CAPTURE_MS / 1000:g} s profile to "
+                                   "measure which tf.data stage the wait comes from (tpuwatch run "
+                                   "--no-auto-profile turns this off)")
+        agent.submit(Command(id=f"{AUTO_PROFILE_ID_PREFIX}{self._captures}", action="profile",
+                             args={"ms": CAPTURE_MS}),
+                     on_result=self._result)
+
+    def _result(self, ok: bool, message: str, details: dict[str, Any]) -> None:
+        """The profile's Result (any thread: the profiler's helper, the training thread, this one)."""
+        with self._lock:  # the steps from here on are after the capture
+            self._outcome = (ok, message, details)
+            self._inside_steps, self._phase = self._phase, _Sums()
+            self.state = "after" if ok else "idle"
+
+    def _on_outcome(self, outcome: tuple[bool, str, dict[str, Any]], now: float) -> None:
+        ok, message, details = outcome
+        if not ok:
+            if not self._said_failure:  # said once; a later episode may try again
+                self._said_failure = True
+                self.agent.event("warning", PROBE, f"auto-profile: no capture ({message})")
+            return
+        self._inside = self._inside_steps.mean_step_s()
+        self._after_t0 = now
+        path = str(details.get("local_path") or details.get("path") or "")
+        first = details.get("step")
+        count = details.get("steps")
+        step_from = int(first) if isinstance(first, (int, float)) else 0
+        step_to = step_from + int(count) - 1 if isinstance(count, (int, float)) and count else step_from
+        capture_s = details.get("capture_s")
+        try:
+            xplane = tf_data_trace.find_capture(Path(path))
+            if xplane is None:
+                raise tf_data_trace.TraceError(f"no .xplane.pb in {path}")
+            times = tf_data_trace.read(xplane)
+        except tf_data_trace.TraceError as e:
+            self.agent.event("warning", PROBE, f"auto-profile: tf.data's events not read: {e}")
+            with self._lock:
+                self.state = "idle"
+            return
+        self._measured = (path, float(capture_s) if isinstance(capture_s, (int, float)) else 0.0,
+                          step_from, step_to, times)
+
+    def _finish(self, after: float | None) -> InputStages | None:
+        measured, self._measured = self._measured, None
+        with self._lock:
+            self.state = "idle"
+            self._phase = _Sums()
+        if measured is None:
+            return None
+        path, capture_s, step_from, step_to, times = measured
+        return InputStages(t=self.agent.clock(), path=path, step_from=step_from, step_to=step_to,
+                           capture_s=round(capture_s, 3), fetch_s=round(times.root_s, 6), iterators=times.names,
+                           self_s=tuple(round(s, 6) for s in times.self_s), calls=times.calls,
+                           busy_s=tuple(round(s, 6) for s in times.busy_s),
+                           step_time_before_s=self._before, step_time_inside_s=self._inside,
+                           step_time_after_s=after)
+
+    # --- the script starts a profile of its own ----------------------------------------------
+
+    def make_start(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        this = self
+
+        def start(*args: Any, **kwargs: Any) -> Any:
+            try:
+                this.yield_to_script()
+            except Exception as e:  # the script's start goes on; only this probe stops
+                this.agent.probe_failed(PROBE, e)
+            return original(*args, **kwargs)
+
+        return start
+
+    def yield_to_script(self) -> None:
+        """Stops an automatic capture under way (and waits for it) so the script's starts."""
+        capture = self.profiler.active
+        if capture is None or not capture.cmd.id.startswith(AUTO_PROFILE_ID_PREFIX):
+            return
+        capture.request_stop("the script started a profile of its own")
+        if capture.thread is not None and capture.thread is not threading.current_thread():
+            capture.thread.join(YIELD_WAIT_S)
+
+    # --- the script ended --------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """After the profiler's own shutdown (it ends a capture still running): what was
+        measured is sent, its step time after the capture as far as there was one."""
+        with self._lock:
+            outcome, self._outcome = self._outcome, None
+        if outcome is not None:
+            self._on_outcome(outcome, self._clock())
+        if self.state == "after":
+            msg = self._finish(self._phase.mean_step_s())
+            if msg is not None:
+                self.agent.emit(msg)
+
+
+def install(agent: "Agent", patches: "Patches") -> AutoProfile | None:
+    """Registers the tap and the sampler (patches nothing); None without the profile command."""
+    profiler = agent.profiler
+    if profiler is None:
+        return None
+    import tensorflow as tf
+    from tensorflow.python.profiler import profiler_v2  # TF 2.16-2.21
+
+    auto = AutoProfile(agent, profiler)
+    # the public name holds its own reference (tf.profiler.experimental.start), the module's is what
+    # its Profile context manager calls
+    patches.wrap(profiler_v2, "start", auto.make_start)
+    patches.wrap(tf.profiler.experimental, "start", auto.make_start)
+    agent.step_taps.append((PROBE, auto.tap))
+    agent.add_sampler(PROBE, auto)
+    agent.on_shutdown(auto.shutdown)
+    return auto
