@@ -6,6 +6,8 @@ given as tuples); reading a capture file builds a small XSpace with TensorFlow's
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 
 from tpuwatch.agent import auto_profile, tf_data_trace
@@ -61,6 +63,7 @@ class FakeAgent:
         self.samplers: list = []
         self.hooks: list = []
         self.clock = lambda: 1.0
+        self.run_dir = tempfile.gettempdir()
 
     def event(self, level, source, message, **_):
         self.events.append((level, message))
@@ -154,8 +157,11 @@ def test_the_capture_is_read_and_sent_with_the_step_time_around_it(monkeypatch, 
     ((_, on_result),) = agent.submitted
     _play(auto, clock, 1, 0.3, step, step_time_s=0.0625)  # inside the capture
     on_result(True, "captured", {"local_path": str(run), "path": str(run), "step": 60, "steps": 16,
-                                 "capture_s": 1.2})
+                                 "last_step": 75, "capture_s": 1.2, "stopped_by": "time"})
     sent = _play(auto, clock, auto_profile.AFTER_S + 0.5, 0.3, step, step_time_s=0.05)
+    if not sent:  # the capture is read on a thread of its own: the next sample sends it
+        auto._reader.join(10)
+        sent = _play(auto, clock, 0.25, 0.3, step, step_time_s=0.05)
     (m,) = sent
     assert isinstance(m, InputStages)
     assert (m.path, m.step_from, m.step_to, m.capture_s) == (str(run), 60, 75, 1.2)
@@ -171,7 +177,10 @@ def test_an_unreadable_capture_is_one_event():
     auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
     _play(auto, clock, 3, 0.3, step)
     ((_, on_result),) = agent.submitted
-    on_result(True, "captured", {"local_path": "/nonexistent/capture", "step": 1, "steps": 1})
+    on_result(True, "captured", {"local_path": "/nonexistent/capture", "step": 1, "steps": 1,
+                                 "stopped_by": "time"})
+    assert _play(auto, clock, 3, 0.3, step) == []
+    auto._reader.join(10)
     assert _play(auto, clock, 3, 0.3, step) == []
     (warning,) = [m for lvl, m in agent.events if lvl == "warning"]
     assert warning == "auto-profile: tf.data's events not read: no .xplane.pb in /nonexistent/capture"
@@ -239,3 +248,74 @@ def test_nothing_is_captured_while_tracemalloc_traces():
     assert agent.submitted == []
     _play(auto, clock, 1, 0.3, step)
     assert len(agent.submitted) == 1
+
+
+def test_a_capture_cut_short_is_not_measured(monkeypatch):
+    """The script ended, or started a profile of its own, a few steps into the capture: too
+    little to name a stage (it could override the pick by settings)."""
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    read = []
+    monkeypatch.setattr(tf_data_trace, "read", lambda path: read.append(path))
+    _play(auto, clock, 3, 0.3, step)
+    ((_, on_result),) = agent.submitted
+    on_result(True, "captured", {"local_path": "/tmp", "step": 61, "steps": 2, "last_step": 62,
+                                 "stopped_by": "the script started a profile of its own"})
+    assert _play(auto, clock, auto_profile.AFTER_S + 1, 0.3, step) == [] and read == []
+    assert auto.state == "idle" and auto._reader is None
+    assert any("cut short (the script started a profile of its own)" in m for _, m in agent.events)
+
+
+def test_no_capture_without_room_in_the_run_directory(monkeypatch):
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    monkeypatch.setattr(auto_profile, "MIN_FREE_BYTES", 1 << 62)
+    _play(auto, clock, 4, 0.3, step)
+    assert agent.submitted == []
+    monkeypatch.setattr(auto_profile, "MIN_FREE_BYTES", 0)
+    _play(auto, clock, 1, 0.3, step)
+    assert len(agent.submitted) == 1
+
+
+def test_an_interleaves_numbered_inputs_are_one_stage():
+    """``FlatMap[k]`` numbers the element read: summed as one stage before the ranking, so
+    the children an interleave waits for are all subtracted from it."""
+    producer = [("Root::Prefetch::ParallelInterleaveV4", 0, 100 * MS)]
+    for k in range(200):  # 200 files, each its own numbered chain
+        producer.append((f"Root::Prefetch::ParallelInterleaveV4[{k}]::TFRecord", k * MS // 2, MS // 4))
+    t = tf_data_trace.self_times([producer])
+    got = dict(zip(t.names, t.self_s))
+    assert got == pytest.approx({"Root::Prefetch::ParallelInterleaveV4": 0.05,
+                                 "Root::Prefetch::ParallelInterleaveV4::TFRecord": 0.05})
+    assert dict(zip(t.names, t.calls))["Root::Prefetch::ParallelInterleaveV4::TFRecord"] == 200
+
+
+@pytest.mark.tf
+def test_a_start_that_fails_inside_tensorflow_leaves_no_session_behind(tmp_path, monkeypatch):
+    """TF keeps the session of a start that failed with AlreadyExistsError (a profiler server's
+    capture under way): every later start, the script's own too, then failed with "Another
+    profiler is running"."""
+    import tensorflow as tf
+    from tensorflow.python.framework import errors
+    from tensorflow.python.profiler import profiler_v2
+
+    from tpuwatch.agent.profiler import Profiler
+    from tpuwatch.agent.runtime import CommandRefused
+    from tpuwatch.protocol import Command
+
+    class Busy:  # TF's C++ session while a profiler server captures
+        def start(self, logdir, opts):
+            raise errors.AlreadyExistsError(None, None, "Another profiler is running.")
+
+    class Agent:
+        run_dir = tmp_path
+        global_step = 0
+        step_probe = None
+
+    monkeypatch.setattr(profiler_v2._pywrap_profiler, "ProfilerSession", Busy)
+    with pytest.raises(CommandRefused, match="cannot start the profiler"):
+        Profiler(Agent()).handle(Command(id="profile-1", action="profile", args={"ms": 100}))  # type: ignore[arg-type]
+    monkeypatch.undo()
+    assert profiler_v2._profiler is None
+    tf.profiler.experimental.start(str(tmp_path / "the-scripts-own"))  # raised AlreadyExistsError before
+    tf.profiler.experimental.stop()

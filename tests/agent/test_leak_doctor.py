@@ -148,6 +148,7 @@ def test_a_window_still_open_when_the_script_ends_reports_what_it_saw(tmp_path, 
         assert tracemalloc.is_tracing()  # the window opened
         assert sample() == []  # its first snapshot
         leaky.fill(kept, 20)
+        agent.global_step += 20  # the steps that kept them
         t[0] += 1.0  # the script ends 1 s in
         doctor.close()
     finally:
@@ -159,3 +160,32 @@ def test_a_window_still_open_when_the_script_ends_reports_what_it_saw(tmp_path, 
     assert sites.sites[0] == "leaky_script.py:5" and sites.grown_bytes[0] >= 20 * (2 << 20)
     doctor.close()  # twice (or with no window): nothing more
     assert len(agent.emitted) == 1
+
+
+def test_no_window_opens_while_a_profile_is_captured():
+    class Profiler:
+        active: object | None = object()  # a capture (the auto-profile's or the user's) runs
+
+    class Agent:
+        global_step = 0
+        profiler = Profiler()
+
+    agent, t, rss = Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    import tracemalloc
+
+    for _ in range(leak_doctor.RISE_SAMPLES + 3):
+        t[0] += 0.5
+        agent.global_step += 20
+        rss[0] += 30 << 20
+        assert list(doctor()) == []
+    assert not tracemalloc.is_tracing()
+    agent.profiler.active = None  # the capture ended: the growth still climbs, the window opens
+    t[0] += 0.5
+    agent.global_step += 20
+    rss[0] += 30 << 20
+    list(doctor())
+    try:
+        assert tracemalloc.is_tracing()
+    finally:
+        tracemalloc.stop()

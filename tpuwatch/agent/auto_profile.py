@@ -25,6 +25,7 @@ wrapper cannot be installed, nothing is captured.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import tracemalloc
@@ -53,13 +54,19 @@ AFTER_STEPS = 50
 MAX_CAPTURES = 3
 MIN_GAP_S = 60.0
 YIELD_WAIT_S = 5.0
+MIN_FREE_BYTES = 1 << 30  # an unasked-for capture never takes the run directory's last GiB
+READ_WAIT_AT_EXIT_S = 5.0  # at the script's end, how long a read under way may take
+#: How a capture of the full length ended (the profiler's ``stopped_by``); one cut short (the
+#: script ended, or started a profile of its own) measured too little to name a stage.
+FULL_LENGTH = frozenset({"time", "timer"})
 
 _NAMES = [f.name for f in fields(Step)]
 _STEP, _TIME, _WAIT, _STEPS = (_NAMES.index(n) for n in ("step", "step_time_s", "input_wait_s", "steps"))
 
 
 class _Sums:
-    __slots__ = ("steps", "time_s", "measured", "measured_time_s", "wait_s", "first", "last", "eager_fetches")
+    __slots__ = ("steps", "time_s", "measured", "measured_time_s", "wait_s", "first", "last", "last_k",
+                 "eager_fetches")
 
     def __init__(self) -> None:
         self.steps = 0
@@ -69,6 +76,7 @@ class _Sums:
         self.wait_s = 0.0
         self.first: int | None = None
         self.last: int | None = None
+        self.last_k = 1  # steps in the newest call (steps_per_execution)
         self.eager_fetches = 0  # distributed batches fetched eagerly meanwhile
 
     def add(self, step: int, step_time_s: float, wait_s: float | None, k: int) -> None:
@@ -81,6 +89,7 @@ class _Sums:
         if self.first is None:
             self.first = step
         self.last = step
+        self.last_k = k
 
     def mean_step_s(self) -> float | None:
         return self.time_s / self.steps if self.steps else None
@@ -110,6 +119,9 @@ class AutoProfile:
         self._inside_steps = _Sums()
         self._measured: tuple[str, float, int, int, tf_data_trace.IteratorTimes] | None = None
         self._after_t0 = 0.0
+        # the capture is read by a thread of its own (a child Python, up to READ_TIMEOUT_S): the
+        # agent thread goes on draining and sampling meanwhile
+        self._reader: threading.Thread | None = None
         self.probe = PROBE  # the runtime names this probe when a listener fails
 
     # --- on the agent thread, per Step written ------------------------------------------------
@@ -138,7 +150,8 @@ class AutoProfile:
             self._window.popleft()
         if outcome is not None:
             self._on_outcome(outcome, now)
-        if self.state == "after" and (now - self._after_t0 >= AFTER_S or self._phase.steps >= AFTER_STEPS):
+        if (self.state == "after" and (now - self._after_t0 >= AFTER_S or self._phase.steps >= AFTER_STEPS)
+                and not self._reading()):
             msg = self._finish(self._phase.mean_step_s())
             return [msg] if msg is not None else []
         self._judge(now)
@@ -157,8 +170,21 @@ class AutoProfile:
             self._episode = self._want = False  # a full window below the threshold: the episode ended
         if (self._want and self.state == "idle" and self._captures < MAX_CAPTURES
                 and now - self._last_t >= MIN_GAP_S and self.profiler.active is None and not self._eager_fetch()
-                and not tracemalloc.is_tracing()):  # the leak doctor's window (or the script's) slows the steps
+                and not tracemalloc.is_tracing()  # the leak doctor's window (or the script's) slows the steps
+                and self._room()):
             self._start(now)
+
+    def _room(self) -> bool:
+        """Room in the run directory for a capture nobody asked for (one statvfs)."""
+        try:
+            st = os.statvfs(self.agent.run_dir)
+        except (OSError, TypeError):
+            return False
+        return st.f_bavail * st.f_frsize >= MIN_FREE_BYTES
+
+    def _reading(self) -> bool:
+        reader = self._reader
+        return reader is not None and reader.is_alive()
 
     def _eager_fetch(self) -> bool:
         """The training fetches its distributed batches eagerly (a fetch for at least every other
@@ -199,30 +225,45 @@ class AutoProfile:
                 self._said_failure = True
                 self.agent.event("warning", PROBE, f"auto-profile: no capture ({message})")
             return
+        stopped_by = details.get("stopped_by")
+        if stopped_by not in FULL_LENGTH:
+            self.agent.event("info", PROBE, f"auto-profile: the capture was cut short ({stopped_by}): "
+                                            "too short to measure the stages")
+            with self._lock:
+                self.state = "idle"
+            return
         self._inside = self._inside_steps.mean_step_s()
         self._after_t0 = now
         path = str(details.get("local_path") or details.get("path") or "")
-        first = details.get("step")
-        count = details.get("steps")
+        first, last = details.get("step"), details.get("last_step")
         step_from = int(first) if isinstance(first, (int, float)) else 0
-        step_to = step_from + int(count) - 1 if isinstance(count, (int, float)) and count else step_from
-        capture_s = details.get("capture_s")
+        # the last call's own steps too (steps_per_execution: a call runs several)
+        step_to = (int(last) + max(1, self._inside_steps.last_k) - 1 if isinstance(last, (int, float))
+                   else step_from)
+        capture_s = float(details["capture_s"]) if isinstance(details.get("capture_s"), (int, float)) else 0.0
+        self._reader = threading.Thread(target=self._read, args=(path, capture_s, step_from, step_to),
+                                        name="tpuwatch-auto-profile-read", daemon=True)
+        self._reader.start()
+
+    def _read(self, path: str, capture_s: float, step_from: int, step_to: int) -> None:
+        """The reader thread: the capture's iterator times (a child Python; never raises)."""
         try:
             xplane = tf_data_trace.find_capture(Path(path))
             if xplane is None:
                 raise tf_data_trace.TraceError(f"no .xplane.pb in {path}")
             times = tf_data_trace.read(xplane)
-        except tf_data_trace.TraceError as e:
-            self.agent.event("warning", PROBE, f"auto-profile: tf.data's events not read: {e}")
+        except Exception as e:  # noqa: BLE001  (TraceError, or a bug here: said once, never raised)
+            text = str(e) if isinstance(e, tf_data_trace.TraceError) else f"{type(e).__name__}: {e}"
+            self.agent.event("warning", PROBE, f"auto-profile: tf.data's events not read: {text}")
             with self._lock:
                 self.state = "idle"
             return
-        self._measured = (path, float(capture_s) if isinstance(capture_s, (int, float)) else 0.0,
-                          step_from, step_to, times)
+        with self._lock:
+            self._measured = (path, capture_s, step_from, step_to, times)
 
     def _finish(self, after: float | None) -> InputStages | None:
-        measured, self._measured = self._measured, None
         with self._lock:
+            measured, self._measured = self._measured, None
             self.state = "idle"
             self._phase = _Sums()
         if measured is None:
@@ -255,8 +296,11 @@ class AutoProfile:
         if capture is None or not capture.cmd.id.startswith(AUTO_PROFILE_ID_PREFIX):
             return
         capture.request_stop("the script started a profile of its own")
-        if capture.thread is not None and capture.thread is not threading.current_thread():
-            capture.thread.join(YIELD_WAIT_S)
+        if capture.thread is threading.current_thread():
+            return
+        deadline = time.monotonic() + YIELD_WAIT_S  # until the profiler is free (its thread may not exist yet)
+        while self.profiler.active is capture and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     # --- the script ended --------------------------------------------------------------------
 
@@ -267,7 +311,10 @@ class AutoProfile:
             outcome, self._outcome = self._outcome, None
         if outcome is not None:
             self._on_outcome(outcome, self._clock())
-        if self.state == "after":
+        reader = self._reader
+        if reader is not None:
+            reader.join(READ_WAIT_AT_EXIT_S)  # bounded: the script has ended, its exit waits
+        if self.state == "after" and not self._reading():
             msg = self._finish(self._phase.mean_step_s())
             if msg is not None:
                 self.agent.emit(msg)

@@ -131,9 +131,15 @@ class LeakDoctor:
         if self._base is None:
             self._base = rss
         self._points.append((now, step, rss, self._traces()))
-        if self._suspected() and now - self._last_window_t >= MIN_GAP_S:
+        if self._suspected() and now - self._last_window_t >= MIN_GAP_S and not self._profiling():
             self._open(now, step)
         return ()
+
+    def _profiling(self) -> bool:
+        """A profile capture runs (the auto-profile's or the user's): the two together slow the
+        steps more than either, and each skews the other's measure; the window waits."""
+        profiler = getattr(self.agent, "profiler", None)
+        return getattr(profiler, "active", None) is not None
 
     def _suspected(self) -> bool:
         pts = self._points
@@ -168,7 +174,9 @@ class LeakDoctor:
             w = self._window
             if w is None:
                 return
-            if w["snap"] is None:  # no first snapshot yet: nothing to diff
+            if w["snap"] is None or self.agent.global_step <= w["step1"]:
+                # no first snapshot yet, or no training step since it: nothing to charge to the
+                # training (what the script's teardown allocates is no leak)
                 import tracemalloc
 
                 tracemalloc.stop()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from tpuwatch.agent import clocks, destinations
 from tpuwatch.agent.runtime import CommandRefused
-from tpuwatch.protocol import Command
+from tpuwatch.protocol import AUTO_PROFILE_ID_PREFIX, Command
 
 if TYPE_CHECKING:
     from tpuwatch.agent.runtime import Agent
@@ -184,6 +184,36 @@ class Capture:
         return f"started at step {self.start_step}, {self.steps} step(s) captured of {want}"
 
 
+def _tf_session() -> Any:
+    """TF's running profiler session (``profiler_v2._profiler``, TF 2.16-2.21; None if none or
+    unknown)."""
+    try:
+        from tensorflow.python.profiler import profiler_v2
+    except ImportError:
+        return None
+    return getattr(profiler_v2, "_profiler", None)
+
+
+def _forget_failed_session(before: Any) -> None:
+    """TF 2.16-2.21's ``profiler_v2.start`` keeps the session it made when the C++ start fails
+    with AlreadyExistsError (a profiler server's capture under way): every later start, ours and
+    the script's own, then fails with "Another profiler is running". A session our failed start
+    left behind is forgotten, as TF does after any other error. Only when there was none before
+    our start (``before``): a session that was running then is the script's and stays (a start
+    of the script's between that read and ours is the one race left, microseconds wide)."""
+    if before is not None:
+        return
+    try:
+        from tensorflow.python.profiler import profiler_v2
+    except ImportError:
+        return
+    lock = getattr(profiler_v2, "_profiler_lock", None)
+    if lock is None or getattr(profiler_v2, "_profiler", None) is None:
+        return
+    with lock:
+        profiler_v2._profiler = None
+
+
 class Profiler:
     """The ``profile`` command's validator and handler (one capture at a time)."""
 
@@ -223,9 +253,18 @@ class Profiler:
         before = profile_runs(dest.local)
         import tensorflow as tf
 
+        options = None
+        if cmd.id.startswith(AUTO_PROFILE_ID_PREFIX):
+            # an automatic capture reads tf.data's events, all on the host: no device tracer
+            # (CUPTI / the TPU tracer starting on the training thread, device planes that can
+            # make a 1 s capture larger than the reader takes), no Python tracer
+            options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
+                                                               device_tracer_level=0)
+        before_start = _tf_session()
         try:
-            tf.profiler.experimental.start(str(dest.local))
+            tf.profiler.experimental.start(str(dest.local), options=options)
         except Exception as e:
+            _forget_failed_session(before_start)
             text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CommandRefused(f"cannot start the profiler ({text}); is the script (or a TensorBoard callback "
                                  "with profile_batch) profiling already? Wait for it to finish") from None
@@ -276,6 +315,8 @@ class Profiler:
             "step": capture.first_step if capture.first_step is not None else capture.start_step,
             "logdir": capture.dest.url, "stopped_by": capture.reason,
         }
+        if capture.last_step is not None:
+            details["last_step"] = capture.last_step
         if capture.dest.gcs is not None:
             from tpuwatch.agent import gcs
 

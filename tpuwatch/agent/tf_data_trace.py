@@ -67,8 +67,11 @@ def self_times(lines: Iterable[Iterable[tuple[str, int, int]]]) -> IteratorTimes
     for line in lines:
         events = sorted(line, key=lambda e: (e[1], -e[2]))
         stack: list[list[Any]] = []  # [name, end_ps, self_ps]
-        for name, start, duration in events:
+        for raw, start, duration in events:
             count += 1
+            # an interleave's or flat_map's inputs are numbered per element (``FlatMap[7]``):
+            # one stage for the ranking and the sums, whatever element it read
+            name = _plain(raw) if "[" in raw else raw
             while stack and stack[-1][1] <= start:
                 _close(stack.pop(), self_ps)
             if stack:
@@ -87,6 +90,11 @@ def self_times(lines: Iterable[Iterable[tuple[str, int, int]]]) -> IteratorTimes
                          root_s=root_ps / 1e12, events=count)
 
 
+def _plain(name: str) -> str:
+    """``Root::Interleave[0]::Map`` -> ``Root::Interleave::Map``."""
+    return "::".join(part.split("[", 1)[0] for part in name.split("::"))
+
+
 def _close(frame: list[Any], self_ps: dict[str, int]) -> None:
     self_ps[frame[0]] = self_ps.get(frame[0], 0) + frame[2]
 
@@ -101,6 +109,13 @@ def xplane_pb2_path() -> str:
         if root and os.path.isfile(path):
             return path
     raise ImportError("this TensorFlow has no XPlane reader (xplane_pb2.py)")
+
+
+def _protobuf_root() -> str:
+    """The folder holding the ``google.protobuf`` this process imported ("" if none yet)."""
+    module = sys.modules.get("google.protobuf")
+    where = getattr(module, "__file__", None)
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(where)))) if where else ""
 
 
 def _load_module(path: str) -> Any:
@@ -129,11 +144,14 @@ def read(path: Path, max_bytes: int = MAX_BYTES, max_events: int = MAX_EVENTS,
         proto = xplane_pb2_path()
     except ImportError as e:
         raise TraceError(str(e)) from None
-    code = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    # -I keeps the script's directory, PYTHONPATH and the user's site out of the child, so the
+    # folder this process found protobuf in (a --user install, a venv) goes first on its path
+    code = ("import runpy, sys; sys.path.insert(0, sys.argv.pop()); sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
     try:
         child = subprocess.run([sys.executable, "-I", "-c", code, os.path.abspath(__file__), str(path), proto,
-                                str(max_events)], capture_output=True, text=True, timeout=timeout_s,
-                               stdin=subprocess.DEVNULL)
+                                str(max_events), _protobuf_root()], capture_output=True, text=True,
+                               timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise TraceError(f"reading {path} took over {timeout_s:g} s") from None
     except OSError as e:
