@@ -330,3 +330,19 @@ def test_the_steps_inside_an_automatic_capture_are_left_out_of_the_figures(captu
     run.steps(300, input_wait_s=0.0)
     jitter = findings(run.engine(), "step-time-jitter")
     assert (jitter == []) == captured, jitter
+
+
+def test_the_input_wait_inside_an_automatic_capture_counts_in_the_runs_share():
+    # the auto-profile starts when the wait rises: on a short run the waiting steps were all
+    # inside its capture, and the finished run's report had no input-bound finding left
+    from tpuwatch.protocol import CommandState, Result
+
+    run = SyntheticRun(step_time_s=0.01, time_noise=0.02)
+    run.steps(40, input_wait_s=0.0)
+    run.emit(CommandState(t=run.t, id="auto-profile-1", action="profile", state="running", step=run.step))
+    run.steps(60, step_time_s=0.06, input_wait_s=0.02)
+    run.emit(Result(t=run.t, id="auto-profile-1", action="profile", ok=True, message="captured",
+                    details={"path": "/r/profiles/plugins/profile/1", "step": 41, "steps": 60}))
+    run.exit()
+    (f,) = findings(run.engine(), "input-bound")
+    assert f.evidence["input_wait_pct"] >= 20, f.evidence

@@ -316,8 +316,6 @@ class Worker:
         if self.skip_left > 0:
             self.skip_left -= 1
             return
-        if self.capturing:
-            return
         st = m.step_time_s
         if not (st > 0 and math.isfinite(st)):
             return
@@ -326,7 +324,11 @@ class Worker:
             wait = None
         k = m.steps if m.steps > 0 else 1
         if wait is not None:
+            # the run's input share counts the steps of an automatic capture too: the auto-profile
+            # starts when the wait rises, and a short run's waiting steps were all inside it
             self.input_totals.add(m.step, st, wait, k)
+        if self.capturing:
+            return  # the profiler slows them: not in the step-time figures nor the live window
         self.window.append((m.step, m.t, st, wait, k, m.function))
         self.eligible += 1
         first = self.first_times.get(m.function)
