@@ -290,13 +290,17 @@ def test_multi_worker_tutorial_loss_across_workers(tmp_path):
     assert report["run"]["strategy"] == "MultiWorkerMirroredStrategy"
 
 
-def test_the_keras_that_trains_is_reported_under_the_legacy_flag(tmp_path):
+@pytest.mark.parametrize("env", [{"TF_USE_LEGACY_KERAS": "1"}, {}], ids=["legacy-flag", "plain"])
+def test_the_keras_that_trains_is_reported_under_the_legacy_flag(tmp_path, env):
     """TF_USE_LEGACY_KERAS=1 with a script that imports Keras 3: the hello guessed tf_keras; the
-    version reported is that of the Keras that ran fit."""
-    run = run_corpus(tmp_path, "keras3_import.py", env={"TF_USE_LEGACY_KERAS": "1"})
+    version reported is that of the Keras that ran fit. Without the flag too."""
+    run = run_corpus(tmp_path, "keras3_import.py", env=env)
     (version,) = run.printed(r"trained with keras (\S+)")[0]
     assert_common(run, steps=4, replicas=1, strategy="_DefaultDistributionStrategy")
     assert run.report()["run"]["keras_version"] == version
+    # `import keras` first imports TF from inside keras' own import: the loss hook once tried to
+    # import keras there and failed on its half-made backend ("cannot import name 'cast'")
+    assert [e.message for e in run.of(protocol.Event) if "loss hook not installed" in e.message] == []
 
 
 def test_sampled_losses_carry_their_step(tmp_path):

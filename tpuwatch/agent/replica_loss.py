@@ -521,22 +521,24 @@ def _install_keras(agent: "Agent", patches: "Patches", rl: ReplicaLossProbe) -> 
     Keras 3.5+ calls ``Trainer._compute_loss`` (which calls a user's ``compute_loss`` override);
     Keras 3.0-3.4 call ``compute_loss`` directly, with no distribution scaling to undo.
     """
-    import importlib.util
+    # When the script's Keras has loaded its trainer, never importing Keras here: TF's probes
+    # install as TF is imported, and a script that imports keras first imports TF from inside
+    # keras' own import; importing keras' modules then failed on the half-made keras.src.backend
+    # ("cannot import name 'cast'") and fit's losses fell back to the gradient target.
+    from tpuwatch.agent import post_import
 
-    if importlib.util.find_spec("keras") is not None:
-        try:
-            from keras.src.losses import loss as keras_loss
-            from keras.src.trainers import trainer as keras_trainer
+    def patch_keras(keras_trainer: Any) -> None:
+        from keras.src.losses import loss as keras_loss
 
-            unscale = getattr(keras_loss, "unscale_loss_for_distribution", None)
-            name = "_compute_loss" if "_compute_loss" in vars(keras_trainer.Trainer) else "compute_loss"
-            patches.wrap(keras_trainer.Trainer, name, lambda orig: rl.make_compute_loss_wrapper(orig, unscale))
-        except Exception as e:
-            agent.event("info", f"probe:{PROBE}", f"Keras 3 loss hook not installed ({type(e).__name__}: {e}); "
-                                                  "using the gradient target")
+        unscale = getattr(keras_loss, "unscale_loss_for_distribution", None)
+        name = "_compute_loss" if "_compute_loss" in vars(keras_trainer.Trainer) else "compute_loss"
+        patches.wrap(keras_trainer.Trainer, name, lambda orig: rl.make_compute_loss_wrapper(orig, unscale))
+
+    post_import.when_imported("keras.src.trainers.trainer", patch_keras,
+                              lambda e: agent.event("info", f"probe:{PROBE}", "Keras 3 loss hook not installed "
+                                                    f"({type(e).__name__}: {e}); using the gradient target"))
     # Legacy Keras 2 (tf_keras), when the script imports it (with TF_USE_LEGACY_KERAS=1 or directly):
     # its compiled loss, which Model.compute_loss calls and an overridden train_step may call itself.
-    from tpuwatch.agent import post_import
 
     def patch_tf_keras(compile_utils: Any) -> None:
         patches.wrap(compile_utils.LossesContainer, "__call__",
