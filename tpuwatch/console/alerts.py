@@ -104,6 +104,7 @@ class NotifyCommand:
         self._queue: queue.Queue[AlertEvent | None] = queue.Queue(QUEUE_LIMIT)
         self._proc: subprocess.Popen[bytes] | None = None
         self._killed = False  # the running command was killed (timeout, or close)
+        self._closed = False  # close() ran out of time: no command starts any more
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._work, name="tpuwatch-notify", daemon=True)
         self._thread.start()
@@ -122,6 +123,8 @@ class NotifyCommand:
             pass
         self._thread.join(timeout_s)
         if self._thread.is_alive():
+            with self._lock:  # nothing starts from here on: a command started after this kill
+                self._closed = True  # (in a session of its own) would outlive tpuwatch
             self._kill()
             self._thread.join(CLOSE_SLACK_S)  # it counts the kill
             while True:  # what was still queued is dropped, counted
@@ -146,6 +149,11 @@ class NotifyCommand:
             event = self._queue.get()
             if event is None:
                 return
+            with self._lock:
+                closed = self._closed
+            if closed:
+                self.stats.dropped += 1
+                continue
             self._run(event)
 
     def _run(self, event: AlertEvent) -> None:
@@ -163,6 +171,9 @@ class NotifyCommand:
             return
         with self._lock:
             self._proc, self._killed = proc, False
+            closed = self._closed
+        if closed:  # close() gave up on the queue while this one started
+            self._kill()
         try:
             _, err = proc.communicate((event.to_json() + "\n").encode(), timeout=self.timeout_s)
             if self._killed:
