@@ -50,8 +50,8 @@ def _new_stats() -> StepStats:
     return StepStats()
 
 #: One eligible step record in a window:
-#: (step, t, step_time_s, input_wait_s or None, steps, function name).
-Rec = tuple[int, float, float, "float | None", int, str]
+#: (step, t, step_time_s, input_wait_s or None, steps, function name, inside an automatic capture).
+Rec = tuple[int, float, float, "float | None", int, str, bool]
 
 #: The scope of a figure over every eligible step of a run (the words shown beside it).
 WHOLE_RUN = "over the whole run"
@@ -324,13 +324,14 @@ class Worker:
             wait = None
         k = m.steps if m.steps > 0 else 1
         if wait is not None:
-            # the run's input share counts the steps of an automatic capture too: the auto-profile
-            # starts when the wait rises, and a short run's waiting steps were all inside it
             self.input_totals.add(m.step, st, wait, k)
-        if self.capturing:
-            return  # the profiler slows them: not in the step-time figures nor the live window
-        self.window.append((m.step, m.t, st, wait, k, m.function))
+        # the steps of an automatic capture (the profiler slows them) are marked: the step-time
+        # rules leave them out, the input and straggler figures keep them (the capture starts
+        # when the wait rises: on a short run, or on a pod's slow host, they were the evidence)
+        self.window.append((m.step, m.t, st, wait, k, m.function, self.capturing))
         self.eligible += 1
+        if self.capturing:
+            return
         first = self.first_times.get(m.function)
         if first is None:
             if len(self.first_times) < _MAX_FIRST_FUNCTIONS:
@@ -366,7 +367,7 @@ class Worker:
             wait = None
         if wait is not None:
             self.input_totals.add(m.step, st, wait, m.steps)
-        self.window.append((m.step, m.step_t, st, wait, m.steps, m.function))
+        self.window.append((m.step, m.step_t, st, wait, m.steps, m.function, False))
         self.eligible += 1
 
     def on_phase(self, m: Phase) -> None:
