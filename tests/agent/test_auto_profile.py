@@ -113,8 +113,9 @@ def test_one_capture_per_input_bound_episode_through_the_profile_command():
     assert agent.submitted == []
     _play(auto, clock, 3, 0.3, step)  # the wait rises: one capture, through the profile command
     ((cmd, on_result),) = agent.submitted
-    assert (cmd.action, dict(cmd.args)) == ("profile", {"ms": auto_profile.CAPTURE_MS})
-    assert any("capturing a 1 s profile" in m for _, m in agent.events)
+    assert (cmd.action, dict(cmd.args)) == ("profile", {"steps": auto_profile.CAPTURE_STEPS,
+                                                        "max_s": auto_profile.CAPTURE_MAX_S})
+    assert any("capturing a profile of 20 steps (at most 1 s)" in m for _, m in agent.events)
     on_result(False, "cannot start the profiler (already running)", {})
     _play(auto, clock, 5, 0.3, step)  # still the same episode: no second capture
     assert len(agent.submitted) == 1
@@ -319,3 +320,16 @@ def test_a_start_that_fails_inside_tensorflow_leaves_no_session_behind(tmp_path,
     assert profiler_v2._profiler is None
     tf.profiler.experimental.start(str(tmp_path / "the-scripts-own"))  # raised AlreadyExistsError before
     tf.profiler.experimental.stop()
+
+
+def test_no_capture_where_several_workers_train_one_job():
+    """A capture on one host slows every host's collectives (and a MultiWorkerMirroredStrategy
+    worker whose script ended inside one died by SIGSEGV as the profiler stopped)."""
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    agent.num_workers = 2
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _play(auto, clock, 4, 0.3, step)
+    assert agent.submitted == []
+    agent.num_workers = 1
+    _play(auto, clock, 1, 0.3, step)
+    assert len(agent.submitted) == 1

@@ -9,7 +9,11 @@ figure is the one every view quotes, this is only the trigger) and ends when a f
 below it. Once per episode (at most ``MAX_CAPTURES`` a run, ``MIN_GAP_S`` apart, never while
 another capture runs nor while tracemalloc traces (the leak doctor's window: both slow the steps),
 never when the training fetches distributed batches eagerly: that fetch is the wait, whatever
-the stages) the agent sends itself a ``profile`` command of ``CAPTURE_MS``: it runs
+the stages; never when several workers train one job: a capture on one host slows every host's
+collectives, and a MultiWorkerMirroredStrategy worker whose script ended inside a capture died by
+SIGSEGV as the profiler stopped, once in ten runs here; the pick by settings stands there)
+the agent sends itself a ``profile`` command of ``CAPTURE_STEPS`` steps, at most
+``CAPTURE_MAX_S``: it runs
 through the profiler's own path (queued, started at the next step boundary, stopped and written
 on the profiler's helper thread) and is recorded as any profile, with its Result and path. When
 the Result is in, the capture's ``*.xplane.pb`` is read here (:mod:`.tf_data_trace`, bounded) and
@@ -48,7 +52,11 @@ MIN_WAIT_S = 1e-4  # mean wait per step below this is timer noise (the rule's in
 WARMUP_STEPS = 20  # the first steps trace and compile
 WINDOW_S = 3.0
 MIN_STEPS = 8  # steps that measured their wait in the window, to judge it
-CAPTURE_MS = 1000.0
+#: A capture's length: enough steps to sum each stage's time over, and no more: the profiler's
+#: buffers grow with the events (1 s of 7 ms CPU steps, 149 of them, took ~450 MB of RSS, which
+#: the allocator kept: it hid a leak's growth after it and looked like one itself).
+CAPTURE_STEPS = 20
+CAPTURE_MAX_S = 1.0
 AFTER_S = 2.0  # step time after the capture is taken over this long (or AFTER_STEPS steps)
 AFTER_STEPS = 50
 MAX_CAPTURES = 3
@@ -58,7 +66,7 @@ MIN_FREE_BYTES = 1 << 30  # an unasked-for capture never takes the run directory
 READ_WAIT_AT_EXIT_S = 5.0  # at the script's end, how long a read under way may take
 #: How a capture of the full length ended (the profiler's ``stopped_by``); one cut short (the
 #: script ended, or started a profile of its own) measured too little to name a stage.
-FULL_LENGTH = frozenset({"time", "timer"})
+FULL_LENGTH = frozenset({"steps", "time", "timer"})
 
 _NAMES = [f.name for f in fields(Step)]
 _STEP, _TIME, _WAIT, _STEPS = (_NAMES.index(n) for n in ("step", "step_time_s", "input_wait_s", "steps"))
@@ -171,6 +179,7 @@ class AutoProfile:
         if (self._want and self.state == "idle" and self._captures < MAX_CAPTURES
                 and now - self._last_t >= MIN_GAP_S and self.profiler.active is None and not self._eager_fetch()
                 and not tracemalloc.is_tracing()  # the leak doctor's window (or the script's) slows the steps
+                and getattr(self.agent, "num_workers", 1) <= 1  # below
                 and self._room()):
             self._start(now)
 
@@ -204,11 +213,12 @@ class AutoProfile:
             self.state = "capturing"
             self._phase = _Sums()
         agent = self.agent
-        agent.event("info", PROBE, f"the step waits for input: capturing a {CAPTURE_MS / 1000:g} s profile to "
+        agent.event("info", PROBE, f"the step waits for input: capturing a profile of {CAPTURE_STEPS} steps (at most "
+                                   f"{CAPTURE_MAX_S:g} s) to "
                                    "measure which tf.data stage the wait comes from (tpuwatch run "
                                    "--no-auto-profile turns this off)")
         agent.submit(Command(id=f"{AUTO_PROFILE_ID_PREFIX}{self._captures}", action="profile",
-                             args={"ms": CAPTURE_MS}),
+                             args={"steps": CAPTURE_STEPS, "max_s": CAPTURE_MAX_S}),
                      on_result=self._result)
 
     def _result(self, ok: bool, message: str, details: dict[str, Any]) -> None:

@@ -285,7 +285,9 @@ def _emit(agent: "Agent", strategy: Any) -> None:
         _last = weakref.ref(strategy)
     except TypeError:
         _last = None
-    agent.emit(topology(strategy, clock=agent.clock))
+    topo = topology(strategy, clock=agent.clock)
+    agent.num_workers = topo.num_workers  # the auto-profile captures only where one worker trains
+    agent.emit(topo)
 
 
 def announce(agent: "Agent", strategy: Any) -> None:

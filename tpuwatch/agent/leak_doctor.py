@@ -127,11 +127,15 @@ class LeakDoctor:
             return self._advance(now, step)
         if step < WARMUP_STEPS or self._windows >= MAX_WINDOWS:
             return ()
+        if self._profiling():  # the profiler's buffers grow RSS meanwhile: no evidence of a leak
+            self._points.clear()
+            self._base = None
+            return ()
         rss = self._rss()
         if self._base is None:
             self._base = rss
         self._points.append((now, step, rss, self._traces()))
-        if self._suspected() and now - self._last_window_t >= MIN_GAP_S and not self._profiling():
+        if self._suspected() and now - self._last_window_t >= MIN_GAP_S:
             self._open(now, step)
         return ()
 

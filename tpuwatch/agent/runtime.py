@@ -102,6 +102,7 @@ class Agent:
         self.retrace_probe: RetraceProbe | None = None  # set by probes.install_all (the leak doctor reads it)
         self.pipeline_map: PipelineMap | None = None  # set by pipeline_map.install (the leak doctor reads it)
         self.profiler: Profiler | None = None  # set by commands.install (the auto-profile captures through it)
+        self.num_workers = 1  # of the strategy announced last (environment)
         # Called on the agent thread with each Step's fields as it is written (never on the
         # training thread); a tap that raises is dropped with its probe (its name, the tap).
         self.step_taps: list[tuple[str, Callable[[tuple[Any, ...]], None]]] = []

@@ -176,6 +176,7 @@ class Engine:
             w.input_stages = msg
         elif isinstance(msg, (CommandState, Result)) and msg.id.startswith(AUTO_PROFILE_ID_PREFIX):
             w.capturing = isinstance(msg, CommandState) and msg.state == "running"
+            w.captured_since_sample = w.captured_since_sample or w.capturing
         elif isinstance(msg, Epoch):
             w.on_epoch(msg)
         elif isinstance(msg, Phase):

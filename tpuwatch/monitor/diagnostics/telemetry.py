@@ -156,6 +156,9 @@ class Worker:
     #: thinning.
     rss_step_points: list[tuple[int, float, int, int]] = field(default_factory=list)
     traces_since_sample: int = 0  # traces since the latest host sample
+    #: An automatic capture ran since the latest host sample: the growth until the next one is
+    #: the profiler's buffers (hundreds of MB for 1 s of a CPU run), no leak.
+    captured_since_sample: bool = False
     rss_last: int | None = None
     rss_untraced: int = 0
     #: Host memory that grew between two samples with a trace between them (traced graphs):
@@ -440,9 +443,12 @@ class Worker:
         if self.rss_first_t is None:
             self.rss_first_t = m.t
         traced, self.traces_since_sample = self.traces_since_sample, 0
+        captured, self.captured_since_sample = self.captured_since_sample, self.capturing
         grown = m.rss_bytes - self.rss_last if self.rss_last is not None else 0
         self.rss_last = m.rss_bytes
-        if traced and grown > 0:
+        if captured:
+            pass  # the profiler's own memory: neither the script's growth nor traced graphs
+        elif traced and grown > 0:
             self.traced_growth_bytes += grown
             self.traced_growth_intervals += 1
         else:
