@@ -29,29 +29,16 @@ NO_TF = ("needs TensorFlow, which is not installed here: pip install -e '.[dev]'
          "or run the fast lane: pytest -m 'not tf and not slow'")
 
 
-_SIGINT_LEFT: list[str] = []
-
-
-@pytest.fixture(autouse=True)
-def sigint_as_python_starts_it(request):
+@pytest.fixture
+def sigint_default():
     """Every test starts with SIGINT as Python sets it up (the default handler, unblocked), and
     the processes it starts inherit that. CI found five SIGINT tests (a script killing itself by
-    SIGINT, ``stop``, Ctrl-C to ``tpuwatch run``) failing only late in one xdist worker: a child
-    started with SIGINT ignored or blocked keeps it so, as Python does. What a test left behind is
-    put back after it and named (the first one on stderr, to find it)."""
+    SIGINT, ``stop``, Ctrl-C to ``tpuwatch run``) failing only late in one xdist worker, each
+    passing alone: a child started with SIGINT ignored or blocked keeps it so, as Python does."""
     import signal
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also what C code may have set
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
-    yield
-    handler = signal.getsignal(signal.SIGINT)
-    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    if handler is not signal.default_int_handler or blocked:
-        if not _SIGINT_LEFT:
-            sys.stderr.write(f"\n{request.node.nodeid} left SIGINT {handler!r} (blocked: {blocked})\n")
-        _SIGINT_LEFT.append(request.node.nodeid)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 
 
 def pytest_collection_finish(session):
@@ -88,7 +75,7 @@ def _isolated_home(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
-def run_agent(tmp_path):
+def run_agent(tmp_path, sigint_default):
     """Runs ``python -m tpuwatch.agent SCRIPT ARGS`` as a real subprocess; returns an AgentRun."""
 
     def run(script: Path | str, *args: str, timeout: float = 180, env: dict | None = None, agent_args=()) -> AgentRun:

@@ -15,6 +15,8 @@ from tpuwatch.monitor.runs import ended_state, run_info
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import STOP_SOURCE, Event, EventFact, Exit, Hello
 
+pytestmark = pytest.mark.usefixtures("sigint_default")  # the stops send SIGINT first
+
 # A pure-Python "training" loop: the agent runs it without importing TensorFlow (fast), and the
 # test process (not the viewer) is its parent, as the `tpuwatch run` that detached would be.
 LOOP = "import time\nfor i in range(100000):\n    print('step', i, flush=True)\n    time.sleep(0.05)\n"

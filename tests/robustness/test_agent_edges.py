@@ -22,7 +22,7 @@ from tpuwatch.protocol import Event, ExceptionRaised, Exit, Hello, Step
 from tpuwatch_testing import child_env, read_messages
 
 # Every test here starts a real agent (TensorFlow), directly or through a fixture.
-pytestmark = pytest.mark.tf
+pytestmark = [pytest.mark.tf, pytest.mark.usefixtures("sigint_default")]  # SIGINT reaches the scripts
 
 # --- 6. a slow run-directory disk ------------------------------------------------------------------
 
