@@ -75,7 +75,7 @@ def _isolated_home(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
-def run_agent(tmp_path, sigint_default):
+def run_agent(tmp_path):
     """Runs ``python -m tpuwatch.agent SCRIPT ARGS`` as a real subprocess; returns an AgentRun."""
 
     def run(script: Path | str, *args: str, timeout: float = 180, env: dict | None = None, agent_args=()) -> AgentRun:

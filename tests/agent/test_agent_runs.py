@@ -146,6 +146,7 @@ def test_python_float_argument_is_reported_as_the_cause(run_agent):
     assert changes and all("lr" in c and "0.005" in c for c in changes[:1]), changes
 
 
+@pytest.mark.usefixtures("sigint_default")  # the script kills itself by SIGINT
 def test_exit_codes_and_the_traceback_are_recorded(run_agent):
     ok = run_agent(SCRIPTS / "exits.py")
     assert ok.returncode == 0 and ok.of(protocol.Exit)[-1].exit_code == 0

@@ -223,7 +223,10 @@ def _line_of(script: Path, text: str) -> int:
 ])
 def test_the_leak_finding_names_the_line_that_allocates_and_its_edit_ends_the_leak(
         tmp_path, script, line_text, kind):
-    report = run_and_report(tmp_path, PLANTED / script, name="before")
+    # the leak doctor starts over after an automatic capture (the profiler's buffers grow RSS):
+    # on these short runs one that came first left too little time for the window (issue 25,
+    # said in the note), so the line is checked without it
+    report = run_and_report(tmp_path, PLANTED / script, name="before", options=("--no-auto-profile",))
     (f,) = findings(report, "host-memory-growth")
     assert f["severity"] in ("warning", "critical"), f
     line = _line_of(PLANTED / script, line_text)
@@ -240,7 +243,8 @@ def test_the_leak_finding_names_the_line_that_allocates_and_its_edit_ends_the_le
     assert f["evidence"]["grows_at_mb"] >= 0.5 * f["evidence"]["mib_per_step"] * window_steps
     # the one edit the finding proposes, applied to a copy: no host-memory finding left
     assert f["evidence"]["fix_code_new"] in f["advice"]
-    after = run_and_report(tmp_path, _apply_fix(tmp_path, PLANTED / script, f, "grows_at"), name="after")
+    after = run_and_report(tmp_path, _apply_fix(tmp_path, PLANTED / script, f, "grows_at"), name="after",
+                           options=("--no-auto-profile",))
     assert after["summary"]["steps"] == report["summary"]["steps"]
     assert [g for g in findings(after, "host-memory-growth") if g["severity"] != "info"] == []
 
