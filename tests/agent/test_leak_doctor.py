@@ -23,7 +23,7 @@ def _line(text: str) -> str:
 def _window(fill) -> AllocationSites:
     """The window's two passes around ``fill``, which ends the window itself while its frame
     still runs (as the agent's thread samples a training loop that is running)."""
-    before = leak_doctor._tensor_ids()
+    before = leak_doctor._tensor_mark()
     found = []
     fill(lambda: found.append(leak_doctor._with_tensors(EMPTY, before, leak_doctor._library_roots(), [__file__])))
     return found[0]
@@ -87,6 +87,33 @@ def test_tensors_kept_in_a_tuple_per_step_are_charged_to_the_lists_append_line()
     found = _window(fill)
     assert found.sites == (_line("records.append((step, tf.ones((256, 256)), tf.zeros((8,))))"),)
     assert found.kinds == ("tensors",)
+
+
+def test_tensors_made_where_tensors_alive_at_the_start_died_are_still_new():
+    # CI, oldest pair, 2026-11-26: tensors an earlier test left in a cycle were alive when the
+    # window started and freed by a gc during it; the new tensors took their addresses, and an
+    # id-based diff found none of them
+    import gc
+
+    import tensorflow as tf
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+            self.kept = [tf.ones((4,)) for _ in range(400)]
+
+    Cycle()  # garbage: alive until a collection
+
+    def fill(end):
+        gc.collect()  # frees the 400 tensors, whose addresses the next ones take
+        made = []
+        for step in range(40):
+            made.append((step, tf.ones((256, 256)), tf.zeros((8,))))
+        end()
+
+    found = _window(fill)
+    assert found.sites == (_line("made.append((step, tf.ones((256, 256)), tf.zeros((8,))))"),)
+    assert found.blocks == (80,)
 
 
 def test_tensors_that_do_not_outlive_the_window_are_not_reported():

@@ -15,14 +15,15 @@ the window and just before it (the window's cost).
 
 TensorFlow allocates a tensor's buffer (and its Python object) outside Python's allocator, so
 tracemalloc does not see a list of tensors grow. The window therefore also diffs the eager
-tensors the garbage collector tracks (one ``gc.get_objects()`` walk at each end, with the GIL
-held, once per window: tens of ms, ``bench/leak_tensor_pass.py``): the tensors alive at its end
-that were not at its start, their bytes, the list, dict or deque that holds most of them, the
-name it is bound to (a local of the script's running functions, a global of the script, or an
-attribute of an object one of those names; found walking down from them, never with
-``gc.get_referrers``, which traverses every object and crashed the interpreter once under
-TensorFlow), and the script's line that adds to that name (``NAME.append(`` / ``NAME[key] =``); that line is a site
-of kind ``"tensors"`` (``"scalar tensors"`` when every one is a scalar, such as a loss), or a site
+tensors the garbage collector tracks (TensorFlow's tensor counter read at its start; one
+``gc.get_objects()`` walk at its end, with the GIL held, once per window: tens of ms,
+``bench/leak_tensor_pass.py``): the tensors alive at its end that were made after its start,
+their bytes, the list, dict or deque that holds most of them, the name it is bound to (a local
+of the script's running functions, a global of the script, or an attribute of an object one of
+those names; found walking down from them, never with ``gc.get_referrers``, which traverses
+every object and crashed the interpreter once under TensorFlow), and the script's line that
+adds to that name (``NAME.append(`` / ``NAME[key] =``); that line is a site of kind
+``"tensors"`` (``"scalar tensors"`` when every one is a scalar, such as a loss), or a site
 ``""`` when the line is not found.
 """
 
@@ -196,7 +197,7 @@ class LeakDoctor:
         assert w is not None
         if w["snap"] is None:
             w["snap"] = tracemalloc.take_snapshot()
-            w["tensors"] = _tensor_ids()
+            w["tensors"] = _tensor_mark()
             w["t1"], w["step1"] = now, step
             return ()
         if now - w["t0"] < WINDOW_S and not early:
@@ -264,12 +265,17 @@ def _eager_tensor_type() -> type | None:
     return t if isinstance(t, type) else None
 
 
-def _tensor_ids() -> tuple[type, set[int]] | None:
-    """The ids of the eager tensors alive now (one pass over the gc-tracked objects)."""
+def _tensor_mark() -> tuple[type, int] | None:
+    """The eager tensor type and a fresh id from TensorFlow's counter, which numbers every eager
+    tensor as it is made (``EagerTensor._id``): a tensor with a larger id was made later. Not
+    Python's ``id()``: a new tensor takes the address of one that died meanwhile (CI, 2026-11-26:
+    a gc during the window freed tensors whose addresses every new one then took)."""
     t = _eager_tensor_type()
-    if t is None:
+    ops = sys.modules.get("tensorflow.python.framework.ops")
+    uid = getattr(ops, "uid", None)  # private names: absent, the tensor diff is skipped
+    if t is None or not callable(uid):
         return None
-    return t, {id(o) for o in gc.get_objects() if type(o) is t}
+    return t, int(uid())
 
 
 def _tensor_bytes(tensors: list[Any]) -> tuple[int, bool]:
@@ -346,18 +352,18 @@ def _adding_line(names: list[str], files: list[str]) -> tuple[str, int] | None:
     return None
 
 
-def _with_tensors(sites: AllocationSites, before: tuple[type, set[int]] | None,
+def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None,
                   roots: tuple[str, ...], site_files: list[str]) -> AllocationSites:
     """``sites`` with the eager tensors that grew in the window charged to the line that keeps
     them (first: tensors are what a step's allocations are when the script keeps them)."""
     if before is None:
         return sites
-    t, ids = before
+    t, mark = before
     new, containers = [], []
     for o in gc.get_objects():  # one pass: the new tensors and the containers that could hold them
         tp = type(o)
         if tp is t:
-            if id(o) not in ids:
+            if o._id > mark:
                 new.append(o)
         elif (tp is list or tp is dict or tp is deque) and len(o) >= _HOLDER_SAMPLE and o is not new:
             containers.append(o)  # (``new`` itself is among the objects: it was made before them)
