@@ -287,9 +287,11 @@ class InputStages(Message):
     --no-auto-profile`` turns it off).
 
     One entry per iterator in each tuple, root first. ``iterators`` are tf.data's names for them
-    after its graph rewrites, the chain from the root without ``Iterator::``
-    (``Root::Prefetch::MapAndBatch``); ``self_s`` is each one's self time over the capture (its
-    events' durations minus those of the iterator events nested in them on the same thread).
+    after its graph rewrites, the chain from the root without ``Iterator::`` and without the
+    per-element index of an interleave's or flat_map's inputs (``Root::Prefetch::MapAndBatch``,
+    ``Root::Interleave::Map`` for ``Root::Interleave[3]::Map``: one entry whatever input it
+    read); ``self_s`` is each one's self time over the capture (its events' durations minus those
+    of the iterator events nested in them on the same thread).
     ``busy_s`` are their whole durations (an asynchronous stage's input runs on its own threads,
     so its consumer's self time holds the wait for that input). ``fetch_s`` is the consumer's time
     inside tf.data (the root iterators' durations). The step times say what the capture cost:

@@ -42,6 +42,15 @@ def test_self_time_is_the_duration_less_the_nested_iterators_on_the_same_line():
     assert t.names[0] == "Root"  # root first, in chain order
 
 
+def test_an_interleaves_inputs_are_one_iterator_whatever_element_they_read():
+    # InputStages' contract: no per-element index (the viewer maps the chain onto stages as is)
+    line = [("Root::Interleave", 0, 10 * MS), ("Root::Interleave[0]::Map", 1 * MS, 4 * MS),
+            ("Root::Interleave[1]::Map", 5 * MS, 4 * MS)]
+    t = tf_data_trace.self_times([line])
+    assert t.names == ("Root::Interleave", "Root::Interleave::Map"), t
+    assert t.self_s == pytest.approx((0.002, 0.008)) and t.calls == (1, 2)
+
+
 class FakeProfiler:
     active = None
 

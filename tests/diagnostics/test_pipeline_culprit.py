@@ -209,9 +209,9 @@ def test_an_interleaves_own_datasets_are_charged_to_the_interleave():
     m = stages_of(("Root", 0.0005), ("Root::Prefetch", 0.0019), ("Root::Prefetch::BatchV2", 0.0022),
                   ("Root::Prefetch::BatchV2::Interleave", 0.0098), ("Root::Prefetch::BatchV2::Interleave::TensorSlice",
                                                                     0.0001),
-                  ("Root::Prefetch::BatchV2::Interleave[0]::Unbatch", 0.0026),
-                  ("Root::Prefetch::BatchV2::Interleave[0]::Unbatch::Map", 0.8152),
-                  ("Root::Prefetch::BatchV2::Interleave[0]::Unbatch::Map::FromTensor", 0.0001))
+                  ("Root::Prefetch::BatchV2::Interleave::Unbatch", 0.0026),
+                  ("Root::Prefetch::BatchV2::Interleave::Unbatch::Map", 0.8152),
+                  ("Root::Prefetch::BatchV2::Interleave::Unbatch::Map::FromTensor", 0.0001))
     assert stage_of_iterators(p, m.iterators) == [None, None, 2, 1, 0, 1, 1, 1]
     ms = measured_stage(p, m)
     assert (ms.stage, ms.site) == ("interleave", "train.py:41") and ms.share > 0.99
@@ -246,7 +246,7 @@ def test_the_measured_stage_wins_over_the_pick_by_settings():
     run.emit(p)
     run.emit(stages_of(("Root", 0.001), ("Root::Prefetch", 0.3), ("Root::Prefetch::MapAndBatch", 0.95),
                        ("Root::Prefetch::MapAndBatch::Interleave", 0.02, 0.921),
-                       ("Root::Prefetch::MapAndBatch::Interleave[0]::TFRecord", 0.9),
+                       ("Root::Prefetch::MapAndBatch::Interleave::TFRecord", 0.9),
                        ("Root::Prefetch::MapAndBatch::Interleave::TensorSlice", 0.001)))
     run.steps(300, input_wait_s=0.03)
     (f,) = findings(run.engine(), "input-bound")

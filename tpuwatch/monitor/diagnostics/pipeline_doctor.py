@@ -228,11 +228,6 @@ class MeasuredStage:
     iterators: tuple[str, ...]  # tf.data's names for it (a fused stage's, an interleave's inputs)
 
 
-def _plain_chain(name: str) -> str:
-    """``Root::Interleave[0]::Map`` -> ``Root::Interleave::Map``."""
-    return "::".join(part.split("[", 1)[0] for part in name.split("::"))
-
-
 def _waiting(chain: str) -> bool:
     """Only a wait: ``Root``, a ``Prefetch``, and the per-device ``Generator`` tf.distribute feeds
     from the host pipeline's buffer (a ``from_generator`` of the script's is under a ``FlatMap``)."""
@@ -251,7 +246,7 @@ def _component(name: str) -> str:
 def own_times(m: InputStages) -> list[float]:
     """Each iterator's own time: its self time, less, for an asynchronous one, its inputs' whole
     durations (they ran on its threads while its consumer waited); never below 0."""
-    chains = [_plain_chain(n) for n in m.iterators]
+    chains = list(m.iterators)  # per-element indices already removed by the agent (InputStages)
     busy = m.busy_s if len(m.busy_s) == len(chains) else (0.0,) * len(chains)  # a recording without busy_s
     inputs: dict[str, float] = {}
     for chain, b in zip(chains, busy):
