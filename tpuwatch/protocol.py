@@ -248,9 +248,15 @@ class Pipeline(Message):
     holds_bytes: tuple[int, ...]
     added_by: tuple[str, ...]  # "" (the script), "keras", "tf.distribute", "tensorflow"
     elements: int | None = None  # elements per pass at the last stage (None: infinite/unknown)
-    #: the script's ``file:line`` that iterates a distributed dataset eagerly (``for batch in
-    #: dist_dataset``): where each batch is fetched between steps ("" for other consumers, unknown)
+    #: the script's ``file:line`` that iterates the dataset eagerly (``for batch in dist_dataset``,
+    #: ``for x, y in dataset``): where each batch is fetched between steps ("" when the batches
+    #: are fetched inside the step or where, unknown)
     consumer_site: str = ""
+    #: TensorFlow adds a ``prefetch(AUTOTUNE)`` after the last stage when it is not one (its
+    #: ``inject_prefetch`` rewrite, on unless the dataset's options turn off autotune,
+    #: ``inject_prefetch`` or the default optimizations); None: not known (read as True: every
+    #: TensorFlow tpuwatch supports does so by default)
+    tf_prefetch: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,20 @@ def test_each_stage_is_named_with_its_line_and_settings(run_agent, mode, consume
     assert p.code[p.stages.index("map")] == "ds = ds.map(scale)  # stage map"
     if mode in ("custom", "fit", "plain"):  # the script's batches per pass, not the replicas' after rebatch
         assert p.elements == 256 // 32, p
+    # a Python for loop over the dataset fetches each batch eagerly, at its line; iter() handed
+    # to a tf.function, Keras' fit and a loop inside a tf.function do not
+    loop = [n for n, line in enumerate(SCRIPT.read_text().splitlines(), start=1) if line.endswith(f"# loop {mode}")]
+    assert p.consumer_site == (f"pipelines.py:{loop[0]}" if loop else ""), p
+    assert p.tf_prefetch is True  # TensorFlow's inject_prefetch is on (default options)
     assert not run.warnings, run.warnings
+
+
+@pytest.mark.parametrize("mode", ["plain", "custom"])
+def test_options_that_turn_autotune_off_say_tensorflow_adds_no_prefetch(run_agent, mode):
+    run = run_agent(SCRIPT, "--mode", mode, "--autotune-off")
+    assert run.returncode == 0, run.output
+    (p,) = [m for m in run.messages if isinstance(m, protocol.Pipeline)]
+    assert p.tf_prefetch is False, p
 
 
 def test_numpy_into_fit_is_a_pipeline_keras_made(run_agent):

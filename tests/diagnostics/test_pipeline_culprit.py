@@ -7,17 +7,25 @@ import pytest
 from diag_synthetic import SyntheticRun, findings
 
 from tpuwatch.monitor.diagnostics.input_pipeline import with_measurement
-from tpuwatch.monitor.diagnostics.pipeline_doctor import culprit, measured_stage, own_times, stage_of_iterators
+from tpuwatch.monitor.diagnostics.pipeline_doctor import (
+    culprit,
+    measured_stage,
+    own_times,
+    pipeline_notes,
+    stage_of_iterators,
+)
 from tpuwatch.protocol import InputStages, Pipeline
 
 
-def pipe(*stages: tuple[str, str, str], added_by: str = "", consumer: str = "iterator") -> Pipeline:
+def pipe(*stages: tuple[str, str, str], added_by: str = "", consumer: str = "iterator",
+         consumer_site: str = "", tf_prefetch: bool | None = None) -> Pipeline:
     """stages: (name, settings, code); stage i is at train.py:(40 + i)."""
     n = len(stages)
     return Pipeline(t=0.0, dataset=1, consumer=consumer, stages=tuple(s[0] for s in stages),
                     sites=tuple(f"train.py:{40 + i}" for i in range(n)),
                     settings=tuple(s[1] for s in stages), code=tuple(s[2] for s in stages),
-                    holds_bytes=(0,) * n, added_by=(added_by,) * n)
+                    holds_bytes=(0,) * n, added_by=(added_by,) * n, consumer_site=consumer_site,
+                    tf_prefetch=tf_prefetch)
 
 
 SOURCE = ("from_tensor_slices", "", "ds = tf.data.Dataset.from_tensor_slices((x, y))")
@@ -38,10 +46,43 @@ def test_a_map_before_the_cache_runs_once_and_is_not_blamed():
     assert c.stage == ""
 
 
-def test_no_prefetch_at_the_end_is_added_after_the_last_stage():
-    c = culprit(pipe(SOURCE, ("shuffle", "buffer_size=1024", "ds = ds.shuffle(1024)"), BATCH), fetch_in_step=True)
+@pytest.mark.parametrize("tf_prefetch", [True, None])
+def test_no_prefetch_is_advised_where_tensorflow_adds_one(tf_prefetch):
+    # TF's inject_prefetch puts prefetch(AUTOTUNE) after the last stage (TF 2.16 and 2.21, on by
+    # default): "end it with .prefetch" was advised and changed nothing (a custom loop over
+    # shuffle().batch(), the guides' shape: 30% waiting before the edit, 30% after)
+    c = culprit(pipe(SOURCE, ("shuffle", "buffer_size=1024", "ds = ds.shuffle(1024)"), BATCH,
+                     tf_prefetch=tf_prefetch), fetch_in_step=True)
+    assert c.stage != "prefetch" and "prefetch(" not in c.fix and not c.new_code, c
+
+
+def test_no_prefetch_at_the_end_is_added_where_the_options_turn_tensorflows_off():
+    c = culprit(pipe(SOURCE, ("shuffle", "buffer_size=1024", "ds = ds.shuffle(1024)"), BATCH,
+                     tf_prefetch=False), fetch_in_step=True)
     assert (c.stage, c.site) == ("prefetch", "train.py:42")
     assert c.new_code == "ds = ds.batch(64).prefetch(tf.data.AUTOTUNE)"
+    assert "options turn off" in c.problem, c
+
+
+def test_a_python_for_loop_over_the_dataset_is_the_eager_fetch():
+    p = pipe(SOURCE, ("shuffle", "buffer_size=1024", "ds = ds.shuffle(1024)"), BATCH, consumer_site="train.py:60")
+    c = culprit(p, fetch_in_step=False)
+    assert (c.stage, c.site, c.overlapped) == ("", "train.py:60", True), c
+    assert "TensorFlow prefetches after its last stage, .batch" in c.problem, c
+    assert "eager fetch of each batch (for batch in dataset at train.py:60)" in c.problem, c
+    assert "next(iterator)" in c.fix and "prefetch(" not in c.fix, c
+    # an iterator made with iter() may be fetched in a tf.function: the fetch is not blamed
+    c = culprit(pipe(SOURCE, BATCH), fetch_in_step=False)
+    assert c.site == "" and "eager fetch" not in c.problem, c
+
+
+def test_the_maps_notes_say_what_the_stages_do_not_show():
+    with_options = ("with_options", "", "ds = ds.with_options(options)")
+    assert pipeline_notes(pipe(SOURCE, BATCH, with_options)) == ["TensorFlow adds .prefetch(AUTOTUNE) after .batch"]
+    assert pipeline_notes(pipe(SOURCE, BATCH, with_options, tf_prefetch=False)) == [
+        "no .prefetch: the dataset's options turn off the one TensorFlow adds after .batch"]
+    assert pipeline_notes(pipe(SOURCE, BATCH, PREFETCH, consumer_site="train.py:60")) == [
+        "each batch fetched eagerly by a Python for loop at train.py:60"]
 
 
 PARALLEL_MAP = ("map", "num_parallel_calls=AUTOTUNE, deterministic='default'",
@@ -102,9 +143,15 @@ def test_numpy_into_fit_is_not_told_to_prefetch_what_keras_prefetches():
 
 
 def test_a_healthy_pipeline_in_a_custom_loop_blames_the_eager_fetch():
-    c = culprit(pipe(SOURCE, BATCH, PREFETCH, consumer="experimental_distribute_dataset"), fetch_in_step=False)
-    assert "eager fetch" in c.problem and "next(iterator)" in c.fix
+    c = culprit(pipe(SOURCE, BATCH, PREFETCH, consumer="experimental_distribute_dataset",
+                     consumer_site="train.py:60"), fetch_in_step=False)
+    assert "eager fetch of each distributed batch (for batch in dist_dataset at train.py:60)" in c.problem
+    assert "next(iterator)" in c.fix and c.site == "train.py:60"
     assert "prefetch" not in c.fix and "num_parallel_calls" not in c.fix
+    # an iterator the script made with iter() and hands to its tf.function fetches in the step
+    # (its function is not one of Keras'): the fetch was blamed, with its iter() line
+    c = culprit(pipe(SOURCE, BATCH, PREFETCH, consumer="experimental_distribute_dataset"), fetch_in_step=False)
+    assert "eager fetch" not in c.problem and "next(iterator)" not in c.fix, c
 
 
 def test_the_input_bound_finding_carries_the_culprit():
@@ -261,7 +308,8 @@ def test_the_measured_stage_wins_over_the_pick_by_settings():
 
 
 def test_a_measured_stage_does_not_replace_the_eager_fetch_verdict():
-    p = pipe(SOURCE, PARALLEL_MAP, BATCH, PREFETCH, consumer="experimental_distribute_dataset")
+    p = pipe(SOURCE, PARALLEL_MAP, BATCH, PREFETCH, consumer="experimental_distribute_dataset",
+             consumer_site="train.py:60")
     c, ev = with_measurement(p, culprit(p, fetch_in_step=False),
                              stages_of(("Root", 0.001), ("Root::Prefetch", 0.01),
                                        ("Root::Prefetch::ParallelMapV2", 0.2),

@@ -145,6 +145,24 @@ def _assert_measured_the_same(report: dict, f: dict) -> None:
     assert ev["auto_profile_step_time_ms_before"] > 0 and ev["auto_profile_step_time_ms_inside"] > 0
 
 
+def test_no_final_prefetch_where_the_options_turn_tensorflows_off_is_named_and_its_edit_removes_the_wait(tmp_path):
+    # autotune off: TF no longer adds prefetch(AUTOTUNE) after the last stage, so the batch is
+    # made when the step asks (by default it does, and "add .prefetch" changed nothing)
+    script = PLANTED / "input_no_prefetch.py"
+    before = run_and_report(tmp_path, script, name="before")
+    (f,) = findings(before, "input-bound")
+    line = _line_of(script, "ds = ds.batch(64)")
+    assert (f["evidence"]["culprit_stage"], f["evidence"]["culprit_site"]) == ("prefetch", f"input_no_prefetch.py:{line}"), f
+    assert f["evidence"]["fix_code_new"] == "ds = ds.batch(64).prefetch(tf.data.AUTOTUNE)"
+    assert "options turn off" in f["advice"] and "num_parallel_calls" not in f["evidence"]["fix"], f
+    assert before["pipelines"][0]["tf_prefetch"] is False
+    after = run_and_report(tmp_path, _apply_fix(tmp_path, script, f), name="after")
+    left = findings(after, "input-bound")
+    # measured (2 cores, load 5): 49 % -> 10 % (an info, no culprit); the bar is half
+    assert not left or left[0]["evidence"]["culprit_stage"] != "prefetch", left
+    assert not left or left[0]["evidence"]["input_wait_pct"] < 0.5 * f["evidence"]["input_wait_pct"], left
+
+
 def test_no_auto_profile_captures_nothing(tmp_path):
     report = run_and_report(tmp_path, PLANTED / "input_sequential_map.py", "--epochs", "1",
                             options=("--no-auto-profile",))

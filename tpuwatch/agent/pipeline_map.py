@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import re
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
@@ -34,6 +35,7 @@ _MAX_DATASETS = 64  # pipelines sent per run (a script that makes datasets in a 
 _MAX_CODE = 160
 _TF_UTIL = f"{os.sep}tensorflow{os.sep}python{os.sep}util{os.sep}"
 _AUTOTUNE = -1
+_FOR_LOOP = re.compile(r"(async\s+)?for\s.+\sin\s")
 _TUNABLE = frozenset({"buffer_size", "num_parallel_calls", "cycle_length", "block_length",
                       "num_parallel_reads"})  # -1 is AUTOTUNE (for a repeat's count, forever)
 
@@ -88,12 +90,12 @@ class PipelineMap:
 
     # --- creation sites (once per transformation) ------------------------------------------
 
-    def site(self, skip: int) -> tuple[str, str, str, str]:
-        """(``file:line``, TF API called, source line, added_by) of the calling script frame."""
+    def _script_frame(self, skip: int) -> tuple[Any, str, str]:
+        """(the calling script frame or None, TF API called, first library frame's path)."""
         roots = self._roots
         if roots is None:
             roots = self._roots = _roots()
-        f: Any = sys._getframe(skip)
+        f: Any = sys._getframe(skip + 1)
         api = ""
         first_lib = ""
         while f is not None:
@@ -106,12 +108,29 @@ class PipelineMap:
             if not path.startswith("<") and _TF_UTIL not in path:
                 api = f.f_code.co_name
             f = f.f_back
+        return f, api, first_lib
+
+    def site(self, skip: int) -> tuple[str, str, str, str]:
+        """(``file:line``, TF API called, source line, added_by) of the calling script frame."""
+        f, api, first_lib = self._script_frame(skip)
         if f is None:
             return "", api, "", "tensorflow"
         path, line = f.f_code.co_filename, f.f_lineno
         added_by = _owner(first_lib) if first_lib else ""
         code = linecache.getline(path, line).strip()[:_MAX_CODE]
         return f"{os.path.basename(path)}:{line}", api, code, added_by
+
+    def loop_site(self, skip: int) -> str:
+        """The script's ``file:line`` when the calling frame is a Python ``for`` loop over the
+        dataset (each batch fetched eagerly, between steps), else "" (``iter(ds)`` handed to a
+        tf.function, a library's loop such as a progress bar's)."""
+        f, _, _ = self._script_frame(skip)
+        if f is None:
+            return ""
+        path, line = f.f_code.co_filename, f.f_lineno
+        if f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path:
+            return ""
+        return f"{os.path.basename(path)}:{line}" if _FOR_LOOP.match(linecache.getline(path, line).strip()) else ""
 
     def make_init(self, original: Callable[..., None]) -> Callable[..., None]:
         this = self
@@ -145,8 +164,8 @@ class PipelineMap:
 
                     ds = dataset_of(dds)
                     if ds is not None:
-                        # iterated eagerly: each batch is fetched between steps, at this line
-                        site = this.site(1)[0] if context.executing_eagerly() else ""
+                        # a Python for loop over it: each batch is fetched between steps, at this line
+                        site = this.loop_site(1) if context.executing_eagerly() else ""
                         # iterated inside a tf.function: read outside its graph (cardinality
                         # would otherwise add ops to the user's function)
                         with ops.init_scope():
@@ -167,7 +186,7 @@ class PipelineMap:
                     from tensorflow.python.eager import context
 
                     if context.executing_eagerly():
-                        this.record(dataset, "iterator")
+                        this.record(dataset, "iterator", this.loop_site(1))
                 except Exception as e:  # the script's iterator is made: only the probe stops
                     this.agent.probe_failed(PROBE, e)
 
@@ -204,7 +223,23 @@ class PipelineMap:
         return Pipeline(t=self.agent.clock(), dataset=number, consumer=consumer, stages=tuple(stages),
                         sites=tuple(sites), settings=tuple(settings), code=tuple(code),
                         holds_bytes=tuple(holds), added_by=tuple(added),
-                        elements=_cardinality(ds.__dict__.get(_OWN, ds)), consumer_site=consumer_site)
+                        elements=_cardinality(ds.__dict__.get(_OWN, ds)), consumer_site=consumer_site,
+                        tf_prefetch=_tf_prefetch(ds))
+
+
+def _tf_prefetch(ds: Any) -> bool | None:
+    """TensorFlow's ``inject_prefetch`` rewrite adds ``prefetch(AUTOTUNE)`` after the last stage
+    when it is not a prefetch (TF 2.16-2.21: measured, a sequential 4 ms map before a 10 ms step
+    waits 0.2 ms a batch as written, 4.5 ms with the rewrite off), unless the options turn off
+    autotune, the rewrite, or the default optimizations; None when the options cannot be read."""
+    try:
+        options = ds.options()
+        optimization = options.experimental_optimization
+        if options.autotune.enabled is False or optimization.inject_prefetch is False:
+            return False
+        return not (optimization.apply_default_optimizations is False and optimization.inject_prefetch is not True)
+    except Exception:  # an options object without these fields: not known
+        return None
 
 
 def _first_input(ds: Any) -> Any:

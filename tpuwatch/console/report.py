@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from tpuwatch import rundir, units
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.diagnostics.pipeline_doctor import pipeline_notes
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.ledger import as_dict as ledger_dict
 from tpuwatch.monitor.ledger import rows as ledger_rows
@@ -213,7 +214,8 @@ def _pipelines(snap: RunSnapshot) -> list[dict[str, Any]]:
              "stages": [{"stage": st, "site": site, "settings": settings, "code": code,
                          "holds_bytes": held, "added_by": by}
                         for st, site, settings, code, held, by in zip(p.stages, p.sites, p.settings, p.code,
-                                                                      p.holds_bytes, p.added_by)]}
+                                                                      p.holds_bytes, p.added_by)],
+             "consumer_site": p.consumer_site, "tf_prefetch": p.tf_prefetch, "notes": pipeline_notes(p)}
             for worker, p in snap.pipelines]
 
 
@@ -229,6 +231,7 @@ def pipeline_lines(p: dict[str, Any]) -> list[str]:
         prev = st["code"]
         out.append(f"  {st['site'] or '?':<28} .{st['stage']}({st['settings']})"
                    + (f" [{'; '.join(extra)}]" if extra else "") + (f"   {code}" if code else ""))
+    out += [f"  ({note})" for note in p.get("notes", ())]
     return out
 
 

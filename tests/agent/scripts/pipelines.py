@@ -23,6 +23,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--mode", choices=["fit", "fit_numpy", "custom", "from_function", "iterator_fn", "in_function", "plain"])
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--autotune-off", action="store_true")
     args = p.parse_args()
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -40,7 +41,12 @@ def main() -> None:
         ds = ds.cache()  # stage cache
         ds = ds.shuffle(64)  # stage shuffle
         ds = ds.batch(batch, drop_remainder=True)  # stage batch
-        return ds.prefetch(2)  # stage prefetch
+        ds = ds.prefetch(2)  # stage prefetch
+        if args.autotune_off:
+            options = tf.data.Options()
+            options.autotune.enabled = False
+            ds = ds.with_options(options)
+        return ds
 
     def step_fn(inputs):
         xb, yb = inputs
@@ -60,7 +66,7 @@ def main() -> None:
         model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # stage fit
     elif args.mode == "custom":
         dist = strategy.experimental_distribute_dataset(make(32))  # stage distribute
-        for i, batch in enumerate(dist):
+        for i, batch in enumerate(dist):  # loop custom
             train_step(batch)
             if i + 1 == args.steps:
                 break
@@ -88,7 +94,7 @@ def main() -> None:
 
         epoch()
     else:
-        for i, _ in enumerate(make(32)):
+        for i, _ in enumerate(make(32)):  # loop plain
             if i + 1 == args.steps:
                 break
     print("done")

@@ -4,9 +4,11 @@ Read from the pipeline map (:class:`~tpuwatch.protocol.Pipeline`: each stage, it
 the script's line that made it). The culprit is the first of these the pipeline has, in the
 order they cost a step: a Python generator source, a ``map`` that runs one element at a time,
 an ``interleave`` reading one input at a time, files read one at a time, and no ``prefetch`` at
-the end (unless the last stage is parallel and runs ahead by itself). A pipeline that has none of
-them is not told to add what it has: the wait is then the fetch itself (a custom loop fetching
-distributed batches eagerly) or Keras slicing NumPy arrays.
+the end where the dataset's options turn off the one TensorFlow adds (its ``inject_prefetch``
+rewrite puts ``prefetch(AUTOTUNE)`` after any other last stage by default). A pipeline that has
+none of them is not told to add what it has: the wait is then the fetch itself (a custom loop's
+Python ``for`` over the dataset or a distributed dataset, fetching each batch eagerly) or Keras
+slicing NumPy arrays.
 """
 
 from __future__ import annotations
@@ -66,25 +68,47 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
     # stages that pass elements through as they come do not undo a prefetch before them
     working = [st for st in user if st[0] not in _PASS_THROUGH] or user[-1:]
     last = working[-1]
-    if last[0] != "prefetch" and not _runs_ahead(working):
+    # TensorFlow adds prefetch(AUTOTUNE) after a last stage that is not one, unless the
+    # dataset's options turn that off: only then is "add .prefetch" an edit that does anything
+    if last[0] != "prefetch" and not _runs_ahead(working) and p.tf_prefetch is False:
         stage, site, _, code, _ = last
         call = f".{stage}("
         new = _after_call(code, call, f".prefetch({AUTOTUNE})")
         return Culprit("prefetch", site, f"the pipeline does not end with .prefetch (its last stage "
-                       f"is .{stage} at {site}): the next batch is made only when the step asks",
+                       f"is .{stage} at {site}) and its options turn off the one TensorFlow adds "
+                       "(autotune, inject_prefetch or the default optimizations): the next batch is "
+                       "made only when the step asks",
                        f"end it with .prefetch({AUTOTUNE}) after .{stage} at {site}",
                        code if new else "", new)
-    if not fetch_in_step and p.consumer != "iterator":
+    if not fetch_in_step and p.consumer_site:  # a Python for loop over the dataset
         at = f" at {p.consumer_site}" if p.consumer_site else ""
-        return Culprit("", p.consumer_site, "the pipeline overlaps with the step already; the wait is "
-                       f"the eager fetch of each distributed batch (for batch in dist_dataset{at}) "
-                       "between steps", "fetch inside the step: pass the iterator to the tf.function "
+        what, loop = (("distributed batch", "dist_dataset") if p.consumer != "iterator"
+                      else ("batch", "dataset"))
+        ahead = ("" if last[0] == "prefetch" or _runs_ahead(working)
+                 else f" (TensorFlow prefetches after its last stage, .{last[0]})")
+        return Culprit("", p.consumer_site, f"the pipeline overlaps with the step already{ahead}; the "
+                       f"wait is the eager fetch of each {what} (for batch in {loop}{at}) between "
+                       "steps", "fetch inside the step: pass the iterator to the tf.function "
                        "and call next(iterator) there (or run several steps per call)", overlapped=True)
     return Culprit("", "", "no setting of the pipeline explains the wait (no sequential map, a "
                    "final prefetch or a parallel last stage that runs ahead): its stages cannot "
                    "produce batches as fast as the step takes them",
                    ".cache() after the expensive stages if the data fits, or give tf.data "
                    "more host CPU (the tf.data service)")
+
+
+def pipeline_notes(p: Pipeline) -> list[str]:
+    """What the stages do not show (the pipeline map's last lines, in the report and the Input
+    panel): the prefetch TensorFlow adds after the last stage (or that the options turn it
+    off), and the Python loop that fetches each batch eagerly."""
+    notes = []
+    working = [st for st in p.stages if st not in _PASS_THROUGH and st != "autoshard"]
+    if working and working[-1] != "prefetch":
+        notes.append(f"no .prefetch: the dataset's options turn off the one TensorFlow adds after .{working[-1]}"
+                     if p.tf_prefetch is False else f"TensorFlow adds .prefetch(AUTOTUNE) after .{working[-1]}")
+    if p.consumer_site:
+        notes.append(f"each batch fetched eagerly by a Python for loop at {p.consumer_site}")
+    return notes
 
 
 _Stage = tuple[str, str, str, str, str]  # stage, site, settings, code, added_by

@@ -14,6 +14,7 @@ from textual.widgets import Static
 
 from tpuwatch import units
 from tpuwatch.monitor.diagnostics.input_share import InputLevel
+from tpuwatch.monitor.diagnostics.pipeline_doctor import pipeline_notes
 from tpuwatch.monitor.diagnostics.thresholds import Thresholds
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui.widgets.history_bars import BarSeries, HistoryBars
@@ -83,6 +84,7 @@ def pipeline_map_text(s: RunSnapshot) -> list[Content]:
                                           (extra, "dim")))
             if blamed and culprit:
                 lines.append(Content.styled(f"    ← {culprit[2]}", _FINDING_STYLE.get(culprit[3], "")))
+        lines += [Content.styled(f"  ({note})", "dim") for note in pipeline_notes(p)]
     return lines
 
 
