@@ -257,6 +257,11 @@ class Pipeline(Message):
     #: ``inject_prefetch`` or the default optimizations); None: not known (read as True: every
     #: TensorFlow tpuwatch supports does so by default)
     tf_prefetch: bool | None = None
+    #: per stage: TensorFlow runs it in parallel by itself (``num_parallel_calls=AUTOTUNE``): a
+    #: ``map`` written without ``num_parallel_calls`` whose function is stateless, under its
+    #: ``map_parallelization`` rewrite (on unless the options turn it, autotune or the default
+    #: optimizations off); empty: not known (read as no stage)
+    tf_parallel: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,8 @@ def test_each_stage_is_named_with_its_line_and_settings(run_agent, mode, consume
     loop = [n for n, line in enumerate(SCRIPT.read_text().splitlines(), start=1) if line.endswith(f"# loop {mode}")]
     assert p.consumer_site == (f"pipelines.py:{loop[0]}" if loop else ""), p
     assert p.tf_prefetch is True  # TensorFlow's inject_prefetch is on (default options)
+    # scale() is stateless: map_parallelization runs the script's map in parallel, no other of its stages
+    assert [st for st, par, by in zip(p.stages, p.tf_parallel, p.added_by) if par and not by] == ["map"], p
     assert not run.warnings, run.warnings
 
 
@@ -70,7 +72,7 @@ def test_options_that_turn_autotune_off_say_tensorflow_adds_no_prefetch(run_agen
     run = run_agent(SCRIPT, "--mode", mode, "--autotune-off")
     assert run.returncode == 0, run.output
     (p,) = [m for m in run.messages if isinstance(m, protocol.Pipeline)]
-    assert p.tf_prefetch is False, p
+    assert p.tf_prefetch is False and not any(p.tf_parallel), p
 
 
 def test_numpy_into_fit_is_a_pipeline_keras_made(run_agent):
@@ -81,3 +83,67 @@ def test_numpy_into_fit_is_a_pipeline_keras_made(run_agent):
     # Keras' stages, then what tf.distribute adds to the dataset it iterates: none the script's
     assert p.added_by[0] == "keras" and all(p.added_by), p
     assert set(p.sites) == {fit_line}, p
+
+
+def _runs_as(source, fn, name: str) -> bool:
+    """``source.map(fn)`` runs as ``name`` after TensorFlow's graph rewrites."""
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import testing
+
+    try:
+        list(source.apply(testing.assert_next([name])).map(fn).take(1).as_numpy_iterator())  # not: the error
+        return True
+    except tf.errors.InvalidArgumentError:
+        return False
+
+
+def test_the_maps_tensorflow_parallelizes_are_the_ones_marked():
+    # the claim the doctor rests on (no "add num_parallel_calls" for them), checked against TF
+    import tensorflow as tf
+
+    from tpuwatch.agent import pipeline_map
+
+    def stateless(x):
+        return x * 2
+
+    def stateful(x):
+        return tf.numpy_function(lambda v: v, [x], tf.int64)
+
+    no_autotune = tf.data.Options()
+    no_autotune.autotune.enabled = False
+    for fn, options, parallel in [(stateless, None, True), (stateful, None, False), (stateless, no_autotune, False)]:
+        source = tf.data.Dataset.range(4)
+        if options is not None:
+            source = source.with_options(options)
+        mapped = source.map(fn)
+        assert _runs_as(source, fn, "ParallelMap" if parallel else "Map"), (fn, options)
+        assert (pipeline_map._rewrites(mapped)[1] and pipeline_map._stateless(mapped)) is parallel, (fn, options)
+
+
+def test_the_pipelines_tensorflow_prefetches_are_the_ones_marked():
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import testing
+
+    from tpuwatch.agent import pipeline_map
+
+    def stateful(x):
+        return tf.numpy_function(lambda v: v, [x], tf.int64)
+
+    def prefetched(source) -> bool:  # a Prefetch follows the script's last stage after the rewrites
+        try:
+            list(source.apply(testing.assert_next(["Map", "Prefetch"])).map(stateful).as_numpy_iterator())
+            return True
+        except tf.errors.InvalidArgumentError:
+            return False
+
+    for attr, value in [(None, None), ("autotune.enabled", False),
+                        ("experimental_optimization.inject_prefetch", False),
+                        ("experimental_optimization.apply_default_optimizations", False)]:
+        source = tf.data.Dataset.range(4)
+        if attr is not None:
+            options = tf.data.Options()
+            group, name = attr.split(".")
+            setattr(getattr(options, group), name, value)
+            source = source.with_options(options)
+        assert prefetched(source) is (attr is None), attr
+        assert pipeline_map._rewrites(source.map(stateful))[0] is (attr is None), attr

@@ -12,20 +12,21 @@ from tpuwatch.monitor.diagnostics.pipeline_doctor import (
     measured_stage,
     own_times,
     pipeline_notes,
+    stage_culprit,
     stage_of_iterators,
 )
 from tpuwatch.protocol import InputStages, Pipeline
 
 
 def pipe(*stages: tuple[str, str, str], added_by: str = "", consumer: str = "iterator",
-         consumer_site: str = "", tf_prefetch: bool | None = None) -> Pipeline:
+         consumer_site: str = "", tf_prefetch: bool | None = None, tf_parallel: tuple[bool, ...] = ()) -> Pipeline:
     """stages: (name, settings, code); stage i is at train.py:(40 + i)."""
     n = len(stages)
     return Pipeline(t=0.0, dataset=1, consumer=consumer, stages=tuple(s[0] for s in stages),
                     sites=tuple(f"train.py:{40 + i}" for i in range(n)),
                     settings=tuple(s[1] for s in stages), code=tuple(s[2] for s in stages),
                     holds_bytes=(0,) * n, added_by=(added_by,) * n, consumer_site=consumer_site,
-                    tf_prefetch=tf_prefetch)
+                    tf_prefetch=tf_prefetch, tf_parallel=tf_parallel)
 
 
 SOURCE = ("from_tensor_slices", "", "ds = tf.data.Dataset.from_tensor_slices((x, y))")
@@ -38,6 +39,16 @@ def test_a_sequential_map_is_named_with_its_line_and_edit():
     assert (c.stage, c.site) == ("map", "train.py:41")
     assert c.new_code == "ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)"
     assert "prefetch" not in c.fix  # it has one
+
+
+def test_a_map_tensorflow_runs_in_parallel_is_not_told_to_add_num_parallel_calls():
+    # a stateless map function: TF's map_parallelization runs it as ParallelMap(AUTOTUNE) (TF
+    # 2.16 and 2.21, on by default); "add num_parallel_calls" would change nothing
+    p = pipe(SOURCE, ("map", "", "ds = ds.map(decode)"), BATCH, PREFETCH, tf_parallel=(False, True, False, False))
+    c = culprit(p, fetch_in_step=True)
+    assert c.stage == "" and "num_parallel_calls" not in c.fix and not c.new_code, c
+    assert stage_culprit(p, 1) is None
+    assert pipeline_notes(p) == ["TensorFlow runs .map at train.py:41 in parallel (its function is stateless)"]
 
 
 def test_a_map_before_the_cache_runs_once_and_is_not_blamed():

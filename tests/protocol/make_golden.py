@@ -39,7 +39,7 @@ MESSAGES: list[p.Message] = [
                code=("ds = tf.data.Dataset.from_tensor_slices((x, y))", ".map(decode)", ".cache()", "",
                      ".prefetch(tf.data.AUTOTUNE))"),
                holds_bytes=(0, 0, 100_728_832, 0, -1), added_by=("", "", "", "keras", ""), elements=None,
-               consumer_site="train.py:60", tf_prefetch=True),
+               consumer_site="train.py:60", tf_prefetch=True, tf_parallel=(False, False, False, False, False)),
     p.AllocationSites(t=1795300003.7, window_s=3.0, step_from=120, step_to=400, step_time_inside_s=0.0125,
                       step_time_before_s=0.0121, sites=("train.py:71", "train.py:80"),
                       grown_bytes=(587_202_560, 1_048_576), blocks=(280, 5600), kinds=("numpy", "python"),

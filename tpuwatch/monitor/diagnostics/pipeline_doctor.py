@@ -2,7 +2,8 @@
 
 Read from the pipeline map (:class:`~tpuwatch.protocol.Pipeline`: each stage, its settings and
 the script's line that made it). The culprit is the first of these the pipeline has, in the
-order they cost a step: a Python generator source, a ``map`` that runs one element at a time,
+order they cost a step: a Python generator source, a ``map`` that runs one element at a time
+(its function stateful: TensorFlow's ``map_parallelization`` runs a stateless one in parallel),
 an ``interleave`` reading one input at a time, files read one at a time, and no ``prefetch`` at
 the end where the dataset's options turn off the one TensorFlow adds (its ``inject_prefetch``
 rewrite puts ``prefetch(AUTOTUNE)`` after any other last stage by default). A pipeline that has
@@ -45,7 +46,7 @@ def training_pipeline(pipelines: list[Pipeline]) -> Pipeline | None:
 def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
     """The stage to change in ``p``. ``fetch_in_step``: the step function fetches its batch
     itself (Keras' fit, ``next(iterator)`` inside a tf.function), so no eager fetch is timed."""
-    stages = list(zip(p.stages, p.sites, p.settings, p.code, p.added_by))
+    stages = list(zip(p.stages, p.sites, _settings(p), p.code, p.added_by))
     user = [s for s in stages if not s[4]]
     if not user:
         site = stages[0][1] if stages else ""
@@ -90,18 +91,29 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
                        f"wait is the eager fetch of each {what} (for batch in {loop}{at}) between "
                        "steps", "fetch inside the step: pass the iterator to the tf.function "
                        "and call next(iterator) there (or run several steps per call)", overlapped=True)
-    return Culprit("", "", "no setting of the pipeline explains the wait (no sequential map, a "
-                   "final prefetch or a parallel last stage that runs ahead): its stages cannot "
+    return Culprit("", "", "no setting of the pipeline explains the wait (no sequential map or serial "
+                   "read, and its last stage is prefetched or runs ahead): its stages cannot "
                    "produce batches as fast as the step takes them",
                    ".cache() after the expensive stages if the data fits, or give tf.data "
                    "more host CPU (the tf.data service)")
+
+
+def _settings(p: Pipeline) -> list[str]:
+    """Each stage's settings as TensorFlow runs it: a ``map`` its ``map_parallelization`` rewrite
+    runs in parallel (``Pipeline.tf_parallel``) has ``num_parallel_calls=AUTOTUNE``, so no rule
+    asks for what TF does already (measured: a stateless map runs as ``ParallelMap``)."""
+    parallel = p.tf_parallel if len(p.tf_parallel) == len(p.stages) else (False,) * len(p.stages)
+    return [f"{st}{', ' if st else ''}num_parallel_calls=AUTOTUNE" if par and "num_parallel_calls" not in st else st
+            for st, par in zip(p.settings, parallel)]
 
 
 def pipeline_notes(p: Pipeline) -> list[str]:
     """What the stages do not show (the pipeline map's last lines, in the report and the Input
     panel): the prefetch TensorFlow adds after the last stage (or that the options turn it
     off), and the Python loop that fetches each batch eagerly."""
-    notes = []
+    notes = [f"TensorFlow runs .map at {site or '?'} in parallel (its function is stateless)"
+             for stage, site, settings, par in zip(p.stages, p.sites, p.settings, p.tf_parallel)
+             if par and "num_parallel_calls" not in settings]
     working = [st for st in p.stages if st not in _PASS_THROUGH and st != "autoshard"]
     if working and working[-1] != "prefetch":
         notes.append(f"no .prefetch: the dataset's options turn off the one TensorFlow adds after .{working[-1]}"
@@ -342,7 +354,8 @@ def stage_culprit(p: Pipeline, index: int) -> Culprit | None:
     if p.added_by[index]:
         return None
     user_idx = [i for i in range(len(p.stages)) if not p.added_by[i]]
-    user = [(p.stages[i], p.sites[i], p.settings[i], p.code[i], p.added_by[i]) for i in user_idx]
+    settings = _settings(p)
+    user = [(p.stages[i], p.sites[i], settings[i], p.code[i], p.added_by[i]) for i in user_idx]
     cached = max((i for i, s in enumerate(user) if s[0] == "cache"), default=-1)
     rule = _stage_rule(user, user_idx.index(index), cached)
     return rule[1] if rule else None
