@@ -227,6 +227,34 @@ def test_the_eager_fetch_of_distributed_batches_is_named_at_its_loop(tmp_path):
     assert not left or left[0]["evidence"]["input_wait_pct"] < 0.85 * f["evidence"]["input_wait_pct"], left
 
 
+def test_a_python_loop_over_a_plain_dataset_is_named_as_the_fetch_never_told_to_prefetch(tmp_path):
+    # the guides' custom loop (shuffle().batch(64), no prefetch, a ~1 ms step): "end it with
+    # .prefetch" was advised, and the edit changed nothing (TF adds one: 30 % before and after)
+    script = PLANTED / "input_python_loop.py"
+    before = run_and_report(tmp_path, script, name="before")
+    (f,) = findings(before, "input-bound")
+    line = _line_of(script, "for step, (x_batch, y_batch) in enumerate(train_dataset):")
+    assert f["evidence"]["culprit_site"] == f"input_python_loop.py:{line}", f
+    assert "eager fetch of each batch" in f["advice"] and "next(iterator)" in f["evidence"]["fix"], f
+    assert "prefetch(" not in f["evidence"]["fix"] and "fix_code_new" not in f["evidence"], f
+    assert "TensorFlow adds .prefetch(AUTOTUNE) after .batch" in before["pipelines"][0]["notes"]
+    # the advice applied: the step takes the iterator and fetches inside the tf.function
+    fixed = _edited_copy(tmp_path, script, [
+        ("    def train_step(x, y):\n", "    def train_step(iterator):\n        x, y = next(iterator)\n"),
+        ("        for step, (x_batch, y_batch) in enumerate(train_dataset):\n"
+         "            loss = train_step(x_batch, y_batch)\n",
+         "        iterator = iter(train_dataset)\n        for step in range(len(train_dataset)):\n"
+         "            loss = train_step(iterator)\n")])
+    after = run_and_report(tmp_path, fixed, name="after")
+    assert after["summary"]["steps"] == before["summary"]["steps"]
+    left = findings(after, "input-bound")
+    # the fetch inside the step is no longer blamed; what is left is tf.data's own hand-over,
+    # measured in the step (2 cores, load 1.5-2: 31 % -> 22 %, the step 1.1 -> 0.87 ms): less
+    # than the issue's half, said so in docs/diagnostics.md
+    assert not left or left[0]["evidence"]["culprit_site"] != f["evidence"]["culprit_site"], left
+    assert not left or left[0]["evidence"]["input_wait_pct"] < f["evidence"]["input_wait_pct"], left
+
+
 def _line_of(script: Path, text: str) -> int:
     (n,) = [i for i, line in enumerate(script.read_text().splitlines(), start=1) if text in line]
     return n
