@@ -112,9 +112,10 @@ def _apply_fix(tmp_path: Path, script: Path, finding: dict, site: str = "culprit
     # 41 -> 5.2 %; beside another TF run 16 -> 1 % (before: 38 -> 29 % in CI, not half)
     ("input_sequential_map.py", "map", "prefetch", 0.5),
     # shards fetched one at a time, each behind ~40 ms of latency (issue 25: the edit must help on 2
-    # cores). cycle_length=AUTOTUNE is the core count: 2 fetches at once here, so the wait at most
-    # halves; measured alone 64 -> 34 %, 37 % -> none, beside another TF test 42 -> 27 %
-    ("input_interleave_one.py", "interleave", "prefetch", 0.85),
+    # cores). cycle_length=AUTOTUNE is the core count: 2 fetches at once here, so the wait gone
+    # needs the step longer than half a fetch; measured (2026-11-26) alone 43 -> 9.7 % (load 2),
+    # beside another TF run 19 -> 1.7 % (earlier: 64 -> 34 %, 42 -> 27 % in CI)
+    ("input_interleave_one.py", "interleave", "prefetch", 0.5),
 ])
 def test_the_proposed_edit_removes_the_input_wait(tmp_path, script, stage, has, cut):
     before = run_and_report(tmp_path, PLANTED / script, name="before")
