@@ -2,7 +2,7 @@
 its window, and the ``gc.get_objects()`` pass at its end (the tensors made since, their bytes, the
 container holding them, its name and the line that adds to it), in a process with TensorFlow, a
 Keras model and ``--kept`` tensors in a list. Both hold the GIL: the training thread waits that
-long, once each per window (at most two windows a run). Prints milliseconds; no asserts.
+long, once per window (at most two windows a run). Prints milliseconds; no asserts.
 
     python bench/leak_tensor_pass.py [--kept 400] [--repeats 5]
 """
@@ -50,7 +50,7 @@ def main() -> None:
     print(f"gc-tracked objects: {len(gc.get_objects())}; kept tensors per window: {args.kept}; "
           f"found at {found.sites[0]} (+{found.grown_bytes[0] / 2**20:.0f} MiB)")
     print(f"start (counter read): median {statistics.median(starts) * 1e3:.3f} ms; "
-          f"end pass: median {statistics.median(ends) * 1e3:.1f} ms (GIL held, once each per window)")
+          f"end pass: median {statistics.median(ends) * 1e3:.1f} ms (GIL held, once per window)")
 
 
 if __name__ == "__main__":

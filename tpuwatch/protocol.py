@@ -228,7 +228,9 @@ class Retrace(Message):
 @dataclass(frozen=True)
 class Pipeline(Message):
     """The tf.data pipeline a training iterates: its stages from the source to the last, one
-    entry per stage in each tuple (sent once per dataset, when its first iterator is made).
+    entry per stage in each tuple (sent once per dataset, when its first iterator is made, and
+    once more, with ``consumer_site``, when a batch of it is first fetched eagerly: a later
+    message for the same ``dataset`` replaces the earlier).
 
     ``sites`` is the script's ``file:line`` that created the stage ("" when unknown; a stage that
     Keras or tf.distribute added carries the user's line that led to it, and ``added_by`` says
@@ -248,11 +250,11 @@ class Pipeline(Message):
     holds_bytes: tuple[int, ...]
     added_by: tuple[str, ...]  # "" (the script), "keras", "tf.distribute", "tensorflow"
     elements: int | None = None  # elements per pass at the last stage (None: infinite/unknown)
-    #: the script's ``file:line`` that iterates the dataset eagerly (``for batch in dist_dataset``,
-    #: ``for x, y in dataset``): where each batch is fetched between steps ("" when the batches
-    #: are fetched inside the step or where, unknown)
+    #: the script's ``file:line`` that fetches the dataset's batches eagerly, between steps
+    #: (``for batch in dist_dataset``, ``for x, y in dataset``, ``next(iterator)`` outside a
+    #: tf.function): "" when they are fetched inside the step, or not yet
     consumer_site: str = ""
-    #: TensorFlow adds a ``prefetch(AUTOTUNE)`` after the last stage when it is not one (its
+    #: TensorFlow adds a ``prefetch(AUTOTUNE)`` after a synchronous last stage (its
     #: ``inject_prefetch`` rewrite, on unless the dataset's options turn off autotune,
     #: ``inject_prefetch`` or the default optimizations); None: not known (read as True: every
     #: TensorFlow tpuwatch supports does so by default)

@@ -51,7 +51,8 @@ def main() -> int:
     for epoch in range(args.epochs):
         for step, (x_batch, y_batch) in enumerate(train_dataset):
             loss = train_step(x_batch, y_batch)
-        print(f"epoch {epoch}: last loss {float(loss):.4f} after {step + 1} steps", flush=True)
+            if step % 100 == 0:
+                print(f"epoch {epoch} step {step}: loss {float(loss):.4f}", flush=True)
     return 0
 
 

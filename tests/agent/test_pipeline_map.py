@@ -33,13 +33,19 @@ USER = ["from_tensor_slices", "map", "cache", "shuffle", "batch", "prefetch"]
     ("iterator_fn", "experimental_distribute_dataset", ["repeat"]),
     ("in_function", "experimental_distribute_dataset", []),  # mapped outside the user's graph
     ("plain", "iterator", []),
+    ("eager_next", "experimental_distribute_dataset", []),
+    ("progress", "iterator", []),
+    ("peek", "iterator", []),  # a one-off next(iter(ds)) is no loop's fetch
 ])
 def test_each_stage_is_named_with_its_line_and_settings(run_agent, mode, consumer, extra):
     run = run_agent(SCRIPT, "--mode", mode)
     assert run.returncode == 0, run.output
     pipes = [m for m in run.messages if isinstance(m, protocol.Pipeline)]
-    assert len(pipes) == 1, pipes  # once per dataset, whatever the iterators made underneath
-    (p,) = pipes
+    # once per dataset, whatever the iterators made underneath; said again, with the line that
+    # fetches its batches, once the script fetches one eagerly
+    assert {m.dataset for m in pipes} == {1} and len(pipes) <= 2, pipes
+    assert all(m.consumer_site == "" for m in pipes[:1]), pipes
+    p = pipes[-1]
     assert p.consumer == consumer
     lines = _marked()
     user = [(stage, site) for stage, site, by in zip(p.stages, p.sites, p.added_by) if not by]
@@ -57,8 +63,9 @@ def test_each_stage_is_named_with_its_line_and_settings(run_agent, mode, consume
     assert p.code[p.stages.index("map")] == "ds = ds.map(scale)  # stage map"
     if mode in ("custom", "fit", "plain"):  # the script's batches per pass, not the replicas' after rebatch
         assert p.elements == 256 // 32, p
-    # a Python for loop over the dataset fetches each batch eagerly, at its line; iter() handed
-    # to a tf.function, Keras' fit and a loop inside a tf.function do not
+    # the script's line that fetches each batch eagerly (a for loop, next() in Python, a for loop
+    # over a progress bar's iteration); iter() handed to a tf.function, Keras' fit and a loop
+    # inside a tf.function fetch in the step
     loop = [n for n, line in enumerate(SCRIPT.read_text().splitlines(), start=1) if line.endswith(f"# loop {mode}")]
     assert p.consumer_site == (f"pipelines.py:{loop[0]}" if loop else ""), p
     assert p.tf_prefetch is True  # TensorFlow's inject_prefetch is on (default options)
@@ -71,7 +78,7 @@ def test_each_stage_is_named_with_its_line_and_settings(run_agent, mode, consume
 def test_options_that_turn_autotune_off_say_tensorflow_adds_no_prefetch(run_agent, mode):
     run = run_agent(SCRIPT, "--mode", mode, "--autotune-off")
     assert run.returncode == 0, run.output
-    (p,) = [m for m in run.messages if isinstance(m, protocol.Pipeline)]
+    p = [m for m in run.messages if isinstance(m, protocol.Pipeline)][-1]
     assert p.tf_prefetch is False and not any(p.tf_parallel), p
 
 
@@ -109,9 +116,29 @@ def test_the_maps_tensorflow_parallelizes_are_the_ones_marked():
     def stateful(x):
         return tf.numpy_function(lambda v: v, [x], tf.int64)
 
+    def asserted(x):  # an If around the Assert: TF looks into it, so does the agent
+        tf.debugging.assert_non_negative(x)
+        return x + 1
+
+    def branches(x):
+        return tf.cond(x > 1, lambda: x, lambda: -x)
+
+    def seeded_random(x):
+        return x + tf.random.uniform((), maxval=3, dtype=tf.int64, seed=1)
+
+    def stateless_random(x):
+        return x + tf.random.stateless_uniform((), seed=[1, 2], maxval=3, dtype=tf.int64)
+
+    def printed(x):
+        tf.print(x)
+        return x
+
     no_autotune = tf.data.Options()
     no_autotune.autotune.enabled = False
-    for fn, options, parallel in [(stateless, None, True), (stateful, None, False), (stateless, no_autotune, False)]:
+    for fn, options, parallel in [(stateless, None, True), (stateful, None, False), (stateless, no_autotune, False),
+                                  (asserted, None, True), (branches, None, True), (seeded_random, None, False),
+                                  (stateless_random, None, True), (printed, None, False),
+                                  (tf.function(stateless), None, True)]:
         source = tf.data.Dataset.range(4)
         if options is not None:
             source = source.with_options(options)

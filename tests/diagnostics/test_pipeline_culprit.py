@@ -76,28 +76,55 @@ def test_no_prefetch_at_the_end_is_added_where_the_options_turn_tensorflows_off(
 
 
 def test_a_python_for_loop_over_the_dataset_is_the_eager_fetch():
-    p = pipe(SOURCE, ("shuffle", "buffer_size=1024", "ds = ds.shuffle(1024)"), BATCH, consumer_site="train.py:60")
+    p = pipe(SOURCE, ("shuffle", "buffer_size=1024", "ds = ds.shuffle(1024)"), BATCH, consumer_site="train.py:60",
+             tf_prefetch=True)
     c = culprit(p, fetch_in_step=False)
     assert (c.stage, c.site, c.overlapped) == ("", "train.py:60", True), c
     assert "TensorFlow prefetches after its last stage, .batch" in c.problem, c
-    assert "eager fetch of each batch (for batch in dataset at train.py:60)" in c.problem, c
+    assert "eager fetch of each batch between steps, in Python at train.py:60" in c.problem, c
     assert "next(iterator)" in c.fix and "prefetch(" not in c.fix, c
     # an iterator made with iter() may be fetched in a tf.function: the fetch is not blamed
     c = culprit(pipe(SOURCE, BATCH), fetch_in_step=False)
     assert c.site == "" and "eager fetch" not in c.problem, c
 
 
-def test_the_maps_notes_say_what_the_stages_do_not_show():
-    with_options = ("with_options", "", "ds = ds.with_options(options)")
-    assert pipeline_notes(pipe(SOURCE, BATCH, with_options)) == ["TensorFlow adds .prefetch(AUTOTUNE) after .batch"]
-    assert pipeline_notes(pipe(SOURCE, BATCH, with_options, tf_prefetch=False)) == [
-        "no .prefetch: the dataset's options turn off the one TensorFlow adds after .batch"]
-    assert pipeline_notes(pipe(SOURCE, BATCH, PREFETCH, consumer_site="train.py:60")) == [
-        "each batch fetched eagerly by a Python for loop at train.py:60"]
-
-
 PARALLEL_MAP = ("map", "num_parallel_calls=AUTOTUNE, deterministic='default'",
                 "ds = ds.map(f, num_parallel_calls=tf.data.AUTOTUNE)")
+
+
+def test_the_maps_notes_say_what_the_stages_do_not_show():
+    with_options = ("with_options", "", "ds = ds.with_options(options)")
+    assert pipeline_notes(pipe(SOURCE, BATCH, with_options, tf_prefetch=True)) == [
+        "TensorFlow adds .prefetch(AUTOTUNE) after .batch"]
+    assert pipeline_notes(pipe(SOURCE, BATCH, with_options, tf_prefetch=False)) == [
+        "no .prefetch: the dataset's options turn off the one TensorFlow adds after .batch"]
+    assert pipeline_notes(pipe(SOURCE, BATCH, with_options)) == []  # options not known (an old recording)
+    assert pipeline_notes(pipe(SOURCE, BATCH, PREFETCH, consumer_site="train.py:60")) == [
+        "each batch fetched eagerly, between steps, at train.py:60"]
+
+
+def test_the_notes_claim_no_prefetch_after_a_stage_that_runs_ahead():
+    # TF (2.16, 2.21) injects no prefetch after a parallel map, a parallel interleave or a fused
+    # map-and-batch (the review, checked with assert_next): they run ahead by themselves
+    assert pipeline_notes(pipe(SOURCE, PARALLEL_MAP, BATCH, tf_prefetch=True)) == []
+    assert pipeline_notes(pipe(SOURCE, ("map", "", "ds = ds.map(f)"), BATCH, tf_prefetch=True,
+                               tf_parallel=(False, True, False))) == [
+        "TensorFlow runs .map at train.py:41 in parallel (its function is stateless)"]
+
+
+def test_a_distributed_datasets_own_prefetch_and_map_are_not_the_scripts():
+    # tf.distribute ends the dataset with .rebatch().prefetch(replicas) and maps it itself: with
+    # autotune off a batch is still made ahead, and its map is no note about the script's code
+    p = Pipeline(t=0.0, dataset=1, consumer="experimental_distribute_dataset",
+                 stages=("from_tensor_slices", "shuffle", "batch", "map", "rebatch", "prefetch", "autoshard"),
+                 sites=("train.py:40", "train.py:41", "train.py:42") + ("train.py:60",) * 4,
+                 settings=("", "buffer_size=1024", "batch_size=64, drop_remainder=True", "", "", "buffer_size=2", ""),
+                 code=("", "", "ds = ds.batch(64, drop_remainder=True)") + ("dist = ...",) * 4,
+                 holds_bytes=(0,) * 7, added_by=("", "", "", "tf.distribute", "tf.distribute", "tf.distribute",
+                                                 "tensorflow"),
+                 tf_prefetch=False, tf_parallel=(False, False, False, True, False, False, False))
+    assert culprit(p, fetch_in_step=True).stage != "prefetch"
+    assert pipeline_notes(p) == []
 
 
 @pytest.mark.parametrize("stages", [
@@ -109,8 +136,8 @@ PARALLEL_MAP = ("map", "num_parallel_calls=AUTOTUNE, deterministic='default'",
     (SOURCE, ("batch", "batch_size=64, num_parallel_calls=AUTOTUNE", "ds = ds.batch(64, num_parallel_calls=-1)"),),
 ], ids=["map-batch", "map-batch-repeat", "batch-map", "interleave-batch", "parallel-batch"])
 def test_no_final_prefetch_is_advised_after_a_parallel_last_stage(stages):
-    # the parallel stage runs ahead by itself (and TF's inject_prefetch adds a prefetch after
-    # it): bench/prefetch_after_parallel_map.py measured no wait cut by adding one
+    # the parallel stage runs ahead by itself (TF's inject_prefetch adds none after it):
+    # bench/prefetch_after_parallel_map.py measured no wait cut by adding one
     c = culprit(pipe(*stages), fetch_in_step=True)
     assert c.stage != "prefetch" and "prefetch(" not in c.fix and not c.new_code, c
 
@@ -156,11 +183,12 @@ def test_numpy_into_fit_is_not_told_to_prefetch_what_keras_prefetches():
 def test_a_healthy_pipeline_in_a_custom_loop_blames_the_eager_fetch():
     c = culprit(pipe(SOURCE, BATCH, PREFETCH, consumer="experimental_distribute_dataset",
                      consumer_site="train.py:60"), fetch_in_step=False)
-    assert "eager fetch of each distributed batch (for batch in dist_dataset at train.py:60)" in c.problem
+    assert "eager fetch of each distributed batch between steps, in Python at train.py:60" in c.problem
     assert "next(iterator)" in c.fix and c.site == "train.py:60"
     assert "prefetch" not in c.fix and "num_parallel_calls" not in c.fix
     # an iterator the script made with iter() and hands to its tf.function fetches in the step
-    # (its function is not one of Keras'): the fetch was blamed, with its iter() line
+    # (its function is not one of Keras'): no eager fetch was seen, so none is blamed (before:
+    # blamed, with its iter() line)
     c = culprit(pipe(SOURCE, BATCH, PREFETCH, consumer="experimental_distribute_dataset"), fetch_in_step=False)
     assert "eager fetch" not in c.problem and "next(iterator)" not in c.fix, c
 
@@ -190,6 +218,30 @@ def test_report_lists_the_pipeline_map(tmp_path):
     assert d["stages"][1]["site"] == "train.py:41"
     text = render_text(report)
     assert "Input pipeline" in text and "train.py:41" in text and ".map()   ds = ds.map(decode)" in text
+
+
+def test_a_pipeline_said_again_with_its_fetch_line_replaces_the_first(tmp_path):
+    # the agent says a dataset's pipeline when its iterator is made, and again once the script
+    # has fetched batches eagerly at one line: one pipeline, with that line, in the map and the finding
+    import dataclasses
+
+    from tpuwatch import protocol
+    from tpuwatch.console.report import build_report
+
+    p = pipe(SOURCE, ("shuffle", "buffer_size=1024", "ds = ds.shuffle(1024)"), BATCH, tf_prefetch=True)
+    run = SyntheticRun(step_time_s=0.002)
+    run.emit(p)
+    run.emit(dataclasses.replace(p, consumer_site="train.py:60"))
+    run.steps(300, input_wait_s=0.0008)
+    (f,) = findings(run.engine(), "input-bound")
+    assert f.evidence["culprit_site"] == "train.py:60" and "eager fetch" in f.advice, f
+    hello = protocol.Hello(protocol_version=protocol.PROTOCOL_VERSION, agent_version="0.1.0", run_id="r", t=1.0,
+                           pid=1, host="h", worker="h:1", python_version="3.11", tf_version="2.21.0",
+                           keras_version="3.15.0", script="train.py", argv=("train.py",))
+    again = dataclasses.replace(p, consumer_site="train.py:60")
+    (tmp_path / "events.jsonl").write_bytes(b"".join(protocol.encode(m) for m in (hello, p, again)))
+    (d,) = build_report(tmp_path)["pipelines"]
+    assert d["consumer_site"] == "train.py:60"
 
 
 GENERATOR = ("from_generator", "", "ds = tf.data.Dataset.from_generator(examples, output_signature=sig)")

@@ -97,7 +97,9 @@ class InputWaitProbe:
                     if executing_eagerly():
                         if distributed:  # a distributed batch fetched between steps (the auto-profile asks)
                             this.probe.eager_distributed_fetches += 1
-                        return this._eager(original, optional, it, args, kwargs)
+                        result = this._eager(original, optional, it, args, kwargs)
+                        this._fetched(it)
+                        return result
                     return this._traced(original, optional, it, args, kwargs)
                 finally:
                     this._depth.n = 0
@@ -105,6 +107,15 @@ class InputWaitProbe:
             return fetch
 
         return make
+
+    def _fetched(self, it: Any) -> None:
+        """The pipeline map learns where the script fetches eagerly (after the fetch is timed)."""
+        pm = getattr(self.agent, "pipeline_map", None)
+        if pm is not None:
+            try:
+                pm.fetched(it)
+            except Exception as e:  # the batch is the script's: only the probe stops
+                self.agent.probe_failed("pipeline_map", e)
 
     def _eager(self, original: Callable[..., Any], optional: bool, it: Any, args: Any, kwargs: Any) -> Any:
         probe = self.probe

@@ -13,9 +13,9 @@ guarded: an attribute missing in this TF version leaves that setting out), and t
 
 from __future__ import annotations
 
+import dataclasses
 import linecache
 import os
-import re
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
@@ -35,7 +35,10 @@ _MAX_DATASETS = 64  # pipelines sent per run (a script that makes datasets in a 
 _MAX_CODE = 160
 _TF_UTIL = f"{os.sep}tensorflow{os.sep}python{os.sep}util{os.sep}"
 _AUTOTUNE = -1
-_FOR_LOOP = re.compile(r"(async\s+)?for\s.+\sin\s")
+_SITE_PACKAGES = f"{os.sep}site-packages{os.sep}"
+_LOOP_FETCHES = 3  # eager fetches in a row at one line of the script: its loop
+_MAX_FETCH_LOOKS = 16
+_DIST_PACKAGES = f"{os.sep}dist-packages{os.sep}"
 _TUNABLE = frozenset({"buffer_size", "num_parallel_calls", "cycle_length", "block_length",
                       "num_parallel_reads"})  # -1 is AUTOTUNE (for a repeat's count, forever)
 
@@ -87,6 +90,9 @@ class PipelineMap:
         self._sent = 0
         self.held_bytes = 0  # what the mapped pipelines' caches and shuffle buffers can hold
         self._local = threading.local()  # .quiet: inside a distributed dataset's __iter__
+        self._maps: dict[int, Pipeline] = {}  # what was sent, by dataset number
+        self._fetch_said: set[int] = set()  # datasets whose eager fetch site was sent
+        self._fetches: dict[int, list[Any]] = {}  # dataset -> [last eager fetch's line, in a row there, looks]
 
     # --- creation sites (once per transformation) ------------------------------------------
 
@@ -120,18 +126,6 @@ class PipelineMap:
         code = linecache.getline(path, line).strip()[:_MAX_CODE]
         return f"{os.path.basename(path)}:{line}", api, code, added_by
 
-    def loop_site(self, skip: int) -> str:
-        """The script's ``file:line`` when the calling frame is a Python ``for`` loop over the
-        dataset (each batch fetched eagerly, between steps), else "" (``iter(ds)`` handed to a
-        tf.function, a library's loop such as a progress bar's)."""
-        f, _, _ = self._script_frame(skip)
-        if f is None:
-            return ""
-        path, line = f.f_code.co_filename, f.f_lineno
-        if f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path:
-            return ""
-        return f"{os.path.basename(path)}:{line}" if _FOR_LOOP.match(linecache.getline(path, line).strip()) else ""
-
     def make_init(self, original: Callable[..., None]) -> Callable[..., None]:
         this = self
 
@@ -164,12 +158,12 @@ class PipelineMap:
 
                     ds = dataset_of(dds)
                     if ds is not None:
-                        # a Python for loop over it: each batch is fetched between steps, at this line
-                        site = this.loop_site(1) if context.executing_eagerly() else ""
                         # iterated inside a tf.function: read outside its graph (cardinality
                         # would otherwise add ops to the user's function)
                         with ops.init_scope():
-                            this.record(ds, consumer, site)
+                            this.record(ds, consumer)
+                        if context.executing_eagerly():
+                            this.stamp(it, ds)
                 except Exception as e:  # the script's iterator is made: only the probe stops
                     this.agent.probe_failed(PROBE, e)
             return it
@@ -186,22 +180,72 @@ class PipelineMap:
                     from tensorflow.python.eager import context
 
                     if context.executing_eagerly():
-                        this.record(dataset, "iterator", this.loop_site(1))
+                        this.record(dataset, "iterator")
+                        this.stamp(it, dataset)
                 except Exception as e:  # the script's iterator is made: only the probe stops
                     this.agent.probe_failed(PROBE, e)
 
         return __init__
 
-    def record(self, ds: Any, consumer: str, consumer_site: str = "") -> None:
+    def record(self, ds: Any, consumer: str) -> None:
         if ds.__dict__.get(_MAPPED) or self._sent >= _MAX_DATASETS:
             return
-        ds.__dict__[_MAPPED] = True
         self._sent += 1
-        msg = self.describe(ds, consumer, self._sent, consumer_site)
+        ds.__dict__[_MAPPED] = self._sent
+        msg = self.describe(ds, consumer, self._sent)
+        self._maps[self._sent] = msg
         self.held_bytes += sum(b for b in msg.holds_bytes if b > 0)
         self.agent.emit(msg)
 
-    def describe(self, ds: Any, consumer: str, number: int, consumer_site: str = "") -> Pipeline:
+    # --- where batches are fetched eagerly (once per dataset) ------------------------------
+
+    @staticmethod
+    def stamp(it: Any, ds: Any) -> None:
+        """Marks an iterator made eagerly with its dataset's number (read by :meth:`fetched`)."""
+        number = ds.__dict__.get(_MAPPED)
+        if number:
+            it.__dict__[_MAPPED] = number
+
+    def fetched(self, it: Any) -> None:
+        """A batch of ``it`` was fetched eagerly (the input-wait probe's eager path: the training
+        thread, every such fetch; a dict read once the dataset's site is known). Once the script
+        has fetched ``_LOOP_FETCHES`` batches in a row at the same line (``for batch in
+        dataset``, ``next(iterator)`` in a Python loop; not a one-off ``next(iter(ds))`` look at
+        a batch), the pipeline is said again with that line: where each batch is fetched
+        between steps. Keras' own eager fetches (a fit building its model, ``run_eagerly``) are
+        not the script's. At most ``_MAX_FETCH_LOOKS`` frame walks per dataset."""
+        number = getattr(it, "__dict__", {}).get(_MAPPED)
+        if not number or number in self._fetch_said or not self.agent.enabled(PROBE):
+            return
+        seen = self._fetches.setdefault(number, ["", 0, 0])  # [last fetch's line, in a row there, looks]
+        if seen[2] >= _MAX_FETCH_LOOKS:
+            return
+        here = self._fetch_line()
+        seen[1] = seen[1] + 1 if here and here == seen[0] else int(bool(here))
+        seen[0] = here
+        seen[2] += 1
+        msg = self._maps.get(number)
+        if seen[1] >= _LOOP_FETCHES and msg is not None:
+            self._fetch_said.add(number)
+            self.agent.emit(dataclasses.replace(msg, t=self.agent.clock(), consumer_site=here))
+
+    def _fetch_line(self) -> str:
+        """The script's ``file:line`` that fetched ("" when Keras did, or none is found)."""
+        roots = self._roots
+        if roots is None:
+            roots = self._roots = _roots()
+        f: Any = sys._getframe(2)
+        while f is not None:
+            path = f.f_code.co_filename
+            if f"{os.sep}keras{os.sep}" in path or f"{os.sep}tf_keras{os.sep}" in path:
+                return ""
+            if (not path.startswith(roots) and not path.startswith("<") and "__autograph_generated" not in path
+                    and _SITE_PACKAGES not in path and _DIST_PACKAGES not in path):
+                return f"{os.path.basename(path)}:{f.f_lineno}"
+            f = f.f_back
+        return ""
+
+    def describe(self, ds: Any, consumer: str, number: int) -> Pipeline:
         chain: list[Any] = []
         node = ds
         while node is not None and len(chain) < _MAX_STAGES:
@@ -225,14 +269,14 @@ class PipelineMap:
         return Pipeline(t=self.agent.clock(), dataset=number, consumer=consumer, stages=tuple(stages),
                         sites=tuple(sites), settings=tuple(settings), code=tuple(code),
                         holds_bytes=tuple(holds), added_by=tuple(added),
-                        elements=_cardinality(ds.__dict__.get(_OWN, ds)), consumer_site=consumer_site,
+                        elements=_cardinality(ds.__dict__.get(_OWN, ds)),
                         tf_prefetch=tf_prefetch, tf_parallel=tuple(parallel))
 
 
 def _rewrites(ds: Any) -> tuple[bool | None, bool | None]:
     """What two of TensorFlow's default graph rewrites will do to the pipeline iterated as
     ``ds``, from its options (None: the options cannot be read): (``inject_prefetch``: it adds
-    ``prefetch(AUTOTUNE)`` after a last stage that is not one; ``map_parallelization``: it runs
+    ``prefetch(AUTOTUNE)`` after a synchronous last stage; ``map_parallelization``: it runs
     a ``map`` with a stateless function in parallel, ``num_parallel_calls=AUTOTUNE``). Both are
     on unless the options turn off autotune, the rewrite, or the default optimizations (TF 2.16
     and 2.21: a sequential 4 ms map before a 10 ms step waits 0.2 ms a batch as written, 4.5 ms
@@ -250,23 +294,44 @@ def _rewrites(ds: Any) -> tuple[bool | None, bool | None]:
 
 
 def _stateless(ds: Any) -> bool | None:
-    """The function of a ``map`` has no stateful op but asserts (``tf.numpy_function``,
-    ``tf.py_function`` and unseeded random ops are stateful): what ``map_parallelization``
-    requires. An ``If``/``While`` counts as stateful (TF looks into their branches). None:
-    not known."""
+    """The function of a ``map`` is stateless as TensorFlow's ``map_parallelization`` judges it
+    (its ``IsFunctionStateful`` with asserts skipped): no stateful op but ``Assert``, looking into
+    the branches of an ``If`` and the body of a ``While`` (a ``tf.debugging.assert_*`` compiles to
+    an ``If`` around its ``Assert``). ``tf.numpy_function``, ``tf.py_function``, ``tf.print``,
+    variable reads and ``tf.random`` ops (seeded or not; ``stateless_*`` are not) are stateful.
+    None: not known (a legacy function, another TF's layout)."""
     try:
-        from tensorflow.python.framework import op_def_registry
-
-        fdef = ds.__dict__["_map_func"].function.function_def
+        function = ds.__dict__["_map_func"].function
+        fdef = function.function_def
         if not fdef.signature.is_stateful:
             return True
-        for node in fdef.node_def:
-            op = op_def_registry.get(node.op)
-            if op is None or (op.is_stateful and node.op != "Assert"):
-                return False
-        return True
-    except Exception:  # a legacy function, another TF's layout: not known
+        library = {f.signature.name: f for f in function.graph.as_graph_def().library.function}
+        return not _stateful(fdef, library, 0)
+    except Exception:  # not known
         return None
+
+
+_CALLS = {"If": ("then_branch", "else_branch"), "While": ("cond", "body")}
+
+
+def _stateful(fdef: Any, library: dict[str, Any], depth: int) -> bool:
+    from tensorflow.python.framework import op_def_registry
+
+    if not fdef.signature.is_stateful:
+        return False
+    if depth > 16:
+        return True
+    for node in fdef.node_def:
+        op = op_def_registry.get(node.op)
+        if op is None:
+            return True  # a call of a function by its name: TF counts it stateful too
+        if not op.is_stateful or node.op == "Assert":
+            continue
+        called = [library.get(node.attr[a].func.name) for a in _CALLS.get(node.op, ())]
+        if called and all(f is not None and not _stateful(f, library, depth + 1) for f in called):
+            continue
+        return True
+    return False
 
 
 def _first_input(ds: Any) -> Any:

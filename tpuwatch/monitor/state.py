@@ -389,6 +389,10 @@ class RunState:
             self._device_peaks[key] = peak
 
     def _pipeline(self, msg: Pipeline, w: Worker) -> None:
+        for i, (name, p) in enumerate(self._pipelines):
+            if name == w.name and p.dataset == msg.dataset:  # the same dataset, said again (its fetch site)
+                self._pipelines[i] = (name, msg)
+                return
         if len(self._pipelines) < _MAX_PIPELINES:
             self._pipelines.append((w.name, msg))
 

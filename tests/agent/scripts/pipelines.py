@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -21,7 +23,8 @@ def scale(x, y):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["fit", "fit_numpy", "custom", "from_function", "iterator_fn", "in_function", "plain"])
+    p.add_argument("--mode", choices=["fit", "fit_numpy", "custom", "from_function", "iterator_fn", "in_function", "plain",
+                                      "eager_next", "progress", "peek"])
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--autotune-off", action="store_true")
     args = p.parse_args()
@@ -93,6 +96,33 @@ def main() -> None:
             return total
 
         epoch()
+    elif args.mode == "eager_next":  # the iterator outside the tf.function, next() in Python
+        iterator = iter(strategy.experimental_distribute_dataset(make(32)))  # stage distribute
+        for _ in range(args.steps):
+            train_step(next(iterator))  # loop eager_next
+    elif args.mode == "peek":  # one look at a batch, then the fetches inside a tf.function
+        ds = make(32)
+        print("first batch:", next(iter(ds))[0].shape)
+
+        @tf.function
+        def plain_step(iterator):
+            xb, _ = next(iterator)
+            return tf.reduce_sum(model(xb))
+
+        iterator = iter(ds)
+        for _ in range(args.steps):
+            plain_step(iterator)
+    elif args.mode == "progress":  # a progress bar (an installed package) iterates for the loop
+        folder = os.path.join(tempfile.mkdtemp(), "site-packages")
+        os.makedirs(folder)
+        with open(os.path.join(folder, "progress_bar.py"), "w") as f:
+            f.write("def bar(items):\n    for item in items:\n        yield item\n")
+        sys.path.insert(0, folder)
+        import progress_bar
+
+        for i, _ in enumerate(progress_bar.bar(make(32))):  # loop progress
+            if i + 1 == args.steps:
+                break
     else:
         for i, _ in enumerate(make(32)):  # loop plain
             if i + 1 == args.steps:

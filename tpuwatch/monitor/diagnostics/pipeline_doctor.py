@@ -6,7 +6,7 @@ order they cost a step: a Python generator source, a ``map`` that runs one eleme
 (its function stateful: TensorFlow's ``map_parallelization`` runs a stateless one in parallel),
 an ``interleave`` reading one input at a time, files read one at a time, and no ``prefetch`` at
 the end where the dataset's options turn off the one TensorFlow adds (its ``inject_prefetch``
-rewrite puts ``prefetch(AUTOTUNE)`` after any other last stage by default). A pipeline that has
+rewrite puts ``prefetch(AUTOTUNE)`` after a synchronous last stage by default). A pipeline that has
 none of them is not told to add what it has: the wait is then the fetch itself (a custom loop's
 Python ``for`` over the dataset or a distributed dataset, fetching each batch eagerly) or Keras
 slicing NumPy arrays.
@@ -69,9 +69,10 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
     # stages that pass elements through as they come do not undo a prefetch before them
     working = [st for st in user if st[0] not in _PASS_THROUGH] or user[-1:]
     last = working[-1]
-    # TensorFlow adds prefetch(AUTOTUNE) after a last stage that is not one, unless the
-    # dataset's options turn that off: only then is "add .prefetch" an edit that does anything
-    if last[0] != "prefetch" and not _runs_ahead(working) and p.tf_prefetch is False:
+    # TensorFlow adds prefetch(AUTOTUNE) after a synchronous last stage, unless the dataset's
+    # options turn that off (and tf.distribute adds one of its own after a distributed
+    # dataset): only then is "add .prefetch" an edit that does anything
+    if last[0] != "prefetch" and not _runs_ahead(working) and p.tf_prefetch is False and not _prefetched_after(p):
         stage, site, _, code, _ = last
         call = f".{stage}("
         new = _after_call(code, call, f".prefetch({AUTOTUNE})")
@@ -81,15 +82,13 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
                        "made only when the step asks",
                        f"end it with .prefetch({AUTOTUNE}) after .{stage} at {site}",
                        code if new else "", new)
-    if not fetch_in_step and p.consumer_site:  # a Python for loop over the dataset
-        at = f" at {p.consumer_site}" if p.consumer_site else ""
-        what, loop = (("distributed batch", "dist_dataset") if p.consumer != "iterator"
-                      else ("batch", "dataset"))
-        ahead = ("" if last[0] == "prefetch" or _runs_ahead(working)
-                 else f" (TensorFlow prefetches after its last stage, .{last[0]})")
+    if not fetch_in_step and p.consumer_site:  # the script fetches its batches in Python
+        what = "distributed batch" if p.consumer != "iterator" else "batch"
+        ahead = ("" if last[0] == "prefetch" or _runs_ahead(working) or _prefetched_after(p)
+                 or p.tf_prefetch is not True else f" (TensorFlow prefetches after its last stage, .{last[0]})")
         return Culprit("", p.consumer_site, f"the pipeline overlaps with the step already{ahead}; the "
-                       f"wait is the eager fetch of each {what} (for batch in {loop}{at}) between "
-                       "steps", "fetch inside the step: pass the iterator to the tf.function "
+                       f"wait is the eager fetch of each {what} between steps, in Python at "
+                       f"{p.consumer_site}", "fetch inside the step: pass the iterator to the tf.function "
                        "and call next(iterator) there (or run several steps per call)", overlapped=True)
     return Culprit("", "", "no setting of the pipeline explains the wait (no sequential map or serial "
                    "read, and its last stage is prefetched or runs ahead): its stages cannot "
@@ -108,19 +107,33 @@ def _settings(p: Pipeline) -> list[str]:
 
 
 def pipeline_notes(p: Pipeline) -> list[str]:
-    """What the stages do not show (the pipeline map's last lines, in the report and the Input
-    panel): the prefetch TensorFlow adds after the last stage (or that the options turn it
-    off), and the Python loop that fetches each batch eagerly."""
+    """What the script's stages do not show (the pipeline map's last lines, in the report and the
+    Input panel): a map TensorFlow runs in parallel, the prefetch it adds after a synchronous
+    last stage (or that the options turn it off), and where each batch is fetched eagerly."""
+    settings = _settings(p)
+    user: list[_Stage] = [(st, site, se, code, by) for st, site, se, code, by
+                          in zip(p.stages, p.sites, settings, p.code, p.added_by) if not by]
     notes = [f"TensorFlow runs .map at {site or '?'} in parallel (its function is stateless)"
-             for stage, site, settings, par in zip(p.stages, p.sites, p.settings, p.tf_parallel)
-             if par and "num_parallel_calls" not in settings]
-    working = [st for st in p.stages if st not in _PASS_THROUGH and st != "autoshard"]
-    if working and working[-1] != "prefetch":
-        notes.append(f"no .prefetch: the dataset's options turn off the one TensorFlow adds after .{working[-1]}"
-                     if p.tf_prefetch is False else f"TensorFlow adds .prefetch(AUTOTUNE) after .{working[-1]}")
+             for (stage, site, written, par, by) in zip(p.stages, p.sites, p.settings, p.tf_parallel, p.added_by)
+             if par and not by and "num_parallel_calls" not in written]
+    working = [st for st in user if st[0] not in _PASS_THROUGH]
+    if working and working[-1][0] != "prefetch" and not _runs_ahead(working) and not _prefetched_after(p):
+        last = working[-1][0]
+        if p.tf_prefetch is False:
+            notes.append(f"no .prefetch: the dataset's options turn off the one TensorFlow adds after .{last}")
+        elif p.tf_prefetch is True:
+            notes.append(f"TensorFlow adds .prefetch(AUTOTUNE) after .{last}")
     if p.consumer_site:
-        notes.append(f"each batch fetched eagerly by a Python for loop at {p.consumer_site}")
+        notes.append(f"each batch fetched eagerly, between steps, at {p.consumer_site}")
     return notes
+
+
+def _prefetched_after(p: Pipeline) -> bool:
+    """A library's ``prefetch`` follows the script's last stage (tf.distribute ends a distributed
+    dataset with ``.rebatch(...).prefetch(replicas)``), so a batch is made ahead whatever the
+    options."""
+    last_user = max((i for i, by in enumerate(p.added_by) if not by), default=-1)
+    return any(st == "prefetch" for st in p.stages[last_user + 1:])
 
 
 _Stage = tuple[str, str, str, str, str]  # stage, site, settings, code, added_by
@@ -170,8 +183,8 @@ def _runs_ahead(working: list[tuple[str, str, str, str, str]]) -> bool:
     """The pipeline's last stage runs ahead of the step by itself, so a final ``prefetch`` adds
     nothing: a parallel ``map``/``interleave``/``batch`` last, or a ``batch`` right after one (a
     parallel ``map`` and its ``batch`` are fused into one parallel map-and-batch). Each keeps a
-    buffer of finished elements that autotuning sizes, and TF's ``inject_prefetch`` optimisation
-    (on by default) puts a prefetch after such a stage anyway. Measured
+    buffer of finished elements that autotuning sizes (TF's ``inject_prefetch`` adds no prefetch
+    after such a stage: it runs ahead already). Measured
     (``bench/prefetch_after_parallel_map.py``: ``map(read, AUTOTUNE).batch(8)``, 2 ms reads, 8 ms
     steps, load 1.5-3.4): 9-17 % of the loop waiting as written, 10-17 % with the prefetch, 9-17 %
     with ``inject_prefetch`` off, each round's three within 2 points; a ``batch`` after a parallel

@@ -418,6 +418,10 @@ class Worker:
         self.traces_since_sample += 1
 
     def on_pipeline(self, m: Pipeline) -> None:
+        again = [i for i, p in enumerate(self.pipelines) if p.dataset == m.dataset]
+        if again:  # the same dataset, said again (where its batches are fetched): replaces it
+            self.pipelines[again[0]] = m
+            return
         if len(self.pipelines) < _MAX_PIPELINES:
             self.pipelines.append(m)
         for stage, site, held in zip(m.stages, m.sites, m.holds_bytes):
