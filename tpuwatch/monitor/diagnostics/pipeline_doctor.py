@@ -46,11 +46,10 @@ def training_pipeline(pipelines: list[Pipeline]) -> Pipeline | None:
 def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
     """The stage to change in ``p``. ``fetch_in_step``: the step function fetches its batch
     itself (Keras' fit, ``next(iterator)`` inside a tf.function), so no eager fetch is timed."""
-    stages = list(zip(p.stages, p.sites, _settings(p), p.code, p.added_by))
-    user = [s for s in stages if not s[4]]
+    user = _user_stages(p)
     if not user:
-        site = stages[0][1] if stages else ""
-        if stages and stages[-1][0] == "prefetch":
+        site = p.sites[0] if p.stages else ""
+        if p.stages and p.stages[-1] == "prefetch":
             # Keras 3 slices the arrays by batch in parallel and prefetches: a tf.data.Dataset of
             # the script's would overlap no more (measured: input_numpy_fit.py, 7% -> 6%)
             return Culprit("", site, f"fit takes NumPy arrays at {site or 'the fit call'}: Keras already "
@@ -72,7 +71,7 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
     # TensorFlow adds prefetch(AUTOTUNE) after a synchronous last stage, unless the dataset's
     # options turn that off (and tf.distribute adds one of its own after a distributed
     # dataset): only then is "add .prefetch" an edit that does anything
-    if last[0] != "prefetch" and not _runs_ahead(working) and p.tf_prefetch is False and not _prefetched_after(p):
+    if not _ahead(p, working) and p.tf_prefetch is False:
         stage, site, _, code, _ = last
         call = f".{stage}("
         new = _after_call(code, call, f".prefetch({AUTOTUNE})")
@@ -84,8 +83,8 @@ def culprit(p: Pipeline, fetch_in_step: bool) -> Culprit:
                        code if new else "", new)
     if not fetch_in_step and p.consumer_site:  # the script fetches its batches in Python
         what = "distributed batch" if p.consumer != "iterator" else "batch"
-        ahead = ("" if last[0] == "prefetch" or _runs_ahead(working) or _prefetched_after(p)
-                 or p.tf_prefetch is not True else f" (TensorFlow prefetches after its last stage, .{last[0]})")
+        ahead = ("" if _ahead(p, working) or p.tf_prefetch is not True
+                 else f" (TensorFlow prefetches after its last stage, .{last[0]})")
         return Culprit("", p.consumer_site, f"the pipeline overlaps with the step already{ahead}; the "
                        f"wait is the eager fetch of each {what} between steps, in Python at "
                        f"{p.consumer_site}", "fetch inside the step: pass the iterator to the tf.function "
@@ -110,14 +109,11 @@ def pipeline_notes(p: Pipeline) -> list[str]:
     """What the script's stages do not show (the pipeline map's last lines, in the report and the
     Input panel): a map TensorFlow runs in parallel, the prefetch it adds after a synchronous
     last stage (or that the options turn it off), and where each batch is fetched eagerly."""
-    settings = _settings(p)
-    user: list[_Stage] = [(st, site, se, code, by) for st, site, se, code, by
-                          in zip(p.stages, p.sites, settings, p.code, p.added_by) if not by]
     notes = [f"TensorFlow runs .map at {site or '?'} in parallel (its function is stateless)"
              for (stage, site, written, par, by) in zip(p.stages, p.sites, p.settings, p.tf_parallel, p.added_by)
              if par and not by and "num_parallel_calls" not in written]
-    working = [st for st in user if st[0] not in _PASS_THROUGH]
-    if working and working[-1][0] != "prefetch" and not _runs_ahead(working) and not _prefetched_after(p):
+    working = [st for st in _user_stages(p) if st[0] not in _PASS_THROUGH]
+    if working and not _ahead(p, working):
         last = working[-1][0]
         if p.tf_prefetch is False:
             notes.append(f"no .prefetch: the dataset's options turn off the one TensorFlow adds after .{last}")
@@ -128,10 +124,17 @@ def pipeline_notes(p: Pipeline) -> list[str]:
     return notes
 
 
-def _prefetched_after(p: Pipeline) -> bool:
-    """A library's ``prefetch`` follows the script's last stage (tf.distribute ends a distributed
-    dataset with ``.rebatch(...).prefetch(replicas)``), so a batch is made ahead whatever the
-    options."""
+def _user_stages(p: Pipeline) -> list[_Stage]:
+    """The script's own stages (not Keras' or tf.distribute's), with their settings as TF runs them."""
+    return [st for st in zip(p.stages, p.sites, _settings(p), p.code, p.added_by) if not st[4]]
+
+
+def _ahead(p: Pipeline, working: list[_Stage]) -> bool:
+    """A batch is made ahead of the step whatever the options: the script's last working stage is
+    a ``prefetch`` or runs ahead by itself, or a library's ``prefetch`` follows it (tf.distribute
+    ends a distributed dataset with ``.rebatch(...).prefetch(replicas)``)."""
+    if working[-1][0] == "prefetch" or _runs_ahead(working):
+        return True
     last_user = max((i for i, by in enumerate(p.added_by) if not by), default=-1)
     return any(st == "prefetch" for st in p.stages[last_user + 1:])
 
@@ -367,8 +370,7 @@ def stage_culprit(p: Pipeline, index: int) -> Culprit | None:
     if p.added_by[index]:
         return None
     user_idx = [i for i in range(len(p.stages)) if not p.added_by[i]]
-    settings = _settings(p)
-    user = [(p.stages[i], p.sites[i], settings[i], p.code[i], p.added_by[i]) for i in user_idx]
+    user = _user_stages(p)
     cached = max((i for i, s in enumerate(user) if s[0] == "cache"), default=-1)
     rule = _stage_rule(user, user_idx.index(index), cached)
     return rule[1] if rule else None
