@@ -36,9 +36,9 @@ _MAX_CODE = 160
 _TF_UTIL = f"{os.sep}tensorflow{os.sep}python{os.sep}util{os.sep}"
 _AUTOTUNE = -1
 _SITE_PACKAGES = f"{os.sep}site-packages{os.sep}"
+_DIST_PACKAGES = f"{os.sep}dist-packages{os.sep}"
 _LOOP_FETCHES = 3  # eager fetches in a row at one line of the script: its loop
 _MAX_FETCH_LOOKS = 16
-_DIST_PACKAGES = f"{os.sep}dist-packages{os.sep}"
 _TUNABLE = frozenset({"buffer_size", "num_parallel_calls", "cycle_length", "block_length",
                       "num_parallel_reads"})  # -1 is AUTOTUNE (for a repeat's count, forever)
 
@@ -91,17 +91,21 @@ class PipelineMap:
         self.held_bytes = 0  # what the mapped pipelines' caches and shuffle buffers can hold
         self._local = threading.local()  # .quiet: inside a distributed dataset's __iter__
         self._maps: dict[int, Pipeline] = {}  # what was sent, by dataset number
-        self._fetch_said: set[int] = set()  # datasets whose eager fetch site was sent
-        self._fetches: dict[int, list[Any]] = {}  # dataset -> [last eager fetch's line, in a row there, looks]
+        # dataset -> [last eager fetch's line, fetches in a row there, frame walks (the cap once said)]
+        self._fetches: dict[int, list[Any]] = {}
 
     # --- creation sites (once per transformation) ------------------------------------------
 
-    def _script_frame(self, skip: int) -> tuple[Any, str, str]:
-        """(the calling script frame or None, TF API called, first library frame's path)."""
-        roots = self._roots
-        if roots is None:
-            roots = self._roots = _roots()
-        f: Any = sys._getframe(skip + 1)
+    def _skip_roots(self) -> tuple[str, ...]:
+        """Directories whose frames are not the script's (computed once)."""
+        if self._roots is None:
+            self._roots = _roots()
+        return self._roots
+
+    def site(self, skip: int) -> tuple[str, str, str, str]:
+        """(``file:line``, TF API called, source line, added_by) of the calling script frame."""
+        roots = self._skip_roots()
+        f: Any = sys._getframe(skip)
         api = ""
         first_lib = ""
         while f is not None:
@@ -114,11 +118,6 @@ class PipelineMap:
             if not path.startswith("<") and _TF_UTIL not in path:
                 api = f.f_code.co_name
             f = f.f_back
-        return f, api, first_lib
-
-    def site(self, skip: int) -> tuple[str, str, str, str]:
-        """(``file:line``, TF API called, source line, added_by) of the calling script frame."""
-        f, api, first_lib = self._script_frame(skip)
         if f is None:
             return "", api, "", "tensorflow"
         path, line = f.f_code.co_filename, f.f_lineno
@@ -215,10 +214,10 @@ class PipelineMap:
         between steps. Keras' own eager fetches (a fit building its model, ``run_eagerly``) are
         not the script's. At most ``_MAX_FETCH_LOOKS`` frame walks per dataset."""
         number = getattr(it, "__dict__", {}).get(_MAPPED)
-        if not number or number in self._fetch_said or not self.agent.enabled(PROBE):
+        if not number:
             return
         seen = self._fetches.setdefault(number, ["", 0, 0])  # [last fetch's line, in a row there, looks]
-        if seen[2] >= _MAX_FETCH_LOOKS:
+        if seen[2] >= _MAX_FETCH_LOOKS or not self.agent.enabled(PROBE):
             return
         here = self._fetch_line()
         seen[1] = seen[1] + 1 if here and here == seen[0] else int(bool(here))
@@ -226,14 +225,12 @@ class PipelineMap:
         seen[2] += 1
         msg = self._maps.get(number)
         if seen[1] >= _LOOP_FETCHES and msg is not None:
-            self._fetch_said.add(number)
+            seen[2] = _MAX_FETCH_LOOKS  # said: no more looks
             self.agent.emit(dataclasses.replace(msg, t=self.agent.clock(), consumer_site=here))
 
     def _fetch_line(self) -> str:
         """The script's ``file:line`` that fetched ("" when Keras did, or none is found)."""
-        roots = self._roots
-        if roots is None:
-            roots = self._roots = _roots()
+        roots = self._skip_roots()
         f: Any = sys._getframe(2)
         while f is not None:
             path = f.f_code.co_filename
