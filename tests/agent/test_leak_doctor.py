@@ -189,6 +189,109 @@ def test_a_window_still_open_when_the_script_ends_reports_what_it_saw(tmp_path, 
     assert len(agent.emitted) == 1
 
 
+class _Agent:
+    global_step = 0
+
+    def __init__(self) -> None:
+        self.emitted: list = []
+
+    def emit(self, msg, force=False) -> None:
+        self.emitted.append(msg)
+
+    def clock(self) -> float:
+        return 1.8e9
+
+    def probe_failed(self, name, e) -> None:
+        raise e
+
+
+def _rising(doctor, agent, t, rss, mib_per_sample=30):
+    """One sample of the agent's thread (2 Hz) while the steps go on and RSS climbs."""
+    t[0] += 0.5
+    agent.global_step += 20
+    rss[0] += mib_per_sample << 20
+    return list(doctor())
+
+
+def test_a_window_cut_short_after_the_scripts_frames_returned_claims_nothing(tmp_path, monkeypatch):
+    # CI, 2026-11-26: a short run (400 steps in ~5 s) ended inside the window; at exit the script's
+    # main() had returned and freed the list it kept the arrays in, so the diff found nothing and
+    # said so: "the script's Python allocations did not grow ... what grows is native memory"
+    import importlib
+    import tracemalloc
+
+    (tmp_path / "leaky_main.py").write_text(
+        "import numpy as np\n"
+        "\n"
+        "def main(n):\n"
+        "    kept = []\n"
+        "    for _ in range(n):\n"
+        "        kept.append(np.ones(1 << 18))  # 2 MiB a step, kept until main returns\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    leaky = importlib.import_module("leaky_main")
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    try:
+        for _ in range(leak_doctor.RISE_SAMPLES + 1):
+            assert _rising(doctor, agent, t, rss) == []
+        assert tracemalloc.is_tracing()  # the window opened
+        assert _rising(doctor, agent, t, rss) == []  # its first snapshot
+        leaky.main(20)  # the training ran on and the script returned: its list is gone
+        agent.global_step += 20
+        doctor.close()
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+    assert agent.emitted == []  # no window to show: the finding keeps its general advice
+
+
+def test_a_window_ends_as_soon_as_it_has_seen_the_growth_it_needs():
+    # a fast leak (60 MiB/s here) needs no 3 s under tracemalloc, which slows every step; a short
+    # run could end before a 3 s window did
+    import tracemalloc
+
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    kept = []
+    try:
+        for _ in range(leak_doctor.RISE_SAMPLES + 1):
+            _rising(doctor, agent, t, rss)
+        assert tracemalloc.is_tracing()
+        opened = t[0]
+        _rising(doctor, agent, t, rss)  # the first snapshot
+        found: list = []
+        while not found and t[0] - opened < leak_doctor.WINDOW_S:
+            kept.extend(bytearray(1 << 20) for _ in range(30))
+            found = _rising(doctor, agent, t, rss)
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+    (sites,) = found
+    assert sites.window_s <= leak_doctor.MIN_WINDOW_S + 0.5 and t[0] - opened < leak_doctor.WINDOW_S
+    assert sites.grown_bytes[0] >= 30 << 20
+
+
+def test_a_slow_growth_keeps_the_window_open_its_full_length():
+    import tracemalloc
+
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    try:
+        for _ in range(40):  # 12 MiB/s: suspected once 64 MiB beyond where training began
+            _rising(doctor, agent, t, rss, mib_per_sample=6)
+            if tracemalloc.is_tracing():
+                break
+        assert tracemalloc.is_tracing()
+        opened = t[0]
+        found: list = []
+        while not found and t[0] - opened < 2 * leak_doctor.WINDOW_S:
+            found = _rising(doctor, agent, t, rss, mib_per_sample=6)
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+    assert len(found) == 1 and t[0] - opened >= leak_doctor.WINDOW_S
+
+
 def test_no_window_opens_while_a_profile_is_captured():
     class Profiler:
         active: object | None = object()  # a capture (the auto-profile's or the user's) runs

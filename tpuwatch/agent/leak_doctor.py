@@ -7,11 +7,14 @@ of the last ``RISE_SAMPLES`` by at least ``RISE_MIN_BYTES`` in all, and the grow
 began exceeds what the pipelines' caches and shuffle buffers hold (:mod:`.pipeline_map`) by
 ``BEYOND_HELD_BYTES``, with no tf.function traced meanwhile (graphs growing are the retrace
 finding's; tracing under tracemalloc ran 7x slower). Then, at most ``MAX_WINDOWS`` times a run and never while the script
-traces allocations itself, ``tracemalloc`` runs for ``WINDOW_S`` seconds: a snapshot after the
-first sample, one at the end, diffed by traceback; each growing allocation is charged to the
+traces allocations itself, ``tracemalloc`` runs for ``WINDOW_S`` seconds (from
+``MIN_WINDOW_S`` on, the window ends as soon as RSS grew ``ENOUGH_BYTES`` in it): a snapshot after
+the first sample, one at the end, diffed by traceback; each growing allocation is charged to the
 innermost frame of the script (outside TensorFlow, Keras, NumPy, tpuwatch and the standard
 library) and sent as one :class:`~tpuwatch.protocol.AllocationSites`, with the step time inside
-the window and just before it (the window's cost).
+the window and just before it (the window's cost). A window still open when the script ends is
+closed by a shutdown hook; the script's frames have returned by then, and a diff that finds
+nothing (what they kept was freed with them) is dropped rather than sent as "nothing grew".
 
 TensorFlow allocates a tensor's buffer (and its Python object) outside Python's allocator, so
 tracemalloc does not see a list of tensors grow. The window therefore also diffs the eager
@@ -54,6 +57,10 @@ RISE_MIN_BYTES = 24 << 20
 BEYOND_HELD_BYTES = 64 << 20
 WARMUP_STEPS = 10
 WINDOW_S = 3.0
+# a window ends sooner once it has seen this much growth over at least MIN_WINDOW_S: a fast leak
+# needs no 3 s under tracemalloc (which slows every step), and a short run may end before 3 s do
+MIN_WINDOW_S = 1.0
+ENOUGH_BYTES = 2 * RISE_MIN_BYTES
 FRAMES = 8  # frames kept per allocation: enough to climb from NumPy code to the script's (cost grows with it)
 MAX_WINDOWS = 2
 MIN_GAP_S = 60.0  # between two windows
@@ -188,6 +195,10 @@ class LeakDoctor:
                 self._window = None
                 return
             for msg in self._advance(self._clock(), self.agent.global_step, early=True):
+                if isinstance(msg, AllocationSites) and not msg.sites:
+                    # the script's frames have returned and freed what they kept: "nothing grew"
+                    # would be false; the finding keeps its general advice
+                    continue
                 self.agent.emit(msg, force=True)
 
     def _advance(self, now: float, step: int, early: bool = False) -> Iterable[Message]:
@@ -198,9 +209,9 @@ class LeakDoctor:
         if w["snap"] is None:
             w["snap"] = tracemalloc.take_snapshot()
             w["tensors"] = _tensor_mark()
-            w["t1"], w["step1"] = now, step
+            w["t1"], w["step1"], w["rss1"] = now, step, self._rss()
             return ()
-        if now - w["t0"] < WINDOW_S and not early:
+        if now - w["t0"] < WINDOW_S and not early and not self._enough(w, now):
             return ()
         try:
             end = tracemalloc.take_snapshot()
@@ -215,6 +226,10 @@ class LeakDoctor:
         except Exception as e:  # noqa: BLE001  (a TF without what the pass reads: the Python sites still go)
             self.agent.probe_failed(PROBE + ".tensors", e)
             return (sites,)
+
+    def _enough(self, w: dict[str, Any], now: float) -> bool:
+        grown: int = self._rss() - w["rss1"]
+        return now - w["t1"] >= MIN_WINDOW_S and grown >= ENOUGH_BYTES
 
     def _sites(self, start: tracemalloc.Snapshot, end: tracemalloc.Snapshot, window_s: float, step_from: int, step_to: int,
                inside: float | None, before: float | None) -> AllocationSites:
