@@ -14,7 +14,10 @@ Buckets (seconds), in :data:`BUCKETS` order:
   ideal step each; traces outside steps belong to the phase they happen in;
 - ``training``: productive step time, ideal step x steps;
 - ``above_ideal``: step time above the ideal (jitter, slow steps, contention), input wait excluded;
-- ``input_wait``: the step records' ``input_wait_s``;
+- ``input_wait``: the step records' ``input_wait_s``; a record without one (the agent reads the
+  in-graph wait at most every 0.25 s of training and spreads each read over the steps since the
+  last) is booked at the wait per step of the next record that has one (the read covering it), or
+  of the latest one while none has come yet;
 - ``evaluating``, ``checkpointing``, ``iterator`` (a new iterator over a distributed dataset):
   the agent's phases between steps;
 - ``host``: the rest of the time between two steps (callbacks, logging, the script's Python);
@@ -65,6 +68,7 @@ _BIN = math.log(1.005)
 _LONG_GAP_S = 5.0
 _MAX_LONG_GAPS = 1000
 _MAX_TRACED = 10000
+_MAX_UNREAD = 4096
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,11 @@ class LedgerBuilder:
         self._plain_steps = 0
         self._plain_time = 0.0  # step time (compute + wait) of records that traced nothing
         self._wait = 0.0
+        # records without their input wait since the last record with one: (step time x steps,
+        # steps), booked when the read that covers them comes (bounded: a run that never reads
+        # one books them with no wait)
+        self._unread: list[tuple[float, int]] = []
+        self._last_wait: float | None = None  # per step, the latest record that had one
         self._traced: list[tuple[float, int]] = []  # (step time x steps, steps) of tracing records
         self._retraces: list[float] = []  # times of traces since the last step record
         self._phase = "starting"  # the agent's phase at _cursor
@@ -155,11 +164,25 @@ class LedgerBuilder:
         if traced and len(self._traced) < _MAX_TRACED:
             self._traced.append((total, n))
             return
-        wait = (msg.input_wait_s or 0.0) * n
-        wait = min(max(wait, 0.0), total)
-        self._wait += wait
         self._plain_time += total
         self._plain_steps += n
+        per_step = msg.input_wait_s
+        if per_step is None:
+            if len(self._unread) < _MAX_UNREAD:
+                self._unread.append((total, n))
+            else:
+                self._add(total, n, self._last_wait or 0.0)
+            return
+        self._last_wait = per_step
+        for t_u, n_u in self._unread:
+            self._add(t_u, n_u, per_step)
+        self._unread.clear()
+        self._add(total, n, per_step)
+
+    def _add(self, total: float, n: int, wait_per_step: float) -> None:
+        """A plain record's wait and compute time (the ideal step's bins)."""
+        wait = min(max(wait_per_step * n, 0.0), total)
+        self._wait += wait
         compute = (total - wait) / n
         key = int(math.floor(math.log(compute) / _BIN)) if compute > 0 else -10**6
         b = self._bins.get(key)
@@ -242,7 +265,11 @@ class LedgerBuilder:
             moved = _overlap((s, e), stalls)
             buckets[bucket] -= moved
             buckets["stalled"] += moved
-        ideal = _ideal(self._bins)
+        # records whose wait's read has not come: at the latest read's wait per step
+        tail._bins = {k: list(v) for k, v in self._bins.items()} if self._unread else self._bins
+        for t_u, n_u in self._unread:
+            tail._add(t_u, n_u, self._last_wait or 0.0)
+        ideal = _ideal(tail._bins)
         traced_time = sum(x for x, _ in self._traced)
         traced_steps = sum(n for _, n in self._traced)
         if ideal is None and traced_steps:
@@ -250,8 +277,8 @@ class LedgerBuilder:
         productive = (ideal or 0.0) * (self._plain_steps + traced_steps)
         buckets["compiling"] = max(0.0, traced_time - (ideal or 0.0) * traced_steps)
         buckets["training"] = productive
-        buckets["input_wait"] = self._wait
-        buckets["above_ideal"] = max(0.0, self._plain_time - self._wait - (ideal or 0.0) * self._plain_steps)
+        buckets["input_wait"] = tail._wait
+        buckets["above_ideal"] = max(0.0, self._plain_time - tail._wait - (ideal or 0.0) * self._plain_steps)
         wall = max(0.0, end - start)
         buckets["unaccounted"] = 0.0
         buckets["unaccounted"] = wall - sum(buckets.values())
