@@ -516,6 +516,11 @@ class RunState:
             return True
         return False
 
+    def drop_finding(self, f: Finding, worker: str = "") -> None:
+        """Forgets the finding kept for ``f``'s (rule, worker, subject): the diagnostics engine
+        folded it into the finding of its cause."""
+        self._findings.pop(finding_key(f, worker), None)
+
     def drain_new_findings(self) -> list[Finding]:
         """Findings that were new (or changed severity) since the last call, oldest first."""
         out = list(self._new_findings)

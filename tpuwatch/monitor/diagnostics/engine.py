@@ -114,6 +114,9 @@ class Engine:
         self._applied = 0  # messages applied
         self._checked_at = -1  # value of _applied at the last windowed check
         self._current: dict[tuple[str, str], Finding] = {}
+        # the findings the last evaluate() folded into their cause's (a holder of findings
+        # found earlier, such as the run state, drops them)
+        self.folded: list[Finding] = []
         self._shown: dict[tuple[str, str], tuple[str, str]] = {}
 
     # --- input ---------------------------------------------------------------------------
@@ -210,8 +213,10 @@ class Engine:
         kept = fold(current)  # one cause, one finding
         several = len(self.telemetry.step_workers()) > 1
         new: list[Finding] = []
+        self.folded = []
         for key in current:
             if key not in kept:
+                self.folded.append(current[key])
                 self._current.pop(key, None)  # folded into the finding of its cause
                 self._shown.pop(key, None)  # if it stands alone again, it is news again
                 continue

@@ -91,6 +91,8 @@ class FindingsFeed:
         self._next_t = now + self.every_s
         self._judged_workers = self.engine.workers_with_steps
         new = self.engine.evaluate(now)
+        for f in self.engine.folded:  # found alone earlier, now evidence of its cause's finding
+            state.drop_finding(f, f.worker)
         state.set_input_figures(self.engine.input_figures())
         state.set_stall_episodes(self.engine.stall_episodes(now))
         for f in new:

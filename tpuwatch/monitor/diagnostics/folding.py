@@ -38,8 +38,10 @@ def fold(current: dict[Key, Finding]) -> dict[Key, Finding]:
             continue
         del out[key]
         inp = out[ikey]
+        # the spread is a window's (the run's own p50 can differ): it says which steps
         what, text = (("step_time_rise", f"median {now} ms vs {start} ms after warm-up "
                                          f"({f.evidence['rise_ratio']}x)") if rising
-                      else ("step_time_spread", f"p95 {now} ms vs median {start} ms"))
+                      else ("step_time_spread", f"steps {f.first_step}..{f.last_step}: p95 {now} ms "
+                                                f"vs median {start} ms"))
         out[ikey] = replace(inp, evidence={**inp.evidence, what: text + ", from the input wait"})
     return out

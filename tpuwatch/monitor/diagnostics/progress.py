@@ -265,8 +265,8 @@ class StepTimeJitter(Rule):
                 advice=advice,
                 evidence={
                     "function": fn,
-                    "p50_ms": sig(p50 * 1000, 2),
-                    "p95_ms": sig(p95 * 1000, 2),
+                    "p50_ms": sig(p50 * 1000, 3),
+                    "p95_ms": sig(p95 * 1000, 3),
                     "p95_over_p50": sig(ratio, 2),
                     "records": len(recs),
                     "info_threshold_ratio": th.jitter_info_ratio,
@@ -293,8 +293,11 @@ class StepTimeJitter(Rule):
                                 "(see host-memory-growth) or a filling cache/queue",
                 evidence={
                     "function": fn,
-                    "median_now_ms": sig(cur * 1000, 2),
-                    "median_start_ms": sig(base * 1000, 2),
+                    # its own identity beside the spread finding of the same function (the run
+                    # state keys findings by rule, worker and subject)
+                    "subject": f"{fn} trend",
+                    "median_now_ms": sig(cur * 1000, 3),
+                    "median_start_ms": sig(base * 1000, 3),
                     "rise_ratio": sig(rise, 2),
                     "info_threshold_ratio": th.trend_info_ratio,
                 },
