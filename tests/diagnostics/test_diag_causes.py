@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from diag_synthetic import SyntheticRun, findings
 
 
@@ -95,3 +97,21 @@ def test_a_spread_folded_into_input_bound_later_is_gone_from_the_run_state():
     (f,) = [f for f in state.snapshot(run.t).findings if f.rule == "input-bound"]
     # the folded figure says which steps it is about (the run's p50 is 151 ms)
     assert f.evidence["step_time_spread"].startswith("steps "), f.evidence
+
+
+def test_the_input_bound_wait_per_step_is_the_ledgers_when_reads_skip_steps():
+    # one quantity, one figure: the README sample's finding said "mean 87 ms of 99 ms per step"
+    # over the 704 steps whose wait was read (all of the fast first 256, then every other one)
+    # while its ledger booked 126 s of wait over 1,500 steps (84 ms a step)
+    from tpuwatch.monitor.ledger import ledger_of
+
+    run = SyntheticRun(step_time_s=0.011)
+    run.steps(300, input_wait_s=0.0001)
+    run.steps(600, step_time_s=0.151, input_wait_s=lambda s, w: 0.14 if s % 2 else None)
+    run.exit()
+    msgs = [m for m, _ in run.msgs]
+    eng = run.engine()
+    (f,) = findings(eng, "input-bound")
+    lg = ledger_of(msgs)
+    per_step_ms = 1000 * lg.buckets["input_wait"] / lg.steps
+    assert f.evidence["input_wait_ms_per_step"] == pytest.approx(per_step_ms, rel=0.03), (f.evidence, per_step_ms)

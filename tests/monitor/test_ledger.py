@@ -258,3 +258,18 @@ def test_a_run_whose_input_wait_is_never_read_books_none():
     tl.exit(0.1)
     lg = ledger_of(tl.msgs)
     assert lg.buckets["input_wait"] == 0.0 and lg.ideal_step_s == pytest.approx(0.01, rel=0.01)
+
+
+def test_a_read_books_the_unread_steps_of_its_own_function_only():
+    tl = Timeline()
+    for _ in range(100):
+        tl.t += 0.1
+        tl.step += 1
+        tl.msgs.append(Step(step=tl.step, t=tl.t, step_time_s=0.1, input_wait_s=None, loss=1.0, steps=1,
+                            function="never_read"))
+        tl.t += 0.1
+        tl.step += 1
+        tl.msgs.append(Step(step=tl.step, t=tl.t, step_time_s=0.1, input_wait_s=0.05, loss=1.0, steps=1,
+                            function="train_step"))
+    tl.exit(0.1)
+    assert ledger_of(tl.msgs).buckets["input_wait"] == pytest.approx(100 * 0.05, rel=0.01)

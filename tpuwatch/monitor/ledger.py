@@ -108,8 +108,10 @@ class LedgerBuilder:
         # records without their input wait since the last record with one: (step time x steps,
         # steps), booked when the read that covers them comes (bounded: a run that never reads
         # one books them with no wait)
-        self._unread: list[tuple[float, int]] = []
-        self._last_wait: float | None = None  # per step, the latest record that had one
+        # (per step function: a function whose wait is never read books none)
+        self._unread: dict[str, list[tuple[float, int]]] = {}
+        self._unread_n = 0
+        self._last_wait: dict[str, float] = {}  # per step, the latest record of each that had one
         self._traced: list[tuple[float, int]] = []  # (step time x steps, steps) of tracing records
         self._retraces: list[float] = []  # times of traces since the last step record
         self._phase = "starting"  # the agent's phase at _cursor
@@ -167,16 +169,20 @@ class LedgerBuilder:
         self._plain_time += total
         self._plain_steps += n
         per_step = msg.input_wait_s
+        fn = msg.function
         if per_step is None:
-            if len(self._unread) < _MAX_UNREAD:
-                self._unread.append((total, n))
+            if self._unread_n < _MAX_UNREAD:
+                self._unread.setdefault(fn, []).append((total, n))
+                self._unread_n += 1
             else:
-                self._add(total, n, self._last_wait or 0.0)
+                self._add(total, n, self._last_wait.get(fn, 0.0))
             return
-        self._last_wait = per_step
-        for t_u, n_u in self._unread:
-            self._add(t_u, n_u, per_step)
-        self._unread.clear()
+        self._last_wait[fn] = per_step
+        unread = self._unread.pop(fn, None)
+        if unread:
+            self._unread_n -= len(unread)
+            for t_u, n_u in unread:
+                self._add(t_u, n_u, per_step)
         self._add(total, n, per_step)
 
     def _add(self, total: float, n: int, wait_per_step: float) -> None:
@@ -267,8 +273,9 @@ class LedgerBuilder:
             buckets["stalled"] += moved
         # records whose wait's read has not come: at the latest read's wait per step
         tail._bins = {k: list(v) for k, v in self._bins.items()} if self._unread else self._bins
-        for t_u, n_u in self._unread:
-            tail._add(t_u, n_u, self._last_wait or 0.0)
+        for fn, unread in self._unread.items():
+            for t_u, n_u in unread:
+                tail._add(t_u, n_u, self._last_wait.get(fn, 0.0))
         ideal = _ideal(tail._bins)
         traced_time = sum(x for x, _ in self._traced)
         traced_steps = sum(n for _, n in self._traced)

@@ -57,6 +57,7 @@ Rec = tuple[int, float, float, "float | None", int, str, bool]
 WHOLE_RUN = "over the whole run"
 
 _MAX_EXAMPLE_SIZES = 16  # distinct Step.examples values remembered (batch sizes seen)
+_MAX_UNREAD_WAITS = 4096  # records per function whose wait awaits the next read
 _MAX_FIRST_FUNCTIONS = 16  # step functions whose first step times are kept (trend baselines)
 _MAX_BYTES = 1 << 60  # byte counts beyond this are corrupt: ignored, never a crash
 _MAX_PIPELINES = 8
@@ -181,8 +182,12 @@ class Worker:
     total_bytes: int | None = None
     devices: dict[str, DevicePeak] = field(default_factory=dict)
     examples: Counter[int] = field(default_factory=Counter)
-    #: Input wait over every eligible record of the run (the whole-run verdict).
+    #: Input wait over every eligible record of the run (the whole-run verdict). A record whose
+    #: wait was not read (the agent reads it at most every 0.25 s and spreads each read over the
+    #: steps since the last) counts at the wait per step of the next read of its function, as in
+    #: the goodput ledger: (step, step time, steps) waiting for it, per function, bounded.
     input_totals: InputTotals = field(default_factory=InputTotals)
+    unread_waits: dict[str, list[tuple[int, float, int]]] = field(default_factory=dict)
     #: Step times of the first ``jitter_min_records`` eligible records per step function: the
     #: rising-trend baseline, the same whenever the rules are checked (live or a report).
     first_times: dict[str, list[float]] = field(default_factory=dict)
@@ -327,7 +332,14 @@ class Worker:
             wait = None
         k = m.steps if m.steps > 0 else 1
         if wait is not None:
+            unread = self.unread_waits.pop(m.function, None)
+            for step, st_u, k_u in unread or ():
+                self.input_totals.add(step, st_u, wait, k_u)
             self.input_totals.add(m.step, st, wait, k)
+        elif m.function in self.unread_waits or len(self.unread_waits) < _MAX_FIRST_FUNCTIONS:
+            unread = self.unread_waits.setdefault(m.function, [])
+            if len(unread) < _MAX_UNREAD_WAITS:
+                unread.append((m.step, st, k))
         # the steps of an automatic capture (the profiler slows them) are marked: the step-time
         # rules leave them out, the input and straggler figures keep them (the capture starts
         # when the wait rises: on a short run, or on a pod's slow host, they were the evidence)
