@@ -202,3 +202,16 @@ def finding_ms(seconds: float) -> str:
 def finding_duration(seconds: float) -> str:
     """``75`` -> ``"75 s"``, ``750`` -> ``"12.5 min"``."""
     return f"{seconds:.0f} s" if seconds < 100 else f"{seconds / 60:.1f} min"
+
+
+def replicas(n: int) -> str:
+    """``1`` -> ``"1 replica"``, ``4`` -> ``"4 replicas"``: one wording in every view."""
+    return f"{n} replica" if n == 1 else f"{n} replicas"
+
+
+def keras_value(value: float | None) -> str:
+    """A value Keras logged, as Keras' progress bar prints it (``2.2999``, ``1.2346e-04``): the
+    user finds the same digits in the script's own output."""
+    if value is None or not math.isfinite(value):
+        return loss(value)
+    return f"{value:.4f}" if abs(value) > 1e-3 else f"{value:.4e}"

@@ -103,5 +103,8 @@ def test_every_view_of_one_recording_agrees(tmp_path):
     assert "retraces 0" in line
     assert "multi_step_on_iterator (evaluation): 1 trace(s), 1 object(s)" in rep
     assert "multi_step_on_iterator: 1 trace(s), 1 object(s)" in rep
+    # JSON names the function by its own name; the flag says which one is evaluation's
+    assert sorted((r["name"], r["evaluation"]) for r in s["retraces"]) == [
+        ("multi_step_on_iterator", False), ("multi_step_on_iterator", True)], s["retraces"]
     assert not [f for f in end.findings if f.rule in ("retrace-storm", "function-recreated")]
     json.dumps(cmp)  # compare's data is plain

@@ -236,3 +236,29 @@ def test_space_that_returns_just_before_the_end_is_said(tmp_path, monkeypatch):
     lines = out.getvalue().splitlines()
     assert "tpuwatch: the disk holding x is full: ..." in lines
     assert "tpuwatch: the disk has space again" in lines, lines
+
+
+def test_the_end_of_run_summary_gives_the_reports_whole_run_step_figures(tmp_path):
+    # a new user's tryout (2026-11-26): `tpuwatch run --headless` ended with "step p50 4.31 ms
+    # p95 5.2 ms, 151 steps/s" (the last 200 records, the last 30 s) and `tpuwatch report` said
+    # "p50 4.4 ms, p95 5.42 ms" (every record) for the same finished run
+    import re
+
+    from monitor_recordings import write_run
+
+    from tpuwatch.console import report
+
+    msgs = [mr.hello(mr.T0), mr.topology(mr.T0)]
+    slow = list(mr.steps(300, t0=mr.T0 + 1, step_time_s=0.006))  # a slower first half
+    msgs += slow
+    msgs += list(mr.steps(300, t0=slow[-1].t + 0.01, step_time_s=0.004, first_step=301))
+    msgs.append(Exit(t=msgs[-1].t + 0.2, exit_code=0))
+    run_dir = write_run(tmp_path / "run", msgs)
+    out = io.StringIO()
+    headless.follow(run_dir / "events.jsonl", lambda: False, out=out)
+    (row,) = [line for line in out.getvalue().splitlines() if line.startswith("  steps ")]
+    data = report.build_report(run_dir)
+    rep = report.render_text(data)
+    p50, p95 = re.search(r"step time +p50 (\S+ \S+), p95 (\S+ \S+)", rep).groups()
+    rate = re.search(r"speed +([\d.,]+) steps/s", rep).group(1)
+    assert f"step p50 {p50}  p95 {p95}" in row and f"{rate} steps/s" in row, (row, rep)

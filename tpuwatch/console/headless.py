@@ -31,8 +31,9 @@ from tpuwatch.monitor.snapshot import (
     worker_status_text,
 )
 from tpuwatch.monitor.state import RunState
+from tpuwatch.monitor.stats import RunSteps
 from tpuwatch.printable import one_line, printable
-from tpuwatch.protocol import DISK_FULL_SOURCE, OUTPUT_SOURCE, Event, Finding
+from tpuwatch.protocol import DISK_FULL_SOURCE, OUTPUT_SOURCE, Event, Finding, Step
 from tpuwatch.sources.file_source import FileSource
 from tpuwatch.sources.source import RecordingSource, Tagged
 from tpuwatch.units import (
@@ -107,8 +108,9 @@ def finding_line(f: Finding) -> str:
     return f"[{f.severity}] {text}"
 
 
-def summary(snap: RunSnapshot) -> str:
-    """The end-of-run summary, several lines."""
+def summary(snap: RunSnapshot, run_steps: RunSteps | None = None) -> str:
+    """The end-of-run summary, several lines. ``run_steps``: every step record read, for the
+    whole run's p50, p95 and steps/s (the report's); without, the snapshot's recent ones."""
     name = one_line(snap.script) or "run"  # one line: the summary's first line names it
     if snap.status == "finished":
         head = f"{name} finished (exit 0)"
@@ -129,13 +131,15 @@ def summary(snap: RunSnapshot) -> str:
 
     ident = snap.run_id or UNKNOWN
     if snap.strategy:
-        ident += f"  {snap.strategy}, {snap.replicas} replica(s) on {snap.device_kind or '?'}"
+        ident += f"  {snap.strategy}, {units.replicas(snap.replicas or 0)} on {snap.device_kind or '?'}"
     if snap.tf_version:
         ident += f"  TF {snap.tf_version}"
     row("run", ident)
     if snap.step:
-        row("steps", f"{snap.step:,}  {fmt_rate(snap.steps_per_s)}  step p50 "
-                     f"{fmt_seconds(snap.step_p50_s)}  p95 {fmt_seconds(snap.step_p95_s)}")
+        p50, p95, rate = snap.step_p50_s, snap.step_p95_s, snap.steps_per_s
+        if run_steps is not None and run_steps.values:
+            (p50, p95), rate = run_steps.percentiles(), run_steps.steps_per_s()
+        row("steps", f"{snap.step:,}  {fmt_rate(rate)}  step p50 {fmt_seconds(p50)}  p95 {fmt_seconds(p95)}")
         if snap.input_run is not None:
             # the input-bound rule's own numbers and verdict, over every eligible step
             row("input", f"{snap.input_run.describe()}: {snap.input_run.verdict}")
@@ -273,6 +277,7 @@ def follow_group(
     state = RunState(clock=clock)
     state.baseline = baseline
     diag = FindingsFeed(clock, on_new=record_findings, state=state)
+    run_steps = RunSteps()  # the finished run's step figures, as `tpuwatch report` gives them
     next_print = clock() + every_s
     last_key: tuple | None = None
     disk_note = ""
@@ -295,6 +300,8 @@ def follow_group(
                 continue  # a finding this process recorded: in the state since it was found
             state.apply(msg, worker)
             diag.apply(msg, worker)
+            if type(msg) is Step:
+                run_steps.add(msg)
             if isinstance(msg, Event) and msg.source in SAID_SOURCES:  # output late or lost: said as it happens
                 say(f"tpuwatch: {msg.message}")
         for f in state.drain_new_findings():
@@ -354,7 +361,7 @@ def follow_group(
     diag.evaluate(state, end_t, force=True)
     take([])
     snap = state.snapshot(end_t)
-    say(summary(snap))
+    say(summary(snap, run_steps))
     if len(snap.workers) > 1:
         say(workers_line(snap))
     return snap

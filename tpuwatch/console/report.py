@@ -18,13 +18,13 @@ import json
 import math
 import re
 import time
-from array import array
 from pathlib import Path
 from typing import Any, Callable
 
 from tpuwatch import rundir, units
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diagnostics.pipeline_doctor import pipeline_notes
+from tpuwatch.monitor.diagnostics.tracing import function_label
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.ledger import as_dict as ledger_dict
 from tpuwatch.monitor.ledger import rows as ledger_rows
@@ -32,7 +32,7 @@ from tpuwatch.monitor.recording import iter_recording, recording_problem
 from tpuwatch.monitor.runs import run_alive
 from tpuwatch.monitor.snapshot import RunSnapshot, keras_loss, mean_loss, worker_exit_codes
 from tpuwatch.monitor.state import RunState
-from tpuwatch.monitor.stats import percentile
+from tpuwatch.monitor.stats import RunSteps
 from tpuwatch.printable import one_line, printable
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
 from tpuwatch.units import (
@@ -58,61 +58,10 @@ def _json_safe(v: Any) -> Any:
     return v
 
 
-class _StepTimes:
-    """Every step time of the run, for exact whole-run percentiles (8 bytes a record), and the
-    second and last step records for the run's speed: from the end of the first step, which
-    traces and compiles, to the end of the last."""
-
-    def __init__(self, on_step: Callable[[Step], None] | None = None) -> None:
-        self.values = array("d")
-        self.first: Step | None = None
-        self.last: Step | None = None
-        self.on_step = on_step
-        # examples from the second record on (the span of steps_per_s); a record without its
-        # examples (paced reads) counts at the last known batch, never as zero
-        self.examples = 0
-        self._batch: int | None = None
-
-    def add(self, m: Step) -> None:
-        self.values.append(m.step_time_s)
-        if m.examples is not None:
-            self._batch = m.examples
-        if self.first is None and len(self.values) == 2:
-            self.first = m
-        if self.first is not None and self._batch is not None:
-            self.examples += self._batch * m.steps
-        self.last = m
-        if self.on_step is not None:
-            self.on_step(m)
-
-    def tap(self, messages):
-        """Passes ``messages`` through, noting each step record."""
-        for m in messages:
-            if type(m) is Step:
-                self.add(m)
-            yield m
-
-    def steps_per_s(self) -> float | None:
-        first, last = self.first, self.last
-        if first is None or last is None:
-            return None
-        span = last.t - (first.t - first.step_time_s * first.steps)
-        return (last.step - first.step + first.steps) / span if span > 0 else None
-
-    def examples_per_s(self) -> float | None:
-        """Examples a second over the span of :meth:`steps_per_s` (None when no record carried
-        its examples)."""
-        first, last = self.first, self.last
-        if first is None or last is None or self._batch is None:
-            return None
-        span = last.t - (first.t - first.step_time_s * first.steps)
-        return self.examples / span if span > 0 else None
-
-    def percentiles(self) -> tuple[float | None, float | None]:
-        if not self.values:
-            return None, None
-        s = sorted(self.values)
-        return percentile(s, 50), percentile(s, 95)
+def _own_name(label: str, evaluation: bool) -> str:
+    """The traced function's name, without the label that tells an evaluation function apart."""
+    tail = function_label("", True)
+    return label[:-len(tail)] if evaluation and label.endswith(tail) else label
 
 
 def _finding_dict(f: Finding) -> dict[str, Any]:
@@ -156,7 +105,7 @@ def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = N
 
     state = RunState()
     diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0, state=state)
-    times = _StepTimes(on_step)
+    times = RunSteps(on_step)
     stats = None
     if events.is_file():
         messages, reader = iter_recording(events)
@@ -171,7 +120,7 @@ def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = N
     return _finish_report(state, diag, times, meta, run_dir, running, stats)
 
 
-def _finish_report(state: RunState, diag: FindingsFeed, times: "_StepTimes", meta: dict[str, Any],
+def _finish_report(state: RunState, diag: FindingsFeed, times: "RunSteps", meta: dict[str, Any],
                    run_dir: Path, running: bool, stats: Any) -> dict[str, Any]:
     # A finished run is described as of its last message; a live one as of now.
     now = time.time() if running or state.last_message_t is None else state.last_message_t
@@ -242,7 +191,7 @@ def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[Worke
         raise ReportError(f"{run_dir} holds no recording of any worker")
     state = RunState()
     diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0, state=state)
-    times = _StepTimes(on_step)
+    times = RunSteps(on_step)
     primary = workers[0].name if workers else ""
     tap = times.add
     for name, m in tagged:
@@ -359,10 +308,12 @@ def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
             "verdict": snap.input_run.verdict,
         },
         "last_loss": snap.loss,  # the mean over replicas of the last step read
+        # the epoch as Keras prints it ("Epoch 3/3"), as the text says it
         "keras_epoch_loss": None if (kl := keras_loss(snap)) is None else {
-            "epoch": kl.epoch, "loss": kl.loss, "note": kl.note},
+            "epoch": kl.epoch + 1, "loss": kl.loss, "note": kl.note},
         "retraces": [
-            {"name": f.name, "traces": f.traces, "instances": f.instances,
+            # the function's own name (its display label says "(evaluation)"; the flag is here)
+            {"name": _own_name(f.name, f.evaluation), "traces": f.traces, "instances": f.instances,
              "last_change": f.last_change, "last_step": f.last_step, "evaluation": f.evaluation}
             for f in snap.functions
         ],
@@ -428,7 +379,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         f"host\t{one_line(run['host'] or UNKNOWN)}",
         f"status\t{outcome}",
         f"strategy\t{run['strategy'] or UNKNOWN}"
-        + (f", {run['replicas']} replicas on {run['device_kind']}" if run.get("replicas") else ""),
+        + (f", {units.replicas(run['replicas'])} on {run['device_kind']}" if run.get("replicas") else ""),
         *(["strategies\t" + "; ".join(f"{s['strategy']} ({s['replicas']} replicas): {s['training_steps']:,} "
                                          "training steps" for s in run["strategies"])]
           if len(run.get("strategies") or ()) > 1 else []),
@@ -455,7 +406,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     ]
     if s.get("keras_epoch_loss"):
         k = s["keras_epoch_loss"]
-        rows_sum.append(f"Keras loss\tepoch {k['epoch'] + 1} mean {units.loss(_num(k['loss']))}"
+        rows_sum.append(f"Keras loss\tepoch {k['epoch']} mean {units.keras_value(_num(k['loss']))}"
                         + (f" ({k['note']})" if k["note"] else ""))
     mem = s["memory"]
     if mem["devices"]:
@@ -477,7 +428,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     if s["disabled_probes"]:
         rows_sum.append("disabled probes\t" + ", ".join(
             f"{k} ({v})" for k, v in sorted(s["disabled_probes"].items())))
-    traces = [f"{r['name']}: {r['traces']} trace(s), {r['instances']} object(s)"
+    traces = [f"{function_label(r['name'], r['evaluation'])}: {r['traces']} trace(s), {r['instances']} object(s)"
               + (f"; last change {r['last_change']}" if r["last_change"] else "")
               for r in s["retraces"]]
     losses = [f"replica {r['index']} ({(r['worker'] + ' ') if report.get('workers') else ''}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Sequence
 
+from tpuwatch import units
 from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputShare
 from tpuwatch.monitor.ledger import Ledger
@@ -285,7 +286,7 @@ class KerasLoss:
 
     def describe(self) -> str:
         """``Keras epoch 2 mean 0.3277 (Keras 3.5.0 logs replica 0's loss)``."""
-        return (f"Keras epoch {self.epoch + 1} mean {self.loss:.4g}"
+        return (f"Keras epoch {self.epoch + 1} mean {units.keras_value(self.loss)}"
                 + (f" ({self.note})" if self.note else ""))
 
 

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
 
+from tpuwatch import units
 from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputFigures
 from tpuwatch.monitor.diagnostics.telemetry import Telemetry, Worker
@@ -309,7 +310,7 @@ class RunState:
             w.stats.history = History(SECONDARY_HISTORY_POINTS)
         if first:
             self._log(msg.t, "info", "agent",
-                      f"{strategy_name(msg.strategy)} with {msg.replicas} replica(s) on {msg.device_kind}", w.name,
+                      f"{strategy_name(msg.strategy)} with {units.replicas(msg.replicas)} on {msg.device_kind}", w.name,
                       news=False)
 
     def _config_msg(self, msg: Config, w: Worker) -> None:

@@ -14,13 +14,14 @@ a viewer can follow a million-step run (or load its recording) without growing:
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from tpuwatch.monitor.diagnostics.robust_stats import quantile
 from tpuwatch.monitor.snapshot import StepPoint
-from tpuwatch.protocol import Step
+from tpuwatch.protocol import Message, Step
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -283,3 +284,61 @@ class StepStats:
         sps = (step_end - step0) / dt
         eps = (ex_end - ex0) / dt if self._batch is not None else None
         return sps, eps
+
+
+class RunSteps:
+    """Every step time of a run, for exact whole-run percentiles (8 bytes a record), and the
+    second and last step records for the run's speed: from the end of the first step, which
+    traces and compiles, to the end of the last. The figures of a finished run wherever they are
+    shown: ``tpuwatch report``, ``compare`` and the end-of-run summary of ``run --headless``."""
+
+    def __init__(self, on_step: Callable[[Step], None] | None = None) -> None:
+        self.values = array("d")
+        self.first: Step | None = None
+        self.last: Step | None = None
+        self.on_step = on_step
+        # examples from the second record on (the span of steps_per_s); a record without its
+        # examples (paced reads) counts at the last known batch, never as zero
+        self.examples = 0
+        self._batch: int | None = None
+
+    def add(self, m: Step) -> None:
+        self.values.append(m.step_time_s)
+        if m.examples is not None:
+            self._batch = m.examples
+        if self.first is None and len(self.values) == 2:
+            self.first = m
+        if self.first is not None and self._batch is not None:
+            self.examples += self._batch * m.steps
+        self.last = m
+        if self.on_step is not None:
+            self.on_step(m)
+
+    def tap(self, messages: Iterable[Message]) -> Iterator[Message]:
+        """Passes ``messages`` through, noting each step record."""
+        for m in messages:
+            if type(m) is Step:
+                self.add(m)
+            yield m
+
+    def steps_per_s(self) -> float | None:
+        first, last = self.first, self.last
+        if first is None or last is None:
+            return None
+        span = last.t - (first.t - first.step_time_s * first.steps)
+        return (last.step - first.step + first.steps) / span if span > 0 else None
+
+    def examples_per_s(self) -> float | None:
+        """Examples a second over the span of :meth:`steps_per_s` (None when no record carried
+        its examples)."""
+        first, last = self.first, self.last
+        if first is None or last is None or self._batch is None:
+            return None
+        span = last.t - (first.t - first.step_time_s * first.steps)
+        return self.examples / span if span > 0 else None
+
+    def percentiles(self) -> tuple[float | None, float | None]:
+        if not self.values:
+            return None, None
+        s = sorted(self.values)
+        return percentile(s, 50), percentile(s, 95)
