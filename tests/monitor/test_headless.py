@@ -262,3 +262,20 @@ def test_the_end_of_run_summary_gives_the_reports_whole_run_step_figures(tmp_pat
     p50, p95 = re.search(r"step time +p50 (\S+ \S+), p95 (\S+ \S+)", rep).groups()
     rate = re.search(r"speed +([\d.,]+) steps/s", rep).group(1)
     assert f"step p50 {p50}  p95 {p95}" in row and f"{rate} steps/s" in row, (row, rep)
+
+
+def test_a_script_that_exits_non_zero_without_an_exception_has_its_last_output_line_said(tmp_path):
+    # a new user's tryout (2026-11-26): `tpuwatch run --headless fit.py --nope` said only "fit.py
+    # crashed (exit 2) after 2.0s"; why (argparse's "error: unrecognized arguments") was in the
+    # script's output alone
+    from monitor_recordings import write_run
+
+    msgs = [mr.hello(mr.T0), Exit(t=mr.T0 + 2.0, exit_code=2)]
+    run_dir = write_run(tmp_path / "run", msgs)
+    (run_dir / "output.log").write_text("usage: fit.py [-h] [--epochs EPOCHS]\n"
+                                        "fit.py: error: unrecognized arguments: --nope\n\n")
+    out = io.StringIO()
+    headless.follow(run_dir / "events.jsonl", lambda: False, out=out)
+    text = out.getvalue()
+    assert "crashed (exit 2)" in text
+    assert "  output    fit.py: error: unrecognized arguments: --nope (the script's last line)" in text, text

@@ -108,9 +108,11 @@ def finding_line(f: Finding) -> str:
     return f"[{f.severity}] {text}"
 
 
-def summary(snap: RunSnapshot, run_steps: RunSteps | None = None) -> str:
+def summary(snap: RunSnapshot, run_steps: RunSteps | None = None, last_output: str = "") -> str:
     """The end-of-run summary, several lines. ``run_steps``: every step record read, for the
-    whole run's p50, p95 and steps/s (the report's); without, the snapshot's recent ones."""
+    whole run's p50, p95 and steps/s (the report's); without, the snapshot's recent ones.
+    ``last_output``: the script's last line of output, said when it failed with no exception
+    recorded (``sys.exit(2)`` after argparse's "error: ..." line)."""
     name = one_line(snap.script) or "run"  # one line: the summary's first line names it
     if snap.status == "finished":
         head = f"{name} finished (exit 0)"
@@ -182,6 +184,8 @@ def summary(snap: RunSnapshot, run_steps: RunSteps | None = None) -> str:
         said = [line for line in snap.exception.splitlines() if line.strip()]
         more = f" (+{len(said) - 1} more lines: the script's output, `tpuwatch report`)" if len(said) > 1 else ""
         row("error", said[0].rstrip() + more if said else snap.exception)
+    elif snap.status == "crashed" and last_output:
+        row("output", f"{last_output} (the script's last line)")
     health = []
     if snap.truncated_tail:
         health.append("last line cut (truncated tail)")
@@ -226,7 +230,20 @@ def follow(
         source, is_alive, out, every_s, clock, on_end=on_end,
         exit_grace_s=exit_grace_s, poll_s=poll_s, sleep=sleep,
         record_findings=(lambda new: append(recording, new)) if record_findings else None,
-        watch_disk=recording.parent, baseline=baseline)
+        watch_disk=recording.parent, baseline=baseline, output_log=recording.parent / "output.log")
+
+
+def last_line(path: Path, tail_bytes: int = 4096) -> str:
+    """The last non-blank line of a text file, from its last ``tail_bytes`` ("" when unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - tail_bytes))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return one_line(lines[-1]) if lines else ""
 
 
 def workers_line(snap: RunSnapshot) -> str:
@@ -261,6 +278,7 @@ def follow_group(
     record_findings: Callable[[list[Finding]], None] | None = None,
     watch_disk: Path | None = None,
     baseline: Baseline | None = None,
+    output_log: Path | None = None,
 ) -> RunSnapshot:
     """:func:`follow` over several workers' recordings merged into one state (``tpuwatch run
     --headless --workers N``): the merged progress line, then one line with each worker (step,
@@ -272,7 +290,8 @@ def follow_group(
     recording of the worker each concerns). A worker whose recording ends without an exit
     record is reported lost; the others keep their own end. ``watch_disk``: say once (a line)
     when the disk holding it fills up, and once when space returns (one statvfs a second, and
-    one more at the end if the disk was last seen full).
+    one more at the end if the disk was last seen full). ``output_log``: the script's output,
+    whose last line the summary says when the script failed without an exception.
     """
     state = RunState(clock=clock)
     state.baseline = baseline
@@ -361,7 +380,7 @@ def follow_group(
     diag.evaluate(state, end_t, force=True)
     take([])
     snap = state.snapshot(end_t)
-    say(summary(snap, run_steps))
+    say(summary(snap, run_steps, last_line(output_log) if output_log is not None else ""))
     if len(snap.workers) > 1:
         say(workers_line(snap))
     return snap
