@@ -80,7 +80,9 @@ class InputBound(Rule):
             if w.input_stages is not None:
                 c, measured = with_measurement(p, c, w.input_stages)
             advice = f"{c.problem}: {c.fix}"
-            if "measured_share_pct" in measured and measured["measured_site"] == c.site:
+            # said in the advice only where the profile measured the stage the advice changes
+            if ("measured_share_pct" in measured
+                    and (measured["measured_stage"], measured["measured_site"]) == (c.stage, c.site)):
                 advice = (f"{c.problem} (measured: {measured['measured_share_pct']}% of the input pipeline's "
                           f"time in a profile of steps {measured['profile_steps']}): {c.fix}")
             cause = {"culprit_stage": c.stage, "culprit_site": c.site, "fix": c.fix, **measured}
@@ -134,7 +136,9 @@ def with_measurement(p: Pipeline, c: Culprit, m: InputStages) -> tuple[Culprit, 
         return c, ev
     mc = stage_culprit(p, ms.index) if not (c.overlapped or ms.share < MEASURED_MIN_SHARE) else None
     if mc is None:
-        why = ("the wait is not the pipeline's stages" if c.overlapped
+        keras_own = bool(p.added_by) and all(a == "keras" for a in p.added_by)
+        why = ("the pipeline is Keras' own (NumPy arrays into fit): no stage of the script's to change" if keras_own
+               else "the wait is not the pipeline's stages" if c.overlapped
                else "no stage of the script's takes most of it" if ms.share < MEASURED_MIN_SHARE
                else "its settings ask for no edit (it is parallel already)")
         ev["measured_note"] = (f"the profile measured {ms.stage} at {ms.site or '?'} ({round(100 * ms.share)}% "
