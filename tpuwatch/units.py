@@ -10,10 +10,11 @@ output has its own width and readers, and their forms differ on purpose:
 =====================  ==================================  ===================================
 step time              :func:`duration`: ``12.3 ms``        :func:`fmt_seconds`: ``12.3 ms``
 run time               :func:`clock`: ``1:02:03``           :func:`fmt_duration`: ``1h02m``
-share                  :func:`percent`: ``7.5%``            :func:`fmt_pct`: ``8%``
+share                  :func:`percent`: ``7.5%``            :func:`percent`: ``7.5%``
 =====================  ==================================  ===================================
 
-Findings' messages (:mod:`tpuwatch.monitor.diagnostics`) use :func:`finding_ms` and
+A share has one form everywhere: one decimal below 10%, so one near a threshold (4.5%) never
+reads as the threshold (5%). Findings' messages (:mod:`tpuwatch.monitor.diagnostics`) use :func:`finding_ms` and
 :func:`finding_duration`: 2-3 significant digits and no exponents, so that a message reads as a
 sentence. Every function takes plain numbers; ``None`` (not measured) prints as :data:`UNKNOWN`.
 Standard library only: every part imports this (the agent for :func:`device_name`).
@@ -180,12 +181,6 @@ def fmt_rate(per_s: float | None, unit: str = "steps/s") -> str:
         return f"{per_s:,.0f} {unit}"
     return f"{per_s:.3g} {unit}"
 
-
-def fmt_pct(frac: float | None) -> str:
-    """A share 0..1 as a percentage."""
-    if frac is None:
-        return UNKNOWN
-    return f"{100 * frac:.0f}%" if frac >= 0.01 or frac == 0 else f"{100 * frac:.1f}%"
 
 
 # --- findings' messages ----------------------------------------------------------------------

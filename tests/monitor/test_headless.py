@@ -31,7 +31,7 @@ def snap_of(name: str):
 def test_progress_line_has_the_numbers():
     line = headless.progress_line(snap_of("healthy_4replica.jsonl"))
     assert "\n" not in line
-    for part in ("step 300/300 (100%)", "steps/s", "p50 49.9 ms", "input 2%", "(4 replicas)",
+    for part in ("step 300/300 (100%)", "steps/s", "p50 49.9 ms", "input 2.0%", "(4 replicas)",
                  "retraces 1", "dev 332 MiB", "host 2.00 GiB", "[finished]"):
         assert part in line, (part, line)
     running = headless.progress_line(snap_of("running_truncated.jsonl"))

@@ -28,7 +28,7 @@ def test_eager_fetch_wait_outside_the_compiled_step_is_not_called_not_input_boun
 
 def test_when_both_agree_there_is_no_extra_verdict():
     text = render_text(_summary(2.0, "not"), live=_live(0.001, 0.033))
-    assert "not input-bound (3%" in text and "verdict:" not in text
+    assert "not input-bound (3.0%" in text and "verdict:" not in text
 
 
 def test_without_a_live_measurement_the_profile_speaks_alone():

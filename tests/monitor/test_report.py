@@ -170,3 +170,14 @@ def test_markdown_traceback_holding_a_fence_stays_one_block(tmp_path):
     assert set(fence) == {"`"} and len(fence) > 3, fence
     body = block.split(fence)[1]
     assert "## not a heading" in body and "```" in body
+
+
+def test_a_share_just_under_a_threshold_never_reads_as_the_threshold(tmp_path):
+    # a new user's tryout (2026-11-26): the report said "input wait 5% of step time (not
+    # input-bound)" where the dashboard said "wait 4.5% ... not input-bound (<5%)"
+    msgs = [mr.hello(mr.T0), mr.topology(mr.T0),
+            *mr.steps(200, t0=mr.T0 + 1, step_time_s=0.1, input_wait_frac=0.0452)]
+    msgs.append(Exit(t=msgs[-1].t + 0.1, exit_code=0))
+    text = report.render_text(report.build_report(write_run(tmp_path / "run", msgs)))
+    (line,) = [x for x in text.splitlines() if x.strip().startswith("input wait ") and "step time" in x]
+    assert "4.5% of step time (not input-bound)" in line, line

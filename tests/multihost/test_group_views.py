@@ -122,8 +122,8 @@ def test_follow_group_marks_a_worker_without_exit_record_lost(tmp_path):
     by = {w.name: w.status for w in snap.workers}
     assert by == {"worker:0": "crashed", "worker:1": "lost"}
     text = out.getvalue()
-    assert "worker:0 step 80 p50 100 ms input 1% [crashed (exit 143)]" in text
-    assert "worker:1 step 80 p50 100 ms input 1% [lost]" in text
+    assert "worker:0 step 80 p50 100 ms input 1.0% [crashed (exit 143)]" in text
+    assert "worker:1 step 80 p50 100 ms input 1.0% [lost]" in text
 
 
 def test_replay_source_keeps_tags_across_seeks(tmp_path):

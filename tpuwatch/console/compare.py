@@ -31,7 +31,7 @@ from tpuwatch.console.report import build_report
 from tpuwatch.monitor.diagnostics.robust_stats import median
 from tpuwatch.monitor.ledger import BUCKETS, LABELS
 from tpuwatch.protocol import Step
-from tpuwatch.units import UNKNOWN, fmt_duration, fmt_pct, fmt_rate, fmt_seconds
+from tpuwatch.units import UNKNOWN, fmt_duration, fmt_rate, fmt_seconds, percent
 
 #: Bootstrap resamples and the most steps resampled per run (evenly spaced beyond it).
 RESAMPLES = 1000
@@ -194,7 +194,7 @@ def _show(key: str, v: float | None) -> str:
     if key.startswith("ledger_"):
         return fmt_seconds(v)
     if key == "goodput":
-        return fmt_pct(v)
+        return percent(v)
     if key.endswith("_s") and key.startswith("step_time"):
         return fmt_seconds(v)
     if key == "steps_per_s":
@@ -202,7 +202,7 @@ def _show(key: str, v: float | None) -> str:
     if key == "examples_per_s":
         return fmt_rate(v, "")
     if key == "input_wait_share":
-        return fmt_pct(v)
+        return percent(v)
     if key == "steps":
         return f"{v:,.0f}"
     return f"{v:.4g}"

@@ -39,9 +39,9 @@ from tpuwatch.sources.source import RecordingSource, Tagged
 from tpuwatch.units import (
     UNKNOWN,
     fmt_duration,
-    fmt_pct,
     fmt_rate,
     fmt_seconds,
+    percent,
 )
 
 #: Phases whose progress line is repeated while they last (their duration moves).
@@ -74,7 +74,7 @@ def progress_line(snap: RunSnapshot) -> str:
     if snap.total_steps:
         step += f"/{snap.total_steps:,} ({100 * min(1.0, snap.step / snap.total_steps):.0f}%)"
     parts = [step, fmt_rate(snap.steps_per_s), f"p50 {fmt_seconds(snap.step_p50_s)}",
-             f"input {fmt_pct(snap.input_wait_frac)}", _loss_range(snap)]
+             f"input {percent(snap.input_wait_frac)}", _loss_range(snap)]
     if not parts[-1].endswith("none since"):  # a stale loss already says which step it is
         parts[-1] += f" ({LAST_STEP})"
     if (keras := keras_loss(snap)) is not None:
@@ -146,8 +146,8 @@ def summary(snap: RunSnapshot, run_steps: RunSteps | None = None, last_output: s
             # the input-bound rule's own numbers and verdict, over every eligible step
             row("input", f"{snap.input_run.describe()}: {snap.input_run.verdict}")
         elif snap.input_wait_frac_total is not None:
-            row("input", f"{fmt_pct(snap.input_wait_frac_total)} of step time waiting for input "
-                         f"(last {fmt_pct(snap.input_wait_frac)})")
+            row("input", f"{percent(snap.input_wait_frac_total)} of step time waiting for input "
+                         f"(last {percent(snap.input_wait_frac)})")
         at = f"step {snap.loss_step:,}" if snap.loss_step is not None else "the last step"
         row("loss", f"{units.loss(snap.loss)}, the mean over replicas at {at} ({LAST_STEP})"
                     + (f"; replicas {_loss_range(snap).removeprefix('loss ')}" if len(snap.replica_losses) > 1 else ""))
@@ -251,7 +251,7 @@ def workers_line(snap: RunSnapshot) -> str:
     codes = worker_exit_codes(snap)
     parts = []
     for w in snap.workers:
-        text = f"{w.name} step {w.step:,} p50 {fmt_seconds(w.step_p50_s)} input {fmt_pct(w.input_wait_frac)}"
+        text = f"{w.name} step {w.step:,} p50 {fmt_seconds(w.step_p50_s)} input {percent(w.input_wait_frac)}"
         state = worker_status_text(snap, w.name, w.status, w.connected, codes)
         if state != "running":
             text += f" [{state}]"

@@ -38,9 +38,9 @@ from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
 from tpuwatch.units import (
     UNKNOWN,
     fmt_duration,
-    fmt_pct,
     fmt_rate,
     fmt_seconds,
+    percent,
 )
 
 
@@ -400,7 +400,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         f"speed\t{fmt_rate(_num(s['steps_per_s']))}"
         + (f", {fmt_rate(_num(s['examples_per_s']), 'examples/s')}" if s.get("examples_per_s") is not None else "")
         + " (after the first step)",
-        f"input wait\t{fmt_pct(_num(s['input_wait_share']))} of step time"
+        f"input wait\t{units.percent(_num(s['input_wait_share']))} of step time"
         + (f" ({s['input_wait']['verdict']})" if s.get("input_wait") else ""),
         f"loss\t{units.loss(_num(s['last_loss']))} (last step, the mean over replicas)",
     ]
@@ -472,7 +472,7 @@ def _worker_line(w: dict[str, Any]) -> str:
         state += f" (exit {w['exit_code']}{', stopped' if w.get('stopped') else ''})"
     return (f"{w['name']} on {w['host'] or UNKNOWN} pid {w['pid'] or UNKNOWN}: {state}; {w['steps']:,} steps, "
             f"step p50 {fmt_seconds(_num(w['step_time_p50_s']))}, input wait "
-            f"{fmt_pct(_num(w['input_wait_share']))}, RSS {units.size(_num(w['rss_bytes']))}, "
+            f"{percent(_num(w['input_wait_share']))}, RSS {units.size(_num(w['rss_bytes']))}, "
             f"replicas {','.join(map(str, w['replicas'])) or UNKNOWN}")
 
 

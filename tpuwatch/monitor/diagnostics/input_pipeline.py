@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tpuwatch.protocol import Finding, InputStages, Pipeline, Severity
-from tpuwatch.units import finding_ms
+from tpuwatch.units import finding_ms, percent
 
 from .input_share import InputShare
 from .pipeline_doctor import (
@@ -91,7 +91,7 @@ class InputBound(Rule):
         self._keep(worker, Finding(
             t=t, rule=self.id, severity=severity,
             # no step count in the message: it would re-announce the finding every second
-            message=(f"{s.verdict}: {pct}% of step time waiting for input "
+            message=(f"{s.verdict}: {percent(s.share)} of step time waiting for input "
                      f"(mean {finding_ms(s.wait_per_step_s)} of {finding_ms(s.step_time_s)} per step {scope})"),
             advice=advice,
             evidence={

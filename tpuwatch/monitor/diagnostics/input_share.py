@@ -21,6 +21,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Sequence
 
+from tpuwatch.units import percent
+
 from .thresholds import Thresholds
 
 InputLevel = Literal["unknown", "low", "moderate", "high"]
@@ -51,7 +53,7 @@ class InputShare:
 
     def describe(self) -> str:
         """``"66% of step time waiting for input (20 ms of 31 ms per step, 115 steps)"``."""
-        return (f"{round(100 * self.share)}% of step time waiting for input "
+        return (f"{percent(self.share)} of step time waiting for input "
                 f"({_ms(self.wait_per_step_s)} of {_ms(self.step_time_s)} per step, "
                 f"{self.steps} steps)")
 
