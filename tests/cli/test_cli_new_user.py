@@ -315,3 +315,17 @@ def test_an_action_with_a_number_out_of_range_is_one_line_before_anything_is_sen
     """Before: `--timeout -5` gave up at once after queueing the command, and a bad --steps went
     to the agent (or to "no run is live", which is not the problem)."""
     one_line_error(tpuwatch(*args, timeout=60), what, "give a positive")
+
+
+def test_ls_lists_the_runs_of_a_directory_given_to_it(tmp_path):
+    """A new user's tryout (2026-11-26): two runs made with `--run-dir /tmp/tryout2/run1` (and
+    run2) were in no `tpuwatch ls` listing, which looks under $TPUWATCH_HOME/runs only."""
+    elsewhere = tmp_path / "tryout2"
+    _fake_run(elsewhere, "run1", script="fit.py", steps=400)
+    _fake_run(elsewhere, "run2", script="fit.py", steps=1500)
+    both = tpuwatch("ls", str(elsewhere))
+    assert both.returncode == 0, both.stderr
+    assert [line.split()[0] for line in both.stdout.splitlines()[1:]] == ["run2", "run1"], both.stdout
+    one = tpuwatch("ls", str(elsewhere / "run1"))  # a run directory itself
+    assert one.returncode == 0 and [line.split()[0] for line in one.stdout.splitlines()[1:]] == ["run1"], one.stdout
+    one_line_error(tpuwatch("ls", str(tmp_path / "nowhere")), "nowhere", "directory")
