@@ -425,3 +425,32 @@ async def test_hangup_detaches(live_app) -> None:
         os.kill(os.getpid(), signal.SIGHUP)  # what a dropped SSH session sends
         await pilot.pause(0.1)
     assert app.hung_up and app.return_value == "detach"
+
+
+@sync
+async def test_the_replay_bar_counts_from_the_launch_as_the_header_does() -> None:
+    # a new user's tryout (2026-11-26): paused, the header said 0:08 and the replay bar
+    # "REPLAY paused 1× 0:07 / 2:29": the bar counted from the first message, the header from
+    # the launch (the agent's first Phase names it, ~1 s before its first message)
+    import re
+
+    from tpuwatch.protocol import Phase
+
+    messages = recording("healthy_4replica")
+    t0 = next(m.t for m in messages if hasattr(m, "t"))
+    messages = [Phase(t=t0, phase="starting", since=t0 - 1.5), *messages]
+    clock = FakeClock(100.0)
+    source = ReplaySource(messages, speed=1.0, clock=clock)
+    app = TpuwatchApp(source, refresh_hz=0)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        clock.t += 6.0
+        app.pull()
+        await pilot.press("space")
+        await pilot.pause()
+        text = screen_text(app)
+        bars = re.findall(r"paused 1×\s+(\d+:\d\d) / (\d+:\d\d)", text)
+        assert len(bars) == 1, text
+        (bar,) = bars
+        elapsed = units.clock(app.snapshot.now - app.snapshot.started_t)
+        assert bar[0] == elapsed, (bar, elapsed, text)

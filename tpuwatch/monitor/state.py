@@ -517,6 +517,12 @@ class RunState:
             return True
         return False
 
+    @property
+    def started_t(self) -> float | None:
+        """When the run began: the process's launch as the agent's first phase names it, else
+        its first message (the header's elapsed time counts from it)."""
+        return self._started_t
+
     def drop_finding(self, f: Finding, worker: str = "") -> None:
         """Forgets the finding kept for ``f``'s (rule, worker, subject): the diagnostics engine
         folded it into the finding of its cause."""

@@ -198,8 +198,11 @@ class SourceReader:
         r = self._replay
         if r is None:
             return None
-        return ReplayState(paused=r.paused, speed=r.speed, position_s=r.position - r.start_t,
-                              duration_s=r.end_t - r.start_t, at_end=r.at_end)
+        # from the launch, as the header's elapsed time (the first message comes ~1 s after it)
+        started = self.state.started_t
+        origin = min(r.start_t, started) if started is not None else r.start_t
+        return ReplayState(paused=r.paused, speed=r.speed, position_s=r.position - origin,
+                           duration_s=r.end_t - origin, at_end=r.at_end)
 
     def _read_output(self) -> tuple[tuple[str, ...], tuple[str, ...] | None, bool]:
         """output.log: a live run's new lines; a replay's whole log once (the UI shows as much
