@@ -295,3 +295,30 @@ async def test_output_lines_that_fit_say_nothing(live_app) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         assert not str(app.query_one("#output").border_subtitle)
+
+
+@sync
+async def test_l_at_80x24_shows_the_chart_on_screen_after_many_epochs() -> None:
+    # a new user's tryout (2026-11-26), the README sample (15 epochs): `l` said "loss chart,
+    # expanded: z puts it back" but the expanded panel showed the replica rows and the per-epoch
+    # table, the chart below them only after PageDown
+    from ui_support import FakeClock, recording
+
+    from tpuwatch.protocol import Epoch
+    from tpuwatch.sources.replay_source import ReplaySource
+    from tpuwatch.ui.app import TpuwatchApp
+
+    messages = list(recording("healthy_4replica")[:250])
+    t = max(m.t for m in messages if hasattr(m, "t"))
+    messages += [Epoch(t=t + 0.01 * i, epoch=i, phase="end", step=10 * (i + 1), logs={"loss": 1.0 / (i + 1)})
+                 for i in range(15)]
+    source = ReplaySource(messages, speed=1.0, clock=FakeClock(0.0))
+    app = TpuwatchApp(source, refresh_hz=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("end")
+        await pilot.pause()
+        await pilot.press("l")
+        await pilot.pause()
+        region = app.query_one("#loss").region
+        lines = screen_text(app).splitlines()[region.y: region.y + region.height]
+        assert any("█" in line[region.x: region.x + region.width] for line in lines), "\n".join(lines)

@@ -69,7 +69,14 @@ def pick_rows(replicas: tuple[ReplicaLoss, ...], room: int) -> tuple[list[Replic
     return chosen, len(replicas) - keep
 
 
-def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
+#: Rows the chart keeps under the per-epoch table in the expanded panel (the table gives up its
+#: earlier epochs first: at 80x24 a 15-epoch run's table pushed the chart out of sight).
+CHART_ROWS = 8
+
+
+def replica_loss_text(s: RunSnapshot, rows: int, height: int | None = None) -> Content:
+    """``height``: the expanded panel's inner height, which the per-epoch table shares with the
+    chart below it (None: no limit)."""
     if not s.replica_losses:
         if s.loss is not None:
             return Content.assemble(("loss ", "dim"), units.loss(s.loss),
@@ -111,7 +118,13 @@ def replica_loss_text(s: RunSnapshot, rows: int) -> Content:
     if hidden:
         lines.append(Content.styled(f"… {hidden} more replicas within range", "dim"))
     if rows >= EXPANDED_ROWS and s.epoch_logs:
-        lines += [Content(""), *epoch_table(s)]
+        table = epoch_table(s)
+        room = None if height is None else height - len(lines) - 1 - CHART_ROWS
+        if room is not None and len(table) > room:
+            earlier = len(table) - max(0, room - 2)  # the heading and a line saying what is left out
+            table = [table[0], Content.styled(f"… {earlier} earlier epochs (tpuwatch report lists them)", "dim"),
+                     *table[1 + earlier:]] if room >= 3 else []
+        lines += [Content(""), *table] if table else []
     return Content("\n").join(lines)
 
 
@@ -197,7 +210,7 @@ class ReplicaLossPanel(Panel):
         yield HistoryBars(id="loss-bars")
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
-        return replica_loss_text(snapshot, rows)
+        return replica_loss_text(snapshot, rows, self.size.height - 2 if rows >= EXPANDED_ROWS else None)
 
     def state(self, snapshot: RunSnapshot) -> str | None:
         return loss_state(snapshot)
