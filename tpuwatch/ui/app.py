@@ -392,6 +392,8 @@ class TpuwatchApp(App[str]):
             self._toasted.add(c.id)
             if c.id not in self._sent_ids and c.t < self._opened_t - TOAST_SLACK_S:
                 continue  # caught up from the recording (a long one takes several refreshes)
+            if c.status == "done" and c.action == "profile" and c.id in self._sent_ids:
+                continue  # its summary opens by itself and names it (a toast covered its last lines)
             text = command_summary(c, self.run_dir).plain
             if c.status == "failed":
                 self.notify(text, severity="error", timeout=12)
