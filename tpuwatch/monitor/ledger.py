@@ -105,10 +105,9 @@ class LedgerBuilder:
         self._plain_steps = 0
         self._plain_time = 0.0  # step time (compute + wait) of records that traced nothing
         self._wait = 0.0
-        # records without their input wait since the last record with one: (step time x steps,
-        # steps), booked when the read that covers them comes (bounded: a run that never reads
-        # one books them with no wait)
-        # (per step function: a function whose wait is never read books none)
+        # records without their input wait since the last record of their step function with
+        # one: (step time x steps, steps), booked when the read that covers them comes; bounded
+        # (a function whose wait is never read books none)
         self._unread: dict[str, list[tuple[float, int]]] = {}
         self._unread_n = 0
         self._last_wait: dict[str, float] = {}  # per step, the latest record of each that had one
