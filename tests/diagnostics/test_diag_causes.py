@@ -3,7 +3,6 @@
 import math
 
 import pytest
-
 from diag_synthetic import SyntheticRun, findings
 
 
