@@ -128,67 +128,6 @@ def test_tensors_that_do_not_outlive_the_window_are_not_reported():
     assert _window(fill) == EMPTY
 
 
-def test_a_window_still_open_when_the_script_ends_reports_what_it_saw(tmp_path, monkeypatch):
-    # a short run can end inside the 3 s window: its sites were lost and tracemalloc stayed on
-    # through the exit (CI, 2026-11-26: the finding came without the line)
-    import importlib
-    import tracemalloc
-
-    (tmp_path / "leaky_script.py").write_text(
-        "import numpy as np\n"
-        "\n"
-        "def fill(kept, n):\n"
-        "    for _ in range(n):\n"
-        "        kept.append(np.ones(1 << 18))  # 2 MiB a step, kept\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    leaky = importlib.import_module("leaky_script")
-
-    class Agent:
-        global_step = 0
-
-        def __init__(self) -> None:
-            self.emitted: list = []
-
-        def emit(self, msg, force=False) -> None:
-            self.emitted.append(msg)
-
-        def clock(self) -> float:
-            return 1.8e9 + t[0]
-
-        def probe_failed(self, name, e) -> None:
-            raise e
-
-    agent, t = Agent(), [0.0]
-    rss = [1 << 30]
-
-    def sample():
-        t[0] += 0.5
-        agent.global_step += 20
-        rss[0] += 30 << 20
-        return list(doctor())
-
-    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
-    kept: list = []
-    try:
-        for _ in range(leak_doctor.RISE_SAMPLES + 1):
-            assert sample() == []
-        assert tracemalloc.is_tracing()  # the window opened
-        assert sample() == []  # its first snapshot
-        leaky.fill(kept, 20)
-        agent.global_step += 20  # the steps that kept them
-        t[0] += 1.0  # the script ends 1 s in
-        doctor.close()
-    finally:
-        if tracemalloc.is_tracing() and agent.emitted == []:
-            tracemalloc.stop()
-    assert not tracemalloc.is_tracing()
-    (sites,) = agent.emitted
-    assert isinstance(sites, AllocationSites) and sites.window_s < leak_doctor.WINDOW_S
-    assert sites.sites[0] == "leaky_script.py:5" and sites.grown_bytes[0] >= 20 * (2 << 20)
-    doctor.close()  # twice (or with no window): nothing more
-    assert len(agent.emitted) == 1
-
-
 class _Agent:
     global_step = 0
 
@@ -213,29 +152,69 @@ def _rising(doctor, agent, t, rss, mib_per_sample=30):
     return list(doctor())
 
 
+def _leaky_module(tmp_path, monkeypatch, name: str, source: str):
+    """A script module of the test's own (its lines are the sites the window names)."""
+    import importlib
+
+    (tmp_path / f"{name}.py").write_text("import numpy as np\n\n" + source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module(name)
+
+
+def _window_open(doctor, agent, t, rss) -> None:
+    """Samples until the window opens, and one more: its first snapshot."""
+    import tracemalloc
+
+    for _ in range(leak_doctor.RISE_SAMPLES + 1):
+        assert _rising(doctor, agent, t, rss) == []
+    assert tracemalloc.is_tracing()  # the window opened
+    assert _rising(doctor, agent, t, rss) == []  # its first snapshot
+
+
+def test_a_window_still_open_when_the_script_ends_reports_what_it_saw(tmp_path, monkeypatch):
+    # a short run can end inside the 3 s window: its sites were lost and tracemalloc stayed on
+    # through the exit (CI, 2026-11-26: the finding came without the line)
+    import tracemalloc
+
+    leaky = _leaky_module(tmp_path, monkeypatch, "leaky_script",
+                          "def fill(kept, n):\n"
+                          "    for _ in range(n):\n"
+                          "        kept.append(np.ones(1 << 18))  # 2 MiB a step, kept\n")
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    kept: list = []
+    try:
+        _window_open(doctor, agent, t, rss)
+        leaky.fill(kept, 20)
+        agent.global_step += 20  # the steps that kept them
+        t[0] += 1.0  # the script ends 1 s in
+        doctor.close()
+    finally:
+        if tracemalloc.is_tracing() and agent.emitted == []:
+            tracemalloc.stop()
+    assert not tracemalloc.is_tracing()
+    (sites,) = agent.emitted
+    assert isinstance(sites, AllocationSites) and sites.window_s < leak_doctor.WINDOW_S
+    assert sites.sites[0] == "leaky_script.py:5" and sites.grown_bytes[0] >= 20 * (2 << 20)
+    doctor.close()  # twice (or with no window): nothing more
+    assert len(agent.emitted) == 1
+
+
 def test_a_window_cut_short_after_the_scripts_frames_returned_claims_nothing(tmp_path, monkeypatch):
     # CI, 2026-11-26: a short run (400 steps in ~5 s) ended inside the window; at exit the script's
     # main() had returned and freed the list it kept the arrays in, so the diff found nothing and
     # said so: "the script's Python allocations did not grow ... what grows is native memory"
-    import importlib
     import tracemalloc
 
-    (tmp_path / "leaky_main.py").write_text(
-        "import numpy as np\n"
-        "\n"
-        "def main(n):\n"
-        "    kept = []\n"
-        "    for _ in range(n):\n"
-        "        kept.append(np.ones(1 << 18))  # 2 MiB a step, kept until main returns\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    leaky = importlib.import_module("leaky_main")
+    leaky = _leaky_module(tmp_path, monkeypatch, "leaky_main",
+                          "def main(n):\n"
+                          "    kept = []\n"
+                          "    for _ in range(n):\n"
+                          "        kept.append(np.ones(1 << 18))  # 2 MiB a step, kept until main returns\n")
     agent, t, rss = _Agent(), [0.0], [1 << 30]
     doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
     try:
-        for _ in range(leak_doctor.RISE_SAMPLES + 1):
-            assert _rising(doctor, agent, t, rss) == []
-        assert tracemalloc.is_tracing()  # the window opened
-        assert _rising(doctor, agent, t, rss) == []  # its first snapshot
+        _window_open(doctor, agent, t, rss)
         leaky.main(20)  # the training ran on and the script returned: its list is gone
         agent.global_step += 20
         doctor.close()
