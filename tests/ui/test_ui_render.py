@@ -219,3 +219,16 @@ def test_a_loss_left_behind_by_the_run_is_marked_stale() -> None:
     stale = replica_loss_text(replace(base, step=225), 8).plain
     assert "step 100" in fresh and "stale" not in fresh
     assert "step 100" in stale and "stale: no loss since" in stale
+
+
+def test_a_long_script_path_gives_way_before_the_replicas_in_the_header():
+    # CI, 2026-11-26 (a clone one directory deeper): at 100 columns the header read
+    # "/tmp/cicheck2/main/sample_runs/keras_fit.py · MirroredStrategy · 4…  FINISHED": the
+    # replica count was cut for the sake of the script's directories
+    snap = RunSnapshot(script="/tmp/cicheck2/main/sample_runs/keras_fit.py", strategy="MirroredStrategy",
+                       replicas=4, device_kind="CPU", host="vm", status="finished", exit_code=0)
+    line = header_text(snap, 100).plain.splitlines()[0]
+    assert "MirroredStrategy · 4× CPU · vm" in line and "keras_fit.py" in line, line
+    assert len(line) <= 100
+    narrow = header_text(snap, 60).plain.splitlines()[0]
+    assert "keras_fit.py · MirroredStrategy · 4× CPU" in narrow and len(narrow) <= 60, narrow

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from textual.content import Content
 from textual.geometry import Region
 from textual.reactive import reactive
@@ -71,7 +73,9 @@ def status_text(s: RunSnapshot) -> tuple[str, str]:
     return " WAITING ", "$text-muted bold"
 
 
-def identity_text(s: RunSnapshot) -> str:
+def identity_text(s: RunSnapshot, room: int | None = None) -> str:
+    """What runs where. ``room``: the columns it may take; a long script path gives way first
+    (from the left, its file name kept), before the strategy and the replicas."""
     parts = [s.script or "(no run yet)"]
     if s.strategy:
         parts.append(s.strategy)
@@ -82,7 +86,16 @@ def identity_text(s: RunSnapshot) -> str:
     if s.host:
         parts.append(s.host)
     # One line whatever the script's name holds (a newline would push the badge down).
-    return one_line(" · ".join(parts))
+    text = one_line(" · ".join(parts))
+    if room is not None and len(text) > room and s.script:
+        script = one_line(s.script)
+        rest = text[len(script):]  # " · strategy · ..."
+        name = os.path.basename(script) or script
+        keep = max(len(name), room - len(rest))
+        if keep < len(script):
+            script = "…" + script[len(script) - keep + 1:] if keep > len(name) else name
+        text = script + rest
+    return text
 
 
 def progress_parts(s: RunSnapshot) -> list[str]:
@@ -129,8 +142,8 @@ def _progress_parts(s: RunSnapshot) -> list[str]:
 
 def header_text(s: RunSnapshot, width: int) -> Content:
     badge, badge_style = status_text(s)
-    ident = identity_text(s)
     room = max(0, width - len(badge) - 1)
+    ident = identity_text(s, room)
     if len(ident) > room:
         ident = ident[: max(0, room - 1)] + "…"
     line1 = Content.assemble((ident, "bold"), " " * (width - len(ident) - len(badge)), (badge, badge_style))
