@@ -114,3 +114,33 @@ def test_the_input_bound_wait_per_step_is_the_ledgers_when_reads_skip_steps():
     lg = ledger_of(msgs)
     per_step_ms = 1000 * lg.buckets["input_wait"] / lg.steps
     assert f.evidence["input_wait_ms_per_step"] == pytest.approx(per_step_ms, rel=0.03), (f.evidence, per_step_ms)
+
+
+@pytest.mark.parametrize("tail", [300, 5000], ids=["unread-at-exit", "more-unread-than-kept"])
+def test_steps_whose_wait_was_never_read_count_the_same_in_the_finding_and_the_ledger(tail):
+    # the run ends before the agent reads the wait again (it reads at most every 0.25 s): the
+    # ledger booked those steps at the last read's wait and the finding left them out (70 ms a
+    # step against the ledger's 93); past the bound of steps kept waiting for a read, the
+    # finding dropped them and the ledger booked them
+    from tpuwatch.monitor.ledger import ledger_of
+
+    run = SyntheticRun(step_time_s=0.011)
+    run.steps(300, input_wait_s=0.0001)
+    run.steps(300, step_time_s=0.151, input_wait_s=0.14)
+    run.steps(tail, step_time_s=0.151, input_wait_s=lambda s, w: None)
+    run.exit()
+    lg = ledger_of([m for m, _ in run.msgs])
+    (f,) = findings(run.engine(), "input-bound")
+    per_step_ms = 1000 * lg.buckets["input_wait"] / lg.steps
+    assert f.evidence["input_wait_ms_per_step"] == pytest.approx(per_step_ms, rel=0.03), (f.evidence, per_step_ms)
+
+
+def test_a_run_whose_wait_is_never_read_has_no_input_share_past_the_bound_of_steps_held():
+    # no tf.data input: no record carries a wait; past the 4,096 held for a read, the records
+    # must not count as measured waits of 0 (the panel says "wait not measured")
+    run = SyntheticRun(step_time_s=0.011)
+    run.steps(5000, input_wait_s=lambda s, w: None)
+    run.exit()
+    eng = run.engine()
+    assert findings(eng, "input-bound") == []
+    assert eng.input_figures().run is None and eng.input_figures().shown is None

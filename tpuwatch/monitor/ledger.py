@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Generic, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from tpuwatch.protocol import Exit, Hello, Message, Phase, Retrace, Step
 
@@ -68,7 +68,6 @@ _BIN = math.log(1.005)
 _LONG_GAP_S = 5.0
 _MAX_LONG_GAPS = 1000
 _MAX_TRACED = 10000
-_MAX_UNREAD = 4096
 
 
 @dataclass(frozen=True)
@@ -92,6 +91,61 @@ class Ledger:
         return sum(v for k, v in self.buckets.items() if k != "unaccounted")
 
 
+_Held = TypeVar("_Held")
+
+
+class UnreadWaits(Generic[_Held]):
+    """Step records that came without their input wait, per step function: the agent reads the
+    in-graph wait at most every 0.25 s and spreads each read over the steps since the last, so a
+    record without one counts at the wait per step of the next read of its own function. The one
+    rule for every figure of input wait (the ledger's bucket and the ``input-bound`` finding's
+    totals). Bounded: past ``limit`` records held, a record counts at its function's latest
+    read, as do those a run's last read has not covered; a function never read has no wait
+    (None: the ledger books none, the finding's share leaves it out: "not measured")."""
+
+    __slots__ = ("_held", "_n", "_last", "limit")
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._held: dict[str, list[_Held]] = {}
+        self._n = 0
+        self._last: dict[str, float] = {}
+        self.limit = limit
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def hold(self, function: str, record: _Held) -> bool:
+        """A record without its wait: True when it is held for the next read; False past the
+        bound, when it counts now at :meth:`latest`."""
+        if self._n < self.limit:
+            self._held.setdefault(function, []).append(record)
+            self._n += 1
+            return True
+        return False
+
+    def latest(self, function: str) -> float | None:
+        """The wait per step of ``function``'s latest read (None before any)."""
+        return self._last.get(function)
+
+    def release(self, function: str, wait_per_step: float) -> list[_Held]:
+        """A record of ``function`` with its wait: the records held for this read, which count at
+        ``wait_per_step`` (the record itself is the caller's)."""
+        self._last[function] = wait_per_step
+        held = self._held.pop(function, None)
+        if not held:
+            return []
+        self._n -= len(held)
+        return held
+
+    def pending(self) -> Iterator[tuple[_Held, float | None]]:
+        """The records still held, each with its function's latest read wait: where a run that
+        ended, or a live view now, counts them."""
+        for function, held in self._held.items():
+            wait = self._last.get(function)
+            for record in held:
+                yield record, wait
+
+
 class LedgerBuilder:
     """One worker's ledger, built incrementally from its messages in order."""
 
@@ -105,12 +159,8 @@ class LedgerBuilder:
         self._plain_steps = 0
         self._plain_time = 0.0  # step time (compute + wait) of records that traced nothing
         self._wait = 0.0
-        # records without their input wait since the last record of their step function with
-        # one: (step time x steps, steps), booked when the read that covers them comes; bounded
-        # (a function whose wait is never read books none)
-        self._unread: dict[str, list[tuple[float, int]]] = {}
-        self._unread_n = 0
-        self._last_wait: dict[str, float] = {}  # per step, the latest record of each that had one
+        # records without their input wait: (step time x steps, steps)
+        self._unread: UnreadWaits[tuple[float, int]] = UnreadWaits()
         self._traced: list[tuple[float, int]] = []  # (step time x steps, steps) of tracing records
         self._retraces: list[float] = []  # times of traces since the last step record
         self._phase = "starting"  # the agent's phase at _cursor
@@ -170,18 +220,11 @@ class LedgerBuilder:
         per_step = msg.input_wait_s
         fn = msg.function
         if per_step is None:
-            if self._unread_n < _MAX_UNREAD:
-                self._unread.setdefault(fn, []).append((total, n))
-                self._unread_n += 1
-            else:
-                self._add(total, n, self._last_wait.get(fn, 0.0))
+            if not self._unread.hold(fn, (total, n)):
+                self._add(total, n, self._unread.latest(fn) or 0.0)
             return
-        self._last_wait[fn] = per_step
-        unread = self._unread.pop(fn, None)
-        if unread:
-            self._unread_n -= len(unread)
-            for t_u, n_u in unread:
-                self._add(t_u, n_u, per_step)
+        for t_u, n_u in self._unread.release(fn, per_step):
+            self._add(t_u, n_u, per_step)
         self._add(total, n, per_step)
 
     def _add(self, total: float, n: int, wait_per_step: float) -> None:
@@ -272,9 +315,8 @@ class LedgerBuilder:
             buckets["stalled"] += moved
         # records whose wait's read has not come: at the latest read's wait per step
         tail._bins = {k: list(v) for k, v in self._bins.items()} if self._unread else self._bins
-        for fn, unread in self._unread.items():
-            for t_u, n_u in unread:
-                tail._add(t_u, n_u, self._last_wait.get(fn, 0.0))
+        for (t_u, n_u), wait in self._unread.pending():
+            tail._add(t_u, n_u, wait or 0.0)
         ideal = _ideal(tail._bins)
         traced_time = sum(x for x, _ in self._traced)
         traced_steps = sum(n for _, n in self._traced)

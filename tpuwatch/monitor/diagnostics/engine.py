@@ -238,14 +238,14 @@ class Engine:
         th = self.thresholds
         ws = self.telemetry.step_workers()
         recents = [w.recent_input_share() for w in ws]  # O(window) each when it moved
-        per = tuple((w.name, w.input_totals.share(th), WHOLE_RUN) if w.ended else (w.name, *recent)
+        per = tuple((w.name, w.run_input_totals().share(th), WHOLE_RUN) if w.ended else (w.name, *recent)
                     for w, recent in zip(ws, recents))
         running = [scope for _, _, scope in per if scope != WHOLE_RUN]
         return InputFigures(
             shown=combine((share for _, share, _ in per), th),
             scope=running[0] if running else (WHOLE_RUN if per else ""),
             recent=combine((share for share, _ in recents), th),
-            run=combine((w.input_totals.share(th) for w in ws), th),
+            run=combine((w.run_input_totals().share(th) for w in ws), th),
             workers=per,
         )
 

@@ -11,12 +11,13 @@ own. Every container is bounded, so memory does not grow with the length of the 
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from tpuwatch.monitor.ledger import LedgerBuilder
+from tpuwatch.monitor.ledger import LedgerBuilder, UnreadWaits
 from tpuwatch.monitor.tracebacks import strip_own_frames, without_own_frames
 from tpuwatch.protocol import (
     AllocationSites,
@@ -57,7 +58,6 @@ Rec = tuple[int, float, float, "float | None", int, str, bool]
 WHOLE_RUN = "over the whole run"
 
 _MAX_EXAMPLE_SIZES = 16  # distinct Step.examples values remembered (batch sizes seen)
-_MAX_UNREAD_WAITS = 4096  # records per function whose wait awaits the next read
 _MAX_FIRST_FUNCTIONS = 16  # step functions whose first step times are kept (trend baselines)
 _MAX_BYTES = 1 << 60  # byte counts beyond this are corrupt: ignored, never a crash
 _MAX_PIPELINES = 8
@@ -182,12 +182,11 @@ class Worker:
     total_bytes: int | None = None
     devices: dict[str, DevicePeak] = field(default_factory=dict)
     examples: Counter[int] = field(default_factory=Counter)
-    #: Input wait over every eligible record of the run (the whole-run verdict). A record whose
-    #: wait was not read (the agent reads it at most every 0.25 s and spreads each read over the
-    #: steps since the last) counts at the wait per step of the next read of its function, as in
-    #: the goodput ledger: (step, step time, steps) waiting for it, per function, bounded.
+    #: Input wait over every eligible record of the run whose wait is known (the whole-run
+    #: verdict: :meth:`run_input_totals`). A record whose wait was not read counts as the goodput
+    #: ledger counts it (:class:`UnreadWaits`): (step, step time, steps) held for the next read.
     input_totals: InputTotals = field(default_factory=InputTotals)
-    unread_waits: dict[str, list[tuple[int, float, int]]] = field(default_factory=dict)
+    unread_waits: UnreadWaits[tuple[int, float, int]] = field(default_factory=UnreadWaits)
     #: Step times of the first ``jitter_min_records`` eligible records per step function: the
     #: rising-trend baseline, the same whenever the rules are checked (live or a report).
     first_times: dict[str, list[float]] = field(default_factory=dict)
@@ -332,14 +331,14 @@ class Worker:
             wait = None
         k = m.steps if m.steps > 0 else 1
         if wait is not None:
-            unread = self.unread_waits.pop(m.function, None)
-            for step, st_u, k_u in unread or ():
+            for step, st_u, k_u in self.unread_waits.release(m.function, wait):
                 self.input_totals.add(step, st_u, wait, k_u)
             self.input_totals.add(m.step, st, wait, k)
-        elif m.function in self.unread_waits or len(self.unread_waits) < _MAX_FIRST_FUNCTIONS:
-            unread = self.unread_waits.setdefault(m.function, [])
-            if len(unread) < _MAX_UNREAD_WAITS:
-                unread.append((m.step, st, k))
+        else:
+            if not self.unread_waits.hold(m.function, (m.step, st, k)):
+                latest = self.unread_waits.latest(m.function)
+                if latest is not None:
+                    self.input_totals.add(m.step, st, latest, k)
         # the steps of an automatic capture (the profiler slows them) are marked: the step-time
         # rules leave them out, the input and straggler figures keep them (the capture starts
         # when the wait rises: on a short run, or on a pod's slow host, they were the evidence)
@@ -500,11 +499,22 @@ class Worker:
     def ended(self) -> bool:
         return self.exit is not None or self.exception is not None
 
+    def run_input_totals(self) -> InputTotals:
+        """The input totals of every eligible record so far, those whose read has not come
+        counted at their function's latest read (as the ledger counts them)."""
+        if not self.unread_waits:
+            return self.input_totals
+        totals = copy.copy(self.input_totals)
+        for (step, st, k), wait in self.unread_waits.pending():
+            if wait is not None:
+                totals.add(step, st, wait, k)
+        return totals
+
     def input_share(self) -> tuple[InputShare | None, str]:
         """This worker's input wait as the ``input-bound`` rule judges it, with its scope in
         words: the latest window while the worker runs, every eligible step once it has ended."""
         if self.ended:
-            return self.input_totals.share(self.th), WHOLE_RUN
+            return self.run_input_totals().share(self.th), WHOLE_RUN
         return self.recent_input_share()
 
     def recent_input_share(self) -> tuple[InputShare | None, str]:
