@@ -156,7 +156,7 @@ def summary(snap: RunSnapshot, run_steps: RunSteps | None = None, last_output: s
     else:
         row("steps", "no training step recorded")
     if snap.functions:
-        fn = ", ".join(f"{f.name} {f.traces} trace{'s' if f.traces != 1 else ''}"
+        fn = ", ".join(f"{f.label} {f.traces} trace{'s' if f.traces != 1 else ''}"
                        + (f"/{f.instances} objects" if f.instances > 1 else "")
                        for f in snap.functions[:4])
         row("traces", fn)

@@ -58,12 +58,6 @@ def _json_safe(v: Any) -> Any:
     return v
 
 
-def _own_name(label: str, evaluation: bool) -> str:
-    """The traced function's name, without the label that tells an evaluation function apart."""
-    tail = function_label("", True)
-    return label[:-len(tail)] if evaluation and label.endswith(tail) else label
-
-
 def _finding_dict(f: Finding) -> dict[str, Any]:
     return {
         "rule": f.rule,
@@ -313,7 +307,7 @@ def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
             "epoch": kl.epoch + 1, "loss": kl.loss, "note": kl.note},
         "retraces": [
             # the function's own name (its display label says "(evaluation)"; the flag is here)
-            {"name": _own_name(f.name, f.evaluation), "traces": f.traces, "instances": f.instances,
+            {"name": f.name, "traces": f.traces, "instances": f.instances,
              "last_change": f.last_change, "last_step": f.last_step, "evaluation": f.evaluation}
             for f in snap.functions
         ],

@@ -12,6 +12,7 @@ from typing import Literal, Mapping, Sequence
 from tpuwatch import units
 from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputShare
+from tpuwatch.monitor.diagnostics.tracing import function_label
 from tpuwatch.monitor.ledger import Ledger
 from tpuwatch.protocol import Finding, Pipeline, Retrace
 
@@ -46,7 +47,7 @@ class ReplicaLoss:
 
 @dataclass(frozen=True)
 class FunctionTraces:
-    name: str  # "multi_step_on_iterator", "multi_step_on_iterator (evaluation)"
+    name: str  # the function's own name: "multi_step_on_iterator" for training and evaluation
     traces: int
     instances: int
     last_change: str
@@ -54,6 +55,11 @@ class FunctionTraces:
     last_step: int | None
     t: float
     evaluation: bool = False  # an evaluation function: its traces are no retraces of training
+
+    @property
+    def label(self) -> str:
+        """How views name it: "multi_step_on_iterator (evaluation)" apart from training's."""
+        return function_label(self.name, self.evaluation)
 
 
 def training_retraces(functions: Sequence[FunctionTraces]) -> int:

@@ -413,7 +413,7 @@ class RunState:
         traces = max(msg.traces, prev.traces if prev else 0)
         instances = max(msg.instances, prev.instances if prev else 0)
         self._functions[name] = FunctionTraces(
-            name=name, traces=traces, instances=instances,
+            name=msg.function, traces=traces, instances=instances,
             last_change=msg.change or (prev.last_change if prev else ""),
             last_signature=msg.signature, last_step=msg.step, t=msg.t, evaluation=msg.evaluation)
 
@@ -718,7 +718,7 @@ class RunState:
             replica_losses=replica_losses,
             history=stats.history.points(),
             history_records_per_point=stats.history.records_per_point,
-            functions=tuple(sorted(self._functions.values(), key=lambda f: (-f.traces, f.name))),
+            functions=tuple(sorted(self._functions.values(), key=lambda f: (-f.traces, f.label))),
             retraces=tuple(self._retraces),
             pipelines=tuple(self._pipelines),
             device_memory=self._device_memory(),

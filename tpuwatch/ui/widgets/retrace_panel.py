@@ -31,14 +31,14 @@ def retrace_text(s: RunSnapshot, rows: int, width: int) -> Content:
     if not s.functions:
         return Content.styled("no tf.function traced yet", "dim")
     # Names as long as they are (up to what leaves 12 columns for the counts).
-    name_w = max(8, min(max(len(f.name) for f in s.functions), width - 12))
+    name_w = max(8, min(max(len(f.label) for f in s.functions), width - 12))
     lines = [Content.styled(f"{'function':<{name_w}} {'traces':>6} {'objs':>4}", "dim")]
-    funcs = sorted(s.functions, key=lambda f: (-f.traces, f.name))
+    funcs = sorted(s.functions, key=lambda f: (-f.traces, f.label))
     for f in funcs[: max(0, (rows - 1) // 2)]:
         where = f" at step {units.integer(f.last_step)}" if f.last_step is not None else ""
         change = f"changed {f.last_change}" if f.last_change else "first trace"
         style = "$warning bold" if _suspicious(f) else ""
-        lines.append(Content.styled(f"{_cut(f.name, name_w):<{name_w}} {f.traces:>6} {f.instances:>4}", style))
+        lines.append(Content.styled(f"{_cut(f.label, name_w):<{name_w}} {f.traces:>6} {f.instances:>4}", style))
         lines.append(Content.assemble("  ", (f"{change}{where}", "dim")))
     return Content("\n").join(lines)
 
