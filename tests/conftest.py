@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from alone_lane import alone_lock  # noqa: F401  (an autouse fixture: the ``alone`` marker)
+from alone_lane import pytest_runtest_protocol  # noqa: F401  (the ``alone`` marker's lock)
 from tpuwatch_testing import AgentRun, child_env, read_messages
 
 # CI (CI=true) draws the same examples every run, a bounded number, and keeps no database: a

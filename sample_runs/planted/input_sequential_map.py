@@ -5,7 +5,9 @@ A Keras ``fit`` on a tf.data pipeline whose ``.map(decode)`` runs a decode in Py
 does) without ``num_parallel_calls``: every batch waits for 32 decodes in a row, about twice the
 step. The pipeline already ends with ``prefetch``; the fix is the map's
 ``num_parallel_calls=tf.data.AUTOTUNE``. Sized so that the edit can hide the decode even where
-AUTOTUNE has only two cores: two decodes at a time take less than the step.
+AUTOTUNE has only two cores: two decodes at a time take about the step's time, and the prefetch
+buffer takes up the difference (measured on 2 cores: 49 ms a step before the edit, 29 after, 25
+without the decode's wait).
 """
 from __future__ import annotations
 

@@ -137,11 +137,14 @@ class UnreadWaits(Generic[_Held]):
         self._n -= len(held)
         return held
 
-    def pending(self) -> Iterator[tuple[_Held, float | None]]:
+    def pending(self, never_read: bool = True) -> Iterator[tuple[_Held, float | None]]:
         """The records still held, each with its function's latest read wait: where a run that
-        ended, or a live view now, counts them."""
+        ended, or a live view now, counts them. ``never_read=False`` leaves out the functions
+        with no read (no wait to count them at: a run without tf.data holds ``limit`` of them)."""
         for function, held in self._held.items():
             wait = self._last.get(function)
+            if wait is None and not never_read:
+                continue
             for record in held:
                 yield record, wait
 

@@ -194,6 +194,8 @@ class Worker:
     #: The live window's input share and the ``eligible`` count it was computed at.
     _recent: tuple[InputShare | None, str] = field(default=(None, ""), init=False, repr=False)
     _recent_at: int = field(default=-1, init=False, repr=False)
+    _run_totals: InputTotals | None = field(default=None, init=False, repr=False)
+    _run_totals_at: int = field(default=-1, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.window = deque(maxlen=self.th.window_records)
@@ -501,13 +503,19 @@ class Worker:
 
     def run_input_totals(self) -> InputTotals:
         """The input totals of every eligible record so far, those whose read has not come
-        counted at their function's latest read (as the ledger counts them)."""
+        counted at their function's latest read (as the ledger counts them); computed again
+        only when a record came (the engine asks at every evaluation)."""
         if not self.unread_waits:
             return self.input_totals
+        if self._run_totals_at == self.eligible and self._run_totals is not None:
+            return self._run_totals
         totals = copy.copy(self.input_totals)
-        for (step, st, k), wait in self.unread_waits.pending():
-            if wait is not None:
-                totals.add(step, st, wait, k)
+        last = totals.last_step
+        for (step, st, k), wait in self.unread_waits.pending(never_read=False):
+            totals.add(step, st, wait or 0.0, k)
+            last = max(last, step)
+        totals.last_step = last
+        self._run_totals, self._run_totals_at = totals, self.eligible
         return totals
 
     def input_share(self) -> tuple[InputShare | None, str]:
