@@ -342,3 +342,32 @@ def test_no_capture_where_several_workers_train_one_job():
     agent.num_workers = 1
     _play(auto, clock, 1, 0.3, step)
     assert len(agent.submitted) == 1
+
+
+def test_a_capture_the_training_paused_through_is_taken_again_soon(monkeypatch):
+    """Seen in CI: a 1 s capture held one 0.12 s step (the training stood still ~1.1 s between
+    two steps as it began), saw tf.data only waiting, and the episode's one capture was spent:
+    the finding had no measured stage. A capture whose steps filled less than half of it is not a
+    measurement; another follows in the same episode (within the run's MAX_CAPTURES)."""
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    read = []
+    monkeypatch.setattr(tf_data_trace, "read", lambda path: read.append(path))
+    while not agent.submitted:
+        _play(auto, clock, 0.25, 0.3, step)
+    ((_, on_result),) = agent.submitted
+    auto.tap(step_values(step=step[0] + 1, t=clock.t, step_time_s=0.12, input_wait_s=0.06, loss=None))
+    step[0] += 1
+    on_result(True, "captured", {"local_path": "/tmp", "step": step[0], "steps": 1, "last_step": step[0],
+                                 "capture_s": 1.11, "stopped_by": "time"})
+    _play(auto, clock, auto_profile.RETRY_GAP_S + 1, 0.3, step)
+    assert read == [] and len(agent.submitted) == 2
+    assert any("held 1 step of 0.12 s in 1.11 s" in m for _, m in agent.events), agent.events
+    # a capture whose steps fill it is read as usual
+    (_, on_result), step_from = agent.submitted[1], step[0] + 1
+    _play(auto, clock, 1, 0.3, step)
+    on_result(True, "captured", {"local_path": "/tmp", "step": step_from, "steps": 20, "last_step": step[0],
+                                 "capture_s": 1.0, "stopped_by": "time"})
+    _play(auto, clock, 0.5, 0.3, step)
+    assert auto._reader is not None  # read (no capture file here: one warning)
+    assert len([m for _, m in agent.events if "held" in m]) == 1

@@ -18,7 +18,9 @@ through the profiler's own path (queued, started at the next step boundary, stop
 on the profiler's helper thread) and is recorded as any profile, with its Result and path. When
 the Result is in, the capture's ``*.xplane.pb`` is read here (:mod:`.tf_data_trace`, bounded) and
 sent as one :class:`~tpuwatch.protocol.InputStages` with the step time before, inside and after
-the capture (its cost). Any failure is one event; nothing raises into the script.
+the capture (its cost). A capture whose steps filled less than ``PAUSED_FRAC`` of it measured
+the stages idle: it is not read, and another follows ``RETRY_GAP_S`` later in the same episode.
+Any failure is one event; nothing raises into the script.
 
 The script's own profile wins: TF runs one profiler at a time, so a script (or library) that calls
 ``tf.profiler.experimental.start`` while an automatic capture runs would get an error. The start is
@@ -61,6 +63,11 @@ AFTER_S = 2.0  # step time after the capture is taken over this long (or AFTER_S
 AFTER_STEPS = 50
 MAX_CAPTURES = 3
 MIN_GAP_S = 60.0
+#: A capture whose steps filled less than half of it (the training stood still: seen once in CI,
+#: ~1.1 s between two steps as the capture began) measured the stages waiting, not working:
+#: another capture follows this long after, in the same episode (within ``MAX_CAPTURES``).
+RETRY_GAP_S = 2.0
+PAUSED_FRAC = 0.5
 YIELD_WAIT_S = 5.0
 MIN_FREE_BYTES = 1 << 30  # an unasked-for capture never takes the run directory's last GiB
 READ_WAIT_AT_EXIT_S = 5.0  # at the script's end, how long a read under way may take
@@ -242,7 +249,20 @@ class AutoProfile:
             with self._lock:
                 self.state = "idle"
             return
-        self._inside = self._inside_steps.mean_step_s()
+        inside = self._inside_steps
+        capture_s = float(details["capture_s"]) if isinstance(details.get("capture_s"), (int, float)) else 0.0
+        if capture_s > 0 and inside.time_s < PAUSED_FRAC * capture_s:
+            self.agent.event("info", PROBE, f"auto-profile: the capture held {inside.steps} step"
+                                            f"{'' if inside.steps == 1 else 's'} of {inside.time_s:.2f} s in "
+                                            f"{capture_s:.2f} s (the training stood still): too little to measure "
+                                            "the stages; capturing again")
+            with self._lock:
+                self.state = "idle"
+            if self._episode:
+                self._want = True
+                self._last_t = now - MIN_GAP_S + RETRY_GAP_S
+            return
+        self._inside = inside.mean_step_s()
         self._after_t0 = now
         path = str(details.get("local_path") or details.get("path") or "")
         first, last = details.get("step"), details.get("last_step")
@@ -250,7 +270,6 @@ class AutoProfile:
         # the last call's own steps too (steps_per_execution: a call runs several)
         step_to = (int(last) + max(1, self._inside_steps.last_k) - 1 if isinstance(last, (int, float))
                    else step_from)
-        capture_s = float(details["capture_s"]) if isinstance(details.get("capture_s"), (int, float)) else 0.0
         self._reader = threading.Thread(target=self._read, args=(path, capture_s, step_from, step_to),
                                         name="tpuwatch-auto-profile-read", daemon=True)
         self._reader.start()
