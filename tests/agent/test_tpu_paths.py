@@ -80,3 +80,20 @@ def test_a_step_inside_a_tpu_computation_is_not_ordered_through_it(tmp_path):
         probes.uninstall(patches)
         post_import.cancel_all()
         agent.stop()
+
+
+def test_a_batch_fetched_for_a_tpu_is_handed_over_as_tensorflow_made_it():
+    # on a CPU or GPU strategy the timed fetch hands its batch over through identities that wait
+    # for the second timestamp; a TPUStrategy's batch goes into an XLA computation untouched
+    from tensorflow.python.distribute import mirrored_strategy, tpu_strategy
+
+    from tpuwatch.agent.input_wait import _on_tpu
+
+    class TPUIterator:
+        _strategy = object.__new__(tpu_strategy.TPUStrategyV2)  # no TPU needed: the class decides
+
+    class MirroredIterator:
+        _strategy = object.__new__(mirrored_strategy.MirroredStrategy)
+
+    assert _on_tpu(TPUIterator())
+    assert not _on_tpu(MirroredIterator()) and not _on_tpu(object())

@@ -97,6 +97,9 @@ def _check_planted(tmp_path, script, args, rule, evidence, severities) -> dict:
 @pytest.mark.parametrize("script, args", [
     ("healthy_fit.py", ()),
     ("healthy_custom_loop.py", ()),
+    # next(iterator) inside the step, distribute_datasets_from_function: read 23-35 % input wait
+    # (a replica's step started before the fetch's second timestamp could run)
+    ("healthy_fetch_in_step.py", ()),
     # longer: 600 fit steps over 3 epochs, 1,500 custom-loop steps
     ("healthy_fit.py", ("--epochs", "3", "--steps-per-epoch", "200")),
     pytest.param("healthy_custom_loop.py", ("--steps", "1500"), marks=LONG),
