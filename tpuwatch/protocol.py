@@ -223,6 +223,10 @@ class Retrace(Message):
     #: test function under ``fit(validation_data=...)``, a custom loop's test step). Counted
     #: apart from training functions of the same name (``traces``/``instances`` are its own).
     evaluation: bool = False
+    #: The script's line whose call traced (``train.py:41``; under Keras the ``fit`` line) and
+    #: its source text; "" when no frame of the script's was on the stack.
+    call_site: str = ""
+    call_code: str = ""
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,12 @@ PLANTED = SAMPLES / "planted"
 LONG = pytest.mark.slow
 
 
+def _at(script: str, code: str) -> str:
+    """``script:line`` of the one line of the planted script that holds ``code``."""
+    (line,) = [n for n, text in enumerate((PLANTED / script).read_text().splitlines(), start=1) if code in text]
+    return f"{script}:{line}"
+
+
 def _run_and_report(tmp_path: Path, script: str, *args: str, timeout: float = 420) -> dict:
     run_dir = tmp_path / "run"
     env = child_env(TPUWATCH_HOME=str(tmp_path / "home"))
@@ -40,8 +46,11 @@ def _alarms(report: dict) -> list[dict]:
 
 @pytest.mark.parametrize("script, args, rule, evidence", [
     ("input_bound.py", (), "input-bound", {}),
-    ("retrace_storm.py", (), "retrace-storm", {"function": "train_step"}),
-    ("function_recreated.py", (), "function-recreated", {}),
+    # the call that traced is named (where the fix goes): was only the function's name
+    ("retrace_storm.py", (), "retrace-storm",
+     {"function": "train_step", "call_site": _at("retrace_storm.py", "float(train_step(batch, learning_rate))")}),
+    ("function_recreated.py", (), "function-recreated",
+     {"call_site": _at("function_recreated.py", "loss = float(train_step(batch))")}),
     ("loss_nonfinite.py", (), "loss-nonfinite", {"replica": 1}),
     ("replica_loss_skew.py", (), "replica-loss-skew", {"replica": 2}),
     ("step_time_jitter.py", (), "step-time-jitter", {}),
@@ -65,7 +74,9 @@ def test_planted_script_yields_its_rule(tmp_path, script, args, rule, evidence):
     ("replica_corrupted.py", (), "replica-loss-skew", {"replica": 3, "from_step": 20}, ("warning",)),
     ("replica_corrupted.py", (), "loss-nonfinite", {"origin_replica": 3, "origin_from_step": 20}, ("critical",)),
     # 4 traces of one step for 4 batch sizes: below the storm threshold, an info with the fix
-    ("retrace_batch_dim.py", (), "retrace-storm", {"change_kind": "batch dimension", "traces": 4}, ("info",)),
+    ("retrace_batch_dim.py", (), "retrace-storm", {"change_kind": "batch dimension", "traces": 4,
+                                                   "call_site": _at("retrace_batch_dim.py", "float(train_step(x, y))")},
+     ("info",)),
 ])
 def test_short_planted_script_yields_its_rule(tmp_path, script, args, rule, evidence, severities):
     report = _check_planted(tmp_path, script, args, rule, evidence, severities)

@@ -63,7 +63,7 @@ _SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
-def _roots() -> tuple[str, ...]:
+def library_roots() -> tuple[str, ...]:
     """Directories whose frames are not the script's: TensorFlow, Keras, tpuwatch, the stdlib."""
     roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     for name in ("tensorflow", "keras", "tf_keras", "tensorflow_datasets"):
@@ -73,6 +73,25 @@ def _roots() -> tuple[str, ...]:
             roots.add(os.path.dirname(os.path.abspath(path)))
     roots.add(os.path.dirname(os.__file__))
     return tuple(r + os.sep for r in roots)
+
+
+def _script_path(path: str, roots: tuple[str, ...]) -> bool:
+    """A frame of the script's (or of a module of the user's): not under a library root, not
+    generated code (``<string>``, autograph's conversions)."""
+    return not path.startswith(roots) and not path.startswith("<") and "__autograph_generated" not in path
+
+
+def script_line(skip: int, roots: tuple[str, ...] | None = None) -> tuple[str, str]:
+    """(``file:line``, source line) of the innermost frame of the script's above the caller's
+    ``skip`` frames, or ("", "") when there is none (a walk of the stack: for rare events)."""
+    roots = roots if roots is not None else library_roots()
+    f: Any = sys._getframe(skip + 1)
+    while f is not None and not _script_path(f.f_code.co_filename, roots):
+        f = f.f_back
+    if f is None:
+        return "", ""
+    path, line = f.f_code.co_filename, f.f_lineno
+    return f"{os.path.basename(path)}:{line}", linecache.getline(path, line).strip()[:_MAX_CODE]
 
 
 def _owner(path: str) -> str:
@@ -99,7 +118,7 @@ class PipelineMap:
     def _skip_roots(self) -> tuple[str, ...]:
         """Directories whose frames are not the script's (computed once)."""
         if self._roots is None:
-            self._roots = _roots()
+            self._roots = library_roots()
         return self._roots
 
     def site(self, skip: int) -> tuple[str, str, str, str]:
@@ -110,7 +129,7 @@ class PipelineMap:
         first_lib = ""
         while f is not None:
             path = f.f_code.co_filename
-            if not path.startswith(roots) and not path.startswith("<") and "__autograph_generated" not in path:
+            if _script_path(path, roots):
                 break
             if (not first_lib and not path.endswith(("dataset_ops.py", "_op.py", "readers.py"))
                     and _TF_UTIL not in path):  # decorators (deprecation, dispatch) are tf.data's

@@ -36,6 +36,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from tpuwatch.agent.pipeline_map import library_roots, script_line
 from tpuwatch.protocol import NEW_OBJECT_CHANGE, VARIABLES_MADE_CHANGE, Retrace
 
 if TYPE_CHECKING:
@@ -243,6 +244,7 @@ class RetraceProbe:
         # id of a Function's cache -> its name, from creation until its first trace says whether it
         # is an evaluation function (then its object is counted under that kind); bounded
         self._created: collections.OrderedDict[int, str] = collections.OrderedDict()
+        self._roots: tuple[str, ...] | None = None  # library directories: frames not the script's
 
     # --- filters --------------------------------------------------------------------------
 
@@ -321,6 +323,9 @@ class RetraceProbe:
             if not change:
                 change = (NEW_OBJECT_CHANGE if previous[1] != cache
                           else "same inputs (captured values or context changed)")
+        if self._roots is None:
+            self._roots = library_roots()
+        call_site, call_code = script_line(1, self._roots)  # the script's call that traced
         self.agent.emit(Retrace(
             t=self.agent.clock(),
             function=name,
@@ -330,6 +335,8 @@ class RetraceProbe:
             change=change,
             step=self.agent.global_step,
             evaluation=evaluation,
+            call_site=call_site,
+            call_code=call_code,
         ))
 
 

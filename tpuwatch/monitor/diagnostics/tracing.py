@@ -40,6 +40,9 @@ class FunctionHistory:
     #: inputs of the traces so far ({path: text}, from ``Retrace.signature``), oldest first
     signatures: list[dict[str, str]] = field(default_factory=list)
     t: float = 0.0
+    #: the script's line whose call traced last (``Retrace.call_site``) and its source text
+    call_site: str = ""
+    call_code: str = ""
 
     #: traces TF made again because a first call created variables (once per object)
     variable_traces: int = 0
@@ -74,6 +77,8 @@ class _TracingRule(Rule):
         h.traces = max(h.traces, msg.traces)
         h.instances = max(h.instances, msg.instances, 1)
         h.t = msg.t
+        if msg.call_site:
+            h.call_site, h.call_code = msg.call_site, msg.call_code
         if msg.step is not None:
             if h.first_step is None:
                 h.first_step = msg.step
@@ -229,6 +234,18 @@ def classify_change(change: str) -> tuple[str, str]:
     return kind, _ADVICE[kind]
 
 
+def _at_call(h: FunctionHistory, advice: str) -> str:
+    """The advice, led by the script's line whose call traced (where the fix goes)."""
+    if not h.call_site:
+        return advice
+    code = f" ({h.call_code})" if h.call_code else ""
+    return f"traced by the call at {h.call_site}{code}: {advice[:1].lower()}{advice[1:]}"
+
+
+def _call_evidence(h: FunctionHistory) -> dict[str, str]:
+    return {"call_site": h.call_site, "call_code": h.call_code} if h.call_site else {}
+
+
 class RetraceStorm(_TracingRule):
     """Re-traces of the same function objects beyond one per object (the last partial batch).
 
@@ -269,8 +286,9 @@ class RetraceStorm(_TracingRule):
             message=(f"{what}: tf.function '{h.name}' traced {h.traces} times "
                      f"({h.instances} object{'s' if h.instances != 1 else ''}); "
                      f"changing: {changing}"),
-            advice=f"{advice}. Last change: {last_change}" if last_change else advice,
+            advice=_at_call(h, f"{advice}. Last change: {last_change}" if last_change else advice),
             evidence={
+                **_call_evidence(h),
                 "function": h.name,
                 "traces": h.traces,
                 "instances": h.instances,
@@ -315,10 +333,11 @@ class FunctionRecreated(_TracingRule):
             t=h.t, rule=self.id, severity=severity,
             message=(f"tf.function '{h.name}' was created {h.instances} times "
                      f"(each new object traces again)"),
-            advice=(f"Create '{h.name}' once, outside the training loop (at module level or in "
-                    "__init__), and call the same object every step; do not wrap a function "
-                    "in tf.function inside a loop or per batch"),
+            advice=_at_call(h, f"Create '{h.name}' once, outside the training loop (at module level or in "
+                               "__init__), and call the same object every step; do not wrap a function "
+                               "in tf.function inside a loop or per batch"),
             evidence={
+                **_call_evidence(h),
                 "function": h.name,
                 "instances": h.instances,
                 "traces": h.traces,
