@@ -212,3 +212,27 @@ def test_signatures_that_cannot_be_read_keep_the_agents_change():
     assert closest_change(seen, "x: float32(32, 8), lr: 0.1") == ""  # same inputs: another object
     assert closest_change(seen, "(x)") == ""
     assert parse_signature("(x: float32[16, 28], y: int64[16])") is None  # an older agent's form
+
+
+def _batch_sizes(sizes):
+    from tpuwatch.protocol import Retrace
+
+    out = []
+    for k, bs in enumerate(sizes, start=1):
+        change = "" if k == 1 else f"x: shape ({sizes[k - 2]}, 28, 28, 1) -> ({bs}, 28, 28, 1)"
+        out.append(Retrace(t=1.0 + k, function="train_step", traces=k, instances=1,
+                           signature=f"x: float32({bs}, 28, 28, 1), y: int64({bs})", change=change, step=10 * k))
+    return out
+
+
+def test_a_batch_size_the_script_varies_is_not_told_to_drop_the_remainder():
+    # a tester's loop changed the batch size each epoch: the advice led with drop_remainder=True,
+    # and that edit left 8 traces and the warning; reduce_retracing=True left 3 and no finding
+    (f,) = findings(_engine_with(_batch_sizes([64, 48, 32, 16, 8])), "retrace-storm")
+    assert f.evidence["change_kind"] == "batch dimension" and f.evidence["batch_sizes"] == "64, 48, 32, 16, 8"
+    assert f.advice.startswith("the batch size itself changes (5 sizes traced: 64, 48, 32, 16, 8)"), f.advice
+    assert "reduce_retracing=True" in f.advice and "drop_remainder" not in f.advice.split(".")[0], f.advice
+    # sizes the signatures do not tell (cut at their length limit): the remainder is the usual cause
+    (f,) = findings(storm(4), "retrace-storm")
+    assert f.advice.startswith("only the batch dimension changes: batch with drop_remainder=True"), f.advice
+    assert "batch_sizes" not in f.evidence

@@ -351,3 +351,20 @@ def test_a_slow_generator_is_named_at_its_from_generator_line_and_its_edit_remov
     assert not left or left[0]["evidence"]["input_wait_pct"] < f["evidence"]["input_wait_pct"] / 2, left
     # what is left (if any) is the generator's own yield: never told to do what it now does
     assert all("num_parallel_calls" not in g["evidence"]["fix"] for g in left), left
+
+
+def test_a_batch_size_the_script_varies_is_fixed_by_the_advised_edit(tmp_path):
+    # four batch sizes, one after another: the advice leads with reduce_retracing (or an
+    # input_signature), not drop_remainder, which cannot help; applied, no retrace finding is left
+    script = PLANTED / "retrace_batch_dim.py"
+    before = run_and_report(tmp_path, script, name="before")
+    (f,) = findings(before, "retrace-storm")
+    assert f["evidence"]["batch_sizes"] == "64, 48, 32, 16", f["evidence"]
+    call = _line_of(script, "float(train_step(x, y))")
+    assert f["advice"].startswith(f"traced by the call at retrace_batch_dim.py:{call}")
+    assert "reduce_retracing=True" in f["advice"]
+    fixed = _edited_copy(tmp_path, script, [("    @tf.function\n    def train_step(x, y):\n",
+                                             "    @tf.function(reduce_retracing=True)\n    def train_step(x, y):\n")])
+    after = run_and_report(tmp_path, fixed, name="after")
+    assert after["summary"]["steps"] == before["summary"]["steps"]
+    assert findings(after, "retrace-storm") == [], findings(after, "retrace-storm")

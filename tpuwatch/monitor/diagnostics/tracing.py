@@ -219,6 +219,30 @@ _ADVICE: dict[str, str] = {
 }
 
 
+#: The batch dimension's fix when the script's batch size itself takes several values (more
+#: than a full batch and a last partial one): drop_remainder cannot help there.
+_VARYING_BATCH_ADVICE = (
+    "the batch size itself changes ({n} sizes traced: {sizes}): give the tf.function an "
+    "input_signature with a None batch dimension, or reduce_retracing=True, so one trace serves "
+    "every size (drop_remainder=True only drops a last partial batch)")
+_LEADING_DIM = re.compile(r"^\w+\((\d+)[,)]")
+
+
+def batch_sizes(h: FunctionHistory) -> list[int]:
+    """The distinct leading dimensions of the first input across the traces remembered, in the
+    order traced ([] where a signature cannot be read)."""
+    sizes: list[int] = []
+    for inputs in h.signatures:
+        first = next(iter(inputs.values()), "")
+        m = _LEADING_DIM.match(first)
+        if m is None:
+            return []
+        size = int(m.group(1))
+        if size not in sizes:
+            sizes.append(size)
+    return sizes
+
+
 def classify_change(change: str) -> tuple[str, str]:
     """(kind, concrete advice) for one ``Retrace.change`` text."""
     m = _SHAPE_CHANGE.search(change)
@@ -264,6 +288,9 @@ class RetraceStorm(_TracingRule):
         ranked = sorted(h.causes.items(), key=lambda kv: (-kv[1], kv[0] != latest_kind))
         kind = ranked[0][0] if ranked else latest_kind
         advice = _ADVICE[kind]
+        sizes = batch_sizes(h) if kind == "batch dimension" else []
+        if len(sizes) > 2:
+            advice = _VARYING_BATCH_ADVICE.format(n=len(sizes), sizes=", ".join(map(str, sizes)))
         same_cause = h.causes.get(kind, 0)
         if excess >= th.retrace_warning_excess:
             severity: Severity = "critical" if excess >= th.retrace_critical_excess else "warning"
@@ -296,6 +323,7 @@ class RetraceStorm(_TracingRule):
                 "change_kind": kind,
                 "same_cause_retraces": same_cause,
                 "last_change": last_change,
+                **({"batch_sizes": ", ".join(map(str, sizes))} if len(sizes) > 2 else {}),
                 "recent_changes": " | ".join(h.changes),
                 "warning_threshold_excess": th.retrace_warning_excess,
             },
