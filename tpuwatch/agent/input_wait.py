@@ -153,7 +153,7 @@ class InputWaitProbe:
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
             return result
-        if optional or _on_tpu(it):
+        if optional or _on_tpu(it) or _in_keras_step():
             return result
         try:
             return _after(result, t1)
@@ -203,6 +203,26 @@ def _on_tpu(it: Any) -> bool:
     if strategy is not None and is_tpu_strategy(strategy):
         return True
     return distribute_lib.has_strategy() and is_tpu_strategy(distribute_lib.get_strategy())
+
+
+#: Keras' step functions: their fetch feeds a nested tf.function that :mod:`.fetch_order` gates.
+#: Gating their batch here as well made the iterator of fit's validation take 30 s to finish at
+#: the epoch boundary (phases_fit.py, 2 of 2 runs; TF's autotune join, plain runs see it too).
+_KERAS_STEP_FUNCTIONS = ("multi_step_on_iterator", "one_step_on_iterator")
+
+
+def _in_keras_step() -> bool:
+    """The fetch is traced inside a Keras step function (any graph around it)."""
+    import tensorflow as tf
+
+    graph: Any = tf.compat.v1.get_default_graph()
+    for _ in range(32):  # a bounded walk out through nested functions and loop bodies
+        if graph is None:
+            return False
+        if any(name in getattr(graph, "name", "") for name in _KERAS_STEP_FUNCTIONS):
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False
 
 
 def _after(result: Any, t1: Any) -> Any:
