@@ -10,6 +10,10 @@ import json
 import time
 from types import SimpleNamespace
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tpuwatch import protocol, rundir
 from tpuwatch.agent.runtime import Agent
 from tpuwatch.agent.steps import StepProbe
@@ -58,6 +62,8 @@ def _paths(msg: Step, tmp_path) -> None:
     line = protocol.encode(msg)
     # The fast encoder writes what the generic walk over the fields writes, byte for byte.
     assert line == (json.dumps(protocol.to_dict(msg), separators=(",", ":")) + "\n").encode()
+    # And so does the writer's, from the values alone.
+    assert protocol.encode_step_values(dataclasses.astuple(msg)) == line
     assert line.startswith(protocol.STEP_LINE_PREFIX)
     assert protocol.decode_step_line(line.rstrip(b"\n")) == msg  # the fast path took it
     assert protocol.decode(line) == msg
@@ -109,7 +115,7 @@ def test_a_field_added_to_step_is_on_every_fast_path():
     class Wider(Step):
         tokens: int | None = None  # a field a newcomer adds
 
-    values, to_dict, decode_line = protocol._make_step_paths(Wider)
+    values, to_dict, decode_line, encode_values = protocol._make_step_paths(Wider)
     msg = _full(Wider)
     assert msg.tokens is not None
     assert values(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}) == \
@@ -117,6 +123,7 @@ def test_a_field_added_to_step_is_on_every_fast_path():
     data = to_dict(msg)
     assert data == protocol.to_dict(msg)
     assert decode_line(json.dumps(data).encode()) == msg
+    assert encode_values(dataclasses.astuple(msg)) == (json.dumps(data, separators=(",", ":")) + "\n").encode()
 
 
 def test_a_field_type_with_no_fast_path_stops_the_import():
@@ -141,3 +148,33 @@ def test_odd_step_lines_leave_the_fast_path():
         bad = good.replace(old, new)
         assert bad != good, old
         assert protocol.decode_step_line(bad) is None, new
+
+
+_floats = st.floats(allow_nan=True, allow_infinity=True)
+_ints = st.integers(min_value=-(2**70), max_value=2**70)
+
+
+@settings(max_examples=300, deadline=None)
+@given(step=_ints, t=_floats, step_time_s=_floats, input_wait_s=st.none() | _floats, loss=st.none() | _floats,
+       replica_losses=st.lists(_floats, max_size=8).map(tuple), steps=_ints, examples=st.none() | _ints,
+       function=st.text(max_size=40), epoch=st.none() | _ints)
+def test_the_writer_encodes_a_steps_values_as_the_generic_encoder_does(**fields):
+    """The agent's writer encodes the values the training thread kept (no Step built) into the
+    same bytes as the generic encoder, for any value the fields' types allow: non-finite floats,
+    big integers, quotes, control characters and non-ASCII in a name."""
+    values = protocol.step_values(**fields)
+    assert protocol.encode_step_values(values) == protocol.encode(Step(*values))
+
+
+def test_the_writer_falls_back_for_values_of_other_types():
+    """A NumPy number or a bool where the field says float or int takes the generic path: the
+    same line, or the same error, as ``encode(Step(...))``."""
+    import numpy as np
+
+    odd = protocol.step_values(step=True, t=np.float64(1.5), step_time_s=2, input_wait_s=None, loss=None)
+    assert protocol.encode_step_values(odd) == protocol.encode(Step(*odd))
+    bad = protocol.step_values(step=np.int64(3), t=1.0, step_time_s=0.5, input_wait_s=None, loss=None)
+    with pytest.raises(TypeError):
+        protocol.encode(Step(*bad))
+    with pytest.raises(TypeError):
+        protocol.encode_step_values(bad)

@@ -142,12 +142,20 @@ class AutoProfile:
     # --- on the agent thread, per Step written ------------------------------------------------
 
     def tap(self, f: tuple[Any, ...]) -> None:
-        step, step_time_s, wait_s, k = f[_STEP], f[_TIME], f[_WAIT], f[_STEPS]
+        """One Step's fields (see :meth:`tap_all`)."""
+        self.tap_all([f])
+
+    def tap_all(self, steps: list[tuple[Any, ...]]) -> None:
+        """The Steps' fields written by one drain of the agent's buffer (``Agent.step_taps``)."""
         with self._lock:
-            if step > WARMUP_STEPS:
-                self._bucket.add(step, step_time_s, wait_s, k)
-            if self.state != "idle":
-                self._phase.add(step, step_time_s, wait_s, k)
+            bucket = self._bucket
+            phase = self._phase if self.state != "idle" else None
+            for f in steps:
+                step, step_time_s, wait_s, k = f[_STEP], f[_TIME], f[_WAIT], f[_STEPS]
+                if step > WARMUP_STEPS:
+                    bucket.add(step, step_time_s, wait_s, k)
+                if phase is not None:
+                    phase.add(step, step_time_s, wait_s, k)
 
     # --- at the sample rate, on the agent thread --------------------------------------------
 
@@ -362,7 +370,7 @@ def install(agent: "Agent", patches: "Patches") -> AutoProfile | None:
     # its Profile context manager calls
     patches.wrap(profiler_v2, "start", auto.make_start)
     patches.wrap(tf.profiler.experimental, "start", auto.make_start)
-    agent.step_taps.append((PROBE, auto.tap))
+    agent.step_taps.append((PROBE, auto.tap_all))
     agent.add_sampler(PROBE, auto)
     agent.on_shutdown(auto.shutdown)
     return auto

@@ -103,9 +103,9 @@ class Agent:
         self.pipeline_map: PipelineMap | None = None  # set by pipeline_map.install (the leak doctor reads it)
         self.profiler: Profiler | None = None  # set by commands.install (the auto-profile captures through it)
         self.num_workers = 1  # of the strategy announced last (environment)
-        # Called on the agent thread with each Step's fields as it is written (never on the
-        # training thread); a tap that raises is dropped with its probe (its name, the tap).
-        self.step_taps: list[tuple[str, Callable[[tuple[Any, ...]], None]]] = []
+        # Called on the agent thread with the Steps' fields written by one drain, in order (never
+        # on the training thread); a tap that raises is dropped with its probe (its name, the tap).
+        self.step_taps: list[tuple[str, Callable[[list[tuple[Any, ...]]], None]]] = []
         # Command id -> called with (ok, message, details) when its Result is sent.
         self._on_result: dict[str, Callable[[bool, str, dict[str, Any]], None]] = {}
         from tpuwatch.agent.phases import PhaseTracker
@@ -330,27 +330,34 @@ class Agent:
         if not buf:
             return
         lines: list[bytes] = []
+        steps: list[tuple[Any, ...]] = []  # the Steps' fields, for the taps (one call a drain)
         size = 0
         final = False
+        encode, encode_step, popleft, tuple_ = protocol.encode, protocol.encode_step_values, buf.popleft, tuple
         while buf:
             try:
-                item = buf.popleft()
+                item = popleft()
             except IndexError:
                 break
-            kind = "step" if isinstance(item, tuple) else item.kind  # messages are dataclasses, never tuples
-            if kind == "step" and self.step_taps:
-                self._tap(item)  # type: ignore[arg-type]
             try:
-                line = protocol.encode(protocol.Step(*item) if isinstance(item, tuple) else item)
+                if type(item) is tuple_:  # a Step's fields (emit_step): messages are dataclasses
+                    steps.append(item)
+                    line = encode_step(item)
+                else:
+                    line = encode(item)
+                    final = final or item.kind == "exit"
             except Exception as e:  # a bad value must never stop the recording
-                line = protocol.encode(Event(t=self.clock(), level="error", source="agent",
-                                             message=f"could not encode {kind}: {e}"))
-            final = final or kind == "exit"
+                kind = "step" if type(item) is tuple_ else getattr(item, "kind", "?")
+                line = encode(Event(t=self.clock(), level="error", source="agent",
+                                    message=f"could not encode {kind}: {e}"))
             lines.append(line)
             size += len(line)
             if size >= _WRITE_CHUNK:
+                self._tap(steps)
+                steps = []
                 self._write(b"".join(lines))
                 lines, size = [], 0
+        self._tap(steps)
         spilled = self._spilled
         if spilled:
             self._spilled -= spilled
@@ -363,10 +370,12 @@ class Agent:
         with self._flushed:
             self._flushed.notify_all()
 
-    def _tap(self, fields: tuple[Any, ...]) -> None:
+    def _tap(self, steps: list[tuple[Any, ...]]) -> None:
+        if not steps:
+            return
         for name, tap in list(self.step_taps):
             try:
-                tap(fields)
+                tap(steps)
             except Exception as e:  # that probe stops, the recording goes on
                 self.step_taps.remove((name, tap))
                 self.probe_failed(name, e)
