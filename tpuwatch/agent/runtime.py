@@ -333,21 +333,21 @@ class Agent:
         steps: list[tuple[Any, ...]] = []  # the Steps' fields, for the taps (one call a drain)
         size = 0
         final = False
-        encode, encode_step, popleft, tuple_ = protocol.encode, protocol.encode_step_values, buf.popleft, tuple
+        encode, encode_step, popleft = protocol.encode, protocol.encode_step_values, buf.popleft
         while buf:
             try:
                 item = popleft()
             except IndexError:
                 break
             try:
-                if type(item) is tuple_:  # a Step's fields (emit_step): messages are dataclasses
+                if type(item) is tuple:  # a Step's fields (emit_step): messages are dataclasses
                     steps.append(item)
                     line = encode_step(item)
                 else:
                     line = encode(item)
                     final = final or item.kind == "exit"
             except Exception as e:  # a bad value must never stop the recording
-                kind = "step" if type(item) is tuple_ else getattr(item, "kind", "?")
+                kind = "step" if type(item) is tuple else getattr(item, "kind", "?")
                 line = encode(Event(t=self.clock(), level="error", source="agent",
                                     message=f"could not encode {kind}: {e}"))
             lines.append(line)
