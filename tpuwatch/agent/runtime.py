@@ -340,7 +340,7 @@ class Agent:
             except IndexError:
                 break
             try:
-                if type(item) is tuple:  # a Step's fields (emit_step): messages are dataclasses
+                if isinstance(item, tuple):  # a Step's fields (emit_step): messages are dataclasses
                     steps.append(item)
                     line = encode_step(item)
                 else:
