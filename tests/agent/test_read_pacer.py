@@ -53,3 +53,34 @@ def test_the_setting_applies_from_the_first_record(monkeypatch):
     assert (pacer.every_s, pacer.read_all_left) == (read_pacer.LOSS_EVERY_S, read_pacer.READ_ALL_FIRST)
     monkeypatch.setenv("TPUWATCH_LOSS_EVERY_S", "often")  # unreadable: the default
     assert ReadPacer.from_settings().every_s == read_pacer.LOSS_EVERY_S
+
+
+def _first_records(step_s: float, read_s: float, records: int = 100) -> tuple[list[int], float]:
+    """Which of a run's first records are read when a read costs ``read_s`` after a ``step_s``
+    step (the first call, its trace, takes 3 s), and the reads' share of the steady training."""
+    pacer = ReadPacer(every_s=0.25, read_all_first=256)
+    reads, spent = [], 0.0
+    for i in range(records):
+        read_all = pacer.read_all
+        trained = pacer.trained(3.0 if i == 0 else step_s)
+        pacer.recorded()
+        if read_all or pacer.loss_due(trained):
+            pacer.loss_read(trained, now=float(i))
+            pacer.spent(read_s)
+            spent += read_s if i else 0.0  # the first record's read is paid beside its trace
+            reads.append(i)
+    return reads, spent / (step_s * (records - 1))
+
+
+def test_the_first_records_are_all_read_while_a_read_is_cheap_next_to_a_step():
+    reads, _ = _first_records(step_s=0.100, read_s=0.0005)  # 0.5 % of a step
+    assert reads == list(range(100))
+
+
+def test_the_first_records_cost_at_most_a_hundredth_of_the_training():
+    """The TF tutorial's loop: ~13 ms steps, ~0.9 ms to read 4 replicas' losses and the
+    accumulator right after one. Reading each of the first 256 records cost ~7 % of a short run."""
+    reads, share = _first_records(step_s=0.013, read_s=0.0009)
+    assert 0 in reads and len(reads) < 50  # the first record, then as the budget allows
+    assert share <= read_pacer.READ_SHARE + 0.0009 / (0.013 * 99)  # at most one read over it
+    assert len(reads) > 100 * 0.013 / 0.25  # more often than the steady pace: early answers

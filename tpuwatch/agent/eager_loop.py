@@ -162,7 +162,9 @@ class EagerLoop:
             try:
                 import tensorflow as tf
 
+                began = probe.perf()
                 losses = (float(tf.reduce_mean(tf.cast(target, tf.float32)).numpy()),)
+                pacer.spent(probe.perf() - began)
                 pacer.loss_read(trained, now)
             except Exception as e:
                 self.agent.probe_failed("replica_loss", e)

@@ -1,11 +1,14 @@
 """When the step probe reads what lives in TensorFlow variables: each replica's loss and the in-graph
 accumulator (input wait, examples, steps run).
 
-Each read is a transfer per replica on a TPU, ~0.1 ms a replica on a CPU, so after a run's first
-:data:`READ_ALL_FIRST` records (all read: a short run's diagnostics see every step) reads are
-paced by *training* time (the step calls' time and their input wait), not by the wall clock: a
-pause (evaluation, a checkpoint) does not make the next read due. When training pauses, the last
-step's losses, if its record went without them, are read if the wall clock says one is due.
+Each read is a transfer per replica on a TPU, ~0.1 ms a replica on a CPU (0.3-0.9 ms right after a
+step on a 2-core box), so reads are paced by *training* time (the step calls' time and their input
+wait), not by the wall clock: a pause (evaluation, a checkpoint) does not make the next read due.
+A run's first :data:`READ_ALL_FIRST` records are read more often, so that a short run's
+diagnostics see its steps: every record while the reads so far cost at most :data:`READ_SHARE` of
+the training since the first call (measured: :meth:`ReadPacer.spent`), so every one where a read
+is cheap next to a step, and no more than that share where it is not. When training pauses, the
+last step's losses, if its record went without them, are read if the wall clock says one is due.
 No TensorFlow here: the step probe asks, and reads.
 """
 
@@ -14,6 +17,11 @@ from __future__ import annotations
 #: Records whose losses (and in-graph input wait) are read whatever the sampling period: a short
 #: run's diagnostics see every step.
 READ_ALL_FIRST = 256
+
+
+#: The most the reads of a run's first records may cost, as a share of its training time (the
+#: first call, which traces, left out).
+READ_SHARE = 0.01
 
 
 #: The least training time between two reads after a run's first READ_ALL_FIRST records: a 4 Hz
@@ -49,6 +57,8 @@ class ReadPacer:
         self.every_s = every_s
         self.read_all_left = read_all_first  # records still read whatever the pace
         self.trained_s = 0.0
+        self._first_s: float | None = None  # the first record's training time (its trace)
+        self._spent_s = 0.0  # time the reads took so far
         self._loss_read_trained = float("-inf")
         self._loss_read_at = float("-inf")  # wall clock of the last loss read: pauses use it
         self._acc_read_trained = float("-inf")
@@ -61,13 +71,25 @@ class ReadPacer:
 
     @property
     def read_all(self) -> bool:
-        """The next record is one of the run's first: everything in it is read."""
-        return self.read_all_left > 0
+        """The next record is one of the run's first and the reads' budget allows: everything in
+        it is read."""
+        if self.read_all_left <= 0:
+            return False
+        first = self._first_s
+        return first is None or self._spent_s <= READ_SHARE * (self.trained_s - first)
 
     def trained(self, seconds: float) -> float:
         """A step's ``seconds`` of training (its wait for its batch included); the total so far."""
+        if self._first_s is None:
+            self._first_s = seconds
         self.trained_s += seconds
         return self.trained_s
+
+    def spent(self, seconds: float) -> None:
+        """The reads of one record took ``seconds``. The first record's are not counted: its call
+        traced, and its time is not in the budget either."""
+        if self.trained_s != self._first_s:
+            self._spent_s += seconds
 
     def recorded(self) -> None:
         """A record was made: one fewer of the first records left to read whatever the pace."""

@@ -254,10 +254,13 @@ class StepProbe:
         wait_s = self.eager_wait_s
         measured_wait = wait_s > 0.0
         examples = self.eager_examples
-        # One of the run's first records: every sampled value is read (a short run's diagnostics
-        # see every step); later ones at most every pacer.every_s of training.
+        # One of the run's first records: every sampled value is read while the reads cost at most
+        # a hundredth of the training (a short run's diagnostics see its steps); later ones at
+        # most every pacer.every_s of training.
         pacer = self.pacer
+        perf = self.perf
         read_all = pacer.read_all
+        read_s = 0.0  # what this record's reads took (the first records' budget: read_pacer)
         # Training time is the step's own time, its wait for the batch included (an input-bound
         # loop is read as often as any other); evaluation and other pauses are not in it.
         trained = pacer.trained(call_s + wait_s)
@@ -266,7 +269,9 @@ class StepProbe:
             # holds only input wait and examples, which are sampled like losses: a read gives
             # their sum since the last one, spread over the steps in between.
             if "acc_runs" in flags or read_all or pacer.acc_due(trained):
+                began = perf()
                 acc = self.read_accumulator().tolist()  # Python floats: cheaper than numpy scalars
+                read_s = perf() - began
                 pacer.acc_read(trained)
                 last = self.acc_last
                 self.acc_last = acc
@@ -302,11 +307,15 @@ class StepProbe:
         # A call that ran eagerly kept its losses as values while it ran: they are always taken.
         reader = self.eager_function.loss_reader if eagerly else self.loss_reader if due else None
         if reader is not None:
+            began = perf()
             losses = reader(flags)
+            read_s += perf() - began
             if losses is not None:
                 pacer.loss_read(trained, now)
                 if not eagerly:
                     flags["_read"] = True
+        if read_s:
+            pacer.spent(read_s)
         strategy = flags.get("strategy")
         if strategy is None and self._last_strategy is None:
             strategy = _current_strategy()  # a step with no strategy.run trains on the current one
