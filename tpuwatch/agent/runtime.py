@@ -39,6 +39,10 @@ Buffered: TypeAlias = "Message | tuple[Any, ...]"
 
 _current: "Agent | None" = None
 _WRITE_CHUNK = 1 << 20
+#: The writer gives up the GIL after encoding this many messages: a drain of a few hundred Steps
+#: holds it for milliseconds otherwise, and a training thread coming back from TensorFlow waits
+#: for it (up to the interpreter's 5 ms switch interval) before its next step can start.
+_YIELD_EVERY = 32
 #: Messages held in memory for the agent's thread to write at most; past it (a starved or stuck
 #: agent thread) they are dropped and counted, so the training thread's memory never grows.
 MAX_BUFFERED = 200_000
@@ -352,6 +356,8 @@ class Agent:
                                     message=f"could not encode {kind}: {e}"))
             lines.append(line)
             size += len(line)
+            if not len(lines) % _YIELD_EVERY:
+                time.sleep(0)  # lets a training thread that waits for the GIL have it (see _YIELD_EVERY)
             if size >= _WRITE_CHUNK:
                 self._tap(steps)
                 steps = []
