@@ -502,10 +502,25 @@ class Result(Message):
 
 @dataclass(frozen=True)
 class StackDump(Message):
+    """Every thread's Python stack at one moment: asked for (the ``stack_dump`` command), or
+    taken by the agent itself when steps stopped (``reason`` "stall")."""
+
     kind: ClassVar[str] = "stack_dump"
     t: float
     text: str
     path: str = ""
+    reason: str = ""  # "": a viewer asked; "stall": no step for the agent's stall limit
+    step: int | None = None  # the global step the stacks were taken after
+    gap_s: float | None = None  # "stall": seconds without a step when they were taken
+    #: The training thread in one line: "waiting at train.py:26: time.sleep(40)".
+    headline: str = ""
+    #: Where the training thread stood: "script" (its own Python), "input" (waiting for the
+    #: step's input), "step" (inside a step call: TensorFlow's native code, a collective or an
+    #: in-graph input fetch), "tensorflow" (other TensorFlow or Keras code), "" (unknown).
+    stalled_in: str = ""
+    #: The innermost line of the script's a thread of tf.data runs ("gen.py:12: time.sleep(1)":
+    #: a generator or py_function of the pipeline), when one shows.
+    input_line: str = ""
 
 
 # --- diagnostics -----------------------------------------------------------------------------
