@@ -83,10 +83,10 @@ TEARDOWN_S = Variable("TPUWATCH_TEARDOWN_S", "10", "Seconds the agent lets Tenso
 LOSS_EVERY_S = Variable("TPUWATCH_LOSS_EVERY_S", "", "Least seconds of training between two reads of the "
                         "replicas' losses and fit's in-graph input wait. Unset: every step call of a run's first 256, "
                         "then at most every 0.25 s; set, it applies from the first call (0: every call).")
-STALL_STACKS_S = Variable("TPUWATCH_STALL_STACKS_S", "10", "Least seconds without a step before the agent "
-                         "takes every thread's stack by itself (once per stall, into <run_dir>/stacks/). It waits "
-                         "longer where the run's own cadence makes a pause normal (300 x the p95 step interval), "
-                         "never longer than the live stall limit (60 s, or 20 x the median step interval).")
+STALL_STACKS_S = Variable("TPUWATCH_STALL_STACKS_S", "", "Seconds without a step after which the agent takes "
+                         "every thread's stack by itself (once per stall, into <run_dir>/stacks/). Unset: the stall "
+                         "rule's limit for a gap, by the run's own cadence (300 x the p95 step interval, at least 10 s, "
+                         "at most 60 s or 20 x the median interval).")
 TEST_FAIL_PROBE = Variable("TPUWATCH_TEST_FAIL_PROBE", "", "Tests only: the probe whose installation fails on "
                            "purpose (fault injection).")
 

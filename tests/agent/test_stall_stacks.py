@@ -26,6 +26,7 @@ def make(tmp_path: Path) -> tuple[Agent, StallStacks, Clock]:
     clock = Clock()
     agent = Agent(tmp_path, "r", clock=clock)
     watch = StallStacks(agent, StackDumper(agent), floor_s=2.0)
+    watch.fixed_s = None  # the run's cadence, whatever the environment says
     return agent, watch, clock
 
 
@@ -127,3 +128,14 @@ def _line_of(code: str) -> int:
     (n,) = [i for i, text in enumerate(Path(__file__).read_text().splitlines(), start=1)
             if text.strip().startswith(code)]
     return n
+
+
+def test_a_fixed_limit_from_the_setting_overrides_the_cadence(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPUWATCH_STALL_STACKS_S", "1.5")
+    clock = Clock()
+    agent = Agent(tmp_path, "r", clock=clock)
+    watch = StallStacks(agent, StackDumper(agent))
+    assert watch.fixed_s == 1.5
+    steps(watch, clock, 3, every_s=1.0)  # too few intervals for a cadence: 60 s otherwise
+    clock.t += 1.6
+    assert len(taken_while_main_waits(watch)) == 1

@@ -66,8 +66,18 @@ def test_planted_script_yields_its_rule(tmp_path, script, args, rule, evidence):
     # 120 steps of a fit whose map decodes in Python, no prefetch
     ("input_bound.py", ("--epochs", "1", "--steps-per-epoch", "120", "--decode-ms", "0.2"), "input-bound",
      {"scope": "over the whole run"}, ("warning",)),
-    # a 1-5 ms-step loop that hangs 20 s at step 150, far below the 60 s live floor
-    ("stall_fast_loop.py", (), "stall", {"last_step": 150, "gaps": "after step 150: 20 s"}, ("warning",)),
+    # a 1-5 ms-step loop that hangs 20 s at step 150, far below the 60 s live floor; the stacks the
+    # agent took while it hung name the line it waits at
+    ("stall_fast_loop.py", (), "stall",
+     {"last_step": 150, "gaps": "after step 150: 20 s", "stalled_in": "script",
+      "waiting_at": f"waiting at {_at('stall_fast_loop.py', 'evaluator.acquire(timeout=')}: "
+                    "evaluator.acquire(timeout=args.hang_seconds)"}, ("warning",)),
+    # a fit whose from_generator pipeline waits 20 s on its record server: the input stopped, at the
+    # generator's line (not a hung collective)
+    ("stall_input_fit.py", (), "stall",
+     {"last_step": 50, "stalled_in": "input",
+      "input_line": f"{_at('stall_input_fit.py', 'yield records.get(timeout=600)')}: "
+                    "yield records.get(timeout=600)"}, ("warning",)),
     # ~2 MiB per step over 400 steps (5 s): host memory would run out within minutes
     ("host_memory_growth_short.py", (), "host-memory-growth", {}, ("critical",)),
     # replica 3's slice corrupted from batch 20: named as the origin of the non-finite loss
@@ -83,6 +93,12 @@ def test_short_planted_script_yields_its_rule(tmp_path, script, args, rule, evid
     if script == "host_memory_growth_short.py":
         (f,) = [f for f in report["findings"] if f["rule"] == rule]
         assert f["evidence"]["minutes_to_exhaustion"] < 30 and 1.5 <= f["evidence"]["mib_per_step"] <= 2.5
+    if rule == "stall":
+        (f,) = [f for f in report["findings"] if f["rule"] == rule]
+        assert Path(f["evidence"]["stacks"]).is_file()  # taken while it hung, with no key pressed
+        if script == "stall_input_fit.py":
+            assert "the input pipeline stopped: the step waited" in f["message"], f["message"]
+            assert "collective" not in f["advice"]
     if script == "retrace_batch_dim.py":
         (f,) = [f for f in report["findings"] if f["rule"] == rule]
         assert "drop_remainder=True" in f["advice"] and "None batch dimension" in f["advice"]

@@ -152,10 +152,11 @@ def shown_text(text: str, path: Path) -> str:
 
 # --- what a stalled training thread waits in ------------------------------------------------------
 
-#: The live stall limit's floor and its multiple of the median step interval, and the cadence
-#: limit's multiple of the p95 interval: the viewer's stall rule's defaults, so the stacks are
-#: there by the time a viewer calls the gap a stall.
+#: The live stall limit's floor and its multiple of the median step interval, the cadence limit's
+#: floor and its multiple of the p95 interval: the viewer's stall rule's defaults, so the stacks
+#: are there by the time a viewer calls the gap a stall.
 LIVE_MIN_S = 60.0
+CADENCE_MIN_S = 10.0
 LIVE_MEDIAN_FACTOR = 20.0
 CADENCE_P95_FACTOR = 300.0
 #: Step intervals the limit is learned from (the newest).
@@ -239,13 +240,28 @@ def pipeline_line(stack: Sequence[traceback.FrameSummary], roots: tuple[str, ...
     return _line(inner) if inner is not None else ""
 
 
+def _setting_s() -> float | None:
+    raw = settings.STALL_STACKS_S.get().strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
 class StallStacks:
     """Takes every thread's stack once per stall (agent thread): a step tap and a sampler."""
 
-    def __init__(self, agent: "Agent", dumper: StackDumper, floor_s: float | None = None) -> None:
+    def __init__(self, agent: "Agent", dumper: StackDumper, floor_s: float = CADENCE_MIN_S,
+                 fixed_s: float | None = None) -> None:
+        """``fixed_s``: take the stacks after this many seconds whatever the cadence (default:
+        ``TPUWATCH_STALL_STACKS_S`` when set)."""
         self.agent = agent
         self.dumper = dumper
-        self.floor_s = floor_s if floor_s is not None else settings.STALL_STACKS_S.positive_float()
+        self.floor_s = floor_s
+        self.fixed_s = fixed_s if fixed_s is not None else _setting_s()
         self.intervals: deque[float] = deque(maxlen=INTERVALS_KEPT)
         self.last_t: float | None = None  # unix time of the newest step record
         self.last_step = 0
@@ -272,7 +288,7 @@ class StallStacks:
         start = max(last_t, self._progress_t)
         if phases.current == "host":
             start = max(start, phases.since)
-        limit = stall_limit_s(self.intervals, self.floor_s)
+        limit = self.fixed_s if self.fixed_s is not None else stall_limit_s(self.intervals, self.floor_s)
         if now - start < limit:
             return []
         self.taken_after = self.last_step
