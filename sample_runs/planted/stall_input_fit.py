@@ -3,7 +3,7 @@
 A Keras ``fit`` reads its records through ``tf.data.Dataset.from_generator`` from a "record
 server" (a queue another thread fills, as a reader fed by a download or a message queue is).
 After record ``--block-at`` (default 1,600: batch 50) the server goes quiet for
-``--block-seconds`` (default 20) before it sends again: the generator waits in ``queue.get``,
+``--block-seconds`` (default 30: well past the stall limit of a busy machine) before it sends again: the generator waits in ``queue.get``,
 prefetch drains, and the step waits for its batch. The stall finding says the input pipeline
 stopped, at the generator's line, not a hung collective.
 """
@@ -38,7 +38,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--block-at", type=int, default=1600)
-    p.add_argument("--block-seconds", type=float, default=20.0)
+    p.add_argument("--block-seconds", type=float, default=30.0)
     args = p.parse_args()
     keras.utils.set_random_seed(0)
     records: queue.Queue = queue.Queue(maxsize=256)

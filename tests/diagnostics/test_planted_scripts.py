@@ -72,7 +72,7 @@ def test_planted_script_yields_its_rule(tmp_path, script, args, rule, evidence):
      {"last_step": 150, "gaps": "after step 150: 20 s", "stalled_in": "script",
       "waiting_at": f"waiting at {_at('stall_fast_loop.py', 'evaluator.acquire(timeout=')}: "
                     "evaluator.acquire(timeout=args.hang_seconds)"}, ("warning",)),
-    # a fit whose from_generator pipeline waits 20 s on its record server: the input stopped, at the
+    # a fit whose from_generator pipeline waits 30 s on its record server: the input stopped, at the
     # generator's line (not a hung collective)
     ("stall_input_fit.py", (), "stall",
      {"last_step": 50, "stalled_in": "input",
@@ -96,6 +96,9 @@ def test_short_planted_script_yields_its_rule(tmp_path, script, args, rule, evid
     if rule == "stall":
         (f,) = [f for f in report["findings"] if f["rule"] == rule]
         assert Path(f["evidence"]["stacks"]).is_file()  # taken while it hung, with no key pressed
+        text = subprocess.run([sys.executable, "-m", "tpuwatch", "report", str(tmp_path / "run")],
+                              capture_output=True, text=True, timeout=120, env=child_env(), check=True).stdout
+        assert f"      stacks: {f['evidence']['stacks']}" in text  # the report lists them
         if script == "stall_input_fit.py":
             assert "the input pipeline stopped: the step waited" in f["message"], f["message"]
             assert "collective" not in f["advice"]
