@@ -3,9 +3,10 @@
 A Keras ``fit`` reads its records through ``tf.data.Dataset.from_generator`` from a "record
 server" (a queue another thread fills, as a reader fed by a download or a message queue is).
 After record ``--block-at`` (default 1,600: batch 50) the server goes quiet for
-``--block-seconds`` (default 30: well past the stall limit of a busy machine) before it sends again: the generator waits in ``queue.get``,
-prefetch drains, and the step waits for its batch. The stall finding says the input pipeline
-stopped, at the generator's line, not a hung collective.
+``--block-seconds`` (default 30: well past the stall limit of a busy machine) before it sends
+again: the generator waits in ``queue.get``, prefetch drains, and the step waits for its batch.
+The stall finding says the input pipeline stopped, at the generator's line, not a hung
+collective.
 """
 from __future__ import annotations
 
