@@ -335,6 +335,32 @@ class InputStages(Message):
 #: created variables (lazily built optimizer slots, a model built inside the step): a real trace,
 #: counted as TF counts it, but no retrace problem (it happens once per function).
 VARIABLES_MADE_CHANGE = "the first call created variables, so TF traced it again (same inputs)"
+@dataclass(frozen=True)
+class SlowSteps(Message):
+    """Steps that turned several times slower than the run's own median, and the profile the
+    agent captured by itself while they lasted (shares the auto-profile's budget).
+
+    Times are per training step: ``slow_*`` over the steps inside the capture, ``normal_*`` over
+    the steps before the slowdown began; ``*_wait_s`` the input wait (None: not measured),
+    ``*_between_s`` the host time between two step calls (the script's Python between steps).
+    """
+
+    kind: ClassVar[str] = "slow_steps"
+    t: float
+    path: str  # the capture's directory ("" when the capture failed; ``error`` says why)
+    function: str
+    first_slow_step: int  # the first step of the slowdown
+    step_from: int  # the capture's steps
+    step_to: int
+    slow_step_s: float
+    normal_step_s: float
+    slow_wait_s: float | None = None
+    normal_wait_s: float | None = None
+    slow_between_s: float | None = None
+    normal_between_s: float | None = None
+    error: str = ""
+
+
 #: ``Retrace.change`` of a trace of a new tf.function object (same name, same inputs): what made
 #: TF trace is the new object, not a difference to any trace it had (the agent writes it, the
 #: viewer's state and the retrace rule compare with it).
@@ -643,6 +669,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     Pipeline,
     AllocationSites,
     InputStages,
+    SlowSteps,
     Epoch,
     Phase,
     Event,

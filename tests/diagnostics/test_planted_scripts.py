@@ -78,6 +78,9 @@ def test_planted_script_yields_its_rule(tmp_path, script, args, rule, evidence):
      {"last_step": 50, "stalled_in": "input",
       "input_line": f"{_at('stall_input_fit.py', 'yield records.get(timeout=600)')}: "
                     "yield records.get(timeout=600)"}, ("warning",)),
+    # ~10 ms steps turn ~20x slower for 30 steps (a while loop inside the compiled step): a profile
+    # captured during them, by the agent itself
+    ("slow_steps.py", (), "slow-steps", {"first_slow_step": 150, "function": "train_step"}, ("warning",)),
     # ~2 MiB per step over 400 steps (5 s): host memory would run out within minutes
     ("host_memory_growth_short.py", (), "host-memory-growth", {}, ("critical",)),
     # replica 3's slice corrupted from batch 20: named as the origin of the non-finite loss
@@ -102,6 +105,15 @@ def test_short_planted_script_yields_its_rule(tmp_path, script, args, rule, evid
         if script == "stall_input_fit.py":
             assert "the input pipeline stopped: the step waited" in f["message"], f["message"]
             assert "collective" not in f["advice"]
+    if script == "slow_steps.py":
+        from tpuwatch.monitor.profile_summary import summarize
+
+        (f,) = [f for f in report["findings"] if f["rule"] == rule]
+        first, last = (int(n) for n in f["evidence"]["profile_steps"].split("-"))
+        assert 150 <= first <= last < 180, f["evidence"]  # inside the slow stretch
+        assert f["evidence"]["ratio"] >= 5 and "the step's own work" in f["evidence"]["summary"], f["evidence"]
+        summary = summarize(f["evidence"]["profile_path"])  # it opens in the profile summary
+        assert any("MatMul" in op.name for op in summary.top_ops), summary.top_ops
     if script == "retrace_batch_dim.py":
         (f,) = [f for f in report["findings"] if f["rule"] == rule]
         assert "drop_remainder=True" in f["advice"] and "None batch dimension" in f["advice"]
