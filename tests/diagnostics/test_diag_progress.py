@@ -458,3 +458,22 @@ def test_in_a_collective_hang_the_worker_not_arrived_is_named_with_its_line():
     assert waiting.evidence["not_arrived"] == "worker host1:101 waiting at train.py:40: time.sleep(30)"
     assert "train.py:40" in waiting.advice
     assert "the other workers (host0:100) wait for it in the step" in absent.message
+
+
+def test_a_slowdown_the_agent_captured_is_a_finding_with_its_profile_and_where_the_time_went():
+    from tpuwatch.protocol import SlowSteps
+
+    run = SyntheticRun()
+    run.steps(200)
+    run.emit(SlowSteps(t=run.t, path="/r/profiles/plugins/profile/p", function="train_step", first_slow_step=150,
+                       step_from=156, step_to=175, slow_step_s=0.2, normal_step_s=0.01, slow_wait_s=0.0003,
+                       normal_wait_s=0.0002, slow_between_s=0.001, normal_between_s=0.001))
+    run.emit(SlowSteps(t=run.t, path="", function="train_step", first_slow_step=190, step_from=0, step_to=0,
+                       slow_step_s=0.04, normal_step_s=0.01, slow_wait_s=0.03, normal_wait_s=0.0002,
+                       error="cannot start the profiler"))
+    slow, contention = sorted(findings(run.engine(), "slow-steps"), key=lambda f: f.first_step)
+    assert slow.severity == "warning" and slow.evidence["profile_path"] == "/r/profiles/plugins/profile/p"
+    assert "turned 20x slower from step 150" in slow.message and "steps 156-175" in slow.message
+    assert "the time went to the step's own work" in slow.evidence["summary"]
+    assert contention.severity == "info" and "no profile (cannot start the profiler)" in contention.message
+    assert "the time went to waiting for input" in contention.evidence["summary"]

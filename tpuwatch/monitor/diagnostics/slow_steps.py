@@ -29,6 +29,11 @@ def where_it_went(m: SlowSteps) -> str:
     return f"{detail}: the time went to {what}, +{finding_ms(grew)} a step"
 
 
+#: A slowdown this many times the median is a warning; below it (the agent's trigger is 3x) an
+#: info: a busy host's contention slows a few-ms step that much, a changed workload far more.
+WARNING_RATIO = 5.0
+
+
 class SlowStepsRule(Rule):
     """One finding per slowdown the agent captured (at most the auto-profile's few a run)."""
 
@@ -60,7 +65,7 @@ class SlowStepsRule(Rule):
             evidence["profile_path"] = m.path
             evidence["profile_steps"] = f"{m.step_from}-{m.step_to}"
         self._keep(f"{w.name}|{m.first_slow_step}", Finding(
-            t=m.t, rule=self.id, severity="warning",
+            t=m.t, rule=self.id, severity="warning" if ratio >= WARNING_RATIO else "info",
             message=(f"steps of {label} turned {ratio:.2g}x slower from step {m.first_slow_step} "
                      f"({finding_ms(m.slow_step_s)} vs a median {finding_ms(m.normal_step_s)}); {captured}"),
             advice=advice, evidence=evidence,
