@@ -477,3 +477,16 @@ def test_a_slowdown_the_agent_captured_is_a_finding_with_its_profile_and_where_t
     assert "the time went to the step's own work" in slow.evidence["summary"]
     assert contention.severity == "info" and "no profile (cannot start the profiler)" in contention.message
     assert "the time went to waiting for input" in contention.evidence["summary"]
+
+
+def test_the_events_log_says_the_agent_took_the_stacks_and_where_the_training_thread_waited():
+    from tpuwatch.monitor.state import RunState
+
+    run = stalled(12.0)
+    _stall_stacks(run, 0, "script", "waiting at train.py:26: time.sleep(40)")
+    state = RunState()
+    for msg, worker in run.msgs:
+        state.apply(msg, worker)
+    (line,) = [e for e in state.snapshot(run.t).events if e.source == "agent:stacks"]
+    assert line.message == ("no step for 12 s after step 200: the agent took every thread's stack; training thread "
+                            "waiting at train.py:26: time.sleep(40) (/r/stacks/stall-0.txt)")
