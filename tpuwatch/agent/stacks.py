@@ -166,7 +166,7 @@ PROGRESSING = frozenset({"checkpointing", "iterator", "evaluating", "starting", 
 
 _SEP = os.sep
 #: Files of TensorFlow's whose frames mean the thread waits for a batch of the input pipeline.
-_ITERATOR_FILES = ("iterator_ops.py", "input_lib.py", "multi_device_iterator_ops.py", "distribute_iterator")
+_ITERATOR_FILES = ("iterator_ops.py", "input_lib.py", "multi_device_iterator_ops.py")
 #: ... runs a step (a tf.function's call, an op, a tensor's value): below it, native code.
 _STEP_FILES = ("polymorphic_function.py", "concrete_function.py", "execute.py", "atomic_function.py")
 _STEP_FUNCTIONS = frozenset({"_numpy", "numpy", "__float__", "__int__", "__bool__", "__index__"})
