@@ -335,6 +335,32 @@ class InputStages(Message):
 #: created variables (lazily built optimizer slots, a model built inside the step): a real trace,
 #: counted as TF counts it, but no retrace problem (it happens once per function).
 VARIABLES_MADE_CHANGE = "the first call created variables, so TF traced it again (same inputs)"
+@dataclass(frozen=True)
+class SlowSteps(Message):
+    """Steps that turned several times slower than the run's own median, and the profile the
+    agent captured by itself while they lasted (shares the auto-profile's budget).
+
+    Times are per training step: ``slow_*`` over the steps inside the capture, ``normal_*`` over
+    the steps before the slowdown began; ``*_wait_s`` the input wait (None: not measured),
+    ``*_between_s`` the host time between two step calls (the script's Python between steps).
+    """
+
+    kind: ClassVar[str] = "slow_steps"
+    t: float
+    path: str  # the capture's directory ("" when the capture failed; ``error`` says why)
+    function: str
+    first_slow_step: int  # the first step of the slowdown
+    step_from: int  # the capture's steps
+    step_to: int
+    slow_step_s: float
+    normal_step_s: float
+    slow_wait_s: float | None = None
+    normal_wait_s: float | None = None
+    slow_between_s: float | None = None
+    normal_between_s: float | None = None
+    error: str = ""
+
+
 #: ``Retrace.change`` of a trace of a new tf.function object (same name, same inputs): what made
 #: TF trace is the new object, not a difference to any trace it had (the agent writes it, the
 #: viewer's state and the retrace rule compare with it).
@@ -502,10 +528,25 @@ class Result(Message):
 
 @dataclass(frozen=True)
 class StackDump(Message):
+    """Every thread's Python stack at one moment: asked for (the ``stack_dump`` command), or
+    taken by the agent itself when steps stopped (``reason`` "stall")."""
+
     kind: ClassVar[str] = "stack_dump"
     t: float
     text: str
     path: str = ""
+    reason: str = ""  # "": a viewer asked; "stall": no step for the agent's stall limit
+    step: int | None = None  # the global step the stacks were taken after
+    gap_s: float | None = None  # "stall": seconds without a step when they were taken
+    #: The training thread in one line: "waiting at train.py:26: time.sleep(40)".
+    headline: str = ""
+    #: Where the training thread stood: "script" (its own Python), "input" (waiting for the
+    #: step's input), "step" (inside a step call: TensorFlow's native code, a collective or an
+    #: in-graph input fetch), "tensorflow" (other TensorFlow or Keras code), "" (unknown).
+    stalled_in: str = ""
+    #: The innermost line of the script's a thread of tf.data runs ("gen.py:12: time.sleep(1)":
+    #: a generator or py_function of the pipeline), when one shows.
+    input_line: str = ""
 
 
 # --- diagnostics -----------------------------------------------------------------------------
@@ -628,6 +669,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     Pipeline,
     AllocationSites,
     InputStages,
+    SlowSteps,
     Epoch,
     Phase,
     Event,

@@ -83,10 +83,14 @@ TEARDOWN_S = Variable("TPUWATCH_TEARDOWN_S", "10", "Seconds the agent lets Tenso
 LOSS_EVERY_S = Variable("TPUWATCH_LOSS_EVERY_S", "", "Least seconds of training between two reads of the "
                         "replicas' losses and fit's in-graph input wait. Unset: every step call of a run's first 256, "
                         "then at most every 0.25 s; set, it applies from the first call (0: every call).")
+STALL_STACKS_S = Variable("TPUWATCH_STALL_STACKS_S", "", "Seconds without a step after which the agent takes "
+                         "every thread's stack by itself (once per stall, into <run_dir>/stacks/). Unset: the stall "
+                         "rule's limit for a gap, by the run's own cadence (300 x the p95 step interval, at least 10 s, "
+                         "at most 60 s or 20 x the median interval).")
 TEST_FAIL_PROBE = Variable("TPUWATCH_TEST_FAIL_PROBE", "", "Tests only: the probe whose installation fails on "
                            "purpose (fault injection).")
 
 #: Every variable above, for ``doctor`` and the docs.
 ALL = (HOME, RUN_DIR, RUN_ID, PACKAGE_PATH, TOKEN, ALLOWED_DESTINATIONS, STOP_GRACE_S, NOTIFY_TIMEOUT_S, EVENT_KIND,
        EVENT_RULE, EVENT_SEVERITY, EVENT_RUN, EVENT_STATUS, EVENT_MESSAGE, SAMPLE_HZ, LISTEN, DISABLE,
-       VIEWER_TIMEOUT_S, TEARDOWN_S, LOSS_EVERY_S, TEST_FAIL_PROBE)
+       VIEWER_TIMEOUT_S, TEARDOWN_S, LOSS_EVERY_S, STALL_STACKS_S, TEST_FAIL_PROBE)

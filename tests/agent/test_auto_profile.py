@@ -371,3 +371,80 @@ def test_a_capture_the_training_paused_through_is_taken_again_soon(monkeypatch):
     _play(auto, clock, 0.5, 0.3, step)
     assert auto._reader is not None  # read (no capture file here: one warning)
     assert len([m for _, m in agent.events if "held" in m]) == 1
+
+
+# --- slow steps: the same budget, a second trigger ------------------------------------------------
+
+
+def _steps(auto: AutoProfile, clock: Clock, n: int, step: list[int], step_time_s: float,
+           between_s: float = 0.001, sample_every: int = 5) -> list:
+    out = []
+    for i in range(n):
+        step[0] += 1
+        clock.t += step_time_s + between_s
+        auto.tap(step_values(step=step[0], t=clock.t, step_time_s=step_time_s, input_wait_s=0.0002, loss=None,
+                             function="train_step"))
+        if i % sample_every == sample_every - 1:
+            out.extend(auto())
+    return out
+
+
+def test_steps_twenty_times_slower_get_one_capture_of_them_and_a_slow_steps_message():
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _steps(auto, clock, 200, step, 0.010)
+    assert agent.submitted == []
+    _steps(auto, clock, 4, step, 0.200, sample_every=1)  # four slow calls: not yet
+    assert agent.submitted == []
+    _steps(auto, clock, 1, step, 0.200, sample_every=1)  # the fifth
+    ((cmd, on_result),) = agent.submitted
+    assert cmd.action == "profile" and cmd.id.startswith("auto-profile-")
+    assert any("3x slower or more from step 201" in m for _, m in agent.events), agent.events
+    _steps(auto, clock, 20, step, 0.210, sample_every=1)  # the capture's steps
+    on_result(True, "profile saved", {"path": "/r/profiles/p", "step": 206, "last_step": 225, "stopped_by": "steps"})
+    auto()
+    (msg,) = [m for m in agent.emitted if m.kind == "slow_steps"]
+    assert (msg.path, msg.first_slow_step, msg.step_from, msg.step_to, msg.function) == (
+        "/r/profiles/p", 201, 206, 225, "train_step")
+    assert msg.slow_step_s == pytest.approx(0.21) and msg.normal_step_s == pytest.approx(0.010)
+    assert msg.slow_wait_s == pytest.approx(0.0002) and msg.normal_between_s == pytest.approx(0.001)
+    # once per slowdown, within the budget: the same slowdown going on captures nothing more
+    _steps(auto, clock, 30, step, 0.200, sample_every=1)
+    assert len(agent.submitted) == 1
+
+
+def test_an_input_capture_just_before_does_not_hold_back_a_slowdowns_but_the_budget_is_shared():
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _steps(auto, clock, 200, step, 0.010)
+    auto._captures = auto_profile.MAX_CAPTURES - 1
+    auto._last_t = clock.t  # an input capture a moment ago
+    _steps(auto, clock, 5, step, 0.200, sample_every=1)
+    ((cmd, on_result),) = agent.submitted
+    on_result(False, "cannot start the profiler", {})  # before any call inside it
+    auto()
+    (msg,) = [m for m in agent.emitted if m.kind == "slow_steps"]
+    assert msg.path == "" and msg.error == "cannot start the profiler"
+    clock.t += auto_profile.MIN_GAP_S
+    _steps(auto, clock, 100, step, 0.010)
+    _steps(auto, clock, 10, step, 0.200, sample_every=1)  # a second slowdown: the budget is spent
+    assert len(agent.submitted) == 1
+
+
+def test_warm_up_a_lone_slow_call_and_a_retrace_are_no_slowdown():
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    traces = [0]
+    auto._traces = lambda: traces[0]
+    _steps(auto, clock, 15, step, 0.5)  # warm-up: tracing and compiling
+    _steps(auto, clock, 200, step, 0.010)
+    _steps(auto, clock, 1, step, 0.5)  # one slow call (a checkpoint, a GC pause)
+    _steps(auto, clock, 50, step, 0.010)
+    assert agent.submitted == []
+    for _ in range(6):  # slow calls while the function retraces
+        traces[0] += 1
+        _steps(auto, clock, 1, step, 0.3, sample_every=1)
+    assert agent.submitted == []
+    agent.profiler.active = object()  # the user's own capture runs: never beside it
+    _steps(auto, clock, 10, step, 0.3, sample_every=1)
+    assert agent.submitted == []

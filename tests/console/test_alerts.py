@@ -94,6 +94,24 @@ def test_findings_are_sent_once_again_when_worse_and_rate_limited(tmp_path):
     assert "2 held back by the rate limit" in alerts.summary()
 
 
+def test_a_findings_stacks_and_profile_ride_with_its_event(tmp_path):
+    append, _ = _commands(tmp_path)
+    alerts = Alerts([append], report=print, timeout_s=10.0, clock=lambda: 0.0)
+    snap = RunSnapshot(run_id="r3", status="stalled", step=20)
+    stall = Finding(t=100.0, rule="stall", severity="warning", message="stall: no step for 12 s after step 20",
+                    advice="fix it", evidence={"waiting_at": "waiting at train.py:26: time.sleep(40)",
+                                               "stacks": "/r/stacks/stall-after-step-20.txt"})
+    slow = Finding(t=101.0, rule="input-bound", severity="warning", message="input-bound: planted", advice="",
+                   evidence={"profile_path": "/r/profiles/auto-1"})
+    alerts.update(snap, [stall, slow])
+    alerts.close(RunSnapshot(run_id="r3", status="finished", step=30, exit_code=0), [])
+    first, second, end = _lines(tmp_path / "events.jsonl")
+    assert (first["stack_headline"], first["stacks"], first["profile"]) == (
+        "waiting at train.py:26: time.sleep(40)", "/r/stacks/stall-after-step-20.txt", "")
+    assert (second["stack_headline"], second["profile"]) == ("", "/r/profiles/auto-1")
+    assert end["stacks"] == ""
+
+
 def _run(tmp_path: Path, *script: str) -> subprocess.CompletedProcess:
     append, hang = _commands(tmp_path)
     return subprocess.run(
@@ -120,6 +138,9 @@ def test_a_planted_stall_is_sent_once_and_the_end_once(tmp_path):
     assert kinds.count("stall") == 1 and kinds.count("end") == 1 and kinds[-1] == "end", kinds
     stall = next(e for e in events if e["kind"] == "stall")
     assert "after step 100" in stall["message"] and stall["run_id"] == "run"
+    # the evidence the agent took while it hung: where the training thread waited, and the file
+    assert stall["stack_headline"].startswith("waiting at stall_fast_loop.py:"), stall
+    assert "evaluator.acquire" in stall["stack_headline"] and Path(stall["stacks"]).is_file()
     end = events[-1]
     assert (end["status"], end["exit_code"], end["step"]) == ("finished", 0, 200)
     assert "ran past 2 s (stall event): killed" in proc.stderr

@@ -403,3 +403,90 @@ def test_a_long_compile_after_a_retrace_is_no_stall_but_a_compile_that_never_end
     run.feed(eng)
     (f,) = findings(eng, "stall")
     assert f.evidence["ongoing"] == 1 and 95 <= f.evidence["quiet_s"] <= 105
+
+
+# --- what stalled: the stacks the agent took, the step's input wait, the worker not arrived ---------
+
+
+def _stall_stacks(run: SyntheticRun, worker: int, stalled_in: str, headline: str, input_line: str = ""):
+    from tpuwatch.protocol import StackDump
+
+    run.emit(StackDump(t=run.t, text="...", path=f"/r/stacks/stall-{worker}.txt", reason="stall", step=run.step,
+                       gap_s=12.0, headline=headline, stalled_in=stalled_in, input_line=input_line),
+             run.names[worker])
+
+
+def test_a_live_stall_names_the_line_the_agents_stacks_show():
+    run = stalled(12.0)
+    _stall_stacks(run, 0, "script", "waiting at train.py:26: time.sleep(40)")
+    run.advance(50.0)
+    (f,) = findings(run.engine(), "stall")
+    assert "waiting at train.py:26: time.sleep(40)" in f.message
+    assert "train.py:26" in f.advice and "stack dump (the dashboard" not in f.advice
+    assert f.evidence["stacks"] == "/r/stacks/stall-0.txt" and f.evidence["stalled_in"] == "script"
+
+
+def test_a_stall_whose_step_waited_for_its_input_says_the_input_pipeline_stopped():
+    run = SyntheticRun()
+    run.steps(200)
+    run.advance(25.0)
+    run.steps(1, input_wait_s=24.9)  # the step that ended the gap waited for its batch all along
+    (f,) = findings(run.engine(), "stall")
+    assert "the input pipeline stopped: the step waited 25 s for its batch" in f.message, f.message
+    assert "hung collective" not in f.advice and f.evidence["stalled_in"] == "input"
+
+
+def test_a_gap_the_step_did_not_wait_for_keeps_the_generic_advice():
+    run = SyntheticRun()
+    run.steps(200)
+    run.advance(25.0)
+    run.steps(1)
+    (f,) = findings(run.engine(), "stall")
+    assert "input pipeline" not in f.message and "stack dump" in f.advice
+
+
+def test_in_a_collective_hang_the_worker_not_arrived_is_named_with_its_line():
+    run = SyntheticRun(workers=2)
+    run.steps(200)
+    run.advance(12.0)
+    _stall_stacks(run, 0, "step", "inside the step called at train.py:55: loss = train_step(it) (TensorFlow's ...)")
+    _stall_stacks(run, 1, "script", "waiting at train.py:40: time.sleep(30)")
+    run.advance(50.0)
+    by_worker = {f.worker: f for f in findings(run.engine(), "stall")}
+    waiting, absent = by_worker["host0:100"], by_worker["host1:101"]
+    assert "it waits for worker host1:101 waiting at train.py:40: time.sleep(30)" in waiting.message
+    assert waiting.evidence["not_arrived"] == "worker host1:101 waiting at train.py:40: time.sleep(30)"
+    assert "train.py:40" in waiting.advice
+    assert "the other workers (host0:100) wait for it in the step" in absent.message
+
+
+def test_a_slowdown_the_agent_captured_is_a_finding_with_its_profile_and_where_the_time_went():
+    from tpuwatch.protocol import SlowSteps
+
+    run = SyntheticRun()
+    run.steps(200)
+    run.emit(SlowSteps(t=run.t, path="/r/profiles/plugins/profile/p", function="train_step", first_slow_step=150,
+                       step_from=156, step_to=175, slow_step_s=0.2, normal_step_s=0.01, slow_wait_s=0.0003,
+                       normal_wait_s=0.0002, slow_between_s=0.001, normal_between_s=0.001))
+    run.emit(SlowSteps(t=run.t, path="", function="train_step", first_slow_step=190, step_from=0, step_to=0,
+                       slow_step_s=0.04, normal_step_s=0.01, slow_wait_s=0.03, normal_wait_s=0.0002,
+                       error="cannot start the profiler"))
+    slow, contention = sorted(findings(run.engine(), "slow-steps"), key=lambda f: f.first_step)
+    assert slow.severity == "warning" and slow.evidence["profile_path"] == "/r/profiles/plugins/profile/p"
+    assert "turned 20x slower from step 150" in slow.message and "steps 156-175" in slow.message
+    assert "the time went to the step's own work" in slow.evidence["summary"]
+    assert contention.severity == "info" and "no profile (cannot start the profiler)" in contention.message
+    assert "the time went to waiting for input" in contention.evidence["summary"]
+
+
+def test_the_events_log_says_the_agent_took_the_stacks_and_where_the_training_thread_waited():
+    from tpuwatch.monitor.state import RunState
+
+    run = stalled(12.0)
+    _stall_stacks(run, 0, "script", "waiting at train.py:26: time.sleep(40)")
+    state = RunState()
+    for msg, worker in run.msgs:
+        state.apply(msg, worker)
+    (line,) = [e for e in state.snapshot(run.t).events if e.source == "agent:stacks"]
+    assert line.message == ("no step for 12 s after step 200: the agent took every thread's stack; training thread "
+                            "waiting at train.py:26: time.sleep(40) (/r/stacks/stall-0.txt)")

@@ -66,8 +66,21 @@ def test_planted_script_yields_its_rule(tmp_path, script, args, rule, evidence):
     # 120 steps of a fit whose map decodes in Python, no prefetch
     ("input_bound.py", ("--epochs", "1", "--steps-per-epoch", "120", "--decode-ms", "0.2"), "input-bound",
      {"scope": "over the whole run"}, ("warning",)),
-    # a 1-5 ms-step loop that hangs 20 s at step 150, far below the 60 s live floor
-    ("stall_fast_loop.py", (), "stall", {"last_step": 150, "gaps": "after step 150: 20 s"}, ("warning",)),
+    # a 1-5 ms-step loop that hangs 20 s at step 150, far below the 60 s live floor; the stacks the
+    # agent took while it hung name the line it waits at
+    ("stall_fast_loop.py", (), "stall",
+     {"last_step": 150, "gaps": "after step 150: 20 s", "stalled_in": "script",
+      "waiting_at": f"waiting at {_at('stall_fast_loop.py', 'evaluator.acquire(timeout=')}: "
+                    "evaluator.acquire(timeout=args.hang_seconds)"}, ("warning",)),
+    # a fit whose from_generator pipeline waits 30 s on its record server: the input stopped, at the
+    # generator's line (not a hung collective)
+    ("stall_input_fit.py", (), "stall",
+     {"last_step": 50, "stalled_in": "input",
+      "input_line": f"{_at('stall_input_fit.py', 'yield records.get(timeout=600)')}: "
+                    "yield records.get(timeout=600)"}, ("warning",)),
+    # ~10 ms steps turn ~20x slower for 30 steps (a while loop inside the compiled step): a profile
+    # captured during them, by the agent itself
+    ("slow_steps.py", (), "slow-steps", {"first_slow_step": 150, "function": "train_step"}, ("warning",)),
     # ~2 MiB per step over 400 steps (5 s): host memory would run out within minutes
     ("host_memory_growth_short.py", (), "host-memory-growth", {}, ("critical",)),
     # replica 3's slice corrupted from batch 20: named as the origin of the non-finite loss
@@ -83,6 +96,24 @@ def test_short_planted_script_yields_its_rule(tmp_path, script, args, rule, evid
     if script == "host_memory_growth_short.py":
         (f,) = [f for f in report["findings"] if f["rule"] == rule]
         assert f["evidence"]["minutes_to_exhaustion"] < 30 and 1.5 <= f["evidence"]["mib_per_step"] <= 2.5
+    if rule == "stall":
+        (f,) = [f for f in report["findings"] if f["rule"] == rule]
+        assert Path(f["evidence"]["stacks"]).is_file()  # taken while it hung, with no key pressed
+        text = subprocess.run([sys.executable, "-m", "tpuwatch", "report", str(tmp_path / "run")],
+                              capture_output=True, text=True, timeout=120, env=child_env(), check=True).stdout
+        assert f"      stacks: {f['evidence']['stacks']}" in text  # the report lists them
+        if script == "stall_input_fit.py":
+            assert "the input pipeline stopped: the step waited" in f["message"], f["message"]
+            assert "collective" not in f["advice"]
+    if script == "slow_steps.py":
+        from tpuwatch.monitor.profile_summary import summarize
+
+        (f,) = [f for f in report["findings"] if f["rule"] == rule]
+        first, last = (int(n) for n in f["evidence"]["profile_steps"].split("-"))
+        assert 150 <= first <= last < 180, f["evidence"]  # inside the slow stretch
+        assert f["evidence"]["ratio"] >= 5 and "the step's own work" in f["evidence"]["summary"], f["evidence"]
+        summary = summarize(f["evidence"]["profile_path"])  # it opens in the profile summary
+        assert any("MatMul" in op.name for op in summary.top_ops), summary.top_ops
     if script == "retrace_batch_dim.py":
         (f,) = [f for f in report["findings"] if f["rule"] == rule]
         assert "drop_remainder=True" in f["advice"] and "None batch dimension" in f["advice"]

@@ -222,3 +222,33 @@ def test_killed_worker_is_marked_and_the_other_is_stopped(tmp_path):
     kill_record = [json.loads(ln) for ln in events.read_text().splitlines() if '"kind":"exit"' in ln]
     assert kill_record and kill_record[-1]["signal"] == 9 and kill_record[-1]["source"] == "launcher"
     assert re.search(r"worker:1 step \d+ p50 \S+ \S+ input \S+ \[crashed \(exit 137\)\]", err), err[-2000:]
+
+
+def test_a_hang_inside_a_collective_names_the_worker_not_arrived_and_each_workers_line(tmp_path):
+    """Worker 1 sleeps 20 s in its own Python after step 20; worker 0's next step waits for it in
+    the all-reduce. The stacks each agent took by itself while it hung (4 s into the gap:
+    TPUWATCH_STALL_STACKS_S) name worker 1's line, and worker 0 inside its step, waiting for it."""
+    script = SAMPLES / "planted" / "stall_collective.py"
+    run = tmp_path / "group"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpuwatch", "run", "--headless", "--workers", "2", "--run-dir", str(run),
+         str(script), "--hang-seconds", "20"],
+        capture_output=True, text=True, timeout=240,
+        env=child_env(TPUWATCH_HOME=str(tmp_path / "home"), TPUWATCH_STALL_STACKS_S="4"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = script.read_text().splitlines()
+    sleep_line = next(i for i, t in enumerate(lines, start=1) if t.strip() == "time.sleep(seconds)")
+    step_line = next(i for i, t in enumerate(lines, start=1) if t.strip() == "loss = float(train_step(iterator))")
+    rep = json.loads(tpuwatch("report", str(run), "--format", "json").stdout)
+    stalls = {f["worker"]: f for f in rep["findings"] if f["rule"] == "stall"}
+    assert set(stalls) == {"worker:0", "worker:1"}, rep["findings"]
+    late, waiting = stalls["worker:1"], stalls["worker:0"]
+    assert late["evidence"]["stalled_in"] == "script"
+    assert late["evidence"]["waiting_at"] == f"waiting at stall_collective.py:{sleep_line}: time.sleep(seconds)"
+    assert waiting["evidence"]["stalled_in"] == "step"
+    assert f"stall_collective.py:{step_line}" in waiting["evidence"]["waiting_at"]
+    assert waiting["evidence"]["not_arrived"] == (
+        f"worker worker:1 waiting at stall_collective.py:{sleep_line}: time.sleep(seconds)")
+    for i in (0, 1):  # taken by each agent while the hang lasted
+        (dump,) = (run / f"worker-{i}" / "stacks").glob("*stall-after-step-20.txt")
+        assert "no step for" in dump.read_text()

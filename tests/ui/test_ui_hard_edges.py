@@ -222,3 +222,27 @@ def test_a_newline_in_the_script_name_keeps_the_header_on_two_lines() -> None:
     line1, line2 = text.split("\n")
     assert line1.startswith("tr\\nain\\x1b[2J.py · h\\r1") and line1.rstrip().endswith("RUNNING")
     assert len(line1) == 80 and line2.startswith("step 5")
+
+
+@sync
+async def test_during_a_stall_the_stacks_key_opens_the_stacks_the_agent_took_when_it_began(live_app, sent) -> None:
+    from tpuwatch.protocol import StackDump
+
+    app = live_app(upto=150)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        t = app.snapshot.now
+        path = str(app.run_dir / "stacks" / "20261128-011256-stall-after-step-150.txt")
+        app._state.apply(StackDump(t=t, text='Thread "MainThread" [TRAINING THREAD]\n  File "train.py", line 26\n'
+                                   "    time.sleep(40)\n", path=path, reason="stall", step=150, gap_s=11.0,
+                                   headline="waiting at train.py:26: time.sleep(40)", stalled_in="script"))
+        app._state.apply(Finding(t=t, rule="stall", severity="warning",
+                                 message="stall: no step for 61 s after step 150; the training thread was waiting "
+                                         "at train.py:26: time.sleep(40)", advice="Fix or bound that wait",
+                                 evidence={"ongoing": 1, "stacks": path, "last_step": 150}))
+        app.pull()
+        await until_shown(pilot, app, "s: the stacks taken when it stalled")
+        await pilot.press("s")
+        shown = await until_shown(pilot, app, "time.sleep(40)", "11 s into the stall after step 150")
+        assert "time.sleep(40)" in shown and path in shown, shown
+        assert not [c for c in sent if c.action == "stack_dump"]  # nothing asked of the agent

@@ -22,6 +22,16 @@ the capture (its cost). A capture whose steps filled less than ``PAUSED_FRAC`` o
 the stages idle: it is not read, and another follows ``RETRY_GAP_S`` later in the same episode.
 Any failure is one event; nothing raises into the script.
 
+The same budget serves a second trigger, *slow steps*: when ``SLOW_STEPS`` step calls in a row
+each take at least ``SLOW_FACTOR`` x the run's own median (of the step function's steps after
+warm-up, learnt from the records, and at least ``SLOW_MIN_EXTRA_S`` more: timer noise on a 1 ms
+step is no slowdown; never across a trace: a retrace's slow calls are the retrace finding's), the
+agent captures ``CAPTURE_STEPS`` of the slow steps the same way (within the same ``MAX_CAPTURES``;
+``MIN_GAP_S`` apart from the previous slowdown's capture, not from an input capture's) and sends one
+:class:`~tpuwatch.protocol.SlowSteps`: the capture's path, and what a slow step spent (its time,
+input wait and the host time between calls) beside a normal one. Evaluation calls are no steps;
+warm-up steps are not judged.
+
 The script's own profile wins: TF runs one profiler at a time, so a script (or library) that calls
 ``tf.profiler.experimental.start`` while an automatic capture runs would get an error. The start is
 wrapped: such a call first stops the automatic capture and waits for it (bounded by
@@ -41,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from tpuwatch.agent import tf_data_trace
-from tpuwatch.protocol import AUTO_PROFILE_ID_PREFIX, Command, InputStages, Message, Step
+from tpuwatch.protocol import AUTO_PROFILE_ID_PREFIX, Command, InputStages, Message, SlowSteps, Step
 
 if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
@@ -75,8 +85,44 @@ READ_WAIT_AT_EXIT_S = 5.0  # at the script's end, how long a read under way may 
 #: script ended, or started a profile of its own) measured too little to name a stage.
 FULL_LENGTH = frozenset({"steps", "time", "timer"})
 
+#: Slow steps: this many calls in a row, each at least SLOW_FACTOR x the median and
+#: SLOW_MIN_EXTRA_S above it; the median over the newest NORMAL_KEPT normal calls.
+SLOW_FACTOR = 3.0
+SLOW_STEPS = 5
+SLOW_MIN_EXTRA_S = 0.010
+NORMAL_KEPT = 101
+
 _NAMES = [f.name for f in fields(Step)]
-_STEP, _TIME, _WAIT, _STEPS = (_NAMES.index(n) for n in ("step", "step_time_s", "input_wait_s", "steps"))
+_STEP, _T, _TIME, _WAIT, _STEPS, _FN = (_NAMES.index(n) for n in ("step", "t", "step_time_s", "input_wait_s",
+                                                                  "steps", "function"))
+
+
+class _Slow:
+    """The slow-steps trigger's state (agent thread; the tap writes, the sampler reads, under the
+    profile's lock)."""
+
+    __slots__ = ("normal", "median", "function", "run", "first", "want", "traces", "prev_t", "inside", "before",
+                 "run_rows")
+
+    def __init__(self) -> None:
+        #: (step time, input wait or None, host time between calls) per normal call, per step
+        self.normal: deque[tuple[float, float | None, float]] = deque(maxlen=NORMAL_KEPT)
+        self.median: float | None = None  # of the normal calls' step times, at the last sample
+        self.function = ""
+        self.run = 0  # slow calls in a row
+        self.first = 0  # the first step of that run
+        self.want = False
+        self.traces = -1  # the retrace probe's count at the last sample
+        self.prev_t: float | None = None
+        self.inside: list[tuple[float, float | None, float]] = []  # the capture's calls
+        self.run_rows: deque[tuple[float, float | None, float]] = deque(maxlen=SLOW_STEPS)  # the run's latest
+        self.before: tuple[float, float | None, float] | None = None  # normal means when it began
+
+    def means(self, rows: "Iterable[tuple[float, float | None, float]]") -> tuple[float, float | None, float]:
+        rows = list(rows)
+        waits = [w for _, w, _ in rows if w is not None]
+        n = max(1, len(rows))
+        return (sum(r[0] for r in rows) / n, sum(waits) / len(waits) if waits else None, sum(r[2] for r in rows) / n)
 
 
 class _Sums:
@@ -138,6 +184,12 @@ class AutoProfile:
         # agent thread goes on draining and sampling meanwhile
         self._reader: threading.Thread | None = None
         self.probe = PROBE  # the runtime names this probe when a listener fails
+        self._slow = _Slow()
+        self._last_slow_t = -1e18
+        self._kind = "input"  # what the capture in flight is for: "input" or "slow"
+        rp = getattr(agent, "retrace_probe", None)
+        counts = getattr(rp, "_traces", None)  # the retrace probe's traces per function name
+        self._traces: Callable[[], int] = (lambda: sum(counts.values())) if counts is not None else (lambda: 0)
 
     # --- on the agent thread, per Step written ------------------------------------------------
 
@@ -156,6 +208,35 @@ class AutoProfile:
                     bucket.add(step, step_time_s, wait_s, k)
                 if phase is not None:
                     phase.add(step, step_time_s, wait_s, k)
+                self._tap_slow(step, f[_T], step_time_s, wait_s, k, f[_FN])
+
+    def _tap_slow(self, step: int, t: float, step_time_s: float, wait_s: float | None, k: int, fn: str) -> None:
+        """One call for the slow-steps trigger (under the lock)."""
+        sl = self._slow
+        prev_t, sl.prev_t = sl.prev_t, t
+        between = max(0.0, (t - prev_t) - step_time_s * k) / k if prev_t is not None else 0.0
+        row = (step_time_s, wait_s, between)
+        if fn != sl.function:  # another step function: its own baseline
+            sl.function, sl.run, sl.median = fn, 0, None
+            sl.normal.clear()
+        if self.state == "capturing" and self._kind == "slow":
+            sl.inside.append(row)
+            return
+        if step <= WARMUP_STEPS or self.state != "idle":
+            return
+        med = sl.median
+        if med is not None and step_time_s >= SLOW_FACTOR * med and step_time_s - med >= SLOW_MIN_EXTRA_S:
+            if sl.run == 0:
+                sl.first = step - k + 1
+                sl.run_rows.clear()
+            sl.run += 1
+            sl.run_rows.append(row)
+            if sl.run >= SLOW_STEPS:
+                sl.want = True
+            return
+        sl.run = 0
+        sl.want = False
+        sl.normal.append(row)
 
     # --- at the sample rate, on the agent thread --------------------------------------------
 
@@ -177,8 +258,32 @@ class AutoProfile:
                 and not self._reading()):
             msg = self._finish(self._phase.mean_step_s())
             return [msg] if msg is not None else []
+        self._sample_slow()
+        if self._slow.want and self.state == "idle" and self._may_capture(now, self._last_slow_t):
+            self._start(now, "slow")
+            return []
         self._judge(now)
         return []
+
+    def _sample_slow(self) -> None:
+        """The slow-steps trigger at the sample rate: the median again; a trace resets the run."""
+        traces = self._traces()
+        with self._lock:
+            sl = self._slow
+            if traces != sl.traces:
+                sl.traces, sl.run, sl.want = traces, 0, False  # a retrace's slow calls are not a slowdown
+            if len(sl.normal) >= SLOW_STEPS:
+                times = sorted(r[0] for r in sl.normal)
+                n = len(times)
+                sl.median = (times[(n - 1) // 2] + times[n // 2]) / 2
+
+    def _may_capture(self, now: float, last_t: float) -> bool:
+        """The budget and the conditions every capture nobody asked for shares (``last_t``: the
+        previous capture of the same trigger: an input capture does not hold back a slowdown's)."""
+        return (self._captures < MAX_CAPTURES and now - last_t >= MIN_GAP_S and self.profiler.active is None
+                and not tracemalloc.is_tracing()  # the leak doctor's window (or the script's) slows the steps
+                and getattr(self.agent, "num_workers", 1) <= 1  # see the module's docstring
+                and self._room())
 
     def _judge(self, now: float) -> None:
         measured = sum(b.measured for _, b in self._window)
@@ -191,11 +296,7 @@ class AutoProfile:
             self._episode = self._want = True
         elif not waiting and self._window[0][0] <= now - WINDOW_S + 2 * self.agent.sample_interval_s:
             self._episode = self._want = False  # a full window below the threshold: the episode ended
-        if (self._want and self.state == "idle" and self._captures < MAX_CAPTURES
-                and now - self._last_t >= MIN_GAP_S and self.profiler.active is None and not self._eager_fetch()
-                and not tracemalloc.is_tracing()  # the leak doctor's window (or the script's) slows the steps
-                and getattr(self.agent, "num_workers", 1) <= 1  # below
-                and self._room()):
+        if self._want and self.state == "idle" and not self._eager_fetch() and self._may_capture(now, self._last_t):
             self._start(now)
 
     def _room(self) -> bool:
@@ -218,20 +319,32 @@ class AutoProfile:
         steps = sum(b.steps for _, b in self._window)
         return 2 * sum(b.eager_fetches for _, b in self._window) >= steps > 0
 
-    def _start(self, now: float) -> None:
+    def _start(self, now: float, kind: str = "input") -> None:
         self._want = False
         self._captures += 1
-        self._last_t = now
+        if kind == "slow":
+            self._last_slow_t = now
+        else:
+            self._last_t = now
         steps = sum(b.steps for _, b in self._window)
         self._before = sum(b.time_s for _, b in self._window) / steps if steps else None
         with self._lock:
             self.state = "capturing"
+            self._kind = kind
             self._phase = _Sums()
+            sl = self._slow
+            sl.want, sl.inside = False, []
+            sl.before = sl.means(sl.normal) if sl.normal else None
         agent = self.agent
-        agent.event("info", PROBE, f"the step waits for input: capturing a profile of {CAPTURE_STEPS} steps (at most "
-                                   f"{CAPTURE_MAX_S:g} s) to "
-                                   "measure which tf.data stage the wait comes from (tpuwatch run "
-                                   "--no-auto-profile turns this off)")
+        if kind == "slow":
+            agent.event("info", PROBE, f"the steps turned {SLOW_FACTOR:g}x slower or more from step {sl.first}: "
+                                       f"capturing a profile of {CAPTURE_STEPS} of them (at most {CAPTURE_MAX_S:g} s; "
+                                       "tpuwatch run --no-auto-profile turns this off)")
+        else:
+            agent.event("info", PROBE, f"the step waits for input: capturing a profile of {CAPTURE_STEPS} steps (at "
+                                       f"most {CAPTURE_MAX_S:g} s) to "
+                                       "measure which tf.data stage the wait comes from (tpuwatch run "
+                                       "--no-auto-profile turns this off)")
         agent.submit(Command(id=f"{AUTO_PROFILE_ID_PREFIX}{self._captures}", action="profile",
                              args={"steps": CAPTURE_STEPS, "max_s": CAPTURE_MAX_S}),
                      on_result=self._result)
@@ -245,6 +358,9 @@ class AutoProfile:
 
     def _on_outcome(self, outcome: tuple[bool, str, dict[str, Any]], now: float) -> None:
         ok, message, details = outcome
+        if self._kind == "slow":
+            self._slow_outcome(ok, message, details)
+            return
         if not ok:
             if not self._said_failure:  # said once; a later episode may try again
                 self._said_failure = True
@@ -281,6 +397,29 @@ class AutoProfile:
         self._reader = threading.Thread(target=self._read, args=(path, capture_s, step_from, step_to),
                                         name="tpuwatch-auto-profile-read", daemon=True)
         self._reader.start()
+
+    def _slow_outcome(self, ok: bool, message: str, details: dict[str, Any]) -> None:
+        """The slow steps' capture is in (or failed): one SlowSteps, nothing read here (the
+        profile summary reads the capture where it is shown)."""
+        with self._lock:
+            self.state = "idle"
+            self._kind = "input"
+            sl = self._slow
+            # no call inside a capture that failed at once: the slow calls that set it off
+            inside, before, first, fn = sl.inside or list(sl.run_rows), sl.before, sl.first, sl.function
+            sl.inside, sl.run = [], 0
+        if not inside or before is None:
+            return
+        slow = sl.means(inside)
+        first_step, last = details.get("step"), details.get("last_step")
+        step_from = int(first_step) if isinstance(first_step, (int, float)) else 0
+        step_to = int(last) if isinstance(last, (int, float)) else step_from
+        path = str(details.get("local_path") or details.get("path") or "") if ok else ""
+        self.agent.emit(SlowSteps(t=self.agent.clock(), path=path, function=fn, first_slow_step=first,
+                                  step_from=step_from, step_to=step_to, slow_step_s=round(slow[0], 6),
+                                  normal_step_s=round(before[0], 6), slow_wait_s=_round(slow[1]),
+                                  normal_wait_s=_round(before[1]), slow_between_s=round(slow[2], 6),
+                                  normal_between_s=round(before[2], 6), error="" if ok else message))
 
     def _read(self, path: str, capture_s: float, step_from: int, step_to: int) -> None:
         """The reader thread: the capture's iterator times (a child Python; never raises)."""
@@ -355,6 +494,10 @@ class AutoProfile:
             msg = self._finish(self._phase.mean_step_s())
             if msg is not None:
                 self.agent.emit(msg)
+
+
+def _round(v: float | None) -> float | None:
+    return round(v, 6) if v is not None else None
 
 
 def install(agent: "Agent", patches: "Patches") -> AutoProfile | None:

@@ -75,7 +75,7 @@ def library_roots() -> tuple[str, ...]:
     return tuple(r + os.sep for r in roots)
 
 
-def _script_path(path: str, roots: tuple[str, ...]) -> bool:
+def is_script_path(path: str, roots: tuple[str, ...]) -> bool:
     """A frame of the script's (or of a module of the user's): not under a library root, not
     generated code (``<string>``, autograph's conversions)."""
     return not path.startswith(roots) and not path.startswith("<") and "__autograph_generated" not in path
@@ -86,7 +86,7 @@ def script_line(skip: int, roots: tuple[str, ...] | None = None) -> tuple[str, s
     ``skip`` frames, or ("", "") when there is none (a walk of the stack: for rare events)."""
     roots = roots if roots is not None else library_roots()
     f: Any = sys._getframe(skip + 1)
-    while f is not None and not _script_path(f.f_code.co_filename, roots):
+    while f is not None and not is_script_path(f.f_code.co_filename, roots):
         f = f.f_back
     if f is None:
         return "", ""
@@ -129,7 +129,7 @@ class PipelineMap:
         first_lib = ""
         while f is not None:
             path = f.f_code.co_filename
-            if _script_path(path, roots):
+            if is_script_path(path, roots):
                 break
             if (not first_lib and not path.endswith(("dataset_ops.py", "_op.py", "readers.py"))
                     and _TF_UTIL not in path):  # decorators (deprecation, dispatch) are tf.data's

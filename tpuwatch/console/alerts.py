@@ -22,7 +22,7 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Literal, Sequence
 
 from tpuwatch import settings
@@ -61,6 +61,12 @@ class AlertEvent:
     worker: str = ""
     exit_code: int | None = None
     suppressed: int = 0  # end only: findings and stalls not sent because of the rate limit
+    #: The evidence a finding carries, for whoever is woken: what the training thread waited in
+    #: (a stall's stacks, taken by the agent while it hung), where those stacks are, the
+    #: profile captured by itself.
+    stack_headline: str = ""
+    stacks: str = ""
+    profile: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -261,8 +267,11 @@ class Alerts:
             return
         self._sent[key] = rank
         kind: EventKind = "stall" if f.rule == "stall" else "finding"
-        self._send(self._event(snap, kind, f.severity, f.rule, f.message, t=f.t, advice=f.advice,
-                               worker=f.worker))
+        event = self._event(snap, kind, f.severity, f.rule, f.message, t=f.t, advice=f.advice, worker=f.worker)
+        headline, stacks, profile = (str(f.evidence.get(k, "")) for k in ("waiting_at", "stacks", "profile_path"))
+        if headline or stacks or profile:
+            event = replace(event, stack_headline=headline, stacks=stacks, profile=profile)
+        self._send(event)
 
     def _crash(self, snap: RunSnapshot) -> None:
         if self._crash_sent:

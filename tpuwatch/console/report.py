@@ -48,6 +48,10 @@ class ReportError(ValueError):
     """The run directory cannot be reported on (one line: what is wrong)."""
 
 
+#: Files a finding's evidence points at (taken by the agent by itself), listed under it.
+EVIDENCE_FILES = (("stacks", "stacks"), ("profile", "profile_path"))
+
+
 def _json_safe(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
@@ -490,6 +494,9 @@ def render_text(report: dict[str, Any]) -> str:
                 parts.append(f"      {f['message']}")
                 if f["advice"]:
                     parts.append(f"      advice: {f['advice']}")
+                for label, key in EVIDENCE_FILES:
+                    if f["evidence"].get(key):
+                        parts.append(f"      {label}: {f['evidence'][key]}")
         parts.append("")
     return printable("\n".join(parts).rstrip() + "\n")
 

@@ -77,6 +77,13 @@ class StackRequest:
         self._fault_offset = 0
         self._view = StackView("waiting", note="asking the training process for its stacks…")
 
+    @classmethod
+    def taken(cls, dump: StackDump, note: str) -> "StackRequest":
+        """A request answered already: stacks the agent took by itself (a stall's)."""
+        request = cls("", run_dir=None, pid=None)
+        request._view = StackView("done", text=dump.text, path=dump.path, note=note)
+        return request
+
     def _kill_run_process(self, pid: int, sig: int) -> None:
         """``os.kill`` for the run's own process only: never a process its pid was reused by."""
         process = process_of(rundir.read_meta(self.run_dir)) if self.run_dir is not None else None

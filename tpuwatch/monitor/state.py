@@ -498,6 +498,11 @@ class RunState:
     def _stack_dump(self, msg: StackDump, w: Worker) -> None:
         self._stack_dumps.append(msg)
         where = f" ({msg.path})" if msg.path else ""
+        if msg.reason == "stall":
+            gap = f" {units.finding_duration(msg.gap_s)}" if msg.gap_s is not None else ""
+            self._log(msg.t, "info", "agent:stacks", f"no step for{gap} after step {msg.step}: the agent took every "
+                                                     f"thread's stack; training thread {msg.headline}{where}", w.name)
+            return
         self._log(msg.t, "info", "command:stack_dump", f"stack dump taken{where}", w.name)
 
     def _finding(self, msg: Finding, w: Worker) -> None:

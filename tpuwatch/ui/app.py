@@ -56,7 +56,7 @@ from tpuwatch.ui.screens.profile_summary_screen import (
 )
 from tpuwatch.ui.screens.quit_screen import QuitScreen
 from tpuwatch.ui.screens.results_screen import ResultsScreen
-from tpuwatch.ui.screens.stack_screen import StackScreen
+from tpuwatch.ui.screens.stack_screen import StackScreen, stall_stacks
 from tpuwatch.ui.screens.text_screen import TextScreen
 from tpuwatch.ui.source_reader import Frame, SourceReader
 from tpuwatch.ui.widgets.command_line import CommandLine, command_summary
@@ -73,6 +73,7 @@ from tpuwatch.ui.widgets.retrace_panel import RetracePanel
 from tpuwatch.ui.widgets.run_header import RunHeader, problem_text
 from tpuwatch.ui.widgets.step_time_panel import StepTimePanel
 from tpuwatch.ui.widgets.workers_panel import WorkersPanel
+from tpuwatch.units import finding_duration
 
 DashboardResult = Literal["stop", "detach", "quit"]
 
@@ -500,6 +501,12 @@ class TpuwatchApp(App[str]):
         from tpuwatch.control.stack_request import StackRequest
 
         dumps = lambda: self._stack_dumps  # noqa: E731  # the latest frame's
+        stall = stall_stacks(self.snapshot, dumps())
+        if stall is not None:  # the stall going on: the stacks the agent took when it began
+            note = (f"stacks the agent took {finding_duration(stall.gap_s or 0.0)} into the stall after step "
+                    f"{stall.step}, written to {stall.path}")
+            self.push_screen(StackScreen(StackRequest.taken(stall, note), lambda: (self.snapshot.commands, dumps())))
+            return
         before = dumps()
         self._send("stack_dump")
         snap = self.snapshot

@@ -49,6 +49,7 @@ from .loss import LossNonfinite, ReplicaLossSkew
 from .memory import DeviceMemoryHeadroom, HostMemoryGrowth
 from .progress import Stall, StepTimeJitter
 from .rule import Rule
+from .slow_steps import SlowStepsRule
 from .telemetry import WHOLE_RUN, Telemetry, Worker
 from .thresholds import Thresholds
 from .tpu_config import BatchSizeAlignment, Float32OnTpu
@@ -68,6 +69,7 @@ RULES: tuple[type[Rule], ...] = (
     ReplicaLossSkew,
     StragglerHost,
     StepTimeJitter,
+    SlowStepsRule,
     BatchSizeAlignment,
     Float32OnTpu,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tpuwatch.protocol import SEVERITY_RANK, Finding, Message, Severity, Step
+from tpuwatch.protocol import SEVERITY_RANK, Finding, Message, Severity, StackDump, Step
 from tpuwatch.units import finding_duration, finding_ms
 
 from .robust_stats import median, quantile, sig
@@ -110,7 +110,9 @@ class Stall(Rule):
             gaps.append((prev.step, gap, msg.step, span))  # type: ignore[attr-defined]
             if len(gaps) > self.th.stall_max_gaps:  # keep the longest, in step order
                 gaps.remove(min(gaps, key=lambda g: g[1]))
-            self._record(w, prev, gap, limit, ongoing=False, resumed_at=msg.step, quiet=quiet)  # type: ignore
+            self._record(w, prev, gap, limit, ongoing=False, resumed_at=msg.step, quiet=quiet,  # type: ignore
+                         resumed=msg)  # type: ignore[arg-type]
+            self._name_missing_workers(tel)
 
     def current(self, tel: Telemetry, now: float) -> dict[str, Finding]:
         spe = tel.steps_per_epoch()  # once: it looks at every worker, and a pod has a thousand
@@ -134,6 +136,7 @@ class Stall(Rule):
             limit = self.limit(w, tel, live=not w.ended, spe=spe)
             if limit is not None and quiet >= limit.seconds:
                 self._record(w, last, gap, limit, ongoing=not w.ended, resumed_at=None, quiet=quiet)
+        self._name_missing_workers(tel)
         return self._found
 
     def episodes(self, worker: str, tel: Telemetry | None = None, now: float | None = None
@@ -172,8 +175,9 @@ class Stall(Rule):
             evidence={**f.evidence, "gap_s": sig(gap, 2), "ongoing": 0, "finished_cleanly": 1})
 
     def _record(self, w: Worker, after: Step, gap: float, limit: StallLimit, *, ongoing: bool,
-                resumed_at: int | None, quiet: float | None = None) -> None:
-        """A gap of ``gap`` seconds after the step record ``after`` of ``w``."""
+                resumed_at: int | None, quiet: float | None = None, resumed: Step | None = None) -> None:
+        """A gap of ``gap`` seconds after the step record ``after`` of ``w`` (``resumed``: the
+        step record that ended it)."""
         th = self.th
         severity: Severity = "critical" if gap >= th.stall_critical_factor * limit.seconds else "warning"
         if ongoing:
@@ -209,19 +213,125 @@ class Stall(Rule):
                 kept, message=f"{head} ({len(gaps)} long gaps in all: {evidence['gaps']})",
                 evidence={**kept.evidence, "long_gaps": len(gaps), "gaps": evidence["gaps"]})
             return
+        what, advice = self._what_stalled(w, after, gap, resumed, evidence)
         self._keep(w.name, Finding(
             t=after.t + gap, rule=self.id, severity=severity,
             message=(f"stall: no step for {finding_duration(gap)} after step {after.step} "
-                     f"(limit {finding_duration(limit.seconds)}); {state}{others}"),
-            advice=(f"Training stopped making progress after step {after.step}: take a stack "
-                    "dump (the dashboard's stack-dump key, or the stack_dump command) to see where "
-                    "every thread waits - a hung collective or a dead worker in multi-worker "
-                    "runs, a blocked input pipeline (a generator waiting on I/O or a lock), or "
-                    "a deadlock in user code"),
+                     f"(limit {finding_duration(limit.seconds)}); {state}{what}{others}"),
+            advice=advice,
             evidence=evidence,
             first_step=after.step, last_step=resumed_at if resumed_at is not None else after.step,
             worker=w.name,
         ))
+
+
+    def _what_stalled(self, w: Worker, after: Step, gap: float, resumed: Step | None,
+                      evidence: dict[str, float | int | str]) -> tuple[str, str]:
+        """(the message's clause, the advice) for what stopped: the input pipeline (the step that
+        ended the gap waited for its input most of it, or the stacks show the wait), the script's
+        own Python (the line, from the stacks the agent took), or the step itself (TensorFlow's
+        native code: a collective, with several workers). Evidence from the stacks goes into
+        ``evidence``."""
+        dump = next((d for d in reversed(w.stall_stacks) if d.step == after.step), None)
+        waited = None
+        if resumed is not None and resumed.input_wait_s is not None:
+            waited = resumed.input_wait_s * max(1, resumed.steps)
+        if dump is not None:
+            evidence["stacks"] = dump.path
+            if dump.headline:
+                evidence["waiting_at"] = dump.headline
+            if dump.input_line:
+                evidence["input_line"] = dump.input_line
+        stalled_in = dump.stalled_in if dump is not None else ""
+        if waited is not None and waited >= 0.5 * gap:
+            stalled_in = "input"
+            evidence["input_wait_s"] = sig(waited, 2)
+        if stalled_in:
+            evidence["stalled_in"] = stalled_in
+        taken = f" (stacks the agent took {finding_duration(dump.gap_s)} into it: {dump.path})" if (
+            dump is not None and dump.gap_s is not None) else ""
+        if stalled_in == "input":
+            where = self._input_where(w, dump)
+            waited_s = f": the step waited {finding_duration(waited)} for its batch" if waited is not None else ""
+            return (f"; the input pipeline stopped{waited_s}{where}",
+                    f"The input pipeline stopped delivering batches after step {after.step}{where}{taken}. "
+                    "Look at what that stage waits for (a file or network read, a lock, a queue fed by "
+                    "another process); the training itself was waiting, not hung")
+        if dump is not None and stalled_in == "script":
+            return (f"; the training thread was {dump.headline}",
+                    f"The script's own Python held the training thread after step {after.step}: "
+                    f"{dump.headline}{taken}. Fix or bound that wait (a timeout, a check that the "
+                    "other side is alive); TensorFlow was idle")
+        if dump is not None and stalled_in == "step":
+            return (f"; the training thread was {dump.headline}",
+                    f"The step called after step {after.step} never finished: {dump.headline}{taken}. "
+                    "With several workers, a collective waits for a worker that has not arrived (see "
+                    "the other workers' stall findings: the one not in the step is the cause); with one, "
+                    "a step this long is a hung device or an in-graph input fetch that waits")
+        if dump is not None and dump.headline:
+            return (f"; the training thread was {dump.headline}",
+                    f"Training stopped making progress after step {after.step}: {dump.headline}{taken}")
+        return ("", f"Training stopped making progress after step {after.step}: take a stack "
+                    "dump (the dashboard's stack-dump key, or the stack_dump command) to see where "
+                    "every thread waits - a hung collective or a dead worker in multi-worker "
+                    "runs, a blocked input pipeline (a generator waiting on I/O or a lock), or "
+                    "a deadlock in user code")
+
+    @staticmethod
+    def _input_where(w: Worker, dump: StackDump | None) -> str:
+        """Where the pipeline stopped, as far as the stacks and the pipeline map know."""
+        if dump is not None and dump.input_line:
+            file = dump.input_line.split(":", 1)[0]
+            stage = ""
+            for p in reversed(w.pipelines):
+                for api, site in zip(p.stages, p.sites):
+                    if api in ("from_generator", "py_function", "numpy_function", "map") and site.startswith(file):
+                        stage = f" (its `{api}` stage, made at {site})"
+                        break
+                if stage:
+                    break
+            return f", at {dump.input_line}{stage}"
+        if w.pipelines:
+            p = w.pipelines[-1]
+            if p.stages and p.sites and p.sites[0]:
+                return f"; its source stage is `{p.stages[0]}`, made at {p.sites[0]}"
+        return ""
+
+    def _name_missing_workers(self, tel: Telemetry) -> None:
+        """With several workers stalled together, those waiting inside the step (a collective)
+        wait for the ones that are not: say which worker has not arrived, and its line."""
+        found = [f for f in self._found.values() if f.worker and f.severity != "info"]
+        if len(found) < 2:
+            return
+        waiting = [f for f in found if f.evidence.get("stalled_in") == "step"]
+        absent = [f for f in found if f.evidence.get("stalled_in") in ("script", "input", "tensorflow")]
+        if not waiting or not absent:
+            return
+
+        def span(f: Finding) -> tuple[float, float]:
+            gap = f.evidence.get("gap_s", 0.0)
+            return f.t - (gap if isinstance(gap, (int, float)) else 0.0), f.t
+
+        for f in waiting:
+            start, end = span(f)
+            late = [a for a in absent if span(a)[0] < end and start < span(a)[1]]
+            if not late:
+                continue
+            names = "; ".join(f"worker {a.worker} {a.evidence.get('waiting_at', '')}".rstrip() for a in late)
+            if f.evidence.get("not_arrived") == names:
+                continue
+            self._found[f.worker] = replace(
+                f, message=f"{f.message}; it waits for {names}",
+                advice=(f"This worker waits in the step's collective for a worker that has not arrived: "
+                        f"{names}. Fix that worker's wait; this one is only waiting for it"),
+                evidence={**f.evidence, "not_arrived": names})
+        for a in absent:
+            start, end = span(a)
+            peers = [f.worker for f in waiting if span(f)[0] < end and start < span(f)[1]]
+            if peers and a.evidence.get("others_wait") != ", ".join(peers):
+                self._found[a.worker] = replace(
+                    a, message=f"{a.message}; the other workers ({', '.join(peers)}) wait for it in the step",
+                    evidence={**a.evidence, "others_wait": ", ".join(peers)})
 
 
 class StepTimeJitter(Rule):

@@ -33,6 +33,7 @@ from tpuwatch.protocol import (
     Message,
     Phase,
     Pipeline,
+    StackDump,
     Step,
     Topology,
 )
@@ -64,6 +65,8 @@ _MAX_PIPELINES = 8
 _MAX_HOLDERS = 32  # pipeline stages holding host memory remembered per worker
 #: Host samples the Memory panel charts (two a second by default: the last ~4 minutes).
 HOST_HISTORY = 512
+#: Stall stacks kept per worker (one per stall episode).
+STALL_STACKS_KEPT = 16
 
 
 @dataclass
@@ -110,6 +113,8 @@ class Worker:
     phase_new: bool = False  # the newest Phase began a phase (not an evaluation's progress)
     #: Its agent's sampler reports (host or device samples): silence then means no progress.
     samples_seen: bool = False
+    #: The stacks its agent took by itself when steps stopped (StackDump reason "stall"), newest last.
+    stall_stacks: deque[StackDump] = field(default_factory=lambda: deque(maxlen=STALL_STACKS_KEPT))
     _noted: Message | None = field(default=None, repr=False)
     # --- the run state's (views) ----------------------------------------------------------
     stats: StepStats = field(default_factory=_new_stats)
@@ -235,6 +240,9 @@ class Worker:
             prev = self.phase
             self.phase_new = prev is None or prev.phase != msg.phase or prev.since != msg.since
             self.phase = msg
+        elif isinstance(msg, StackDump):
+            if msg.reason == "stall":
+                self.stall_stacks.append(msg)
         elif isinstance(msg, ExceptionRaised):
             # shown to the user: without tpuwatch's own frames (runpy, the agent)
             self.exception = replace(msg, message=strip_own_frames(msg.message)[0],

@@ -2,7 +2,8 @@
 
 Follows a :class:`~tpuwatch.control.stack_request.StackRequest` at a few Hz until it has the
 dump (from the agent's ``stack_dump`` command, or from faulthandler after SIGUSR1 when the agent
-cannot answer) and shows it, the training thread first.
+cannot answer) and shows it, the training thread first. While a stall goes on and the agent took
+its stacks by itself when it began (:func:`stall_stacks`), ``s`` shows those at once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, TextArea
 
 from tpuwatch.control.stack_request import StackRequest, StackView
-from tpuwatch.monitor.snapshot import CommandView
+from tpuwatch.monitor.snapshot import CommandView, RunSnapshot
 from tpuwatch.printable import one_line, printable
 from tpuwatch.protocol import StackDump
 
@@ -32,6 +33,16 @@ def innermost_training_frame_row(text: str) -> int | None:
         return None
     end = next((i for i in range(start + 1, len(lines)) if not lines[i].strip()), len(lines))
     return end - 1 if end - 1 > start else None
+
+
+def stall_stacks(s: RunSnapshot, dumps: Sequence[StackDump]) -> StackDump | None:
+    """The stacks the agent took by itself when the stall going on began (the ``stall`` finding's
+    evidence names them); None when no stall goes on, or its stacks did not arrive."""
+    for f in s.findings:
+        path = f.evidence.get("stacks")
+        if f.rule == "stall" and f.evidence.get("ongoing") == 1 and path:
+            return next((d for d in reversed(dumps) if d.path == path), None)
+    return None
 
 
 class StackScreen(ModalScreen[None]):

@@ -63,7 +63,9 @@ def _items(s: RunSnapshot) -> list[tuple[tuple[float, float], Content, Content |
     items: list[tuple[tuple[float, float], Content, Content | None]] = []  # (rank, -t)
     for f in s.findings:
         mark, style = _MARK.get(f.severity, ("  ", ""))
-        advice = Content.styled("   " + f.advice, "dim") if f.advice else None
+        hint = "  (s: the stacks taken when it stalled)" if (
+            f.rule == "stall" and f.evidence.get("ongoing") == 1 and f.evidence.get("stacks")) else ""
+        advice = Content.styled("   " + f.advice + hint, "dim") if f.advice else None
         # critical 0, warning 1, info 2 (unknown severities 3): lower ranks first
         rank = 2 - SEVERITY_RANK[f.severity] if f.severity in SEVERITY_RANK else 3
         items.append(((rank, -f.t), Content.assemble((mark + " ", style), f.message), advice))
