@@ -47,7 +47,9 @@ def taken_while_main_waits(watch: StallStacks) -> list[StackDump]:
     def sample() -> None:
         for _ in range(500):  # until the main thread waits (bounded: 5 s)
             frame = sys._current_frames().get(main)
-            if frame is not None and frame.f_code.co_name == "wait":
+            # in ready.wait itself (Thread.start waits on an Event of its own first)
+            if frame is not None and frame.f_code.co_name == "wait" and frame.f_back is not None \
+                    and frame.f_back.f_code.co_name == "taken_while_main_waits":
                 break
             time.sleep(0.01)
         out.extend(watch())  # type: ignore[arg-type]
