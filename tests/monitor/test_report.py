@@ -156,6 +156,28 @@ def test_list_runs_reads_only_the_tail_of_a_big_recording(tmp_path):
     print(f"list_runs on a {(d / 'events.jsonl').stat().st_size >> 20} MiB recording: {elapsed * 1e3:.0f} ms")
 
 
+def test_list_runs_finds_the_last_step_before_a_long_tail(tmp_path):
+    """A finished 28-step run whose evaluation and predict wrote ~70 KB after its last step: ls
+    read only the last 64 KiB and showed no step count."""
+    from tpuwatch.protocol import Phase
+
+    msgs, end = mr._training(28, input_wait_frac=0.02, step_time_s=0.05, seed=3)
+    t = end + 0.1
+    tail: list = []
+    for calls in range(1, 400):  # evaluation, then predict, re-sent as they progress
+        tail.append(Phase(t=t, phase="evaluating", since=end, step=28, calls=calls,
+                          detail="test_step" if calls < 200 else "predict_step"))
+        tail.extend(mr.samples(t, t))
+        t += 0.5
+    d = write_run(tmp_path / "long_tail", msgs + tail + [Exit(t=t, exit_code=0)],
+                  meta={"run_id": "long_tail", "script": "train.py", "started": mr.T0})
+    events = d / rundir.EVENTS
+    last_step_at = events.read_bytes().rfind(b'{"kind":"step",')
+    assert events.stat().st_size - last_step_at > 64 * 1024  # the shape reported: 69 KB after it
+    (info,) = list_runs(tmp_path)
+    assert info.state == "finished" and info.steps == 28
+
+
 def test_markdown_traceback_holding_a_fence_stays_one_block(tmp_path):
     """An exception whose text holds a Markdown fence (a docstring or an f-string quoting code) must
     not end the report's code block early. Before: the fence was three backticks whatever the text."""
