@@ -103,6 +103,41 @@ def test_renderers(tmp_path):
     assert "### WARNING: input-bound" in md and "**Advice:**" in md
 
 
+def test_text_and_markdown_list_the_commands(tmp_path):
+    """The commands a run was given (profile, checkpoint, stack dump) and where their results went:
+    the JSON had them under summary.commands, the text and the markdown left them out."""
+    from tpuwatch.protocol import Command, CommandState, Result
+
+    msgs = mr.healthy_messages(60)
+    t = msgs[-2].t
+    asked = [
+        Command(id="p1", action="profile", args={"steps": 5}),
+        CommandState(t=t, id="p1", action="profile", state="running", step=40),
+        Result(t=t + 0.4, id="p1", action="profile", ok=True, message="profile captured: 5 steps",
+               details={"path": "/tmp/run/profiles/plugins/profile/2025_06_15_12_00_09", "step": 40}),
+        Command(id="s1", action="stack_dump", args={}),
+        Result(t=t + 0.5, id="s1", action="stack_dump", ok=True,
+               message="stack dump written to /tmp/run/stacks/20250615-120010-s1.txt",
+               details={"path": "/tmp/run/stacks/20250615-120010-s1.txt"}),
+        Command(id="p2", action="profile", args={"logdir": "gs://nobucket/x"}),
+        Result(t=t + 0.6, id="p2", action="profile", ok=False,
+               message="gs://nobucket does not exist; create it or pick another --logdir"),
+    ]
+    d = write_run(tmp_path / "r", msgs[:-1] + asked + [msgs[-1]])
+    rep = report.build_report(d)
+    assert [c["action"] for c in rep["summary"]["commands"]] == ["checkpoint", "profile", "stack_dump", "profile"]
+    text, md = report.render_text(rep), report.render_markdown(rep)
+    for out in (text, md):
+        assert "/tmp/run/checkpoints/ckpt-1" in out  # the checkpoint's path, from its details
+        assert "/tmp/run/profiles/plugins/profile/2025_06_15_12_00_09" in out
+        assert "/tmp/run/stacks/20250615-120010-s1.txt" in out
+        assert "gs://nobucket does not exist; create it or pick another --logdir" in out
+    assert "\nCommands\n" in text and "## Commands" in md
+    cmd_lines = text.split("\nCommands\n")[1].split("\n\n")[0].splitlines()
+    assert len(cmd_lines) == 4 and "failed" in cmd_lines[3]
+    assert "checkpoint done" in cmd_lines[0] and "step 30" in cmd_lines[0]
+
+
 def test_report_errors(tmp_path):
     with pytest.raises(report.ReportError, match="no run directory"):
         report.build_report(tmp_path / "missing")

@@ -327,7 +327,8 @@ def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
             for r in snap.replica_losses
         ],
         "commands": [
-            {"id": c.id, "action": c.action, "status": c.status, "message": c.message}
+            {"id": c.id, "action": c.action, "status": c.status, "message": c.message,
+             "details": {k: _json_safe(v) for k, v in c.details.items()}, "t": c.t}
             for c in snap.commands
         ],
         "truncated_tail": snap.truncated_tail,
@@ -454,10 +455,29 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         out.append(("Goodput", "", [head] + [
             f"{r['label']:<20}{r['seconds']:>10.2f} s {100 * r['share']:>6.1f}%"
             + (f"  -> finding {r['finding']}" if r["finding"] else "") for r in shown] + per_worker))
+    if s.get("commands"):
+        out.append(("Commands", "", [command_line(c) for c in s["commands"]]))
     out.append(("Findings", "", [] if findings else ["none"]))
     if run.get("traceback"):
         out.append(("Traceback", "", run["traceback"].rstrip().splitlines()))
     return out
+
+
+def command_line(c: dict[str, Any]) -> str:
+    """``checkpoint done at step 150: checkpoint saved at step 150 -> /runs/x/checkpoints/ckpt-1``:
+    what was asked, how it ended, and where its result is when the message does not say."""
+    details = c.get("details") or {}
+    step = details.get("step")
+    path = details.get("path")
+    message = one_line(str(c.get("message") or ""))
+    line = f"{_when(c.get('t'))}  {c['action']} {c['status']}"
+    if isinstance(step, int) and not isinstance(step, bool) and f"step {step}" not in message:
+        line += f" at step {step:,}"
+    if message:
+        line += f": {message}"
+    if isinstance(path, str) and path and path not in message:
+        line += f" -> {one_line(path)}"
+    return line
 
 
 def _worker_line(w: dict[str, Any]) -> str:
