@@ -238,3 +238,45 @@ def test_a_share_just_under_a_threshold_never_reads_as_the_threshold(tmp_path):
     text = report.render_text(report.build_report(write_run(tmp_path / "run", msgs)))
     (line,) = [x for x in text.splitlines() if x.strip().startswith("input wait ") and "step time" in x]
     assert "4.5% of step time (not input-bound)" in line, line
+
+
+def _keras_pipeline(dataset: int, use: str, elements: int | None):
+    """A pipeline as the agent maps a Keras script's ``make_dataset(files)`` (or Keras' own for predict)."""
+    from tpuwatch.protocol import Pipeline
+
+    if use == "predict":
+        return Pipeline(t=mr.T0 + dataset, dataset=dataset, consumer="iterator",
+                        stages=("from_tensor_slices", "batch", "prefetch"), sites=("", "", ""),
+                        settings=("", "batch_size=32, drop_remainder=False", "buffer_size=AUTOTUNE"),
+                        code=("", "", ""), holds_bytes=(0, 0, -1), added_by=("keras", "keras", "keras"),
+                        elements=1, tf_prefetch=True, use=use)
+    return Pipeline(t=mr.T0 + dataset, dataset=dataset, consumer="experimental_distribute_dataset",
+                    stages=("TFRecordDataset", "map", "batch", "prefetch"),
+                    sites=("train.py:30", "train.py:31", "train.py:32", "train.py:33"),
+                    settings=("num_parallel_reads=AUTOTUNE", "num_parallel_calls=AUTOTUNE",
+                              "batch_size=64, drop_remainder=False", "buffer_size=AUTOTUNE"),
+                    code=("ds = tf.data.TFRecordDataset(files, num_parallel_reads=AUTOTUNE)",
+                          "ds = ds.map(parse, num_parallel_calls=AUTOTUNE)", "ds = ds.batch(64)",
+                          "return ds.prefetch(AUTOTUNE)"),
+                    holds_bytes=(0, 0, 0, -1), added_by=("", "", "", ""), elements=elements, tf_prefetch=True,
+                    use=use)
+
+
+def test_input_section_groups_identical_pipelines_and_says_what_each_is_for(tmp_path):
+    """A Keras script's train, validation and test datasets from one function, then 13 predict calls:
+    the Input pipeline section had 16 blocks, three identical ones with no label saying which was which."""
+    msgs = mr.healthy_messages(40)
+    pipes = [_keras_pipeline(1, "train", 28), _keras_pipeline(2, "validation", 4), _keras_pipeline(3, "test", 4),
+             *(_keras_pipeline(n, "predict", 1) for n in range(4, 17))]
+    d = write_run(tmp_path / "r", msgs[:3] + pipes + msgs[3:])
+    rep = report.build_report(d)
+    assert [p["use"] for p in rep["pipelines"]] == ["train", "validation", "test"] + ["predict"] * 13
+    text = report.render_text(rep)
+    section = text.split("\nInput pipeline\n")[1].split("\n\n")[0]
+    heads = [line for line in section.splitlines() if line.startswith("  dataset")]
+    assert heads == ["  datasets 1, 2, 3 (train, validation, test; experimental_distribute_dataset), "
+                     "28, 4, 4 batches per pass",
+                     "  datasets 4-16 (predict x13; iterator), 1 batch per pass"]
+    assert section.count("train.py:31") == 1 and section.count(".from_tensor_slices(") == 1
+    md = report.render_markdown(rep)
+    assert "- datasets 4-16 (predict x13; iterator), 1 batch per pass" in md
