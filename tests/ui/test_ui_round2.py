@@ -280,3 +280,16 @@ async def test_the_results_list_closes_with_the_same_keys_as_a_panel(live_app, c
         await pilot.press(close)
         await pilot.pause()
         assert len(app.screen_stack) == 1 and app.return_value is None
+
+
+@sync
+async def test_at_step_4_the_input_panel_says_the_wait_is_measured_not_that_it_is_not(live_app) -> None:
+    """At step 4 the Step-time panel drew a wait line and Goodput booked "input wait 0.1%", while the
+    Input panel said "input wait not measured" (the share is judged from 20 steps)."""
+    app = live_app(upto=25)  # hello ... and the first 4 steps, each with its wait
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.snapshot.step == 4 and app.snapshot.input_wait is None
+        body = str(app.query_one("#input").query_one(".body").render())
+        assert "not measured" not in body
+        assert "input wait measured; too few steps to judge (20 needed)" in body

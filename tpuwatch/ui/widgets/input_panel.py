@@ -106,6 +106,11 @@ def _wait_lines(s: RunSnapshot) -> list[Content]:
     level = input_level(s)
     style = _STYLE[level]
     if share is None:
+        # The Step-time panel draws each step's wait from the first step on; the share is the
+        # diagnostics' own, judged only from its first 20 measured steps.
+        if any(p.input_wait_s is not None for p in s.history):
+            return [Content.styled(f"input wait measured; too few steps to judge ({_TH.input_min_records} needed)",
+                                   "dim")]
         return [Content.styled(_VERDICT["unknown"], "dim")]
     verdict = _VERDICT[level] if level != "unknown" else f"too few steps to judge ({share.steps} of 20)"
     if level == "low" and share.share >= _TH.input_info_frac:
