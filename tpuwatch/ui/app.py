@@ -536,7 +536,7 @@ class TpuwatchApp(App[str]):
     @work(thread=True, group="profile-summary", name="loading the profile summary", exit_on_error=False)
     def _show_profile(self, command, live) -> None:
         # xprof takes up to ~0.3 s: never on the UI thread.
-        text = load_summary_text(command, live)
+        text = load_summary_text(command, live, width=ProfileSummaryScreen.text_width(self.size.width))
         self.call_from_thread(self.push_screen, ProfileSummaryScreen(text))
 
     @work(thread=True, group="commands", name="sending a command", exit_on_error=False)
