@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ui_support import screen_text, sync
+from ui_support import screen_text, sync, until_shown
 
 from tpuwatch.ui.widgets.panel import Panel
 
@@ -293,3 +293,32 @@ async def test_at_step_4_the_input_panel_says_the_wait_is_measured_not_that_it_i
         body = str(app.query_one("#input").query_one(".body").render())
         assert "not measured" not in body
         assert "input wait measured; too few steps to judge (20 needed)" in body
+
+
+@sync
+async def test_the_stack_dumps_result_stays_in_its_window_not_in_a_toast_over_it(live_app, sent) -> None:
+    """The result of `s` popped up as a toast over the stacks window that shows it."""
+    from tpuwatch.protocol import Result, StackDump
+    from tpuwatch.ui.screens.stack_screen import StackScreen
+
+    app = live_app(upto=150)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("s")
+        await app.workers.wait_for_complete()
+        assert isinstance(app.screen, StackScreen)
+        said: list[str] = []
+        notify = app.notify
+        app.notify = lambda message, **kw: (said.append(message), notify(message, **kw))[1]  # type: ignore[method-assign]
+        cid = sent[0].id
+        now = app.snapshot.now
+        app._state.apply(StackDump(t=now, text="Thread MainThread (training)\n  train.py:40 in <module>\n",
+                                   path="/r/stacks/20261127-100000-x.txt"))
+        app._state.apply(Result(t=now, id=cid, action="stack_dump", ok=True,
+                                message="stack dump written to /r/stacks/20261127-100000-x.txt",
+                                details={"path": "/r/stacks/20261127-100000-x.txt"}))
+        app.pull()
+        shown = await until_shown(pilot, app, "train.py:40 in <module>")
+        await pilot.pause(0.2)
+        assert "train.py:40 in <module>" in shown and isinstance(app.screen, StackScreen)
+        assert not [m for m in said if "stack" in m], said

@@ -394,6 +394,8 @@ class TpuwatchApp(App[str]):
                 continue  # caught up from the recording (a long one takes several refreshes)
             if c.status == "done" and c.action == "profile" and c.id in self._sent_ids:
                 continue  # its summary opens by itself and names it (a toast covered its last lines)
+            if c.action == "stack_dump" and isinstance(self.screen, StackScreen):
+                continue  # the stacks window open on top shows it (a toast covered the stacks)
             text = command_summary(c, self.run_dir).plain
             if c.status == "failed":
                 self.notify(text, severity="error", timeout=12)
