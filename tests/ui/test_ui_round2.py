@@ -322,3 +322,36 @@ async def test_the_stack_dumps_result_stays_in_its_window_not_in_a_toast_over_it
         await pilot.pause(0.2)
         assert "train.py:40 in <module>" in shown and isinstance(app.screen, StackScreen)
         assert not [m for m in said if "stack" in m], said
+
+
+@sync
+async def test_9_then_esc_at_80x24_gives_the_focus_back_to_the_panel_that_had_it(live_app) -> None:
+    """At 80x24 the Goodput panel has no room: `9` shows it expanded, esc puts it back, and the focus
+    stayed on the hidden panel: panel 1 lost its focus border and no panel had one."""
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("1")
+        await pilot.pause()
+        step_panel = app.query_one("#step-time")
+        assert step_panel.has_focus
+        await pilot.press("9")
+        await pilot.pause()
+        assert app.query_one("#goodput").has_class("-maximised")
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.pause()
+        assert not app.query_one("#goodput").has_class("-maximised")
+        assert step_panel.has_focus, app.focused
+
+
+@sync
+async def test_the_memory_panel_says_logical_cpu_devices_share_one_allocator(live_app) -> None:
+    """At 80x24 the Memory panel listed CPU:0 and "… 3 more devices" without saying that TensorFlow's
+    logical CPU devices are one host allocator."""
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        body = str(app.query_one("#memory").query_one(".body").render())
+        assert "… 3 more CPUs: one shared allocator" in body, body
+        assert app.query_one("#memory").query_one(".body").size.width >= len("… 3 more CPUs: one shared allocator")

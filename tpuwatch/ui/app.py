@@ -35,6 +35,7 @@ from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer, Input
 from textual.worker import Worker, WorkerState, get_current_worker
 
@@ -212,6 +213,7 @@ class TpuwatchApp(App[str]):
         self._sent_ids: set[str] = set()  # every command this dashboard sent
         self._profiles_shown: set[str] = set()
         self._toasted: set[str] | None = None  # ids of ended commands already announced
+        self._focus_before_expand: Widget | None = None  # the focus before a panel was expanded
         self._replay_lines: tuple[str, ...] | None = None  # a replay's whole output, read once
         self._replay_anchors: list[int] = []
         self._replay_shown = 0
@@ -669,6 +671,8 @@ class TpuwatchApp(App[str]):
         self._expand(panel)
 
     def _expand(self, panel: Panel) -> None:
+        if self.focused is not None and panel not in (self.focused, *self.focused.ancestors):
+            self._focus_before_expand = self.focused  # where esc gives the focus back
         self.screen.add_class("-panel-max")
         self.screen.set_class(panel.parent is self.query_one("#bottom"), "-max-bottom")
         panel.add_class("-maximised")
@@ -685,7 +689,20 @@ class TpuwatchApp(App[str]):
         self.screen.remove_class("-panel-max", "-max-bottom")
         if expanded:
             self.refresh_bindings()
+            self.call_after_refresh(self._refocus)
         return bool(expanded)
+
+    def _refocus(self) -> None:
+        """After a panel is put back: a panel with no room at this size (shown expanded by its
+        number key) cannot keep the focus, so it goes back where it was before."""
+        focused = self.focused
+        if focused is not None and focused.region.area:
+            return
+        before = self._focus_before_expand
+        if before is not None and before.is_attached and before.region.area:
+            before.focus()
+        else:
+            next((p for p in self.query(Panel) if p.region.area), self.query_one(Panel)).focus()
 
     def _zoomed(self) -> bool:
         """A panel expanded or the output maximised: esc (and q) put it back."""
