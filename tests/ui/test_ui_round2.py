@@ -355,3 +355,32 @@ async def test_the_memory_panel_says_logical_cpu_devices_share_one_allocator(liv
         body = str(app.query_one("#memory").query_one(".body").render())
         assert "… 3 more CPUs: one shared allocator" in body, body
         assert app.query_one("#memory").query_one(".body").size.width >= len("… 3 more CPUs: one shared allocator")
+
+
+@sync
+async def test_the_expanded_input_panel_keeps_each_stage_on_one_line_at_80_columns(live_app) -> None:
+    """A stage with long settings wrapped onto a second line in the expanded Input panel at 80 columns,
+    under the next stage's column."""
+    from tpuwatch.protocol import Pipeline
+
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        app._state.apply(Pipeline(
+            t=app.snapshot.now, dataset=1, consumer="experimental_distribute_dataset",
+            stages=("TFRecordDataset", "map", "batch", "prefetch"),
+            sites=("recipe_tfrecords.py:118", "recipe_tfrecords.py:119", "recipe_tfrecords.py:121",
+                   "recipe_tfrecords.py:122"),
+            settings=("num_parallel_reads=AUTOTUNE", "num_parallel_calls=AUTOTUNE, deterministic='default'",
+                      "batch_size=64, drop_remainder=True", "buffer_size=AUTOTUNE"),
+            code=("", "", "", ""), holds_bytes=(0, 0, 0, -1), added_by=("", "", "", ""), use="train"))
+        app.pull()
+        await pilot.press("5")
+        await pilot.pause()
+        panel = app.query_one("#input")
+        assert panel.has_class("-maximised")
+        rows = [line.strip("┃│ ") for line in screen_text(app).splitlines()]
+        (stage,) = [r for r in rows if "recipe_tfrecords.py:119" in r]
+        assert stage.startswith("recipe_tfrecords.py:119") and ".map(num_parallel_calls=AUTOTUNE" in stage, rows
+        following = rows[rows.index(stage) + 1]
+        assert following.startswith("recipe_tfrecords.py:121"), rows  # not the rest of the map's settings
