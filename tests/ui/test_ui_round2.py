@@ -384,3 +384,26 @@ async def test_the_expanded_input_panel_keeps_each_stage_on_one_line_at_80_colum
         assert stage.startswith("recipe_tfrecords.py:119") and ".map(num_parallel_calls=AUTOTUNE" in stage, rows
         following = rows[rows.index(stage) + 1]
         assert following.startswith("recipe_tfrecords.py:121"), rows  # not the rest of the map's settings
+
+
+@sync
+async def test_held_on_a_search_match_the_output_says_new_lines_arrive_below(live_app) -> None:
+    """The Output panel stays on a search match while the run goes on writing, with no sign of the
+    lines arriving below it."""
+    from tpuwatch.ui.widgets.output_panel import OutputPanel
+
+    output = "".join(f"line {i}\n" for i in range(200)) + "needle here\n" + "".join(f"tail {i}\n" for i in range(50))
+    app = live_app(output=output)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("o", "slash", *"needle", "enter")
+        await pilot.pause()
+        panel = app.query_one(OutputPanel)
+        assert "1/1" in str(panel.border_subtitle)
+        panel.append([f"new {i}" for i in range(7)])
+        await pilot.pause()
+        assert "needle here" in screen_text(app)  # still on the match
+        assert "7 new lines below" in str(panel.border_subtitle), panel.border_subtitle
+        panel.log_view.scroll_end(animate=False, immediate=True)
+        await pilot.pause()
+        assert "new lines below" not in str(panel.border_subtitle), panel.border_subtitle
