@@ -268,6 +268,9 @@ class Pipeline(Message):
     #: ``map_parallelization`` rewrite (on unless the options turn it, autotune or the default
     #: optimizations off); empty: not known (read as no stage)
     tf_parallel: tuple[bool, ...] = ()
+    #: what the dataset is for, where Keras iterates it: "train" (``fit``), "validation" (``fit``'s
+    #: validation data), "test" (``evaluate``), "predict"; "" where the script's own loop does
+    use: str = ""
 
 
 @dataclass(frozen=True)

@@ -174,3 +174,47 @@ def test_the_pipelines_tensorflow_prefetches_are_the_ones_marked():
             source = source.with_options(options)
         assert prefetched(source) is (attr is None), attr
         assert pipeline_map._rewrites(source.map(stateful))[0] is (attr is None), attr
+
+
+#: A Keras script in the shape of a TFRecord recipe: one function makes the train, validation and
+#: test datasets; predict is called on a few single examples afterwards.
+KERAS_USES = """\
+import numpy as np
+import tensorflow as tf
+import keras
+
+rng = np.random.default_rng(0)
+
+
+def make_dataset(n):
+    ds = tf.data.Dataset.from_tensor_slices((rng.random((n, 8), dtype=np.float32), rng.integers(0, 2, n)))
+    ds = ds.map(lambda x, y: (x * 2.0, y), num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(16).prefetch(tf.data.AUTOTUNE)
+
+
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(make_dataset(128), validation_data=make_dataset(32), epochs=2, verbose=0)
+model.evaluate(make_dataset(32), verbose=0)
+for _ in range(3):
+    model.predict(rng.random((1, 8), dtype=np.float32), verbose=0)
+"""
+
+
+def test_each_pipeline_says_what_keras_iterates_it_for(run_agent, tmp_path):
+    """fit's data, its validation data, evaluate's and predict's: the report told three identical
+    blocks apart by nothing, and listed each predict call's pipeline on its own."""
+    from tpuwatch.console import report
+
+    script = tmp_path / "recipe.py"
+    script.write_text(KERAS_USES)
+    run = run_agent(script)
+    assert run.returncode == 0, run.output
+    latest = {m.dataset: m for m in run.messages if isinstance(m, protocol.Pipeline)}
+    assert [latest[n].use for n in sorted(latest)] == ["train", "validation", "test", "predict", "predict",
+                                                        "predict"], latest
+    text = report.render_text(report.build_report(run.run_dir))
+    section = text.split("\nInput pipeline\n")[1].split("\n\n")[0]
+    heads = [line.strip() for line in section.splitlines() if line.startswith("  dataset")]
+    assert heads == ["datasets 1, 2, 3 (train, validation, test; iterator), 8, 2, 2 batches per pass",
+                     "datasets 4, 5, 6 (predict x3; iterator)"], section

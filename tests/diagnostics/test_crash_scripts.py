@@ -18,6 +18,51 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 CRASHES = SAMPLES / "crashes"
 
 
+#: Keras 2 code on Keras 3: script -> (signature, the script's line, that line's Keras 2 text, its Keras 3
+#: text, what the advice says). The change applied to a copy makes the script run to its end.
+KERAS2 = {
+    "keras2_bare_metric.py": (
+        "keras3-bare-metric", "model.compile(", "metrics=keras.metrics.AUC())",
+        "metrics=[keras.metrics.AUC()])", "metrics=[keras.metrics.AUC()]"),
+    "keras2_save_savedmodel.py": (
+        "keras3-save-savedmodel", "model.save(", '"saved_model"))',
+        '"model.keras"))', "model.save('model.keras')"),
+    "keras2_load_savedmodel.py": (
+        "keras3-load-savedmodel", "keras.models.load_model(exported)", "keras.models.load_model(exported)",
+        'keras.layers.TFSMLayer(exported, call_endpoint="serving_default")', "keras.layers.TFSMLayer(path"),
+    "keras2_save_weights.py": (
+        "keras3-weights-filename", "model.save_weights(", '"weights"))',
+        '"model.weights.h5"))', "model.save_weights('model.weights.h5')"),
+    "keras2_checkpoint_filepath.py": (
+        "keras3-checkpoint-filepath", "ModelCheckpoint(", '"model-{epoch:02d}"))',
+        '"model-{epoch:02d}.keras"))', "ModelCheckpoint('model-{epoch:02d}.keras')"),
+    "keras2_fit_generator.py": (
+        "keras3-generator-methods", "model.fit_generator(", "model.fit_generator(",
+        "model.fit(", "model.fit(generator"),
+    "keras2_fit_workers.py": (
+        "keras3-fit-workers", "workers=4", ", workers=4, use_multiprocessing=True",
+        "", "remove them"),
+    "keras2_optimizer_lr_argument.py": (
+        "keras3-optimizer-lr-argument", "Adam(lr=1e-3)", "Adam(lr=1e-3)",
+        "Adam(learning_rate=1e-3)", "Adam(learning_rate=1e-3)"),
+    "keras2_tf_op_on_input.py": (
+        "keras3-tf-op-on-keras-input", "tf.expand_dims(inputs, -1)", "tf.expand_dims(inputs, -1)",
+        "keras.ops.expand_dims(inputs, -1)", "keras.ops.expand_dims(x, -1)"),
+    "keras2_experimental_preprocessing.py": (
+        "keras3-experimental-namespace", "experimental.preprocessing", "keras.layers.experimental.preprocessing.Rescaling",
+        "keras.layers.Rescaling", "keras.layers.Rescaling"),
+    "keras2_backend_set_value.py": (
+        "keras3-backend-value", "keras.backend.set_value(", "keras.backend.set_value(model.optimizer.learning_rate, 1e-4)",
+        "model.optimizer.learning_rate.assign(1e-4)", "learning_rate.assign(1e-4)"),
+    "keras2_module_path.py": (
+        "keras3-module-path", "keras.utils.np_utils", "from keras.utils.np_utils import to_categorical",
+        "from keras.utils import to_categorical", "from keras.utils import to_categorical"),
+    "keras2_layer_argument.py": (
+        "keras3-layer-argument", "BatchNormalization(fused=True)", "keras.layers.BatchNormalization(fused=True)",
+        "keras.layers.BatchNormalization()", "keras.layers.BatchNormalization()"),
+}
+
+
 @pytest.mark.parametrize("script, signature, line, advice", [
     ("optimizer_lazy_build.py", "optimizer-built-lazily", "train_step(batch)", "optimizer.build(model.trainable_variables)"),
     ("steps_per_execution.py", "steps-per-execution-mirrored", "model.fit(", "steps_per_execution=1"),
@@ -29,6 +74,7 @@ CRASHES = SAMPLES / "crashes"
     ("merge_call.py", "merge-call-in-nested-function", "optimizer.apply_gradients(", "@tf.function"),
     ("undistributed_dataset.py", "dataset-not-batched", "experimental_distribute_dataset(ds)", "batch"),
     ("tpu_resolver.py", "no-tpu-found", "TPUClusterResolver()", "tpu='local'"),
+    *((script, signature, line, advice) for script, (signature, line, _, _, advice) in KERAS2.items()),
 ])
 def test_crash_signature(tmp_path: Path, script: str, signature: str, line: str, advice: str) -> None:
     run_dir = tmp_path / "run"
@@ -56,6 +102,19 @@ def test_crash_signature(tmp_path: Path, script: str, signature: str, line: str,
     text = subprocess.run([sys.executable, "-m", "tpuwatch", "report", str(run_dir)],
                           capture_output=True, text=True, timeout=120, env=env, check=True).stdout
     assert "[critical] script-crash" in text and "Traceback" in text and 'File "<frozen runpy>"' not in text
+
+
+@pytest.mark.parametrize("script", KERAS2)
+def test_the_keras3_advice_applied_lets_the_script_run(tmp_path: Path, script: str) -> None:
+    """The change each Keras 2 -> 3 finding advises, made to a copy of its script: it runs to its end."""
+    _, _, keras2, keras3, _ = KERAS2[script]
+    text = (CRASHES / script).read_text()
+    assert text.count(keras2) == 1
+    (tmp_path / "_common.py").write_text((CRASHES / "_common.py").read_text())
+    (tmp_path / script).write_text(text.replace(keras2, keras3))
+    run = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=child_env(TF_CPP_MIN_LOG_LEVEL="3"))
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 def _traceback_block(text: str) -> str:

@@ -99,3 +99,71 @@ def test_out_of_memory_quotes_batch_and_memory():
     assert f.evidence["per_replica_batch"] == 128 and f.evidence["device_peak_pct"] == 95
     assert "per-replica batch 128" in f.message and "95% of 1024 MiB" in f.message
     assert "mixed_bfloat16" in f.advice and "recompute_grad" in f.advice
+
+
+#: Keras 3.15's own words for Keras 2 code, as the scripts in sample_runs/crashes/keras2_*.py and
+#: the variants beside them raised them (test_crash_scripts.py runs those scripts).
+KERAS2_ON_KERAS3 = [
+    ("ValueError", "Expected `metrics` argument to be a list, tuple, or dict. Received instead: metrics=<AUC "
+     "name=auc> of type <class 'keras.src.metrics.confusion_metrics.AUC'>", "keras3-bare-metric",
+     "metrics=[keras.metrics.AUC()]"),
+    ("ValueError", "Expected `metrics` argument to be a list, tuple, or dict. Received instead: "
+     "metrics=accuracy of type <class 'str'>", "keras3-bare-metric", "metrics=['accuracy']"),
+    ("ValueError", "Invalid filepath extension for saving. Please add either a `.keras` extension for the "
+     "native Keras format (recommended) or a `.h5` extension. Use `model.export(filepath)` if you want to "
+     "export a SavedModel for use with TFLite/TFServing/etc. Received: filepath=/tmp/x/saved_model.",
+     "keras3-save-savedmodel", "model.save('model.keras')"),
+    ("ValueError", "The `save_format` argument is deprecated in Keras 3. Please remove this argument and pass "
+     "a file path with either `.keras` or `.h5` extension.Received: save_format=tf",
+     "keras3-save-savedmodel", "model.export("),
+    ("ValueError", "File format not supported: filepath=/tmp/x/serving. Keras 3 only supports V3 `.keras` "
+     "files, legacy H5 format files (`.h5` extension). Note that the legacy SavedModel format is not "
+     "supported by `load_model()` in Keras 3. In order to reload a TensorFlow SavedModel as an "
+     "inference-only layer in Keras 3, use `keras.layers.TFSMLayer(/tmp/x/serving, "
+     "call_endpoint='serving_default')` (note that your `call_endpoint` might have a different name).",
+     "keras3-load-savedmodel", "keras.layers.TFSMLayer(path, call_endpoint='serving_default')"),
+    ("ValueError", "The filename must end in `.weights.h5`. Received: filepath=/tmp/x/weights",
+     "keras3-weights-filename", "model.save_weights('model.weights.h5')"),
+    ("ValueError", "When using `save_weights_only=True` in `ModelCheckpoint`, the filepath provided must end "
+     "in `.weights.h5` (Keras weights format). Received: filepath=/tmp/x/w-{epoch}",
+     "keras3-weights-filename", "save_weights_only=True)"),
+    ("ValueError", "The filepath provided must end in `.keras` (Keras model format). Received: "
+     "filepath=/tmp/x/model-{epoch:02d}", "keras3-checkpoint-filepath", "ModelCheckpoint('model-{epoch:02d}.keras')"),
+    ("AttributeError", "'Sequential' object has no attribute 'fit_generator'", "keras3-generator-methods",
+     "model.fit(generator"),
+    ("AttributeError", "'Functional' object has no attribute 'predict_generator'", "keras3-generator-methods",
+     "predict"),
+    ("TypeError", "TensorFlowTrainer.fit() got an unexpected keyword argument 'workers'", "keras3-fit-workers",
+     "keras.utils.PyDataset"),
+    ("TypeError", "TensorFlowTrainer.fit() got an unexpected keyword argument 'use_multiprocessing'",
+     "keras3-fit-workers", "remove them"),
+    ("ValueError", "Argument(s) not recognized: {'lr': 0.001}", "keras3-optimizer-lr-argument",
+     "Adam(learning_rate=1e-3)"),
+    ("ValueError", "A KerasTensor cannot be used as input to a TensorFlow function. A KerasTensor is a "
+     "symbolic placeholder for a shape and dtype, used when constructing Keras Functional models or Keras "
+     "Functions.", "keras3-tf-op-on-keras-input", "keras.ops.expand_dims(x, -1)"),
+    ("AttributeError", "module 'keras.layers' has no attribute 'experimental'", "keras3-experimental-namespace",
+     "keras.layers.Rescaling"),
+    ("AttributeError", "module 'keras.mixed_precision' has no attribute 'experimental'",
+     "keras3-experimental-namespace", "set_global_policy"),
+    ("AttributeError", "module 'keras.backend' has no attribute 'set_value'", "keras3-backend-value",
+     "learning_rate.assign(1e-4)"),
+    ("AttributeError", "module 'keras.backend' has no attribute 'get_session'", "keras3-backend-value",
+     "drop it"),
+    ("ModuleNotFoundError", "No module named 'keras.utils.np_utils'", "keras3-module-path",
+     "from keras.utils import to_categorical"),
+    ("ModuleNotFoundError", "No module named 'keras.engine'", "keras3-module-path", "keras.Layer"),
+    ("ValueError", "Unrecognized keyword arguments passed to BatchNormalization: {'fused': True}",
+     "keras3-layer-argument", "keras.layers.BatchNormalization()"),
+]
+
+
+def test_keras2_code_on_keras3_is_a_known_crash_with_its_fix_and_line():
+    """Moving a Keras 2 script to Keras 3: each refusal Keras 3 words is named, with its one change and
+    the script's line (a bare metric in compile got "no known failure signature")."""
+    for type_, message, signature, advice in KERAS2_ON_KERAS3:
+        (f,) = crash(type_, message)
+        assert f.evidence["signature"] == signature, (message, f.evidence["signature"])
+        assert advice in f.advice, (signature, f.advice)
+        assert f.advice.endswith("(the script's line: /home/me/train.py:42 in <module>: train_step(batch))")
+        assert "Keras 2 code on Keras 3" in f.message or signature == "keras3-layer-argument"

@@ -180,3 +180,21 @@ def test_read_all_decodes_every_line_of_a_long_recording(tmp_path):
     messages, stats = read_all(path)
     assert stats.messages == 200_001 and stats.malformed == 0
     assert [m.step for m in messages[1:]] == list(range(1, 200_001))
+
+
+def test_last_step_is_found_wherever_the_chunks_cut_it(tmp_path, monkeypatch):
+    """Read backwards in chunks: the last step line is found whole whether a chunk's edge falls
+    before it, inside it or after it; a last line without its newline is not taken."""
+    from tpuwatch.monitor import recording
+
+    monkeypatch.setattr(recording, "TAIL_BYTES", 97)
+    path = tmp_path / "events.jsonl"
+    for pad in range(0, 300, 7):
+        after = [protocol.Event(t=mr.T0 + 2, level="info", source="agent", message="x" * pad)] * 3
+        data = encode_all([mr.hello(), step(5, mr.T0), step(6, mr.T0 + 1), *after])
+        path.write_bytes(data + protocol.encode(step(7, mr.T0 + 3))[:-1])
+        found = recording.last_step(path)
+        assert found is not None and found.step == 6, pad
+    path.write_bytes(encode_all([mr.hello(), protocol.Event(t=mr.T0, level="info", source="agent", message="")]))
+    assert recording.last_step(path) is None
+    assert recording.last_step(tmp_path / "missing.jsonl") is None

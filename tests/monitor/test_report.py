@@ -103,6 +103,41 @@ def test_renderers(tmp_path):
     assert "### WARNING: input-bound" in md and "**Advice:**" in md
 
 
+def test_text_and_markdown_list_the_commands(tmp_path):
+    """The commands a run was given (profile, checkpoint, stack dump) and where their results went:
+    the JSON had them under summary.commands, the text and the markdown left them out."""
+    from tpuwatch.protocol import Command, CommandState, Result
+
+    msgs = mr.healthy_messages(60)
+    t = msgs[-2].t
+    asked = [
+        Command(id="p1", action="profile", args={"steps": 5}),
+        CommandState(t=t, id="p1", action="profile", state="running", step=40),
+        Result(t=t + 0.4, id="p1", action="profile", ok=True, message="profile captured: 5 steps",
+               details={"path": "/tmp/run/profiles/plugins/profile/2025_06_15_12_00_09", "step": 40}),
+        Command(id="s1", action="stack_dump", args={}),
+        Result(t=t + 0.5, id="s1", action="stack_dump", ok=True,
+               message="stack dump written to /tmp/run/stacks/20250615-120010-s1.txt",
+               details={"path": "/tmp/run/stacks/20250615-120010-s1.txt"}),
+        Command(id="p2", action="profile", args={"logdir": "gs://nobucket/x"}),
+        Result(t=t + 0.6, id="p2", action="profile", ok=False,
+               message="gs://nobucket does not exist; create it or pick another --logdir"),
+    ]
+    d = write_run(tmp_path / "r", msgs[:-1] + asked + [msgs[-1]])
+    rep = report.build_report(d)
+    assert [c["action"] for c in rep["summary"]["commands"]] == ["checkpoint", "profile", "stack_dump", "profile"]
+    text, md = report.render_text(rep), report.render_markdown(rep)
+    for out in (text, md):
+        assert "/tmp/run/checkpoints/ckpt-1" in out  # the checkpoint's path, from its details
+        assert "/tmp/run/profiles/plugins/profile/2025_06_15_12_00_09" in out
+        assert "/tmp/run/stacks/20250615-120010-s1.txt" in out
+        assert "gs://nobucket does not exist; create it or pick another --logdir" in out
+    assert "\nCommands\n" in text and "## Commands" in md
+    cmd_lines = text.split("\nCommands\n")[1].split("\n\n")[0].splitlines()
+    assert len(cmd_lines) == 4 and "failed" in cmd_lines[3]
+    assert "checkpoint done" in cmd_lines[0] and "step 30" in cmd_lines[0]
+
+
 def test_report_errors(tmp_path):
     with pytest.raises(report.ReportError, match="no run directory"):
         report.build_report(tmp_path / "missing")
@@ -156,6 +191,28 @@ def test_list_runs_reads_only_the_tail_of_a_big_recording(tmp_path):
     print(f"list_runs on a {(d / 'events.jsonl').stat().st_size >> 20} MiB recording: {elapsed * 1e3:.0f} ms")
 
 
+def test_list_runs_finds_the_last_step_before_a_long_tail(tmp_path):
+    """A finished 28-step run whose evaluation and predict wrote ~70 KB after its last step: ls
+    read only the last 64 KiB and showed no step count."""
+    from tpuwatch.protocol import Phase
+
+    msgs, end = mr._training(28, input_wait_frac=0.02, step_time_s=0.05, seed=3)
+    t = end + 0.1
+    tail: list = []
+    for calls in range(1, 400):  # evaluation, then predict, re-sent as they progress
+        tail.append(Phase(t=t, phase="evaluating", since=end, step=28, calls=calls,
+                          detail="test_step" if calls < 200 else "predict_step"))
+        tail.extend(mr.samples(t, t))
+        t += 0.5
+    d = write_run(tmp_path / "long_tail", msgs + tail + [Exit(t=t, exit_code=0)],
+                  meta={"run_id": "long_tail", "script": "train.py", "started": mr.T0})
+    events = d / rundir.EVENTS
+    last_step_at = events.read_bytes().rfind(b'{"kind":"step",')
+    assert events.stat().st_size - last_step_at > 64 * 1024  # the shape reported: 69 KB after it
+    (info,) = list_runs(tmp_path)
+    assert info.state == "finished" and info.steps == 28
+
+
 def test_markdown_traceback_holding_a_fence_stays_one_block(tmp_path):
     """An exception whose text holds a Markdown fence (a docstring or an f-string quoting code) must
     not end the report's code block early. Before: the fence was three backticks whatever the text."""
@@ -181,3 +238,45 @@ def test_a_share_just_under_a_threshold_never_reads_as_the_threshold(tmp_path):
     text = report.render_text(report.build_report(write_run(tmp_path / "run", msgs)))
     (line,) = [x for x in text.splitlines() if x.strip().startswith("input wait ") and "step time" in x]
     assert "4.5% of step time (not input-bound)" in line, line
+
+
+def _keras_pipeline(dataset: int, use: str, elements: int | None):
+    """A pipeline as the agent maps a Keras script's ``make_dataset(files)`` (or Keras' own for predict)."""
+    from tpuwatch.protocol import Pipeline
+
+    if use == "predict":
+        return Pipeline(t=mr.T0 + dataset, dataset=dataset, consumer="iterator",
+                        stages=("from_tensor_slices", "batch", "prefetch"), sites=("", "", ""),
+                        settings=("", "batch_size=32, drop_remainder=False", "buffer_size=AUTOTUNE"),
+                        code=("", "", ""), holds_bytes=(0, 0, -1), added_by=("keras", "keras", "keras"),
+                        elements=1, tf_prefetch=True, use=use)
+    return Pipeline(t=mr.T0 + dataset, dataset=dataset, consumer="experimental_distribute_dataset",
+                    stages=("TFRecordDataset", "map", "batch", "prefetch"),
+                    sites=("train.py:30", "train.py:31", "train.py:32", "train.py:33"),
+                    settings=("num_parallel_reads=AUTOTUNE", "num_parallel_calls=AUTOTUNE",
+                              "batch_size=64, drop_remainder=False", "buffer_size=AUTOTUNE"),
+                    code=("ds = tf.data.TFRecordDataset(files, num_parallel_reads=AUTOTUNE)",
+                          "ds = ds.map(parse, num_parallel_calls=AUTOTUNE)", "ds = ds.batch(64)",
+                          "return ds.prefetch(AUTOTUNE)"),
+                    holds_bytes=(0, 0, 0, -1), added_by=("", "", "", ""), elements=elements, tf_prefetch=True,
+                    use=use)
+
+
+def test_input_section_groups_identical_pipelines_and_says_what_each_is_for(tmp_path):
+    """A Keras script's train, validation and test datasets from one function, then 13 predict calls:
+    the Input pipeline section had 16 blocks, three identical ones with no label saying which was which."""
+    msgs = mr.healthy_messages(40)
+    pipes = [_keras_pipeline(1, "train", 28), _keras_pipeline(2, "validation", 4), _keras_pipeline(3, "test", 4),
+             *(_keras_pipeline(n, "predict", 1) for n in range(4, 17))]
+    d = write_run(tmp_path / "r", msgs[:3] + pipes + msgs[3:])
+    rep = report.build_report(d)
+    assert [p["use"] for p in rep["pipelines"]] == ["train", "validation", "test"] + ["predict"] * 13
+    text = report.render_text(rep)
+    section = text.split("\nInput pipeline\n")[1].split("\n\n")[0]
+    heads = [line for line in section.splitlines() if line.startswith("  dataset")]
+    assert heads == ["  datasets 1, 2, 3 (train, validation, test; experimental_distribute_dataset), "
+                     "28, 4, 4 batches per pass",
+                     "  datasets 4-16 (predict x13; iterator), 1 batch per pass"]
+    assert section.count("train.py:31") == 1 and section.count(".from_tensor_slices(") == 1
+    md = report.render_markdown(rep)
+    assert "- datasets 4-16 (predict x13; iterator), 1 batch per pass" in md

@@ -562,3 +562,20 @@ def test_a_workers_input_share_follows_its_window():
         w.on_step(step(i, mr.T0 + i * 0.1, step_time_s=0.1, wait=0.09))
     after = w.input_share()[0]
     assert after is not None and after.share > before[0].share
+
+
+def test_the_headers_steps_per_s_follows_a_slowdown_as_the_step_times_do():
+    """The header's steps/s (a 30 s window) still read the old speed ~20 s after the steps slowed
+    down, beside step times that were already the new ones."""
+    s = RunState()
+    s.apply(mr.hello(mr.T0))
+    t, n = mr.T0 + 5, 0
+    for _ in range(600):  # 10 steps/s for a minute ...
+        n, t = n + 1, t + 0.1
+        s.apply(step(n, t, step_time_s=0.1))
+    for _ in range(12):  # ... then 1 step/s: 12 s later the header says so
+        n, t = n + 1, t + 1.0
+        s.apply(step(n, t, step_time_s=1.0))
+    snap = s.snapshot()
+    assert snap.step_time_s == pytest.approx(1.0)
+    assert snap.steps_per_s == pytest.approx(1.0, rel=0.15)

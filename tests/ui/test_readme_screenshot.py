@@ -25,6 +25,9 @@ def test_the_committed_screenshot_matches_a_regeneration() -> None:
     fresh = module.render()
     shown = html.unescape(fresh).replace("\xa0", " ")
     assert "Step time" in shown and "Loss per replica" in shown  # the live dashboard, mid-run
+    # what no other tool shows: a finding naming the script's line, and where the time went
+    assert "retrace storm" in shown and "retrace_storm.py:61" in shown and "No findings" not in shown
+    assert "9 Goodput" in shown and "compiling" in shown
     committed = (ROOT / "docs" / "dashboard.svg").read_text()
     assert _normal(fresh) == _normal(committed), "the dashboard changed: run `python docs/make_screenshot.py`"
 

@@ -65,3 +65,48 @@ async def test_the_modal_shows_the_text_and_closes_with_escape():
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, ProfileSummaryScreen)
+
+
+XCEPTION_OPS = ("block1_conv1/convolution", "block1_conv2/convolution", "block2_sepconv1/separable_conv2d",
+                "block2_sepconv2/separable_conv2d", "block13_sepconv2_bn/FusedBatchNormV3")
+
+
+def _xception_summary():
+    from tpuwatch.monitor.profile_summary import OpTime, ProfileSummary
+
+    prefix = "StatefulPartitionedCall/functional_1/xception_1/"
+    ops = tuple(OpTime(name=prefix + name, op_type=name.rsplit("/", 1)[1][:16], where="Device",
+                       self_ms=9.0 - i, share=0.2 - 0.02 * i, occurrences=3) for i, name in enumerate(XCEPTION_OPS))
+    return ProfileSummary(path="/r/profiles/plugins/profile/2026_11_27_10_00_00", logdir="/r/profiles",
+                          hardware="CPU", steps=(), step_avg_ms=40.0, step_min_ms=38.0, step_max_ms=44.0,
+                          average_ms=(), input_percent=1.0, input_verdict="not", input_conclusion="",
+                          bottleneck="", top_ops=ops, open_commands=("tensorboard --logdir /r/profiles",))
+
+
+def _screen_words(svg: str) -> str:
+    """The text an exported screenshot shows, its runs of text joined."""
+    import html
+    import re
+
+    return "".join(html.unescape(t) for t in re.findall(r">([^<>]+)</text>", svg)).replace("\xa0", " ")
+
+
+@sync
+async def test_at_80_columns_the_top_ops_are_told_apart():
+    """Each row was cut to the ops' shared prefix (StatefulPartitionedCall/functional_1/xception_1…): every
+    row read the same. The shared prefix is said once; each row ends with what tells it apart."""
+    from tpuwatch.monitor.profile_summary import render_text
+
+    class Host(App):
+        pass
+
+    app = Host()
+    async with app.run_test(size=(80, 24)) as pilot:
+        width = ProfileSummaryScreen.text_width(app.size.width)
+        app.push_screen(ProfileSummaryScreen(render_text(_xception_summary(), width=width)))
+        await pilot.pause()
+        await pilot.pause(0.2)
+        shown = _screen_words(app.export_screenshot())
+        for name in XCEPTION_OPS:
+            assert name in shown, (name, shown)
+        assert "StatefulPartitionedCall/functional_1/xception_1/" in shown

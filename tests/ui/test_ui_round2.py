@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ui_support import screen_text, sync
+from ui_support import screen_text, sync, until_shown
 
 from tpuwatch.ui.widgets.panel import Panel
 
@@ -280,3 +280,130 @@ async def test_the_results_list_closes_with_the_same_keys_as_a_panel(live_app, c
         await pilot.press(close)
         await pilot.pause()
         assert len(app.screen_stack) == 1 and app.return_value is None
+
+
+@sync
+async def test_at_step_4_the_input_panel_says_the_wait_is_measured_not_that_it_is_not(live_app) -> None:
+    """At step 4 the Step-time panel drew a wait line and Goodput booked "input wait 0.1%", while the
+    Input panel said "input wait not measured" (the share is judged from 20 steps)."""
+    app = live_app(upto=25)  # hello ... and the first 4 steps, each with its wait
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.snapshot.step == 4 and app.snapshot.input_wait is None
+        body = str(app.query_one("#input").query_one(".body").render())
+        assert "not measured" not in body
+        assert "input wait measured; too few steps to judge (20 needed)" in body
+
+
+@sync
+async def test_the_stack_dumps_result_stays_in_its_window_not_in_a_toast_over_it(live_app, sent) -> None:
+    """The result of `s` popped up as a toast over the stacks window that shows it."""
+    from tpuwatch.protocol import Result, StackDump
+    from tpuwatch.ui.screens.stack_screen import StackScreen
+
+    app = live_app(upto=150)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("s")
+        await app.workers.wait_for_complete()
+        assert isinstance(app.screen, StackScreen)
+        said: list[str] = []
+        notify = app.notify
+        app.notify = lambda message, **kw: (said.append(message), notify(message, **kw))[1]  # type: ignore[method-assign]
+        cid = sent[0].id
+        now = app.snapshot.now
+        app._state.apply(StackDump(t=now, text="Thread MainThread (training)\n  train.py:40 in <module>\n",
+                                   path="/r/stacks/20261127-100000-x.txt"))
+        app._state.apply(Result(t=now, id=cid, action="stack_dump", ok=True,
+                                message="stack dump written to /r/stacks/20261127-100000-x.txt",
+                                details={"path": "/r/stacks/20261127-100000-x.txt"}))
+        app.pull()
+        shown = await until_shown(pilot, app, "train.py:40 in <module>")
+        await pilot.pause(0.2)
+        assert "train.py:40 in <module>" in shown and isinstance(app.screen, StackScreen)
+        assert not [m for m in said if "stack" in m], said
+
+
+@sync
+async def test_9_then_esc_at_80x24_gives_the_focus_back_to_the_panel_that_had_it(live_app) -> None:
+    """At 80x24 the Goodput panel has no room: `9` shows it expanded, esc puts it back, and the focus
+    stayed on the hidden panel: panel 1 lost its focus border and no panel had one."""
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("1")
+        await pilot.pause()
+        step_panel = app.query_one("#step-time")
+        assert step_panel.has_focus
+        await pilot.press("9")
+        await pilot.pause()
+        assert app.query_one("#goodput").has_class("-maximised")
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.pause()
+        assert not app.query_one("#goodput").has_class("-maximised")
+        assert step_panel.has_focus, app.focused
+
+
+@sync
+async def test_the_memory_panel_says_logical_cpu_devices_share_one_allocator(live_app) -> None:
+    """At 80x24 the Memory panel listed CPU:0 and "… 3 more devices" without saying that TensorFlow's
+    logical CPU devices are one host allocator."""
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        body = str(app.query_one("#memory").query_one(".body").render())
+        assert "… 3 more CPUs: one shared allocator" in body, body
+        assert app.query_one("#memory").query_one(".body").size.width >= len("… 3 more CPUs: one shared allocator")
+
+
+@sync
+async def test_the_expanded_input_panel_keeps_each_stage_on_one_line_at_80_columns(live_app) -> None:
+    """A stage with long settings wrapped onto a second line in the expanded Input panel at 80 columns,
+    under the next stage's column."""
+    from tpuwatch.protocol import Pipeline
+
+    app = live_app(upto=300)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        app._state.apply(Pipeline(
+            t=app.snapshot.now, dataset=1, consumer="experimental_distribute_dataset",
+            stages=("TFRecordDataset", "map", "batch", "prefetch"),
+            sites=("recipe_tfrecords.py:118", "recipe_tfrecords.py:119", "recipe_tfrecords.py:121",
+                   "recipe_tfrecords.py:122"),
+            settings=("num_parallel_reads=AUTOTUNE", "num_parallel_calls=AUTOTUNE, deterministic='default'",
+                      "batch_size=64, drop_remainder=True", "buffer_size=AUTOTUNE"),
+            code=("", "", "", ""), holds_bytes=(0, 0, 0, -1), added_by=("", "", "", ""), use="train"))
+        app.pull()
+        await pilot.press("5")
+        await pilot.pause()
+        panel = app.query_one("#input")
+        assert panel.has_class("-maximised")
+        rows = [line.strip("┃│ ") for line in screen_text(app).splitlines()]
+        (stage,) = [r for r in rows if "recipe_tfrecords.py:119" in r]
+        assert stage.startswith("recipe_tfrecords.py:119") and ".map(num_parallel_calls=AUTOTUNE" in stage, rows
+        following = rows[rows.index(stage) + 1]
+        assert following.startswith("recipe_tfrecords.py:121"), rows  # not the rest of the map's settings
+
+
+@sync
+async def test_held_on_a_search_match_the_output_says_new_lines_arrive_below(live_app) -> None:
+    """The Output panel stays on a search match while the run goes on writing, with no sign of the
+    lines arriving below it."""
+    from tpuwatch.ui.widgets.output_panel import OutputPanel
+
+    output = "".join(f"line {i}\n" for i in range(200)) + "needle here\n" + "".join(f"tail {i}\n" for i in range(50))
+    app = live_app(output=output)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("o", "slash", *"needle", "enter")
+        await pilot.pause()
+        panel = app.query_one(OutputPanel)
+        assert "1/1" in str(panel.border_subtitle)
+        panel.append([f"new {i}" for i in range(7)])
+        await pilot.pause()
+        assert "needle here" in screen_text(app)  # still on the match
+        assert "7 new lines below" in str(panel.border_subtitle), panel.border_subtitle
+        panel.log_view.scroll_end(animate=False, immediate=True)
+        await pilot.pause()
+        assert "new lines below" not in str(panel.border_subtitle), panel.border_subtitle

@@ -1,7 +1,7 @@
 """The pipeline map: for every dataset the training iterates, its tf.data stages with their settings
 and the line of the script that made each one.
 
-``DatasetV2.__init__`` runs once per transformation (never per element, DESIGN §8): the wrapper
+``DatasetV2.__init__`` runs once per transformation (never per element): the wrapper
 notes where the script made the stage (the first frame outside TensorFlow, Keras and tpuwatch,
 and the TF API it called, like ``map``). When the training makes an iterator (``iter(ds)``,
 ``for x in ds``, a distributed dataset's ``__iter__``, Keras' fit doing either), the chain is
@@ -210,7 +210,7 @@ class PipelineMap:
             return
         self._sent += 1
         ds.__dict__[_MAPPED] = self._sent
-        msg = self.describe(ds, consumer, self._sent)
+        msg = dataclasses.replace(self.describe(ds, consumer, self._sent), use=keras_use(sys._getframe(1)))
         self._maps[self._sent] = msg
         self.held_bytes += sum(b for b in msg.holds_bytes if b > 0)
         self.agent.emit(msg)
@@ -287,6 +287,26 @@ class PipelineMap:
                         holds_bytes=tuple(holds), added_by=tuple(added),
                         elements=_cardinality(ds.__dict__.get(_OWN, ds)),
                         tf_prefetch=tf_prefetch, tf_parallel=tuple(parallel))
+
+
+#: Keras' methods that iterate a dataset, by the name of their frame in Keras' trainer
+_KERAS_METHODS = frozenset({"fit", "evaluate", "predict"})
+
+
+def keras_use(frame: Any) -> str:
+    """What Keras iterates a dataset for, from the frames above ``frame``: "predict", "validation"
+    (``evaluate`` inside ``fit``), "test" (``evaluate``), "train" (``fit``); "" outside Keras."""
+    seen: set[str] = set()
+    while frame is not None:
+        name = frame.f_code.co_name
+        if name in _KERAS_METHODS and f"{os.sep}keras{os.sep}" in frame.f_code.co_filename:
+            seen.add(name)
+        frame = frame.f_back
+    if "predict" in seen:
+        return "predict"
+    if "evaluate" in seen:
+        return "validation" if "fit" in seen else "test"
+    return "train" if "fit" in seen else ""
 
 
 def _rewrites(ds: Any) -> tuple[bool | None, bool | None]:

@@ -139,9 +139,11 @@ def summary(snap: RunSnapshot, run_steps: RunSteps | None = None, last_output: s
     row("run", ident)
     if snap.step:
         p50, p95, rate = snap.step_p50_s, snap.step_p95_s, snap.steps_per_s
+        span = "recent"  # the progress lines' figures
         if run_steps is not None and run_steps.values:
             (p50, p95), rate = run_steps.percentiles(), run_steps.steps_per_s()
-        row("steps", f"{snap.step:,}  {fmt_rate(rate)}  step p50 {fmt_seconds(p50)}  p95 {fmt_seconds(p95)}")
+            span = "over the whole run"
+        row("steps", f"{snap.step:,}  {fmt_rate(rate)} {span}  step p50 {fmt_seconds(p50)}  p95 {fmt_seconds(p95)}")
         if snap.input_run is not None:
             # the input-bound rule's own numbers and verdict, over every eligible step
             row("input", f"{snap.input_run.describe()}: {snap.input_run.verdict}")

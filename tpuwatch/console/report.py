@@ -19,7 +19,7 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tpuwatch import rundir, units
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
@@ -162,14 +162,34 @@ def _pipelines(snap: RunSnapshot) -> list[dict[str, Any]]:
                          "holds_bytes": held, "added_by": by}
                         for st, site, settings, code, held, by in zip(p.stages, p.sites, p.settings, p.code,
                                                                       p.holds_bytes, p.added_by)],
-             "consumer_site": p.consumer_site, "tf_prefetch": p.tf_prefetch, "notes": pipeline_notes(p)}
+             "consumer_site": p.consumer_site, "tf_prefetch": p.tf_prefetch, "notes": pipeline_notes(p),
+             "use": p.use}
             for worker, p in snap.pipelines]
 
 
-def pipeline_lines(p: dict[str, Any]) -> list[str]:
-    """One line per stage: ``train.py:41  .map(decode)  num_parallel_calls=AUTOTUNE``."""
-    out = [f"dataset {p['dataset']} ({p['consumer']})"
-           + (f", {p['elements']:,} batches per pass" if p.get("elements") else "")]
+def pipeline_lines(p: dict[str, Any], same: Sequence[dict[str, Any]] = ()) -> list[str]:
+    """One line per stage: ``train.py:41  .map(decode)  num_parallel_calls=AUTOTUNE``, under a
+    head naming the dataset, what it is for and how it is consumed; ``same``: the datasets with
+    these very stages (``p`` among them), named together under one head."""
+    group = list(same) or [p]
+    numbers = [q["dataset"] for q in group]
+    if len(numbers) == 1:
+        name = f"dataset {numbers[0]}"
+    elif numbers == list(range(numbers[0], numbers[0] + len(numbers))) and len(numbers) > 3:
+        name = f"datasets {numbers[0]}-{numbers[-1]}"
+    else:
+        name = "datasets " + ", ".join(map(str, numbers))
+    uses = [q.get("use") or "" for q in group]
+    if len(set(uses)) == 1 and len(uses) > 1:
+        what = f"{uses[0]} x{len(uses)}" if uses[0] else ""
+    else:
+        what = ", ".join(u or "?" for u in uses) if any(uses) else ""
+    counts = [q.get("elements") for q in group]
+    per_pass = ""
+    if all(counts):
+        shown = counts if len(set(counts)) > 1 else counts[:1]
+        per_pass = f", {', '.join(f'{c:,}' for c in shown)} batch{'es' if shown != [1] else ''} per pass"
+    out = [f"{name} ({what + '; ' if what else ''}{p['consumer']}){per_pass}"]
     prev = ""
     for st in p["stages"]:
         extra = [x for x in (f"added by {st['added_by']}" if st["added_by"] else "",
@@ -180,6 +200,18 @@ def pipeline_lines(p: dict[str, Any]) -> list[str]:
                    + (f" [{'; '.join(extra)}]" if extra else "") + (f"   {code}" if code else ""))
     out += [f"  ({note})" for note in p.get("notes", ())]
     return out
+
+
+def pipeline_groups(pipelines: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The datasets with the same stages, settings, lines and notes, each group in the order its
+    first dataset came: a script's train, validation and test datasets made by one function, or
+    Keras' own pipeline for each ``predict`` call, are one block, not one each."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for p in pipelines:
+        key = json.dumps([p.get("worker"), p["consumer"], p["stages"], p.get("consumer_site"), p.get("notes")],
+                         sort_keys=True, default=str)
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
 
 
 def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[WorkerDir],
@@ -331,7 +363,8 @@ def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
             for r in snap.replica_losses
         ],
         "commands": [
-            {"id": c.id, "action": c.action, "status": c.status, "message": c.message}
+            {"id": c.id, "action": c.action, "status": c.status, "message": c.message,
+             "details": {k: _json_safe(v) for k, v in c.details.items()}, "t": c.t}
             for c in snap.commands
         ],
         "truncated_tail": snap.truncated_tail,
@@ -438,7 +471,7 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         out.append(("Workers", "", [_worker_line(w) for w in report["workers"]]))
     if traces:
         out.append(("Functions", "", traces))
-    pipes = [line for p in report.get("pipelines", ()) for line in pipeline_lines(p)]
+    pipes = [line for same in pipeline_groups(report.get("pipelines", ())) for line in pipeline_lines(same[0], same)]
     if pipes:
         out.append(("Input pipeline", "", pipes))
     if losses:
@@ -458,10 +491,29 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         out.append(("Goodput", "", [head] + [
             f"{r['label']:<20}{r['seconds']:>10.2f} s {100 * r['share']:>6.1f}%"
             + (f"  -> finding {r['finding']}" if r["finding"] else "") for r in shown] + per_worker))
+    if s.get("commands"):
+        out.append(("Commands", "", [command_line(c) for c in s["commands"]]))
     out.append(("Findings", "", [] if findings else ["none"]))
     if run.get("traceback"):
         out.append(("Traceback", "", run["traceback"].rstrip().splitlines()))
     return out
+
+
+def command_line(c: dict[str, Any]) -> str:
+    """``checkpoint done at step 150: checkpoint saved at step 150 -> /runs/x/checkpoints/ckpt-1``:
+    what was asked, how it ended, and where its result is when the message does not say."""
+    details = c.get("details") or {}
+    step = details.get("step")
+    path = details.get("path")
+    message = one_line(str(c.get("message") or ""))
+    line = f"{_when(c.get('t'))}  {c['action']} {c['status']}"
+    if isinstance(step, int) and not isinstance(step, bool) and f"step {step}" not in message:
+        line += f" at step {step:,}"
+    if message:
+        line += f": {message}"
+    if isinstance(path, str) and path and path not in message:
+        line += f" -> {one_line(path)}"
+    return line
 
 
 def _worker_line(w: dict[str, Any]) -> str:

@@ -2,7 +2,7 @@
 
 :class:`Baseline` holds the finished run's whole-run figures, as ``tpuwatch report`` gives them;
 :func:`deltas` says how the live run differs, for the header and the headless line. The live
-figures are the snapshot's own (rolling step p50, steps/s and examples/s over the last 30 s, the
+figures are the snapshot's own (rolling step p50, steps/s and examples/s over the last 10 s, the
 input-bound rule's input wait), so the words say "now".
 """
 

@@ -267,13 +267,31 @@ def render_text(s: ProfileSummary, width: int = 100, live: "InputShare | None" =
     if s.bottleneck and s.bottleneck != s.input_conclusion:
         lines.append(f"  {s.bottleneck}"[:width * 2])
     if s.top_ops:
-        lines.append("  top ops by self time:")
-        for op in s.top_ops:
-            row = f"    {op.self_ms:9.2f} ms {100 * op.share:5.1f}%  {op.where:<6} {op.op_type:<20} {op.name}"
-            lines.append(row[:width])
+        # A Keras model's ops share a long scope (StatefulPartitionedCall/functional_1/xception_1/):
+        # said once, so that each row keeps the part that tells it apart, cut from the left.
+        shared = _shared_scope([op.name for op in s.top_ops])
+        lines.append("  top ops by self time" + (f", each under {shared}:" if shared else ":"))
+        names = [op.name[len(shared):] for op in s.top_ops]
+        # the op's type goes first where a name would not fit beside it (a name ends in its type)
+        with_type = 4 + 13 + 8 + 7 + 21 + max(map(len, names)) <= width
+        for op, name in zip(s.top_ops, names):
+            row = f"    {op.self_ms:9.2f} ms {100 * op.share:5.1f}%  {op.where:<6} " + (
+                f"{op.op_type:<20} " if with_type else "")
+            room = width - len(row)
+            if len(name) > room:
+                name = "…" + name[len(name) - max(room, 8) + 1:]
+            lines.append(row + name)
     lines.append("  open it with:")
     lines.extend(f"    {c}" for c in s.open_commands)
     return "\n".join(lines)
+
+
+def _shared_scope(names: list[str]) -> str:
+    """The scope (up to a ``/``) every one of two or more op names begins with; "" when none."""
+    if len(names) < 2:
+        return ""
+    prefix = os.path.commonprefix(names)
+    return prefix[:prefix.rfind("/") + 1]
 
 
 def recent_input_share(run_dir: Path, nbytes: int = 4 * 1024 * 1024) -> InputShare | None:

@@ -307,6 +307,38 @@ def last_exit(path: Path, nbytes: int = TAIL_BYTES) -> protocol.Exit | None:
     return None
 
 
+def last_step(path: Path) -> protocol.Step | None:
+    """The recording's last step record, read backwards from its end a chunk at a time until one
+    is found: evaluation and ``predict`` after training can write far more than a tail holds.
+    Decodes only that line; a line not finished yet is left out. None when it has none."""
+    marker = b'{"kind":"step",'
+    decoder = protocol.Decoder()
+    try:
+        with rundir.open_regular(path) as f:
+            end = os.fstat(f.fileno()).st_size
+            carry = b""  # the rest of the line the previous chunk began inside, with its newline
+            while end > 0:
+                start = max(0, end - TAIL_BYTES)
+                f.seek(start)
+                data = f.read(end - start) + carry
+                end = start
+                cut = data.find(b"\n") + 1 if start > 0 else 0
+                if start > 0 and cut == 0:
+                    carry = data if len(data) <= protocol.MAX_LINE_BYTES else b""
+                    continue
+                carry, body = data[:cut], data[cut:]
+                pos = len(body)
+                while (pos := body.rfind(marker, 0, pos)) >= 0:
+                    line_end = body.find(b"\n", pos)
+                    if (pos == 0 or body[pos - 1:pos] == b"\n") and line_end >= 0:
+                        msg = decoder.decode(body[pos:line_end + 1])
+                        if isinstance(msg, protocol.Step):
+                            return msg
+    except OSError:
+        return None
+    return None
+
+
 def first_message(path: Path) -> Message | None:
     """The recording's first message (a run's ``Hello``) if its first line is complete and one."""
     try:

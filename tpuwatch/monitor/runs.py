@@ -16,7 +16,7 @@ from typing import Any
 
 from tpuwatch import rundir
 from tpuwatch.monitor.group import WorkerDir, worker_dirs
-from tpuwatch.monitor.recording import first_message, tail_messages
+from tpuwatch.monitor.recording import first_message, last_step, tail_messages
 from tpuwatch.protocol import Exit, Hello, Step
 
 #: Exit codes of a process ended by the signals a stop sends (SIGINT, SIGTERM, SIGKILL).
@@ -181,7 +181,8 @@ def run_info(run_dir: Path) -> RunInfo:
     tail = tail_messages(events)
     first = first_message(events)
     hello = first if isinstance(first, Hello) else None
-    last_step = next((m for m in reversed(tail) if isinstance(m, Step)), None)
+    # The tail is enough unless evaluation or predict went on for long after the last step.
+    newest_step = next((m for m in reversed(tail) if isinstance(m, Step)), None) or last_step(events)
     exit_msg = next((m for m in reversed(tail) if isinstance(m, Exit)), None)
     last_t = next((m.t for m in reversed(tail) if hasattr(m, "t")), None)
     exit_code = exit_msg.exit_code if exit_msg else meta.get("exit_code")
@@ -204,7 +205,7 @@ def run_info(run_dir: Path) -> RunInfo:
         script=str(meta.get("script") or (hello.script if hello else "")),
         state=state,
         start=start,
-        steps=last_step.step if last_step else None,
+        steps=newest_step.step if newest_step else None,
         exit_code=exit_code if isinstance(exit_code, int) else None,
         end=exit_msg.t if exit_msg else (meta.get("ended") if isinstance(meta.get("ended"),
                                                                          (int, float)) else None),

@@ -45,7 +45,7 @@ from tpuwatch.monitor.snapshot import (
     WorkerView,
     mean_loss,
 )
-from tpuwatch.monitor.stats import History, Rolling, StepStats
+from tpuwatch.monitor.stats import RATE_WINDOW_S, History, Rolling, StepStats
 from tpuwatch.protocol import DISK_FULL_SOURCE as DISK_FULL
 from tpuwatch.protocol import (
     NEW_OBJECT_CHANGE,
@@ -144,7 +144,7 @@ class RunState:
         max_events: int = 500,
         max_commands: int = 100,
         window: int = 200,
-        rate_window_s: float = 30.0,
+        rate_window_s: float = RATE_WINDOW_S,
         history_points: int = 2000,
         max_retraces: int = 1000,
     ) -> None:

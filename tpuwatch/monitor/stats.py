@@ -177,6 +177,12 @@ class History:
         return self._cache
 
 
+#: Seconds of wall time the live steps/s and examples/s are over. Short enough that a slowdown
+#: shows within seconds, as the step times beside them do (30 s read the old speed ~20 s after the
+#: steps slowed); at least two records are kept, so a step slower than this still has a rate.
+RATE_WINDOW_S = 10.0
+
+
 @dataclass(frozen=True)
 class Rolling:
     """Rolling figures over the recent window (``None`` where not measurable yet)."""
@@ -195,7 +201,7 @@ class StepStats:
     rates the rate window is shorter, never the memory larger).
     """
 
-    def __init__(self, window: int = 200, rate_window_s: float = 30.0,
+    def __init__(self, window: int = 200, rate_window_s: float = RATE_WINDOW_S,
                  rate_max_records: int = 4096, history_points: int = 2000) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")

@@ -35,6 +35,7 @@ from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer, Input
 from textual.worker import Worker, WorkerState, get_current_worker
 
@@ -213,6 +214,7 @@ class TpuwatchApp(App[str]):
         self._sent_ids: set[str] = set()  # every command this dashboard sent
         self._profiles_shown: set[str] = set()
         self._toasted: set[str] | None = None  # ids of ended commands already announced
+        self._focus_before_expand: Widget | None = None  # the focus before a panel was expanded
         self._replay_lines: tuple[str, ...] | None = None  # a replay's whole output, read once
         self._replay_anchors: list[int] = []
         self._replay_shown = 0
@@ -395,6 +397,8 @@ class TpuwatchApp(App[str]):
                 continue  # caught up from the recording (a long one takes several refreshes)
             if c.status == "done" and c.action == "profile" and c.id in self._sent_ids:
                 continue  # its summary opens by itself and names it (a toast covered its last lines)
+            if c.action == "stack_dump" and isinstance(self.screen, StackScreen):
+                continue  # the stacks window open on top shows it (a toast covered the stacks)
             text = command_summary(c, self.run_dir).plain
             if c.status == "failed":
                 self.notify(text, severity="error", timeout=12)
@@ -543,7 +547,7 @@ class TpuwatchApp(App[str]):
     @work(thread=True, group="profile-summary", name="loading the profile summary", exit_on_error=False)
     def _show_profile(self, command, live) -> None:
         # xprof takes up to ~0.3 s: never on the UI thread.
-        text = load_summary_text(command, live)
+        text = load_summary_text(command, live, width=ProfileSummaryScreen.text_width(self.size.width))
         self.call_from_thread(self.push_screen, ProfileSummaryScreen(text))
 
     @work(thread=True, group="commands", name="sending a command", exit_on_error=False)
@@ -674,6 +678,8 @@ class TpuwatchApp(App[str]):
         self._expand(panel)
 
     def _expand(self, panel: Panel) -> None:
+        if self.focused is not None and panel not in (self.focused, *self.focused.ancestors):
+            self._focus_before_expand = self.focused  # where esc gives the focus back
         self.screen.add_class("-panel-max")
         self.screen.set_class(panel.parent is self.query_one("#bottom"), "-max-bottom")
         panel.add_class("-maximised")
@@ -690,7 +696,20 @@ class TpuwatchApp(App[str]):
         self.screen.remove_class("-panel-max", "-max-bottom")
         if expanded:
             self.refresh_bindings()
+            self.call_after_refresh(self._refocus)
         return bool(expanded)
+
+    def _refocus(self) -> None:
+        """After a panel is put back: a panel with no room at this size (shown expanded by its
+        number key) cannot keep the focus, so it goes back where it was before."""
+        focused = self.focused
+        if focused is not None and focused.region.area:
+            return
+        before = self._focus_before_expand
+        if before is not None and before.is_attached and before.region.area:
+            before.focus()
+        else:
+            next((p for p in self.query(Panel) if p.region.area), self.query_one(Panel)).focus()
 
     def _zoomed(self) -> bool:
         """A panel expanded or the output maximised: esc (and q) put it back."""

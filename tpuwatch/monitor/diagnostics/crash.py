@@ -101,6 +101,94 @@ SIGNATURES: tuple[Signature, ...] = (
         _KERAS3 + "optimizer.get_updates() was removed",
         "apply gradients with optimizer.apply_gradients(zip(grads, model.trainable_variables))"),
     Signature(
+        "keras3-bare-metric", _has("Expected `metrics` argument to be a list, tuple, or dict"),
+        _KERAS3 + "compile(metrics=...) takes a list (or a dict per output), not one metric",
+        "wrap it in a list: metrics=[keras.metrics.AUC()] (likewise metrics=['accuracy'])"),
+    Signature(
+        "keras3-save-savedmodel",
+        lambda c, tel: ("Invalid filepath extension for saving" in c.message
+                        or "The `save_format` argument is deprecated in Keras 3" in c.message),
+        _KERAS3 + "model.save() writes only a .keras (or .h5) file; a directory path or "
+        "save_format='tf' made a SavedModel in Keras 2",
+        "give the file a .keras extension: model.save('model.keras'); for a SavedModel to serve, "
+        "model.export('saved_model_dir')"),
+    Signature(
+        "keras3-load-savedmodel",
+        _has("File format not supported", "legacy SavedModel format is not supported"),
+        _KERAS3 + "keras.models.load_model() reads only .keras and .h5 files, not a SavedModel "
+        "directory",
+        "load a SavedModel for inference with keras.layers.TFSMLayer(path, "
+        "call_endpoint='serving_default'); to train it again, save it from the training script "
+        "as model.save('model.keras') and load that"),
+    Signature(
+        "keras3-weights-filename",
+        lambda c, tel: ("The filename must end in `.weights.h5`" in c.message
+                        or ("save_weights_only=True" in c.message and "`.weights.h5`" in c.message)),
+        _KERAS3 + "weights are saved only to a file whose name ends in .weights.h5 (save_weights, "
+        "ModelCheckpoint(save_weights_only=True)); Keras 2 wrote a TF checkpoint",
+        "end the path in .weights.h5: model.save_weights('model.weights.h5'), "
+        "ModelCheckpoint('ckpt-{epoch:02d}.weights.h5', save_weights_only=True)"),
+    Signature(
+        "keras3-checkpoint-filepath", _has("The filepath provided must end in `.keras`"),
+        _KERAS3 + "ModelCheckpoint saves a whole model only to a path ending in .keras",
+        "end the path in .keras: ModelCheckpoint('model-{epoch:02d}.keras') (or "
+        "'....weights.h5' with save_weights_only=True)"),
+    Signature(
+        "keras3-generator-methods",
+        lambda c, tel: c.type == "AttributeError" and any(
+            f"no attribute '{m}'" in c.message
+            for m in ("fit_generator", "evaluate_generator", "predict_generator")),
+        _KERAS3 + "fit_generator, evaluate_generator and predict_generator were removed",
+        "pass the generator to fit, evaluate or predict themselves, with the same arguments: "
+        "model.fit(generator, steps_per_epoch=..., epochs=...)"),
+    Signature(
+        "keras3-fit-workers",
+        lambda c, tel: c.type == "TypeError" and "unexpected keyword argument" in c.message and any(
+            f"'{a}'" in c.message for a in ("workers", "use_multiprocessing", "max_queue_size")),
+        _KERAS3 + "fit, evaluate and predict no longer take workers, use_multiprocessing or "
+        "max_queue_size",
+        "remove them from the call; a keras.utils.PyDataset takes them instead "
+        "(super().__init__(workers=4, use_multiprocessing=True) in its __init__), and a "
+        "tf.data pipeline needs none"),
+    Signature(
+        "keras3-optimizer-lr-argument", _has("Argument(s) not recognized: {'lr'"),
+        _KERAS3 + "optimizers take learning_rate=, not lr=",
+        "rename the argument: keras.optimizers.Adam(learning_rate=1e-3)"),
+    Signature(
+        "keras3-tf-op-on-keras-input", _has("A KerasTensor cannot be used as input to a TensorFlow function"),
+        _KERAS3 + "a TensorFlow op (tf.expand_dims, tf.cast, tf.nn.*) was applied to a keras.Input "
+        "while building a functional model; Keras 3's symbolic tensors are not TensorFlow tensors",
+        "use the keras.ops function of the same name (keras.ops.expand_dims(x, -1), "
+        "keras.ops.cast(x, 'float32')), or wrap the TensorFlow call in a layer's call()"),
+    Signature(
+        "keras3-experimental-namespace", _has("has no attribute 'experimental'"),
+        _KERAS3 + "the .experimental namespaces (keras.layers.experimental.preprocessing, "
+        "keras.mixed_precision.experimental) are gone",
+        "drop .experimental (and .preprocessing): keras.layers.Rescaling, keras.layers.RandomFlip, "
+        "keras.layers.TextVectorization; keras.mixed_precision.set_global_policy('mixed_bfloat16')"),
+    Signature(
+        "keras3-backend-value",
+        lambda c, tel: c.type == "AttributeError" and "module 'keras.backend' has no attribute" in c.message,
+        _KERAS3 + "keras.backend lost its TensorFlow-1 helpers (set_value, get_value, get_session, "
+        "eval, ...)",
+        "set a variable with its assign method: model.optimizer.learning_rate.assign(1e-4) (was "
+        "keras.backend.set_value); read one with keras.ops.convert_to_numpy(v) (was get_value); "
+        "session code has no counterpart: drop it"),
+    Signature(
+        "keras3-module-path",
+        lambda c, tel: c.type in ("ModuleNotFoundError", "ImportError")
+        and ("No module named 'keras." in c.message or "from 'keras." in c.message),
+        _KERAS3 + "Keras 2's internal module paths (keras.engine, keras.utils.np_utils, "
+        "keras.layers.advanced_activations, ...) do not exist in Keras 3",
+        "import the name from Keras 3's public API: from keras.utils import to_categorical, "
+        "from keras.layers import LeakyReLU, keras.Layer, keras.Model"),
+    Signature(
+        "keras3-layer-argument", _has("Unrecognized keyword arguments passed to"),
+        "a layer was given an argument it does not take: one Keras 3 dropped (Keras 2's "
+        "BatchNormalization(fused=...)) or a misspelt name",
+        "remove (or correct) the argument the error names: BatchNormalization(fused=True) becomes "
+        "keras.layers.BatchNormalization()"),
+    Signature(
         "out-of-memory",
         lambda c, tel: c.type == "ResourceExhaustedError" or "OOM when allocating" in c.message,
         "a tensor did not fit in the device's memory (out of memory)",

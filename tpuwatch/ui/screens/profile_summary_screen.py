@@ -39,9 +39,10 @@ def new_profile_results(snapshot: RunSnapshot, seen: set[str], ids: Iterable[str
     return out
 
 
-def load_summary_text(command: CommandView, live: InputShare | None = None) -> str:
+def load_summary_text(command: CommandView, live: InputShare | None = None, width: int = 100) -> str:
     """The text for the modal (runs in a worker thread: xprof takes up to ~0.3 s). ``live``:
-    the run's own input-wait measurement, shown beside the profile's."""
+    the run's own input-wait measurement, shown beside the profile's; ``width``: the columns of
+    a line in the dialog."""
     from tpuwatch.monitor import profile_summary
 
     d = command.details
@@ -55,7 +56,7 @@ def load_summary_text(command: CommandView, live: InputShare | None = None) -> s
             lines += [f"  {c}" for c in profile_summary.open_commands(str(logdir))]
         return "\n".join(lines)
     try:
-        return profile_summary.render_text(profile_summary.summarize(local), live=live)
+        return profile_summary.render_text(profile_summary.summarize(local), width=width, live=live)
     except profile_summary.ProfileSummaryError as e:
         # The capture is still there: say how to open it, as `tpuwatch profile` does.
         parents = Path(local).parents  # <logdir>/plugins/profile/<capture>
@@ -77,6 +78,12 @@ class ProfileSummaryScreen(ModalScreen[None]):
     def __init__(self, text: str) -> None:
         super().__init__()
         self._text = text
+
+    @staticmethod
+    def text_width(screen_width: int) -> int:
+        """Columns a line of the summary has in the dialog on a screen ``screen_width`` wide (90 %
+        of it, at most 120, less the border and the padding)."""
+        return max(20, min(120, screen_width * 9 // 10) - 4)
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="profile-summary-dialog"):

@@ -64,10 +64,11 @@ def wait_series(s: RunSnapshot) -> BarSeries:
                      empty="not measured" if measured else "no data yet")
 
 
-def pipeline_map_text(s: RunSnapshot) -> list[Content]:
+def pipeline_map_text(s: RunSnapshot, width: int = 1000) -> list[Content]:
     """The pipeline map (expanded panel): each dataset's stages from the source on, with the
     script's line, settings and what a stage holds; the stage the ``input-bound`` finding blames
-    in its colour, with the edit."""
+    in its colour, with the edit. A stage is one line within ``width`` (its settings cut with
+    "…": a wrapped one fell under the next stage's column; ``tpuwatch report`` has them whole)."""
     culprit = next(((f.evidence.get("culprit_site"), f.evidence.get("culprit_stage"), f.advice, f.severity)
                     for f in s.findings if f.rule == "input-bound" and f.evidence.get("culprit_stage")), None)
     lines: list[Content] = []
@@ -78,10 +79,13 @@ def pipeline_map_text(s: RunSnapshot) -> list[Content]:
             blamed = culprit is not None and (site, stage) == culprit[:2]
             extra = "".join([f" · added by {by}" if by else "",
                              f" · holds ≤{units.size(held)}" if held > 0 else ""])
-            lines.append(Content.assemble((f"  {site or '?':<24} ", "dim"),
-                                          (f".{stage}({settings})", _FINDING_STYLE.get(culprit[3], "")
-                                           if blamed and culprit else ""),
-                                          (extra, "dim")))
+            line = Content.assemble((f"  {site or '?':<24} ", "dim"),
+                                    (f".{stage}({settings})", _FINDING_STYLE.get(culprit[3], "")
+                                     if blamed and culprit else ""),
+                                    (extra, "dim"))
+            if line.cell_length > width:
+                line = line.truncate(max(1, width - 1)) + Content("…")
+            lines.append(line)
             if blamed and culprit:
                 lines.append(Content.styled(f"    ← {culprit[2]}", _FINDING_STYLE.get(culprit[3], "")))
         lines += [Content.styled(f"  ({note})", "dim") for note in pipeline_notes(p)]
@@ -91,11 +95,11 @@ def pipeline_map_text(s: RunSnapshot) -> list[Content]:
 _FINDING_STYLE = {"critical": "$error bold", "warning": "$warning bold", "info": "bold"}
 
 
-def input_text(s: RunSnapshot, expanded: bool = False) -> Content:
+def input_text(s: RunSnapshot, expanded: bool = False, width: int = 1000) -> Content:
     lines = _wait_lines(s)
     # the map is known from the first fetch on, with or without a judged wait
     if expanded and s.pipelines:
-        lines += [Content(""), *pipeline_map_text(s)]
+        lines += [Content(""), *pipeline_map_text(s, width)]
     return Content("\n").join(lines)
 
 
@@ -106,6 +110,11 @@ def _wait_lines(s: RunSnapshot) -> list[Content]:
     level = input_level(s)
     style = _STYLE[level]
     if share is None:
+        # The Step-time panel draws each step's wait from the first step on; the share is the
+        # diagnostics' own, judged only from its first 20 measured steps.
+        if any(p.input_wait_s is not None for p in s.history):
+            return [Content.styled(f"input wait measured; too few steps to judge ({_TH.input_min_records} needed)",
+                                   "dim")]
         return [Content.styled(_VERDICT["unknown"], "dim")]
     verdict = _VERDICT[level] if level != "unknown" else f"too few steps to judge ({share.steps} of 20)"
     if level == "low" and share.share >= _TH.input_info_frac:
@@ -130,7 +139,7 @@ class InputPanel(Panel):
         yield HistoryBars(id="input-bars")
 
     def body(self, snapshot: RunSnapshot, rows: int, width: int) -> Content:
-        text = input_text(snapshot, expanded=rows >= EXPANDED_ROWS)
+        text = input_text(snapshot, expanded=rows >= EXPANDED_ROWS, width=width)
         if rows >= EXPANDED_ROWS and snapshot.history:
             text = Content("\n").join([text, Content.styled(WAIT_LEGEND, "dim")])
         return text

@@ -103,8 +103,13 @@ def memory_text(s: RunSnapshot, rows: int, width: int = 80) -> Content:
         if d.limit_bytes:
             parts += [("/", "dim"), units.size(d.limit_bytes), (f" {units.percent(frac)}", _style(frac) or "dim")]
         lines.append(Content.assemble(*parts))
+    # TensorFlow's logical CPU devices are views of one host allocator: one figure, said so.
+    cpus = len(tracked(s)) > 1 and all(units.device_name(d.device).startswith("CPU") for d in tracked(s))
     if hidden:
-        lines.append(Content.styled(f"… {hidden} more devices", "dim"))
+        lines.append(Content.styled(f"… {hidden} more CPUs: one shared allocator" if cpus
+                                    else f"… {hidden} more devices", "dim"))
+    elif cpus and len(lines) < rows:
+        lines.append(Content.styled("CPUs: one shared allocator", "dim"))
     if s.tpu_metrics_note:
         lines.append(Content.styled(s.tpu_metrics_note, "dim italic"))
     if not lines:

@@ -67,6 +67,7 @@ class OutputLog(Log):
         self.fold_native = False  # hide TensorFlow's C++ log lines
         self._all: list[str] = []  # every line, folded or not (to unfold), bounded like the log
         self.folded = 0  # native lines hidden now
+        self.unseen = 0  # lines written below the view since it stopped following (a match, a scroll up)
 
     def on_mount(self) -> None:
         self.highlighter.native_style = self.get_component_rich_style("output-log--native")
@@ -87,6 +88,7 @@ class OutputLog(Log):
         # interrupted by new lines. Before the first layout there is no size to judge by.
         if self.size.height:
             self._follow = self.is_vertical_scroll_end or self.max_scroll_y == 0
+        self.unseen = 0 if self._follow else self.unseen + len(lines)
         full = self.line_count + len(lines) > MAX_LINES
         self.write_lines(lines, scroll_end=self._follow)
         if full:
@@ -107,10 +109,17 @@ class OutputLog(Log):
         if self.term:
             self._find_matches()
 
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if self.unseen and self.is_vertical_scroll_end:
+            self.unseen = 0  # the new lines are in view: no longer news
+            self.post_message(self.SearchChanged())
+
     def clear(self):  # type: ignore[override]
         """Forgets every line (a replay seeking back starts over)."""
         self._all = []
         self.folded = 0
+        self.unseen = 0
         return super().clear()
 
     def on_resize(self) -> None:

@@ -89,4 +89,7 @@ class OutputPanel(Vertical):
         log = self.log_view
         if not status.plain and log.virtual_size.width > log.scrollable_content_region.width > 0:
             status = Content(self._cut_hint)
+        if log.unseen:  # held on a match or scrolled up while the run goes on writing
+            news = f"{log.unseen:,} new line{'s' if log.unseen != 1 else ''} below"
+            status = Content(f"{status.plain} · {news}" if status.plain else news)
         self.border_subtitle = status
