@@ -60,7 +60,7 @@ LABELS: Mapping[str, str] = {
 #: The diagnostics rule that explains a bucket, when one does.
 RULE_OF: Mapping[str, str] = {
     "input_wait": "input-bound", "compiling": "retrace-storm", "stalled": "stall",
-    "above_ideal": "step-time-jitter",
+    "above_ideal": "step-time-jitter", "host": "host-bound",
 }
 
 _BIN = math.log(1.005)
