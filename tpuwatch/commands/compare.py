@@ -17,9 +17,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                     "confidence interval (moving-block bootstrap over steps, fixed seed; \"no significant "
                     "difference\" when it includes zero); host RSS and device memory peaks; the goodput ledger's "
                     "buckets; the losses aligned by step in one chart; findings in one run and not the other, "
-                    "and findings that changed severity or size; differences in TF/Keras versions, strategy, replicas, batch size, "
-                    "argv. What cannot be compared (a run without steps, different scripts or replica counts, a "
-                    "crashed run) is said in one line.")
+                    "and findings that changed severity or size; differences in TF/Keras versions, strategy, "
+                    "replicas, batch size, argv. What cannot be compared (a run without steps, different scripts or "
+                    "replica counts, a crashed run) is said in one line.")
     compare.add_argument("runs", nargs="+", metavar="RUN", help="run ids or run directories (at least two)")
     compare.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     compare.add_argument("--max-regression", type=float, metavar="PCT",
