@@ -10,6 +10,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from tpuwatch.agent.gap_sampler import GapSampler
 from tpuwatch.agent.runtime import Agent
@@ -114,3 +115,21 @@ def test_the_samples_after_the_last_step_are_not_time_between_steps(tmp_path):
     assert msg.samples == 5 and sum(msg.counts) == 5
     sampler.close()
     assert not [m for m in sampler.agent._buf if isinstance(m, HostSites)]  # nothing new to send
+
+
+@pytest.mark.tf
+def test_the_fetch_of_the_next_batch_from_tf_data_is_not_the_scripts_time(tmp_path):
+    # a custom loop's `for batch in dataset`: the time in tf.data's iterator is input, never a
+    # line of the script's to change (a healthy 1,500-step loop got a host-bound warning at its
+    # `for` line before)
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.range(10**9).map(lambda x: tf.reduce_sum(tf.ones((64, 64)) * tf.cast(x, tf.float32)))
+
+    def loop(stop):
+        for _batch in ds:
+            if stop.is_set():
+                break
+
+    _, msg = _sampled(tmp_path, loop)
+    assert msg.samples == 60 and msg.script_samples <= 12, msg

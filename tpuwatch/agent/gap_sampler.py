@@ -56,6 +56,8 @@ _LOGGING_DIR = f"{os.sep}logging{os.sep}"
 _KERAS_DIR = f"{os.sep}keras{os.sep}"
 _TF_KERAS_DIR = f"{os.sep}tf_keras{os.sep}"
 _KERAS_LOOPS = frozenset({"fit", "evaluate", "predict"})
+_TF_DATA_DIR = os.sep.join(("", "tensorflow", "python", "data", ""))
+_TF_INPUT_LIB = os.sep.join(("", "tensorflow", "python", "distribute", "input_lib"))
 
 
 def kind_of(inside: list[Any], code: str) -> str:
@@ -86,8 +88,14 @@ def _in_keras_loop(f: Any) -> bool:
     return code.co_name in _KERAS_LOOPS and (_KERAS_DIR in code.co_filename or _TF_KERAS_DIR in code.co_filename)
 
 
+def _in_input_fetch(f: Any) -> bool:
+    """A frame of tf.data's or tf.distribute's iterators (the next batch being fetched)."""
+    path = f.f_code.co_filename
+    return _TF_DATA_DIR in path or _TF_INPUT_LIB in path
+
+
 def _qualname(code: Any) -> str:
-    return getattr(code, "co_qualname", code.co_name)  # Python 3.11 on; the bare name before
+    return str(getattr(code, "co_qualname", code.co_name))  # Python 3.11 on; the bare name before
 
 
 def _site(f: Any) -> str:
@@ -196,8 +204,10 @@ class GapSampler:
             self._roots = library_roots()
         roots = self._roots
         sf, inside = innermost(frame, roots)
-        if sf is None or any(_in_keras_loop(f) for f in inside):
-            return  # Keras' or TensorFlow's own code between steps (fit's loop, its progress bar)
+        if sf is None or any(_in_keras_loop(f) or _in_input_fetch(f) for f in inside):
+            # Keras' or TensorFlow's own code between steps: fit's loop, its progress bar, the
+            # fetch of the next batch (a custom loop's `for x in dist_ds`: input, not the script's)
+            return
         self._pending_script += 1
         key = (sf.f_code.co_filename, sf.f_lineno)
         site = self._sites.get(key)
