@@ -89,6 +89,31 @@ def test_tensors_kept_in_a_tuple_per_step_are_charged_to_the_lists_append_line()
     assert found.kinds == ("tensors",)
 
 
+def test_per_replica_outputs_kept_in_a_list_are_charged_to_the_append_line():
+    # a strategy's step returns a PerReplica per output: its tensors sit in the value's _values,
+    # one level down from the list (before: the tensors were counted, the line "not found")
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    except RuntimeError:
+        pass  # this process's devices were set up by an earlier test: use what it has
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    strategy = tf.distribute.MirroredStrategy(devices)
+    step = tf.function(lambda: strategy.run(lambda: tf.ones((128, 256)) * 2.0))
+
+    def fill(end):
+        per_step = []
+        for _ in range(40):
+            per_step.append(step())
+        end()
+
+    found = _window(fill)
+    assert found.sites == (_line("per_step.append(step())"),), found
+    assert found.kinds == ("tensors",) and found.blocks[0] >= 35 * len(devices)
+
+
 def test_tensors_made_where_tensors_alive_at_the_start_died_are_still_new():
     # CI, oldest pair, 2026-11-26: tensors an earlier test left in a cycle were alive when the
     # window started and freed by a gc during it; the new tensors took their addresses, and an

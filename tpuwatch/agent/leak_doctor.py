@@ -255,6 +255,7 @@ class LeakDoctor:
             entry = by_site.setdefault((user.filename, user.lineno), [0, 0, kind])
             entry[0] += d.size_diff
             entry[1] += max(d.count_diff, 0)
+        by_site = _at_storing_lines(by_site)
         top = sorted(by_site.items(), key=lambda kv: -kv[1][0])[:TOP]
         # every file the script grew in, small growth too: a list's own array grows where it is appended to
         self._site_files = [f for (f, _), _ in sorted(by_site.items(), key=lambda kv: -kv[1][1])]
@@ -267,6 +268,50 @@ class LeakDoctor:
             kinds=tuple(v[2] for _, v in top),
             code=tuple(linecache.getline(f, n).strip()[:_MAX_CODE] for (f, n), _ in top),
             traced_bytes=traced)
+
+
+_ASSIGNED = re.compile(r"^(?P<indent>\s*)(?P<name>[A-Za-z_]\w*)\s*=(?!=)")
+_STORE_SCAN_LINES = 30  # lines after an allocation searched for the line that keeps its result
+
+
+def _storing_line(path: str, lineno: int) -> int | None:
+    """The line after ``lineno`` (``NAME = ...``, an allocation) that adds ``NAME`` to a
+    container (``X.append(NAME)``, ``X[key] = NAME``), in the same block; None when there is
+    none. The allocation is where the bytes were made, the store is what keeps them (and the line
+    the fix edits): a memo that normalises a batch and keeps it."""
+    lines = linecache.getlines(path)
+    if not 0 < lineno <= len(lines):
+        return None
+    m = _ASSIGNED.match(lines[lineno - 1])
+    if m is None:
+        return None
+    name, indent = re.escape(m["name"]), len(m["indent"])
+    store = re.compile(rf"(?<![\w.])[A-Za-z_][\w.]*\s*(?:\.\s*(?:append|appendleft|insert|add)\s*"
+                       rf"\((?:[^()]*,\s*)?{name}\s*\)|\[[^\]]+\]\s*=\s*{name}\s*$)")
+    for n in range(lineno, min(len(lines), lineno + _STORE_SCAN_LINES)):
+        text = lines[n].split("#", 1)[0].rstrip()
+        if not text.strip():
+            continue
+        if len(text) - len(text.lstrip()) < indent:
+            return None  # the block ended
+        if store.search(text):
+            return n + 1
+    return None
+
+
+def _at_storing_lines(by_site: dict[tuple[str, int], list[Any]]) -> dict[tuple[str, int], list[Any]]:
+    """``by_site`` with each allocation moved to the line that stores its result, where one does."""
+    out: dict[tuple[str, int], list[Any]] = {}
+    for (path, lineno), entry in by_site.items():
+        stored = _storing_line(path, lineno)
+        key = (path, stored) if stored is not None else (path, lineno)
+        have = out.get(key)
+        if have is None:
+            out[key] = list(entry)
+        else:
+            have[0] += entry[0]
+            have[1] += entry[1]
+    return out
 
 
 _MAX_TENSORS = 256  # new tensors whose bytes are read (the rest extrapolated: ~40 us each)
@@ -322,12 +367,36 @@ def _holder(candidates: list[Any], sample: list[Any]) -> Any:
         held = len(want.intersection(map(id, items)))  # in C: no __eq__
         if held * 2 < len(sample):
             for item in items:
-                tp = type(item)
-                if tp is tuple or (tp is dict and len(item) < _HOLDER_SAMPLE):
-                    held += len(want.intersection(map(id, item.values() if tp is dict else item)))
+                inner = _inner(item)
+                if inner:
+                    held += len(want.intersection(map(id, inner)))
+                    for sub in inner:  # a tuple of per-replica values: (loss, logits) under a strategy
+                        per_replica = _replica_values(sub)
+                        if per_replica:
+                            held += len(want.intersection(map(id, per_replica)))
         if held > most:
             best, most = r, held
     return best if most * 2 >= len(sample) else None
+
+
+def _replica_values(item: Any) -> tuple[Any, ...]:
+    """A tf.distribute value's per-replica tensors (``PerReplica._values``: a strategy's step
+    returns one per output), read from the instance's own dict (no attribute lookup that could
+    run the object's code); () for anything else."""
+    d = getattr(item, "__dict__", None) if not isinstance(item, type) else None
+    values = d.get("_values") if type(d) is dict else None
+    return values if type(values) is tuple and len(values) <= _HOLDER_SAMPLE else ()
+
+
+def _inner(item: Any) -> tuple[Any, ...] | list[Any]:
+    """What one step's entry holds directly: a tuple's items, a small dict's values, a
+    tf.distribute value's per-replica tensors."""
+    tp = type(item)
+    if tp is tuple:
+        return tuple(item)
+    if tp is dict and len(item) < _HOLDER_SAMPLE:
+        return list(item.values())
+    return _replica_values(item)
 
 
 def _names(container: Any, frames: list[Any]) -> list[str]:
