@@ -295,6 +295,9 @@ class AllocationSites(Message):
     kinds: tuple[str, ...]
     code: tuple[str, ...]
     traced_bytes: int = 0  # all growth tracemalloc saw in the window (the script's or not)
+    #: RSS growth over the window (None: recorded before the field); a window with no step in it
+    #: is never sent
+    rss_grown_bytes: int | None = None
 
 
 @dataclass(frozen=True)

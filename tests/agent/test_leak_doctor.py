@@ -327,3 +327,34 @@ def test_no_window_opens_while_a_profile_is_captured():
         assert tracemalloc.is_tracing()
     finally:
         tracemalloc.stop()
+
+
+def test_a_window_that_saw_no_step_is_no_evidence_and_the_next_climb_opens_another():
+    # a window that opened as an epoch ended (no step ran in its 3 s) found nothing, counted, and
+    # none opened again: the finding said "native memory" for NumPy arrays kept per step
+    import tracemalloc
+
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    try:
+        for _ in range(leak_doctor.RISE_SAMPLES + 1):
+            _rising(doctor, agent, t, rss)
+        assert tracemalloc.is_tracing()
+        for _ in range(int(leak_doctor.WINDOW_S / 0.5) + 2):  # the window's 3 s: no step, RSS flat
+            t[0] += 0.5
+            assert list(doctor()) == []
+        assert not tracemalloc.is_tracing()  # it closed, sending nothing
+        kept = []
+        found: list = []
+        for _ in range(40):  # the steps go on, and so does the growth
+            kept.extend(bytearray(1 << 20) for _ in range(30))
+            found = _rising(doctor, agent, t, rss)
+            if found:
+                break
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+    (sites,) = found
+    assert sites.step_to > sites.step_from and sites.grown_bytes[0] >= 30 << 20
+    assert sites.rss_grown_bytes is not None and sites.rss_grown_bytes > 0
+    assert agent.emitted == []

@@ -32,6 +32,7 @@ adds to that name (``NAME.append(`` / ``NAME[key] =``); that line is a site of k
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import linecache
 import os
@@ -63,6 +64,7 @@ MIN_WINDOW_S = 1.0
 ENOUGH_BYTES = 2 * RISE_MIN_BYTES
 FRAMES = 8  # frames kept per allocation: enough to climb from NumPy code to the script's (cost grows with it)
 MAX_WINDOWS = 2
+MAX_RETRIES = 3  # windows with no evidence (no step ran, nothing grew) that do not count, a run
 MIN_GAP_S = 60.0  # between two windows
 TOP = 5
 _MIN_SITE_BYTES = 1 << 20  # sites that grew less are left out
@@ -118,6 +120,7 @@ class LeakDoctor:
         self._points: deque[tuple[float, int, int, int]] = deque(maxlen=RISE_SAMPLES + 1)
         self._base: int | None = None  # RSS once training was under way
         self._windows = 0
+        self._retries = 0  # windows that found no evidence and did not count
         self._last_window_t = -1e18
         self._window: dict[str, Any] | None = None
         self._roots: tuple[str, ...] | None = None
@@ -219,13 +222,31 @@ class LeakDoctor:
             tracemalloc.stop()
             self._window = None
             self._points.clear()
+        if step <= w["step1"]:
+            # no step ran while it sampled (an epoch boundary, an evaluation, a save): no evidence
+            # either way; it does not count, and the next steps that climb open another
+            del end
+            self._retry()
+            return ()
         inside = (now - w["t0"]) / (step - w["step0"]) if step > w["step0"] else None
         sites = self._sites(w["snap"], end, now - w["t1"], w["step1"], step, inside, w["before"])
+        sites = dataclasses.replace(sites, rss_grown_bytes=self._rss() - w["rss1"])
         try:
-            return (_with_tensors(sites, w["tensors"], self._roots or (), self._site_files),)
+            found = _with_tensors(sites, w["tensors"], self._roots or (), self._site_files)
         except Exception as e:  # noqa: BLE001  (a TF without what the pass reads: the Python sites still go)
             self.agent.probe_failed(PROBE + ".tensors", e)
-            return (sites,)
+            found = sites
+        if not found.sites:
+            self._retry()  # nothing to charge: if the growth goes on, look again (not 60 s later)
+        return (found,)
+
+    def _retry(self) -> None:
+        """The window just closed found no evidence: it does not count against ``MAX_WINDOWS``
+        (at most ``MAX_RETRIES`` such a run), and the next one may open as soon as RSS climbs."""
+        if self._retries < MAX_RETRIES:
+            self._retries += 1
+            self._windows -= 1
+            self._last_window_t = -1e18
 
     def _enough(self, w: dict[str, Any], now: float) -> bool:
         grown: int = self._rss() - w["rss1"]
@@ -490,7 +511,7 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None,
         step_time_inside_s=sites.step_time_inside_s, step_time_before_s=sites.step_time_before_s,
         sites=tuple(r[0] for r in rows), grown_bytes=tuple(r[1] for r in rows),
         blocks=tuple(r[2] for r in rows), kinds=tuple(r[3] for r in rows), code=tuple(r[4] for r in rows),
-        traced_bytes=sites.traced_bytes)
+        traced_bytes=sites.traced_bytes, rss_grown_bytes=sites.rss_grown_bytes)
 
 
 def install(agent: "Agent", patches: "Patches") -> LeakDoctor | None:
