@@ -1,10 +1,13 @@
-"""The leak doctor charges an allocation to the line that keeps its result: tracemalloc sees where
-the bytes were made (``out = normalise(batch)``), the fix edits where they are kept
-(``seen[key] = out``). Pure source reading, no TensorFlow."""
+"""The leak doctor charges growth to the line that keeps it: tracemalloc sees where the bytes were
+made (``out = normalise(batch)``), the fix edits where they are kept (``seen[key] = out``); and a
+container that gained arrays names its line where tracemalloc sees nothing. No TensorFlow."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from tpuwatch.agent import leak_doctor
+from tpuwatch.protocol import AllocationSites
 
 SOURCE = '''def memo(batch):
     out = (batch - batch.mean()) / batch.std()
@@ -55,3 +58,32 @@ def test_the_line_that_stores_an_allocations_result_is_found_in_its_block(tmp_pa
     moved = leak_doctor._at_storing_lines(by_site)
     assert moved == {(str(path), at("seen[n] = out")): [50 << 20, 100, "python"],
                      (str(path), at("copy = batch.copy()")): [1 << 20, 3, "python"]}
+
+
+class Keeper:
+    def __init__(self):
+        self.snapshots = [np.zeros(1) for _ in range(20)]
+
+    def on_batch_end(self, weights):
+        self.snapshots.append([w.copy() for w in weights])
+
+
+def test_a_container_that_gained_arrays_in_the_window_is_charged_to_the_line_that_adds_to_it():
+    # NumPy arrays whose buffers TensorFlow allocated (get_weights() under a strategy), or
+    # Python's allocations on TensorFlow's threads (where tracemalloc stays off), are invisible
+    # to tracemalloc: the container that grew says where they are kept
+    keeper = Keeper()
+    weights = [np.ones((256, 256), np.float32), np.ones(256, np.float32)]
+    start = leak_doctor._containers()
+    for _ in range(40):
+        keeper.on_batch_end(weights)
+    empty = AllocationSites(t=0.0, window_s=3.0, step_from=0, step_to=40, step_time_inside_s=None,
+                            step_time_before_s=None, sites=(), grown_bytes=(), blocks=(), kinds=(), code=())
+    found = leak_doctor._with_containers(empty, start, leak_doctor._library_roots(), [__file__])
+    (n,) = [i for i, line in enumerate(open(__file__).read().splitlines(), start=1)
+            if line.strip() == "self.snapshots.append([w.copy() for w in weights])"]
+    assert found.sites == (f"test_leak_storing_line.py:{n}",) and found.kinds == ("numpy",)
+    assert found.blocks == (40,) and 40 * 257 * 256 * 4 <= found.grown_bytes[0] < 41 * 257 * 256 * 4 + 40 * 1024
+    del start
+    quiet = leak_doctor._with_containers(empty, leak_doctor._containers(), leak_doctor._library_roots(), [__file__])
+    assert quiet == empty  # nothing gained since

@@ -177,10 +177,17 @@ class LeakDoctor:
             return
         first_t, first_step, _, _ = self._points[0]
         before = (now - first_t) / (step - first_step) if step > first_step else None
-        tracemalloc.start(FRAMES)
+        # Python called from TensorFlow's threads (tf.numpy_function, py_function, from_generator)
+        # can free NumPy buffers while tracemalloc stops: this Python then dies by SIGSEGV (seen
+        # with a tf.numpy_function map, tracemalloc started and stopped on another thread, no
+        # tpuwatch at all). Such a window diffs tensors and containers only.
+        light = _python_on_tf_threads()
+        if not light:
+            tracemalloc.start(FRAMES)
         self._windows += 1
         self._last_window_t = now
-        self._window = {"t0": now, "step0": step, "before": before, "snap": None, "tensors": None}
+        self._window = {"t0": now, "step0": step, "before": before, "snap": None, "tensors": None,
+                        "light": light, "started": False, "containers": []}
 
     def close(self) -> None:
         """The script has ended (a shutdown hook): a window still open ends now, with what it
@@ -189,12 +196,13 @@ class LeakDoctor:
             w = self._window
             if w is None:
                 return
-            if w["snap"] is None or self.agent.global_step <= w["step1"]:
+            if not w["started"] or self.agent.global_step <= w["step1"]:
                 # no first snapshot yet, or no training step since it: nothing to charge to the
                 # training (what the script's teardown allocates is no leak)
                 import tracemalloc
 
-                tracemalloc.stop()
+                if not w["light"]:
+                    tracemalloc.stop()
                 self._window = None
                 return
             for msg in self._advance(self._clock(), self.agent.global_step, early=True):
@@ -209,33 +217,49 @@ class LeakDoctor:
 
         w = self._window
         assert w is not None
-        if w["snap"] is None:
-            w["snap"] = tracemalloc.take_snapshot()
+        if not w["started"]:
+            w["started"] = True
+            w["snap"] = None if w["light"] else tracemalloc.take_snapshot()
             w["tensors"] = _tensor_mark()
+            w["containers"] = _containers()
             w["t1"], w["step1"], w["rss1"] = now, step, self._rss()
             return ()
         if now - w["t0"] < WINDOW_S and not early and not self._enough(w, now):
             return ()
+        end = None
         try:
-            end = tracemalloc.take_snapshot()
+            if not w["light"]:
+                end = tracemalloc.take_snapshot()
         finally:
-            tracemalloc.stop()
+            if not w["light"]:
+                tracemalloc.stop()
             self._window = None
             self._points.clear()
         if step <= w["step1"]:
             # no step ran while it sampled (an epoch boundary, an evaluation, a save): no evidence
             # either way; it does not count, and the next steps that climb open another
-            del end
+            del end, w["containers"]
             self._retry()
             return ()
         inside = (now - w["t0"]) / (step - w["step0"]) if step > w["step0"] else None
-        sites = self._sites(w["snap"], end, now - w["t1"], w["step1"], step, inside, w["before"])
+        if end is not None:
+            sites = self._sites(w["snap"], end, now - w["t1"], w["step1"], step, inside, w["before"])
+        else:
+            sites = AllocationSites(t=self.agent.clock(), window_s=round(now - w["t1"], 3), step_from=w["step1"],
+                                    step_to=step, step_time_inside_s=inside, step_time_before_s=w["before"],
+                                    sites=(), grown_bytes=(), blocks=(), kinds=(), code=())
         sites = dataclasses.replace(sites, rss_grown_bytes=self._rss() - w["rss1"])
+        if self._roots is None:
+            self._roots = _library_roots()
+        found = sites
         try:
-            found = _with_tensors(sites, w["tensors"], self._roots or (), self._site_files)
+            found = _with_tensors(found, w["tensors"], self._roots, self._site_files)
         except Exception as e:  # noqa: BLE001  (a TF without what the pass reads: the Python sites still go)
             self.agent.probe_failed(PROBE + ".tensors", e)
-            found = sites
+        try:
+            found = _with_containers(found, w.pop("containers"), self._roots, self._site_files)
+        except Exception as e:  # noqa: BLE001  (a container that cannot be read: the other sites still go)
+            self.agent.probe_failed(PROBE + ".containers", e)
         if not found.sites:
             self._retry()  # nothing to charge: if the growth goes on, look again (not 60 s later)
         return (found,)
@@ -457,6 +481,100 @@ def _adding_line(names: list[str], files: list[str]) -> tuple[str, int] | None:
     return None
 
 
+def _python_on_tf_threads() -> bool:
+    """Whether the script has made a Python function TensorFlow calls from its own threads
+    (``tf.numpy_function``, ``tf.py_function``, ``Dataset.from_generator``: TensorFlow's
+    registry of them, a private name; absent: False)."""
+    ops = sys.modules.get("tensorflow.python.ops.script_ops")
+    registry = getattr(ops, "_py_funcs", None)
+    size = getattr(registry, "size", None)
+    return callable(size) and int(size()) > 0
+
+
+_MIN_GROWN_ITEMS = 8  # entries a container must gain in the window to be looked at
+
+
+def _containers() -> list[tuple[Any, int]]:
+    """Every list and dict of ``_HOLDER_SAMPLE`` entries or more, with its length (one gc pass at
+    a window's start; held until its end)."""
+    return [(o, len(o)) for o in gc.get_objects()
+            if (type(o) is list or type(o) is dict) and len(o) >= _HOLDER_SAMPLE]
+
+
+def _item_bytes(item: Any) -> tuple[int, bool]:
+    """(bytes, is NumPy's) of one entry a container gained: an array's buffer, a list or tuple
+    of arrays (``get_weights()``), else the object itself."""
+    nbytes = getattr(item, "nbytes", None) if type(item).__module__ == "numpy" else None
+    if isinstance(nbytes, int):
+        size = sys.getsizeof(item)  # an array that owns its buffer counts it; a view does not
+        return (size if size >= nbytes else size + nbytes), True
+    if type(item) in (list, tuple) and len(item) <= 4 * _HOLDER_SAMPLE:
+        parts = [_item_bytes(x) for x in item]
+        return sys.getsizeof(item) + sum(b for b, _ in parts), any(n for _, n in parts)
+    return sys.getsizeof(item), False
+
+
+def _with_containers(sites: AllocationSites, start: list[tuple[Any, int]],
+                     roots: tuple[str, ...], site_files: list[str]) -> AllocationSites:
+    """``sites`` with the list or dict that gained the most bytes in the window charged to the
+    line that adds to it: NumPy arrays whose buffers TensorFlow allocated (``get_weights()``
+    under a strategy) and Python allocations on TensorFlow's threads are invisible to
+    tracemalloc, or it did not run. Entries added at the end (a list's append, a dict's new keys,
+    which keep insertion order); their bytes from up to ``_HOLDER_SAMPLE`` of them."""
+    best: Any = None
+    best_bytes, best_n, best_numpy = 0, 0, False
+    for o, n0 in start:
+        gained = len(o) - n0
+        if gained < _MIN_GROWN_ITEMS:
+            continue
+        items = list(o.values())[n0:] if type(o) is dict else o[n0:]
+        stride = max(1, len(items) // _HOLDER_SAMPLE)
+        sample = [_item_bytes(x) for x in items[::stride][:_HOLDER_SAMPLE]]
+        grown = sum(b for b, _ in sample) * len(items) // len(sample)
+        if grown > best_bytes:
+            best, best_bytes, best_n, best_numpy = o, grown, len(items), any(n for _, n in sample)
+    del start
+    if best is None or best_bytes < _MIN_SITE_BYTES:
+        return sites
+    where = _line_of_holder(best, roots, site_files)
+    del best
+    if where is None:
+        return sites
+    site = f"{os.path.basename(where[0])}:{where[1]}"
+    if site in sites.sites:
+        return sites  # tracemalloc or the tensor pass named it already
+    code = linecache.getline(where[0], where[1]).strip()[:_MAX_CODE]
+    rows = [(site, best_bytes, best_n, "numpy" if best_numpy else "python", code)] + list(
+        zip(sites.sites, sites.grown_bytes, sites.blocks, sites.kinds, sites.code))
+    rows = sorted(rows, key=lambda r: -r[1])[:TOP]
+    return dataclasses.replace(sites, sites=tuple(r[0] for r in rows), grown_bytes=tuple(r[1] for r in rows),
+                               blocks=tuple(r[2] for r in rows), kinds=tuple(r[3] for r in rows),
+                               code=tuple(r[4] for r in rows))
+
+
+def _line_of_holder(holder: Any, roots: tuple[str, ...], site_files: list[str]) -> tuple[str, int] | None:
+    """The script's line that adds to ``holder``: the names it is bound to, from the script's
+    running frames, its globals or an object they hold; the first line of the files the window
+    saw growing, the running frames' and the script's that adds to one of them."""
+    files = list(site_files)
+    frames = []
+    for top in sys._current_frames().values():
+        frame: Any = top
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not name.startswith(roots) and not name.startswith("<") and name != __file__:
+                files.append(name)
+                frames.append(frame)
+            frame = frame.f_back
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main:
+        files.append(os.path.abspath(main))
+    try:
+        return _adding_line(_names(holder, frames), list(dict.fromkeys(files)))
+    finally:
+        del frames
+
+
 def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None,
                   roots: tuple[str, ...], site_files: list[str]) -> AllocationSites:
     """``sites`` with the eager tensors that grew in the window charged to the line that keeps
@@ -482,23 +600,7 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None,
     big = [c for c in containers if len(c) >= count // 4]
     holder = _holder(big, sample)
     del containers, big, sample
-    where = None
-    if holder is not None:
-        files = list(site_files)
-        frames = []
-        for top in sys._current_frames().values():
-            frame: Any = top
-            while frame is not None:
-                name = frame.f_code.co_filename
-                if not name.startswith(roots) and not name.startswith("<") and name != __file__:
-                    files.append(name)
-                    frames.append(frame)
-                frame = frame.f_back
-        main = getattr(sys.modules.get("__main__"), "__file__", None)
-        if main:
-            files.append(os.path.abspath(main))
-        where = _adding_line(_names(holder, frames), list(dict.fromkeys(files)))
-        del frames
+    where = _line_of_holder(holder, roots, site_files) if holder is not None else None
     site = f"{os.path.basename(where[0])}:{where[1]}" if where else ""
     code = linecache.getline(where[0], where[1]).strip()[:_MAX_CODE] if where else ""
     kind = "scalar tensors" if scalars else "tensors"
