@@ -14,9 +14,10 @@ PLANTED = SAMPLES / "planted"
 
 
 def host_share(report: dict) -> float:
-    """The ledger's host time between steps over the training time (from the first step on)."""
-    b = report["ledger"]["buckets_s"]
-    return b["host"] / (report["ledger"]["wall_s"] - b["starting"] - b["finishing"])
+    """The ledger's host time between steps over the training time (the first step to the last)."""
+    lg = report["ledger"]
+    b, after = lg["buckets_s"], lg["host_after_last_s"]
+    return (b["host"] - after) / (lg["wall_s"] - b["starting"] - b["finishing"] - after)
 
 
 # the generator's NumPy work as TF ops in a parallel map over the raw arrays (the advice)

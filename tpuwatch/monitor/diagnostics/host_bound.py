@@ -1,7 +1,8 @@
 """``host-bound``: the time between steps, in the script's Python, to its line.
 
 The share is the goodput ledger's *host between steps* over the training time (the wall time
-less *starting* and *finishing*: the time from the first step on); the lines come from the
+less *starting*, *finishing* and the host time after the last step: from the first step to the
+last); the lines come from the
 agent's samples of the training thread taken between step calls
 (:class:`~tpuwatch.protocol.HostSites`). Samples are grouped by where their line runs: a
 generator of the script's (the batches are built in Python), one Keras callback method, or
@@ -65,8 +66,10 @@ class HostBound(Rule):
             if hs is None or hs.samples < th.host_min_samples or hs.script_samples < th.host_min_script_frac * hs.samples:
                 continue
             lg = w.ledger.ledger()
-            training_s = lg.wall_s - lg.buckets.get("starting", 0.0) - lg.buckets.get("finishing", 0.0)
-            host_s = lg.buckets.get("host", 0.0)
+            # between steps only: the script's Python after the last step is host too, not this
+            after = lg.host_after_last_s
+            training_s = lg.wall_s - lg.buckets.get("starting", 0.0) - lg.buckets.get("finishing", 0.0) - after
+            host_s = lg.buckets.get("host", 0.0) - after
             if training_s <= 0 or host_s < th.host_min_s or host_s < th.host_warning_frac * training_s:
                 continue
             f = self._finding(hs, w, host_s, training_s)
