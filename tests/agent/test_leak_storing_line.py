@@ -87,3 +87,33 @@ def test_a_container_that_gained_arrays_in_the_window_is_charged_to_the_line_tha
     del start
     quiet = leak_doctor._with_containers(empty, leak_doctor._containers(), leak_doctor._library_roots(), [__file__])
     assert quiet == empty  # nothing gained since
+
+
+memo: dict = {}
+
+
+def remember(batch):
+    out = batch * 2.0
+    memo[len(memo)] = out
+    return out
+
+
+def test_a_dict_the_garbage_collector_does_not_track_is_found_through_the_scripts_names():
+    # ints to NumPy arrays: CPython untracks such a dict, so no gc pass lists it (a memo on
+    # tf.data's threads came without its line)
+    import gc
+
+    for _ in range(20):
+        remember(np.ones(16))
+    assert not gc.is_tracked(memo)
+    start = leak_doctor._containers(leak_doctor._library_roots())
+    batch = np.ones((512, 512), np.float32)
+    for _ in range(30):
+        remember(batch)
+    empty = AllocationSites(t=0.0, window_s=3.0, step_from=0, step_to=30, step_time_inside_s=None,
+                            step_time_before_s=None, sites=(), grown_bytes=(), blocks=(), kinds=(), code=())
+    found = leak_doctor._with_containers(empty, start, leak_doctor._library_roots(), [__file__])
+    (n,) = [i for i, line in enumerate(open(__file__).read().splitlines(), start=1)
+            if line.strip() == "memo[len(memo)] = out"]
+    assert found.sites == (f"test_leak_storing_line.py:{n}",) and found.kinds == ("numpy",)
+    assert found.grown_bytes[0] >= 30 * 512 * 512 * 4

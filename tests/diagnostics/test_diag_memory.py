@@ -276,3 +276,10 @@ def test_native_memory_is_said_only_when_the_growth_went_on_through_an_empty_win
     # a recording made before the field: as it always read
     (h,) = findings(_empty_window(short_leak(2.0, steps=300), None).engine(), "host-memory-growth")
     assert "what grows is native memory" in h.advice
+
+
+def test_a_later_window_that_found_nothing_never_hides_the_line_found():
+    run = _with_sites(short_leak(2.0, steps=300), "train.py:48", "all_logits.append(logits)", "tensors")
+    _empty_window(run, 2 * MiB, step_to=400)  # a retry that saw too little
+    (f,) = findings(run.engine(), "host-memory-growth")
+    assert f.evidence["grows_at"] == "train.py:48" and "allocated at train.py:48" in f.message

@@ -221,7 +221,9 @@ class LeakDoctor:
             w["started"] = True
             w["snap"] = None if w["light"] else tracemalloc.take_snapshot()
             w["tensors"] = _tensor_mark()
-            w["containers"] = _containers()
+            if self._roots is None:
+                self._roots = _library_roots()
+            w["containers"] = _containers(self._roots)
             w["t1"], w["step1"], w["rss1"] = now, step, self._rss()
             return ()
         if now - w["t0"] < WINDOW_S and not early and not self._enough(w, now):
@@ -453,7 +455,10 @@ def _names(container: Any, frames: list[Any]) -> list[str]:
     if names:
         return names
     main = sys.modules.get("__main__")
-    scopes = [dict(f.f_locals) for f in frames] + ([dict(vars(main))] if main is not None else [])
+    modules = {id(f.f_globals): f.f_globals for f in frames}  # the globals of the script's modules
+    if main is not None:
+        modules.setdefault(id(vars(main)), vars(main))
+    scopes = [dict(f.f_locals) for f in frames] + [dict(g) for g in modules.values()]
     for scope in scopes:
         names += [k for k, v in scope.items() if v is container and isinstance(k, str)]
     if names:
@@ -492,13 +497,53 @@ def _python_on_tf_threads() -> bool:
 
 
 _MIN_GROWN_ITEMS = 8  # entries a container must gain in the window to be looked at
+_HOLDER_TRIES = 4  # containers that gained the most, looked up for the script's line
 
 
-def _containers() -> list[tuple[Any, int]]:
-    """Every list and dict of ``_HOLDER_SAMPLE`` entries or more, with its length (one gc pass at
-    a window's start; held until its end)."""
-    return [(o, len(o)) for o in gc.get_objects()
-            if (type(o) is list or type(o) is dict) and len(o) >= _HOLDER_SAMPLE]
+def _containers(roots: tuple[str, ...] | None = None) -> list[tuple[Any, int]]:
+    """Every list and dict of ``_HOLDER_SAMPLE`` entries or more, with its length, held from a
+    window's start to its end: those the garbage collector tracks (one pass), and those the
+    script's names hold (its running frames' locals, its globals, their objects' attributes): a
+    dict whose keys and values are all untracked (ints to NumPy arrays, a memo) is untracked by
+    CPython itself, so no gc pass lists it."""
+    out = [(o, len(o)) for o in gc.get_objects()
+           if (type(o) is list or type(o) is dict) and len(o) >= _HOLDER_SAMPLE]
+    seen = {id(o) for o, _ in out}
+    for o in _script_held(roots if roots is not None else _library_roots()):
+        if id(o) not in seen:
+            seen.add(id(o))
+            out.append((o, len(o)))
+    return out
+
+
+def _script_held(roots: tuple[str, ...]) -> list[Any]:
+    """The lists and dicts of ``_HOLDER_SAMPLE`` entries or more that the script's names hold,
+    directly or as an attribute of an object they hold."""
+    frames = []
+    for top in sys._current_frames().values():
+        frame: Any = top
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not name.startswith(roots) and not name.startswith("<") and name != __file__:
+                frames.append(frame)
+            frame = frame.f_back
+    main = sys.modules.get("__main__")
+    modules = {id(f.f_globals): f.f_globals for f in frames}  # the script's modules' globals
+    if main is not None:
+        modules.setdefault(id(vars(main)), vars(main))
+    scopes = [dict(f.f_locals) for f in frames] + [dict(g) for g in modules.values()]
+    del frames, modules
+    found = []
+    for scope in scopes:
+        for v in scope.values():
+            if (type(v) is list or type(v) is dict) and len(v) >= _HOLDER_SAMPLE:
+                found.append(v)
+            elif not isinstance(v, type):
+                d = getattr(v, "__dict__", None)
+                if type(d) is dict:
+                    found += [a for a in d.values()
+                              if (type(a) is list or type(a) is dict) and len(a) >= _HOLDER_SAMPLE]
+    return found
 
 
 def _item_bytes(item: Any) -> tuple[int, bool]:
@@ -521,8 +566,7 @@ def _with_containers(sites: AllocationSites, start: list[tuple[Any, int]],
     under a strategy) and Python allocations on TensorFlow's threads are invisible to
     tracemalloc, or it did not run. Entries added at the end (a list's append, a dict's new keys,
     which keep insertion order); their bytes from up to ``_HOLDER_SAMPLE`` of them."""
-    best: Any = None
-    best_bytes, best_n, best_numpy = 0, 0, False
+    grew: list[tuple[int, int, bool, Any]] = []  # (bytes gained, entries gained, NumPy's, container)
     for o, n0 in start:
         gained = len(o) - n0
         if gained < _MIN_GROWN_ITEMS:
@@ -531,13 +575,18 @@ def _with_containers(sites: AllocationSites, start: list[tuple[Any, int]],
         stride = max(1, len(items) // _HOLDER_SAMPLE)
         sample = [_item_bytes(x) for x in items[::stride][:_HOLDER_SAMPLE]]
         grown = sum(b for b, _ in sample) * len(items) // len(sample)
-        if grown > best_bytes:
-            best, best_bytes, best_n, best_numpy = o, grown, len(items), any(n for _, n in sample)
+        if grown >= _MIN_SITE_BYTES:
+            grew.append((grown, len(items), any(n for _, n in sample), o))
     del start
-    if best is None or best_bytes < _MIN_SITE_BYTES:
-        return sites
-    where = _line_of_holder(best, roots, site_files)
-    del best
+    # the largest whose line is found: TensorFlow's and Keras' own containers have none
+    grew.sort(key=lambda g: -g[0])
+    where = None
+    best_bytes, best_n, best_numpy = 0, 0, False
+    for best_bytes, best_n, best_numpy, holder in grew[:_HOLDER_TRIES]:  # noqa: B007  (the one found is kept)
+        where = _line_of_holder(holder, roots, site_files)
+        if where is not None:
+            break
+    del grew
     if where is None:
         return sites
     site = f"{os.path.basename(where[0])}:{where[1]}"

@@ -177,7 +177,8 @@ class Engine:
         elif isinstance(msg, Pipeline):
             w.on_pipeline(msg)
         elif isinstance(msg, AllocationSites):
-            w.allocations = msg
+            if msg.sites or w.allocations is None or not w.allocations.sites:
+                w.allocations = msg  # a later window that found nothing never hides a line found
         elif isinstance(msg, HostSites):
             w.host_sites = msg
         elif isinstance(msg, InputStages):
