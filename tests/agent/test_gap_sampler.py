@@ -1,7 +1,8 @@
 """The gap sampler: another thread's stack, sampled from outside, charged to the script's line.
 
 A real thread runs the work (this test file is the "script": it is under no library root) while
-the test, as the agent's thread would, samples it; no TensorFlow."""
+the test, as the agent's thread would, samples it. NumPy comes with TensorFlow (not with tpuwatch):
+the tests that use it are marked ``tf``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import itertools
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from tpuwatch.agent.gap_sampler import GapSampler
@@ -23,13 +23,17 @@ def _line_of(text: str) -> str:
 
 
 def batches(rng, stop):
+    import numpy as np
+
     while not stop.is_set():
         image = rng.random((96, 96, 3)).astype(np.float32)  # NumPy builds each batch
         yield image[::-1] * rng.uniform(0.8, 1.2) + rng.uniform(-0.1, 0.1)
 
 
 def numpy_fed_loop(stop):
-    rng = np.random.default_rng(0)
+    import numpy
+
+    rng = numpy.random.default_rng(0)
     for _batch in batches(rng, stop):  # the loop that consumes the generator
         pass
 
@@ -69,6 +73,7 @@ def _sampled(tmp_path, target, n=60, state=lambda: "gap", step=None):
     return sampler, msg
 
 
+@pytest.mark.tf
 def test_a_generator_building_batches_with_numpy_is_charged_to_its_line_and_its_consumer(tmp_path):
     _, msg = _sampled(tmp_path, numpy_fed_loop)
     assert isinstance(msg, HostSites) and msg.samples == 60 and msg.script_samples == 60

@@ -1,10 +1,11 @@
 """The leak doctor charges growth to the line that keeps it: tracemalloc sees where the bytes were
 made (``out = normalise(batch)``), the fix edits where they are kept (``seen[key] = out``); and a
-container that gained arrays names its line where tracemalloc sees nothing. No TensorFlow."""
+container that gained arrays names its line where tracemalloc sees nothing. No TensorFlow; NumPy
+comes with it (not with tpuwatch), so the tests with arrays are marked ``tf``."""
 
 from __future__ import annotations
 
-import numpy as np
+import pytest
 
 from tpuwatch.agent import leak_doctor
 from tpuwatch.protocol import AllocationSites
@@ -62,13 +63,16 @@ def test_the_line_that_stores_an_allocations_result_is_found_in_its_block(tmp_pa
 
 class Keeper:
     def __init__(self):
-        self.snapshots = [np.zeros(1) for _ in range(20)]
+        self.snapshots = [[0.0] for _ in range(20)]
 
     def on_batch_end(self, weights):
         self.snapshots.append([w.copy() for w in weights])
 
 
+@pytest.mark.tf
 def test_a_container_that_gained_arrays_in_the_window_is_charged_to_the_line_that_adds_to_it():
+    import numpy as np
+
     # NumPy arrays whose buffers TensorFlow allocated (get_weights() under a strategy), or
     # Python's allocations on TensorFlow's threads (where tracemalloc stays off), are invisible
     # to tracemalloc: the container that grew says where they are kept
@@ -98,10 +102,13 @@ def remember(batch):
     return out
 
 
+@pytest.mark.tf
 def test_a_dict_the_garbage_collector_does_not_track_is_found_through_the_scripts_names():
     # ints to NumPy arrays: CPython untracks such a dict, so no gc pass lists it (a memo on
     # tf.data's threads came without its line)
     import gc
+
+    import numpy as np
 
     for _ in range(20):
         remember(np.ones(16))
