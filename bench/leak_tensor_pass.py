@@ -1,6 +1,7 @@
 """What the leak doctor's tensor diff costs: reading TensorFlow's tensor counter at the start of
 its window, and the ``gc.get_objects()`` pass at its end (the tensors made since, their bytes, the
-container holding them, its name and the line that adds to it), in a process with TensorFlow, a
+container holding them, its name and the line that adds to it), and the container diff's passes
+(the lists and dicts at the window's start; at its end, the one that gained the most bytes), in a process with TensorFlow, a
 Keras model and ``--kept`` tensors in a list. Both hold the GIL: the training thread waits that
 long, once per window (at most two windows a run). Prints milliseconds; no asserts.
 
@@ -36,21 +37,32 @@ def main() -> None:
                             step_time_before_s=None, sites=(), grown_bytes=(), blocks=(), kinds=(), code=())
     roots = leak_doctor._library_roots()  # computed once per run by the doctor
     starts, ends = [], []
+    container_starts, container_ends = [], []  # the container diff's two passes
     for _ in range(args.repeats):
         all_logits: list = []
         t0 = time.perf_counter()
         before = leak_doctor._tensor_mark()
         starts.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        held = leak_doctor._containers(roots)
+        container_starts.append(time.perf_counter() - t0)
         for _ in range(args.kept):
             all_logits.append(model(x))  # the line the pass must find
         t0 = time.perf_counter()
         found = leak_doctor._with_tensors(empty, before, roots, [__file__])
         ends.append(time.perf_counter() - t0)
         assert found.kinds[:1] == ("tensors",), found
+        t0 = time.perf_counter()
+        leak_doctor._with_containers(found, held, roots, [__file__])
+        container_ends.append(time.perf_counter() - t0)
+        del held
     print(f"gc-tracked objects: {len(gc.get_objects())}; kept tensors per window: {args.kept}; "
           f"found at {found.sites[0]} (+{found.grown_bytes[0] / 2**20:.0f} MiB)")
     print(f"start (counter read): median {statistics.median(starts) * 1e3:.3f} ms; "
           f"end pass: median {statistics.median(ends) * 1e3:.1f} ms (GIL held, once per window)")
+    print(f"container diff: start pass median {statistics.median(container_starts) * 1e3:.1f} ms, "
+          f"end median {statistics.median(container_ends) * 1e3:.1f} ms (GIL held, once per window); "
+          f"load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -298,6 +298,43 @@ class AllocationSites(Message):
     kinds: tuple[str, ...]
     code: tuple[str, ...]
     traced_bytes: int = 0  # all growth tracemalloc saw in the window (the script's or not)
+    #: RSS growth over the window (None: recorded before the field); a window with no step in it
+    #: is never sent
+    rss_grown_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class HostSites(Message):
+    """Where the training thread spends the time between step calls, by the script's lines: the
+    agent's sampler thread looks at the training thread's stack (``sys._current_frames``) at its
+    sample rate and, when no step call is under way and the process is training, charges the
+    sample to the innermost frame of the script (or of a module of the user's). Counts are over the
+    whole run so far; one message every few seconds while they change.
+
+    One entry per site in each tuple, most samples first (at most 8). ``samples`` are all the
+    samples taken between steps, ``script_samples`` those a frame of the script's was on the stack
+    for (the rest were Keras' or TensorFlow's own code), ``step_samples`` those taken while a step
+    call ran. ``kinds`` says what the line spends its time on: "numpy" (NumPy's code below it),
+    "tensor read" (a tensor read back to the host: ``.numpy()``, ``get_weights()``), "logging"
+    (``print``, ``logging``, a file write), "python" (the script's own code). ``roles`` says where
+    the line runs: "generator" (a Python generator of the script's making the batches: ``callers``
+    holds the line that consumes it), "callback" (a Keras callback's method: ``callers`` holds
+    its ``Class.method``), or "loop".
+    """
+
+    kind: ClassVar[str] = "host_sites"
+    t: float
+    samples: int
+    script_samples: int
+    step_samples: int
+    sample_interval_s: float
+    sites: tuple[str, ...]  # "train.py:71"
+    counts: tuple[int, ...]
+    kinds: tuple[str, ...]
+    roles: tuple[str, ...]
+    functions: tuple[str, ...]  # the script function the line is in
+    callers: tuple[str, ...]
+    code: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -671,6 +708,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     Retrace,
     Pipeline,
     AllocationSites,
+    HostSites,
     InputStages,
     SlowSteps,
     Epoch,

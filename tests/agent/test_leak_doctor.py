@@ -89,6 +89,31 @@ def test_tensors_kept_in_a_tuple_per_step_are_charged_to_the_lists_append_line()
     assert found.kinds == ("tensors",)
 
 
+def test_per_replica_outputs_kept_in_a_list_are_charged_to_the_append_line():
+    # a strategy's step returns a PerReplica per output: its tensors sit in the value's _values,
+    # one level down from the list (before: the tensors were counted, the line "not found")
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    except RuntimeError:
+        pass  # this process's devices were set up by an earlier test: use what it has
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    strategy = tf.distribute.MirroredStrategy(devices)
+    step = tf.function(lambda: strategy.run(lambda: tf.ones((128, 256)) * 2.0))
+
+    def fill(end):
+        per_step = []
+        for _ in range(40):
+            per_step.append(step())
+        end()
+
+    found = _window(fill)
+    assert found.sites == (_line("per_step.append(step())"),), found
+    assert found.kinds == ("tensors",) and found.blocks[0] >= 35 * len(devices)
+
+
 def test_tensors_made_where_tensors_alive_at_the_start_died_are_still_new():
     # CI, oldest pair, 2026-11-26: tensors an earlier test left in a cycle were alive when the
     # window started and freed by a gc during it; the new tensors took their addresses, and an
@@ -302,3 +327,34 @@ def test_no_window_opens_while_a_profile_is_captured():
         assert tracemalloc.is_tracing()
     finally:
         tracemalloc.stop()
+
+
+def test_a_window_that_saw_no_step_is_no_evidence_and_the_next_climb_opens_another():
+    # a window that opened as an epoch ended (no step ran in its 3 s) found nothing, counted, and
+    # none opened again: the finding said "native memory" for NumPy arrays kept per step
+    import tracemalloc
+
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    try:
+        for _ in range(leak_doctor.RISE_SAMPLES + 1):
+            _rising(doctor, agent, t, rss)
+        assert tracemalloc.is_tracing()
+        for _ in range(int(leak_doctor.WINDOW_S / 0.5) + 2):  # the window's 3 s: no step, RSS flat
+            t[0] += 0.5
+            assert list(doctor()) == []
+        assert not tracemalloc.is_tracing()  # it closed, sending nothing
+        kept = []
+        found: list = []
+        for _ in range(40):  # the steps go on, and so does the growth
+            kept.extend(bytearray(1 << 20) for _ in range(30))
+            found = _rising(doctor, agent, t, rss)
+            if found:
+                break
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+    (sites,) = found
+    assert sites.step_to > sites.step_from and sites.grown_bytes[0] >= 30 << 20
+    assert sites.rss_grown_bytes is not None and sites.rss_grown_bytes > 0
+    assert agent.emitted == []

@@ -3,6 +3,7 @@
 import pytest
 from diag_synthetic import GiB, MiB, SyntheticRun, findings
 
+from tpuwatch.monitor.diagnostics.memory import ADVICE
 from tpuwatch.protocol import AllocationSites, Pipeline
 
 
@@ -254,3 +255,31 @@ def test_tensors_kept_by_an_unknown_line_are_said_so():
     assert "grows_at" not in f.evidence and f.evidence["tensors_grown"] == 160
     assert "160 tensors (+40 MB)" in f.advice and "was not found" in f.advice
     assert "allocated at" not in f.message
+
+
+def _empty_window(run: SyntheticRun, rss_grown: int | None, step_to: int = 300) -> SyntheticRun:
+    run.emit(AllocationSites(t=run.t, window_s=3.0, step_from=150, step_to=step_to, step_time_inside_s=0.012,
+                             step_time_before_s=0.007, sites=(), grown_bytes=(), blocks=(), kinds=(), code=(),
+                             rss_grown_bytes=rss_grown))
+    run.steps(100)
+    return run
+
+
+def test_native_memory_is_said_only_when_the_growth_went_on_through_an_empty_window():
+    # 2 MiB a step: 150 steps in the window expect ~300 MiB of growth
+    (f,) = findings(_empty_window(short_leak(2.0, steps=300), 280 * MiB).engine(), "host-memory-growth")
+    assert "what grows is native memory" in f.advice and "+280 MB meanwhile" in f.advice
+    # the window saw little of it (the growth paused while it sampled): no verdict on the cause
+    (g,) = findings(_empty_window(short_leak(2.0, steps=300), 4 * MiB).engine(), "host-memory-growth")
+    assert "native memory" not in g.advice and "saw too little growth to name its line" in g.advice
+    assert g.advice.endswith(ADVICE)
+    # a recording made before the field: as it always read
+    (h,) = findings(_empty_window(short_leak(2.0, steps=300), None).engine(), "host-memory-growth")
+    assert "what grows is native memory" in h.advice
+
+
+def test_a_later_window_that_found_nothing_never_hides_the_line_found():
+    run = _with_sites(short_leak(2.0, steps=300), "train.py:48", "all_logits.append(logits)", "tensors")
+    _empty_window(run, 2 * MiB, step_to=400)  # a retry that saw too little
+    (f,) = findings(run.engine(), "host-memory-growth")
+    assert f.evidence["grows_at"] == "train.py:48" and "allocated at train.py:48" in f.message

@@ -272,6 +272,13 @@ def _line_of(script: Path, text: str) -> int:
     ("leak_dict_cache.py", "outputs_by_step[step] = logits.numpy()", "tensorflow"),  # a dict cache
     # a list of the tensors a step returned: TF's buffers, which tracemalloc does not see
     ("leak_tensor_list.py", "all_logits.append(logits)", "tensors"),
+    # under MirroredStrategy: a callback's NumPy copies of the weights (2 replicas, fit), and a
+    # custom loop's list of the PerReplica logits strategy.run returned
+    ("leak_mirrored_weights.py", "self.seen.append(self.model.get_weights())", "tensorflow"),
+    ("leak_replica_logits.py", "outputs.append(logits)", "tensors"),
+    # a memo on tf.data's threads (tf.numpy_function): the line that keeps each batch, not the one
+    # that made it
+    ("leak_numpy_function_memo.py", "seen[len(seen)] = out", "numpy"),
 ])
 def test_the_leak_finding_names_the_line_that_allocates_and_its_edit_ends_the_leak(
         tmp_path, script, line_text, kind):

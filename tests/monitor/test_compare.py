@@ -121,3 +121,68 @@ def test_wall_time_and_every_ledger_bucket_side_by_side_with_differences(tmp_pat
     # a bucket row carries both runs' seconds and their difference
     (row,) = [ln for ln in text.splitlines() if ln.strip().startswith("training (ideal)")]
     assert len(row.split()) >= 5, row
+
+
+def _timed_run(tmp_path, name: str, step_time_s: float, seed: int):
+    msgs = [mr.hello(mr.T0), mr.topology(mr.T0), *mr.steps(300, t0=mr.T0 + 1, step_time_s=step_time_s, seed=seed)]
+    return write_run(tmp_path / name, msgs)
+
+
+def test_max_regression_gates_on_the_median_and_its_interval(tmp_path):
+    # B's steps are 20 % longer than A's (each jittered by +-5 %): past a 5 % bound, within 30 %,
+    # and at 19 % the difference is past the bound but its interval reaches it: not proven
+    a, b = _timed_run(tmp_path, "a", 0.050, 1), _timed_run(tmp_path, "b", 0.060, 2)
+    slow = _cli(a, b, "--max-regression", "5")
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    last = slow.stdout.strip().splitlines()[-1]
+    assert last.startswith("compare --max-regression 5%: REGRESSION: B's step-time median") and "95% CI +" in last
+    assert _cli(a, b, "--max-regression", "30").stdout.strip().splitlines()[-1].endswith("within 30%")
+    assert _cli(a, b, "--max-regression", "30").returncode == 0
+    edge = _cli(a, b, "--max-regression", "19.9", "--format", "json")
+    verdict = json.loads(edge.stdout)["gate"]
+    assert verdict["ci95_low_pct"] < 19.9 < verdict["relative_pct"], verdict
+    assert (edge.returncode, verdict["verdict"], verdict["exit_code"]) == (0, "ok", 0)
+    assert "not a proven regression" in edge.stderr.strip()  # JSON on stdout, the line on stderr
+    # faster is never a regression; the JSON carries the verdict
+    fast = _cli(b, a, "--max-regression", "0", "--format", "json")
+    assert fast.returncode == 0 and json.loads(fast.stdout)["gate"]["verdict"] == "ok"
+    proven = json.loads(_cli(a, b, "--max-regression", "5", "--format", "json").stdout)["gate"]
+    assert proven["verdict"] == "regression" and proven["exit_code"] == 1 and proven["ci95_low_pct"] > 5
+
+
+def test_max_regression_refuses_what_it_cannot_judge_in_one_line(tmp_path):
+    a, b = _timed_run(tmp_path, "a", 0.05, 1), _timed_run(tmp_path, "b", 0.05, 2)
+    three = _cli(a, b, a, "--max-regression", "5")
+    assert three.returncode == 2 and "exactly two runs" in three.stderr and three.stderr.count("\n") == 1
+    negative = _cli(a, b, "--max-regression", "-1")
+    assert negative.returncode == 2 and "a percentage of 0 or more" in negative.stderr
+    empty = write_run(tmp_path / "w", [mr.hello()])
+    r = _cli(a, empty, "--max-regression", "5")
+    assert r.returncode == 2 and r.stdout.strip().splitlines()[-1].endswith("has fewer than 2 step records")
+
+
+def _report(findings: list[dict], rss: int, device: int) -> dict:
+    return {"run": {"id": "r", "status": "finished", "script": "train.py"}, "ledger": {},
+            "summary": {"steps": 10, "memory": {"host_rss_peak_bytes": rss,
+                                                "devices": [{"device": "CPU:0", "peak_bytes": device}]}},
+            "findings": findings}
+
+
+def test_memory_peaks_and_a_finding_that_changed_severity_and_size_are_shown(tmp_path):
+    leak = {"rule": "host-memory-growth", "severity": "critical", "message": "grows", "worker": "h:1",
+            "evidence": {"mib_per_step": 83}}
+    fixed = {**leak, "severity": "warning", "evidence": {"mib_per_step": 3.1}}
+    jitter = {"rule": "step-time-jitter", "severity": "info", "message": "p95", "evidence": {"p95_over_p50": 2.1}}
+    runs = [compare.RunData("A", _report([leak, jitter], int(6.82 * 2**30), 2**20)),
+            compare.RunData("B", _report([fixed, jitter], int(1.54 * 2**30), 2**20))]
+    data = compare.compare(runs)
+    (changed,) = data["findings_changed"]  # the jitter finding did not change
+    assert changed["text"] == "host-memory-growth critical +83 MiB/step -> warning +3.1 MiB/step"
+    assert data["findings_only_in_one"] == []
+    figs = {r["label"]: r["figures"] for r in data["runs"]}
+    assert (figs["A"]["host_rss_peak_bytes"], figs["B"]["device_peak_bytes"]) == (int(6.82 * 2**30), 2**20)
+    text = compare.render_text(data)
+    (row,) = [ln for ln in text.splitlines() if ln.strip().startswith("host RSS peak")]
+    assert row.split()[3:] == ["6.82", "GiB", "1.54", "GiB", "-5.28", "GiB", "(-77%)"], row
+    assert "Findings that changed\n  host-memory-growth critical +83 MiB/step -> warning +3.1 MiB/step (A -> B)" in text
+    assert "the runs have the same findings, which changed as above" in text

@@ -273,3 +273,42 @@ def test_a_read_books_the_unread_steps_of_its_own_function_only():
                             function="train_step"))
     tl.exit(0.1)
     assert ledger_of(tl.msgs).buckets["input_wait"] == pytest.approx(100 * 0.05, rel=0.01)
+
+
+def test_the_measured_input_wait_of_the_step_that_traced_is_input_wait_not_compiling():
+    # a fit whose first batch waited 8.6 s for its shuffle buffer: that call traced too, and the
+    # whole call was booked as compiling
+    tl = Timeline()
+    tl.wait(2.0)
+    tl.steps(1, 10.0, wait_s=8.6, retrace_first=True)  # 8.6 s waiting for the batch, 1.4 s tracing
+    tl.steps(100, 0.010, wait_s=0.0, gap_s=0.001)
+    tl.phase("finishing")
+    tl.exit(0.5)
+    b = ledger_of(tl.msgs).buckets
+    assert b["input_wait"] == pytest.approx(8.6, abs=0.01)
+    assert b["compiling"] == pytest.approx(10.0 - 8.6 - 0.010, abs=0.01)
+    assert b["training"] == pytest.approx(101 * 0.010, rel=0.01)
+
+
+def test_python_after_the_last_step_is_host_until_the_script_returns():
+    # fit returned (its iterator's teardown, then the script's own Python) 20 s before main did:
+    # that was "finishing", while the live phase said host
+    tl = Timeline()
+    tl.wait(1.0)
+    tl.steps(50, 0.010, gap_s=0.001)
+    tl.wait(12.0)  # after the last step, the script still runs
+    tl.phase("evaluating", "predict_step")
+    tl.wait(8.0)  # predict
+    tl.phase("host")
+    tl.wait(1.0)
+    tl.phase("finishing")  # main returned
+    tl.exit(0.7)
+    b = ledger_of(tl.msgs).buckets
+    assert b["host"] == pytest.approx(12.0 + 1.0 + 49 * 0.001, abs=0.01)
+    assert b["evaluating"] == pytest.approx(8.0, abs=0.01)
+    assert b["finishing"] == pytest.approx(0.7, abs=0.01)
+    assert ledger_of(tl.msgs).host_after_last_s == pytest.approx(13.0, abs=0.01)  # not between steps
+    # a recording without the agent's finishing phase (a run killed, an older agent): as before
+    old = [m for m in tl.msgs if not (isinstance(m, Phase) and m.phase == "finishing")]
+    b = ledger_of(old).buckets
+    assert b["finishing"] == pytest.approx(12.0 + 1.0 + 0.7, abs=0.01) and b["evaluating"] == pytest.approx(8.0)

@@ -32,6 +32,7 @@ adds to that name (``NAME.append(`` / ``NAME[key] =``); that line is a site of k
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import linecache
 import os
@@ -63,6 +64,7 @@ MIN_WINDOW_S = 1.0
 ENOUGH_BYTES = 2 * RISE_MIN_BYTES
 FRAMES = 8  # frames kept per allocation: enough to climb from NumPy code to the script's (cost grows with it)
 MAX_WINDOWS = 2
+MAX_RETRIES = 3  # windows with no evidence (no step ran, nothing grew) that do not count, a run
 MIN_GAP_S = 60.0  # between two windows
 TOP = 5
 _MIN_SITE_BYTES = 1 << 20  # sites that grew less are left out
@@ -118,6 +120,7 @@ class LeakDoctor:
         self._points: deque[tuple[float, int, int, int]] = deque(maxlen=RISE_SAMPLES + 1)
         self._base: int | None = None  # RSS once training was under way
         self._windows = 0
+        self._retries = 0  # windows that found no evidence and did not count
         self._last_window_t = -1e18
         self._window: dict[str, Any] | None = None
         self._roots: tuple[str, ...] | None = None
@@ -174,10 +177,17 @@ class LeakDoctor:
             return
         first_t, first_step, _, _ = self._points[0]
         before = (now - first_t) / (step - first_step) if step > first_step else None
-        tracemalloc.start(FRAMES)
+        # Python called from TensorFlow's threads (tf.numpy_function, py_function, from_generator)
+        # can free NumPy buffers while tracemalloc stops: this Python then dies by SIGSEGV (seen
+        # with a tf.numpy_function map, tracemalloc started and stopped on another thread, no
+        # tpuwatch at all). Such a window diffs tensors and containers only.
+        light = _python_on_tf_threads()
+        if not light:
+            tracemalloc.start(FRAMES)
         self._windows += 1
         self._last_window_t = now
-        self._window = {"t0": now, "step0": step, "before": before, "snap": None, "tensors": None}
+        self._window = {"t0": now, "step0": step, "before": before, "snap": None, "tensors": None,
+                        "light": light, "started": False, "containers": []}
 
     def close(self) -> None:
         """The script has ended (a shutdown hook): a window still open ends now, with what it
@@ -186,12 +196,13 @@ class LeakDoctor:
             w = self._window
             if w is None:
                 return
-            if w["snap"] is None or self.agent.global_step <= w["step1"]:
+            if not w["started"] or self.agent.global_step <= w["step1"]:
                 # no first snapshot yet, or no training step since it: nothing to charge to the
                 # training (what the script's teardown allocates is no leak)
                 import tracemalloc
 
-                tracemalloc.stop()
+                if not w["light"]:
+                    tracemalloc.stop()
                 self._window = None
                 return
             for msg in self._advance(self._clock(), self.agent.global_step, early=True):
@@ -206,26 +217,62 @@ class LeakDoctor:
 
         w = self._window
         assert w is not None
-        if w["snap"] is None:
-            w["snap"] = tracemalloc.take_snapshot()
+        if not w["started"]:
+            w["started"] = True
+            w["snap"] = None if w["light"] else tracemalloc.take_snapshot()
             w["tensors"] = _tensor_mark()
+            if self._roots is None:
+                self._roots = _library_roots()
+            w["containers"] = _containers(self._roots)
             w["t1"], w["step1"], w["rss1"] = now, step, self._rss()
             return ()
         if now - w["t0"] < WINDOW_S and not early and not self._enough(w, now):
             return ()
+        end = None
         try:
-            end = tracemalloc.take_snapshot()
+            if not w["light"]:
+                end = tracemalloc.take_snapshot()
         finally:
-            tracemalloc.stop()
+            if not w["light"]:
+                tracemalloc.stop()
             self._window = None
             self._points.clear()
+        if step <= w["step1"]:
+            # no step ran while it sampled (an epoch boundary, an evaluation, a save): no evidence
+            # either way; it does not count, and the next steps that climb open another
+            del end, w["containers"]
+            self._retry()
+            return ()
         inside = (now - w["t0"]) / (step - w["step0"]) if step > w["step0"] else None
-        sites = self._sites(w["snap"], end, now - w["t1"], w["step1"], step, inside, w["before"])
+        if end is not None:
+            sites = self._sites(w["snap"], end, now - w["t1"], w["step1"], step, inside, w["before"])
+        else:
+            sites = AllocationSites(t=self.agent.clock(), window_s=round(now - w["t1"], 3), step_from=w["step1"],
+                                    step_to=step, step_time_inside_s=inside, step_time_before_s=w["before"],
+                                    sites=(), grown_bytes=(), blocks=(), kinds=(), code=())
+        sites = dataclasses.replace(sites, rss_grown_bytes=self._rss() - w["rss1"])
+        if self._roots is None:
+            self._roots = _library_roots()
+        found = sites
         try:
-            return (_with_tensors(sites, w["tensors"], self._roots or (), self._site_files),)
+            found = _with_tensors(found, w["tensors"], self._roots, self._site_files)
         except Exception as e:  # noqa: BLE001  (a TF without what the pass reads: the Python sites still go)
             self.agent.probe_failed(PROBE + ".tensors", e)
-            return (sites,)
+        try:
+            found = _with_containers(found, w.pop("containers"), self._roots, self._site_files)
+        except Exception as e:  # noqa: BLE001  (a container that cannot be read: the other sites still go)
+            self.agent.probe_failed(PROBE + ".containers", e)
+        if not found.sites:
+            self._retry()  # nothing to charge: if the growth goes on, look again (not 60 s later)
+        return (found,)
+
+    def _retry(self) -> None:
+        """The window just closed found no evidence: it does not count against ``MAX_WINDOWS``
+        (at most ``MAX_RETRIES`` such a run), and the next one may open as soon as RSS climbs."""
+        if self._retries < MAX_RETRIES:
+            self._retries += 1
+            self._windows -= 1
+            self._last_window_t = -1e18
 
     def _enough(self, w: dict[str, Any], now: float) -> bool:
         grown: int = self._rss() - w["rss1"]
@@ -255,6 +302,7 @@ class LeakDoctor:
             entry = by_site.setdefault((user.filename, user.lineno), [0, 0, kind])
             entry[0] += d.size_diff
             entry[1] += max(d.count_diff, 0)
+        by_site = _at_storing_lines(by_site)
         top = sorted(by_site.items(), key=lambda kv: -kv[1][0])[:TOP]
         # every file the script grew in, small growth too: a list's own array grows where it is appended to
         self._site_files = [f for (f, _), _ in sorted(by_site.items(), key=lambda kv: -kv[1][1])]
@@ -267,6 +315,50 @@ class LeakDoctor:
             kinds=tuple(v[2] for _, v in top),
             code=tuple(linecache.getline(f, n).strip()[:_MAX_CODE] for (f, n), _ in top),
             traced_bytes=traced)
+
+
+_ASSIGNED = re.compile(r"^(?P<indent>\s*)(?P<name>[A-Za-z_]\w*)\s*=(?!=)")
+_STORE_SCAN_LINES = 30  # lines after an allocation searched for the line that keeps its result
+
+
+def _storing_line(path: str, lineno: int) -> int | None:
+    """The line after ``lineno`` (``NAME = ...``, an allocation) that adds ``NAME`` to a
+    container (``X.append(NAME)``, ``X[key] = NAME``), in the same block; None when there is
+    none. The allocation is where the bytes were made, the store is what keeps them (and the line
+    the fix edits): a memo that normalises a batch and keeps it."""
+    lines = linecache.getlines(path)
+    if not 0 < lineno <= len(lines):
+        return None
+    m = _ASSIGNED.match(lines[lineno - 1])
+    if m is None:
+        return None
+    name, indent = re.escape(m["name"]), len(m["indent"])
+    store = re.compile(rf"(?<![\w.])[A-Za-z_][\w.]*\s*(?:\.\s*(?:append|appendleft|insert|add)\s*"
+                       rf"\((?:[^()]*,\s*)?{name}\s*\)|\[[^\]]+\]\s*=\s*{name}\s*$)")
+    for n in range(lineno, min(len(lines), lineno + _STORE_SCAN_LINES)):
+        text = lines[n].split("#", 1)[0].rstrip()
+        if not text.strip():
+            continue
+        if len(text) - len(text.lstrip()) < indent:
+            return None  # the block ended
+        if store.search(text):
+            return n + 1
+    return None
+
+
+def _at_storing_lines(by_site: dict[tuple[str, int], list[Any]]) -> dict[tuple[str, int], list[Any]]:
+    """``by_site`` with each allocation moved to the line that stores its result, where one does."""
+    out: dict[tuple[str, int], list[Any]] = {}
+    for (path, lineno), entry in by_site.items():
+        stored = _storing_line(path, lineno)
+        key = (path, stored) if stored is not None else (path, lineno)
+        have = out.get(key)
+        if have is None:
+            out[key] = list(entry)
+        else:
+            have[0] += entry[0]
+            have[1] += entry[1]
+    return out
 
 
 _MAX_TENSORS = 256  # new tensors whose bytes are read (the rest extrapolated: ~40 us each)
@@ -322,12 +414,36 @@ def _holder(candidates: list[Any], sample: list[Any]) -> Any:
         held = len(want.intersection(map(id, items)))  # in C: no __eq__
         if held * 2 < len(sample):
             for item in items:
-                tp = type(item)
-                if tp is tuple or (tp is dict and len(item) < _HOLDER_SAMPLE):
-                    held += len(want.intersection(map(id, item.values() if tp is dict else item)))
+                inner = _inner(item)
+                if inner:
+                    held += len(want.intersection(map(id, inner)))
+                    for sub in inner:  # a tuple of per-replica values: (loss, logits) under a strategy
+                        per_replica = _replica_values(sub)
+                        if per_replica:
+                            held += len(want.intersection(map(id, per_replica)))
         if held > most:
             best, most = r, held
     return best if most * 2 >= len(sample) else None
+
+
+def _replica_values(item: Any) -> tuple[Any, ...]:
+    """A tf.distribute value's per-replica tensors (``PerReplica._values``: a strategy's step
+    returns one per output), read from the instance's own dict (no attribute lookup that could
+    run the object's code); () for anything else."""
+    d = getattr(item, "__dict__", None) if not isinstance(item, type) else None
+    values = d.get("_values") if type(d) is dict else None
+    return values if type(values) is tuple and len(values) <= _HOLDER_SAMPLE else ()
+
+
+def _inner(item: Any) -> tuple[Any, ...] | list[Any]:
+    """What one step's entry holds directly: a tuple's items, a small dict's values, a
+    tf.distribute value's per-replica tensors."""
+    tp = type(item)
+    if tp is tuple:
+        return tuple(item)
+    if tp is dict and len(item) < _HOLDER_SAMPLE:
+        return list(item.values())
+    return _replica_values(item)
 
 
 def _names(container: Any, frames: list[Any]) -> list[str]:
@@ -339,7 +455,10 @@ def _names(container: Any, frames: list[Any]) -> list[str]:
     if names:
         return names
     main = sys.modules.get("__main__")
-    scopes = [dict(f.f_locals) for f in frames] + ([dict(vars(main))] if main is not None else [])
+    modules = {id(f.f_globals): f.f_globals for f in frames}  # the globals of the script's modules
+    if main is not None:
+        modules.setdefault(id(vars(main)), vars(main))
+    scopes = [dict(f.f_locals) for f in frames] + [dict(g) for g in modules.values()]
     for scope in scopes:
         names += [k for k, v in scope.items() if v is container and isinstance(k, str)]
     if names:
@@ -367,6 +486,144 @@ def _adding_line(names: list[str], files: list[str]) -> tuple[str, int] | None:
     return None
 
 
+def _python_on_tf_threads() -> bool:
+    """Whether the script has made a Python function TensorFlow calls from its own threads
+    (``tf.numpy_function``, ``tf.py_function``, ``Dataset.from_generator``: TensorFlow's
+    registry of them, a private name; absent: False)."""
+    ops = sys.modules.get("tensorflow.python.ops.script_ops")
+    registry = getattr(ops, "_py_funcs", None)
+    size = getattr(registry, "size", None)
+    return callable(size) and int(size()) > 0
+
+
+_MIN_GROWN_ITEMS = 8  # entries a container must gain in the window to be looked at
+_HOLDER_TRIES = 4  # containers that gained the most, looked up for the script's line
+
+
+def _containers(roots: tuple[str, ...] | None = None) -> list[tuple[Any, int]]:
+    """Every list and dict of ``_HOLDER_SAMPLE`` entries or more, with its length, held from a
+    window's start to its end: those the garbage collector tracks (one pass), and those the
+    script's names hold (its running frames' locals, its globals, their objects' attributes): a
+    dict whose keys and values are all untracked (ints to NumPy arrays, a memo) is untracked by
+    CPython itself, so no gc pass lists it."""
+    out = [(o, len(o)) for o in gc.get_objects()
+           if (type(o) is list or type(o) is dict) and len(o) >= _HOLDER_SAMPLE]
+    seen = {id(o) for o, _ in out}
+    for o in _script_held(roots if roots is not None else _library_roots()):
+        if id(o) not in seen:
+            seen.add(id(o))
+            out.append((o, len(o)))
+    return out
+
+
+def _script_held(roots: tuple[str, ...]) -> list[Any]:
+    """The lists and dicts of ``_HOLDER_SAMPLE`` entries or more that the script's names hold,
+    directly or as an attribute of an object they hold."""
+    frames = []
+    for top in sys._current_frames().values():
+        frame: Any = top
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not name.startswith(roots) and not name.startswith("<") and name != __file__:
+                frames.append(frame)
+            frame = frame.f_back
+    main = sys.modules.get("__main__")
+    modules = {id(f.f_globals): f.f_globals for f in frames}  # the script's modules' globals
+    if main is not None:
+        modules.setdefault(id(vars(main)), vars(main))
+    scopes = [dict(f.f_locals) for f in frames] + [dict(g) for g in modules.values()]
+    del frames, modules
+    found = []
+    for scope in scopes:
+        for v in scope.values():
+            if (type(v) is list or type(v) is dict) and len(v) >= _HOLDER_SAMPLE:
+                found.append(v)
+            elif not isinstance(v, type):
+                d = getattr(v, "__dict__", None)
+                if type(d) is dict:
+                    found += [a for a in d.values()
+                              if (type(a) is list or type(a) is dict) and len(a) >= _HOLDER_SAMPLE]
+    return found
+
+
+def _item_bytes(item: Any) -> tuple[int, bool]:
+    """(bytes, is NumPy's) of one entry a container gained: an array's buffer, a list or tuple
+    of arrays (``get_weights()``), else the object itself."""
+    nbytes = getattr(item, "nbytes", None) if type(item).__module__ == "numpy" else None
+    if isinstance(nbytes, int):
+        size = sys.getsizeof(item)  # an array that owns its buffer counts it; a view does not
+        return (size if size >= nbytes else size + nbytes), True
+    if type(item) in (list, tuple) and len(item) <= 4 * _HOLDER_SAMPLE:
+        parts = [_item_bytes(x) for x in item]
+        return sys.getsizeof(item) + sum(b for b, _ in parts), any(n for _, n in parts)
+    return sys.getsizeof(item), False
+
+
+def _with_containers(sites: AllocationSites, start: list[tuple[Any, int]],
+                     roots: tuple[str, ...], site_files: list[str]) -> AllocationSites:
+    """``sites`` with the list or dict that gained the most bytes in the window charged to the
+    line that adds to it: NumPy arrays whose buffers TensorFlow allocated (``get_weights()``
+    under a strategy) and Python allocations on TensorFlow's threads are invisible to
+    tracemalloc, or it did not run. Entries added at the end (a list's append, a dict's new keys,
+    which keep insertion order); their bytes from up to ``_HOLDER_SAMPLE`` of them."""
+    grew: list[tuple[int, int, bool, Any]] = []  # (bytes gained, entries gained, NumPy's, container)
+    for o, n0 in start:
+        gained = len(o) - n0
+        if gained < _MIN_GROWN_ITEMS:
+            continue
+        items = list(o.values())[n0:] if type(o) is dict else o[n0:]
+        stride = max(1, len(items) // _HOLDER_SAMPLE)
+        sample = [_item_bytes(x) for x in items[::stride][:_HOLDER_SAMPLE]]
+        grown = sum(b for b, _ in sample) * len(items) // len(sample)
+        if grown >= _MIN_SITE_BYTES:
+            grew.append((grown, len(items), any(n for _, n in sample), o))
+    del start
+    # the largest whose line is found: TensorFlow's and Keras' own containers have none
+    grew.sort(key=lambda g: -g[0])
+    where = None
+    best_bytes, best_n, best_numpy = 0, 0, False
+    for best_bytes, best_n, best_numpy, holder in grew[:_HOLDER_TRIES]:  # noqa: B007  (the one found is kept)
+        where = _line_of_holder(holder, roots, site_files)
+        if where is not None:
+            break
+    del grew
+    if where is None:
+        return sites
+    site = f"{os.path.basename(where[0])}:{where[1]}"
+    if site in sites.sites:
+        return sites  # tracemalloc or the tensor pass named it already
+    code = linecache.getline(where[0], where[1]).strip()[:_MAX_CODE]
+    rows = [(site, best_bytes, best_n, "numpy" if best_numpy else "python", code)] + list(
+        zip(sites.sites, sites.grown_bytes, sites.blocks, sites.kinds, sites.code))
+    rows = sorted(rows, key=lambda r: -r[1])[:TOP]
+    return dataclasses.replace(sites, sites=tuple(r[0] for r in rows), grown_bytes=tuple(r[1] for r in rows),
+                               blocks=tuple(r[2] for r in rows), kinds=tuple(r[3] for r in rows),
+                               code=tuple(r[4] for r in rows))
+
+
+def _line_of_holder(holder: Any, roots: tuple[str, ...], site_files: list[str]) -> tuple[str, int] | None:
+    """The script's line that adds to ``holder``: the names it is bound to, from the script's
+    running frames, its globals or an object they hold; the first line of the files the window
+    saw growing, the running frames' and the script's that adds to one of them."""
+    files = list(site_files)
+    frames = []
+    for top in sys._current_frames().values():
+        frame: Any = top
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not name.startswith(roots) and not name.startswith("<") and name != __file__:
+                files.append(name)
+                frames.append(frame)
+            frame = frame.f_back
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main:
+        files.append(os.path.abspath(main))
+    try:
+        return _adding_line(_names(holder, frames), list(dict.fromkeys(files)))
+    finally:
+        del frames
+
+
 def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None,
                   roots: tuple[str, ...], site_files: list[str]) -> AllocationSites:
     """``sites`` with the eager tensors that grew in the window charged to the line that keeps
@@ -392,23 +649,7 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None,
     big = [c for c in containers if len(c) >= count // 4]
     holder = _holder(big, sample)
     del containers, big, sample
-    where = None
-    if holder is not None:
-        files = list(site_files)
-        frames = []
-        for top in sys._current_frames().values():
-            frame: Any = top
-            while frame is not None:
-                name = frame.f_code.co_filename
-                if not name.startswith(roots) and not name.startswith("<") and name != __file__:
-                    files.append(name)
-                    frames.append(frame)
-                frame = frame.f_back
-        main = getattr(sys.modules.get("__main__"), "__file__", None)
-        if main:
-            files.append(os.path.abspath(main))
-        where = _adding_line(_names(holder, frames), list(dict.fromkeys(files)))
-        del frames
+    where = _line_of_holder(holder, roots, site_files) if holder is not None else None
     site = f"{os.path.basename(where[0])}:{where[1]}" if where else ""
     code = linecache.getline(where[0], where[1]).strip()[:_MAX_CODE] if where else ""
     kind = "scalar tensors" if scalars else "tensors"
@@ -421,7 +662,7 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None,
         step_time_inside_s=sites.step_time_inside_s, step_time_before_s=sites.step_time_before_s,
         sites=tuple(r[0] for r in rows), grown_bytes=tuple(r[1] for r in rows),
         blocks=tuple(r[2] for r in rows), kinds=tuple(r[3] for r in rows), code=tuple(r[4] for r in rows),
-        traced_bytes=sites.traced_bytes)
+        traced_bytes=sites.traced_bytes, rss_grown_bytes=sites.rss_grown_bytes)
 
 
 def install(agent: "Agent", patches: "Patches") -> LeakDoctor | None:

@@ -31,7 +31,7 @@ from tpuwatch.console.report import build_report
 from tpuwatch.monitor.diagnostics.robust_stats import median
 from tpuwatch.monitor.ledger import BUCKETS, LABELS
 from tpuwatch.protocol import Step
-from tpuwatch.units import UNKNOWN, fmt_duration, fmt_rate, fmt_seconds, percent
+from tpuwatch.units import UNKNOWN, fmt_duration, fmt_rate, fmt_seconds, percent, size
 
 #: Bootstrap resamples and the most steps resampled per run (evenly spaced beyond it).
 RESAMPLES = 1000
@@ -156,6 +156,8 @@ def _figures(r: RunData) -> dict[str, float | None]:
     ledger = r.report.get("ledger") or {}
     buckets = ledger.get("buckets_s") or {}
     wall = _num(ledger.get("wall_s"))  # the wall time the ledger's buckets add up to
+    memory = s.get("memory") or {}
+    peaks = [p for p in (_num(d.get("peak_bytes")) for d in memory.get("devices") or ()) if p is not None]
     return {
         "wall_time_s": wall if wall is not None else _num(r.run.get("duration_s")),
         "goodput": _num(ledger.get("goodput")),
@@ -167,6 +169,8 @@ def _figures(r: RunData) -> dict[str, float | None]:
         "input_wait_share": _num(s.get("input_wait_share")),
         "steps": _num(s.get("steps")),
         "last_loss": _num(s.get("last_loss")),
+        "host_rss_peak_bytes": _num(memory.get("host_rss_peak_bytes")),
+        "device_peak_bytes": max(peaks) if peaks else None,
     }
 
 
@@ -179,6 +183,8 @@ _ROWS: list[tuple[str, str]] = [
     ("examples_per_s", "examples/s"),
     ("input_wait_share", "input wait, of step time"),
     ("last_loss", "last loss"),
+    ("host_rss_peak_bytes", "host RSS peak"),
+    ("device_peak_bytes", "device memory peak (largest)"),
     ("goodput", "goodput, of wall time"),
     *((f"ledger_{b}_s", f"  {LABELS[b]}") for b in BUCKETS),
 ]
@@ -205,6 +211,8 @@ def _show(key: str, v: float | None) -> str:
         return percent(v)
     if key == "steps":
         return f"{v:,.0f}"
+    if key.endswith("_bytes"):
+        return size(v)
     return f"{v:.4g}"
 
 
@@ -217,6 +225,8 @@ def _delta(key: str, base: float | None, other: float | None) -> str:
     if key in ("last_loss",):
         return f"{d:+.4g}"
     rel = f" ({d / base:+.0%})" if base else ""
+    if key.endswith("_bytes"):
+        return ("+" if d > 0 else "-" if d < 0 else "±") + size(abs(d)) + rel
     if key == "steps" or abs(d) >= 100:
         return f"{d:+,.0f}{rel}"
     if key in ("wall_time_s", "step_time_p50_s", "step_time_p95_s") or key.startswith("ledger_"):
@@ -249,6 +259,27 @@ def _finding_keys(r: RunData) -> dict[tuple[str, str], dict[str, Any]]:
     for f in r.report.get("findings", ()):
         out.setdefault((f["rule"], (f.get("worker") or "") if several else ""), f)
     return out
+
+
+#: The evidence that says how large a finding is, per rule: (key, how it is written).
+_SIZES: dict[str, tuple[str, str]] = {
+    "host-memory-growth": ("mib_per_step", "+{} MiB/step"),
+    "input-bound": ("input_wait_pct", "{}% input wait"),
+    "host-bound": ("host_between_steps_pct", "{}% host between steps"),
+    "retrace-storm": ("excess_traces", "{} extra traces"),
+    "step-time-jitter": ("p95_over_p50", "p95 {}x p50"),
+}
+
+
+def _finding_size(f: dict[str, Any]) -> str:
+    """How large a finding is, in its rule's own figure ("+83 MiB/step"); "" for a rule without
+    one. A host-memory finding from the time fit gives MB/min."""
+    key, form = _SIZES.get(f["rule"], ("", ""))
+    ev = f.get("evidence") or {}
+    v = ev.get(key) if key else None
+    if v is None and f["rule"] == "host-memory-growth" and ev.get("slope_mb_per_min") is not None:
+        return f"+{ev['slope_mb_per_min']} MB/min"
+    return form.format(v) if v is not None else ""
 
 
 def compare(runs: list[RunData]) -> dict[str, Any]:
@@ -303,15 +334,62 @@ def compare(runs: list[RunData]) -> dict[str, Any]:
                     only.append({"only_in": who, "vs": r.label if who == base.label else base.label,
                                  "rule": f["rule"], "severity": f["severity"], "worker": key[1],
                                  "message": f["message"]})
+    changed = []
+    for r in runs[1:]:
+        other = _finding_keys(r)
+        for key, f in base_findings.items():
+            g = other.get(key)
+            if g is None:
+                continue
+            before, after = _finding_size(f), _finding_size(g)
+            if f["severity"] == g["severity"] and before == after:
+                continue
+            changed.append({
+                "base": base.label, "other": r.label, "rule": f["rule"], "worker": key[1],
+                "base_severity": f["severity"], "other_severity": g["severity"],
+                "base_size": before, "other_size": after,
+                "text": f"{f['rule']} {f['severity']}{' ' + before if before else ''} -> "
+                        f"{g['severity']}{' ' + after if after else ''}",
+                "base_message": f["message"], "other_message": g["message"]})
     return {
         "runs": [{"label": r.label, "id": r.run.get("id"), "dir": r.run.get("dir"),
                   "status": r.run.get("status"), "figures": figures[r.label]} for r in runs],
         "step_time_median_difference": medians,
         "findings_only_in_one": only,
+        "findings_changed": changed,
         "setting_differences": differences,
         "not_compared": notes,
         "losses": {r.label: sorted(r.losses.items()) for r in runs},
     }
+
+
+# --- the gate --------------------------------------------------------------------------------
+
+
+def gate(data: dict[str, Any], max_regression_pct: float) -> dict[str, Any]:
+    """The verdict of ``compare BASE NEW --max-regression PCT`` (two runs): "regression" (exit 1)
+    when NEW's step-time median is slower than BASE's by more than PCT % and the whole 95 %
+    interval of the difference lies above PCT %; "ok" (exit 0) otherwise; "not judged" (exit 2)
+    when either run has fewer than 2 step records. ``text``: one line for CI."""
+    (d,) = data["step_time_median_difference"]
+    head = f"compare --max-regression {max_regression_pct:g}%"
+    if not d["compared"] or not d["base_median_s"]:
+        return {"max_regression_pct": max_regression_pct, "verdict": "not judged", "exit_code": 2,
+                "text": f"{head}: not judged: {d['other']} or {d['base']} has fewer than 2 step records"}
+    base = d["base_median_s"]
+    rel, low, high = 100 * d["difference_s"] / base, 100 * d["ci95_low_s"] / base, 100 * d["ci95_high_s"] / base
+    figures = (f"{d['other']}'s step-time median {fmt_seconds(d['other_median_s'])} vs {d['base']}'s "
+               f"{fmt_seconds(base)}: {rel:+.1f}% (95% CI {low:+.1f}% .. {high:+.1f}%)")
+    regression = rel > max_regression_pct and low > max_regression_pct
+    if regression:
+        text = f"{head}: REGRESSION: {figures}, slower by more than {max_regression_pct:g}%"
+    elif rel > max_regression_pct:
+        text = f"{head}: ok: {figures}; the interval reaches {max_regression_pct:g}%, not a proven regression"
+    else:
+        text = f"{head}: ok: {figures}, within {max_regression_pct:g}%"
+    return {"max_regression_pct": max_regression_pct, "verdict": "regression" if regression else "ok",
+            "exit_code": 1 if regression else 0, "relative_pct": rel, "ci95_low_pct": low, "ci95_high_pct": high,
+            "text": text}
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -387,7 +465,12 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[str]]]:
     only = [f"only in {o['only_in']} (not {o['vs']}): [{o['severity']}] {o['rule']}"
             + (f" on {o['worker']}" if o["worker"] else "") + f": {o['message']}"
             for o in data["findings_only_in_one"]]
-    out.append(("Findings in one run only", only or ["none: the runs have the same findings"]))
+    changed = [f"{c['text']} ({c['base']} -> {c['other']})" + (f" on {c['worker']}" if c["worker"] else "")
+               for c in data["findings_changed"]]
+    if changed:
+        out.append(("Findings that changed", changed))
+    out.append(("Findings in one run only", only or [
+        "none: the runs have the same findings" + (", which changed as above" if changed else "")]))
     settings = [f"{d['setting']}: " + "; ".join(f"{k} {v or UNKNOWN}" for k, v in d["values"].items())
                 for d in data["setting_differences"]]
     out.append(("Differences in setup", settings or ["none"]))

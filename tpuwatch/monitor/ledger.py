@@ -10,8 +10,9 @@ Buckets (seconds), in :data:`BUCKETS` order:
 
 - ``starting``: launch (the process's creation, from the agent's first ``Phase``; else its
   ``Hello``) to the first step call, less evaluations and saves in between;
-- ``compiling``: the step calls that traced a function (a ``Retrace`` inside the call), less an
-  ideal step each; traces outside steps belong to the phase they happen in;
+- ``compiling``: the step calls that traced a function (a ``Retrace`` inside the call), less
+  their measured input wait and an ideal step each; traces outside steps belong to the phase
+  they happen in;
 - ``training``: productive step time, ideal step x steps;
 - ``above_ideal``: step time above the ideal (jitter, slow steps, contention), input wait excluded;
 - ``input_wait``: the step records' ``input_wait_s``; a record without one (the agent reads the
@@ -20,9 +21,11 @@ Buckets (seconds), in :data:`BUCKETS` order:
   of the latest one while none has come yet;
 - ``evaluating``, ``checkpointing``, ``iterator`` (a new iterator over a distributed dataset):
   the agent's phases between steps;
-- ``host``: the rest of the time between two steps (callbacks, logging, the script's Python);
+- ``host``: the rest of the time between two steps (callbacks, logging, the script's Python),
+  and after the last step until the script's main returns (the agent's ``finishing`` phase);
 - ``stalled``: host time inside the stall episodes the caller gives (the ``stall`` rule's);
-- ``finishing``: after the last step, outside evaluations and saves, to the exit;
+- ``finishing``: from the script's return to the exit (without the agent's ``finishing`` phase:
+  everything after the last step outside evaluations and saves);
 - ``unaccounted``: wall time less all of the above (overlaps of measured intervals; ~0).
 
 The *ideal step* is ml-goodput-measurement's: the mean of the step times at or below
@@ -60,7 +63,7 @@ LABELS: Mapping[str, str] = {
 #: The diagnostics rule that explains a bucket, when one does.
 RULE_OF: Mapping[str, str] = {
     "input_wait": "input-bound", "compiling": "retrace-storm", "stalled": "stall",
-    "above_ideal": "step-time-jitter",
+    "above_ideal": "step-time-jitter", "host": "host-bound",
 }
 
 _BIN = math.log(1.005)
@@ -82,6 +85,9 @@ class Ledger:
     ended: bool  # the run exited (else the ledger runs to the latest message)
     workers: int = 1
     per_worker: tuple[tuple[str, "Ledger"], ...] = field(default=())
+    #: Of ``host``, the seconds after the last step (the script's Python until its main returns;
+    #: live, the time since the last step): not time *between* steps.
+    host_after_last_s: float = 0.0
 
     def share(self, bucket: str) -> float:
         return self.buckets.get(bucket, 0.0) / self.wall_s if self.wall_s > 0 else 0.0
@@ -171,6 +177,9 @@ class LedgerBuilder:
         self._cursor: float | None = None  # end of the last step record
         # long stretches between steps (start, end, bucket), to split by stall episodes
         self._long_gaps: list[tuple[float, float, str]] = []
+        # the agent said the script returned (its "finishing" phase): until then, the time after
+        # the last step is host; a recording without it books all of it as finishing
+        self._finish_seen = False
 
     def apply(self, msg: Message) -> None:
         t = getattr(msg, "t", None)
@@ -179,6 +188,8 @@ class LedgerBuilder:
         elif type(msg) is Phase:
             if self.launch_t is None or (msg.phase == "starting" and msg.since < self.launch_t):
                 self.launch_t = msg.since
+            if msg.phase == "finishing":
+                self._finish_seen = True
             if msg.phase != "training" and (not self._phases or self._phases[-1] != (msg.since, msg.phase)):
                 self._phases.append((msg.since, msg.phase))
         elif type(msg) is Retrace:
@@ -216,7 +227,11 @@ class LedgerBuilder:
             self._retraces.clear()
         self.steps += n
         if traced and len(self._traced) < _MAX_TRACED:
-            self._traced.append((total, n))
+            # its measured wait is input wait all the same (a first batch waiting for a shuffle
+            # buffer to fill); the rest of the call, less an ideal step, is compiling
+            wait = min(max((msg.input_wait_s or 0.0) * n, 0.0), total)
+            self._wait += wait
+            self._traced.append((total - wait, n))
             return
         self._plain_time += total
         self._plain_steps += n
@@ -280,8 +295,8 @@ class LedgerBuilder:
             bucket = "starting"  # before the first step, the rest is starting
         elif phase == "iterator":
             bucket = "iterator"
-        elif between_steps:
-            bucket = "host"
+        elif between_steps or (self._finish_seen and phase != "finishing"):
+            bucket = "host"  # after the last step, the script's own Python until its main returns
         else:
             bucket = "finishing"
         self.booked[bucket] += seconds
@@ -304,8 +319,10 @@ class LedgerBuilder:
         for k in BUCKETS:
             buckets[k] = tail.booked[k]
         long_gaps = tail._long_gaps
+        host_after = tail.booked["host"] - self.booked["host"] if self._cursor is not None else 0.0
         if not ended and self._cursor is not None:
             # live: the time since the last step is host time until the run ends
+            host_after += buckets["finishing"]
             buckets["host"] += buckets["finishing"]
             buckets["finishing"] = 0.0
             long_gaps = [(s, e, "host" if b == "finishing" else b) for s, e, b in long_gaps]
@@ -333,7 +350,8 @@ class LedgerBuilder:
         wall = max(0.0, end - start)
         buckets["unaccounted"] = 0.0
         buckets["unaccounted"] = wall - sum(buckets.values())
-        return Ledger(wall, buckets, ideal, self.steps, productive / wall if wall > 0 else None, ended)
+        return Ledger(wall, buckets, ideal, self.steps, productive / wall if wall > 0 else None, ended,
+                      host_after_last_s=max(0.0, host_after))
 
 
 def _copy(b: LedgerBuilder) -> LedgerBuilder:
@@ -381,7 +399,7 @@ def merge(ledgers: Sequence[tuple[str, Ledger]]) -> Ledger | None:
     if len(ledgers) == 1:
         name, only = ledgers[0]
         return Ledger(only.wall_s, only.buckets, only.ideal_step_s, only.steps, only.goodput, only.ended,
-                      1, ((name, only),))
+                      1, ((name, only),), only.host_after_last_s)
     k = len(ledgers)
     ls = [lg for _, lg in ledgers]
     wall = sum(lg.wall_s for lg in ls) / k
@@ -389,7 +407,7 @@ def merge(ledgers: Sequence[tuple[str, Ledger]]) -> Ledger | None:
     ideals = [lg.ideal_step_s for lg in ls if lg.ideal_step_s is not None]
     return Ledger(wall, buckets, sum(ideals) / len(ideals) if ideals else None,
                   round(sum(lg.steps for lg in ls) / k), buckets["training"] / wall if wall > 0 else None,
-                  all(lg.ended for lg in ls), k, tuple(ledgers))
+                  all(lg.ended for lg in ls), k, tuple(ledgers), sum(lg.host_after_last_s for lg in ls) / k)
 
 
 def ledger_of(messages: Iterable[Message | tuple[str, Message]],
@@ -473,6 +491,7 @@ def as_dict(ledger: Ledger) -> dict[str, object]:
             "steps": lg.steps,
             "ended": lg.ended,
             "buckets_s": {b: round(lg.buckets.get(b, 0.0), 6) for b in BUCKETS},
+            "host_after_last_s": round(lg.host_after_last_s, 6),
         }
 
     out = one(ledger)

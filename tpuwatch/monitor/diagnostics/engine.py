@@ -30,6 +30,7 @@ from tpuwatch.protocol import (
     Epoch,
     Finding,
     HostSample,
+    HostSites,
     HostSummary,
     InputStages,
     Message,
@@ -43,6 +44,7 @@ from tpuwatch.protocol import (
 
 from .crash import ScriptCrash
 from .folding import fold
+from .host_bound import HostBound
 from .input_pipeline import InputBound
 from .input_share import InputFigures, combine
 from .loss import LossNonfinite, ReplicaLossSkew
@@ -62,6 +64,7 @@ RULES: tuple[type[Rule], ...] = (
     ScriptCrash,
     Stall,
     InputBound,
+    HostBound,
     RetraceStorm,
     FunctionRecreated,
     HostMemoryGrowth,
@@ -176,7 +179,10 @@ class Engine:
         elif isinstance(msg, Pipeline):
             w.on_pipeline(msg)
         elif isinstance(msg, AllocationSites):
-            w.allocations = msg
+            if msg.sites or w.allocations is None or not w.allocations.sites:
+                w.allocations = msg  # a later window that found nothing never hides a line found
+        elif isinstance(msg, HostSites):
+            w.host_sites = msg
         elif isinstance(msg, InputStages):
             w.input_stages = msg
         elif isinstance(msg, (CommandState, Result)) and msg.id.startswith(AUTO_PROFILE_ID_PREFIX):

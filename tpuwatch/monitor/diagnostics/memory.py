@@ -204,10 +204,16 @@ class HostMemoryGrowth(Rule):
                 advice = (f"{a.blocks[0]} {a.kinds[0]} (+{a.grown_bytes[0] / MB:.3g} MB) created in "
                           f"{a.window_s:.2g} s were still alive at its end; the line that keeps them "
                           "was not found. " + ADVICE)
-            else:
+            elif _native(a, per_step):
                 advice = ("The script's Python allocations and its eager tensors did not grow while "
-                          f"sampled ({a.window_s:.2g} s): what grows is native memory (graphs, "
-                          "datasets or tf.functions created per step). " + ADVICE)
+                          f"sampled ({a.window_s:.2g} s, steps {a.step_from}..{a.step_to}, host memory "
+                          f"+{(a.rss_grown_bytes or 0) / MB:.3g} MB meanwhile): what grows is native memory "
+                          "(graphs, datasets or tf.functions created per step). " + ADVICE)
+            else:
+                # the window saw too little of the growth to tell (it slowed or paused while sampled)
+                seen = "" if a.rss_grown_bytes is None else f", host memory +{a.rss_grown_bytes / MB:.3g} MB"
+                advice = (f"The leak doctor's window ({a.window_s:.2g} s, steps {a.step_from}..{a.step_to}{seen}) "
+                          "saw too little growth to name its line. " + ADVICE)
         self._keep(w.name, Finding(
             t=t, rule=self.id, severity=severity,
             # the step fit's message leaves the growth so far to the evidence: it changes at
@@ -217,6 +223,21 @@ class HostMemoryGrowth(Rule):
             advice=advice, evidence=evidence,
             first_step=None, last_step=w.step or None, worker=w.name,
         ))
+
+
+#: Of the growth the step fit expects over a window's steps, at least this share must show in the
+#: window's RSS for an empty diff to say "native memory" (the growth went on while it sampled).
+_NATIVE_SHARE = 0.5
+_NATIVE_MIN_BYTES = 16 * MB
+
+
+def _native(a: AllocationSites, per_step: float | None) -> bool:
+    """An empty diff means native memory only when the window saw steps and the growth went on
+    through it (a window of a recording made before ``rss_grown_bytes``: as it always said)."""
+    if a.rss_grown_bytes is None:
+        return True
+    expected = per_step * (a.step_to - a.step_from) if per_step is not None else 0.0
+    return a.step_to > a.step_from and a.rss_grown_bytes >= max(_NATIVE_MIN_BYTES, _NATIVE_SHARE * expected)
 
 
 KEEP_LATEST = 10  # what the proposed edit keeps of a container that grew every step

@@ -28,6 +28,7 @@ from tpuwatch.protocol import (
     Exit,
     Hello,
     HostSample,
+    HostSites,
     HostSummary,
     InputStages,
     Message,
@@ -176,6 +177,8 @@ class Worker:
     memory_holders: list[tuple[str, str, int]] = field(default_factory=list)
     #: The leak doctor's latest window: where Python allocations grew.
     allocations: AllocationSites | None = None
+    #: The gap sampler's latest counts: where the time between steps goes, by the script's lines.
+    host_sites: HostSites | None = None
     #: The latest auto-profile's tf.data iterator self times (which stage the wait comes from).
     input_stages: InputStages | None = None
     #: An automatic profile capture is under way: its steps carry the profiler's overhead and are

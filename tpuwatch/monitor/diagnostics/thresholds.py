@@ -90,6 +90,21 @@ class Thresholds:
     rss_min_step_points: int = 6
     rss_step_points: int = 240  # bounded: thinned by half when full
 
+    # --- host-bound ----------------------------------------------------------------------
+    #: The goodput ledger's *host between steps* as a share of the training time (the wall time
+    #: less *starting* and *finishing*) that makes a warning: a fifth of the time in the
+    #: script's Python between steps is time the accelerator sits idle, as xprof's "highly"
+    #: input-bound is a fifth of the step waiting.
+    host_warning_frac: float = 0.20
+    #: Minimum evidence: samples of the training thread taken between steps (4 a second by
+    #: default: 1 s of host time; the share is the ledger's, the samples only find the line),
+    #: and seconds of host time between steps.
+    host_min_samples: int = 4
+    host_min_s: float = 1.0
+    #: Share of those samples, at least, that a frame of the script's was on: below it the time
+    #: is Keras' or TensorFlow's own between steps, with no line of the script's to change.
+    host_min_script_frac: float = 0.5
+
     # --- device-memory-headroom ----------------------------------------------------------
     device_warning_frac: float = 0.90
     device_critical_frac: float = 0.98

@@ -1,0 +1,99 @@
+"""What the gap sampler costs: one look at the training thread's stack from another thread
+(``sys._current_frames``, the walk to the script's innermost frame, the line's role and kind),
+while that thread runs Python ``--depth`` frames deep (a Keras callback inside ``fit`` is ~60).
+The sampler runs on the agent's thread at the sample rate (4 a second by default, 20 at most), so
+its CPU per second is the per-sample time times the rate; nothing runs on the training thread.
+Also the training thread's own loop with the sampler beside it at 20 Hz vs without (its only cost
+there: the GIL, ~the per-sample time, 20 times a second). Prints numbers; no asserts.
+
+    python bench/gap_sampler_cost.py [--samples 2000] [--depth 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _deep(depth: int, stop: threading.Event) -> None:
+    if depth > 0:
+        _deep(depth - 1, stop)
+        return
+    while not stop.is_set():
+        sum(i * i for i in range(2000))  # the script's Python between steps
+
+
+def _work(rounds: int) -> float:
+    start = time.perf_counter()
+    for _ in range(rounds):
+        sum(i * i for i in range(2000))
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, default=2000)
+    p.add_argument("--depth", type=int, default=60)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    from tpuwatch.agent.gap_sampler import GapSampler
+    from tpuwatch.agent.runtime import Agent
+
+    with tempfile.TemporaryDirectory() as d:
+        agent = Agent(run_dir=d, run_id="bench")
+        stop = threading.Event()
+        t = threading.Thread(target=_deep, args=(args.depth, stop), daemon=True)
+        t.start()
+        time.sleep(0.2)
+        steps = itertools.count()
+        sampler = GapSampler(agent, state=lambda: "gap", step=lambda: next(steps), thread=t.ident)
+        per_sample = []
+        for _ in range(args.repeats):
+            start = time.thread_time()
+            for _ in range(args.samples):
+                sampler.sample()
+            per_sample.append((time.thread_time() - start) / args.samples)
+        stop.set()
+        t.join()
+        us = statistics.median(per_sample) * 1e6
+        print(f"one sample ({args.depth} frames deep): {us:.1f} us of CPU (median of {args.repeats}; "
+              f"min {min(per_sample) * 1e6:.1f}, max {max(per_sample) * 1e6:.1f})")
+        for hz in (4, 20):
+            print(f"  at {hz:2d} Hz: {us * hz / 1e4:.3f} % of a core")
+
+        # the training thread's loop, alone and with the sampler at 20 Hz on another thread
+        rounds = 400
+        stop = threading.Event()
+
+        def sampling() -> None:
+            main_ident = threading.main_thread().ident
+            s = GapSampler(agent, state=lambda: "gap", step=lambda: next(steps), thread=main_ident)
+            while not stop.wait(0.05):
+                s.sample()
+
+        alone, beside = [], []
+        for _ in range(args.repeats):
+            alone.append(_work(rounds))
+            stop.clear()
+            th = threading.Thread(target=sampling, daemon=True)
+            th.start()
+            beside.append(_work(rounds))
+            stop.set()
+            th.join()
+        ratio = statistics.median(beside) / statistics.median(alone)
+        print(f"training thread's loop with the sampler at 20 Hz beside it: {ratio:.3f}x alone "
+              f"(median of {args.repeats}; {statistics.median(alone) * 1e3:.0f} ms alone)")
+        agent.stop()
+    print(f"load average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
