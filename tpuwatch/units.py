@@ -146,6 +146,13 @@ def short_device(device: str) -> str:
 # --- lines: the headless progress line, its summary and ``report`` ---------------------------
 
 
+def function_label(name: str, evaluation: bool) -> str:
+    """How a traced function is named everywhere: an evaluation function (``Retrace.evaluation``)
+    apart from the training function of the same name (Keras names both
+    ``multi_step_on_iterator``)."""
+    return f"{name} (evaluation)" if evaluation else name
+
+
 def fmt_seconds(s: float | None) -> str:
     """A step-scale time: µs, ms or s with 3 significant figures."""
     if s is None or (isinstance(s, float) and math.isnan(s)):

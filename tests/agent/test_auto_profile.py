@@ -310,7 +310,7 @@ def test_a_start_that_fails_inside_tensorflow_leaves_no_session_behind(tmp_path,
     from tensorflow.python.profiler import profiler_v2
 
     from tpuwatch.agent.profiler import Profiler
-    from tpuwatch.agent.runtime import CommandRefused
+    from tpuwatch.agent.agent_api import CommandRefused
     from tpuwatch.protocol import Command
 
     class Busy:  # TF's C++ session while a profiler server captures

@@ -44,9 +44,9 @@ from tpuwatch.agent import tf_data_trace
 from tpuwatch.protocol import AUTO_PROFILE_ID_PREFIX, Command, InputStages, Message, Step
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
     from tpuwatch.agent.profiler import Profiler
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "auto_profile"
 SHARE_FRAC = 0.05
@@ -351,8 +351,10 @@ class AutoProfile:
 
 def install(agent: "Agent", patches: "Patches") -> AutoProfile | None:
     """Registers the tap and the sampler (patches nothing); None without the profile command."""
+    from tpuwatch.agent.profiler import Profiler
+
     profiler = agent.profiler
-    if profiler is None:
+    if not isinstance(profiler, Profiler):  # None: the profile command is not installed
         return None
     import tensorflow as tf
     from tensorflow.python.profiler import profiler_v2  # TF 2.16-2.21

@@ -38,12 +38,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch.agent import clocks, destinations, post_import
-from tpuwatch.agent.runtime import CommandRefused
+from tpuwatch.agent.agent_api import CommandRefused
 from tpuwatch.protocol import Command
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "checkpoint"
 #: At the end of the script, how long to wait for uploads in flight.

@@ -24,8 +24,8 @@ from tpuwatch.agent.patches import PatchError
 from tpuwatch.protocol import Config, Epoch
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "keras"
 

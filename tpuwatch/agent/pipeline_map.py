@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from tpuwatch.protocol import Pipeline
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "pipeline_map"
 _SITE = "_tpuwatch_site"  # set on each dataset: (file:line, api, code, added_by)
@@ -453,7 +453,6 @@ def install(agent: "Agent", patches: "Patches") -> PipelineMap:
     from tensorflow.python.distribute import input_lib
 
     pm = PipelineMap(agent)
-    agent.pipeline_map = pm  # the leak doctor reads what the pipelines hold
     patches.wrap(dataset_ops.DatasetV2, "__init__", pm.make_init)
     patches.wrap(iterator_ops.OwnedIterator, "__init__", pm.make_iterator_init)
     patches.wrap(input_lib.DistributedDataset, "__iter__",

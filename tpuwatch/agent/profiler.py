@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from tpuwatch.agent import clocks, destinations
-from tpuwatch.agent.runtime import CommandRefused
+from tpuwatch.agent.agent_api import CommandRefused
 from tpuwatch.protocol import AUTO_PROFILE_ID_PREFIX, Command
 
 if TYPE_CHECKING:
-    from tpuwatch.agent.runtime import Agent
+    from tpuwatch.agent.agent_api import Agent
 
 DEFAULT_STEPS = 5
 MAX_STEPS = 1000

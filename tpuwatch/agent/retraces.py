@@ -40,8 +40,8 @@ from tpuwatch.agent.pipeline_map import library_roots, script_line
 from tpuwatch.protocol import NEW_OBJECT_CHANGE, VARIABLES_MADE_CHANGE, Retrace
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "retraces"
 

@@ -30,8 +30,8 @@ from tpuwatch import rundir
 from tpuwatch.protocol import Command, StackDump
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 #: Sub-directory of the run directory the dumps go to.
 STACKS_DIR = "stacks"

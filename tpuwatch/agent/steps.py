@@ -40,8 +40,8 @@ from tpuwatch.agent.trace_flags import TraceFlags
 from tpuwatch.protocol import Config, StepLoss, step_values
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 
 class StepProbe:
