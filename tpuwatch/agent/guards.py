@@ -2,7 +2,7 @@
 ``os.setsid()`` in a session leader (:func:`install_session_calls`), a re-exec
 (:func:`install_reexec`).
 
-- **Full disk.** The script's stdout/stderr are ``output.log`` (DESIGN §1). On ENOSPC a plain
+- **Full disk.** The script's stdout/stderr are ``output.log``. On ENOSPC a plain
   file object makes the script's own ``print`` raise, killing training. :class:`OutputGuard`
   puts the same file descriptors behind a writer that drops what does not fit and counts it;
   the agent's recording says what was lost when space returns (``Agent._loss_note``). Only the

@@ -1,14 +1,15 @@
 """The pipeline map: for every dataset the training iterates, its tf.data stages with their settings
 and the line of the script that made each one.
 
-``DatasetV2.__init__`` runs once per transformation (never per element, DESIGN §8): the wrapper
-notes where the script made the stage (the first frame outside TensorFlow, Keras and tpuwatch,
-and the TF API it called, like ``map``). When the training makes an iterator (``iter(ds)``,
-``for x in ds``, a distributed dataset's ``__iter__``, Keras' fit doing either), the chain is
-walked once through ``_inputs()`` and sent as one :class:`~tpuwatch.protocol.Pipeline`. Nothing
-changes in the pipeline: the settings are read from the stages' private attributes (each read
-guarded: an attribute missing in this TF version leaves that setting out), and the only op run is
-``cardinality()`` of the stage under an in-memory cache or a shuffle (to bound what it holds).
+``DatasetV2.__init__`` runs once per transformation, never per element (docs/architecture.md,
+"What the code rests on"): the wrapper notes where the script made the stage (the first frame
+outside TensorFlow, Keras and tpuwatch, and the TF API it called, like ``map``). When the
+training makes an iterator (``iter(ds)``, ``for x in ds``, a distributed dataset's ``__iter__``,
+Keras' fit doing either), the chain is walked once through ``_inputs()`` and sent as one
+:class:`~tpuwatch.protocol.Pipeline`. Nothing changes in the pipeline: the settings are read
+from the stages' private attributes (each read guarded: an attribute missing in this TF version
+leaves that setting out), and the only op run is ``cardinality()`` of the stage under an
+in-memory cache or a shuffle (to bound what it holds).
 """
 
 from __future__ import annotations

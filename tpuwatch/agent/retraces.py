@@ -1,7 +1,7 @@
 """tf.function retraces: every real trace, what it was traced for, and what changed since the last.
 
 ``tracing_compilation._create_concrete_function`` runs exactly once per real trace (a cache
-miss), with the function's name and the ``FunctionType`` it is traced for (DESIGN §3); TF's own
+miss), with the function's name and the ``FunctionType`` it is traced for; TF's own
 "triggered tf.function retracing" warning fires at most twice per function and is not used.
 ``Function.__init__`` is wrapped to count the tf.function objects created per name: a
 tf.function re-created in a loop shows N objects each traced once, which no per-object counter

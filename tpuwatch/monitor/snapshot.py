@@ -284,7 +284,7 @@ LAST_STEP = "last step"
 
 
 def keras_logged_loss_note(keras_version: str, replicas: int | None) -> str:
-    """Why Keras' logged loss may not be the replicas' mean (DESIGN §7): "" when it is."""
+    """Why Keras' logged loss may not be the replicas' mean: "" when it is."""
     if not replicas or replicas < 2 or not keras_version[:2] == "3.":
         return ""
     try:

@@ -1,6 +1,6 @@
 """The tpuwatch dashboard: one Textual app for live runs, attach and replay.
 
-Data flow (STYLE #5): a reader thread (:class:`~tpuwatch.ui.source_reader.SourceReader` in a
+Data flow: a reader thread (:class:`~tpuwatch.ui.source_reader.SourceReader` in a
 Textual worker) drains the *source* at a fixed rate (default 4 Hz), applies every new message to
 one ``RunState`` it alone owns, evaluates the findings, tails output.log, and hands the UI one
 immutable :class:`~tpuwatch.ui.source_reader.Frame`; the UI sets the frame's ``RunSnapshot`` on
