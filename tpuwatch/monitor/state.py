@@ -150,8 +150,6 @@ class RunState:
     ) -> None:
         self.clock = clock
         self._window = window
-        self._rate_window_s = rate_window_s
-        self._history_points = history_points
         #: The workers' records (one :class:`Worker` each), which the diagnostics engine beside
         #: this state reads and updates too (``FindingsFeed(state=...)``).
         self.telemetry = Telemetry(Thresholds(), new_stats=lambda: StepStats(

@@ -43,7 +43,6 @@ from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.monitor.state import RunState
 from tpuwatch.printable import printable
 from tpuwatch.protocol import Command, Event, Result, StackDump
-from tpuwatch.sources.replay_source import ReplaySource
 from tpuwatch.sources.source import ReplayControl, Source
 from tpuwatch.ui.hangup_driver import hangup_safe
 from tpuwatch.ui.pacer import SHOW_PERIOD_S
@@ -811,4 +810,4 @@ def run_dashboard(
     return "detach" if source.live else "quit"
 
 
-__all__ = ["DashboardResult", "ReplaySource", "TpuwatchApp", "run_dashboard"]
+__all__ = ["DashboardResult", "TpuwatchApp", "run_dashboard"]
