@@ -12,7 +12,7 @@ A share has one form everywhere: one decimal below 10%, so one near a threshold 
 reads as the threshold (5%). Findings' messages (:mod:`tpuwatch.monitor.diagnostics`) use :func:`finding_ms` and
 :func:`finding_duration`: 2-3 significant digits and no exponents, so that a message reads as a
 sentence. Every function takes plain numbers; ``None`` (not measured) prints as :data:`UNKNOWN`.
-Standard library only: every part imports this (the agent for :func:`device_name`).
+Standard library only: every part of the viewer side imports this.
 """
 
 from __future__ import annotations
