@@ -1,4 +1,4 @@
-"""What the auto-profile costs the training (issue 25 item 2): the step time just before the
+"""What the auto-profile costs the training: the step time just before the
 capture, during it (its stop and export included: they run on the profiler's helper thread while
 training goes on) and just after, as the agent measured them in its ``input_stages`` message, and
 the ratios inside/before and after/before. Also the agent thread's cost of tapping each Step.

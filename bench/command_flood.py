@@ -1,4 +1,4 @@
-"""Does a viewer that floods the agent with commands slow training down? (issue 14, item 12)
+"""Does a viewer that floods the agent with commands slow training down?
 
 Runs the robustness training loop (MirroredStrategy over 4 logical CPU devices) under the agent,
 alternately alone and with one local viewer sending commands as fast as its socket takes them

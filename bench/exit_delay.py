@@ -1,6 +1,6 @@
 """How long a job outlives its script: the time from the script's last line of output to the
 process's exit, for a Keras fit and a custom loop with live distributed iterators, run plainly and
-under the agent (issue 11: TensorFlow's teardown of live distributed iterators can take seconds
+under the agent (TensorFlow's teardown of live distributed iterators can take seconds
 to minutes; the agent bounds it at TPUWATCH_TEARDOWN_S).
 
     python bench/exit_delay.py [--repeat 3] [--root DIR]

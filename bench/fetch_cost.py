@@ -2,7 +2,7 @@
 batch it already has, the step calling ``next(iterator)`` inside its ``tf.function``, and the step
 given ``next(iterator)`` eagerly between calls. The two last less the first are what the fetch
 adds; their ratio is the most that moving the fetch into the step (the ``input-bound`` finding's
-advice for a Python loop over a dataset) can save. Issue 25: that edit cut the planted
+advice for a Python loop over a dataset) can save. That edit cut the planted
 ``input_eager_fetch.py`` wait 0.33-0.61x, not always by half.
 
 ``--replicas N``: a MirroredStrategy over N logical CPUs and ``experimental_distribute_dataset``

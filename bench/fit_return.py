@@ -1,15 +1,15 @@
-"""How long ``model.fit`` takes to return after Keras' last epoch line (issue 24, "Why" 7), run
+"""How long ``model.fit`` takes to return after Keras' last epoch line, run
 plainly and under the agent: the time from the last epoch's progress line to the script's next
 print, read from the script's unbuffered stdout as it arrives.
 
     python bench/fit_return.py [--repeat 5] [--root DIR] [-- extra keras_fit.py args]
 
-Runs ``sample_runs/keras_fit.py --epochs 3 --steps-per-epoch 60`` (the issue's shape), plain and
+Runs ``sample_runs/keras_fit.py --epochs 3 --steps-per-epoch 60`` (a short fit), plain and
 under ``python -m tpuwatch.agent``, alternating, and prints each delay, the medians, the difference
 (target: agent <= plain + 0.2 s) and the load average. ``--root`` picks the tpuwatch source tree
 the agent runs from (an older checkout, to compare).
 
-What the pause is (measured on this project's 2-core box, issue 24): the main thread sits in C
+What the pause is (measured on this project's 2-core box): the main thread sits in C
 code right after Keras' ``fit`` (or ``evaluate``) body returned, inside Keras' traceback wrapper,
 while the frame's distributed iterator is destroyed; a ``sys.setprofile`` trace saw no Python call
 in it. Plain runs pause the same way: 0.0-15 s plain and 0.0-24 s under the agent in the same

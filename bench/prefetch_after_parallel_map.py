@@ -1,4 +1,4 @@
-"""Does a final ``.prefetch`` cut the wait after a parallel map and batch? (issue 25, the doctor's
+"""Does a final ``.prefetch`` cut the wait after a parallel map and batch? (the doctor's
 "no final prefetch" rule.)
 
 A pipeline ``range.map(read, num_parallel_calls=AUTOTUNE).batch(8)`` whose ``read`` waits 2 ms

@@ -1,4 +1,4 @@
-"""What escaping the run's text costs the viewer (issue 26, item 5).
+"""What escaping the run's text costs the viewer.
 
 Every line of the script's output goes through ``clean_line`` (colour codes dropped, every other
 control escaped with ``tpuwatch.printable``), and every panel body through ``printable_content``

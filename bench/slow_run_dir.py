@@ -1,5 +1,5 @@
 """Steps/s of a script that prints once a step, plain vs under ``tpuwatch run`` with the run
-directory on a slow disk (issue 26, item 6).
+directory on a slow disk.
 
 The slow disk is real: an ext4 file system on a loop device, mounted ``sync`` (every write(2)
 reaches the device before it returns, as on NFS with sync or a network file system), in a blkio

@@ -10,9 +10,9 @@ Prints numbers, asserts nothing:
   the source is drained 4 times a second, numbers are drawn once a second), and the age of what
   the screen shows at any moment (lag + time since the last frame);
 - refresh cost: wall time of one read (drain + apply + evaluate + snapshot), p50/p95/max, and on
-  which thread it runs (the reader thread since issue 27; the UI thread before);
+  which thread it runs (the reader thread; in trees older than the reader thread, the UI thread);
 - UI-thread time per second of wall time: the refreshes' share of the event loop (showing each
-  frame; before issue 27, the whole refresh), and how late a 10 ms timer on the UI loop fires
+  frame; in those older trees, the whole refresh), and how late a 10 ms timer on the UI loop fires
   (p95/max: what a key press waits for at worst, GIL contention included);
 - UI CPU: process_time delta / wall time over the run, % of one core (every thread);
 - RSS before and after.
@@ -94,11 +94,11 @@ async def measure(rate: float, seconds: float, size: tuple[int, int]) -> None:
     rss0 = rss_mib()
     t_app = time.perf_counter()
     app = TpuwatchApp(make_file_source(run, live=False), run_dir=run, refresh_hz=4)
-    pulls: list[float] = []  # one read each: the reader thread's (the UI thread's before issue 27)
+    pulls: list[float] = []  # one read each: the reader thread's (the UI thread's in older trees)
     ui_s: list[float] = []  # the UI thread's part of each refresh
     lags_steps: list[float] = []
     lags_s: list[float] = []
-    threaded = hasattr(app, "_reader")  # issue 27: a reader thread reads, the UI shows frames
+    threaded = hasattr(app, "_reader")  # a reader thread reads, the UI shows frames
     if threaded:
         original_read = app._reader.read
 

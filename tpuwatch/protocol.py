@@ -4,7 +4,7 @@ Every message the agent produces (and every command a viewer sends) is one of th
 dataclasses below, encoded as one compact JSON object per line with its ``kind`` first.
 The same lines go to ``events.jsonl`` in the run directory and over the agent's socket.
 
-Rules (DESIGN §4):
+Rules:
 - field names carry units (``step_time_s``, ``current_bytes``);
 - values are plain numbers, strings, booleans, ``None``, tuples of those, or flat
   string-keyed mappings of those; non-finite floats travel as the strings

@@ -1,23 +1,18 @@
 """How tpuwatch writes numbers, in every output: the dashboard, the headless lines and
 ``report``, and the one-line messages of findings.
 
-A byte count and a loss are written one way everywhere: :func:`size` (``3.00 GiB``, ``1.50 KiB``)
-and :func:`loss` (``0.6931``, ``NaN``, ``+Inf``). Times and shares have two families, because each
-output has its own width and readers, and their forms differ on purpose:
-
-=====================  ==================================  ===================================
-                       dashboard (``tpuwatch.ui``)          lines (headless, ``report``)
-=====================  ==================================  ===================================
-step time              :func:`duration`: ``12.3 ms``        :func:`fmt_seconds`: ``12.3 ms``
-run time               :func:`clock`: ``1:02:03``           :func:`fmt_duration`: ``1h02m``
-share                  :func:`percent`: ``7.5%``            :func:`percent`: ``7.5%``
-=====================  ==================================  ===================================
+A byte count, a loss and a step-scale time are written one way everywhere: :func:`size`
+(``3.00 GiB``, ``1.50 KiB``), :func:`loss` (``0.6931``, ``NaN``, ``+Inf``) and :func:`duration`
+(``850 µs``, ``12.3 ms``, ``1.24 s``, ``2m05s``; the lines call it by its older name
+:data:`fmt_seconds`). A run's length has two forms, because each output has its own width and
+readers: :func:`clock` in the dashboard (``1:02:03``), :func:`fmt_duration` in the lines
+(``1h02m``).
 
 A share has one form everywhere: one decimal below 10%, so one near a threshold (4.5%) never
 reads as the threshold (5%). Findings' messages (:mod:`tpuwatch.monitor.diagnostics`) use :func:`finding_ms` and
 :func:`finding_duration`: 2-3 significant digits and no exponents, so that a message reads as a
 sentence. Every function takes plain numbers; ``None`` (not measured) prints as :data:`UNKNOWN`.
-Standard library only: every part imports this (the agent for :func:`device_name`).
+Standard library only: every part of the viewer side imports this.
 """
 
 from __future__ import annotations
@@ -146,15 +141,17 @@ def short_device(device: str) -> str:
 # --- lines: the headless progress line, its summary and ``report`` ---------------------------
 
 
-def fmt_seconds(s: float | None) -> str:
-    """A step-scale time: µs, ms or s with 3 significant figures."""
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return UNKNOWN
-    if s < 1e-3:
-        return f"{s * 1e6:.0f} µs"
-    if s < 1.0:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s:.3g} s"
+def function_label(name: str, evaluation: bool) -> str:
+    """How a traced function is named everywhere: an evaluation function (``Retrace.evaluation``)
+    apart from the training function of the same name (Keras names both
+    ``multi_step_on_iterator``)."""
+    return f"{name} (evaluation)" if evaluation else name
+
+
+#: A step-scale time in the lines is written as the dashboard writes it: one format,
+#: :func:`duration` (the lines' own, 3 significant figures, wrote 4.31 ms where the Workers panel
+#: wrote 4.3 ms, 125 s where it wrote 2m05s, and infinity as "inf s").
+fmt_seconds = duration
 
 
 def fmt_duration(s: float | None) -> str:

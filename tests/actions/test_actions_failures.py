@@ -60,7 +60,7 @@ def test_failures_are_results_and_training_goes_on(tmp_path):
 
 @pytest.mark.slow
 def test_a_queued_checkpoint_says_why_it_waits_and_gives_up_at_its_timeout(tmp_path):
-    """Issue 28 item 2: `checkpoint queued at step 30`, then nothing for 150 s while the run
+    """`checkpoint queued at step 30`, then nothing for 150 s while the run
     evaluated. Now: one line on why (no training step for a while, what the run does instead),
     and at --timeout one line and exit 1; there is no cancel, so the agent still saves at the next
     step boundary and that late result is in the recording (the CLI has stopped waiting)."""

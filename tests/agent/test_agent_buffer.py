@@ -1,4 +1,4 @@
-"""The agent's in-memory buffer is bounded (issue 27): if its writer thread falls behind (a starved
+"""The agent's in-memory buffer is bounded: if its writer thread falls behind (a starved
 or stuck agent thread), what does not fit is counted and said in the recording, and the training
 thread's memory does not grow (in-process, no TensorFlow needed)."""
 

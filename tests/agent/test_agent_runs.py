@@ -84,7 +84,7 @@ def test_default_strategy_plain_dataset(run_agent):
 @pytest.mark.parametrize("mode", ["fit", "custom"])
 def test_input_wait_separates_a_starved_pipeline_from_a_fast_one(run_agent, mode):
     # Steps of ~25-35 ms, like real ones: a 4-replica eager fetch costs ~2 ms even when the
-    # data is ready (DESIGN §3), which is no starvation at realistic step times. The slow
+    # data is ready, which is no starvation at realistic step times. The slow
     # pipeline takes 400 ms a batch, well beyond a step even on a loaded box (at 200 ms, steps
     # slowed to ~150-200 ms by load left almost no wait), so prefetching cannot hide it.
     # While the first step compiles, the distributed iterator buffers a batch per device (4

@@ -1,4 +1,4 @@
-"""The auto-profile (issue 25 item 2): when the step begins to wait for input the agent captures a
+"""The auto-profile: when the step begins to wait for input the agent captures a
 short profile through the profile command and measures each tf.data iterator's self time.
 
 The trigger and the self-time arithmetic run without TensorFlow (a fake agent, iterator events
@@ -309,8 +309,8 @@ def test_a_start_that_fails_inside_tensorflow_leaves_no_session_behind(tmp_path,
     from tensorflow.python.framework import errors
     from tensorflow.python.profiler import profiler_v2
 
+    from tpuwatch.agent.agent_api import CommandRefused
     from tpuwatch.agent.profiler import Profiler
-    from tpuwatch.agent.runtime import CommandRefused
     from tpuwatch.protocol import Command
 
     class Busy:  # TF's C++ session while a profiler server captures

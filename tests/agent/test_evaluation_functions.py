@@ -1,4 +1,4 @@
-"""Keras' evaluation function is not a retrace of training (issue 24): fit(validation_data=...)
+"""Keras' evaluation function is not a retrace of training: fit(validation_data=...)
 showed `multi_step_on_iterator: 2 trace(s), 2 object(s); last change new tf.function object`."""
 
 from __future__ import annotations

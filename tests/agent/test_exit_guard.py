@@ -1,4 +1,4 @@
-"""The job ends when the script ends (issue 11 §4, issue 14 item 3): the script's non-daemon
+"""The job ends when the script ends: the script's non-daemon
 threads are waited for and recorded, atexit handlers run and files are flushed as Python would,
 and an interpreter teardown that hangs is cut off after TPUWATCH_TEARDOWN_S with the script's own
 exit code (and the hung thread's stack left in the run directory)."""
@@ -54,7 +54,7 @@ def _tpuwatch_run(run_dir, *script_args, teardown_s: str):
 
 
 def test_a_clean_run_leaves_no_teardown_stacks_and_no_bound_line(tmp_path):
-    """Issue 28 item 12: every run directory held an empty teardown-stacks.txt and every run logged
+    """Every run directory held an empty teardown-stacks.txt and every run logged
     "interpreter teardown bounded at 10 s", which read as if the bound was hit."""
     script = tmp_path / "quick.py"
     script.write_text("import tensorflow as tf\nprint(float(tf.reduce_sum(tf.ones(3))))\n")

@@ -1,4 +1,4 @@
-"""The leak doctor's tensor diff (issue 25): TensorFlow's tensors are not Python allocations, so
+"""The leak doctor's tensor diff: TensorFlow's tensors are not Python allocations, so
 tracemalloc cannot see a container of them grow; the window's gc pass finds the new tensors, the
 container holding them, its name and the line that adds to it. Real TensorFlow, in process."""
 

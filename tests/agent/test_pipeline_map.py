@@ -1,4 +1,4 @@
-"""The pipeline map (issue 25): every dataset the training iterates, sent once, each stage with
+"""The pipeline map: every dataset the training iterates, sent once, each stage with
 the script's line that made it and its settings. Real TensorFlow."""
 
 from __future__ import annotations

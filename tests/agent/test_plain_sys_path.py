@@ -1,4 +1,4 @@
-"""The agent's sys.path is plain python's (issue 26 item 12): the launcher's PYTHONPATH entry for
+"""The agent's sys.path is plain python's: the launcher's PYTHONPATH entry for
 tpuwatch goes, except that a pip install's site-packages (where TensorFlow is) stays where site
 puts it (in-process, no TensorFlow needed)."""
 

@@ -1,5 +1,5 @@
 """`pip install tpuwatch` never moves the protobuf the installed TensorFlow wants: nothing the base
-install needs depends on protobuf, however deep (issue 29, item 5; .ci/protobuf installs it beside
+install needs depends on protobuf, however deep (.ci/protobuf installs it beside
 TF 2.16, 2.19, 2.20 and 2.21 and checks protobuf did not move)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The architecture's boundaries, proved at run time (DESIGN §2): every module of each part is
+"""The architecture's boundaries, proved at run time: every module of each part is
 imported in a fresh interpreter and what it dragged into ``sys.modules`` is checked. The same
 layers are checked statically by import-linter (``[tool.importlinter]`` in pyproject.toml), which
 also sees imports made inside functions."""
@@ -48,7 +48,8 @@ def _import_all(package: str) -> set[str]:
 
 
 @pytest.mark.parametrize("module", ["tpuwatch", "tpuwatch.protocol", "tpuwatch.rundir", "tpuwatch.api", "tpuwatch.settings",
-                                    "tpuwatch.address", "tpuwatch.units", "tpuwatch.printable"])
+                                    "tpuwatch.address", "tpuwatch.units", "tpuwatch.figures",
+                                    "tpuwatch.printable"])
 def test_core_modules_import_only_the_standard_library(module):
     extra = _top(_modules_after(f"import {module}")) - _top(_modules_after("pass"))
     assert extra <= {"tpuwatch"} | set(sys.stdlib_module_names), sorted(extra)

@@ -1,4 +1,4 @@
-"""One home per worker record on each side (issue 27, item 6).
+"""One home per worker record on each side.
 
 The viewer side keeps everything about one agent process in one mutable record, read by the run
 state and the diagnostics rules alike (``monitor.diagnostics.telemetry.Worker``); a source keeps

@@ -1,4 +1,4 @@
-"""Issue 14, item 10: one line, not a traceback, where the CLI promises one: a file where
+"""One line, not a traceback, where the CLI promises one: a file where
 TPUWATCH_HOME or runs/ should be, a corrupt run.json, events.jsonl a directory or not a
 recording, and readers that go away (`tpuwatch ls | head`, `tpuwatch run ... 2>&1 | head -3`)."""
 

@@ -1,5 +1,5 @@
 """``tpuwatch --help`` and every command's ``--help``, byte for byte as recorded in
-tests/cli/help/ (issue 27: the parser moved out of one file into a module per command; the
+tests/cli/help/ (the parser moved out of one file into a module per command; the
 text a user reads must not change with it). A deliberate change to the help regenerates the
 files: ``python tests/cli/test_cli_help.py``."""
 

@@ -1,4 +1,4 @@
-"""Issue 26, items 5 and 12: text from the run reaches the terminal with its control characters
+"""Text from the run reaches the terminal with its control characters
 shown escaped (``ls``, ``report`` as text and markdown, ``attach`` into a file or pipe, the
 headless lines), and a newline in a script name does not break the ``ls`` table."""
 

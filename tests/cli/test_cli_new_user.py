@@ -287,7 +287,7 @@ def test_attach_into_a_pipe_whose_reader_left_ends_while_the_run_is_quiet(tmp_pa
 
 @pytest.mark.parametrize("command", ["checkpoint", "profile"])
 def test_an_action_without_run_goes_to_the_live_run_not_the_latest(command):
-    """Issue 28 item 1: with a live run and a newer ended one, `tpuwatch checkpoint` picked the
+    """With a live run and a newer ended one, `tpuwatch checkpoint` picked the
     ended one ("is not live"). It must pick the live run (its socket is absent here, so the
     command names it in its "not live" line: the stand-in process is no agent)."""
     home = Path(os.environ["TPUWATCH_HOME"])

@@ -33,7 +33,7 @@ def test_missing_script(tmp_path):
 
 
 def test_a_typod_script_path_gets_did_you_mean(tmp_path):
-    """Issue 28 item 4: `tpuwatch run trian.py` next to train.py names train.py."""
+    """`tpuwatch run trian.py` next to train.py names train.py."""
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "other.py").write_text("print('hi')\n")
     _one_line_error(tpuwatch("run", "--headless", "trian.py", cwd=tmp_path), "script not found: trian.py",
@@ -47,13 +47,13 @@ def test_a_typod_script_path_gets_did_you_mean(tmp_path):
 @pytest.mark.parametrize("command", [("run", "--headles", "x.py"), ("report", "--form", "json"),
                                      ("attach", "--ever", "1"), ("checkpoint", "--time", "1")])
 def test_option_abbreviations_are_refused(tmp_path, command):
-    """Issue 28: `--headles` was taken silently for `--headless`."""
+    """`--headles` was taken silently for `--headless`."""
     _one_line_error(tpuwatch(*command, cwd=tmp_path), command[1])
 
 
 @pytest.mark.tf
 def test_tpuwatch_options_after_the_script_get_a_hint(tmp_path):
-    """Issue 28 item 4: `tpuwatch run script.py --headless --short` failed inside the script
+    """`tpuwatch run script.py --headless --short` failed inside the script
     (its argparse: "unrecognized arguments: --headless") with only "exit code 2"."""
     script = tmp_path / "train.py"
     script.write_text("import argparse\n"
@@ -142,7 +142,7 @@ def test_a_module_runs_with_dash_m(tmp_path):
 @pytest.mark.tf
 def test_a_scripts_own_excepthook_gets_its_exception_without_tpuwatchs_frames(tmp_path):
     """As under plain python, an uncaught exception goes to the script's sys.excepthook; the
-    traceback it gets starts at the script (issue 28 item 3)."""
+    traceback it gets starts at the script."""
     script = tmp_path / "hooked.py"
     script.write_text("import sys, traceback\n"
                       "def hook(kind, exc, tb):\n"

@@ -1,4 +1,4 @@
-"""Truth on scripts written the way TensorFlow's guides and users write them (issue 11).
+"""Truth on scripts written the way TensorFlow's guides and users write them.
 
 Each corpus script prints its own numbers (every training step's reduced loss where it can, its
 step count otherwise). It runs under ``tpuwatch run --headless``, the way a user runs it, and the
@@ -304,7 +304,7 @@ def test_the_keras_that_trains_is_reported_under_the_legacy_flag(tmp_path, env):
 
 
 def test_sampled_losses_carry_their_step(tmp_path):
-    """By default losses are read at most every 10 ms of training (issue 16): the records that
+    """By default losses are read at most every 10 ms of training: the records that
     carry one carry that step's own loss, and the rest carry none (never an old value)."""
     run = run_corpus(tmp_path, "custom_loop_tutorial.py", "--replicas", "2", "--epochs", "3", "--batches", "8",
                      env={"TPUWATCH_LOSS_EVERY_S": "0.05"})

@@ -218,7 +218,7 @@ WRITTEN = {"bad_call.py": BAD_CALL, "graph_node.py": GRAPH_NODE, "autograph.py":
 
 @pytest.mark.parametrize("script", ["keras2_optimizer_lr.py", *WRITTEN])
 def test_the_scripts_traceback_is_byte_for_byte_a_plain_runs(tmp_path: Path, script: str) -> None:
-    """Issue 28 item 3: under tpuwatch output.log and stdout gained tpuwatch's frames (the agent's
+    """Under tpuwatch output.log and stdout gained tpuwatch's frames (the agent's
     _run_script, <frozen runpy>, agent/steps.py's original(fn, ...)) and relative script paths.
     TensorFlow's own text too (its "defined at" stacks named the agent's and runpy's frames; a
     frame whose line TensorFlow's filter had left was printed at another line). The one difference

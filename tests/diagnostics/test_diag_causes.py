@@ -1,4 +1,4 @@
-"""Issue 25: a finding's steps are where its condition held; one cause, one finding."""
+"""A finding's steps are where its condition held; one cause, one finding."""
 
 import math
 

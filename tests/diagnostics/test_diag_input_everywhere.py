@@ -1,4 +1,4 @@
-"""One input-wait definition, one verdict, the same numbers everywhere (issue 12): the finding,
+"""One input-wait definition, one verdict, the same numbers everywhere: the finding,
 the snapshot every panel reads, the headless lines and the report all quote the engine's share."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_microsecond_wait_is_not_input_bound_anywhere():
 
 
 def test_a_finished_run_shows_the_findings_whole_run_figure_in_every_view():
-    # Issue 24: on the finished keras_fit sample the finding said 32% (whole run) while the
+    # On the finished keras_fit sample the finding said 32% (whole run) while the
     # Input panel said 43% (its last window) and the Workers panel a third, rolling figure.
     from tpuwatch.ui.widgets.input_panel import input_text
 
@@ -86,7 +86,7 @@ def test_a_finished_run_shows_the_findings_whole_run_figure_in_every_view():
 
 
 def test_a_finding_about_one_worker_of_several_names_it_in_its_message_and_its_row():
-    # Issue 24: three MultiWorkerMirroredStrategy workers, one starved: the merged summary said
+    # Three MultiWorkerMirroredStrategy workers, one starved: the merged summary said
     # "input 18%" and the finding "highly input-bound: 50% of step time" without naming whose.
     from tpuwatch.ui.widgets.workers_panel import workers_text
 

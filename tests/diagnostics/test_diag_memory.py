@@ -145,7 +145,7 @@ def test_short_run_cache_filling_during_the_first_epoch_is_silent_against_steps(
     assert [f.rule for f in findings(run.engine(), "host-memory-growth")] == ["host-memory-growth"]
 
 
-# --- issue 25: growth that has a cause ---------------------------------------------------------
+# --- Growth that has a cause ---------------------------------------------------------
 
 def cache_fill(fill_mib: float, fill_steps: int, steps: int, leak_mib_per_step: float = 0.0,
                holds_mib: float | None = None, step_s: float = 0.01) -> SyntheticRun:

@@ -175,7 +175,7 @@ def test_rising_trend_threshold():
 
 
 def test_a_worker_that_exits_before_any_step_does_not_end_its_peers():
-    # An exit is a fact about its own worker (one record per worker, issue 27 item 6): the
+    # An exit is a fact about its own worker (one record per worker): the
     # engine used to end every worker without an exit when one that had run no step exited (a
     # launcher's exit under a name of its own), so a live peer's stall read as "killed" while
     # the dashboard showed it running. A single stream's launcher exit carries the worker's name.
@@ -301,7 +301,7 @@ def test_rising_trend_baseline_is_the_same_live_and_in_a_report():
     assert seen_live.evidence["median_start_ms"] == reported.evidence["median_start_ms"] < 82
 
 
-# --- issue 24: a gap is judged by its phases ---------------------------------------------------
+# --- A gap is judged by its phases ---------------------------------------------------
 
 def _phase(run: SyntheticRun, phase: str, since: float, calls: int = 0, detail: str = "") -> None:
     from tpuwatch.protocol import Phase

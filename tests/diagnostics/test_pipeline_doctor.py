@@ -1,4 +1,4 @@
-"""Issue 25: findings that know their cause. Real TensorFlow, real subprocesses: each script runs
+"""Findings that know their cause. Real TensorFlow, real subprocesses: each script runs
 under `tpuwatch run --headless` and the findings are read back from `tpuwatch report`."""
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def _apply_fix(tmp_path: Path, script: Path, finding: dict, site: str = "culprit
     # 0.3-1.2): 45 -> 8 %, 43 % -> none. Its decode was 2.9x the step before, and two decodes at a
     # time (AUTOTUNE's most on 2 cores) could not hide it: 58 -> 36 % alone, 38 -> 29 % in CI
     ("input_sequential_map.py", "map", "prefetch", 0.5),
-    # shards fetched one at a time, each behind ~40 ms of latency (issue 25: the edit must help on 2
+    # shards fetched one at a time, each behind ~40 ms of latency (the edit must help on 2
     # cores). cycle_length=AUTOTUNE is the core count: 2 fetches at once here, so the wait gone
     # needs the step longer than half a fetch; measured (2026-11-26) alone 43 -> 9.7 % (load 2),
     # beside another TF run 19 -> 1.7 % (earlier: 64 -> 34 %, 42 -> 27 % in CI)
@@ -127,13 +127,13 @@ def test_the_proposed_edit_removes_the_input_wait(tmp_path, script, stage, has, 
     after = run_and_report(tmp_path, _apply_fix(tmp_path, PLANTED / script, f), name="after")
     left = findings(after, "input-bound")
     # the edited stage is never blamed again; what is left of the wait is another stage's or the
-    # host's, under half of it (issue 25's bar)
+    # host's, under half of it (the bar the edit must clear)
     assert not left or left[0]["evidence"].get("culprit_site") != f["evidence"]["culprit_site"], left
     assert not left or left[0]["evidence"]["input_wait_pct"] < cut * f["evidence"]["input_wait_pct"], left
 
 
 def _assert_measured_the_same(report: dict, f: dict) -> None:
-    """The auto-profile measured the stage the finding names, at the same line (issue 25 item 2),
+    """The auto-profile measured the stage the finding names, at the same line,
     and its capture is recorded as any profile: the profile command's Result with its path."""
     ev = f["evidence"]
     assert (ev["measured_stage"], ev["measured_site"]) == (ev["culprit_stage"], ev["culprit_site"]), ev
@@ -178,7 +178,7 @@ def test_no_auto_profile_captures_nothing(tmp_path):
 
 def test_files_read_one_at_a_time_are_named_at_the_reader_line(tmp_path):
     # TFRecordDataset(files) is a class the script calls: its stage was named '__init__' and no
-    # culprit was found (issue 25: reading files without parallelism)
+    # culprit was found (reading files without parallelism)
     script = PLANTED / "input_serial_files.py"
     before = run_and_report(tmp_path, script, name="before")
     (f,) = findings(before, "input-bound")
@@ -196,7 +196,7 @@ def test_files_read_one_at_a_time_are_named_at_the_reader_line(tmp_path):
 
 def test_numpy_into_fit_is_not_told_to_add_a_prefetch(tmp_path):
     # Keras' own pipeline for the arrays ends with a prefetch: the script's fit line is named,
-    # never "add .prefetch" nor a dataset that overlaps no more (issue 25 item 3; measured 7% -> 6%)
+    # never "add .prefetch" nor a dataset that overlaps no more (measured 7% -> 6%)
     script = PLANTED / "input_numpy_fit.py"
     report = run_and_report(tmp_path, script)
     assert [s["stage"] for s in report["pipelines"][0]["stages"]][-1] == "prefetch"
@@ -226,7 +226,7 @@ def test_the_eager_fetch_of_distributed_batches_is_named_at_its_loop(tmp_path):
     assert after["summary"]["steps"] == before["summary"]["steps"]
     left = findings(after, "input-bound")
     # Measured on the 2-core box: 39 -> 13 %, 43 -> 23 %, 62 -> 38 %, alone 40 -> 22 %: cut by
-    # 40-67 %, not always by half (issue 25's bar). In plain TensorFlow the fetch inside the step
+    # 40-67 %, not always by half (the bar). In plain TensorFlow the fetch inside the step
     # still costs 0.54x the eager one on 2 logical CPUs (bench/fetch_cost.py), so no edit of the
     # loop's can do much better here; a fetch the edit did not move would stay ~1x.
     assert not left or left[0]["evidence"]["input_wait_pct"] < 0.85 * f["evidence"]["input_wait_pct"], left
@@ -283,8 +283,7 @@ def _line_of(script: Path, text: str) -> int:
 def test_the_leak_finding_names_the_line_that_allocates_and_its_edit_ends_the_leak(
         tmp_path, script, line_text, kind):
     # the leak doctor starts over after an automatic capture (the profiler's buffers grow RSS):
-    # on these short runs one that came first left too little time for the window (issue 25,
-    # said in the note), so the line is checked without it
+    # on these short runs one that came first left too little time for the window, so the line is checked without it
     report = run_and_report(tmp_path, PLANTED / script, name="before", options=("--no-auto-profile",))
     (f,) = findings(report, "host-memory-growth")
     assert f["severity"] in ("warning", "critical"), f

@@ -1,4 +1,4 @@
-"""Issue 24, end to end: planted scripts with known amounts of evaluation, saving, sleeping and a
+"""End to end: planted scripts with known amounts of evaluation, saving, sleeping and a
 hang, run under `tpuwatch run --headless`; `tpuwatch report --format json` books each amount in
 its ledger bucket (within 10% or 0.5 s of what the script's own clock printed), every ledger sums
 to the wall time within 1%, a progressing evaluation or save is no stall, a real hang still is.

@@ -61,7 +61,7 @@ def test_planted_script_yields_its_rule(tmp_path, script, args, rule, evidence):
     _check_planted(tmp_path, script, args, rule, evidence, ("warning", "critical"))
 
 
-# Issue 12: short runs (~100-400 steps, seconds) must be enough for each verdict.
+# Short runs (~100-400 steps, seconds) must be enough for each verdict.
 @pytest.mark.parametrize("script, args, rule, evidence, severities", [
     # 120 steps of a fit whose map decodes in Python, no prefetch
     ("input_bound.py", ("--epochs", "1", "--steps-per-epoch", "120", "--decode-ms", "0.2"), "input-bound",

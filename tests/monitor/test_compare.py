@@ -1,5 +1,5 @@
 """tpuwatch compare: figures side by side, the step-time difference with its interval, losses by
-step, findings in one run only, setup differences, and what cannot be compared (issue 24)."""
+step, findings in one run only, setup differences, and what cannot be compared."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_bad_input_is_one_line_and_a_usage_exit(tmp_path):
 
 
 def test_wall_time_and_every_ledger_bucket_side_by_side_with_differences(tmp_path):
-    # Issue 24: compare shows the goodput ledger of each run: wall time and its buckets, each
+    # Compare shows the goodput ledger of each run: wall time and its buckets, each
     # the run's own report figure, with the difference against the first run.
     a, b = _copy(tmp_path, "a", "healthy_4replica.jsonl"), _copy(tmp_path, "b", "input_bound.jsonl")
     runs = [compare.load("A", a), compare.load("B", b)]

@@ -1,4 +1,4 @@
-"""One recording, every view (issue 24): the header, the panels, the headless lines, the report
+"""One recording, every view: the header, the panels, the headless lines, the report
 and compare show the same examples/s, input wait, loss and retrace figures."""
 
 from __future__ import annotations

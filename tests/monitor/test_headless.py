@@ -162,7 +162,7 @@ def test_recorded_finding_is_printed_once(tmp_path):
 
 
 def test_follow_prints_no_line_while_nothing_moves(tmp_path):
-    """Issue 11: after the script's last step (TensorFlow tearing down, the process still alive)
+    """After the script's last step (TensorFlow tearing down, the process still alive)
     the same progress line was printed every few seconds. One line per change, then silence."""
     msgs = mr.input_bound_messages(50)
     exit_msgs = [m for m in msgs if m.kind == "exit"]
@@ -187,7 +187,7 @@ def test_follow_prints_no_line_while_nothing_moves(tmp_path):
 
 
 def test_a_loss_from_an_earlier_step_is_never_shown_as_current():
-    """Issue 11: a loop whose loss the agent could not see showed the previous phase's last loss,
+    """A loop whose loss the agent could not see showed the previous phase's last loss,
     frozen, as every replica's current value. The loss carries its step."""
     s = RunState()
     s.apply(mr.hello())

@@ -1,4 +1,4 @@
-"""The profile summary and the live measurement agree on what is input-bound (issue 12): xprof
+"""The profile summary and the live measurement agree on what is input-bound: xprof
 counts only the compiled step's own infeed wait, tpuwatch every fetch, eager ones included."""
 
 from tpuwatch.monitor.diagnostics import Thresholds
@@ -36,7 +36,7 @@ def test_without_a_live_measurement_the_profile_speaks_alone():
 
 
 def test_each_open_command_names_the_extra_that_installs_its_tool():
-    """Issue 28 item 11: the commands named `tensorboard` and `xprof`, which `pip install -e '.[tf]'`
+    """The commands named `tensorboard` and `xprof`, which `pip install -e '.[tf]'`
     does not install. Each line now ends in a shell comment naming the extras, which exist."""
     import re
     from pathlib import Path

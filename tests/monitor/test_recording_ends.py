@@ -1,4 +1,4 @@
-"""A recording's two ends, each read in one place (issue 27 item 6): its head decides whether it
+"""A recording's two ends, each read in one place: its head decides whether it
 is a recording at all (``report``, ``replay``, ``attach`` and ``export`` ask the same question and
 get the same answer), its tail holds the exit record (``ls``, the launcher, stopping a run)."""
 

@@ -1,4 +1,4 @@
-"""Issue 26, item 13: during a hang the STALLED badge and the Findings panel say the same thing
+"""During a hang the STALLED badge and the Findings panel say the same thing
 at the same time, and steps/s does not keep its pre-hang value."""
 
 from __future__ import annotations

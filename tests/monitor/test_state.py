@@ -72,7 +72,7 @@ def test_status_lifecycle_with_injected_clock():
 
 
 def test_findings_the_feed_recorded_are_not_applied_again_when_read_back():
-    """The run's owner reads its own recording (issue 27 item 5): the lines of the findings it
+    """The run's owner reads its own recording: the lines of the findings it
     recorded come back to it; applied again, a stale copy replaced the later verdict."""
     from tpuwatch import protocol
 
@@ -240,7 +240,7 @@ def test_events_are_bounded_and_probes_tracked():
 
 def test_a_new_function_object_keeps_its_change_the_agent_and_viewer_share_one_text():
     """The agent's 'new tf.function object' change and what the state (and the retrace rule)
-    compare it with are one constant (issue 27 item 5: it was a prefix of the agent's prose,
+    compare it with are one constant (it was a prefix of the agent's prose,
     written out again on the viewer's side)."""
     from tpuwatch.protocol import NEW_OBJECT_CHANGE
 
@@ -321,7 +321,7 @@ def test_messages_before_the_hello_join_its_worker():
 
 
 def test_the_strategy_shown_is_the_one_that_trained_most():
-    """Issue 11: a 4-replica MirroredStrategy run that then evaluated a reloaded model under the
+    """A 4-replica MirroredStrategy run that then evaluated a reloaded model under the
     default strategy was shown as the default strategy with 1 replica."""
     from dataclasses import replace
 
@@ -349,7 +349,7 @@ def test_users_names_for_strategy_classes():
 
 
 def test_a_fits_total_applies_to_that_fit_only():
-    """Issue 11: 'step 175/80 (100%) ... ETA 0.0s' after a second phase. The total is the global
+    """'step 175/80 (100%) ... ETA 0.0s' after a second phase. The total is the global
     step at which the fit ends; past it the run has no known end."""
     s = RunState(clock=Clock())
     s.apply(mr.hello())
@@ -422,7 +422,7 @@ def test_only_the_primary_worker_keeps_a_full_step_history():
     assert len(snap.history) == 1000 and {w.step for w in snap.workers} == {1000}
 
 
-# --- facts carried by Events as fields, not prose (issue 27, item 5) ------------------------------
+# --- facts carried by Events as fields, not prose ------------------------------
 
 def test_facts_are_read_from_the_events_fields_whatever_the_wording():
     """A probe's state, TPU metrics' availability and a stop request are typed fields of the Event
@@ -468,7 +468,7 @@ def test_events_recorded_before_the_fact_fields_are_read_as_before():
 
 
 def test_the_headless_summary_error_line_is_whole_lines_not_a_cut_message():
-    """Issue 28 item 3: the summary's `error` line printed a TF message's 2000 recorded characters,
+    """The summary's `error` line printed a TF message's 2000 recorded characters,
     several lines ending mid-path. Now its first line, whole, and where the rest is."""
     from tpuwatch.console.headless import summary
 
@@ -486,7 +486,7 @@ def test_the_headless_summary_error_line_is_whole_lines_not_a_cut_message():
     assert not any(line.startswith('  File "/home/user') for line in lines)
 
 
-# --- one record per worker (issue 27 item 6) -------------------------------------------------------
+# --- one record per worker -------------------------------------------------------
 
 
 def _restarted_then_hung(feed: FindingsFeed, s: RunState, clock: Clock) -> None:

@@ -105,7 +105,7 @@ def test_memory_stays_bounded_over_a_million_steps():
 
 
 def test_examples_per_s_counts_records_without_examples_at_the_last_known_batch():
-    # Issue 24: once the agent paces its reads, records carry ``examples: null``; they are
+    # Once the agent paces its reads, records carry ``examples: null``; they are
     # steps of the same batch, not steps of no examples (the sample showed 411 ex/s for ~830).
     st = StepStats(window=200, rate_window_s=10.0)
     for i in range(1, 201):  # 10 steps/s, batch 128, every other record without its examples

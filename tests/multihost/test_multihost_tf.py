@@ -128,7 +128,7 @@ def _script_line(text: str) -> str:
 
 
 def test_each_workers_pipeline_map_names_the_scripts_lines(slowed_group):
-    """Issue 25: the map of each worker's dataset (its own dataset_fn call under
+    """The map of each worker's dataset (its own dataset_fn call under
     distribute_datasets_from_function), each stage at the line of multi_worker.py that made it."""
     run, proc, _, _ = slowed_group
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -154,7 +154,7 @@ def test_each_workers_pipeline_map_names_the_scripts_lines(slowed_group):
 
 
 def test_a_global_dataset_maps_what_tf_distribute_adds_at_the_distribute_line(tmp_path):
-    """Issue 25: one global-batch pipeline through experimental_distribute_dataset; each worker's
+    """One global-batch pipeline through experimental_distribute_dataset; each worker's
     map has the script's stages at their lines, then the rebatch and auto-shard tf.distribute
     adds, named at the script's experimental_distribute_dataset line."""
     run = tmp_path / "global"

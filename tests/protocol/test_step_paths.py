@@ -1,4 +1,4 @@
-"""One Step, every path (issue 27 item 3): a Step with every field set leaves the agent's step probe,
+"""One Step, every path: a Step with every field set leaves the agent's step probe,
 becomes a recording line, and comes back equal from the fast decoder, the generic decoder and a
 remote viewer's stream. A field added to ``protocol.Step`` but not set by the agent, or carried by
 one path and not another, fails here. No TensorFlow: the probe's record path needs none."""

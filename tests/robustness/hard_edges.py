@@ -1,4 +1,4 @@
-"""Helpers for the hard-edge tests (issue 14): the tpuwatch CLI and the agent as real
+"""Helpers for the hard-edge tests: the tpuwatch CLI and the agent as real
 subprocesses, small scripts written on the fly, bounded waits."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Issue 26, the hard edges inside the training process: a slow run-directory disk (6), a script
-that closed or replaced stderr (9), a script that reuses the agent's descriptors (10),
-``os.setsid`` (11), re-exec, ``sys.path``, a huge argv and a patched ``time.time`` (12).
+"""The hard edges inside the training process: a slow run-directory disk, a script
+that closed or replaced stderr, a script that reuses the agent's descriptors,
+``os.setsid``, re-exec, ``sys.path``, a huge argv and a patched ``time.time``.
 Real subprocesses; a real ext4 file system on a loop device, frozen with ``fsfreeze``, for the
 disk that does not answer (root only, as in CI)."""
 

@@ -1,4 +1,4 @@
-"""Issue 14, the hard edges an attack found: a full disk, fork(), slow and hostile TCP clients,
+"""The hard edges an attack found: a full disk, fork(), slow and hostile TCP clients,
 shared socket paths, --listen, paths a script's chdir moves, foreign run directories, file modes,
 ending states and command floods. Real subprocesses, real sockets (127.0.0.1 / Unix), a real
 tmpfs for the full disk."""
@@ -73,7 +73,7 @@ def test_a_full_disk_never_fails_the_script(tmp_path, small_disk):
     messages = read_messages(run_dir / "events.jsonl")
     notes = [m.message for m in messages if isinstance(m, Event) and m.source == "disk-full"]
     assert notes, "no note of what the full disk cost"
-    # The agent notes the recording's losses, the output pump (issue 26) the output's.
+    # The agent notes the recording's losses, the output pump the output's.
     assert any("recorded message(s)" in n for n in notes) and any("bytes of the script's output" in n for n in notes)
     assert [m.exit_code for m in messages if isinstance(m, Exit)] == [0]
     assert "step 619 after the disk has space again" in (run_dir / "output.log").read_text()

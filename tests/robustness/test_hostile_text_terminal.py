@@ -1,4 +1,4 @@
-"""Issue 26, items 3 and 5, in a real terminal: `tpuwatch checkpoint RUN --dir '/etc/x[/]y...'`
+"""In a real terminal: `tpuwatch checkpoint RUN --dir '/etc/x[/]y...'`
 from another shell, its refusal quoting the path (Textual markup, an OSC 0 title sequence)
 reaches the open dashboard as text: the dashboard lives, the pane's title is untouched."""
 

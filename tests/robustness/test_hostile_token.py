@@ -1,4 +1,4 @@
-"""A TCP client whose attach line carries a token no UTF-8 encoder accepts (issue 26, item 4):
+"""A TCP client whose attach line carries a token no UTF-8 encoder accepts:
 the agent refuses it, counts the refusal, and writes nothing into the script's output."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 26, item 1: a run's recorded pid, reused by an unrelated process after the run's own
+"""A run's recorded pid, reused by an unrelated process after the run's own
 died (`kill -9` of the launcher, then of the agent), is not the run. ``ls``, ``attach`` and
 stopping the run must neither call it running nor signal it: a process is identified by its pid
 *and* the identity recorded at launch (start time after boot, boot id).

@@ -1,4 +1,4 @@
-"""Issue 26, item 2: a shared ``$TPUWATCH_HOME`` must not let another local user take over a
+"""A shared ``$TPUWATCH_HOME`` must not let another local user take over a
 run. Tested with a real second user (``useradd``; needs root, as in CI): it pre-creates the home
 or ``runs/`` writable by everyone, or plants links where tpuwatch writes a run's files.
 
@@ -180,7 +180,7 @@ def _thread_id() -> int:
 @pytest.mark.tf
 @pytest.mark.parametrize("command", ["report", "attach", "replay"])
 def test_another_users_run_is_one_line_not_a_traceback(attacker, shared, tmp_path, command):
-    """Issue 26, item 12: a run directory of another user's (0700) gave a PermissionError
+    """A run directory of another user's (0700) gave a PermissionError
     traceback. Root reads everything, so the viewer runs without its DAC override capabilities
     (as any other user would)."""
     script = write_script(tmp_path / "s.py", "print('x')\n")

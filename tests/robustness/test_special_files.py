@@ -1,4 +1,4 @@
-"""Issue 26, item 7 and the viewer's part of item 12: what a run directory may hold besides a
+"""What a run directory may hold besides a
 run's files must never hang or exhaust a viewer, nor print a traceback.
 
 - run.json a FIFO (no writer: a plain open waits forever), run.json a link to /dev/zero (endless),

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 
 def test_keras_fit_examples_per_s_stays_the_global_batch_times_steps_per_s(run_agent):
-    # Issue 24: past the agent's first 256 reads, records carry "examples": null (reads are
+    # Past the agent's first 256 reads, records carry "examples": null (reads are
     # paced); they were counted as steps of no examples (411 ex/s where ~830 were expected).
     # The default read pacing, not the tests' read-everything setting.
     r = run_agent(SAMPLES / "keras_fit.py", "--epochs", "2", "--steps-per-epoch", "170",
@@ -55,7 +55,7 @@ def _agent_runs(tmp_path, runs: dict[str, list[str]], timeout: float = 300) -> d
 
 
 def test_compare_says_the_pipeline_fix_is_faster_with_how_much_and_the_interval(tmp_path):
-    # Issue 24: compare two runs of the input-bound sample before and after its pipeline fix
+    # Compare two runs of the input-bound sample before and after its pipeline fix
     # (--slow-input: a sleeping, unprefetched pipeline; the fix: the sample's own prefetched
     # pipeline), started together so they share the load. (Two real runs of one script started
     # together here differed by 25%, one process getting less CPU: a real difference, which

@@ -26,7 +26,7 @@ TIMEOUT_S = 180
 
 pytestmark = pytest.mark.tf
 
-# Counts real traces per tf.function name (DESIGN §3: this hook fires once per trace), then runs
+# Counts real traces per tf.function name (this hook fires once per trace), then runs
 # the script as `python script.py` would. Used only where the script cannot report it itself.
 TRACE_COUNTING_RUNNER = r"""
 import collections, json, os, re, runpy, sys
@@ -272,7 +272,7 @@ def test_planted_scripts_run_plain_and_show_their_problem():
 
 
 def test_keras_fit_docstring_states_its_defaults_as_parse_args_has_them():
-    """Issue 28 item 13: the docstring said the label noise keeps the loss above zero (it reached
+    """The docstring said the label noise keeps the loss above zero (it reached
     0.012 at accuracy 1.00) and "(default 600 on the default run" for a sleep in ms that is 150."""
     sys.path.insert(0, str(SAMPLES))
     try:

@@ -120,7 +120,7 @@ def test_tpu_metrics_lines():
 
 @pytest.mark.tf
 def test_doctor_flags_a_protobuf_that_the_installed_tensorflow_does_not_accept(monkeypatch, tmp_path):
-    """Issue 11: `pip install tpuwatch` beside an older TF once upgraded protobuf past TF's pin, and
+    """`pip install tpuwatch` beside an older TF once upgraded protobuf past TF's pin, and
     every TF import broke. A TensorFlow distribution that pins protobuf below the installed one
     (metadata placed first on the path, as an older TF's would be) is a failed required check."""
     installed = importlib.metadata.version("protobuf")

@@ -1,4 +1,4 @@
-"""Issue 14: a live dashboard says in its header when the run's disk is full."""
+"""A live dashboard says in its header when the run's disk is full."""
 
 from __future__ import annotations
 

@@ -302,8 +302,8 @@ def _palette(app: TpuwatchApp) -> dict[str, list[str]]:
 @sync
 async def test_palette_offers_the_same_actions(live_app) -> None:
     """The palette is generated from the key bindings: each binding that can run now is one
-    command, titled with the binding's description and explained by its tooltip (issue 27
-    item 7: 18 commands had repeated the keys' texts in other words)."""
+    command, titled with the binding's description and explained by its tooltip (18 commands had repeated the keys' texts in
+    other words)."""
     from textual.command import CommandPalette
 
     from tpuwatch.ui.app import palette_bindings

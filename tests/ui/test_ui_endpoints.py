@@ -1,4 +1,4 @@
-"""Wrong or closed endpoints and garbage recordings say what is wrong (issue 13, item 11): the
+"""Wrong or closed endpoints and garbage recordings say what is wrong: the
 header names the problem instead of "waiting", Stop is not offered, and the CLI exits non-zero
 with one line when nothing at all can be shown."""
 

@@ -1,4 +1,4 @@
-"""The Goodput panel and the header's phase, from one recording-shaped run (issue 24)."""
+"""The Goodput panel and the header's phase, from one recording-shaped run."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ async def test_goodput_panel_at_80x24_is_key_9_expanded() -> None:
 
 
 def test_with_a_baseline_the_goodput_panel_says_the_differences():
-    # Issue 24: `run --baseline RUN` shows the live deltas in the header and the Goodput panel.
+    # `run --baseline RUN` shows the live deltas in the header and the Goodput panel.
     from tpuwatch.monitor.baseline import Baseline
     from tpuwatch.monitor.state import RunState
 

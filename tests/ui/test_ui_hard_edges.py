@@ -1,4 +1,4 @@
-"""The dashboard against hostile or heavy output from the run (issue 26): markup-looking text,
+"""The dashboard against hostile or heavy output from the run: markup-looking text,
 terminal escapes, and an Output panel fed faster than it can hold."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Panel behaviour from issue 13: loss colour from findings only (item 4), the labelled step-time
-headline and the compile step kept out of the chart's scale (item 6)."""
+"""Panel behaviour: loss colour from findings only, the labelled step-time
+headline and the compile step kept out of the chart's scale."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def test_compile_step_is_kept_out_of_the_scale_and_marked() -> None:
     assert series.marked == (0,)  # the first point is marked as the compile step
 
 
-# --- item 5: a focused panel expands and scrolls; the retraces panel lists every trace; findings scroll ----------
+# --- a focused panel expands and scrolls; the retraces panel lists every trace; findings scroll ----------
 
 def _many_findings(t: float) -> list[Finding]:
     return [Finding(t=t + i, rule=f"rule-{i}", severity="warning", message=f"problem number {i} " + "x" * 60,
@@ -152,7 +152,7 @@ async def test_number_key_of_a_panel_hidden_at_80x24_shows_it_expanded(live_app)
         assert not app.query(".-maximised") and app.focused is app.query_one("#step-time")
 
 
-# --- item 3: the loss chart stays readable after convergence ------------------------------------
+# --- the loss chart stays readable after convergence ------------------------------------
 
 def _converged_history() -> tuple[StepPoint, ...]:
     # 2.3 falling to ~0.02, then small wiggles: the whole run's linear scale flattens the end.

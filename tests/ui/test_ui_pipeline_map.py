@@ -1,4 +1,4 @@
-"""The Input panel, expanded, shows the pipeline map with the stage input-bound blames (issue 25)."""
+"""The Input panel, expanded, shows the pipeline map with the stage input-bound blames."""
 
 from __future__ import annotations
 

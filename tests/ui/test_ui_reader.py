@@ -1,6 +1,6 @@
-"""The dashboard reads off the UI thread, and a worker's failure surfaces in one place (issue 27
-item 7): the reader thread drains the source, applies, evaluates and tails output.log; the UI
-thread only takes frames. Real Textual apps (Pilot), real files."""
+"""The dashboard reads off the UI thread, and a worker's failure surfaces in one place: the
+reader thread drains the source, applies, evaluates and tails output.log; the UI thread only
+takes frames. Real Textual apps (Pilot), real files."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ async def test_a_reader_that_fails_is_said_and_reading_goes_on(tmp_path) -> None
 
 @sync
 async def test_findings_this_viewer_records_are_not_applied_again_when_it_reads_them_back(tmp_path) -> None:
-    """Contracts (issue 27 item 5): the run's owner puts its findings into its state directly;
+    """Contracts: the run's owner puts its findings into its state directly;
     the copy it appends to events.jsonl is for the recording's other readers. Read back, a
     recorded finding used to go into the state again: a later verdict on the same finding was
     replaced by the stale recorded one and logged a second time."""

@@ -206,7 +206,7 @@ def test_lost_run_says_why() -> None:
 
 
 def test_a_loss_left_behind_by_the_run_is_marked_stale() -> None:
-    """Issue 11: a frozen loss was shown as current for 125 steps. A loss a second of training
+    """A frozen loss was shown as current for 125 steps. A loss a second of training
     behind the run says so; one a few steps behind (sampled every 10 ms) does not."""
     from tpuwatch.ui.widgets.replica_loss_panel import replica_loss_text
 

@@ -1,4 +1,4 @@
-"""Replay: the Output panel follows the replay position, not the end of the log (item 8), and
+"""Replay: the Output panel follows the replay position, not the end of the log, and
 the replay_output rules behind it."""
 
 from __future__ import annotations

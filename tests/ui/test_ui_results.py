@@ -1,5 +1,5 @@
 """Every command's result is visible whatever the width: a toast, one line per kind of command
-with short paths, and the results screen with everything (issue 13, item 2)."""
+with short paths, and the results screen with everything."""
 
 from __future__ import annotations
 

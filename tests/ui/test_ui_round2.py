@@ -1,4 +1,4 @@
-"""The dashboard in a user's hands, round 2 (issue 28, items 5-10 and "every key consistent")."""
+"""The dashboard in a user's hands, round 2, every key consistent."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from ui_support import screen_text, sync, until_shown
 
 from tpuwatch.ui.widgets.panel import Panel
 
-# --- item 5 and "every key consistent": each expanded panel closes the same way -----------------
+# --- each expanded panel closes the same way -----------------
 
 
 @pytest.mark.parametrize("close", ["z", "enter", "escape", "q"])
@@ -51,7 +51,7 @@ async def test_every_panel_closes_with_escape_and_q_and_keeps_other_keys(live_ap
         assert not app.query(".-maximised") and app.return_value is None
 
 
-# --- item 6: panel titles carry the number that jumps to them ------------------------------------
+# --- panel titles carry the number that jumps to them ------------------------------------
 
 
 @sync
@@ -67,7 +67,7 @@ async def test_panel_titles_carry_their_number(live_app) -> None:
             assert str(owner.border_title).startswith(f"{panel_key(i)} "), (pid, owner.border_title)
 
 
-# --- item 10: replay starts at 1x, its hint fits 80 columns, arrows seek 5% of the run ------------
+# --- replay starts at 1x, its hint fits 80 columns, arrows seek 5% of the run ------------
 
 
 def test_replay_starts_at_real_speed() -> None:
@@ -99,7 +99,7 @@ def test_an_arrow_seeks_a_twentieth_of_the_recording() -> None:
     assert source.position - source.start_t == pytest.approx(source.seek_step_s)
 
 
-# --- item 7: the room used, an x-axis, every glyph explained, Retraces columns whole ----------
+# --- the room used, an x-axis, every glyph explained, Retraces columns whole ----------
 
 
 def _panel_lines(app, pid: str) -> list[str]:
@@ -159,7 +159,7 @@ async def test_retraces_columns_are_not_cut(live_app, size) -> None:
         assert "(16, 28, 28, 1) -> (8, 28, 28, 1)" in flat.replace("  ", " "), flat
 
 
-# --- item 9: re-attaching says it is catching up, and shows no old step as current ----------------
+# --- re-attaching says it is catching up, and shows no old step as current ----------------
 
 
 @sync
@@ -184,7 +184,7 @@ async def test_reattach_says_catching_up_until_the_backlog_is_read(live_app, mon
         assert "RUNNING" in header[0] and "step 182/300" in header[1], header
 
 
-# --- item 8: on a CPU host the Memory panel says why device memory is missing, charts RSS and CPU --
+# --- on a CPU host the Memory panel says why device memory is missing, charts RSS and CPU --
 
 
 def _cpu_host_state():

@@ -1,4 +1,4 @@
-"""Focus and borders read in every theme and with NO_COLOR (issue 13, item 7)."""
+"""Focus and borders read in every theme and with NO_COLOR."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
-    from tpuwatch.agent.steps import StepProbe
+    from tpuwatch.agent.step_owner import StepOwner
 
 # Slots of the accumulator.
 WAIT_S, FETCHES, EXAMPLES, RUNS = range(4)
@@ -40,7 +40,7 @@ def fast_reader(variables: Sequence[Any]) -> Callable[[], list[Any]]:
         return lambda: [v.numpy() for v in variables]
 
 
-def ensure(probe: "StepProbe") -> Any:
+def ensure(probe: "StepOwner") -> Any:
     """The accumulator variable (created once, eagerly where possible).
 
     Built as a plain ``ResourceVariable`` under ``init_scope`` on the host CPU so that no
@@ -60,7 +60,7 @@ def ensure(probe: "StepProbe") -> Any:
     return probe.accumulator
 
 
-def add_constant(probe: "StepProbe", slot: int, value: float) -> None:
+def add_constant(probe: "StepOwner", slot: int, value: float) -> None:
     """Adds the constant ``value`` to one slot from inside a traced function (one op)."""
     import tensorflow as tf
 
@@ -72,7 +72,7 @@ def add_constant(probe: "StepProbe", slot: int, value: float) -> None:
     probe.mark("acc")
 
 
-def add_vector(probe: "StepProbe", values: list[Any]) -> Any:
+def add_vector(probe: "StepOwner", values: list[Any]) -> Any:
     """Adds ``values`` (one float64 scalar tensor per slot) from inside a traced function; returns
     the op."""
     import tensorflow as tf

@@ -1,5 +1,5 @@
 """The auto-profile: when the step begins to wait for input, capture a short profile and measure
-which tf.data stage the wait comes from (issue 25).
+which tf.data stage the wait comes from.
 
 Runs on the agent's thread: each Step is tapped as it is written (:attr:`Agent.step_taps`, never
 on the training thread) into per-sample sums, and at the sample rate the wait over the last
@@ -50,17 +50,18 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from tpuwatch import figures
 from tpuwatch.agent import tf_data_trace
 from tpuwatch.protocol import AUTO_PROFILE_ID_PREFIX, Command, InputStages, Message, SlowSteps, Step
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
     from tpuwatch.agent.profiler import Profiler
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "auto_profile"
-SHARE_FRAC = 0.05
-MIN_WAIT_S = 1e-4  # mean wait per step below this is timer noise (the rule's input_min_wait_s)
+SHARE_FRAC = figures.INPUT_INFO_FRAC  # the input-bound rule's "moderately"
+MIN_WAIT_S = figures.INPUT_MIN_WAIT_S  # mean wait per step below this is timer noise, as for the rule
 WARMUP_STEPS = 20  # the first steps trace and compile
 WINDOW_S = 3.0
 MIN_STEPS = 8  # steps that measured their wait in the window, to judge it
@@ -502,8 +503,10 @@ def _round(v: float | None) -> float | None:
 
 def install(agent: "Agent", patches: "Patches") -> AutoProfile | None:
     """Registers the tap and the sampler (patches nothing); None without the profile command."""
+    from tpuwatch.agent.profiler import Profiler
+
     profiler = agent.profiler
-    if profiler is None:
+    if not isinstance(profiler, Profiler):  # None: the profile command is not installed
         return None
     import tensorflow as tf
     from tensorflow.python.profiler import profiler_v2  # TF 2.16-2.21

@@ -22,7 +22,7 @@ For 3 and 4 the checkpoint is ``tf.train.Checkpoint(model=…, optimizer=…, tp
 holding the global step the save was taken at; the script's own checkpoints (1, 2) are saved as
 they are (the step is the checkpoint number, ``ckpt-<step>``) so that their format stays theirs.
 
-The save runs on the training thread between two steps (DESIGN §3: from another thread, 17 of 47
+The save runs on the training thread between two steps (from another thread, 17 of 47
 checkpoints mixed two steps). A ``gs://`` destination is saved into the run directory first, then
 uploaded from a helper thread (training never waits on the network), and the local copy deleted;
 the Result is sent when the upload has finished.
@@ -38,12 +38,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch.agent import clocks, destinations, post_import
-from tpuwatch.agent.runtime import CommandRefused
+from tpuwatch.agent.agent_api import CommandRefused
 from tpuwatch.protocol import Command
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "checkpoint"
 #: At the end of the script, how long to wait for uploads in flight.

@@ -2,7 +2,7 @@
 
 A script that patches ``time.time`` (a mock, freezegun, a simulated clock) or ``time.monotonic``
 changes its own idea of time, never the run's: every time the agent records or measures comes from
-these references (issue 26: a patched ``time.time`` made a run last "1h00m")."""
+these references (a patched ``time.time`` made a run last "1h00m")."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from tpuwatch.agent.checkpointing import Checkpointer
 from tpuwatch.agent.profiler import Profiler
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
     from tpuwatch.protocol import Command
 
 
@@ -30,7 +30,6 @@ class Commands:
 
 def install(agent: "Agent", patches: "Patches") -> Commands:
     profiler = Profiler(agent)
-    agent.profiler = profiler  # the auto-profile captures through it
     checkpointer = Checkpointer(agent)
     checkpointer.install(patches)
     agent.register("profile", profiler.handle, at_step_boundary=True, validate=profiler.validate)

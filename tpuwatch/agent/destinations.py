@@ -18,7 +18,7 @@ from typing import Iterable
 
 from tpuwatch import rundir, settings
 from tpuwatch.agent import gcs
-from tpuwatch.agent.runtime import CommandRefused
+from tpuwatch.agent.agent_api import CommandRefused
 
 
 @dataclass(frozen=True)

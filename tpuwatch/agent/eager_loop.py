@@ -22,13 +22,13 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from tpuwatch.agent.steps import StepProbe
+    from tpuwatch.agent.step_owner import StepOwner
 
 
 class EagerLoop:
     """The eager loop's step in progress, and the one before it."""
 
-    def __init__(self, probe: "StepProbe") -> None:
+    def __init__(self, probe: "StepOwner") -> None:
         self.probe = probe
         self.agent = probe.agent
         self.perf = probe.perf

@@ -23,8 +23,8 @@ from tpuwatch.agent import clocks
 from tpuwatch.protocol import Config, Hello, Topology
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "environment"
 

@@ -30,8 +30,8 @@ from tpuwatch.agent.script_frames import innermost, is_script, library_roots
 from tpuwatch.protocol import HostSites
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "gap_sampler"
 #: Seconds between two HostSites messages while the counts change.

@@ -2,7 +2,7 @@
 ``os.setsid()`` in a session leader (:func:`install_session_calls`), a re-exec
 (:func:`install_reexec`).
 
-- **Full disk.** The script's stdout/stderr are ``output.log`` (DESIGN §1). On ENOSPC a plain
+- **Full disk.** The script's stdout/stderr are ``output.log``. On ENOSPC a plain
   file object makes the script's own ``print`` raise, killing training. :class:`OutputGuard`
   puts the same file descriptors behind a writer that drops what does not fit and counts it;
   the agent's recording says what was lost when space returns (``Agent._loss_note``). Only the
@@ -41,7 +41,7 @@ from tpuwatch.agent import clocks
 from tpuwatch.protocol import OUTPUT_SOURCE, Exit
 
 if TYPE_CHECKING:
-    from tpuwatch.agent.runtime import Agent
+    from tpuwatch.agent.agent_api import Agent
 
 #: How long the watcher waits for the main thread to run the SIGTERM handler before acting itself.
 SIGTERM_MAIN_THREAD_GRACE_S = 1.0
@@ -369,7 +369,7 @@ def _install_sigterm(agent: "Agent") -> None:
         return  # the script's parent chose a disposition (ignored, ...): keep it
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        from tpuwatch.agent.runtime import high_fd
+        from tpuwatch.agent.agent_api import high_fd
 
         r, w = os.pipe()
         r, w = high_fd(r), high_fd(w)  # a script's reused low descriptor never gets the C handler's bytes

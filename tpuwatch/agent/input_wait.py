@@ -21,8 +21,8 @@ from tpuwatch.agent import accumulator
 from tpuwatch.agent.accumulator import EXAMPLES
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
     from tpuwatch.agent.steps import StepProbe
 
 PROBE = "input_wait"

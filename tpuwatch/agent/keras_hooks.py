@@ -24,8 +24,8 @@ from tpuwatch.agent.patches import PatchError
 from tpuwatch.protocol import Config, Epoch
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "keras"
 
@@ -85,7 +85,7 @@ def keras_of(cls: type) -> str | None:
 def sums_logs_over_replicas(version: str | None) -> bool:
     """Whether this Keras reduces fit's logs by summing the replicas' values: Keras 3.0-3.2 (their
     ``reduce_per_replica`` turns "auto" into "sum", TPUs included). Keras 3.3-3.6 log replica 0's
-    loss (DESIGN §7), 3.7 and later average, and tf_keras' logs are its synchronised metrics."""
+    loss, 3.7 and later average, and tf_keras' logs are its synchronised metrics."""
     if not version or not version[:1].isdigit():
         return False  # tf_keras ("tf_keras 2.21.0") or unknown
     parts = version.split(".")

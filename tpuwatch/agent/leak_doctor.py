@@ -49,8 +49,8 @@ from tpuwatch.protocol import AllocationSites, Message
 if TYPE_CHECKING:
     import tracemalloc
 
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "leak_doctor"
 RISE_SAMPLES = 6  # consecutive rising samples (3 s at 2 Hz)

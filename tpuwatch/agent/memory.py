@@ -22,8 +22,8 @@ from tpuwatch.agent import clocks
 from tpuwatch.protocol import DeviceSample, EventFact, HostSample, Message
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "memory"
 _MIB = 1 << 20

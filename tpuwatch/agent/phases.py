@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from tpuwatch.protocol import Phase
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent, Phases
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "phases"
 
@@ -173,7 +173,7 @@ class PhaseTracker:
             self.agent.probe_failed(PROBE, e)
 
 
-def _phased(tracker: PhaseTracker, phase: str, detail: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _phased(tracker: "Phases", phase: str, detail: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with tracker.during(phase, detail):
@@ -184,7 +184,7 @@ def _phased(tracker: PhaseTracker, phase: str, detail: str) -> Callable[[Callabl
     return make
 
 
-def install(agent: "Agent", patches: "Patches") -> PhaseTracker:
+def install(agent: "Agent", patches: "Patches") -> "Phases":
     """Patches the checkpoint, save and distributed-iterator methods as their modules are imported."""
     from tpuwatch.agent import post_import
 

@@ -1,14 +1,15 @@
 """The pipeline map: for every dataset the training iterates, its tf.data stages with their settings
 and the line of the script that made each one.
 
-``DatasetV2.__init__`` runs once per transformation (never per element): the wrapper
-notes where the script made the stage (the first frame outside TensorFlow, Keras and tpuwatch,
-and the TF API it called, like ``map``). When the training makes an iterator (``iter(ds)``,
-``for x in ds``, a distributed dataset's ``__iter__``, Keras' fit doing either), the chain is
-walked once through ``_inputs()`` and sent as one :class:`~tpuwatch.protocol.Pipeline`. Nothing
-changes in the pipeline: the settings are read from the stages' private attributes (each read
-guarded: an attribute missing in this TF version leaves that setting out), and the only op run is
-``cardinality()`` of the stage under an in-memory cache or a shuffle (to bound what it holds).
+``DatasetV2.__init__`` runs once per transformation, never per element (docs/architecture.md,
+"What the code rests on"): the wrapper notes where the script made the stage (the first frame
+outside TensorFlow, Keras and tpuwatch, and the TF API it called, like ``map``). When the
+training makes an iterator (``iter(ds)``, ``for x in ds``, a distributed dataset's ``__iter__``,
+Keras' fit doing either), the chain is walked once through ``_inputs()`` and sent as one
+:class:`~tpuwatch.protocol.Pipeline`. Nothing changes in the pipeline: the settings are read
+from the stages' private attributes (each read guarded: an attribute missing in this TF version
+leaves that setting out), and the only op run is ``cardinality()`` of the stage under an
+in-memory cache or a shuffle (to bound what it holds).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from tpuwatch.protocol import Pipeline
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "pipeline_map"
 _SITE = "_tpuwatch_site"  # set on each dataset: (file:line, api, code, added_by)
@@ -473,7 +474,6 @@ def install(agent: "Agent", patches: "Patches") -> PipelineMap:
     from tensorflow.python.distribute import input_lib
 
     pm = PipelineMap(agent)
-    agent.pipeline_map = pm  # the leak doctor reads what the pipelines hold
     patches.wrap(dataset_ops.DatasetV2, "__init__", pm.make_init)
     patches.wrap(iterator_ops.OwnedIterator, "__init__", pm.make_iterator_init)
     patches.wrap(input_lib.DistributedDataset, "__iter__",

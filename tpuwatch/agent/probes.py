@@ -90,6 +90,10 @@ def install_tf_probes(agent: "Agent", patches: Patches, disabled: set[str]) -> N
             step_probe.epoch_source = installed
         if name == "retraces":
             agent.retrace_probe = installed  # the leak doctor leaves growth with traces alone
+        elif name == "pipeline_map":
+            agent.pipeline_map = installed  # the leak doctor reads what the pipelines hold
+        elif name == "commands":
+            agent.profiler = installed.profiler  # the auto-profile captures through it
 
 
 def uninstall(patches: Patches) -> None:

@@ -1,6 +1,6 @@
 """The ``profile`` command: capture the next N training steps (or M milliseconds) with the TF profiler.
 
-Execution (DESIGN §3): the command is queued on receipt and starts on the training thread at the
+Execution: the command is queued on receipt and starts on the training thread at the
 next step boundary with ``tf.profiler.experimental.start(logdir)`` (~0.1 ms). While it runs,
 every step call is wrapped in ``tf.profiler.experimental.Trace("train", step_num=n, _r=1)``
 through ``StepProbe.step_context``: those are the step markers XProf needs for its per-step
@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from tpuwatch.agent import clocks, destinations
-from tpuwatch.agent.runtime import CommandRefused
+from tpuwatch.agent.agent_api import CommandRefused
 from tpuwatch.protocol import AUTO_PROFILE_ID_PREFIX, Command
 
 if TYPE_CHECKING:
-    from tpuwatch.agent.runtime import Agent
+    from tpuwatch.agent.agent_api import Agent
 
 DEFAULT_STEPS = 5
 MAX_STEPS = 1000

@@ -39,8 +39,8 @@ from tpuwatch.agent import accumulator
 from tpuwatch.agent.steps import current_graph
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
     from tpuwatch.agent.steps import StepProbe
 
 PROBE = "replica_loss"

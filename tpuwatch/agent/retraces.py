@@ -1,7 +1,7 @@
 """tf.function retraces: every real trace, what it was traced for, and what changed since the last.
 
 ``tracing_compilation._create_concrete_function`` runs exactly once per real trace (a cache
-miss), with the function's name and the ``FunctionType`` it is traced for (DESIGN §3); TF's own
+miss), with the function's name and the ``FunctionType`` it is traced for; TF's own
 "triggered tf.function retracing" warning fires at most twice per function and is not used.
 ``Function.__init__`` is wrapped to count the tf.function objects created per name: a
 tf.function re-created in a loop shows N objects each traced once, which no per-object counter
@@ -40,8 +40,8 @@ from tpuwatch.agent.pipeline_map import library_roots, script_line
 from tpuwatch.protocol import NEW_OBJECT_CHANGE, VARIABLES_MADE_CHANGE, Retrace
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "retraces"
 

@@ -15,25 +15,20 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeAlias
+from typing import TYPE_CHECKING, Any, Callable, TypeAlias
 
 from tpuwatch import protocol, rundir, settings
 from tpuwatch.agent import clocks
+from tpuwatch.agent.agent_api import CommandRefused, Handler, OutputLoss, Sampler, high_fd
 from tpuwatch.protocol import Command, CommandState, Event, Level, Message, Result
 
 if TYPE_CHECKING:
-    from tpuwatch.agent.guards import OutputGuard
     from tpuwatch.agent.pipeline_map import PipelineMap
     from tpuwatch.agent.profiler import Profiler
     from tpuwatch.agent.retraces import RetraceProbe
     from tpuwatch.agent.steps import StepProbe
     from tpuwatch.agent.transport import Server
 
-Sampler = Callable[[], Iterable[Message]]
-# A command handler runs on the training thread at a step boundary (or on the server thread for
-# "anytime" handlers) and returns (message, details) for an ok Result, or raises to fail it; a
-# handler that finishes later (a profile spans steps) returns (None, {}) and calls Agent.finish.
-Handler = Callable[[Command], "tuple[str | None, dict[str, Any]]"]
 #: What the buffer holds: a message, or a Step as its fields in declaration order (emit_step).
 Buffered: TypeAlias = "Message | tuple[Any, ...]"
 
@@ -51,10 +46,6 @@ MAX_BUFFERED = 200_000
 def current() -> "Agent | None":
     """The agent of this process, if one is running."""
     return _current
-
-
-class CommandRefused(Exception):
-    """Raised by a handler (or its validator) to refuse a command with a one-line reason."""
 
 
 class Agent:
@@ -97,7 +88,7 @@ class Agent:
         self._disk_full_since: float | None = None
         self._output_lost_reported = 0
         self._output_seen = 0
-        self.output_guard: OutputGuard | None = None  # set by guards.install
+        self.output_guard: OutputLoss | None = None  # set by guards.install
         # Fault injection for tests: the named probe raises the first time it does its work.
         self._fault = settings.TEST_FAIL_PROBE.get()
         self.server: Server | None = None  # set by the runner
@@ -537,29 +528,6 @@ class Agent:
             except OSError:
                 pass
         self.release_reserve()
-
-
-#: The agent's descriptors live at or above this number (or half the descriptor limit, if lower):
-#: a script that closes and reopens low descriptors does not land on them.
-HIGH_FD = 1000
-
-
-def high_fd(fd: int) -> int:
-    """Moves ``fd`` to a high number, close-on-exec (the old number is closed); ``fd`` itself if
-    that cannot be done."""
-    try:
-        import fcntl
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        floor = HIGH_FD if soft == resource.RLIM_INFINITY else min(HIGH_FD, soft // 2)
-        if floor <= 2:
-            return fd
-        new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
-    except (OSError, ValueError, ImportError):
-        return fd
-    os.close(fd)
-    return new
 
 
 def _identity(fd: int) -> tuple[int, int] | None:

@@ -40,8 +40,8 @@ from tpuwatch.agent.pipeline_map import is_script_path, library_roots
 from tpuwatch.protocol import Command, Message, StackDump
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 #: Sub-directory of the run directory the dumps go to.
 STACKS_DIR = "stacks"

@@ -20,7 +20,7 @@ per-replica losses come from :mod:`tpuwatch.agent.replica_loss`. Only training c
 accumulator's contributions from evaluation and prediction calls are dropped after those calls.
 
 Commands run at *safe points*: on the training thread just before a step call, never from
-another thread (DESIGN §3: checkpoints taken from another thread were inconsistent).
+another thread (checkpoints taken from another thread were inconsistent).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from tpuwatch.agent.trace_flags import TraceFlags
 from tpuwatch.protocol import Config, StepLoss, step_values
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 
 class StepProbe:

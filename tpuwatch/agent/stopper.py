@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tpuwatch.protocol import STOP_SOURCE, EventFact
 
 if TYPE_CHECKING:
-    from tpuwatch.agent.runtime import Agent
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.protocol import Command
 
 GRACE_INT_S = 15.0

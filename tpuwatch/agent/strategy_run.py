@@ -13,13 +13,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from tpuwatch.agent.steps import StepProbe
+    from tpuwatch.agent.step_owner import StepOwner
 
 
 class EagerStrategyRun:
     """The top-level eager ``strategy.run`` under way, if any."""
 
-    def __init__(self, probe: "StepProbe") -> None:
+    def __init__(self, probe: "StepOwner") -> None:
         self.probe = probe
         self.depth = 0  # top-level eager strategy.run calls under way (0 or 1)
         self.trained = False  # its replicas computed gradients

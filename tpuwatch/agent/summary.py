@@ -1,4 +1,4 @@
-"""The summary stream: a host's recording folded for a viewer of many hosts (issue 29 item 4).
+"""The summary stream: a host's recording folded for a viewer of many hosts.
 
 A viewer attached to a pod cannot take every host's records (1,024 hosts x 10 steps a second
 x 5 samples). It asks each agent for summaries (:attr:`tpuwatch.protocol.Attach.summary`); the
@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 from tpuwatch import protocol
+from tpuwatch.figures import quantile
 from tpuwatch.protocol import DeviceSample, HostSample, HostSummary, Phase, Step, StepLoss
 
 #: Seconds between two summaries of one host.
@@ -33,16 +34,6 @@ _M = TypeVar("_M", HostSample, DeviceSample)
 _FOLDED = tuple(f'{{"kind":"{k}"'.encode() for k in ("step", "step_loss", "host_sample", "device_sample", "phase"))
 _HOST = b'{"kind":"host_sample"'
 _DEVICE = b'{"kind":"device_sample"'
-
-
-def _quantile(sorted_values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (as :func:`tpuwatch.monitor.stats.percentile`)."""
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    pos = q * (len(sorted_values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 class SummaryBuilder:
@@ -157,11 +148,11 @@ class SummaryBuilder:
             t=self._clock(), offset_bytes=offset, records=len(times), steps=self._steps,
             step=last.step if last else None, step_t=last.t if last else None,
             function=last.function if last else "", epoch=last.epoch if last else None,
-            step_time_p50_s=_quantile(times, 0.5) if times else None,
-            step_time_p95_s=_quantile(times, 0.95) if times else None,
+            step_time_p50_s=quantile(times, 0.5) if times else None,
+            step_time_p95_s=quantile(times, 0.95) if times else None,
             step_time_max_s=times[-1] if times else None,
             step_time_sum_s=self._time_sum, input_wait_sum_s=self._wait_sum, input_wait_steps=self._wait_steps,
-            input_wait_p50_s=_quantile(waits, 0.5) if waits else None,
+            input_wait_p50_s=quantile(waits, 0.5) if waits else None,
             loss=losses.loss if losses else None, replica_losses=losses.replica_losses if losses else (),
             loss_step=losses.step if losses else None,
             host_t=host.t if host else None, rss_bytes=host.rss_bytes if host else None,

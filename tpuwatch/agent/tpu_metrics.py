@@ -32,8 +32,8 @@ from tpuwatch.agent import clocks
 from tpuwatch.protocol import TPU_METRICS_SOURCE, DeviceSample, Event, EventFact, Level, Message
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 PROBE = "tpu_metrics"
 #: ``Event.source`` of every message about TPU metrics availability.

@@ -22,8 +22,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.agent_api import Agent
     from tpuwatch.agent.patches import Patches
-    from tpuwatch.agent.runtime import Agent
 
 AGENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 RUNPY_FILES = ("<frozen runpy>", runpy.__file__)

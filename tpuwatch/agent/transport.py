@@ -44,7 +44,7 @@ from tpuwatch.agent.summary import SUMMARY_INTERVAL_S, SUMMARY_POLL_S, SummaryBu
 from tpuwatch.protocol import Attach, Command, Decoder
 
 if TYPE_CHECKING:
-    from tpuwatch.agent.runtime import Agent
+    from tpuwatch.agent.agent_api import Agent
 
 MAX_VIEWERS = 16  # per listener kind: TCP viewers never take the local (Unix socket) slots
 MAX_TCP_HANDSHAKES = 32  # unauthenticated TCP connections at once; a new one evicts the oldest
@@ -453,7 +453,7 @@ def _token_matches(given: str, expected: str | None) -> bool:
 def _high(sock: socket.socket) -> socket.socket:
     """``sock`` on a high, close-on-exec descriptor (runtime.high_fd): a script that closes a low
     descriptor and opens its own socket or file there never gets the agent's stream."""
-    from tpuwatch.agent.runtime import high_fd
+    from tpuwatch.agent.agent_api import high_fd
 
     fd = sock.detach()
     timeout = sock.gettimeout()

@@ -43,7 +43,7 @@ def main(ns: argparse.Namespace) -> int:
     if ns.command == "profile" and ns.ms is not None and not 0 < ns.ms < float("inf"):
         return error(f"--ms {ns.ms:g}: give a positive number of milliseconds to capture")
     try:
-        if ns.run is None:  # the live run, not a newer one that ended (issue 28)
+        if ns.run is None:  # the live run, not a newer one that ended
             root = rundir.check_runs_root()
             live = latest_live(root)
             if live is None:

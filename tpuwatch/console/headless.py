@@ -17,10 +17,10 @@ from typing import Callable, Sequence, TextIO
 
 from tpuwatch import units
 from tpuwatch.monitor.baseline import Baseline, deltas
-from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.ledger import goodput_line, phase_text
 from tpuwatch.monitor.ledger import rows as ledger_rows
+from tpuwatch.monitor.monitor import Monitor
 from tpuwatch.monitor.recording import RecordingReader, append
 from tpuwatch.monitor.snapshot import (
     LAST_STEP,
@@ -30,10 +30,9 @@ from tpuwatch.monitor.snapshot import (
     worker_exit_codes,
     worker_status_text,
 )
-from tpuwatch.monitor.state import RunState
 from tpuwatch.monitor.stats import RunSteps
 from tpuwatch.printable import one_line, printable
-from tpuwatch.protocol import DISK_FULL_SOURCE, OUTPUT_SOURCE, Event, Finding, Step
+from tpuwatch.protocol import DISK_FULL_SOURCE, OUTPUT_SOURCE, Event, Finding
 from tpuwatch.sources.file_source import FileSource
 from tpuwatch.sources.source import RecordingSource, Tagged
 from tpuwatch.units import (
@@ -295,10 +294,9 @@ def follow_group(
     one more at the end if the disk was last seen full). ``output_log``: the script's output,
     whose last line the summary says when the script failed without an exception.
     """
-    state = RunState(clock=clock)
-    state.baseline = baseline
-    diag = FindingsFeed(clock, on_new=record_findings, state=state)
-    run_steps = RunSteps()  # the finished run's step figures, as `tpuwatch report` gives them
+    # the step figures are the finished run's, as `tpuwatch report` gives them
+    monitor = Monitor(clock, on_new=record_findings, baseline=baseline)
+    state = monitor.state
     next_print = clock() + every_s
     last_key: tuple | None = None
     disk_note = ""
@@ -317,12 +315,8 @@ def follow_group(
 
     def take(tagged: Sequence[Tagged]) -> None:
         for worker, msg in tagged:
-            if diag.read_back(msg):
+            if not monitor.take(msg, worker):
                 continue  # a finding this process recorded: in the state since it was found
-            state.apply(msg, worker)
-            diag.apply(msg, worker)
-            if type(msg) is Step:
-                run_steps.add(msg)
             if isinstance(msg, Event) and msg.source in SAID_SOURCES:  # output late or lost: said as it happens
                 say(f"tpuwatch: {msg.message}")
         for f in state.drain_new_findings():
@@ -342,7 +336,7 @@ def follow_group(
         if now >= next_disk_check:
             next_disk_check = now + 1.0
             check_disk()
-        if diag.evaluate(state, now):
+        if monitor.evaluate(now):
             take([])
         if now >= next_print:
             snap = state.snapshot(now)
@@ -379,10 +373,10 @@ def follow_group(
     if not workers and not state.ended:
         state.set_lost("the process ended without an exit record")
     end_t = state.last_message_t if state.last_message_t is not None else clock()
-    diag.evaluate(state, end_t, force=True)
+    monitor.evaluate(end_t, force=True)
     take([])
     snap = state.snapshot(end_t)
-    say(summary(snap, run_steps, last_line(output_log) if output_log is not None else ""))
+    say(summary(snap, monitor.steps, last_line(output_log) if output_log is not None else ""))
     if len(snap.workers) > 1:
         say(workers_line(snap))
     return snap

@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
-from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.monitor import Monitor
 from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import Finding, Hello, Message
 from tpuwatch.sources.source import RecordingSource, Tagged
 
@@ -63,8 +62,9 @@ class Relay:
         self.clock = clock
         self.poll_s = poll_s
         self.exit_grace_s = exit_grace_s
-        self.state = RunState(clock=clock)
-        self._feed = FindingsFeed(clock, state=self.state)
+        # The recording's findings are the owner's: this view's own engine makes the same ones.
+        self.monitor = Monitor(clock, recorded_findings=False, step_figures=False)
+        self.state = self.monitor.state
         self._hello_worker = ""
         self._leave = threading.Event()
         self._closed = threading.Event()
@@ -91,9 +91,7 @@ class Relay:
             if isinstance(msg, Hello) and worker is None:
                 self._hello_worker = msg.worker
             name = worker if worker is not None else self._hello_worker
-            if not isinstance(msg, Finding):  # the relay's own engine makes them (the same ones)
-                self.state.apply(msg, worker)
-                self._feed.apply(msg, worker)
+            self.monitor.take(msg, worker)
             for outlet in list(self.outlets):
                 self._call(outlet, outlet.take, name, msg)
 
@@ -124,10 +122,10 @@ class Relay:
                     break
             if self._leave.is_set():
                 break
-            self._feed.evaluate(self.state, now)
+            self.monitor.evaluate(now)
             if now >= next_update:
                 next_update = now + UPDATE_EVERY_S
-                snap = self.state.snapshot(now)
+                snap = self.monitor.snapshot(now)
                 new = self.state.drain_new_findings()
                 for outlet in list(self.outlets):
                     self._call(outlet, outlet.update, snap, new)
@@ -142,8 +140,8 @@ class Relay:
             if not workers and not self.state.ended:
                 self.state.set_lost("the process ended without an exit record")
         end_t = self.state.last_message_t if ended and self.state.last_message_t is not None else self.clock()
-        self._feed.evaluate(self.state, end_t, force=True)
-        snap = self.state.snapshot(end_t)
+        self.monitor.evaluate(end_t, force=True)
+        snap = self.monitor.snapshot(end_t)
         self.final = snap
         new = self.state.drain_new_findings()
         for outlet in list(self.outlets):

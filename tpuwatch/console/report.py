@@ -24,7 +24,6 @@ from typing import Any, Callable, Sequence
 from tpuwatch import rundir, units
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diagnostics.pipeline_doctor import pipeline_notes
-from tpuwatch.monitor.diagnostics.tracing import function_label
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.ledger import as_dict as ledger_dict
 from tpuwatch.monitor.ledger import rows as ledger_rows
@@ -40,6 +39,7 @@ from tpuwatch.units import (
     fmt_duration,
     fmt_rate,
     fmt_seconds,
+    function_label,
     percent,
 )
 

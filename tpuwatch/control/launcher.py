@@ -3,7 +3,7 @@
 The child runs in its own session (``start_new_session=True``) with stdout/stderr going to
 ``output.log`` in the run directory through a pipe drained by the output pump (its own process,
 ``output_pump``: the script never waits on the run directory's disk), never to a pipe the viewer
-owns: if the viewer dies, a pipe would kill training with SIGPIPE (DESIGN §1). The launcher
+owns: if the viewer dies, a pipe would kill training with SIGPIPE. The launcher
 records the end of the run (``run.json`` and, when the agent could not, an ``exit`` record).
 """
 

@@ -3,7 +3,7 @@
 ``python -m tpuwatch.control.output_pump RUN_DIR`` with stdin the reading end of the pipe that is
 the script's stdout and stderr (one pipe: their interleaving is kept) and stdout ``output.log``.
 
-Why a pipe and a process of its own (issue 26, item 6): written straight to ``output.log``, every
+Why a pipe and a process of its own: written straight to ``output.log``, every
 ``print`` waited on the run directory's disk; on a disk taking 50 ms a write a script printing once
 a step went from 234 to 8.88 steps/s. Here one thread reads the pipe into a bounded buffer as fast
 as the script writes, another appends the buffer to the file, so the script never waits on the
@@ -14,7 +14,7 @@ the recording (``events.jsonl``): a warning when output runs :data:`LATE_S` late
 ``disk-full`` note of what was dropped (the report lists it).
 
 Why not the viewer: if the viewer owned the pipe, its death would kill training with SIGPIPE
-(DESIGN §1). This process belongs to no terminal (its own session, SIGINT/SIGHUP/SIGTERM
+(docs/architecture.md, "What the code rests on"). This process belongs to no terminal (its own session, SIGINT/SIGHUP/SIGTERM
 ignored), is outside the training's process group (a stop signals that group, never this), and
 reads until every writer has closed the pipe: what the script wrote just before a crash,
 ``os._exit`` or SIGKILL is still in the pipe and reaches the file.

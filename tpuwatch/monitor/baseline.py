@@ -8,29 +8,14 @@ input-bound rule's input wait), so the words say "now".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
+
+from tpuwatch.monitor.snapshot import Baseline
 
 if TYPE_CHECKING:
     from tpuwatch.monitor.snapshot import RunSnapshot
 
-
-@dataclass(frozen=True)
-class Baseline:
-    """Whole-run figures of a finished run (None where it had none)."""
-
-    run_id: str
-    step_p50_s: float | None
-    steps_per_s: float | None
-    examples_per_s: float | None
-    input_wait_share: float | None
-    goodput: float | None = None  # its goodput ledger's (training at the ideal step / wall time)
-    ledger_shares: Mapping[str, float] = field(default_factory=dict)  # bucket -> share of its wall time
-
-    @property
-    def label(self) -> str:
-        """A short name: the run id's last part (``20250615-120000-train-ab12`` -> ``ab12``)."""
-        return self.run_id.rsplit("-", 1)[-1] if self.run_id else "baseline"
+__all__ = ["Baseline", "deltas", "ledger_delta"]
 
 
 def _rel(now: float | None, then: float | None) -> str | None:

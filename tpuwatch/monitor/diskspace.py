@@ -1,5 +1,5 @@
 """Whether the disk under a run directory is full (the script's output and the recording are
-then being dropped and counted by the agent; DESIGN §1: a full disk never stops training)."""
+then being dropped and counted by the agent: a full disk never stops training)."""
 
 from __future__ import annotations
 

@@ -92,10 +92,6 @@ class Ledger:
     def share(self, bucket: str) -> float:
         return self.buckets.get(bucket, 0.0) / self.wall_s if self.wall_s > 0 else 0.0
 
-    @property
-    def accounted_s(self) -> float:
-        return sum(v for k, v in self.buckets.items() if k != "unaccounted")
-
 
 _Held = TypeVar("_Held")
 

@@ -145,7 +145,7 @@ def verdict_of(conclusion: str, input_percent: float | None) -> InputVerdict:
         return "not"
     if input_percent is None:
         return "unknown"
-    # xprof's own thresholds (DESIGN §5) when it gave no sentence.
+    # xprof's own thresholds when it gave no sentence.
     return "highly" if input_percent >= 20 else "moderately" if input_percent >= 5 else "not"
 
 

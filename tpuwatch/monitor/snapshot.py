@@ -10,15 +10,31 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping, Sequence
 
 from tpuwatch import units
-from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputShare
-from tpuwatch.monitor.diagnostics.tracing import function_label
 from tpuwatch.monitor.ledger import Ledger
 from tpuwatch.protocol import Finding, Pipeline, Retrace
 
 #: "stopped": ended by a stop the user asked for (an interrupt, or a recorded stop request).
 RunStatus = Literal["waiting", "starting", "running", "stalled", "finished", "stopped", "crashed", "lost"]
 CommandStatus = Literal["pending", "queued", "running", "done", "failed"]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Whole-run figures of a finished run (None where it had none)."""
+
+    run_id: str
+    step_p50_s: float | None
+    steps_per_s: float | None
+    examples_per_s: float | None
+    input_wait_share: float | None
+    goodput: float | None = None  # its goodput ledger's (training at the ideal step / wall time)
+    ledger_shares: Mapping[str, float] = field(default_factory=dict)  # bucket -> share of its wall time
+
+    @property
+    def label(self) -> str:
+        """A short name: the run id's last part (``20250615-120000-train-ab12`` -> ``ab12``)."""
+        return self.run_id.rsplit("-", 1)[-1] if self.run_id else "baseline"
 
 
 @dataclass(frozen=True)
@@ -59,7 +75,7 @@ class FunctionTraces:
     @property
     def label(self) -> str:
         """How views name it: "multi_step_on_iterator (evaluation)" apart from training's."""
-        return function_label(self.name, self.evaluation)
+        return units.function_label(self.name, self.evaluation)
 
 
 def training_retraces(functions: Sequence[FunctionTraces]) -> int:
@@ -268,7 +284,7 @@ LAST_STEP = "last step"
 
 
 def keras_logged_loss_note(keras_version: str, replicas: int | None) -> str:
-    """Why Keras' logged loss may not be the replicas' mean (DESIGN §7): "" when it is."""
+    """Why Keras' logged loss may not be the replicas' mean: "" when it is."""
     if not replicas or replicas < 2 or not keras_version[:2] == "3.":
         return ""
     try:

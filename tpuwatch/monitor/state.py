@@ -28,7 +28,7 @@ from tpuwatch.monitor.baseline import Baseline
 from tpuwatch.monitor.diagnostics.input_share import InputFigures
 from tpuwatch.monitor.diagnostics.telemetry import Telemetry, Worker
 from tpuwatch.monitor.diagnostics.thresholds import Thresholds
-from tpuwatch.monitor.diagnostics.tracing import closest_change, function_label, remember_signature
+from tpuwatch.monitor.diagnostics.tracing import closest_change, remember_signature
 from tpuwatch.monitor.ledger import Ledger, merge
 from tpuwatch.monitor.runs import ended_state
 from tpuwatch.monitor.snapshot import (
@@ -150,8 +150,6 @@ class RunState:
     ) -> None:
         self.clock = clock
         self._window = window
-        self._rate_window_s = rate_window_s
-        self._history_points = history_points
         #: The workers' records (one :class:`Worker` each), which the diagnostics engine beside
         #: this state reads and updates too (``FindingsFeed(state=...)``).
         self.telemetry = Telemetry(Thresholds(), new_stats=lambda: StepStats(
@@ -400,7 +398,7 @@ class RunState:
     def _retrace(self, msg: Retrace, w: Worker) -> None:
         # the change that made TF trace again: against the closest trace it has, as the
         # retrace-storm finding says it (the agent's is against the previous trace)
-        name = function_label(msg.function, msg.evaluation)
+        name = units.function_label(msg.function, msg.evaluation)
         seen = self._signatures.setdefault((w.name, name), [])
         if msg.change and msg.change != NEW_OBJECT_CHANGE:
             msg = replace(msg, change=closest_change(seen, msg.signature) or msg.change)

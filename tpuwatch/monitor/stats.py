@@ -19,14 +19,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
-from tpuwatch.monitor.diagnostics.robust_stats import quantile
+from tpuwatch.figures import quantile
 from tpuwatch.monitor.snapshot import StepPoint
 from tpuwatch.protocol import Message, Step
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0..100) of already sorted values, linearly interpolated: the one
-    quantile (:func:`~tpuwatch.monitor.diagnostics.robust_stats.quantile`), so ``percentile(v, 50)``
+    quantile (:func:`tpuwatch.figures.quantile`), so ``percentile(v, 50)``
     is the one median. Raises ``ValueError`` on an empty sequence.
     """
     if not sorted_values:

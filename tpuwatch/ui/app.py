@@ -1,6 +1,6 @@
 """The tpuwatch dashboard: one Textual app for live runs, attach and replay.
 
-Data flow (STYLE #5): a reader thread (:class:`~tpuwatch.ui.source_reader.SourceReader` in a
+Data flow: a reader thread (:class:`~tpuwatch.ui.source_reader.SourceReader` in a
 Textual worker) drains the *source* at a fixed rate (default 4 Hz), applies every new message to
 one ``RunState`` it alone owns, evaluates the findings, tails output.log, and hands the UI one
 immutable :class:`~tpuwatch.ui.source_reader.Frame`; the UI sets the frame's ``RunSnapshot`` on
@@ -44,7 +44,6 @@ from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.monitor.state import RunState
 from tpuwatch.printable import printable
 from tpuwatch.protocol import Command, Event, Result, StackDump
-from tpuwatch.sources.replay_source import ReplaySource
 from tpuwatch.sources.source import ReplayControl, Source
 from tpuwatch.ui.hangup_driver import hangup_safe
 from tpuwatch.ui.pacer import SHOW_PERIOD_S
@@ -837,4 +836,4 @@ def run_dashboard(
     return "detach" if source.live else "quit"
 
 
-__all__ = ["DashboardResult", "ReplaySource", "TpuwatchApp", "run_dashboard"]
+__all__ = ["DashboardResult", "TpuwatchApp", "run_dashboard"]

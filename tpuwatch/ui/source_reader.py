@@ -19,11 +19,10 @@ from typing import Callable
 
 from tpuwatch import rundir
 from tpuwatch.monitor.baseline import Baseline
-from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diskspace import full_note
+from tpuwatch.monitor.monitor import Monitor
 from tpuwatch.monitor.recording import append
 from tpuwatch.monitor.snapshot import RunSnapshot
-from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import Finding, Message, StackDump
 from tpuwatch.sources.source import ReplayControl, Source, apply_worker_health
 from tpuwatch.ui.output_tail import OutputTail
@@ -53,7 +52,8 @@ class Frame:
 
 
 class SourceReader:
-    """Drains ``source`` into a ``RunState`` beside a findings feed, one :meth:`read` at a time.
+    """Drains ``source`` into a :class:`~tpuwatch.monitor.monitor.Monitor` (a ``RunState`` and the
+    findings feed beside it), one :meth:`read` at a time.
 
     ``record_findings``: append new findings to the run's recording (only the process that owns
     the run does); the findings go into the state directly, and their lines, when this reader
@@ -81,8 +81,8 @@ class SourceReader:
                            if record_findings and run_dir is not None and self._replay is None else None)
         self._errors: list[str] = []
         self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self.state = self._new_state()
-        self._findings = FindingsFeed(clock, on_new=self._record if self._record_to else None, state=self.state)
+        self.monitor = self._new_monitor()
+        self.state = self.monitor.state
         self._tail: OutputTail | None = None
         if run_dir is not None:
             # A replay shows the whole log; a live view starts near the end of a long one.
@@ -92,10 +92,10 @@ class SourceReader:
         self._disk_checked_at = float("-inf")
         self._disk_note = ""
 
-    def _new_state(self) -> RunState:
-        state = RunState(clock=self._clock)
-        state.baseline = self._baseline
-        return state
+    def _new_monitor(self) -> Monitor:
+        # A live view: the rolling figures only (no whole-run step times held).
+        return Monitor(self._clock, on_new=self._record if self._record_to else None, baseline=self._baseline,
+                       step_figures=False)
 
     # --- asked by other threads -------------------------------------------------------------
 
@@ -129,12 +129,9 @@ class SourceReader:
             # The cursor moved back: everything is read again from the start.
             self._generation = replay.generation
             self._pacer.reset()
-            self.state = self._new_state()
-            self._findings = FindingsFeed(self._clock, on_new=self._record if self._record_to else None,
-                                          state=self.state)
-        apply = self.state.apply
-        diagnose = self._findings.apply
-        read_back = self._findings.read_back
+            self.monitor = self._new_monitor()
+            self.state = self.monitor.state
+        take = self.monitor.take
         # Several workers' streams (a group, several HOST:PORT): each message with its worker.
         poll = self.source.poll_tagged
         deadline = time.perf_counter() + APPLY_BUDGET_S
@@ -143,10 +140,7 @@ class SourceReader:
             while True:
                 batch = poll()
                 for worker, msg in batch:
-                    if read_back(msg):
-                        continue  # this reader's own finding: in the state since it was found
-                    apply(msg, worker)
-                    diagnose(msg, worker)
+                    take(msg, worker)  # skips this reader's own findings: in the state since found
                 if not batch:
                     break
                 if time.perf_counter() > deadline:
@@ -160,7 +154,7 @@ class SourceReader:
         except OSError as e:
             self._errors.append(f"reading the run failed: {e}")
         now = self._now()
-        self._findings.evaluate(self.state, now)
+        self.monitor.evaluate(now)
         disk = self._disk_full_note()
         snap: RunSnapshot | None = None
         # The state counts its news: a snapshot is built only when one is shown.

@@ -7,9 +7,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence, TypeAlias, cast
 
+from tpuwatch.figures import quantile
 from tpuwatch.protocol import Finding, Message, Step
 
-from .robust_stats import quantile, sig
+from .robust_stats import sig
 from .rule import Rule
 from .telemetry import Telemetry, Worker
 from .thresholds import Thresholds

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tpuwatch.figures import quantile
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Message, Severity, StackDump, Step
 from tpuwatch.units import finding_duration, finding_ms
 
-from .robust_stats import median, quantile, sig
+from .robust_stats import median, sig
 from .rule import Rule
 from .telemetry import Telemetry, Worker
 from .thresholds import Thresholds

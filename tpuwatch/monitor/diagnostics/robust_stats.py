@@ -5,17 +5,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile of an already sorted, non-empty sequence."""
-    n = len(sorted_values)
-    if n == 1:
-        return float(sorted_values[0])
-    pos = q * (n - 1)
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, n - 1)
-    frac = pos - lo
-    return sorted_values[lo] * (1.0 - frac) + sorted_values[hi] * frac
+from tpuwatch.figures import quantile
 
 
 def median(values: Sequence[float]) -> float:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from tpuwatch import figures
+
 
 @dataclass(frozen=True)
 class Thresholds:
@@ -28,15 +30,15 @@ class Thresholds:
 
     # --- input-bound ---------------------------------------------------------------------
     #: xprof's input-pipeline verdict: >= 5 % of step time waiting is "moderately", >= 20 %
-    #: "highly" input-bound.
-    input_info_frac: float = 0.05
-    input_warning_frac: float = 0.20
+    #: "highly" input-bound (``tpuwatch.figures``: the agent's automatic profile starts at 5 %).
+    input_info_frac: float = figures.INPUT_INFO_FRAC
+    input_warning_frac: float = figures.INPUT_WARNING_FRAC
     #: Mean wait per step below this is noise, whatever its share: timing a fetch from a ready
     #: prefetch buffer costs tens of microseconds. Kept far below a step's usual wait: a TPU
     #: step of 2-5 ms that waits 3 ms for its batch is input-bound, and so is a custom loop's
     #: eager fetch of a distributed batch (2-3 ms, time the step waits; the advice moves it
     #: into the compiled step).
-    input_min_wait_s: float = 0.0001
+    input_min_wait_s: float = figures.INPUT_MIN_WAIT_S
     #: Minimum evidence: eligible steps (the worst one left out) that measured their wait. A
     #: share over 20 steps is already stable to a few percent; seconds of step time say nothing
     #: more (a 100-step run asking "am I input-bound?" must get its answer).

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from tpuwatch.protocol import NEW_OBJECT_CHANGE, VARIABLES_MADE_CHANGE, Finding, Message, Retrace, Severity
+from tpuwatch.units import function_label
 
 from .robust_stats import sig
 from .rule import Rule
@@ -51,13 +52,6 @@ class FunctionHistory:
         """Re-traces of existing objects beyond what partial batches and first calls that
         created variables explain."""
         return self.traces - self.instances - self.variable_traces - allowed_per_instance * self.instances
-
-
-def function_label(name: str, evaluation: bool) -> str:
-    """How a traced function is named everywhere: an evaluation function (``Retrace.evaluation``)
-    apart from the training function of the same name (Keras names both
-    ``multi_step_on_iterator``)."""
-    return f"{name} (evaluation)" if evaluation else name
 
 
 class _TracingRule(Rule):

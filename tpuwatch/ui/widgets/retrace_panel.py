@@ -8,7 +8,6 @@ import re
 from textual.content import Content
 
 from tpuwatch import units
-from tpuwatch.monitor.diagnostics.tracing import function_label
 from tpuwatch.monitor.snapshot import FunctionTraces, RunSnapshot
 from tpuwatch.ui.widgets.panel import Panel
 
@@ -65,7 +64,7 @@ def retraces_text(s: RunSnapshot, width: int = 80) -> Content:
     for r in s.retraces:
         step = f"step {units.integer(r.step)}" if r.step is not None else "before the first step"
         lines.append(Content.assemble(
-            (f"{units.clock(r.t - origin):>7}  ", "dim"), (function_label(r.function, r.evaluation), "bold"),
+            (f"{units.clock(r.t - origin):>7}  ", "dim"), (units.function_label(r.function, r.evaluation), "bold"),
             (f"  trace {r.traces}", ""), (f" of {r.instances} object(s)" if r.instances > 1 else "", "$warning"),
             (f"  {step}", "dim"),
         ))
