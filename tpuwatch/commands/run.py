@@ -185,10 +185,10 @@ def _hint_misplaced_options(run_dir: Path, code: int) -> None:
     if code != EXIT_USAGE:
         return
     try:
-        with open(run_dir / rundir.OUTPUT, "rb") as f:
+        with rundir.open_regular(run_dir / rundir.OUTPUT) as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 8192))
-            tail = f.read().decode("utf-8", "replace")
+            tail = f.read(8192).decode("utf-8", "replace")
     except OSError:
         return
     ours = _run_options()

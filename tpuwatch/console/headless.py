@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
-from tpuwatch import units
+from tpuwatch import rundir, units
 from tpuwatch.monitor.baseline import Baseline, deltas
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diskspace import full_note
@@ -234,12 +234,13 @@ def follow(
 
 
 def last_line(path: Path, tail_bytes: int = 4096) -> str:
-    """The last non-blank line of a text file, from its last ``tail_bytes`` ("" when unreadable)."""
+    """The last non-blank line of a text file, from its last ``tail_bytes`` ("" when unreadable,
+    and for anything but a regular file: a FIFO is never waited on, /dev/zero never read)."""
     try:
-        with open(path, "rb") as f:
+        with rundir.open_regular(path) as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - tail_bytes))
-            text = f.read().decode("utf-8", "replace")
+            text = f.read(tail_bytes).decode("utf-8", "replace")
     except OSError:
         return ""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
