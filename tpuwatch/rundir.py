@@ -187,7 +187,9 @@ def runs_root() -> Path:
 
 
 def new_run_id(script: str, clock=time.time) -> str:
-    stem = Path(script).stem.replace(" ", "_")[:40] or "run"
+    # A name for directories, shell lines and terminals: no blank, no control character, no lone
+    # surrogate (a script's file name may hold any of them).
+    stem = "".join(c if c.isprintable() and not c.isspace() else "_" for c in Path(script).stem)[:40] or "run"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock()))
     return f"{stamp}-{stem}-{secrets.token_hex(2)}"
 

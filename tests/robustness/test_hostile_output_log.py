@@ -35,3 +35,21 @@ def test_attach_of_a_run_whose_output_log_is_endless_or_a_fifo_ends(tmp_path, ki
     assert proc.returncode == 1, proc.stderr  # the run's own exit code
     assert "Traceback" not in proc.stderr and "MemoryError" not in proc.stderr, proc.stderr[-2000:]
     assert "crashed" in proc.stdout
+
+
+@pytest.mark.tf
+def test_run_says_where_it_records_and_how_to_report_in_one_line_each(tmp_path):
+    """`tpuwatch run` of a script whose name holds an OSC title sequence and a newline."""
+    script = tmp_path / "evil\x1b]0;pwned\x07\nx.py"
+    script.write_text("print('hi')\n")
+    proc = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", str(script)], capture_output=True,
+                          timeout=120, env=child_env(TPUWATCH_HOME=str(tmp_path / "home")))
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr.decode("utf-8", "surrogateescape")
+    assert "\x1b" not in err and "\x07" not in err, err
+    lines = err.splitlines()
+    (recording,) = [line for line in lines if "recording in" in line]
+    (hint,) = [line for line in lines if "for the full report" in line]
+    (run_dir,) = (tmp_path / "home" / "runs").iterdir()
+    assert recording.endswith(str(run_dir)) and "evil_]0;pwned__x" in recording, recording
+    assert hint.startswith("tpuwatch: exit code 0; `tpuwatch report ") and run_dir.name in hint, hint

@@ -129,7 +129,7 @@ def summary(snap: RunSnapshot, run_steps: RunSteps | None = None, last_output: s
     lines = [f"tpuwatch: {head}"]
 
     def row(label: str, text: str) -> None:
-        lines.append(f"  {label:<10}{text}")
+        lines.append(f"  {label:<10}{one_line(text)}")  # a run id or a message may hold a newline
 
     ident = snap.run_id or UNKNOWN
     if snap.strategy:
