@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
@@ -243,3 +244,20 @@ def test_the_viewer_survives_600_idle_connections_under_ulimit_512_and_keeps_ser
     assert viewer.returncode == 0, err
     assert "Errno 24" not in err and "Traceback" not in err, err
     assert "script done" in out
+
+
+@pytest.mark.parametrize("value, warned", [("0.0.0.0:0", True), ("[::]:0", True), ("127.0.0.1:0", False),
+                                           ("0", False)])
+def test_metrics_on_every_network_says_what_it_exposes(tmp_path, value, warned):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_bytes((Path(__file__).parents[1] / "data" / "crashed.jsonl").read_bytes())
+    proc = subprocess.run([sys.executable, "-m", "tpuwatch", "attach", str(run_dir), "--metrics", value],
+                          capture_output=True, text=True, timeout=60, env=child_env(TPUWATCH_HOME=str(tmp_path / "home")))
+    assert proc.returncode == 1, proc.stderr  # the run's exit code
+    warning = [line for line in proc.stderr.splitlines() if "warning: --metrics" in line]
+    if warned:
+        (line,) = warning
+        assert f"--metrics {value} serves" in line and "without a token" in line and "127.0.0.1:PORT" in line, line
+    else:
+        assert not warning, proc.stderr

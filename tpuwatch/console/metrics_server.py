@@ -226,6 +226,18 @@ class MetricsServer:
         self.metrics = metrics
 
     @property
+    def loopback(self) -> bool:
+        """Whether only this machine can connect (127.0.0.0/8, ::1, localhost)."""
+        import ipaddress
+
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:  # a host name: whatever it resolves to, it may be reachable
+            return False
+
+    @property
     def url(self) -> str:
         port = self.httpd.server_address[1]
         return f"http://{'[' + self.host + ']' if ':' in self.host else self.host}:{port}/metrics"
