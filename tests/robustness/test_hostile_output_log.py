@@ -53,3 +53,80 @@ def test_run_says_where_it_records_and_how_to_report_in_one_line_each(tmp_path):
     (run_dir,) = (tmp_path / "home" / "runs").iterdir()
     assert recording.endswith(str(run_dir)) and "evil_]0;pwned__x" in recording, recording
     assert hint.startswith("tpuwatch: exit code 0; `tpuwatch report ") and run_dir.name in hint, hint
+
+
+RAISES_WHEN_TOLD = """
+import os, sys, time
+ready, stop = sys.argv[1], sys.argv[2]
+open(ready, "w").close()
+deadline = time.monotonic() + 120
+while not os.path.exists(stop) and time.monotonic() < deadline:
+    time.sleep(0.05)
+raise ValueError("planted after the run directory was removed")
+"""
+
+
+@pytest.mark.tf
+def test_removing_the_run_directory_mid_run_leaves_the_viewer_watching(tmp_path):
+    """`rm -rf` of the run directory while `tpuwatch run --headless` watches: the script runs to its
+    end, the viewer says once what it can no longer record and exits with the script's code.
+    Before: FileNotFoundError from appending the crash finding to the removed recording."""
+    import shutil
+    import time
+
+    script = tmp_path / "train.py"
+    script.write_text(RAISES_WHEN_TOLD)
+    ready, stop, run_dir = tmp_path / "ready", tmp_path / "stop", tmp_path / "run"
+    viewer = subprocess.Popen([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
+                               str(script), str(ready), str(stop)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=child_env(TPUWATCH_HOME=str(tmp_path / "home")))
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert time.monotonic() < deadline and viewer.poll() is None, viewer.communicate()
+            time.sleep(0.05)
+        shutil.rmtree(run_dir)
+        stop.write_text("")
+        out, err = viewer.communicate(timeout=60)
+    finally:
+        if viewer.poll() is None:
+            viewer.kill()
+            viewer.communicate()
+    assert "Traceback" not in err, err
+    assert viewer.returncode == 1, err  # the script's own exit code
+
+
+def test_a_finding_made_after_the_run_directory_was_removed_is_said_not_fatal(tmp_path):
+    """The headless viewer of `tpuwatch run` records its findings into the recording; a stall
+    found after `rm -rf` of the run directory cannot be. Before: FileNotFoundError out of
+    ``recording.append`` ended the viewer (exit 1, training unwatched, no Ctrl-C forwarding)."""
+    import io
+    import json
+    import shutil
+
+    from tpuwatch.console import headless
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    # The steps of a run whose agent sends no samples (the stall is then measured up to now).
+    lines = [line for line in CRASHED.read_text().splitlines()
+             if json.loads(line)["kind"] in ("hello", "config") or
+             (json.loads(line)["kind"] == "step" and json.loads(line)["step"] <= 100)]
+    (run_dir / "events.jsonl").write_text("\n".join(lines) + "\n")
+    now = [max(json.loads(line)["t"] for line in lines)]
+    polls = []
+
+    def sleep(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 1:
+            shutil.rmtree(run_dir)  # after the first read
+        now[0] += 20.0
+
+    alive = iter([True] * 30 + [False] * 1000)
+    out = io.StringIO()
+    snap = headless.follow(run_dir / "events.jsonl", lambda: next(alive), out=out, clock=lambda: now[0], poll_s=0.0,
+                           sleep=sleep, record_findings=True)
+    text = out.getvalue()
+    assert "stall" in text and any(f.rule == "stall" for f in snap.findings), text
+    (said,) = [line for line in text.splitlines() if "cannot record findings" in line]
+    assert str(run_dir) in said and "No such file or directory" in said, said

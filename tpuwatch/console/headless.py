@@ -226,10 +226,24 @@ def follow(
     """
     recording = Path(events_path)
     source = FileSource(recording.parent, reader=RecordingReader(recording))
+    unrecorded: list[OSError] = []
+
+    def record(new: list[Finding]) -> None:
+        """Findings into the recording; one that cannot take them (its run directory removed
+        mid-run, a read-only disk) is said once, and the view goes on: they are derived data."""
+        try:
+            append(recording, new)
+        except OSError as e:
+            if not unrecorded:
+                print(one_line(f"tpuwatch: cannot record findings in {recording} ({e.strerror or e}): they are "
+                               "shown here only (`tpuwatch report` finds them again from what is recorded)"),
+                      file=out, flush=True)
+            unrecorded.append(e)
+
     return follow_group(
         source, is_alive, out, every_s, clock, on_end=on_end,
         exit_grace_s=exit_grace_s, poll_s=poll_s, sleep=sleep,
-        record_findings=(lambda new: append(recording, new)) if record_findings else None,
+        record_findings=record if record_findings else None,
         watch_disk=recording.parent, baseline=baseline, output_log=recording.parent / "output.log")
 
 
