@@ -53,8 +53,34 @@ def test_fit_model_and_the_scripts_own_manager_are_what_gets_saved(tmp_path, mod
         assert [g["step"] for g in restored] == [r.details["step"] for r in results]
         assert [g["iterations"] for g in restored] == [r.details["step"] for r in results]
     else:
-        # The script's own format and directory; the step is the checkpoint number.
-        assert all(r.details["saved"] == "the script's CheckpointManager" for r in results)
-        assert paths == [str(own_dir / f"ckpt-{r.details['step']}") for r in results]
+        # The script's own format, beside its directory (never through its manager, which would
+        # rotate the script's own checkpoints out); the step is the checkpoint number.
+        assert all(r.details["saved"] == "the script's tf.train.Checkpoint" for r in results)
+        assert paths == [str(own_dir / "tpuwatch" / f"ckpt-{r.details['step']}") for r in results]
         restored = restore(paths, own=True)
         assert [g["iterations"] for g in restored] == [r.details["step"] for r in results]
+
+
+def test_requested_checkpoints_never_rotate_the_scripts_own_out(tmp_path):
+    """The script keeps its last 3 checkpoints (max_to_keep=3) and saved 3; a token holder asks
+    for 3 more within a second. Before: they went through the script's manager, which deleted
+    the script's ckpt-3, ckpt-6 and ckpt-9 (a way to destroy training progress at 5 a second)."""
+    import tensorflow as tf
+
+    own_dir = tmp_path / "own"
+    run = LiveRun(tmp_path, "--mode", "custom", "--own-manager", str(own_dir), "--own-keep", "3",
+                  "--own-save-at", "3,6,9", "--sleep-ms", "5")
+    try:
+        run.wait_for_steps(12)
+        results = [run.command("checkpoint").result for _ in range(3)]
+    finally:
+        code = run.stop()
+    assert code == 0, run.output()
+    assert all(r.ok for r in results), [r.message for r in results]
+    for step in (3, 6, 9):
+        assert (own_dir / f"ckpt-{step}.index").exists(), sorted(p.name for p in own_dir.iterdir())
+    assert tf.train.latest_checkpoint(str(own_dir)) == str(own_dir / "ckpt-9")  # the script's own index
+    assert [r.details["path"] for r in results] == [str(own_dir / "tpuwatch" / f"ckpt-{r.details['step']}")
+                                                    for r in results]
+    restored = restore([r.details["path"] for r in results], own=True)
+    assert [g["iterations"] for g in restored] == [r.details["step"] for r in results]
