@@ -180,3 +180,4 @@ def test_the_stack_dumps_sigusr1_fallback_never_goes_to_another_users_choice(tmp
     view = request.update([], [])
     assert view.status == "failed" and "belongs to another user" in view.note, view
     _no_signal(proc, log)
+

@@ -32,6 +32,7 @@ the Result is sent when the upload has finished.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import weakref
 from pathlib import Path
@@ -252,11 +253,18 @@ class Checkpointer:
         manager, what = self._manager_for(dest)
         if self._step_var is not None:
             self._step_var.assign(step)
+        # What this save may leave half-written (TF writes <prefix>-<step>_temp/ then renames).
+        partial = f"{getattr(manager, '_checkpoint_prefix', os.path.join(dest.local, 'ckpt'))}-{step}"
+        before = _save_files(partial)
         try:
             prefix = manager.save(checkpoint_number=step)
         except Exception as e:  # TF's save raises OpError, OSError, ValueError...: each refuses the command
+            _remove_new(partial, before)
             text = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             raise CommandRefused(f"checkpoint could not be written to {dest.url}: {text}") from None
+        except BaseException:  # Ctrl-C mid-save: no half checkpoint left behind (the Result: the runtime's)
+            _remove_new(partial, before)
+            raise
         save_s = self.perf() - t0
         files = sorted(Path(p) for p in _glob_prefix(prefix))
         size = sum(p.stat().st_size for p in files)
@@ -377,6 +385,26 @@ class Checkpointer:
         deadline = clocks.monotonic() + timeout_s
         for thread in list(self._uploads):
             thread.join(max(0.0, deadline - clocks.monotonic()))
+
+
+def _remove_new(partial: str, before: set[str]) -> None:
+    """Removes what an unfinished save of ``partial`` (``<prefix>-<step>``) created: files and
+    its ``_temp`` directory that were not there before it began. Best effort: a leftover is
+    harmless to the script (nothing names it)."""
+    for path in _save_files(partial) - before:
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def _save_files(partial: str) -> set[str]:
+    import glob
+
+    return {*glob.glob(glob.escape(partial) + ".*"), *glob.glob(glob.escape(partial) + "_temp*")}
 
 
 def _same_dir(directory: Any, local: Path) -> bool:

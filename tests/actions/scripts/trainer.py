@@ -7,6 +7,7 @@ Trains until the file --stop exists (or --max-steps), so a test can send command
 --own-manager DIR   the script makes its own tf.train.Checkpoint + CheckpointManager in DIR
 --own-keep N        its manager's max_to_keep (default: keep all)
 --own-save-at S,..  the script saves its own checkpoint after each of these steps (number = step)
+--big-mb N          its own checkpoint also holds an N MB variable (a save that takes a while)
 --weights-log PATH  custom: after each step write "<optimizer.iterations> <weights as float32 hex>"
 --sleep-ms N    sleep per step (keeps the run going without burning the CPU)
 """
@@ -25,6 +26,7 @@ p.add_argument("--max-steps", type=int, default=20000)
 p.add_argument("--own-manager")
 p.add_argument("--own-keep", type=int)
 p.add_argument("--own-save-at", default="")
+p.add_argument("--big-mb", type=int, default=0)
 p.add_argument("--weights-log")
 p.add_argument("--sleep-ms", type=float, default=0.0)
 a = p.parse_args()
@@ -48,7 +50,8 @@ with strategy.scope():
     model = make_model()
     optimizer = tf.keras.optimizers.SGD(0.01)
     if a.own_manager:
-        ckpt = tf.train.Checkpoint(net=model, opt=optimizer)
+        extra = {"big": tf.Variable(tf.zeros([a.big_mb << 18]), trainable=False)} if a.big_mb else {}
+        ckpt = tf.train.Checkpoint(net=model, opt=optimizer, **extra)
         manager = tf.train.CheckpointManager(ckpt, a.own_manager, max_to_keep=a.own_keep)
 own_saves = {int(s) for s in a.own_save_at.split(",") if s}
 
