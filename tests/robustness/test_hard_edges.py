@@ -576,3 +576,34 @@ def test_a_command_flood_is_rate_limited(tmp_path):
     said = [m.message for m in read_messages(agent.run_dir / "events.jsonl")
             if isinstance(m, Event) and "commands faster than" in m.message]
     assert any("disconnected after skipping" in m for m in said), said
+
+
+@pytest.mark.tf
+def test_reconnecting_does_not_reset_the_command_rate_limit(tmp_path):
+    """A valid local viewer sends 15 commands a connection (under one viewer's burst) over 100
+    connections in a row: the limit is the agent's, not the connection's, so a bounded number
+    reach the agent. Before: every one of the 1,500 did (1,000 stack dumps in 1.4 s)."""
+    agent = WaitingAgent(tmp_path, tmp_path / "run")
+    try:
+        agent.wait_ready()
+        batch = b"".join(protocol.encode(new_command("no-such-action")) for _ in range(15))
+        for _ in range(100):
+            conn = wait_for(lambda: _connect_or_none(meta(agent.run_dir)["socket"]), 30, "a connection")
+            try:
+                conn.sendall(attach_line() + batch)
+            except OSError:
+                pass
+            finally:
+                conn.close()
+        assert agent.finish() == 0
+    finally:
+        agent.kill()
+    n = len(results(agent.run_dir))
+    assert 0 < n < 300, n
+
+
+def _connect_or_none(path: str) -> socket.socket | None:
+    try:
+        return connect_unix(path)
+    except BlockingIOError:  # the listen backlog is full: the agent is still closing the last ones
+        return None
