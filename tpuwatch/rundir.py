@@ -222,6 +222,7 @@ def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Pa
     appends to another recording, nor chmods a directory it did not make. ``new``: a launcher
     starting a run: any non-empty directory is refused. Raises OSError when it cannot write."""
     run_dir = Path(os.path.abspath(run_dir))
+    _check_links(run_dir)
     if home() in run_dir.parents:
         check_home()  # a home or runs/ another user can write into: refused before anything is made
     if run_dir.exists() and not run_dir.is_dir():
@@ -247,6 +248,21 @@ def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Pa
     probe.unlink()
     make_reserve(run_dir)
     return run_dir
+
+
+def _check_links(run_dir: Path) -> None:
+    """Refuses a run directory reached through a symbolic link of another user's (the run
+    directory itself or any directory above it): its owner could re-point it mid-run, and the
+    run's files (its teardown stacks, its recording) would go where they choose."""
+    for p in [*reversed(run_dir.parents), run_dir]:
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return  # missing from here down: we make them
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.getuid(), 0):
+            raise RunDirError(errno.EPERM, f"{p} is a symbolic link of another user (uid {st.st_uid}), who could "
+                                           f"re-point it while the run writes there; give the directory itself "
+                                           f"({os.path.realpath(p)}) if it is yours, or a directory of your own")
 
 
 def _check_parent(run_dir: Path, what: str = "run directory",

@@ -629,3 +629,26 @@ def _connect_or_none(path: str) -> socket.socket | None:
         return connect_unix(path)
     except BlockingIOError:  # the listen backlog is full: the agent is still closing the last ones
         return None
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("where", ["the run directory", "a parent"])
+def test_a_run_dir_through_another_users_link_is_refused(tmp_path, where):
+    """`--run-dir` through a symbolic link another user owns (pointing at a directory of ours):
+    they could re-point it mid-run (the headless viewer crashed, the agent wrote its teardown
+    stacks into their directory). Refused in one line before the script starts. Before: accepted."""
+    if os.geteuid() != 0:
+        pytest.skip("a link owned by another user needs root (lchown)")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    link = shared / "link"
+    link.symlink_to(mine)
+    os.lchown(link, 65534, 65534)
+    run_dir = link if where == "the run directory" else link / "run"
+    script = write_script(tmp_path / "never.py", f"open({str(tmp_path / 'ran')!r}, 'w')\n")
+    proc = tpuwatch("run", "--headless", "--run-dir", str(run_dir), str(script))
+    one_line_error(proc, str(link), "symbolic link", "uid 65534")
+    assert not (tmp_path / "ran").exists() and not list(mine.iterdir())
