@@ -262,7 +262,10 @@ def test_a_socket_directory_squatted_by_another_user_is_worked_around(tmp_path):
     base = tmpdir / f"tpuwatch-{os.getuid()}"
     base.mkdir(mode=0o700)
     os.chown(base, 65534, 65534)
-    home = tmp_path / "home"
+    import shutil
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="tpw-"))  # short enough for a socket path under it, wherever tmp_path is
     agent = WaitingAgent(tmp_path, _long_dir(tmp_path, "c"), env={"TMPDIR": str(tmpdir), "TPUWATCH_HOME": str(home)})
     try:
         agent.wait_ready()
@@ -274,6 +277,7 @@ def test_a_socket_directory_squatted_by_another_user_is_worked_around(tmp_path):
         assert agent.finish() == 0
     finally:
         agent.kill()
+        shutil.rmtree(home, ignore_errors=True)
     assert not list(base.iterdir())
 
 
