@@ -11,6 +11,9 @@ Rules:
   ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so every line is strict JSON;
 - a line with an unknown ``kind`` is skipped and counted, a malformed one is rejected and
   counted: decoding never raises on bad input (see :class:`Decoder`);
+- times are finite: a timestamp ``t`` or a duration (a field named ``*_s``) that is NaN, an
+  infinity or beyond :data:`MAX_SECONDS` in size makes the line malformed (the agent never
+  writes one; a hand-edited or hostile recording would otherwise overflow every sum of times);
 - extra fields from a newer agent are ignored; a missing required field makes the line
   malformed.
 
@@ -32,6 +35,9 @@ PROTOCOL_VERSION = 1
 
 #: Longest line accepted from the wire or a recording (bytes, newline excluded).
 MAX_LINE_BYTES = 1 << 20
+#: The largest time a message may carry, in seconds either way (about 3,000 years): a unix time
+#: or a duration beyond it is no real one, and sums of such would overflow.
+MAX_SECONDS = 1e11
 
 #: ``Event.source`` of the agent's note of what a full disk made the run lose (the report lists it).
 DISK_FULL_SOURCE = "disk-full"
@@ -867,12 +873,31 @@ def _scalar(v: Any) -> Any:
     raise ProtocolError(f"expected a plain value, got {type(v).__name__}")
 
 
+def is_time_field(name: str) -> bool:
+    """Whether a field holds seconds (a unix time ``t``, a duration ``*_s``): finite, bounded."""
+    return name == "t" or name.endswith("_s")
+
+
+def _check_seconds(v: Any) -> Any:
+    if isinstance(v, float) and not -MAX_SECONDS <= v <= MAX_SECONDS:  # NaN fails it too
+        raise ProtocolError(f"{v!r} is not a time in seconds (a finite number within ±{MAX_SECONDS:g})")
+    return v
+
+
 def _schema(cls: type[Message]) -> list[tuple[str, Callable[[Any], Any], bool]]:
     hints = typing.get_type_hints(cls, globalns={**globals(), "Scalar": Any})
     fields = []
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         check = _checker(tp)
+        if is_time_field(f.name):
+            plain = check
+            if typing.get_origin(tp) is tuple:
+                def check(v: Any, plain: Callable[[Any], Any] = plain) -> Any:
+                    return tuple(_check_seconds(x) for x in plain(v))
+            else:
+                def check(v: Any, plain: Callable[[Any], Any] = plain) -> Any:
+                    return _check_seconds(plain(v))
         if typing.get_origin(tp) in (collections.abc.Mapping, dict):
             inner = check
 
@@ -969,6 +994,12 @@ _FAST_TYPES: dict[str, tuple[str, str, str]] = {
     "tuple[float, ...]": ("[_num(x) for x in {v}]", "{v} = tuple(map(_float, {v}))",
                           "'[' + ','.join(map(_fj, {v})) + ']'"),
 }
+#: The decode check added for a time field (:func:`is_time_field`): out of range or NaN goes to
+#: the full decoder, which rejects it.
+_FAST_TIME_CHECK = {
+    "float": "if not -_MAX_S <= {v} <= _MAX_S: return None",
+    "float | None": "if {v} is not None and not -_MAX_S <= {v} <= _MAX_S: return None",
+}
 
 #: The first bytes of every encoded Step (``kind`` first): where a reader tries :func:`decode_step_line`.
 STEP_LINE_PREFIX = b'{"kind":"step",'
@@ -1025,7 +1056,12 @@ def _make_step_paths(cls: type[Message]) -> tuple[Callable[..., tuple[Any, ...]]
         if f.default_factory is not dataclasses.MISSING or str(f.type) not in _FAST_TYPES:
             raise TypeError(f"{cls.__name__}.{f.name}: {f.type} has no fast path (protocol._FAST_TYPES); "
                             f"give it one, or a plain default")
-        kinds[f.name] = _FAST_TYPES[str(f.type)]
+        to_json, check, write = _FAST_TYPES[str(f.type)]
+        if is_time_field(f.name):
+            if str(f.type) not in _FAST_TIME_CHECK:
+                raise TypeError(f"{cls.__name__}.{f.name}: a time of type {f.type} has no fast check")
+            check = f"{check}\n        {_FAST_TIME_CHECK[str(f.type)]}"
+        kinds[f.name] = (to_json, check, write)
     params = ", ".join(n if n not in defaults else f"{n}=_defaults[{n!r}]" for n in names)
     values = "".join(f"{n}, " for n in names)
     encoded = ", ".join(f"{n!r}: {kinds[n][0].format(v='m.' + n)}" for n in names)
@@ -1060,7 +1096,8 @@ def encode_step_values(values):
         return encode(_cls(*values))
 """
     namespace: dict[str, Any] = {"_defaults": defaults, "_num": _num, "_float": _float, "_loads": json.loads,
-                                 "_cls": cls, "_int": _int, "_fj": _fj, "_sj": _sj, "encode": encode}
+                                 "_cls": cls, "_int": _int, "_fj": _fj, "_sj": _sj, "encode": encode,
+                                 "_MAX_S": MAX_SECONDS}
     exec(compile(source, "<tpuwatch.protocol Step paths>", "exec"), namespace)
     return (namespace["step_values"], namespace["_step_dict"], namespace["decode_step_line"],
             namespace["encode_step_values"])

@@ -187,7 +187,9 @@ def runs_root() -> Path:
 
 
 def new_run_id(script: str, clock=time.time) -> str:
-    stem = Path(script).stem.replace(" ", "_")[:40] or "run"
+    # A name for directories, shell lines and terminals: no blank, no control character, no lone
+    # surrogate (a script's file name may hold any of them).
+    stem = "".join(c if c.isprintable() and not c.isspace() else "_" for c in Path(script).stem)[:40] or "run"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock()))
     return f"{stamp}-{stem}-{secrets.token_hex(2)}"
 
@@ -220,6 +222,7 @@ def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Pa
     appends to another recording, nor chmods a directory it did not make. ``new``: a launcher
     starting a run: any non-empty directory is refused. Raises OSError when it cannot write."""
     run_dir = Path(os.path.abspath(run_dir))
+    _check_links(run_dir)
     if home() in run_dir.parents:
         check_home()  # a home or runs/ another user can write into: refused before anything is made
     if run_dir.exists() and not run_dir.is_dir():
@@ -245,6 +248,21 @@ def create(run_dir: Path, run_id: str | None = None, *, new: bool = False) -> Pa
     probe.unlink()
     make_reserve(run_dir)
     return run_dir
+
+
+def _check_links(run_dir: Path) -> None:
+    """Refuses a run directory reached through a symbolic link of another user's (the run
+    directory itself or any directory above it): its owner could re-point it mid-run, and the
+    run's files (its teardown stacks, its recording) would go where they choose."""
+    for p in [*reversed(run_dir.parents), run_dir]:
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return  # missing from here down: we make them
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.getuid(), 0):
+            raise RunDirError(errno.EPERM, f"{p} is a symbolic link of another user (uid {st.st_uid}), who could "
+                                           f"re-point it while the run writes there; give the directory itself "
+                                           f"({os.path.realpath(p)}) if it is yours, or a directory of your own")
 
 
 def _check_parent(run_dir: Path, what: str = "run directory",
@@ -300,23 +318,56 @@ def socket_path(run_dir: Path) -> Path:
     When ``run_dir/agent.sock`` is too long for AF_UNIX: a short path in the private directory
     ``$TMPDIR/tpuwatch-<uid>/``, named after a hash of the absolute run directory (two runs never
     share one). That directory must be this user's, mode 0700, not a link, else RunDirError
-    (another user could take or read the socket)."""
+    (another user could take or read the socket). When another user made it first (in a sticky
+    ``/tmp`` it cannot be removed by us), ``$TPUWATCH_HOME/sockets/`` is used instead (the home
+    is private: :func:`check_home`)."""
     run_dir = Path(os.path.abspath(run_dir))
     path = run_dir / SOCKET
     if len(os.fsencode(str(path))) <= _MAX_SOCKET_PATH:
         return path
+    digest = hashlib.sha256(os.fsencode(str(run_dir))).hexdigest()[:16]
+    name = f"{run_dir.name[-40:]}-{digest}.sock"
     base = Path(tempfile.gettempdir()) / f"tpuwatch-{os.getuid()}"
+    st = _private_socket_dir(base)
+    if st.st_uid == os.getuid():
+        _check_socket_dir(base, st)
+        return base / name
+    squatted = f"{base} (for the sockets of long run directories) belongs to uid {st.st_uid}, another user"
+    fallback = home() / "sockets"
+    if len(os.fsencode(str(fallback / name))) > _MAX_SOCKET_PATH:
+        name = f"{digest}.sock"
+    if len(os.fsencode(str(fallback / name))) > _MAX_SOCKET_PATH:
+        raise RunDirError(errno.EPERM, f"{squatted}, and {fallback} is too long a path for a socket: set TMPDIR "
+                                       "to a directory of your own, or give a shorter --run-dir")
+    try:
+        check_home()
+        make_private_dirs(fallback)
+        st = _private_socket_dir(fallback)
+    except OSError as e:
+        raise RunDirError(errno.EPERM, f"{squatted}, and {fallback} cannot be used instead "
+                                       f"({e.strerror or e}): set TMPDIR to a directory of your own, or give a "
+                                       "shorter --run-dir") from None
+    _check_socket_dir(fallback, st)
+    return fallback / name
+
+
+def _private_socket_dir(base: Path) -> os.stat_result:
     try:
         base.mkdir(mode=0o700)
     except FileExistsError:
         pass
-    st = os.lstat(base)
+    return os.lstat(base)
+
+
+def _check_socket_dir(base: Path, st: os.stat_result) -> None:
+    """A socket directory must be this user's real directory, 0700; RunDirError (one line) else."""
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        mine = st.st_uid == os.getuid()
         raise RunDirError(errno.EPERM, f"{base} (for the sockets of long run directories) is not a private "
                                        f"directory of this user (owner uid {st.st_uid}, mode "
-                                       f"{stat.S_IMODE(st.st_mode):04o}); remove it or give a shorter --run-dir")
-    digest = hashlib.sha256(os.fsencode(str(run_dir))).hexdigest()[:16]
-    return base / f"{run_dir.name[-40:]}-{digest}.sock"
+                                       f"{stat.S_IMODE(st.st_mode):04o}); "
+                                       + (f"`chmod 700 {base}`" if mine and stat.S_ISDIR(st.st_mode) else
+                                          f"remove {base}") + " or give a shorter --run-dir")
 
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:

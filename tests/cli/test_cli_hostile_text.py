@@ -115,3 +115,41 @@ def test_a_command_result_from_the_agent_is_printed_escaped(tmp_path, monkeypatc
     assert code == actions.EXIT_FAILED
     assert_no_controls(out.out + out.err)
     assert "checkpoint failed: cannot write /etc/x[/]y\\x1b]52;c;cHduZWQ=\\x07" in out.out
+
+
+def test_the_headless_summarys_run_row_is_one_line(tmp_path):
+    """A run id (from the recording's hello) with a newline and an OSC title sequence."""
+    home = tmp_path / "home"
+    msgs = mr.crashed_messages(60, nan_at=50)
+    msgs[0] = mr.hello(script="train.py", run_id="evil\x1b]0;pwned\x07\nfake row")
+    run = home / "runs" / "r"
+    write_run(run, msgs, meta={"run_id": "r", "script": "train.py", "started": msgs[0].t, "exit_code": 1,
+                               "state": "crashed"})
+    out = io.StringIO()
+    headless.follow(run / rundir.EVENTS, lambda: False, out=out, poll_s=0.0, sleep=lambda s: None)
+    text = out.getvalue()
+    assert_no_controls(text)
+    (row,) = [line for line in text.splitlines() if line.startswith("  run ")]
+    assert "evil\\x1b]0;pwned\\x07\\nfake row" in row, text
+    assert not any(line.startswith("fake row") for line in text.splitlines())
+
+
+def test_ls_of_a_directory_with_a_hostile_run_directory_name_and_a_fifo_run_json(tmp_path):
+    runs = tmp_path / "runs"
+    bad = runs / "evil\x1b]0;pwned\x07\nname"
+    bad.mkdir(parents=True)
+    import os
+
+    os.mkfifo(bad / rundir.META)
+    ls = tpuwatch("ls", str(runs), env={"TPUWATCH_HOME": str(tmp_path / "home")}, timeout=60)
+    assert "Traceback" not in ls.stderr, ls.stderr
+    assert_no_controls(ls.stdout + ls.stderr)
+    (line,) = [line for line in ls.stderr.splitlines() if "pwned" in line]
+    assert "evil\\x1b]0;pwned\\x07\\nname" in line and "FIFO" in line, ls.stderr
+    assert not any(line.startswith("name") for line in ls.stderr.splitlines()), ls.stderr
+
+
+def test_a_new_run_id_keeps_no_control_character_of_the_scripts_name():
+    run_id = rundir.new_run_id("/tmp/evil\x1b]0;pwned\x07\nx \udcff名前.py", clock=lambda: 0.0)
+    stem = run_id.split("-", 2)[2].rsplit("-", 1)[0]
+    assert stem == "evil_]0;pwned__x__名前", run_id

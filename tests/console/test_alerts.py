@@ -185,3 +185,41 @@ def test_notify_on_a_remote_attach_is_refused_in_one_line():
     proc = subprocess.run([sys.executable, "-m", "tpuwatch", "attach", "127.0.0.1:9", "--notify", "true"],
                           capture_output=True, text=True, timeout=60, env=child_env())
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "on each training host" in proc.stderr
+
+
+def _hostile_crash_recording(run_dir: Path) -> None:
+    """crashed.jsonl with the exception's message holding a NUL, a lone surrogate, a newline and an
+    escape (JSON escapes, as the agent writes an exception it cannot encode otherwise)."""
+    lines = (Path(__file__).parents[1] / "data" / "crashed.jsonl").read_text().splitlines()
+    hostile = []
+    for line in lines:
+        record = json.loads(line)
+        if record.get("kind") == "exception":
+            record["message"] = "bad\x00value \ud800 next\nline \x1b]0;owned\x07"
+        hostile.append(json.dumps(record))
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text("\n".join(hostile) + "\n")
+
+
+def test_a_crash_message_with_nul_and_a_surrogate_reaches_every_command(tmp_path):
+    run_dir = tmp_path / "r"
+    _hostile_crash_recording(run_dir)
+    out_a, out_b = tmp_path / "a.jsonl", tmp_path / "b.txt"
+    first = f"cat >> {out_a}"
+    second = f'printf "%s|%s\\n" "$TPUWATCH_EVENT_KIND" "$TPUWATCH_EVENT_MESSAGE" >> {out_b}'
+    proc = subprocess.run([sys.executable, "-m", "tpuwatch", "attach", str(run_dir), "--notify", first,
+                           "--notify", second], capture_output=True, text=True, timeout=120,
+                          env=child_env(TPUWATCH_HOME=str(tmp_path / "home")))
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    events = _lines(out_a)
+    assert [e["kind"] for e in events if e["kind"] in ("crash", "end")] == ["crash", "end"], events
+    crash = next(e for e in events if e["kind"] == "crash")
+    assert crash["message"].startswith("FloatingPointError: bad\x00value \ud800 next\nline")  # JSON keeps it whole
+    kinds = [line.split("|")[0] for line in out_b.read_text().splitlines()]
+    assert kinds.count("crash") == 1 and kinds.count("end") == 1, out_b.read_text()
+    crash_line = next(line for line in out_b.read_text().splitlines() if line.startswith("crash|"))
+    # the environment's message is one printable line: no NUL, no newline, no escape
+    assert "bad\\x00value \\ud800 next\\nline \\x1b]0;owned\\x07" in crash_line, crash_line
+    assert "notify: 4 event(s) to 2 command(s)" in proc.stderr and "failed" not in proc.stderr
+

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
@@ -197,3 +198,66 @@ def test_a_real_prometheus_scrapes_the_step_counter_and_each_replicas_loss_of_a_
     assert by_replica == {"0": step150.replica_losses[0], "1": step150.replica_losses[1]}
     printed = float(re.search(r"^step 150  loss (\S+)$", out, re.M).group(1))  # the script's mean
     assert sum(by_replica.values()) / 2 == pytest.approx(printed, abs=5e-5)
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+@pytest.mark.tf
+def test_the_viewer_survives_600_idle_connections_under_ulimit_512_and_keeps_serving(tmp_path):
+    """Any local user can connect to --metrics: 600 connections that each send one request line
+    and then wait must neither exhaust the viewer's file descriptors (ulimit -n 512) nor keep a
+    scrape out. Before: a thread and a descriptor per connection, never timed out; the viewer died
+    with EMFILE and exit 1 while the script ran on unwatched."""
+    ready, stop = tmp_path / "ready", tmp_path / "stop"
+    script = tmp_path / "wait.py"
+    script.write_text("import sys, os, time\nopen(sys.argv[1], 'w').close()\n"
+                      "deadline = time.monotonic() + 120\n"
+                      "while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:\n"
+                      "    time.sleep(0.05)\nprint('script done')\n")
+    port = _free_port()
+    viewer = subprocess.Popen(
+        ["bash", "-c", 'ulimit -n 512 && exec "$@"', "bash", sys.executable, "-m", "tpuwatch", "run", "--headless",
+         "--metrics", f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "run"), str(script), str(ready), str(stop)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    idle: list[socket.socket] = []
+    try:
+        _until(lambda: ready.exists() and "tpuwatch_run_status" in _scrape(port), 120)
+        for _ in range(600):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the blank line that ends the request
+            idle.append(s)
+        assert viewer.poll() is None, viewer.communicate()
+        for _ in range(5):  # scrapes go on while all 600 are still connected
+            assert 'tpuwatch_run_status{status=' in _scrape(port)
+        assert viewer.poll() is None
+        stop.write_text("")
+        out, err = viewer.communicate(timeout=60)
+    finally:
+        for s in idle:
+            s.close()
+        if viewer.poll() is None:
+            viewer.kill()
+            viewer.communicate()
+    assert viewer.returncode == 0, err
+    assert "Errno 24" not in err and "Traceback" not in err, err
+    assert "script done" in out
+
+
+@pytest.mark.parametrize("value, warned", [("0.0.0.0:0", True), ("[::]:0", True), ("127.0.0.1:0", False),
+                                           ("0", False)])
+def test_metrics_on_every_network_says_what_it_exposes(tmp_path, value, warned):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_bytes((Path(__file__).parents[1] / "data" / "crashed.jsonl").read_bytes())
+    proc = subprocess.run([sys.executable, "-m", "tpuwatch", "attach", str(run_dir), "--metrics", value],
+                          capture_output=True, text=True, timeout=60, env=child_env(TPUWATCH_HOME=str(tmp_path / "home")))
+    assert proc.returncode == 1, proc.stderr  # the run's exit code
+    warning = [line for line in proc.stderr.splitlines() if "warning: --metrics" in line]
+    if warned:
+        (line,) = warning
+        assert f"--metrics {value} serves" in line and "without a token" in line and "127.0.0.1:PORT" in line, line
+    else:
+        assert not warning, proc.stderr

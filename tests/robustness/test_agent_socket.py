@@ -149,9 +149,12 @@ def test_ten_thousand_bad_lines_and_bad_handshakes_leave_training_unaffected(tmp
     assert [m.exit_code for m in messages if isinstance(m, protocol.Exit)] == [0]
     # Every reject counted, and reported once per viewer when it left.
     assert _rejects_reported(messages) == sent["reject"], sent
-    # Every well-formed command got exactly one result (unknown actions are refused by name).
+    # A well-formed command got one result (unknown actions are refused by name), never two; the
+    # viewers' one command budget (5 a second, bursts of 20, however often they reconnect) skips
+    # the rest without a result.
     got = Counter((m.id, m.action) for m in messages if isinstance(m, protocol.Result) and (m.id, m.action) in commands_sent)
-    assert got == commands_sent and sum(got.values()) == sent["command"] > 0, sent
+    assert got and all(got[key] <= n for key, n in commands_sent.items()), sent
+    assert sum(got.values()) < sent["command"], sent  # the fuzz outruns the budget: some were skipped
     assert all(not m.ok and m.message.startswith("unknown action") for m in messages
                if isinstance(m, protocol.Result) and (m.id, m.action) in commands_sent)
     refusals = [m.message for m in messages if isinstance(m, protocol.Event) and "refused viewer" in m.message]

@@ -104,7 +104,7 @@ def test_a_reused_pid_is_neither_running_nor_signalled(tmp_path, stranger):
     # The stack dump's SIGUSR1 fallback: refused too.
     request = StackRequest("c1", run_dir=run_dir, pid=stranger.pid, fallback_after_s=0.0)
     view = request.update([], [])
-    assert view.status == "failed" and "has ended" in view.note, view
+    assert view.status == "failed" and "already ended" in view.note, view
 
     time.sleep(0.2)
     assert stranger.poll() is None, "the unrelated process was signalled"

@@ -9,9 +9,10 @@ object the script drops is never kept alive) remember, in creation order:
 
 Choice, in order:
 
-1. the script's own ``CheckpointManager``: ``manager.save(checkpoint_number=step)`` (same format,
-   same directory; another ``--dir`` gets a manager of its own over the same ``Checkpoint``).
-   Note: that save counts towards the manager's ``max_to_keep`` like the script's own saves;
+1. the ``Checkpoint`` of the script's own ``CheckpointManager`` (same format), saved with a
+   manager of ours (it keeps every save) into the ``tpuwatch/`` subdirectory of the script's
+   manager's directory, or another ``--dir``. Never through the script's manager: its
+   ``max_to_keep`` would rotate the script's own checkpoints out, a request at a time;
 2. the script's own ``tf.train.Checkpoint`` without a manager: saved with a manager of ours in
    the destination (default ``<run_dir>/checkpoints``);
 3. the model ``fit`` is training, with its optimizer;
@@ -31,6 +32,7 @@ the Result is sent when the upload has finished.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import weakref
 from pathlib import Path
@@ -48,6 +50,9 @@ if TYPE_CHECKING:
 PROBE = "checkpoint"
 #: At the end of the script, how long to wait for uploads in flight.
 SHUTDOWN_WAIT_S = 300.0
+#: Where a requested checkpoint goes when its destination is a directory the script's own
+#: CheckpointManager keeps: this subdirectory of it, with a manager of ours (keeps every save).
+OWN_SUBDIR = "tpuwatch"
 _MAX_TRACKED = 4096
 
 
@@ -211,11 +216,18 @@ class Checkpointer:
         if value is not None and not isinstance(value, str):
             raise CommandRefused(f"checkpoint dir={value!r}: must be a path or gs://bucket/path")
         run_dir = self.agent.run_dir
-        if not value:
-            managers = self.tracker.script_managers()
-            if managers and not _is_gcs(managers[-1].directory):
-                return destinations.Destination(os.fspath(managers[-1].directory), Path(managers[-1].directory))
-        return destinations.resolve(value or None, run_dir / "checkpoints", run_dir, run_dir / "checkpoints" / "gcs")
+        managers = self.tracker.script_managers()
+        if not value and managers and not _is_gcs(managers[-1].directory):
+            dest = destinations.Destination(os.fspath(managers[-1].directory), Path(managers[-1].directory))
+        else:
+            dest = destinations.resolve(value or None, run_dir / "checkpoints", run_dir,
+                                        run_dir / "checkpoints" / "gcs")
+        if dest.gcs is None and any(_same_dir(m.directory, dest.local) for m in managers):
+            # Never into a directory a script's manager keeps: saved through that manager, a
+            # request would rotate the script's own checkpoints out (max_to_keep); saved beside
+            # it by a manager of ours, it would rewrite the script's `checkpoint` index.
+            dest = destinations.Destination(os.path.join(dest.url, OWN_SUBDIR), dest.local / OWN_SUBDIR)
+        return dest
 
     def validate(self, cmd: Command) -> None:
         dest = self._destination(cmd)
@@ -241,11 +253,18 @@ class Checkpointer:
         manager, what = self._manager_for(dest)
         if self._step_var is not None:
             self._step_var.assign(step)
+        # What this save may leave half-written (TF writes <prefix>-<step>_temp/ then renames).
+        partial = f"{getattr(manager, '_checkpoint_prefix', os.path.join(dest.local, 'ckpt'))}-{step}"
+        before = _save_files(partial)
         try:
             prefix = manager.save(checkpoint_number=step)
         except Exception as e:  # TF's save raises OpError, OSError, ValueError...: each refuses the command
+            _remove_new(partial, before)
             text = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             raise CommandRefused(f"checkpoint could not be written to {dest.url}: {text}") from None
+        except BaseException:  # Ctrl-C mid-save: no half checkpoint left behind (the Result: the runtime's)
+            _remove_new(partial, before)
+            raise
         save_s = self.perf() - t0
         files = sorted(Path(p) for p in _glob_prefix(prefix))
         size = sum(p.stat().st_size for p in files)
@@ -268,8 +287,6 @@ class Checkpointer:
         managers = tracker.script_managers()
         if managers:
             manager = managers[-1]
-            if os.path.realpath(os.fspath(manager.directory)) == os.path.realpath(dest.local):
-                return manager, "the script's CheckpointManager"
             return self._own_manager(("script", id(manager.checkpoint)), lambda: manager.checkpoint, dest,
                                      ours=False), "the script's tf.train.Checkpoint"
         checkpoints = tracker.script_checkpoints()
@@ -368,6 +385,32 @@ class Checkpointer:
         deadline = clocks.monotonic() + timeout_s
         for thread in list(self._uploads):
             thread.join(max(0.0, deadline - clocks.monotonic()))
+
+
+def _remove_new(partial: str, before: set[str]) -> None:
+    """Removes what an unfinished save of ``partial`` (``<prefix>-<step>``) created: files and
+    its ``_temp`` directory that were not there before it began. Best effort: a leftover is
+    harmless to the script (nothing names it)."""
+    for path in _save_files(partial) - before:
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def _save_files(partial: str) -> set[str]:
+    import glob
+
+    return {*glob.glob(glob.escape(partial) + ".*"), *glob.glob(glob.escape(partial) + "_temp*")}
+
+
+def _same_dir(directory: Any, local: Path) -> bool:
+    if _is_gcs(directory):
+        return False
+    return bool(os.path.realpath(os.fspath(directory)) == os.path.realpath(local))
 
 
 def _is_gcs(path: Any) -> bool:

@@ -233,6 +233,11 @@ class Agent:
         except Exception as e:  # a handler's bug fails its command, never the training step that ran it
             first = str(e).splitlines()[0] if str(e) else ""
             message, details, ok = f"{cmd.action} failed: {type(e).__name__}: {first}", {}, False
+        except BaseException as e:  # Ctrl-C (or SystemExit) on the training thread mid-command: it goes
+            # on to the script as it would without tpuwatch; the command still gets its one Result
+            self.finish(cmd, False, f"{cmd.action} interrupted by {type(e).__name__} on the training thread; "
+                                    "nothing was kept")
+            raise
         # A handler may finish asynchronously (a profile spans steps): it then returns None.
         if message is not None:
             self.finish(cmd, ok, message, details)

@@ -15,9 +15,10 @@ Hard edges: nothing from the wire is ever unpickled or evaluated (lines go throu
 (``refused``) and reported at most once a second. The first line must arrive within
 ``HANDSHAKE_TIMEOUT_S`` in all; at most ``MAX_TCP_HANDSHAKES`` TCP connections may be
 unauthenticated at once (a new one evicts the oldest), and Unix and TCP viewers have separate
-``MAX_VIEWERS`` slots, so remote strangers never lock out local control. Each viewer may send
-``COMMANDS_PER_S`` commands a second (bursts of ``COMMAND_BURST``); more are skipped and counted,
-and after ``MAX_SKIPPED_COMMANDS`` the viewer is disconnected.
+``MAX_VIEWERS`` slots, so remote strangers never lock out local control. The local viewers
+together may send ``COMMANDS_PER_S`` commands a second (bursts of ``COMMAND_BURST``), and the TCP
+viewers together as many (reconnecting earns no fresh burst); more are skipped and counted, and
+a viewer that has had ``MAX_SKIPPED_COMMANDS`` skipped is disconnected.
 A viewer that takes nothing for
 ``TPUWATCH_VIEWER_TIMEOUT_S`` (default 30 s) is dropped, and it can attach again from its offset.
 When the agent stops, each live stream is sent the rest of the recording (the ``exit``) first.
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 MAX_VIEWERS = 16  # per listener kind: TCP viewers never take the local (Unix socket) slots
 MAX_TCP_HANDSHAKES = 32  # unauthenticated TCP connections at once; a new one evicts the oldest
 HANDSHAKE_TIMEOUT_S = 10.0  # for the whole first line, not per recv (a byte a second gains nothing)
-COMMANDS_PER_S = 5.0  # per viewer, with bursts of COMMAND_BURST; more are skipped and counted
+COMMANDS_PER_S = 5.0  # all local viewers together, and all TCP viewers together; bursts of COMMAND_BURST
 COMMAND_BURST = 20
 MAX_SKIPPED_COMMANDS = 100  # a viewer that overruns the limit this often is disconnected
 MAX_COMMAND_BYTES = 64 * 1024
@@ -86,6 +87,10 @@ class Server:
         self.dropped = 0  # viewers dropped for not reading
         self.viewers = 0
         self.rate_limited = 0  # commands skipped for coming too fast
+        # One command budget for all local viewers and one for all TCP viewers: a viewer that
+        # reconnects (or several at once) gets no fresh burst; TCP strangers never spend local's.
+        self._command_budget = {False: _TokenBucket(COMMANDS_PER_S, COMMAND_BURST),
+                                True: _TokenBucket(COMMANDS_PER_S, COMMAND_BURST)}
         self._slots = {False: 0, True: 0}  # viewers per listener kind (TCP: after the token)
         self._handshaking: list[socket.socket] = []  # unauthenticated TCP connections, oldest first
         self.tcp_error = ""
@@ -267,7 +272,7 @@ class Server:
                     self._streams = [t for t in self._streams if t.is_alive()]
                     self._streams.append(stream)
                 stream.start()
-            self._commands(conn, reader, peer)
+            self._commands(conn, reader, peer, self._command_budget[is_tcp])
         except _TooLong:
             self._refuse(conn, "the first line is too long", peer)
         except OSError:
@@ -303,10 +308,9 @@ class Server:
                 return False
         return True
 
-    def _commands(self, conn: socket.socket, reader: "_LineReader", peer: str) -> None:
+    def _commands(self, conn: socket.socket, reader: "_LineReader", peer: str, bucket: "_TokenBucket") -> None:
         decoder = Decoder()
         rejected = too_long = limited = 0
-        bucket = _TokenBucket(COMMANDS_PER_S, COMMAND_BURST)
         last_said = float("-inf")
         # The socket keeps the send timeout (it applies to both directions, and the stream
         # thread's sends need it to drop a viewer that stopped reading): a quiet viewer's reads
@@ -467,20 +471,24 @@ class _TooLong(Exception):
 
 
 class _TokenBucket:
+    """Shared by the connection threads of one kind of viewer (its own lock)."""
+
     def __init__(self, rate: float, burst: int) -> None:
         self.rate = rate
         self.burst = float(burst)
         self.tokens = float(burst)
         self.t = clocks.monotonic()
+        self._lock = threading.Lock()
 
     def take(self) -> bool:
-        now = clocks.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
-        self.t = now
-        if self.tokens < 1.0:
-            return False
-        self.tokens -= 1.0
-        return True
+        with self._lock:
+            now = clocks.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
+            self.t = now
+            if self.tokens < 1.0:
+                return False
+            self.tokens -= 1.0
+            return True
 
 
 class _LineReader:

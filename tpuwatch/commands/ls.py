@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tpuwatch import rundir
 from tpuwatch.commands.lines import error
+from tpuwatch.printable import one_line
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -36,11 +37,11 @@ def main(ns: argparse.Namespace) -> int:
             return error(str(e))
         runs = list_runs(root)
     for bad in (r for r in runs if r.problem):  # a FIFO for run.json, ...: one line each, the rest listed
-        print(f"tpuwatch: {bad.path.name}: {bad.problem}", file=sys.stderr)
+        print(one_line(f"tpuwatch: {bad.path.name}: {bad.problem}"), file=sys.stderr)
     runs = [r for r in runs if not r.problem]
     if not runs:
-        print(f"no runs under {ns.dir if ns.dir is not None else rundir.runs_root()}; "
-              "start one with `tpuwatch run SCRIPT`")
+        print(one_line(f"no runs under {ns.dir if ns.dir is not None else rundir.runs_root()}; "
+                       "start one with `tpuwatch run SCRIPT`"))
         return 0
     # A terminal (or an explicit $COLUMNS) gets rows that never wrap; a pipe gets everything.
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() or os.environ.get("COLUMNS") else None

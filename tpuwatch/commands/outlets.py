@@ -63,6 +63,11 @@ class Outlets:
                 self.metrics = MetricsServer.open(f"127.0.0.1:{value}" if value.isdigit() else value)
             except ValueError as e:
                 return str(e)
+            if not self.metrics.loopback:
+                say(f"warning: --metrics {value} serves the run's numbers, without a token, to anyone who can "
+                    "reach this machine's port: run id, script name, strategy, devices, steps, losses, memory "
+                    "and findings; prefer 127.0.0.1:PORT, with SSH port forwarding for a remote Prometheus "
+                    "(docs/prometheus.md)")
         return ""
 
     def start(self, run_dir: Path, is_alive: Callable[[], bool], *, quiet: bool) -> None:

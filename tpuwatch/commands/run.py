@@ -16,6 +16,7 @@ from tpuwatch.commands.interrupts import forward_interrupts
 from tpuwatch.commands.lines import EXIT_USAGE, bad_every, error, say
 from tpuwatch.commands.outlets import Outlets, add_options
 from tpuwatch.commands.streams import Unbreakable, quiet_stdout, start_copier
+from tpuwatch.printable import one_line
 
 #: Shortest TPUWATCH_TOKEN `tpuwatch run --listen` accepts (a generated one has 32).
 MIN_TOKEN_CHARS = 16
@@ -155,7 +156,8 @@ def _run_headless(launch, every_s: float, baseline=None) -> int:
     # (the run would stay "running" and our exit code would not be the script's).
     guard = Unbreakable(sys.stderr)
     sys.stderr = cast(TextIO, guard)  # it quacks like one
-    print(f"tpuwatch: run {launch.run_id} (pid {launch.pid}), recording in {launch.run_dir}", file=sys.stderr)
+    print(one_line(f"tpuwatch: run {launch.run_id} (pid {launch.pid}), recording in {launch.run_dir}"),
+          file=sys.stderr)
     done, copier = start_copier(launch.run_dir / rundir.OUTPUT)
     forward_interrupts("the training process group", lambda: [launch.process])
     codes: list[int] = []
@@ -165,8 +167,8 @@ def _run_headless(launch, every_s: float, baseline=None) -> int:
     done.set()
     copier.join(timeout=2)
     _hint_misplaced_options(launch.run_dir, code)
-    print(f"tpuwatch: exit code {code}; `tpuwatch report {rundir.reference(launch.run_dir)}` for the full report",
-          file=sys.stderr)
+    print(one_line(f"tpuwatch: exit code {code}; `tpuwatch report {rundir.reference(launch.run_dir)}` for the "
+                   "full report"), file=sys.stderr)
     if guard.broken:
         quiet_stdout()  # the copier's stdout may be the same closed pipe: keep exit quiet
     return code
@@ -185,10 +187,10 @@ def _hint_misplaced_options(run_dir: Path, code: int) -> None:
     if code != EXIT_USAGE:
         return
     try:
-        with open(run_dir / rundir.OUTPUT, "rb") as f:
+        with rundir.open_regular(run_dir / rundir.OUTPUT) as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 8192))
-            tail = f.read().decode("utf-8", "replace")
+            tail = f.read(8192).decode("utf-8", "replace")
     except OSError:
         return
     ours = _run_options()
@@ -229,11 +231,11 @@ def _run_dashboard(launch, baseline=None) -> int:
         code = codes[0]
     elif choice == "detach" and launch.alive():
         # A hangup lands here too: the terminal may be gone, so the message is best effort.
-        say(f"detached; training goes on (pid {launch.pid}). "
-            f"Re-join with `tpuwatch attach {rundir.reference(launch.run_dir)}`")
+        say(one_line(f"detached; training goes on (pid {launch.pid}). "
+                     f"Re-join with `tpuwatch attach {rundir.reference(launch.run_dir)}`"))
         return 0
     else:
         code = finish_once()
     _hint_misplaced_options(launch.run_dir, code)
-    say(f"exit code {code}; `tpuwatch report {rundir.reference(launch.run_dir)}` for the full report")
+    say(one_line(f"exit code {code}; `tpuwatch report {rundir.reference(launch.run_dir)}` for the full report"))
     return code

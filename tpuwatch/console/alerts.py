@@ -28,6 +28,7 @@ from typing import Callable, Literal, Sequence
 from tpuwatch import settings
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.monitor.state import finding_key
+from tpuwatch.printable import one_line
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Message, Severity
 
 EventKind = Literal["finding", "stall", "crash", "end"]
@@ -72,14 +73,17 @@ class AlertEvent:
         return json.dumps(asdict(self), sort_keys=True)
 
     def env(self) -> dict[str, str]:
-        return {
-            settings.EVENT_KIND.name: self.kind,
-            settings.EVENT_RULE.name: self.rule,
-            settings.EVENT_SEVERITY.name: self.severity,
-            settings.EVENT_RUN.name: self.run_id,
-            settings.EVENT_STATUS.name: self.status,
-            settings.EVENT_MESSAGE.name: self.summary(),
-        }
+        """The main fields, each one printable line: a NUL cannot be in an environment, a lone
+        surrogate cannot be encoded into one, and a newline or an escape would reach a mail
+        header or a terminal (the JSON on stdin keeps the text whole)."""
+        return {name: one_line(value) for name, value in (
+            (settings.EVENT_KIND.name, self.kind),
+            (settings.EVENT_RULE.name, self.rule),
+            (settings.EVENT_SEVERITY.name, self.severity),
+            (settings.EVENT_RUN.name, self.run_id),
+            (settings.EVENT_STATUS.name, self.status),
+            (settings.EVENT_MESSAGE.name, self.summary()),
+        )}
 
     def summary(self) -> str:
         """One line for a desktop notification or a mail subject."""
@@ -160,7 +164,12 @@ class NotifyCommand:
             if closed:
                 self.stats.dropped += 1
                 continue
-            self._run(event)
+            try:
+                self._run(event)
+            except Exception as e:  # one event that cannot be sent must not silence the ones after it
+                self.stats.failed += 1
+                self.report(f"notify `{self.stats.command}`: cannot send the {event.kind} event "
+                            f"({type(e).__name__}: {e})")
 
     def _run(self, event: AlertEvent) -> None:
         env = dict(os.environ)

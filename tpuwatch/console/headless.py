@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
-from tpuwatch import units
+from tpuwatch import rundir, units
 from tpuwatch.monitor.baseline import Baseline, deltas
 from tpuwatch.monitor.diskspace import full_note
 from tpuwatch.monitor.ledger import goodput_line, phase_text
@@ -128,7 +128,7 @@ def summary(snap: RunSnapshot, run_steps: RunSteps | None = None, last_output: s
     lines = [f"tpuwatch: {head}"]
 
     def row(label: str, text: str) -> None:
-        lines.append(f"  {label:<10}{text}")
+        lines.append(f"  {label:<10}{one_line(text)}")  # a run id or a message may hold a newline
 
     ident = snap.run_id or UNKNOWN
     if snap.strategy:
@@ -227,20 +227,35 @@ def follow(
     """
     recording = Path(events_path)
     source = FileSource(recording.parent, reader=RecordingReader(recording))
+    unrecorded: list[OSError] = []
+
+    def record(new: list[Finding]) -> None:
+        """Findings into the recording; one that cannot take them (its run directory removed
+        mid-run, a read-only disk) is said once, and the view goes on: they are derived data."""
+        try:
+            append(recording, new)
+        except OSError as e:
+            if not unrecorded:
+                print(one_line(f"tpuwatch: cannot record findings in {recording} ({e.strerror or e}): they are "
+                               "shown here only (`tpuwatch report` finds them again from what is recorded)"),
+                      file=out, flush=True)
+            unrecorded.append(e)
+
     return follow_group(
         source, is_alive, out, every_s, clock, on_end=on_end,
         exit_grace_s=exit_grace_s, poll_s=poll_s, sleep=sleep,
-        record_findings=(lambda new: append(recording, new)) if record_findings else None,
+        record_findings=record if record_findings else None,
         watch_disk=recording.parent, baseline=baseline, output_log=recording.parent / "output.log")
 
 
 def last_line(path: Path, tail_bytes: int = 4096) -> str:
-    """The last non-blank line of a text file, from its last ``tail_bytes`` ("" when unreadable)."""
+    """The last non-blank line of a text file, from its last ``tail_bytes`` ("" when unreadable,
+    and for anything but a regular file: a FIFO is never waited on, /dev/zero never read)."""
     try:
-        with open(path, "rb") as f:
+        with rundir.open_regular(path) as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - tail_bytes))
-            text = f.read().decode("utf-8", "replace")
+            text = f.read(tail_bytes).decode("utf-8", "replace")
     except OSError:
         return ""
     lines = [line.strip() for line in text.splitlines() if line.strip()]

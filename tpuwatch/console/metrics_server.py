@@ -12,9 +12,14 @@ Names follow Prometheus' conventions: ``tpuwatch_`` prefix, base units in the na
 from __future__ import annotations
 
 import math
+import socket
+import sys
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from socketserver import ThreadingMixIn
+from typing import Any, Iterator, Sequence
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
@@ -23,13 +28,14 @@ from tpuwatch import address
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.protocol import Finding, Message, Step
 
-if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
 #: Upper bounds of the step-time histogram's buckets (seconds): 1 ms to a minute.
 STEP_TIME_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: Every status a run can have (``tpuwatch_run_status`` has one series each, 1 for the current).
 STATUSES = ("waiting", "starting", "running", "stalled", "finished", "stopped", "crashed", "lost")
+#: Connections served at once; one more closes the oldest (docs/prometheus.md).
+MAX_CONNECTIONS = 32
+#: Seconds a connection may take to send its request or to take one block of the answer.
+CONNECTION_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -159,14 +165,77 @@ def _metrics(snap: RunSnapshot, times: dict[str, tuple[list[float], float, float
     yield findings
 
 
+class _Handler(WSGIRequestHandler):
+    """One request per connection, each socket operation bounded by CONNECTION_TIMEOUT_S (a
+    client that connects and waits is dropped), nothing logged."""
+
+    timeout = CONNECTION_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _BoundedServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most MAX_CONNECTIONS of them: a new connection beyond that
+    shuts the oldest one down (its thread wakes and ends), so clients that connect and wait can
+    neither use up the viewer's file descriptors nor keep a scrape out for longer than the
+    scrape's own few milliseconds. An accept that fails (EMFILE) is skipped by socketserver."""
+
+    daemon_threads = True
+    request_queue_size = 64
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], family: socket.AddressFamily) -> None:
+        self.address_family = family
+        self._open: OrderedDict[socket.socket, None] = OrderedDict()
+        self._open_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            while len(self._open) >= MAX_CONNECTIONS:
+                oldest, _ = self._open.popitem(last=False)
+                try:
+                    oldest.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._open[request] = None
+        try:
+            super().process_request(request, client_address)
+        except RuntimeError:  # no thread could be started: drop this one connection
+            self.shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], OSError):  # a timeout, a reset, a connection closed above
+            return
+        super().handle_error(request, client_address)
+
+    def close_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.pop(request, None)
+        super().close_request(request)
+
+
 class MetricsServer:
     """``/metrics`` on ``HOST:PORT`` (bound by :meth:`open`, before the script starts)."""
 
-    def __init__(self, host: str, httpd: "WSGIServer", thread: threading.Thread, metrics: RunMetrics) -> None:
+    def __init__(self, host: str, httpd: WSGIServer, thread: threading.Thread, metrics: RunMetrics) -> None:
         self.host = host
         self.httpd = httpd
         self.thread = thread
         self.metrics = metrics
+
+    @property
+    def loopback(self) -> bool:
+        """Whether only this machine can connect (127.0.0.0/8, ::1, localhost)."""
+        import ipaddress
+
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:  # a host name: whatever it resolves to, it may be reachable
+            return False
 
     @property
     def url(self) -> str:
@@ -177,17 +246,22 @@ class MetricsServer:
     def open(cls, value: str) -> "MetricsServer":
         """Binds ``value`` (HOST:PORT; HOST defaults to 127.0.0.1, port 0 picks a free one).
         Raises ValueError with one line naming what is wrong."""
-        from prometheus_client.exposition import start_http_server
+        from prometheus_client.exposition import make_wsgi_app
 
         host, port = address.parse(value, listen=True, option="--metrics")
         metrics = RunMetrics()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(metrics)  # type: ignore[arg-type]  # a collector by its collect()
         try:
-            httpd, thread = start_http_server(port, addr=host, registry=registry)
+            family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                           flags=socket.AI_PASSIVE)[0]
+            httpd = _BoundedServer((str(sockaddr[0]), port), family)
         except OSError as e:
             raise ValueError(f"--metrics {value!r}: cannot listen there ({e.strerror or e}); give a free port of "
                              f"this machine, e.g. {address.EXAMPLE.rsplit(':', 1)[0]}:9464") from None
+        httpd.set_app(make_wsgi_app(registry))
+        thread = threading.Thread(target=httpd.serve_forever, name="tpuwatch-metrics", daemon=True)
+        thread.start()
         return cls(host, httpd, thread, metrics)
 
     def close(self) -> None:

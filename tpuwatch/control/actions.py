@@ -26,6 +26,7 @@ Action = Literal["profile", "checkpoint"]
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_NOT_LIVE = 2
+EXIT_INTERRUPTED = 130
 POLL_S = 0.05
 #: A queued command says why it waits once no training step has come for this long.
 WAIT_HINT_S = 5.0
@@ -194,6 +195,11 @@ def request(run_dir: Path, action: Action, *, timeout_s: float, steps: int | Non
     except AgentUnavailable as e:
         print(f"tpuwatch: run {printable(run_dir.name)} is not live: {printable(str(e))}", file=sys.stderr)
         return EXIT_NOT_LIVE
+    except KeyboardInterrupt:  # Ctrl-C on this command, not on training: the request is the run's now
+        print(f"tpuwatch: {action} interrupted: stopped waiting; the run still does it if it was sent (no cancel): "
+              f"its one result goes to the dashboard and `tpuwatch report {rundir.reference(run_dir)}`",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     result = outcome.result
     if result is None:
         if outcome.ended:

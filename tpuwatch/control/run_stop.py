@@ -9,7 +9,9 @@ first (run.json ``stop_requested`` and an ``Event`` in the recording), so that `
 
 from __future__ import annotations
 
+import os
 import signal
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +60,9 @@ class Target:
 
 
 def target_of(run_dir: Path) -> Target:
-    """The process behind ``run_dir``; raises :class:`StopError` when it is not on this host
-    or not running."""
+    """The process behind ``run_dir``; raises :class:`StopError` when it is not on this host,
+    not running, or not shown to be the run's (:func:`check_owned`, an identity, its group)."""
+    check_owned(run_dir)
     meta = rundir.read_meta(run_dir)
     host = meta.get("host")
     if isinstance(host, str) and host and host != rundir.hostname():
@@ -68,9 +71,33 @@ def target_of(run_dir: Path) -> Target:
     process = process_of(meta)
     if process is None:
         raise StopError(f"{run_dir}/run.json names no training process; stop it where it was started")
+    if process.identity is None and os.path.isdir("/proc/self"):
+        raise StopError(f"{run_dir}/run.json gives process {process.pid} but no identity of it (child_identity), "
+                        "so it cannot be told from any other process: stop the run where it was started")
     if not process.alive() or _exit_recorded(run_dir):
         raise StopError("the training process has already ended")
+    if process.pgid is not None and not process.group_alive():
+        raise StopError(f"{run_dir}/run.json gives process group {process.pgid}, which is not the group of "
+                        f"process {process.pid}: stop the run where it was started")
     return Target(run_dir=run_dir, process=process)
+
+
+def check_owned(run_dir: Path) -> None:
+    """Only a run directory and a run.json of this user's, that nobody else can write, may name a
+    process to signal: another user could otherwise name any process of ours in one. Raises
+    :class:`StopError` (one line) for any other."""
+    for path in (run_dir, run_dir / rundir.META):
+        try:
+            sts = [os.lstat(path), os.stat(path)]  # a link, and what it points at
+        except OSError as e:
+            raise StopError(f"cannot read {path} ({e.strerror or e}): stop the run where it was started") from None
+        for st in sts:
+            if st.st_uid != os.getuid():
+                raise StopError(f"{path} belongs to another user (uid {st.st_uid}): tpuwatch stops only runs "
+                                "whose directory and run.json are yours")
+            if not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o022:
+                raise StopError(f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}), so anyone "
+                                f"could have named the process to stop: `chmod go-w {path}`, then stop again")
 
 
 def stop_runs(

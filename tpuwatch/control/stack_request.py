@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Callable, Iterable, Literal, Sequence
 
 from tpuwatch import rundir
-from tpuwatch.monitor.runs import Process, process_of
 from tpuwatch.monitor.snapshot import CommandView
 from tpuwatch.protocol import StackDump
 
@@ -85,10 +84,19 @@ class StackRequest:
         return request
 
     def _kill_run_process(self, pid: int, sig: int) -> None:
-        """``os.kill`` for the run's own process only: never a process its pid was reused by."""
-        process = process_of(rundir.read_meta(self.run_dir)) if self.run_dir is not None else None
-        if process is None or process.pid != pid:
-            process = Process(pid=pid)
+        """``os.kill`` for the run's own process only, as a stop sends its signals
+        (:func:`~tpuwatch.control.run_stop.target_of`): named with its identity by a run.json of
+        this user's, and never a process its pid was reused by."""
+        from tpuwatch.control.run_stop import StopError, target_of
+
+        if self.run_dir is None:
+            raise PermissionError(errno.EPERM, "no run directory names the training process")
+        try:
+            process = target_of(self.run_dir).process
+        except StopError as e:
+            raise PermissionError(errno.EPERM, str(e)) from None
+        if process.pid != pid:
+            raise PermissionError(errno.EPERM, f"the run's run.json names process {process.pid}, not {pid}")
         if not process.is_ours():
             raise ProcessLookupError(errno.ESRCH, "the training process has ended (its pid is not the run's)")
         os.kill(pid, sig)

@@ -70,6 +70,8 @@ class Process:
             now = rundir.process_identity(self.pid)
             if now is not None and not self._same(now):
                 return False  # the pid (and so the group id) now belongs to another process
+        elif not self.alive() or _pgid(self.pid) != self.pgid:
+            return False  # a group it does not lead is its only while it is in it
         try:
             os.killpg(self.pgid, 0)
         except ProcessLookupError:
@@ -131,6 +133,13 @@ def _pid_exists(pid: int) -> bool:
     except PermissionError:
         return True  # exists, owned by someone else
     return True
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def _started_by(identity: str, latest: float) -> bool:

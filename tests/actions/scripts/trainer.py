@@ -5,6 +5,9 @@ Trains until the file --stop exists (or --max-steps), so a test can send command
 --mode custom   @tf.function step around strategy.run under MirroredStrategy (4 logical CPUs)
 --mode fit      Keras model.fit under the same strategy
 --own-manager DIR   the script makes its own tf.train.Checkpoint + CheckpointManager in DIR
+--own-keep N        its manager's max_to_keep (default: keep all)
+--own-save-at S,..  the script saves its own checkpoint after each of these steps (number = step)
+--big-mb N          its own checkpoint also holds an N MB variable (a save that takes a while)
 --weights-log PATH  custom: after each step write "<optimizer.iterations> <weights as float32 hex>"
 --sleep-ms N    sleep per step (keeps the run going without burning the CPU)
 """
@@ -21,6 +24,9 @@ p.add_argument("--mode", default="custom")
 p.add_argument("--stop", required=True)
 p.add_argument("--max-steps", type=int, default=20000)
 p.add_argument("--own-manager")
+p.add_argument("--own-keep", type=int)
+p.add_argument("--own-save-at", default="")
+p.add_argument("--big-mb", type=int, default=0)
 p.add_argument("--weights-log")
 p.add_argument("--sleep-ms", type=float, default=0.0)
 a = p.parse_args()
@@ -44,8 +50,10 @@ with strategy.scope():
     model = make_model()
     optimizer = tf.keras.optimizers.SGD(0.01)
     if a.own_manager:
-        ckpt = tf.train.Checkpoint(net=model, opt=optimizer)
-        manager = tf.train.CheckpointManager(ckpt, a.own_manager, max_to_keep=None)
+        extra = {"big": tf.Variable(tf.zeros([a.big_mb << 18]), trainable=False)} if a.big_mb else {}
+        ckpt = tf.train.Checkpoint(net=model, opt=optimizer, **extra)
+        manager = tf.train.CheckpointManager(ckpt, a.own_manager, max_to_keep=a.own_keep)
+own_saves = {int(s) for s in a.own_save_at.split(",") if s}
 
 
 class Stop(tf.keras.callbacks.Callback):
@@ -82,6 +90,9 @@ else:
             flat = np.concatenate([v.numpy().ravel() for v in model.weights]).astype(np.float32)
             log.write(f"{int(optimizer.iterations.numpy())} {flat.tobytes().hex()}\n")
             log.flush()
+        if i + 1 in own_saves:
+            manager.save(checkpoint_number=i + 1)
+            print(f"saved own checkpoint {i + 1}", flush=True)
         if a.sleep_ms:
             time.sleep(a.sleep_ms / 1000)
         if i + 1 >= a.max_steps or os.path.exists(a.stop):
