@@ -31,8 +31,11 @@ Prints, for a ~20 ms step (``--width``) and for a tiny step (where the fixed cos
   ``record`` together), and ``record`` alone;
 - the ops the probes add to the step's graph (instrumented minus plain trace, nested functions
   included), by type;
-- a verdict on the 50 µs budget on this box: *missed* when the directly timed Python part alone
-  (its median: a lower bound of the cost) is over it; otherwise *unresolved* when other processes
+- the training thread's CPU in the agent's Python a call (the call wrapper and record with
+  TensorFlow's call replaced by nothing, plus the periodic reads' share), and the agent thread's
+  CPU a step over a run of agent-on calls (judged against 20 µs);
+- a verdict on the 50 µs budget on this box: *missed* when the training thread's CPU in the
+  agent's Python alone (a lower bound of the cost) is over it; otherwise *unresolved* when other processes
   used more than a tenth of the box's CPU during the measurement (their work, not the agent, then
   decides the figures); otherwise *missed* when the A/B minus its floor is over the budget, *met* when the A/B
   plus its floor is within it, *unresolved* in between (the floor is wider than the distance to
@@ -95,6 +98,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=150, help="interleaved rounds of the tiny step (one call of each variant)")
     p.add_argument("--big-rounds", type=int, default=8, help="interleaved rounds of the ~20 ms step")
     p.add_argument("--run", type=int, default=8, help="calls of one variant in a row within a round")
+    p.add_argument("--thread-calls", type=int, default=2000,
+                   help="agent-on calls in a row after the rounds, for the agent thread's CPU a step")
     p.add_argument("--instances", type=int, default=3,
                    help="traces of each variant (two traces of one graph differ in speed: bench/_instances.py)")
     a = p.parse_args()
@@ -161,14 +166,17 @@ def main() -> None:
         probe = agent.step_probe
         record = type(probe).record
         record_calls: list[float] = []  # per agent call: the training thread's time in record
+        record_cpu: list[float] = []  # per agent call: the training thread's CPU in record
         inside_tf = [0.0]  # the last call's time inside TensorFlow's __call__, as the wrapper timed it
+        thread_time = time.thread_time
 
         def timed_record(flags, call_s, *args, **kwargs):  # the training thread's time in record
             inside_tf[0] = call_s
-            start = perf()
+            start, cpu = perf(), thread_time()
             try:
                 return record(probe, flags, call_s, *args, **kwargs)
             finally:
+                record_cpu.append(thread_time() - cpu)
                 record_calls.append(perf() - start)
 
         python_calls: list[float] = []  # per agent call: its wall time minus its time inside TF
@@ -192,6 +200,7 @@ def main() -> None:
         # Steady state: the agent reads every record of a run's first 256 (see read_pacer.READ_ALL_FIRST).
         agent.step_probe.pacer.read_all_left = 0
         record_calls.clear()  # the warm-up's records were read every call: not the steady state
+        record_cpu.clear()
         python_calls.clear()
         times: dict[tuple[str, int], list[float]] = {key: [] for key in variants}
         proc = psutil.Process()
@@ -215,8 +224,32 @@ def main() -> None:
                     times[key].extend(once(fn, False) for _ in range(a.run))
         others_share = _others_share(proc, since, cores)
         agent.flush()
+        interleaved_cpu = _thread_cpu(proc, agent_thread.native_id) - cpu0
+        interleaved_steps = agent.global_step - steps0
+        # The agent thread's CPU a step in a run of agent-on calls (in the interleaved rounds its
+        # per-second work, sampling and drains, went on through the other variants' calls too).
+        cpu0, steps0 = _thread_cpu(proc, agent_thread.native_id), agent.global_step
+        for _ in range(a.thread_calls if width == 8 else max(a.thread_calls // 20, 20)):
+            instrumented[0](it)
+        agent.flush()
         agent_cpu = _thread_cpu(proc, agent_thread.native_id) - cpu0
         recorded = agent.global_step - steps0
+        # The training thread's CPU in the agent's Python a call: the call wrapper and record with
+        # TensorFlow's call replaced by nothing (no read due), plus the periodic reads' share
+        # (record's mean CPU over its median, from the interleaved rounds). Its wall time, above,
+        # also holds the time TensorFlow's own threads (tf.data refilling its buffers) had the
+        # core meanwhile, which they would have taken in a plain run too.
+        bare = probe.make_call_wrapper(lambda fn, *args, **kwargs: None)
+        del probe.record
+        probe.pacer.every_s, every_s = float("inf"), probe.pacer.every_s
+        cpu = thread_time()
+        for _ in range(2000):
+            bare(instrumented[0], it)
+        bare_cpu = (thread_time() - cpu) / 2000
+        probe.pacer.every_s = every_s
+        probe.record = timed_record
+        reads_cpu = statistics.fmean(record_cpu) - statistics.median(record_cpu) if record_cpu else 0.0
+        python_cpu_s = bare_cpu + max(reads_cpu, 0.0)
         med = _instances.medians(times)
         plain_s, agent_s, graph_s, plain2_s, agent2_s = (
             _instances.over_instances(med, v) for v in ("plain", "agent", "graph", "plain2", "agent2"))
@@ -236,19 +269,23 @@ def main() -> None:
         print(f"{'':>12}  in-graph probes {(graph_s - plain_s) * 1e6:+7.1f} µs/step (plain traces alone spread "
               f"{_instances.spread(med, 'plain') * 1e6:.1f} µs: differences below that mean nothing), "
               f"Python side {python_s * 1e6:+7.1f} µs/step (same trace, agent on vs off);   "
-              f"agent thread {agent_cpu / max(recorded, 1) * 1e6:6.1f} µs CPU/step ({recorded} steps recorded)")
+              f"agent thread {interleaved_cpu / max(interleaved_steps, 1) * 1e6:6.1f} µs CPU/recorded step in the "
+              f"interleaved rounds")
         print(f"{'':>12}  measured directly: the training thread spends {python_direct_s * 1e6:.1f} µs a call "
               f"in the agent's Python (median; mean {statistics.fmean(python_calls) * 1e6:.1f} µs; "
               f"{len(python_calls)} calls: wall time minus time inside TF), in record median "
               f"{in_record[0] * 1e6:.1f} µs, mean {in_record[1] * 1e6:.1f} µs (its periodic reads of losses "
               f"and the accumulator are in the mean)")
+        print(f"{'':>12}  the training thread's CPU in the agent's Python: {python_cpu_s * 1e6:.1f} µs a call "
+              f"(call wrapper and record {bare_cpu * 1e6:.1f} µs, the periodic reads' share "
+              f"{max(reads_cpu, 0.0) * 1e6:.1f} µs)")
         print(f"{'':>12}  in-graph ops the probes add: {ops_text}")
         thread_s = agent_cpu / max(recorded, 1)
         print(f"{'':>12}  agent thread: {thread_s * 1e6:.1f} µs CPU a step: "
               f"{'MET' if thread_s <= THREAD_BUDGET_S else 'MISSED'} (<= {THREAD_BUDGET_S * 1e6:.0f} µs)")
-        print(f"{'':>12}  verdict on this box: {verdict(added_s, floor_s, python_direct_s, others_share)}: "
+        print(f"{'':>12}  verdict on this box: {verdict(added_s, floor_s, python_cpu_s, others_share)}: "
               f"<= {BUDGET_S * 1e6:.0f} µs/step (added {added_s * 1e6:+.1f} ± {floor_s * 1e6:.1f} µs, Python alone "
-              f"{python_direct_s * 1e6:.1f} µs; other processes {others_share:.0%} of {cores} cores, "
+              f"{python_cpu_s * 1e6:.1f} µs of CPU; other processes {others_share:.0%} of {cores} cores, "
               f"load {os.getloadavg()[0]:.2f})")
         del probe.record
     patches.resume()

@@ -84,3 +84,30 @@ def test_the_first_records_cost_at_most_a_hundredth_of_the_training():
     assert 0 in reads and len(reads) < 50  # the first record, then as the budget allows
     assert share <= read_pacer.READ_SHARE + 0.0009 / (0.013 * 99)  # at most one read over it
     assert len(reads) > 100 * 0.013 / 0.25  # more often than the steady pace: early answers
+
+
+def test_after_the_first_records_reads_cost_at_most_a_thousandth_of_the_training():
+    """A read that costs 0.8 ms after a 7 ms step (the tiny custom step on a 2-core box) is made
+    about once a second of training, not four times (~25 µs a step); a cheap one four times."""
+    for read_s, expected_gap in ((0.0008, 0.8), (0.00005, read_pacer.LOSS_EVERY_S)):
+        pacer = ReadPacer(every_s=read_pacer.LOSS_EVERY_S, read_all_first=0, steady_share=read_pacer.STEADY_SHARE)
+        reads = []
+        for i in range(2000):
+            trained = pacer.trained(0.007)
+            pacer.recorded()
+            if pacer.loss_due(trained):
+                pacer.loss_read(trained, now=float(i))
+                pacer.spent(read_s)
+                reads.append(trained)
+        gaps = [b - a for a, b in zip(reads[2:], reads[3:])]  # once the cost is known
+        assert abs(min(gaps) - expected_gap) < 0.0071, (read_s, min(gaps))
+        assert max(gaps) < expected_gap + 0.0071
+
+
+def test_a_pace_set_by_the_user_holds_whatever_a_read_costs(monkeypatch):
+    monkeypatch.setenv("TPUWATCH_LOSS_EVERY_S", "0.25")
+    pacer = ReadPacer.from_settings()
+    pacer.trained(1.0)
+    pacer.trained(0.007)
+    pacer.spent(0.5)
+    assert pacer.pace_s == 0.25

@@ -1,7 +1,7 @@
 """The auto-profile: when the step begins to wait for input, capture a short profile and measure
 which tf.data stage the wait comes from.
 
-Runs on the agent's thread: each Step is tapped as it is written (:attr:`Agent.step_taps`, never
+Runs on the agent's thread: the Steps each drain writes are tapped (:attr:`Agent.step_taps`, never
 on the training thread) into per-sample sums, and at the sample rate the wait over the last
 ``WINDOW_S`` seconds is judged. An *episode* begins when the wait reaches ``SHARE_FRAC`` of step
 time (xprof's "moderately input-bound", the ``input-bound`` rule's info threshold; the rule's own

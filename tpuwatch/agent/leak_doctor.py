@@ -129,7 +129,19 @@ class LeakDoctor:
 
     def __call__(self) -> Iterable[Message]:
         with self._lock:
-            return self._sample()
+            try:
+                return self._sample()
+            except BaseException:
+                self._abandon()  # the probe is disabled by the agent: tracemalloc must not stay on
+                raise
+
+    def _abandon(self) -> None:
+        """Ends the window under way, if any, without a verdict (tracemalloc stopped if it was ours)."""
+        w, self._window = self._window, None
+        if w is not None and not w["light"]:
+            import tracemalloc
+
+            tracemalloc.stop()
 
     def _sample(self) -> Iterable[Message]:
         now = self._clock()
@@ -541,7 +553,8 @@ def _script_held(roots: tuple[str, ...]) -> list[Any]:
             elif not isinstance(v, type):
                 d = getattr(v, "__dict__", None)
                 if type(d) is dict:
-                    found += [a for a in d.values()
+                    # a copy first: the training thread may set an attribute meanwhile
+                    found += [a for a in list(d.values())
                               if (type(a) is list or type(a) is dict) and len(a) >= _HOLDER_SAMPLE]
     return found
 

@@ -24,6 +24,13 @@ READ_ALL_FIRST = 256
 READ_SHARE = 0.01
 
 
+#: After a run's first records, reads cost at most this share of the training time: the least
+#: training time between two reads is LOSS_EVERY_S, or a read's cost over this share where that is
+#: longer (the tiny custom step here, ~0.8 ms a read after a 7 ms step: one read a second, ~6 µs a
+#: step; a TPU's ~0.1 ms reads: four a second).
+STEADY_SHARE = 0.001
+
+
 #: The least training time between two reads after a run's first READ_ALL_FIRST records: a 4 Hz
 #: sample, the agent's default sampling rate. A read of every replica's loss and the accumulator
 #: costs 0.3-0.9 ms on this project's 2-core CPU box right after a step (an eager op there costs
@@ -53,8 +60,10 @@ class ReadPacer:
     training thread only). Times are seconds: training time as :meth:`trained` adds it up, the
     wall clock as the probe's ``perf`` gives it."""
 
-    def __init__(self, every_s: float, read_all_first: int) -> None:
+    def __init__(self, every_s: float, read_all_first: int, steady_share: float | None = None) -> None:
         self.every_s = every_s
+        self.steady_share = steady_share  # None: every_s is the pace, whatever a read costs
+        self._read_cost: float | None = None  # what a read costs, smoothed (from spent())
         self.read_all_left = read_all_first  # records still read whatever the pace
         self.trained_s = 0.0
         self._first_s: float | None = None  # the first record's training time (its trace)
@@ -67,7 +76,16 @@ class ReadPacer:
     def from_settings(cls) -> "ReadPacer":
         """The pace ``TPUWATCH_LOSS_EVERY_S`` asks for (see :func:`_loss_every_s`)."""
         every_s, first = _loss_every_s()
-        return cls(every_s, first)
+        return cls(every_s, first, STEADY_SHARE if first else None)
+
+    @property
+    def pace_s(self) -> float:
+        """The least training time between two reads now: ``every_s``, or longer where the reads
+        cost more than ``steady_share`` of it."""
+        cost, share = self._read_cost, self.steady_share
+        if cost is None or share is None:
+            return self.every_s
+        return max(self.every_s, cost / share)
 
     @property
     def read_all(self) -> bool:
@@ -90,6 +108,8 @@ class ReadPacer:
         traced, and its time is not in the budget either."""
         if self.trained_s != self._first_s:
             self._spent_s += seconds
+            cost = self._read_cost
+            self._read_cost = seconds if cost is None else cost + 0.2 * (seconds - cost)
 
     def recorded(self) -> None:
         """A record was made: one fewer of the first records left to read whatever the pace."""
@@ -98,7 +118,7 @@ class ReadPacer:
 
     def loss_due(self, trained: float) -> bool:
         """The losses are to be read at training time ``trained`` (read_all aside)."""
-        return trained - self._loss_read_trained >= self.every_s
+        return trained - self._loss_read_trained >= self.pace_s
 
     def loss_read(self, trained: float, now: float) -> None:
         """The losses were read at training time ``trained``, wall clock ``now``."""
@@ -107,7 +127,7 @@ class ReadPacer:
 
     def acc_due(self, trained: float) -> bool:
         """The accumulator is to be read at training time ``trained`` (read_all aside)."""
-        return trained - self._acc_read_trained >= self.every_s
+        return trained - self._acc_read_trained >= self.pace_s
 
     def acc_read(self, trained: float) -> None:
         self._acc_read_trained = trained

@@ -71,6 +71,7 @@ class Agent:
         self._busy: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by stop() and flush(): the writer drains now
         self._flushed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._events_path = run_dir / rundir.EVENTS
@@ -95,8 +96,8 @@ class Agent:
         self.forked = False  # True in a child made by fork(): the agent is the parent's
         self.step_probe: StepProbe | None = None  # set by probes.install_all
         self.retrace_probe: RetraceProbe | None = None  # set by probes.install_all (the leak doctor reads it)
-        self.pipeline_map: PipelineMap | None = None  # set by pipeline_map.install (the leak doctor reads it)
-        self.profiler: Profiler | None = None  # set by commands.install (the auto-profile captures through it)
+        self.pipeline_map: PipelineMap | None = None  # set by probes.install_tf_probes (the leak doctor reads it)
+        self.profiler: Profiler | None = None  # set by probes.install_tf_probes (the auto-profile captures through it)
         self.num_workers = 1  # of the strategy announced last (environment)
         # Called on the agent thread with the Steps' fields written by one drain, in order (never
         # on the training thread); a tap that raises is dropped with its probe (its name, the tap).
@@ -312,9 +313,11 @@ class Agent:
                 self._sample()
                 next_sample = now + self.sample_interval_s
             self._drain()
-            # One drain a sample period: each is a write(2) and a descriptor check, ~90 µs here,
-            # which at 10 a second cost a tiny step 5 µs of the agent thread's CPU.
-            self._stop.wait(self.sample_interval_s)
+            # One drain a sample period, at least one a second (each is a write(2) and a
+            # descriptor check, ~90 µs here, which at 10 a second cost a tiny step 5 µs of the
+            # agent thread's CPU), or at once when flush() or stop() asks.
+            self._wake.wait(min(self.sample_interval_s, 1.0))
+            self._wake.clear()
         self._drain()
 
     def _sample(self) -> None:
@@ -343,8 +346,8 @@ class Agent:
                 break
             try:
                 if isinstance(item, tuple):  # a Step's fields (emit_step): messages are dataclasses
-                    steps.append(item)
                     line = encode_step(item)
+                    steps.append(item)
                 else:
                     line = encode(item)
                     final = final or item.kind == "exit"
@@ -378,6 +381,8 @@ class Agent:
         if not steps:
             return
         for name, tap in list(self.step_taps):
+            if name in self._disabled:
+                continue
             try:
                 tap(steps)
             except Exception as e:  # that probe stops, the recording goes on
@@ -499,6 +504,7 @@ class Agent:
             self._drain()
             return
         deadline = clocks.monotonic() + timeout
+        self._wake.set()
         with self._flushed:
             while self._buf and clocks.monotonic() < deadline:
                 self._flushed.wait(0.05)
@@ -506,6 +512,7 @@ class Agent:
     def stop(self) -> None:
         global _current
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._drain()

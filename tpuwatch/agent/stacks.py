@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Sequence
 
 from tpuwatch import rundir, settings
-from tpuwatch.agent.pipeline_map import is_script_path, library_roots
+from tpuwatch.agent.script_frames import is_script, library_roots
 from tpuwatch.protocol import Command, Message, StackDump
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ def _in_tf(frame: traceback.FrameSummary) -> bool:
 
 def describe(stack: Sequence[traceback.FrameSummary], roots: tuple[str, ...]) -> Where:
     """What the thread whose ``stack`` this is waits in, in one line."""
-    inner = next((i for i in range(len(stack) - 1, -1, -1) if is_script_path(stack[i].filename, roots)), None)
+    inner = next((i for i in range(len(stack) - 1, -1, -1) if is_script(stack[i].filename, roots)), None)
     if inner is None:
         if not stack:
             return Where("", "")
@@ -236,7 +236,7 @@ def pipeline_line(stack: Sequence[traceback.FrameSummary], roots: tuple[str, ...
     """The innermost line of the script's in a thread that runs Python for tf.data ("" if none)."""
     if not any(f.filename.endswith(_PY_FUNC_FILES) for f in stack):
         return ""
-    inner = next((f for f in reversed(stack) if is_script_path(f.filename, roots)), None)
+    inner = next((f for f in reversed(stack) if is_script(f.filename, roots)), None)
     return _line(inner) if inner is not None else ""
 
 

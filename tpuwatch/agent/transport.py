@@ -455,7 +455,7 @@ def _token_matches(given: str, expected: str | None) -> bool:
 
 
 def _high(sock: socket.socket) -> socket.socket:
-    """``sock`` on a high, close-on-exec descriptor (runtime.high_fd): a script that closes a low
+    """``sock`` on a high, close-on-exec descriptor (agent_api.high_fd): a script that closes a low
     descriptor and opens its own socket or file there never gets the agent's stream."""
     from tpuwatch.agent.agent_api import high_fd
 

@@ -25,8 +25,8 @@ def add_profile_parser(sub) -> argparse.ArgumentParser:
 def add_checkpoint_parser(sub) -> argparse.ArgumentParser:
     checkpoint = sub.add_parser("checkpoint", help="save a checkpoint of a live run at the next step boundary")
     checkpoint.add_argument("run", nargs="?", help="run id or run directory (default: the latest live run)")
-    checkpoint.add_argument("--dir", help="a directory or gs://bucket/path (default: the script's own checkpoint "
-                                          "directory, else the run's checkpoints/)")
+    checkpoint.add_argument("--dir", help="a directory or gs://bucket/path (default: tpuwatch/ under the script's own "
+                                          "checkpoint directory, else the run's checkpoints/)")
     checkpoint.add_argument("--timeout", type=float, default=300.0, help=TIMEOUT_HELP)
     return checkpoint
 

@@ -16,7 +16,7 @@ Buckets (seconds), in :data:`BUCKETS` order:
 - ``training``: productive step time, ideal step x steps;
 - ``above_ideal``: step time above the ideal (jitter, slow steps, contention), input wait excluded;
 - ``input_wait``: the step records' ``input_wait_s``; a record without one (the agent reads the
-  in-graph wait at most every 0.25 s of training and spreads each read over the steps since the
+  in-graph wait at most every 0.25 s of training (less often where a read is costly) and spreads each read over the steps since the
   last) is booked at the wait per step of the next record that has one (the read covering it), or
   of the latest one while none has come yet;
 - ``evaluating``, ``checkpointing``, ``iterator`` (a new iterator over a distributed dataset):
@@ -98,7 +98,7 @@ _Held = TypeVar("_Held")
 
 class UnreadWaits(Generic[_Held]):
     """Step records that came without their input wait, per step function: the agent reads the
-    in-graph wait at most every 0.25 s and spreads each read over the steps since the last, so a
+    in-graph wait at most every 0.25 s (or less often) and spreads each read over the steps since the last, so a
     record without one counts at the wait per step of the next read of its own function. The one
     rule for every figure of input wait (the ledger's bucket and the ``input-bound`` finding's
     totals). Bounded: past ``limit`` records held, a record counts at its function's latest
