@@ -173,7 +173,8 @@ class Step(Message):
 class StepLoss(Message):
     """The losses of a step recorded earlier without them, read once nothing has run since.
 
-    Losses are sampled (every record at first, then at most every 0.25 s of training, less often where a read is costly), so a
+    Losses are sampled (every record at first, then at most every 0.25 s of training, less often
+    where a read is costly), so a
     record may carry none; when training pauses (the script ends, an epoch ends, evaluation
     starts) the last step's losses are read and sent here, for the step they belong to.
     """

@@ -16,7 +16,8 @@ Buckets (seconds), in :data:`BUCKETS` order:
 - ``training``: productive step time, ideal step x steps;
 - ``above_ideal``: step time above the ideal (jitter, slow steps, contention), input wait excluded;
 - ``input_wait``: the step records' ``input_wait_s``; a record without one (the agent reads the
-  in-graph wait at most every 0.25 s of training (less often where a read is costly) and spreads each read over the steps since the
+  in-graph wait at most every 0.25 s of training, less often where a read is costly, and spreads
+  each read over the steps since the
   last) is booked at the wait per step of the next record that has one (the read covering it), or
   of the latest one while none has come yet;
 - ``evaluating``, ``checkpointing``, ``iterator`` (a new iterator over a distributed dataset):
