@@ -995,6 +995,17 @@ _FAST_TYPES: dict[str, tuple[str, str, str]] = {
     "tuple[float, ...]": ("[_num(x) for x in {v}]", "{v} = tuple(map(_float, {v}))",
                           "'[' + ','.join(map(_fj, {v})) + ']'"),
 }
+#: The writer's common case, tested inline with no call (``str`` of a finite float is its JSON, of
+#: an int too; a name written before is in ``_STR_JSON``): (the test, the text); anything else
+#: takes the column above.
+_PLAIN_WRITE: dict[str, tuple[str, str]] = {
+    "int": ("type({v}) is int", "{v}"),
+    "float": ("type({v}) is float and {v} - {v} == 0.0", "{v}"),
+    "str": ("{v} in _STR_JSON", "_STR_JSON[{v}]"),
+    "int | None": ("({v} is None or type({v}) is int)", "'null' if {v} is None else {v}"),
+    "float | None": ("({v} is None or type({v}) is float and {v} - {v} == 0.0)", "'null' if {v} is None else {v}"),
+    "tuple[float, ...]": ("not {v}", "'[]'"),
+}
 #: The decode check added for a time field (:func:`is_time_field`): out of range or NaN goes to
 #: the full decoder, which rejects it.
 _FAST_TIME_CHECK = {
@@ -1053,6 +1064,7 @@ def _make_step_paths(cls: type[Message]) -> tuple[Callable[..., tuple[Any, ...]]
     names = [f.name for f in fields]
     defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
     kinds: dict[str, tuple[str, str, str]] = {}
+    types = {f.name: str(f.type) for f in fields}
     for f in fields:
         if f.default_factory is not dataclasses.MISSING or str(f.type) not in _FAST_TYPES:
             raise TypeError(f"{cls.__name__}.{f.name}: {f.type} has no fast path (protocol._FAST_TYPES); "
@@ -1073,6 +1085,9 @@ def _make_step_paths(cls: type[Message]) -> tuple[Callable[..., tuple[Any, ...]]
     # The line as the generic encoder writes it for these values, text joined in field order.
     template = ",".join(f'"{n}":%s' for n in names)
     pieces = ", ".join(kinds[n][2].format(v=n) for n in names)
+    plain = " and ".join(_PLAIN_WRITE[types[n]][0].format(v=n) for n in names)
+    plain_pieces = ", ".join(_PLAIN_WRITE[types[n]][1].format(v=n) for n in names)
+    line = '{"kind":"' + cls.kind + '",' + template + '}' + chr(10)
     source = f"""
 def step_values({params}):
     return ({values})
@@ -1092,12 +1107,15 @@ def decode_step_line(line):
 def encode_step_values(values):
     try:
         {", ".join(names)}, = values
-        return ({'{"kind":"' + cls.kind + '",' + template + '}' + chr(10)!r} % ({pieces},)).encode()
+        if {plain}:
+            return ({line!r} % ({plain_pieces},)).encode()
+        return ({line!r} % ({pieces},)).encode()
     except (TypeError, ValueError):
         return encode(_cls(*values))
 """
     namespace: dict[str, Any] = {"_defaults": defaults, "_num": _num, "_float": _float, "_loads": json.loads,
                                  "_cls": cls, "_int": _int, "_fj": _fj, "_sj": _sj, "encode": encode,
+                                 "_STR_JSON": _STR_JSON,
                                  "_MAX_S": MAX_SECONDS}
     exec(compile(source, "<tpuwatch.protocol Step paths>", "exec"), namespace)
     return (namespace["step_values"], namespace["_step_dict"], namespace["decode_step_line"],
