@@ -2,11 +2,17 @@
 naming the interleave's line and the parallel read to ask for.
 
 The training data is 32 shards (``.npy`` files written to a temporary directory first); fetching a
-shard waits ~40 ms of latency before it reads, as an object in a storage bucket does (each
-shard's dataset fetches it when iterated: a ``tf.numpy_function`` that sleeps, then ``np.load``).
+shard waits for latency before it reads, as an object in a storage bucket does (each shard's
+dataset fetches it when iterated: a ``tf.numpy_function`` that sleeps, then ``np.load``).
 ``files.interleave(load_shard, cycle_length=1)`` fetches one shard at a time, so every batch of
 the Keras ``fit`` waits for a fetch although the pipeline ends with ``prefetch``. The fix reads several shards at once:
 ``cycle_length=tf.data.AUTOTUNE, num_parallel_calls=tf.data.AUTOTUNE``.
+
+The latency is sized to this machine (the model's step timed eagerly before training: a fetch is
+about two compiled steps), because the fix's effect depends on it: where AUTOTUNE has two cores,
+two fetches at a time hide the wait only if the step is longer than half a fetch. With a fixed
+40 ms the same script was 43 % input-bound on one day's 2-core box and under 10 % on a slower
+day's.
 """
 from __future__ import annotations
 
@@ -21,9 +27,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide C++ INFO/WARNING chat
 import keras
 import numpy as np
 import tensorflow as tf
+from training_setup import eager_step_seconds
 
 FEATURES = 64
 PER_SHARD = 64
+LATENCY_S = 0.04  # set in main() from the machine's speed
 
 
 def write_shards(directory: str, shards: int) -> list[str]:
@@ -37,7 +45,7 @@ def write_shards(directory: str, shards: int) -> list[str]:
 
 
 def fetch_shard(path: bytes) -> np.ndarray:
-    time.sleep(0.04)  # the storage service's latency before the first byte
+    time.sleep(LATENCY_S)  # the storage service's latency before the first byte
     return np.load(path.decode())
 
 
@@ -58,18 +66,24 @@ def main() -> int:
     p.add_argument("--shards", type=int, default=32)
     args = p.parse_args()
     keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((FEATURES,)),
+        keras.layers.Dense(2048, activation="relu"),
+        keras.layers.Dense(2048, activation="relu"),
+        keras.layers.Dense(2),
+    ])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    global LATENCY_S
+    x = np.random.default_rng(1).random((PER_SHARD, FEATURES), dtype=np.float32)
+    # a fetch: ~2 compiled steps (the compiled step, its Adam update of 4M weights included, is
+    # ~1.55x the eager forward and backward pass here)
+    LATENCY_S = 3 * eager_step_seconds(model, x, np.zeros(PER_SHARD, np.int64), loss)
     with tempfile.TemporaryDirectory() as tmp:
         files = tf.data.Dataset.from_tensor_slices(write_shards(tmp, args.shards))
         ds = files.interleave(load_shard, cycle_length=1)
         ds = ds.batch(64).prefetch(tf.data.AUTOTUNE)
 
-        model = keras.Sequential([
-            keras.Input((FEATURES,)),
-            keras.layers.Dense(2048, activation="relu"),
-            keras.layers.Dense(2048, activation="relu"),
-            keras.layers.Dense(2),
-        ])
-        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(optimizer="adam", loss=loss)
         model.fit(ds, epochs=args.epochs, verbose=2)
     return 0
 

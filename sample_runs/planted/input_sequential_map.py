@@ -1,13 +1,15 @@
 """Planted problem: a map that decodes in Python, one element at a time. Rule: input-bound.
 
 A Keras ``fit`` on a tf.data pipeline whose ``.map(decode)`` runs a decode in Python through
-``tf.numpy_function`` (~1.5 ms an image, most of it waiting, as a read of each image from a store
-does) without ``num_parallel_calls``: every batch waits for 32 decodes in a row, about twice the
-step. The pipeline already ends with ``prefetch``; the fix is the map's
-``num_parallel_calls=tf.data.AUTOTUNE``. Sized so that the edit can hide the decode even where
-AUTOTUNE has only two cores: two decodes at a time take about the step's time, and the prefetch
-buffer takes up the difference (measured on 2 cores: 49 ms a step before the edit, 29 after, 25
-without the decode's wait).
+``tf.numpy_function`` (most of it waiting, as a read of each image from a store does) without
+``num_parallel_calls``: every batch waits for 32 decodes in a row, about twice the step. The
+pipeline already ends with ``prefetch``; the fix is the map's
+``num_parallel_calls=tf.data.AUTOTUNE``.
+
+The decode's wait is sized to this machine (the model's step timed eagerly before training),
+because the fix's effect depends on it: where AUTOTUNE has two cores, two decodes at a time take
+about the step's time and the prefetch buffer takes up the difference. With a fixed wait the same
+script was 45 % input-bound on one day's 2-core box and under 10 % on a slower day's.
 """
 from __future__ import annotations
 
@@ -21,10 +23,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide C++ INFO/WARNING chat
 import keras
 import numpy as np
 import tensorflow as tf
+from training_setup import eager_step_seconds
+
+READ_WAIT_S = 0.001  # set in main() from the machine's speed
 
 
 def decode_bytes(raw: np.ndarray) -> np.ndarray:
-    time.sleep(0.001)  # stands for the wait of reading the image
+    time.sleep(READ_WAIT_S)  # stands for the wait of reading the image
     return (raw.astype(np.float32) / 255.0).reshape(32, 32, 3)
 
 
@@ -44,12 +49,6 @@ def main() -> int:
     raw = rng.integers(0, 256, (4096, 32 * 32 * 3), dtype=np.uint8)
     labels = rng.integers(0, 10, 4096)
 
-    ds = tf.data.Dataset.from_tensor_slices((raw, labels))
-    ds = ds.shuffle(4096).repeat()
-    ds = ds.map(decode)
-    ds = ds.batch(32)
-    ds = ds.prefetch(2)
-
     model = keras.Sequential([
         keras.Input((32, 32, 3)),
         keras.layers.Conv2D(64, 3, activation="relu"),
@@ -57,7 +56,20 @@ def main() -> int:
         keras.layers.GlobalAveragePooling2D(),
         keras.layers.Dense(10),
     ])
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    global READ_WAIT_S
+    first = (raw[:32] / 255.0).astype(np.float32).reshape(32, 32, 32, 3)
+    step_s = eager_step_seconds(model, first, labels[:32], loss)
+    # a batch's decodes: ~2 compiled steps (the compiled step is ~0.75x the eager pass here)
+    READ_WAIT_S = max(0.0005, 1.5 * step_s / 32 - 0.0005)
+
+    ds = tf.data.Dataset.from_tensor_slices((raw, labels))
+    ds = ds.shuffle(4096).repeat()
+    ds = ds.map(decode)
+    ds = ds.batch(32)
+    ds = ds.prefetch(2)
+
+    model.compile(optimizer="adam", loss=loss)
     model.fit(ds, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, verbose=2)
     return 0
 
