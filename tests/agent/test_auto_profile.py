@@ -448,3 +448,19 @@ def test_warm_up_a_lone_slow_call_and_a_retrace_are_no_slowdown():
     agent.profiler.active = object()  # the user's own capture runs: never beside it
     _steps(auto, clock, 10, step, 0.3, sample_every=1)
     assert agent.submitted == []
+
+
+def test_a_slowdown_that_begins_while_an_input_capture_is_measured_after_is_dated_from_its_first_step():
+    # An input-bound capture's "after" measurement (the step time once the profiler stopped) was
+    # running when the slowdown began: its slow calls were not counted until it ended, and the
+    # finding said "from step 161" for a slowdown from step 150.
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _steps(auto, clock, 200, step, 0.010)
+    auto.state, auto._after_t0, auto._phase = "after", clock.t, auto_profile._Sums()
+    _steps(auto, clock, 3, step, 0.200, sample_every=10)  # the after-measurement still runs
+    assert auto.state == "after" and agent.submitted == []
+    _steps(auto, clock, 12, step, 0.200, sample_every=1)  # it ends (AFTER_S): the capture starts
+    ((cmd, _),) = agent.submitted
+    assert cmd.action == "profile"
+    assert any("3x slower or more from step 201" in m for _, m in agent.events), agent.events

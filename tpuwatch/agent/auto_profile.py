@@ -223,7 +223,10 @@ class AutoProfile:
         if self.state == "capturing" and self._kind == "slow":
             sl.inside.append(row)
             return
-        if step <= WARMUP_STEPS or self.state != "idle":
+        # Another capture's steps are slowed by the profiler, and so may be those of its reading
+        # (the parse shares the cores); its after-measurement's are plain steps: a slowdown that
+        # begins then is counted from its first step, and captured once the state is idle.
+        if step <= WARMUP_STEPS or self.state != "idle" and (self.state == "capturing" or self._reading()):
             return
         med = sl.median
         if med is not None and step_time_s >= SLOW_FACTOR * med and step_time_s - med >= SLOW_MIN_EXTRA_S:
