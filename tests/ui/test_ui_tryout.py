@@ -11,6 +11,7 @@ from ui_support import FakeClock, last_t, make_live_run, recording, screen_text,
 
 from tpuwatch import protocol, rundir
 from tpuwatch.sources.file_source import FileSource
+from tpuwatch.ui import app as app_module
 from tpuwatch.ui.app import TpuwatchApp
 from tpuwatch.ui.screens.help_screen import HelpScreen
 
@@ -322,3 +323,42 @@ async def test_l_at_80x24_shows_the_chart_on_screen_after_many_epochs() -> None:
         region = app.query_one("#loss").region
         lines = screen_text(app).splitlines()[region.y: region.y + region.height]
         assert any("█" in line[region.x: region.x + region.width] for line in lines), "\n".join(lines)
+
+
+@sync
+async def test_a_command_the_agent_never_took_frees_its_key_and_says_so(live_app, sent) -> None:
+    # The agent skips commands past the budget all viewers share, without a result: the profile
+    # key stayed "sent…" and refused every press for the rest of the run.
+    app = live_app(upto=300)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("p")
+        await app.workers.wait_for_complete()
+        assert len(sent) == 1 and "profile sent…" in screen_text(app)
+        app._clock.t += app_module.COMMAND_ACK_S + 1
+        app.pull()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "profile sent…" not in text
+        assert "not taken" in text, text
+        await pilot.press("p")  # pressed again: sent again
+        await app.workers.wait_for_complete()
+        assert len(sent) == 2 and sent[1].id != sent[0].id
+
+
+@sync
+async def test_a_command_the_agent_queued_stays_in_flight(live_app, sent) -> None:
+    app = live_app(upto=300)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("p")
+        await app.workers.wait_for_complete()
+        _append(app.run_dir, protocol.CommandState(t=app.snapshot.now, id=sent[0].id, action="profile",
+                                                   state="queued", step=300))
+        app._clock.t += app_module.COMMAND_ACK_S + 1
+        app.pull()
+        await pilot.pause()
+        await pilot.press("p")  # still in flight: not sent twice
+        await app.workers.wait_for_complete()
+        assert len(sent) == 1
+        assert "not taken" not in screen_text(app)

@@ -85,6 +85,11 @@ READER_STOP_S = 2.0
 TOAST_SLACK_S = 2.0
 #: Statuses during which quitting asks whether to stop training.
 ACTIVE = ("waiting", "starting", "running", "stalled")
+#: A command the agent has not taken (queued, running or answered) this long after it was sent was
+#: skipped: the agent skips commands past the budget all viewers share (5 a second, bursts of 20),
+#: without a result. Its key is free again and the dashboard says so; the agent acknowledges a
+#: command it takes within a sample period, however long the command then runs.
+COMMAND_ACK_S = 20.0
 #: Actions that run inside training and take a command id.
 COMMAND_ACTIONS = ("profile", "checkpoint")
 #: Statuses after which no training process is left to ask or to leave running.
@@ -211,6 +216,7 @@ class TpuwatchApp(App[str]):
         self._worker_errors: set[str] = set()  # worker failures already surfaced
         self._sent: dict[str, str] = {}  # action -> id of the command still in flight
         self._sent_ids: set[str] = set()  # every command this dashboard sent
+        self._sent_t: dict[str, float] = {}  # id -> when it was sent, until the agent takes it
         self._profiles_shown: set[str] = set()
         self._toasted: set[str] | None = None  # ids of ended commands already announced
         self._focus_before_expand: Widget | None = None  # the focus before a panel was expanded
@@ -360,7 +366,29 @@ class TpuwatchApp(App[str]):
         if replay is not None and (shown or replay_key != self._replay_key):
             self._replay_key = replay_key
             self.query_one(ReplayBar).state = replay
+        self._expire_untaken()
         self._refresh_bindings_if_changed()
+
+    def _expire_untaken(self) -> None:
+        """Frees the key of a command the agent never took (see ``COMMAND_ACK_S``)."""
+        if not self._sent_t:
+            return
+        now = self._clock()
+        taken = {c.id for c in self.snapshot.commands if c.status != "pending"}
+        for cid, sent_t in list(self._sent_t.items()):
+            if cid in taken:
+                del self._sent_t[cid]
+            elif now - sent_t >= COMMAND_ACK_S:
+                del self._sent_t[cid]
+                action = next((a for a, i in self._sent.items() if i == cid), None)
+                if action is None:
+                    continue
+                del self._sent[action]
+                message = (f"not taken by the agent in {COMMAND_ACK_S:g} s (it skips commands past 5 a "
+                           "second from all viewers together): press the key again")
+                self._reader.apply_local(partial(_untaken_result, cid, action, message))
+                self.notify(f"{action}: {message}", severity="warning", timeout=8)
+                self.pull()
 
     def _replay_output(self, replay: ReplayState) -> None:
         """Keeps the Output panel in step with the replay position (see replay_output.py)."""
@@ -539,6 +567,7 @@ class TpuwatchApp(App[str]):
         command = Command(id=f"{action}-{secrets.token_hex(4)}", action=action)
         self._sent[action] = command.id
         self._sent_ids.add(command.id)
+        self._sent_t[command.id] = self._clock()
         self._reader.apply_local(lambda now: command)  # shows as "pending" until the agent answers
         self.pull()
         self._deliver(command)
@@ -559,6 +588,7 @@ class TpuwatchApp(App[str]):
 
     def _send_failed(self, command: Command, reason: str) -> None:
         self._sent.pop(command.action, None)
+        self._sent_t.pop(command.id, None)
         self._reader.apply_local(lambda now: Result(t=now, id=command.id, action=command.action, ok=False,
                                                     message=f"not sent: {reason}"))
         self.notify(f"{command.action}: {reason}", severity="error", timeout=8)
@@ -790,6 +820,10 @@ class TpuwatchApp(App[str]):
             yield SystemCommand(b.description, b.tooltip, partial(self.run_action, b.action))
         yield SystemCommand("Retraces: every trace", "Each retrace with its step and the whole change",
                             self._show_retraces)
+
+
+def _untaken_result(cid: str, action: str, message: str, t: float) -> Result:
+    return Result(t=t, id=cid, action=action, ok=False, message=message)
 
 
 def _split_action(action: str) -> tuple[str, tuple[object, ...]]:
