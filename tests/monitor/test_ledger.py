@@ -386,7 +386,7 @@ def test_a_teardown_at_the_script_end_comes_out_of_host_after_the_last_step():
     assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s, abs=1e-6)
     (note,) = lg.teardowns
     assert note.after_last
-    assert "at the script's end" in teardown_lines(lg.teardowns)[0]
+    assert teardown_lines(lg.teardowns)[0].startswith("iterator teardown 5.00 s after step 20 (the last), 0% CPU")
 
 
 def test_a_stall_episode_over_the_pause_leaves_the_teardown_named_and_books_each_second_once():
@@ -437,7 +437,7 @@ def test_the_text_says_what_it_is_with_the_stack_line_and_the_json_reads_back():
     lg = ledger_of(epochs_with_a_pause(19.5).msgs)
     assert lg is not None
     (line,) = teardown_lines(lg.teardowns)
-    assert line.startswith("iterator teardown 19.50 s after step 50 at 0% CPU")
+    assert line.startswith("iterator teardown 19.50 s after step 50, 0% CPU")
     assert "waits, idle, for tf.data's own threads" in line and line.endswith("at t.py:48 in main: del it")
     d = as_dict(lg)
     assert d["buckets_s"]["teardown"] == pytest.approx(19.5)  # type: ignore[index]
@@ -453,7 +453,7 @@ def test_a_busy_teardown_is_not_called_idle():
     lg = ledger_of(tl.msgs)
     assert lg is not None
     (line,) = teardown_lines(lg.teardowns)
-    assert "at 75% CPU" in line and "idle" not in line
+    assert ", 75% CPU" in line and "idle" not in line
 
 
 def test_merged_notes_name_their_worker():
@@ -466,4 +466,4 @@ def test_merged_notes_name_their_worker():
     (note,) = lg.teardowns
     assert note.worker == "h:1"
     assert lg.buckets["teardown"] == pytest.approx(1.5, abs=1e-6)  # the workers' mean
-    assert " on h:1 " in teardown_lines(lg.teardowns)[0]
+    assert " on h:1, " in teardown_lines(lg.teardowns)[0]

@@ -91,7 +91,7 @@ class TeardownNote:
     cpu_share: float  # the process's CPU seconds over its wall seconds (all threads)
     iterator: str
     step: int
-    after_last: bool  # after the run's last step (the script's end), not at an epoch boundary
+    after_last: bool  # after the run's last step (the last epoch's end, the script's), the run ended
     stack: tuple[str, ...]
     worker: str = ""
 
@@ -554,22 +554,28 @@ def goodput_line(ledger: Ledger, top: int = 3) -> str:
 IDLE_CPU_SHARE = 0.2
 
 
-def teardown_lines(notes: Sequence[TeardownNote], top: int = 3) -> list[str]:
+def teardown_lines(notes: Sequence[TeardownNote], top: int = 3, *, short: bool = False) -> list[str]:
     """One line per iterator teardown, the longest first (``top`` of them), saying what it is:
-    ``iterator teardown 19.5 s after step 1,200 at 0% CPU: TensorFlow deleting a tf.data iterator
-    (OwnedIterator) waits for tf.data's threads ...; at train.py:48 in main: for x in ds:``."""
+    ``iterator teardown 19.50 s after step 1,200, 0% CPU: TensorFlow deleting a tf.data iterator
+    (OwnedIterator) waits for tf.data's threads ...; at train.py:48 in main: for x in ds:``.
+    ``short``: for a panel, ``19.50 s after step 1,200, 0% CPU: tf.data iterator deleted at train.py:48``."""
     from tpuwatch.units import duration
 
     out = []
     for n in sorted(notes, key=lambda n: -n.seconds)[:top]:
-        where = "at the script's end" if n.after_last else f"after step {n.step:,}"
+        where = f"after step {n.step:,}" + (" (the last)" if n.after_last else "")
         who = f" on {n.worker}" if n.worker else ""
+        if short:
+            at = f" at {n.stack[0].split(' ', 1)[0]}" if n.stack else ""
+            out.append(f"  {duration(n.seconds)} {where}{who}, {100 * n.cpu_share:.0f}% CPU: "
+                       f"tf.data iterator deleted{at}")
+            continue
         if n.cpu_share < IDLE_CPU_SHARE:
             what = (f"TensorFlow deleting a tf.data iterator ({n.iterator}) waits, idle, for tf.data's own "
                     "threads to stop (its autotune thread, a prefetch, a map element in flight)")
         else:
             what = f"TensorFlow deleting a tf.data iterator ({n.iterator})"
-        line = f"iterator teardown {duration(n.seconds)} {where}{who} at {100 * n.cpu_share:.0f}% CPU: {what}"
+        line = f"iterator teardown {duration(n.seconds)} {where}{who}, {100 * n.cpu_share:.0f}% CPU: {what}"
         out.append(line + (f"; at {n.stack[0]}" if n.stack else ""))
     if len(notes) > top:
         out.append(f"and {len(notes) - top} more teardowns, {duration(sum(n.seconds for n in notes))} in all")
