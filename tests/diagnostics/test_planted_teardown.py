@@ -3,7 +3,8 @@ script's end (``sample_runs/planted/teardown_epoch.py``: deleting an iterator wh
 is still being decoded by a ``tf.numpy_function`` waits for it, the process idle), run under
 ``tpuwatch run --headless``. The ledger books each pause as *iterator teardown*, within 10 % or
 0.5 s of the script's own clock, not as host time; the report says what it is, with the line.
-Real TensorFlow, a real subprocess (about 20 s)."""
+The pause is TensorFlow's: plain ``python`` pauses the same. Real TensorFlow, real subprocesses
+(about 20 s and 12 s)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,12 @@ def test_the_pauses_at_epoch_boundaries_and_the_end_are_named_iterator_teardown(
     assert "waits, idle, for tf.data's own threads" in text
     assert "teardown_epoch.py:" in text and ": break" in text
     assert "host-bound" not in {f["rule"] for f in report["findings"]}
+
+
+def test_plain_python_pauses_the_same_at_the_epoch_boundary(tmp_path: Path) -> None:
+    env = child_env(TPUWATCH_HOME=str(tmp_path / "home"))
+    run = subprocess.run([sys.executable, str(SCRIPT), "--epochs", "1", "--pause-s", "2.5"], cwd=SCRIPT.parent,
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (pause,) = [float(v) for v in re.findall(r"^planted teardown_s=([\d.]+)$", run.stdout, re.M)]
+    assert pause >= 2.0, pause  # what is left of the slow batch (and any wait for the autotune thread)
