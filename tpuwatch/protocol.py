@@ -363,6 +363,9 @@ class Teardown(Message):
     #: The training thread's Python frames during it, innermost first (tpuwatch's own left out):
     #: ``train.py:48 in main: del it``; empty when no sample fell inside it.
     stack: tuple[str, ...] = ()
+    #: Of those, the script's innermost (the line that dropped the iterator, or the script's call
+    #: into Keras that did: ``train.py:60 in <module>: model.fit(ds, epochs=3)``); "" if none.
+    site: str = ""
 
 
 @dataclass(frozen=True)

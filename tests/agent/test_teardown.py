@@ -70,6 +70,7 @@ def test_a_long_deletion_is_one_teardown_with_its_cpu_and_the_stack_sampled_duri
     assert msg.iterator == "FakeIterator" and msg.cpu_s < 0.3
     assert msg.stack and msg.stack[0].startswith("test_teardown.py:") and " in __del__: time.sleep" in msg.stack[0]
     assert any("in drop_slowly: del it" in line for line in msg.stack)
+    assert msg.site == msg.stack[0]  # this file is the script: its innermost line
 
 
 def test_short_ones_other_threads_and_those_inside_a_step_are_not_reported(tmp_path):

@@ -330,11 +330,12 @@ def test_python_after_the_last_step_is_host_until_the_script_returns():
 
 
 def teardown(tl: Timeline, seconds: float, cpu_s: float = 0.01,
-             stack: tuple[str, ...] = ("t.py:48 in main: del it",)) -> None:
+             stack: tuple[str, ...] = ("t.py:48 in main: del it",), site: str = "") -> None:
     """The training thread spends ``seconds`` deleting an iterator; the agent's message follows."""
     since = tl.t
     tl.wait(seconds)
-    tl.msgs.append(Teardown(t=tl.t, since=since, cpu_s=cpu_s, iterator="OwnedIterator", step=tl.step, stack=stack))
+    tl.msgs.append(Teardown(t=tl.t, since=since, cpu_s=cpu_s, iterator="OwnedIterator", step=tl.step, stack=stack,
+                            site=site))
 
 
 def epochs_with_a_pause(pause_s: float, host_s: float = 0.5) -> Timeline:
@@ -467,3 +468,18 @@ def test_merged_notes_name_their_worker():
     assert note.worker == "h:1"
     assert lg.buckets["teardown"] == pytest.approx(1.5, abs=1e-6)  # the workers' mean
     assert " on h:1, " in teardown_lines(lg.teardowns)[0]
+
+
+def test_the_line_quoted_is_the_scripts_when_keras_dropped_the_iterator():
+    tl = Timeline()
+    tl.steps(5, 0.01)
+    teardown(tl, 3.0, stack=("traceback_utils.py:117 in error_handler: return fn(*args, **kwargs)",
+                             "train.py:14 in <module>: model.fit(ds, epochs=2)"),
+             site="train.py:14 in <module>: model.fit(ds, epochs=2)")
+    tl.exit(0.1)
+    lg = ledger_of(tl.msgs)
+    assert lg is not None
+    (line,) = teardown_lines(lg.teardowns)
+    assert line.endswith("; at train.py:14 in <module>: model.fit(ds, epochs=2)")
+    assert teardown_lines(lg.teardowns, short=True) == [
+        "  3.00 s after step 5 (the last), 0% CPU: tf.data iterator deleted at train.py:14"]

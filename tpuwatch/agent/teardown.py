@@ -32,6 +32,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch.agent import clocks
+from tpuwatch.agent.script_frames import innermost, library_roots
 from tpuwatch.protocol import Teardown
 
 if TYPE_CHECKING:
@@ -54,17 +55,22 @@ _ATTR = "_tpuwatch_teardown_end"
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
+def frame_line(f: Any) -> str:
+    """``file.py:48 in main: del it``."""
+    code = f.f_code
+    text = linecache.getline(code.co_filename, f.f_lineno).strip()[:_MAX_CODE]
+    return f"{os.path.basename(code.co_filename)}:{f.f_lineno} in {code.co_name}" + (f": {text}" if text else "")
+
+
 def stack_lines(frame: Any, limit: int = MAX_FRAMES) -> tuple[str, ...]:
-    """``file.py:48 in main: del it`` per frame, innermost first; tpuwatch's frames and frozen
-    modules' (runpy, which runs the script) left out."""
+    """One :func:`frame_line` per frame, innermost first; tpuwatch's frames and frozen modules'
+    (runpy, which runs the script) left out."""
     out: list[str] = []
     f = frame
     while f is not None and len(out) < limit:
-        code = f.f_code
-        path = code.co_filename
+        path = f.f_code.co_filename
         if not path.startswith(_OWN_DIR) and not path.startswith("<frozen ") and os.path.basename(path) != "runpy.py":
-            text = linecache.getline(path, f.f_lineno).strip()[:_MAX_CODE]
-            out.append(f"{os.path.basename(path)}:{f.f_lineno} in {code.co_name}" + (f": {text}" if text else ""))
+            out.append(frame_line(f))
         f = f.f_back
     return tuple(out)
 
@@ -100,7 +106,9 @@ class TeardownProbe:
         self._iterator = ""
         self._token = 0  # counts the deletions timed
         self._stack: tuple[str, ...] = ()
-        self._stack_token = -1  # the deletion _stack was sampled in
+        self._site = ""
+        self._stack_token = -1  # the deletion _stack and _site were sampled in
+        self._roots: tuple[str, ...] | None = None
         self.timed = 0  # deletions timed (tests)
 
     def _agent_in_step(self) -> bool:
@@ -145,9 +153,10 @@ class TeardownProbe:
             self.timed += 1
             if now - since < self.long_s:
                 return
-            stack = self._stack if self._stack_token == self._token else ()
+            sampled = self._stack_token == self._token
             self.agent.emit(Teardown(t=now, since=since, cpu_s=max(0.0, self._cpu() - self._cpu0),
-                                     iterator=self._iterator, step=self.agent.global_step, stack=stack))
+                                     iterator=self._iterator, step=self.agent.global_step,
+                                     stack=self._stack if sampled else (), site=self._site if sampled else ""))
         except Exception as e:  # never into the script
             self._fail(e)
 
@@ -165,14 +174,19 @@ class TeardownProbe:
         token = self._token
         if self._since is None or self._stack_token == token:
             return []
+        if self._roots is None:
+            self._roots = library_roots()
         frame = sys._current_frames().get(self._thread)  # type: ignore[arg-type]
         try:
             lines = stack_lines(frame)
+            script, _inside = innermost(frame, self._roots)
+            site = frame_line(script) if script is not None and not script.f_code.co_filename.startswith(_OWN_DIR) else ""
+            del script, _inside
         finally:
             del frame  # a frame keeps every local of the training thread alive
         if self._since is not None and self._token == token:
-            self._stack = lines
-            self._stack_token = token  # set after the stack: end() reads the token first
+            self._stack, self._site = lines, site
+            self._stack_token = token  # set after them: end() reads the token first
         return []
 
 

@@ -94,6 +94,7 @@ class TeardownNote:
     after_last: bool  # after the run's last step (the last epoch's end, the script's), the run ended
     stack: tuple[str, ...]
     worker: str = ""
+    site: str = ""  # the script's innermost line in the stack
 
 
 @dataclass(frozen=True)
@@ -422,7 +423,7 @@ class LedgerBuilder:
         buckets["unaccounted"] = wall - sum(buckets.values())
         last = self._cursor
         teardowns = tuple(TeardownNote(sec, msg.since, msg.cpu_s / (msg.t - msg.since), msg.iterator, msg.step,
-                                       ended and last is not None and msg.since >= last, msg.stack)
+                                       ended and last is not None and msg.since >= last, msg.stack, site=msg.site)
                           for sec, msg in tail.notes())
         return Ledger(wall, buckets, ideal, self.steps, productive / wall if wall > 0 else None, ended,
                       host_after_last_s=max(0.0, host_after), teardowns=teardowns)
@@ -565,8 +566,9 @@ def teardown_lines(notes: Sequence[TeardownNote], top: int = 3, *, short: bool =
     for n in sorted(notes, key=lambda n: -n.seconds)[:top]:
         where = f"after step {n.step:,}" + (" (the last)" if n.after_last else "")
         who = f" on {n.worker}" if n.worker else ""
+        line_at = n.site or (n.stack[0] if n.stack else "")
         if short:
-            at = f" at {n.stack[0].split(' ', 1)[0]}" if n.stack else ""
+            at = f" at {line_at.split(' ', 1)[0]}" if line_at else ""
             out.append(f"  {duration(n.seconds)} {where}{who}, {100 * n.cpu_share:.0f}% CPU: "
                        f"tf.data iterator deleted{at}")
             continue
@@ -576,7 +578,7 @@ def teardown_lines(notes: Sequence[TeardownNote], top: int = 3, *, short: bool =
         else:
             what = f"TensorFlow deleting a tf.data iterator ({n.iterator})"
         line = f"iterator teardown {duration(n.seconds)} {where}{who}, {100 * n.cpu_share:.0f}% CPU: {what}"
-        out.append(line + (f"; at {n.stack[0]}" if n.stack else ""))
+        out.append(line + (f"; at {line_at}" if line_at else ""))
     if len(notes) > top:
         out.append(f"and {len(notes) - top} more teardowns, {duration(sum(n.seconds for n in notes))} in all")
     return out
@@ -592,7 +594,7 @@ def note_of(d: Mapping[str, object]) -> TeardownNote:
     return TeardownNote(num("seconds"), num("since"), num("cpu_share"), str(d.get("iterator", "")),
                         int(num("step")), bool(d.get("after_last")),
                         tuple(str(x) for x in stack) if isinstance(stack, (list, tuple)) else (),
-                        str(d.get("worker", "")))
+                        str(d.get("worker", "")), str(d.get("site", "")))
 
 
 def phase_text(phase: str, since: float | None, now: float) -> str:
@@ -617,7 +619,7 @@ def as_dict(ledger: Ledger) -> dict[str, object]:
             "host_after_last_s": round(lg.host_after_last_s, 6),
             "teardowns": [{"seconds": round(n.seconds, 6), "since": n.since, "cpu_share": round(n.cpu_share, 4),
                            "iterator": n.iterator, "step": n.step, "after_last": n.after_last,
-                           "stack": list(n.stack), **({"worker": n.worker} if n.worker else {})}
+                           "stack": list(n.stack), "site": n.site, **({"worker": n.worker} if n.worker else {})}
                           for n in lg.teardowns],
         }
 
