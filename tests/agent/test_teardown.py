@@ -109,3 +109,12 @@ def test_a_failure_disables_the_probe_and_never_reaches_the_script(tmp_path):
     assert not probe.enabled and "teardown" in agent.disabled_probes
     drop_slowly(probe, 0.0)
     assert not teardowns(agent)
+
+
+def test_a_deletion_whose_end_never_came_leaves_the_next_untimed_not_misnamed(tmp_path):
+    agent = Agent(tmp_path, "r")
+    probe = TeardownProbe(agent, thread=threading.get_ident(), long_s=0.3, in_step=lambda: False)
+    probe.begin("OwnedIterator", -1)  # its iterator's last attribute was never freed
+    time.sleep(0.4)
+    drop_slowly(probe, 0.01)  # would otherwise close a 0.4 s "teardown" begun by the other
+    assert not teardowns(agent) and probe.timed == 0

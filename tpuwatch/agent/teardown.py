@@ -23,6 +23,7 @@ deletion is not timed (missed, never misnamed).
 
 from __future__ import annotations
 
+import itertools
 import linecache
 import os
 import sys
@@ -78,13 +79,14 @@ def stack_lines(frame: Any, limit: int = MAX_FRAMES) -> tuple[str, ...]:
 class _End:
     """Set last on an iterator: freed after its resource, so its ``__del__`` is the deletion's end."""
 
-    __slots__ = ("probe",)
+    __slots__ = ("probe", "key")
 
-    def __init__(self, probe: "TeardownProbe") -> None:
+    def __init__(self, probe: "TeardownProbe", key: int) -> None:
         self.probe = probe
+        self.key = key
 
     def __del__(self) -> None:
-        self.probe.end()
+        self.probe.end(self.key)
 
 
 class TeardownProbe:
@@ -100,7 +102,11 @@ class TeardownProbe:
         self._cpu = cpu
         self._in_step = in_step if in_step is not None else self._agent_in_step
         self.enabled = True
-        self._depth = 0
+        self._keys = itertools.count()
+        # the iterator whose deletion is timed (the outermost: a distributed iterator's own
+        # iterators are freed inside it); an end that never came leaves the rest untimed, never
+        # misnamed
+        self._outer: int | None = None
         self._since: float | None = None  # unix time the outermost deletion under way began
         self._cpu0 = 0.0
         self._iterator = ""
@@ -119,20 +125,18 @@ class TeardownProbe:
 
     def created(self, iterator: Any) -> None:
         """An iterator was made: its deletion will be timed."""
-        fin = weakref.finalize(iterator, self.begin, type(iterator).__name__)
+        key = next(self._keys)
+        fin = weakref.finalize(iterator, self.begin, type(iterator).__name__, key)
         fin.atexit = False  # at interpreter exit nothing is deleted by it
-        object.__setattr__(iterator, _ATTR, _End(self))
+        object.__setattr__(iterator, _ATTR, _End(self, key))
 
-    def begin(self, iterator: str) -> None:
+    def begin(self, iterator: str, key: int) -> None:
         try:
-            if not self.enabled or threading.get_ident() != self._thread:
-                return
-            self._depth += 1
-            if self._depth > 1:
+            if not self.enabled or threading.get_ident() != self._thread or self._outer is not None:
                 return
             if self._in_step():
-                self._since = None  # inside a step call: step time, not a pause between steps
-                return
+                return  # inside a step call: step time, not a pause between steps
+            self._outer = key
             self._token += 1
             self._iterator = iterator
             self._cpu0 = self._cpu()
@@ -140,15 +144,15 @@ class TeardownProbe:
         except Exception as e:  # never into the script (this runs as its iterator is freed)
             self._fail(e)
 
-    def end(self) -> None:
+    def end(self, key: int) -> None:
         try:
-            if not self.enabled or threading.get_ident() != self._thread or self._depth == 0:
+            if key != self._outer or not self.enabled or threading.get_ident() != self._thread:
                 return
-            self._depth -= 1
+            self._outer = None
             since = self._since
-            if self._depth or since is None:
-                return
             self._since = None
+            if since is None:
+                return
             now = self._wall()
             self.timed += 1
             if now - since < self.long_s:
