@@ -351,7 +351,9 @@ class Teardown(Message):
     its end. Deleting one joins tf.data's own threads (its autotune thread, which sleeps for its
     optimization period; a prefetch; a map element still being computed), so the training thread
     waits in C++ with no Python frame of TensorFlow's: the agent times it from the iterator's last
-    reference dropping to its resource freed. Sent once it ends, before the next step's record.
+    reference dropping to its resource freed. Sent once it ends, before the next step's record;
+    while it lasts, past 2 s, the agent's thread sends it every second with ``under_way`` (the
+    same ``since``, ``t`` now): a viewer names it live.
     """
 
     kind: ClassVar[str] = "teardown"
@@ -366,6 +368,7 @@ class Teardown(Message):
     #: Of those, the script's innermost (the line that dropped the iterator, or the script's call
     #: into Keras that did: ``train.py:60 in <module>: model.fit(ds, epochs=3)``); "" if none.
     site: str = ""
+    under_way: bool = False  # not ended yet: ``t`` is when the agent's thread last looked
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ class FakeMultiDevice:
 
 
 def teardowns(agent: Agent) -> list[Teardown]:
+    """The probe's messages: the training thread's and the agent's thread's (a sampler's return)."""
     return [m for m in agent._buf if isinstance(m, Teardown)]
 
 
@@ -46,14 +47,16 @@ def drop_slowly(probe: TeardownProbe, seconds: float) -> None:
     del it  # the epoch's iterator, deleted at its boundary
 
 
-def test_a_long_deletion_is_one_teardown_with_its_cpu_and_the_stack_sampled_during_it(tmp_path):
+def test_a_long_deletion_is_one_teardown_with_its_cpu_and_the_stack_sampled_during_it(tmp_path, monkeypatch):
+    monkeypatch.setattr("tpuwatch.agent.teardown.PROGRESS_EVERY_S", 0.1)
     agent = Agent(tmp_path, "r")
     probe = TeardownProbe(agent, thread=threading.get_ident(), long_s=0.3, in_step=lambda: False)
     stop = threading.Event()
 
     def agent_thread() -> None:
         while not stop.is_set():
-            probe()
+            for m in probe():
+                agent.emit(m)
             time.sleep(0.05)
 
     sampler = threading.Thread(target=agent_thread)
@@ -65,7 +68,9 @@ def test_a_long_deletion_is_one_teardown_with_its_cpu_and_the_stack_sampled_duri
     finally:
         stop.set()
         sampler.join()
-    (msg,) = teardowns(agent)
+    *progress, msg = teardowns(agent)
+    assert not msg.under_way and progress and all(m.under_way and m.since == msg.since for m in progress)
+    assert all(msg.since + 0.3 <= m.t < msg.t for m in progress)  # past long_s, before the end
     assert t0 <= msg.since < msg.t <= t1 and msg.t - msg.since >= 0.6
     assert msg.iterator == "FakeIterator" and msg.cpu_s < 0.3
     assert msg.stack and msg.stack[0].startswith("test_teardown.py:") and " in __del__: time.sleep" in msg.stack[0]

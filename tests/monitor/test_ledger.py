@@ -483,3 +483,33 @@ def test_the_line_quoted_is_the_scripts_when_keras_dropped_the_iterator():
     assert line.endswith("; at train.py:14 in <module>: model.fit(ds, epochs=2)")
     assert teardown_lines(lg.teardowns, short=True) == [
         "  3.00 s after step 5 (the last), 0% CPU: tf.data iterator deleted at train.py:14"]
+
+
+def test_live_a_teardown_under_way_is_named_as_it_goes_and_its_end_replaces_it():
+    tl = Timeline()
+    tl.wait(1.0)
+    tl.steps(20, 0.01)
+    since = tl.t
+    state = RunState()
+    state.apply_all(tl.msgs)
+    for seconds in (2.0, 3.0):  # the agent's thread, every second past 2 s
+        state.apply(Teardown(t=since + seconds, since=since, cpu_s=0.0, iterator="OwnedIterator", step=20,
+                             under_way=True))
+    lg = state.telemetry.worker("h:1").ledger.ledger(now=since + 3.4)
+    assert lg.buckets["teardown"] == pytest.approx(3.0, abs=1e-6)
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s, abs=1e-6)
+    (note,) = lg.teardowns
+    assert note.under_way and ", under way, " in teardown_lines(lg.teardowns)[0]
+    # its end, then a late look from the agent's thread (sent before the end, read after it)
+    state.apply(Teardown(t=since + 4.0, since=since, cpu_s=0.0, iterator="OwnedIterator", step=20))
+    state.apply(Teardown(t=since + 3.9, since=since, cpu_s=0.0, iterator="OwnedIterator", step=20, under_way=True))
+    tl.t = since + 4.5
+    tl.steps(5, 0.01)
+    tl.exit(0.1)
+    for m in tl.msgs[-6:]:
+        state.apply(m)
+    lg = state.telemetry.worker("h:1").ledger.ledger()
+    assert lg.buckets["teardown"] == pytest.approx(4.0, abs=1e-6)
+    (note,) = lg.teardowns
+    assert not note.under_way and note.step == 20 and not note.after_last
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s, abs=1e-6)

@@ -54,7 +54,7 @@ MESSAGES: list[p.Message] = [
                 code=("image = image[:, ::-1] * rng.uniform(0.8, 1.2)", "w = self.model.get_weights()")),
     p.Teardown(t=1795300003.78, since=1795300001.5, cpu_s=0.01, iterator="OwnedMultiDeviceIterator", step=600,
                stack=("train.py:48 in main: for x in dist_ds:", "train.py:90 in <module>: main()"),
-               site="train.py:48 in main: for x in dist_ds:"),
+               site="train.py:48 in main: for x in dist_ds:", under_way=True),
     p.InputStages(t=1795300003.8, path="/r/profiles/plugins/profile/2026_11_22_02_05_03", step_from=121,
                   step_to=150, capture_s=1.02, fetch_s=0.31,
                   iterators=("Root", "Root::Prefetch", "Root::Prefetch::MapAndBatch",

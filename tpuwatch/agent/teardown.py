@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 PROBE = "teardown"
 #: A deletion at least this long (seconds) is reported.
 LONG_S = 2.0
+#: Seconds between two reports of a deletion still under way.
+PROGRESS_EVERY_S = 1.0
 #: Frames of the training thread's stack kept, innermost first.
 MAX_FRAMES = 6
 _MAX_CODE = 120
@@ -115,6 +117,7 @@ class TeardownProbe:
         self._site = ""
         self._stack_token = -1  # the deletion _stack and _site were sampled in
         self._roots: tuple[str, ...] | None = None
+        self._next_progress = 0.0
         self.timed = 0  # deletions timed (tests)
 
     def _agent_in_step(self) -> bool:
@@ -174,10 +177,26 @@ class TeardownProbe:
     # --- the agent's thread --------------------------------------------------------------------
 
     def __call__(self) -> list[Teardown]:
-        """A sampler: while a deletion is under way, the training thread's stack, once."""
+        """A sampler: while a deletion is under way, the training thread's stack, once; past
+        :data:`LONG_S`, a Teardown ``under_way`` every :data:`PROGRESS_EVERY_S`."""
         token = self._token
-        if self._since is None or self._stack_token == token:
+        since = self._since
+        if since is None:
             return []
+        if self._stack_token != token:
+            self._sample_stack(token)
+        now = self._wall()
+        if now - since < self.long_s or now < self._next_progress:
+            return []
+        self._next_progress = now + PROGRESS_EVERY_S
+        cpu_s = max(0.0, self._cpu() - self._cpu0)
+        if self._since != since or self._token != token:
+            return []  # it ended meanwhile: its own message says so
+        sampled = self._stack_token == token
+        return [Teardown(t=now, since=since, cpu_s=cpu_s, iterator=self._iterator, step=self.agent.global_step,
+                         stack=self._stack if sampled else (), site=self._site if sampled else "", under_way=True)]
+
+    def _sample_stack(self, token: int) -> None:
         if self._roots is None:
             self._roots = library_roots()
         frame = sys._current_frames().get(self._thread)  # type: ignore[arg-type]
@@ -191,7 +210,6 @@ class TeardownProbe:
         if self._since is not None and self._token == token:
             self._stack, self._site = lines, site
             self._stack_token = token  # set after them: end() reads the token first
-        return []
 
 
 def install(agent: "Agent", patches: "Patches") -> TeardownProbe:

@@ -95,6 +95,7 @@ class TeardownNote:
     stack: tuple[str, ...]
     worker: str = ""
     site: str = ""  # the script's innermost line in the stack
+    under_way: bool = False  # live: not ended at the latest message
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,11 @@ class LedgerBuilder:
             if msg.phase != "training" and (not self._phases or self._phases[-1] != (msg.since, msg.phase)):
                 self._phases.append((msg.since, msg.phase))
         elif type(msg) is Teardown:
-            if len(self._pauses) < _MAX_TEARDOWNS and msg.t > msg.since:
+            last = self._pauses[-1] if self._pauses else None
+            if last is not None and last.msg.since == msg.since:
+                if msg.t > last.msg.t:  # the same teardown, further on (or ended)
+                    last.msg = msg
+            elif len(self._pauses) < _MAX_TEARDOWNS and msg.t > msg.since:
                 self._pauses.append(_Pause(msg))
         elif type(msg) is Retrace:
             if len(self._retraces) < 100:
@@ -423,7 +428,8 @@ class LedgerBuilder:
         buckets["unaccounted"] = wall - sum(buckets.values())
         last = self._cursor
         teardowns = tuple(TeardownNote(sec, msg.since, msg.cpu_s / (msg.t - msg.since), msg.iterator, msg.step,
-                                       ended and last is not None and msg.since >= last, msg.stack, site=msg.site)
+                                       ended and last is not None and msg.since >= last, msg.stack, site=msg.site,
+                                       under_way=msg.under_way)
                           for sec, msg in tail.notes())
         return Ledger(wall, buckets, ideal, self.steps, productive / wall if wall > 0 else None, ended,
                       host_after_last_s=max(0.0, host_after), teardowns=teardowns)
@@ -565,6 +571,7 @@ def teardown_lines(notes: Sequence[TeardownNote], top: int = 3, *, short: bool =
     out = []
     for n in sorted(notes, key=lambda n: -n.seconds)[:top]:
         where = f"after step {n.step:,}" + (" (the last)" if n.after_last else "")
+        where += ", under way" if n.under_way else ""
         who = f" on {n.worker}" if n.worker else ""
         line_at = n.site or (n.stack[0] if n.stack else "")
         if short:
@@ -594,7 +601,7 @@ def note_of(d: Mapping[str, object]) -> TeardownNote:
     return TeardownNote(num("seconds"), num("since"), num("cpu_share"), str(d.get("iterator", "")),
                         int(num("step")), bool(d.get("after_last")),
                         tuple(str(x) for x in stack) if isinstance(stack, (list, tuple)) else (),
-                        str(d.get("worker", "")), str(d.get("site", "")))
+                        str(d.get("worker", "")), str(d.get("site", "")), bool(d.get("under_way")))
 
 
 def phase_text(phase: str, since: float | None, now: float) -> str:
@@ -619,7 +626,8 @@ def as_dict(ledger: Ledger) -> dict[str, object]:
             "host_after_last_s": round(lg.host_after_last_s, 6),
             "teardowns": [{"seconds": round(n.seconds, 6), "since": n.since, "cpu_share": round(n.cpu_share, 4),
                            "iterator": n.iterator, "step": n.step, "after_last": n.after_last,
-                           "stack": list(n.stack), "site": n.site, **({"worker": n.worker} if n.worker else {})}
+                           "stack": list(n.stack), "site": n.site, "under_way": n.under_way,
+                           **({"worker": n.worker} if n.worker else {})}
                           for n in lg.teardowns],
         }
 
