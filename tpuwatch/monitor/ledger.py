@@ -23,8 +23,8 @@ Buckets (seconds), in :data:`BUCKETS` order:
 - ``evaluating``, ``checkpointing``, ``iterator`` (a new iterator over a distributed dataset):
   the agent's phases between steps;
 - ``teardown``: TensorFlow deleting a tf.data iterator (the agent's ``Teardown``: at least 2 s,
-  no step call under way), taken out of the stretch it falls in (host between steps, new
-  iterator, starting, finishing); its seconds are never *stalled*;
+  no step call under way), taken out of the stretch between steps it falls in (host between
+  steps, evaluating, checkpointing, new iterator, starting, finishing); never *stalled*;
 - ``host``: the rest of the time between two steps (callbacks, logging, the script's Python),
   and after the last step until the script's main returns (the agent's ``finishing`` phase);
 - ``stalled``: host time inside the stall episodes the caller gives (the ``stall`` rule's);
@@ -78,8 +78,6 @@ _LONG_GAP_S = 5.0
 _MAX_LONG_GAPS = 1000
 _MAX_TRACED = 10000
 _MAX_TEARDOWNS = 1000
-#: Buckets a teardown's seconds are taken from (an evaluation's or a save's own teardown stays theirs).
-_TEARDOWN_FROM = frozenset({"host", "iterator", "starting", "finishing"})
 
 
 @dataclass(frozen=True)
@@ -346,7 +344,7 @@ class LedgerBuilder:
             bucket = "host"  # after the last step, the script's own Python until its main returns
         else:
             bucket = "finishing"
-        if bucket in _TEARDOWN_FROM and self._pause_i < len(self._pauses):
+        if self._pause_i < len(self._pauses):
             self.booked[bucket] += seconds - self._take_pauses(start, end)
         else:
             self.booked[bucket] += seconds
