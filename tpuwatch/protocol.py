@@ -345,6 +345,33 @@ class HostSites(Message):
 
 
 @dataclass(frozen=True)
+class Teardown(Message):
+    """TensorFlow took long (at least 2 s) to delete a tf.data iterator on the training thread,
+    with no step call under way: an epoch's iterator dropped at its boundary, or the script's at
+    its end. Deleting one joins tf.data's own threads (its autotune thread, which sleeps for its
+    optimization period; a prefetch; a map element still being computed), so the training thread
+    waits in C++ with no Python frame of TensorFlow's: the agent times it from the iterator's last
+    reference dropping to its resource freed. Sent once it ends, before the next step's record;
+    while it lasts, past 2 s, the agent's thread sends it every second with ``under_way`` (the
+    same ``since``, ``t`` now): a viewer names it live.
+    """
+
+    kind: ClassVar[str] = "teardown"
+    t: float  # unix time the deletion ended
+    since: float  # unix time it began
+    cpu_s: float  # the process's CPU seconds (all its threads) during it
+    iterator: str  # TensorFlow's class: "OwnedIterator", "OwnedMultiDeviceIterator"
+    step: int  # the global step before it
+    #: The training thread's Python frames during it, innermost first (tpuwatch's own left out):
+    #: ``train.py:48 in main: del it``; empty when no sample fell inside it.
+    stack: tuple[str, ...] = ()
+    #: Of those, the script's innermost (the line that dropped the iterator, or the script's call
+    #: into Keras that did: ``train.py:60 in <module>: model.fit(ds, epochs=3)``); "" if none.
+    site: str = ""
+    under_way: bool = False  # not ended yet: ``t`` is when the agent's thread last looked
+
+
+@dataclass(frozen=True)
 class InputStages(Message):
     """Which tf.data stage the input wait comes from, measured: tf.data's own iterator events in a
     short profile the agent captured when the step began to wait for input (``tpuwatch run
@@ -716,6 +743,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     Pipeline,
     AllocationSites,
     HostSites,
+    Teardown,
     InputStages,
     SlowSteps,
     Epoch,

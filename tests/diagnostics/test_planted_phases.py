@@ -72,7 +72,8 @@ def test_fit_callbacks_validation_and_saves(tmp_path):
     # destroying the validation iterator, plain runs too)
     # (the host time after the last step, until the script returns, is not between two steps)
     host_between = b["host"] - report["ledger"]["host_after_last_s"]
-    between = host_between + b["evaluating"] + b["checkpointing"] + b["iterator"] + b["stalled"]
+    between = (host_between + b["evaluating"] + b["checkpointing"] + b["iterator"] + b["stalled"]
+               + b.get("teardown", 0.0) - sum(n["seconds"] for n in report["ledger"]["teardowns"] if n["after_last"]))
     assert _close(between, planted["between_steps_s"]), (b, planted)
     assert b["host"] >= planted["callback_sleep_s"] - 0.5, (b, planted)
     assert planted["sleep_before_s"] <= b["starting"] <= planted["sleep_before_s"] + 30

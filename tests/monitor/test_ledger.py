@@ -6,9 +6,21 @@ import math
 
 import pytest
 
-from tpuwatch.monitor.ledger import BUCKETS, LedgerBuilder, _ideal, goodput_line, ledger_of, merge, phase_text, rows
+from tpuwatch.monitor.ledger import (
+    BUCKETS,
+    LedgerBuilder,
+    _ideal,
+    as_dict,
+    goodput_line,
+    ledger_of,
+    merge,
+    note_of,
+    phase_text,
+    rows,
+    teardown_lines,
+)
 from tpuwatch.monitor.state import RunState
-from tpuwatch.protocol import Exit, Hello, Phase, Retrace, Step
+from tpuwatch.protocol import Exit, Hello, Phase, Retrace, Step, Teardown
 
 T0 = 1_750_000_000.0
 
@@ -312,3 +324,194 @@ def test_python_after_the_last_step_is_host_until_the_script_returns():
     old = [m for m in tl.msgs if not (isinstance(m, Phase) and m.phase == "finishing")]
     b = ledger_of(old).buckets
     assert b["finishing"] == pytest.approx(12.0 + 1.0 + 0.7, abs=0.01) and b["evaluating"] == pytest.approx(8.0)
+
+
+# --- TensorFlow's iterator teardown (the agent's Teardown) ----------------------------------
+
+
+def teardown(tl: Timeline, seconds: float, cpu_s: float = 0.01,
+             stack: tuple[str, ...] = ("t.py:48 in main: del it",), site: str = "") -> None:
+    """The training thread spends ``seconds`` deleting an iterator; the agent's message follows."""
+    since = tl.t
+    tl.wait(seconds)
+    tl.msgs.append(Teardown(t=tl.t, since=since, cpu_s=cpu_s, iterator="OwnedIterator", step=tl.step, stack=stack,
+                            site=site))
+
+
+def epochs_with_a_pause(pause_s: float, host_s: float = 0.5) -> Timeline:
+    tl = Timeline()
+    tl.wait(2.0)
+    tl.steps(50, 0.01, gap_s=0.001)
+    tl.wait(host_s)  # the script's Python at the epoch boundary
+    teardown(tl, pause_s)
+    tl.steps(50, 0.01, gap_s=0.001)
+    tl.phase("finishing")
+    tl.exit(0.25)
+    return tl
+
+
+def test_a_long_pause_at_an_epoch_boundary_is_iterator_teardown_not_host():
+    tl = epochs_with_a_pause(19.5)
+    lg = ledger_of(tl.msgs)
+    assert lg is not None
+    assert lg.buckets["teardown"] == pytest.approx(19.5, abs=1e-6)
+    assert lg.buckets["host"] == pytest.approx(0.5 + 99 * 0.001, abs=1e-3)  # the boundary's Python stays host
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s, abs=1e-6)
+    assert abs(lg.buckets["unaccounted"]) < 1e-6
+    (note,) = lg.teardowns
+    assert note.seconds == pytest.approx(19.5) and note.step == 50 and not note.after_last
+    assert note.cpu_share == pytest.approx(0.01 / 19.5)
+    assert [r.label for r in rows(lg)].count("iterator teardown") == 1
+
+
+def test_a_short_gap_with_a_teardown_inside_books_it_too():
+    lg = ledger_of(epochs_with_a_pause(2.5, host_s=0.1).msgs)
+    assert lg is not None
+    assert lg.buckets["teardown"] == pytest.approx(2.5, abs=1e-6)
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s, abs=1e-6)
+
+
+def test_a_teardown_at_the_script_end_comes_out_of_host_after_the_last_step():
+    tl = Timeline()
+    tl.wait(1.0)
+    tl.steps(20, 0.01)
+    tl.wait(0.2)
+    teardown(tl, 5.0, stack=())
+    tl.phase("finishing")
+    tl.exit(0.3)
+    lg = ledger_of(tl.msgs)
+    assert lg is not None
+    assert lg.buckets["teardown"] == pytest.approx(5.0, abs=1e-6)
+    assert lg.buckets["host"] == pytest.approx(0.2, abs=1e-6)
+    assert lg.buckets["finishing"] == pytest.approx(0.3, abs=1e-6)
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s, abs=1e-6)
+    (note,) = lg.teardowns
+    assert note.after_last
+    assert teardown_lines(lg.teardowns)[0].startswith("iterator teardown 5.00 s after step 20 (the last), 0% CPU")
+
+
+def test_a_stall_episode_over_the_pause_leaves_the_teardown_named_and_books_each_second_once():
+    tl = epochs_with_a_pause(19.5)
+    pause = next(m for m in tl.msgs if isinstance(m, Teardown))
+    state = RunState()
+    state.apply_all(tl.msgs)
+    # the stall rule's episode covers the boundary's Python and the pause
+    builder = state.telemetry.worker("h:1").ledger
+    lg = builder.ledger([(pause.since - 0.5, pause.t)])
+    assert lg.buckets["teardown"] == pytest.approx(19.5, abs=1e-6)
+    assert lg.buckets["stalled"] == pytest.approx(0.5, abs=1e-6)
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s, abs=1e-6)
+    assert min(lg.buckets.values()) >= -1e-5  # unix times in floats: ~1e-7 s each
+
+
+def test_live_the_pause_is_host_until_its_message_comes_then_teardown():
+    tl = Timeline()
+    tl.wait(1.0)
+    tl.steps(20, 0.01)
+    state = RunState()
+    state.apply_all(tl.msgs)
+    lg = state.telemetry.worker("h:1").ledger.ledger(now=tl.t + 3.0)
+    assert lg.buckets["teardown"] == 0.0 and lg.buckets["host"] >= 3.0
+    teardown(tl, 3.0)
+    state.apply(tl.msgs[-1])
+    lg = state.telemetry.worker("h:1").ledger.ledger(now=tl.t + 0.5)
+    assert lg.buckets["teardown"] == pytest.approx(3.0, abs=1e-6)
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s, abs=1e-6)
+
+
+def test_a_teardown_inside_an_evaluation_is_named_too():
+    tl = Timeline()
+    tl.wait(1.0)
+    tl.steps(20, 0.01)
+    tl.phase("evaluating", "test_step")
+    teardown(tl, 3.0)
+    tl.phase("host")
+    tl.steps(5, 0.01)
+    tl.exit(0.1)
+    lg = ledger_of(tl.msgs)
+    assert lg is not None
+    assert lg.buckets["teardown"] == pytest.approx(3.0, abs=1e-6) and lg.buckets["evaluating"] < 1e-6
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s, abs=1e-6)
+    (note,) = lg.teardowns
+    assert note.step == 20
+
+
+def test_the_text_says_what_it_is_with_the_stack_line_and_the_json_reads_back():
+    lg = ledger_of(epochs_with_a_pause(19.5).msgs)
+    assert lg is not None
+    (line,) = teardown_lines(lg.teardowns)
+    assert line.startswith("iterator teardown 19.50 s after step 50, 0% CPU")
+    assert "waits, idle, for tf.data's own threads" in line and line.endswith("at t.py:48 in main: del it")
+    d = as_dict(lg)
+    assert d["buckets_s"]["teardown"] == pytest.approx(19.5)  # type: ignore[index]
+    assert teardown_lines([note_of(x) for x in d["teardowns"]]) == [line]  # type: ignore[union-attr]
+    assert BUCKETS.index("teardown") == BUCKETS.index("iterator") + 1
+
+
+def test_a_busy_teardown_is_not_called_idle():
+    tl = Timeline()
+    tl.steps(5, 0.01)
+    teardown(tl, 4.0, cpu_s=3.0)
+    tl.exit(0.1)
+    lg = ledger_of(tl.msgs)
+    assert lg is not None
+    (line,) = teardown_lines(lg.teardowns)
+    assert ", 75% CPU" in line and "idle" not in line
+
+
+def test_merged_notes_name_their_worker():
+    a, b = epochs_with_a_pause(3.0), Timeline(worker="h:2")
+    b.wait(2.0)
+    b.steps(100, 0.01, gap_s=0.001)
+    b.exit(3.8)
+    lg = ledger_of([("h:1", m) for m in a.msgs] + [("h:2", m) for m in b.msgs])
+    assert lg is not None and lg.workers == 2
+    (note,) = lg.teardowns
+    assert note.worker == "h:1"
+    assert lg.buckets["teardown"] == pytest.approx(1.5, abs=1e-6)  # the workers' mean
+    assert " on h:1, " in teardown_lines(lg.teardowns)[0]
+
+
+def test_the_line_quoted_is_the_scripts_when_keras_dropped_the_iterator():
+    tl = Timeline()
+    tl.steps(5, 0.01)
+    teardown(tl, 3.0, stack=("traceback_utils.py:117 in error_handler: return fn(*args, **kwargs)",
+                             "train.py:14 in <module>: model.fit(ds, epochs=2)"),
+             site="train.py:14 in <module>: model.fit(ds, epochs=2)")
+    tl.exit(0.1)
+    lg = ledger_of(tl.msgs)
+    assert lg is not None
+    (line,) = teardown_lines(lg.teardowns)
+    assert line.endswith("; at train.py:14 in <module>: model.fit(ds, epochs=2)")
+    assert teardown_lines(lg.teardowns, short=True) == [
+        "  3.00 s after step 5 (the last), 0% CPU: tf.data iterator deleted at train.py:14"]
+
+
+def test_live_a_teardown_under_way_is_named_as_it_goes_and_its_end_replaces_it():
+    tl = Timeline()
+    tl.wait(1.0)
+    tl.steps(20, 0.01)
+    since = tl.t
+    state = RunState()
+    state.apply_all(tl.msgs)
+    for seconds in (2.0, 3.0):  # the agent's thread, every second past 2 s
+        state.apply(Teardown(t=since + seconds, since=since, cpu_s=0.0, iterator="OwnedIterator", step=20,
+                             under_way=True))
+    lg = state.telemetry.worker("h:1").ledger.ledger(now=since + 3.4)
+    assert lg.buckets["teardown"] == pytest.approx(3.0, abs=1e-6)
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s, abs=1e-6)
+    (note,) = lg.teardowns
+    assert note.under_way and ", under way, " in teardown_lines(lg.teardowns)[0]
+    # its end, then a late look from the agent's thread (sent before the end, read after it)
+    state.apply(Teardown(t=since + 4.0, since=since, cpu_s=0.0, iterator="OwnedIterator", step=20))
+    state.apply(Teardown(t=since + 3.9, since=since, cpu_s=0.0, iterator="OwnedIterator", step=20, under_way=True))
+    tl.t = since + 4.5
+    tl.steps(5, 0.01)
+    tl.exit(0.1)
+    for m in tl.msgs[-6:]:
+        state.apply(m)
+    lg = state.telemetry.worker("h:1").ledger.ledger()
+    assert lg.buckets["teardown"] == pytest.approx(4.0, abs=1e-6)
+    (note,) = lg.teardowns
+    assert not note.under_way and note.step == 20 and not note.after_last
+    assert sum(lg.buckets.values()) == pytest.approx(lg.wall_s, abs=1e-6)

@@ -76,3 +76,20 @@ def test_with_a_baseline_the_goodput_panel_says_the_differences():
     # without a baseline, no deltas
     state.baseline = None
     assert " pt" not in goodput_text(state.snapshot(tl.t), width=100).plain
+
+
+def test_a_long_iterator_teardown_has_its_row_and_a_line_saying_where():
+    from test_ledger import epochs_with_a_pause
+
+    from tpuwatch.monitor.state import RunState
+
+    tl = epochs_with_a_pause(19.5)
+    state = RunState(clock=lambda: tl.t)
+    state.apply_all(tl.msgs)
+    lines = goodput_text(state.snapshot(tl.t), width=100).plain.splitlines()
+    (row,) = [ln for ln in lines if ln.startswith(LABELS["teardown"])]
+    assert "19.50 s" in row
+    assert lines[-1] == "  19.50 s after step 50, 0% CPU: tf.data iterator deleted at t.py:48"
+    # with no room left for it, the line goes first
+    short = goodput_text(state.snapshot(tl.t), rows_left=3, width=100).plain.splitlines()
+    assert len(short) == 3 and not short[-1].startswith("  ")

@@ -76,8 +76,8 @@ def install_tf_probes(agent: "Agent", patches: Patches, disabled: set[str]) -> N
             except Exception as e:
                 agent.probe_failed(name, e)
         agent.step_probe = step_probe
-    for name in ("phases", "retraces", "pipeline_map", "leak_doctor", "gap_sampler", "memory", "keras_hooks", "stacks",
-                 "commands", "auto_profile", "traceback_filters"):
+    for name in ("phases", "retraces", "pipeline_map", "leak_doctor", "gap_sampler", "teardown", "memory",
+                 "keras_hooks", "stacks", "commands", "auto_profile", "traceback_filters"):
         if name in disabled:
             continue
         try:

@@ -26,6 +26,7 @@ from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diagnostics.pipeline_doctor import pipeline_notes
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.ledger import as_dict as ledger_dict
+from tpuwatch.monitor.ledger import note_of, teardown_lines
 from tpuwatch.monitor.ledger import rows as ledger_rows
 from tpuwatch.monitor.recording import iter_recording, recording_problem
 from tpuwatch.monitor.runs import run_alive
@@ -153,6 +154,12 @@ def _ledger_section(snap: RunSnapshot) -> dict[str, Any] | None:
     out["rows"] = [{"bucket": r.bucket, "label": r.label, "seconds": round(r.seconds, 6),
                     "share": round(r.share, 6), "finding": r.rule} for r in ledger_rows(lg, rules, all_buckets=True)]
     return out
+
+
+def _teardown_lines(teardowns: Any) -> list[str]:
+    """What each long iterator teardown was, with the stack line (monitor/ledger.py)."""
+    notes = [note_of(d) for d in teardowns if isinstance(d, dict)]
+    return teardown_lines(notes)
 
 
 def _pipelines(snap: RunSnapshot) -> list[dict[str, Any]]:
@@ -490,7 +497,8 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
             for name, w in (lg.get("workers") or {}).items() if w.get("goodput") is not None]
         out.append(("Goodput", "", [head] + [
             f"{r['label']:<20}{r['seconds']:>10.2f} s {100 * r['share']:>6.1f}%"
-            + (f"  -> finding {r['finding']}" if r["finding"] else "") for r in shown] + per_worker))
+            + (f"  -> finding {r['finding']}" if r["finding"] else "") for r in shown] + per_worker
+            + _teardown_lines(lg.get("teardowns") or ())))
     if s.get("commands"):
         out.append(("Commands", "", [command_line(c) for c in s["commands"]]))
     out.append(("Findings", "", [] if findings else ["none"]))

@@ -22,6 +22,9 @@ Buckets (seconds), in :data:`BUCKETS` order:
   of the latest one while none has come yet;
 - ``evaluating``, ``checkpointing``, ``iterator`` (a new iterator over a distributed dataset):
   the agent's phases between steps;
+- ``teardown``: TensorFlow deleting a tf.data iterator (the agent's ``Teardown``: at least 2 s,
+  no step call under way), taken out of the stretch between steps it falls in (host between
+  steps, evaluating, checkpointing, new iterator, starting, finishing); never *stalled*;
 - ``host``: the rest of the time between two steps (callbacks, logging, the script's Python),
   and after the last step until the script's main returns (the agent's ``finishing`` phase);
 - ``stalled``: host time inside the stall episodes the caller gives (the ``stall`` rule's);
@@ -41,23 +44,25 @@ synchronous job lives through the same wall time.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Generic, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from tpuwatch.protocol import Exit, Hello, Message, Phase, Retrace, Step
+from tpuwatch.protocol import Exit, Hello, Message, Phase, Retrace, Step, Teardown
 
 #: Bucket names in the order they are shown.
 BUCKETS: tuple[str, ...] = (
     "starting", "compiling", "training", "above_ideal", "input_wait", "evaluating", "checkpointing",
-    "iterator", "host", "stalled", "finishing", "unaccounted",
+    "iterator", "teardown", "host", "stalled", "finishing", "unaccounted",
 )
 
 #: What each bucket is called on screen.
 LABELS: Mapping[str, str] = {
     "starting": "starting", "compiling": "compiling", "training": "training (ideal)",
     "above_ideal": "step above ideal", "input_wait": "input wait", "evaluating": "evaluating",
-    "checkpointing": "checkpointing", "iterator": "new iterator", "host": "host between steps",
+    "checkpointing": "checkpointing", "iterator": "new iterator", "teardown": "iterator teardown",
+    "host": "host between steps",
     "stalled": "stalled", "finishing": "finishing", "unaccounted": "unaccounted",
 }
 
@@ -72,6 +77,23 @@ _BIN = math.log(1.005)
 _LONG_GAP_S = 5.0
 _MAX_LONG_GAPS = 1000
 _MAX_TRACED = 10000
+_MAX_TEARDOWNS = 1000
+
+
+@dataclass(frozen=True)
+class TeardownNote:
+    """One of TensorFlow's iterator teardowns the ledger booked (the agent's ``Teardown``)."""
+
+    seconds: float  # booked as *iterator teardown*
+    since: float  # unix time it began
+    cpu_share: float  # the process's CPU seconds over its wall seconds (all threads)
+    iterator: str
+    step: int
+    after_last: bool  # after the run's last step (the last epoch's end, the script's), the run ended
+    stack: tuple[str, ...]
+    worker: str = ""
+    site: str = ""  # the script's innermost line in the stack
+    under_way: bool = False  # live: not ended at the latest message
 
 
 @dataclass(frozen=True)
@@ -89,6 +111,8 @@ class Ledger:
     #: Of ``host``, the seconds after the last step (the script's Python until its main returns;
     #: live, the time since the last step): not time *between* steps.
     host_after_last_s: float = 0.0
+    #: The iterator teardowns booked, in time order.
+    teardowns: tuple[TeardownNote, ...] = ()
 
     def share(self, bucket: str) -> float:
         return self.buckets.get(bucket, 0.0) / self.wall_s if self.wall_s > 0 else 0.0
@@ -152,6 +176,16 @@ class UnreadWaits(Generic[_Held]):
                 yield record, wait
 
 
+class _Pause:
+    """An iterator teardown the agent timed, and how much of it the ledger booked so far."""
+
+    __slots__ = ("msg", "booked")
+
+    def __init__(self, msg: Teardown, booked: float = 0.0) -> None:
+        self.msg = msg
+        self.booked = booked
+
+
 class LedgerBuilder:
     """One worker's ledger, built incrementally from its messages in order."""
 
@@ -177,6 +211,11 @@ class LedgerBuilder:
         # the agent said the script returned (its "finishing" phase): until then, the time after
         # the last step is host; a recording without it books all of it as finishing
         self._finish_seen = False
+        # the agent's Teardowns in time order; the first _pause_i of them end before the stretch
+        # booked last
+        self._pauses: list[_Pause] = []
+        self._pause_i = 0
+        self._pause_pieces: list[tuple[float, float]] = []  # what was booked as teardown (for stalls)
 
     def apply(self, msg: Message) -> None:
         t = getattr(msg, "t", None)
@@ -189,6 +228,13 @@ class LedgerBuilder:
                 self._finish_seen = True
             if msg.phase != "training" and (not self._phases or self._phases[-1] != (msg.since, msg.phase)):
                 self._phases.append((msg.since, msg.phase))
+        elif type(msg) is Teardown:
+            last = self._pauses[-1] if self._pauses else None
+            if last is not None and last.msg.since == msg.since:
+                if msg.t > last.msg.t:  # the same teardown, further on (or ended)
+                    last.msg = msg
+            elif len(self._pauses) < _MAX_TEARDOWNS and msg.t > msg.since:
+                self._pauses.append(_Pause(msg))
         elif type(msg) is Retrace:
             if len(self._retraces) < 100:
                 self._retraces.append(msg.t)
@@ -284,6 +330,8 @@ class LedgerBuilder:
     def _book(self, phase: str, start: float, end: float, *, between_steps: bool) -> None:
         seconds = end - start
         if between_steps and phase in ("training", "host", "starting") and seconds < _LONG_GAP_S:
+            if self._pause_i < len(self._pauses):
+                seconds -= self._take_pauses(start, end)
             self.booked["host"] += seconds  # the usual gap between two steps
             return
         if phase in ("evaluating", "checkpointing"):
@@ -296,9 +344,36 @@ class LedgerBuilder:
             bucket = "host"  # after the last step, the script's own Python until its main returns
         else:
             bucket = "finishing"
-        self.booked[bucket] += seconds
+        if self._pause_i < len(self._pauses):
+            self.booked[bucket] += seconds - self._take_pauses(start, end)
+        else:
+            self.booked[bucket] += seconds
         if self._cursor is not None and seconds >= _LONG_GAP_S and len(self._long_gaps) < _MAX_LONG_GAPS:
             self._long_gaps.append((start, end, bucket))
+
+    def _take_pauses(self, start: float, end: float) -> float:
+        """Books the agent's teardowns inside [start, end] as *teardown*; returns their seconds."""
+        pauses = self._pauses
+        i = self._pause_i
+        while i < len(pauses) and pauses[i].msg.t <= start:
+            i += 1
+        self._pause_i = i
+        taken = 0.0
+        while i < len(pauses) and pauses[i].msg.since < end:
+            p = pauses[i]
+            a, b = max(start, p.msg.since), min(end, p.msg.t)
+            if b > a:
+                taken += b - a
+                p.booked += b - a
+                if len(self._pause_pieces) < _MAX_TEARDOWNS:
+                    self._pause_pieces.append((a, b))
+            i += 1
+        self.booked["teardown"] += taken
+        return taken
+
+    def notes(self) -> list[tuple[float, Teardown]]:
+        """(seconds booked, message) of each teardown booked so far."""
+        return [(p.booked, p.msg) for p in self._pauses if p.booked > 0]
 
     def ledger(self, stalls: Sequence[tuple[float, float]] = (), now: float | None = None) -> Ledger:
         """The ledger so far. ``stalls``: (start, end) unix times of the stall episodes (their
@@ -327,7 +402,9 @@ class LedgerBuilder:
         # (whatever phase the agent last named: an evaluation whose calls stopped is stalled)
         buckets["stalled"] = 0.0
         for s, e, bucket in long_gaps if stalls else ():
-            moved = _overlap((s, e), stalls)
+            # a teardown inside it is named, not stalled
+            moved = _overlap((s, e), stalls) - sum(_overlap(p, stalls) for p in tail._pause_pieces
+                                                   if s <= p[0] and p[1] <= e)
             buckets[bucket] -= moved
             buckets["stalled"] += moved
         # records whose wait's read has not come: at the latest read's wait per step
@@ -347,8 +424,13 @@ class LedgerBuilder:
         wall = max(0.0, end - start)
         buckets["unaccounted"] = 0.0
         buckets["unaccounted"] = wall - sum(buckets.values())
+        last = self._cursor
+        teardowns = tuple(TeardownNote(sec, msg.since, msg.cpu_s / (msg.t - msg.since), msg.iterator, msg.step,
+                                       ended and last is not None and msg.since >= last, msg.stack, site=msg.site,
+                                       under_way=msg.under_way)
+                          for sec, msg in tail.notes())
         return Ledger(wall, buckets, ideal, self.steps, productive / wall if wall > 0 else None, ended,
-                      host_after_last_s=max(0.0, host_after))
+                      host_after_last_s=max(0.0, host_after), teardowns=teardowns)
 
 
 def _copy(b: LedgerBuilder) -> LedgerBuilder:
@@ -357,6 +439,8 @@ def _copy(b: LedgerBuilder) -> LedgerBuilder:
     c.booked = dict(b.booked)
     c._phases = list(b._phases)
     c._long_gaps = list(b._long_gaps)
+    c._pauses = [_Pause(p.msg, p.booked) for p in b._pauses]
+    c._pause_pieces = list(b._pause_pieces)
     return c
 
 
@@ -396,7 +480,7 @@ def merge(ledgers: Sequence[tuple[str, Ledger]]) -> Ledger | None:
     if len(ledgers) == 1:
         name, only = ledgers[0]
         return Ledger(only.wall_s, only.buckets, only.ideal_step_s, only.steps, only.goodput, only.ended,
-                      1, ((name, only),), only.host_after_last_s)
+                      1, ((name, only),), only.host_after_last_s, only.teardowns)
     k = len(ledgers)
     ls = [lg for _, lg in ledgers]
     wall = sum(lg.wall_s for lg in ls) / k
@@ -404,7 +488,9 @@ def merge(ledgers: Sequence[tuple[str, Ledger]]) -> Ledger | None:
     ideals = [lg.ideal_step_s for lg in ls if lg.ideal_step_s is not None]
     return Ledger(wall, buckets, sum(ideals) / len(ideals) if ideals else None,
                   round(sum(lg.steps for lg in ls) / k), buckets["training"] / wall if wall > 0 else None,
-                  all(lg.ended for lg in ls), k, tuple(ledgers), sum(lg.host_after_last_s for lg in ls) / k)
+                  all(lg.ended for lg in ls), k, tuple(ledgers), sum(lg.host_after_last_s for lg in ls) / k,
+                  tuple(sorted((dataclasses.replace(n, worker=name) for name, lg in ledgers for n in lg.teardowns),
+                               key=lambda n: n.since)))
 
 
 def ledger_of(messages: Iterable[Message | tuple[str, Message]],
@@ -469,6 +555,53 @@ def goodput_line(ledger: Ledger, top: int = 3) -> str:
     return head
 
 
+#: A teardown whose process CPU stays under this share of one core is idle waiting.
+IDLE_CPU_SHARE = 0.2
+
+
+def teardown_lines(notes: Sequence[TeardownNote], top: int = 3, *, short: bool = False) -> list[str]:
+    """One line per iterator teardown, the longest first (``top`` of them), saying what it is:
+    ``iterator teardown 19.50 s after step 1,200, 0% CPU: TensorFlow deleting a tf.data iterator
+    (OwnedIterator) waits for tf.data's threads ...; at train.py:48 in main: for x in ds:``.
+    ``short``: for a panel, ``19.50 s after step 1,200, 0% CPU: tf.data iterator deleted at train.py:48``."""
+    from tpuwatch.units import duration
+
+    out = []
+    for n in sorted(notes, key=lambda n: -n.seconds)[:top]:
+        where = f"after step {n.step:,}" + (" (the last)" if n.after_last else "")
+        where += ", under way" if n.under_way else ""
+        who = f" on {n.worker}" if n.worker else ""
+        line_at = n.site or (n.stack[0] if n.stack else "")
+        if short:
+            at = f" at {line_at.split(' ', 1)[0]}" if line_at else ""
+            out.append(f"  {duration(n.seconds)} {where}{who}, {100 * n.cpu_share:.0f}% CPU: "
+                       f"tf.data iterator deleted{at}")
+            continue
+        if n.cpu_share < IDLE_CPU_SHARE:
+            what = (f"TensorFlow deleting a tf.data iterator ({n.iterator}) waits, idle, for tf.data's own "
+                    "threads to stop (its autotune thread, a prefetch, a map element in flight)")
+        else:
+            what = f"TensorFlow deleting a tf.data iterator ({n.iterator})"
+        line = f"iterator teardown {duration(n.seconds)} {where}{who}, {100 * n.cpu_share:.0f}% CPU: {what}"
+        out.append(line + (f"; at {line_at}" if line_at else ""))
+    if len(notes) > top:
+        out.append(f"and {len(notes) - top} more teardowns, {duration(sum(n.seconds for n in notes))} in all")
+    return out
+
+
+def note_of(d: Mapping[str, object]) -> TeardownNote:
+    """A teardown from ``as_dict``'s JSON (the report's text is written from it)."""
+    def num(k: str) -> float:
+        v = d.get(k)
+        return float(v) if isinstance(v, (int, float)) else 0.0
+
+    stack = d.get("stack")
+    return TeardownNote(num("seconds"), num("since"), num("cpu_share"), str(d.get("iterator", "")),
+                        int(num("step")), bool(d.get("after_last")),
+                        tuple(str(x) for x in stack) if isinstance(stack, (list, tuple)) else (),
+                        str(d.get("worker", "")), str(d.get("site", "")), bool(d.get("under_way")))
+
+
 def phase_text(phase: str, since: float | None, now: float) -> str:
     """``evaluating 2:31``: the phase and how long it has lasted."""
     from tpuwatch.units import clock
@@ -489,6 +622,11 @@ def as_dict(ledger: Ledger) -> dict[str, object]:
             "ended": lg.ended,
             "buckets_s": {b: round(lg.buckets.get(b, 0.0), 6) for b in BUCKETS},
             "host_after_last_s": round(lg.host_after_last_s, 6),
+            "teardowns": [{"seconds": round(n.seconds, 6), "since": n.since, "cpu_share": round(n.cpu_share, 4),
+                           "iterator": n.iterator, "step": n.step, "after_last": n.after_last,
+                           "stack": list(n.stack), "site": n.site, "under_way": n.under_way,
+                           **({"worker": n.worker} if n.worker else {})}
+                          for n in lg.teardowns],
         }
 
     out = one(ledger)

@@ -70,6 +70,7 @@ from tpuwatch.protocol import (
     StackDump,
     Step,
     StepLoss,
+    Teardown,
     Topology,
     event_fact,
 )
@@ -125,6 +126,10 @@ DISK_FULL_SOURCE = DISK_FULL
 #: strategy and config; shown with the next frame: a pod's thousand hosts join over seconds, and a
 #: frame of them for each drain cost the viewer the CPU it needed to take them in).
 _NOT_NEWS = frozenset({HostSample, DeviceSample, Phase, HostSummary, Hello, Topology, Config})
+
+
+def _ledger_only(msg: Message, w: Worker) -> None:
+    """A message only the worker's ledger reads (it takes every message after its handler)."""
 
 
 class RunState:
@@ -217,6 +222,7 @@ class RunState:
             Finding: self._finding,
             Phase: self._phase,
             HostSummary: self._summary,
+            Teardown: _ledger_only,
         }
         self._stalls: Mapping[str, list[tuple[float, float]]] = {}
 

@@ -10,12 +10,13 @@ from textual.content import Content
 
 from tpuwatch import units
 from tpuwatch.monitor.baseline import ledger_delta
-from tpuwatch.monitor.ledger import rows
+from tpuwatch.monitor.ledger import rows, teardown_lines
 from tpuwatch.monitor.snapshot import RunSnapshot
 from tpuwatch.ui.widgets.panel import Panel
 
 #: Buckets that are time lost, coloured when they take this share of the wall time or more.
-LOST = ("above_ideal", "input_wait", "compiling", "stalled", "host", "evaluating", "checkpointing", "iterator")
+LOST = ("above_ideal", "input_wait", "compiling", "stalled", "host", "evaluating", "checkpointing", "iterator",
+        "teardown")
 WARN_SHARE = 0.25
 
 
@@ -48,6 +49,10 @@ def goodput_text(s: RunSnapshot, rows_left: int = 10_000, width: int = 80) -> Co
             (f"{bar:<{bar_room}}", "$accent"),
             (f" {d}" if not narrow and (d := ledger_delta(s, r.bucket)) else "", "dim"),
             (f" {r.rule}" if r.rule else "", "$warning")))
+    # what a long iterator teardown was, and the line where the iterator was dropped
+    room = max(0, rows_left - len(lines))
+    notes = teardown_lines(lg.teardowns, top=room, short=True)[:room]
+    lines.extend(Content.styled(line, "dim") for line in notes)
     return Content("\n").join(lines)
 
 
