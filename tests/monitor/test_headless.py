@@ -11,7 +11,7 @@ from monitor_recordings import DATA, encode_all, mr
 
 from tpuwatch import protocol
 from tpuwatch.console import headless
-from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.monitor import Monitor
 from tpuwatch.monitor.recording import read_all
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import Exit, Finding
@@ -19,10 +19,11 @@ from tpuwatch.protocol import Exit, Finding
 
 def snap_of(name: str):
     messages, stats = read_all(DATA / name)
-    s = RunState()
-    feed = FindingsFeed(clock=lambda: s.last_message_t or 0.0)
-    feed.feed(s, messages)
-    feed.evaluate(s, s.last_message_t or 0.0, force=True)
+    monitor = Monitor(lambda: monitor.state.last_message_t or 0.0)
+    s = monitor.state
+    for m in messages:
+        monitor.take(m)
+    monitor.evaluate(s.last_message_t or 0.0, force=True)
     s.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                       truncated_tail=stats.truncated_tail)
     return s.snapshot(s.last_message_t)

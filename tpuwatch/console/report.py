@@ -1,7 +1,7 @@
 """``tpuwatch report RUN``: what a run did, from its run directory.
 
-:func:`build_report` reads ``run.json`` and streams the whole recording through
-:class:`~tpuwatch.monitor.state.RunState` and the diagnostics engine (when this build has one),
+:func:`build_report` reads ``run.json`` and streams the whole recording through a
+:class:`~tpuwatch.monitor.monitor.Monitor` (the run state, the diagnostics engine, the step figures),
 merging the engine's findings with any Finding messages recorded live. The result is a plain,
 JSON-ready dict (non-finite floats become the strings "NaN"/"Infinity", as on the wire)::
 
@@ -22,16 +22,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tpuwatch import rundir, units
-from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diagnostics.pipeline_doctor import pipeline_notes
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.ledger import as_dict as ledger_dict
 from tpuwatch.monitor.ledger import rows as ledger_rows
+from tpuwatch.monitor.monitor import Monitor
 from tpuwatch.monitor.recording import iter_recording, recording_problem
 from tpuwatch.monitor.runs import run_alive
 from tpuwatch.monitor.snapshot import RunSnapshot, keras_loss, mean_loss, worker_exit_codes
-from tpuwatch.monitor.state import RunState
-from tpuwatch.monitor.stats import RunSteps
 from tpuwatch.printable import one_line, printable
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
 from tpuwatch.units import (
@@ -101,13 +99,13 @@ def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = N
                               f"{rundir.EVENTS}: nothing to report")
         raise ReportError(f"{run_dir} is not a tpuwatch run (no {rundir.EVENTS}, no {rundir.META})")
 
-    state = RunState()
-    diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0, state=state)
-    times = RunSteps(on_step)
+    monitor = _monitor(on_step)
+    state = monitor.state
     stats = None
     if events.is_file():
         messages, reader = iter_recording(events)
-        diag.feed(state, times.tap(messages))
+        for m in messages:
+            monitor.take(m)
         stats = reader.stats
         state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                               truncated_tail=stats.truncated_tail)
@@ -115,18 +113,27 @@ def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = N
     running = not state.ended and run_alive(meta)
     if not state.ended and not running and state.last_message_t is not None:
         state.set_lost("the process is gone and left no exit record")
-    return _finish_report(state, diag, times, meta, run_dir, running, stats)
+    return _finish_report(monitor, meta, run_dir, running, stats)[0]
 
 
-def _finish_report(state: RunState, diag: FindingsFeed, times: "RunSteps", meta: dict[str, Any],
-                   run_dir: Path, running: bool, stats: Any) -> dict[str, Any]:
+def _monitor(on_step: Callable[[Step], None] | None, steps_of: str | None = None) -> Monitor:
+    """The run as the report reads it: its rules judge it by its own clock (its newest message)."""
+    monitor = Monitor(lambda: monitor.state.last_message_t or 0.0, on_step=on_step, steps_of=steps_of)
+    return monitor
+
+
+def _finish_report(monitor: Monitor, meta: dict[str, Any], run_dir: Path, running: bool,
+                   stats: Any) -> tuple[dict[str, Any], RunSnapshot]:
+    """The report, and the one snapshot it was made from."""
+    state, times = monitor.state, monitor.steps
+    assert times is not None  # the report's monitor keeps the step figures
     # A finished run is described as of its last message; a live one as of now.
     now = time.time() if running or state.last_message_t is None else state.last_message_t
     end_t = state.last_message_t or 0.0
-    diag.evaluate(state, end_t, force=True)
-    for f in diag.engine.findings():  # current ones too, not only those new at the end
+    monitor.evaluate(end_t, force=True)
+    for f in monitor.feed.engine.findings():  # current ones too, not only those new at the end
         state.add_finding(f, f.worker)
-    snap = state.snapshot(now)
+    snap = monitor.snapshot(now)
 
     p50, p95 = times.percentiles()
     steps_per_s = times.steps_per_s()
@@ -140,7 +147,7 @@ def _finish_report(state: RunState, diag: FindingsFeed, times: "RunSteps", meta:
         "findings": [_finding_dict(f) for f in findings],
         "ledger": _ledger_section(snap),
     }
-    return _json_safe(report)
+    return _json_safe(report), snap
 
 
 def _ledger_section(snap: RunSnapshot) -> dict[str, Any] | None:
@@ -219,25 +226,21 @@ def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[Worke
     tagged, stats = read_group(workers)
     if not tagged and not meta:
         raise ReportError(f"{run_dir} holds no recording of any worker")
-    state = RunState()
-    diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0, state=state)
-    times = RunSteps(on_step)
-    primary = workers[0].name if workers else ""
-    tap = times.add
+    # every worker runs the same global steps: the figures are the first worker's
+    monitor = _monitor(on_step, steps_of=workers[0].name if workers else "")
+    state = monitor.state
     for name, m in tagged:
-        if type(m) is Step and name == primary:  # every worker runs the same global steps
-            tap(m)
-        state.apply(m, name)
-        diag.apply(m, name)
+        monitor.take(m, name)
     state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                           truncated_tail=stats.truncated_tail)
     alive = {w.name: run_alive(rundir.read_meta(w.path)) for w in workers}
     running = any(alive.values()) and not state.ended
-    for view in state.snapshot(state.last_message_t or time.time()).workers:
+    for view in monitor.snapshot(state.last_message_t or time.time()).workers:
         if view.status not in ("finished", "crashed") and not alive.get(view.name, False):
             state.set_lost("the process is gone and left no exit record", worker=view.name)
-    report = _finish_report(state, diag, times, meta, run_dir, running, stats)
-    snap_workers = state.snapshot(state.last_message_t or time.time()).workers
+    report, snap = _finish_report(monitor, meta, run_dir, running, stats)
+    if running:  # the workers of a live run as of their last message, as a finished one's
+        snap = monitor.snapshot(state.last_message_t or time.time())
     report["run"]["id"] = meta.get("run_id") or run_dir.name
     if isinstance(meta.get("exit_code"), int) and not running:
         # The launcher knows which worker failed first (the others' ends follow from it).
@@ -247,13 +250,12 @@ def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[Worke
     rows = report["summary"]["replica_losses"]
     if rows and len({r["step"] for r in rows}) == 1 and all(r["finite"] for r in rows):
         report["summary"]["last_loss"] = mean_loss([r["loss"] for r in rows])  # the one mean
-    report["workers"] = _json_safe(_workers_section(snap_workers, workers, state))
+    report["workers"] = _json_safe(_workers_section(snap, workers))
     return report
 
 
-def _workers_section(views: Any, workers: list[WorkerDir], state: RunState) -> list[dict[str, Any]]:
-    by_name = {v.name: v for v in views}
-    snap = state.snapshot(state.last_message_t or time.time())
+def _workers_section(snap: RunSnapshot, workers: list[WorkerDir]) -> list[dict[str, Any]]:
+    by_name = {v.name: v for v in snap.workers}
     codes = worker_exit_codes(snap)
     out = []
     for w in workers:
