@@ -15,13 +15,28 @@ form. ``tpuwatch ls`` lives in :mod:`tpuwatch.monitor.runs` (what each run is) a
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tpuwatch import rundir, units
+from tpuwatch.console.report_model import (
+    CommandDone,
+    DevicePeak,
+    FindingRow,
+    InputWait,
+    KerasEpochLoss,
+    Memory,
+    ReplicaLoss,
+    Report,
+    Retraces,
+    RunInfo,
+    StrategyUse,
+    Summary,
+    WorkerRow,
+)
 from tpuwatch.monitor.diagnostics.pipeline_doctor import pipeline_notes
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.ledger import as_dict as ledger_dict
@@ -50,31 +65,17 @@ class ReportError(ValueError):
 EVIDENCE_FILES = (("stacks", "stacks"), ("profile", "profile_path"))
 
 
-def _json_safe(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
-    if isinstance(v, dict):
-        return {str(k): _json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
-    return v
-
-
-def _finding_dict(f: Finding) -> dict[str, Any]:
-    return {
-        "rule": f.rule,
-        "severity": f.severity,
-        "message": f.message,
-        "evidence": dict(f.evidence),
-        "advice": f.advice,
-        "first_step": f.first_step,
-        "last_step": f.last_step,
-        "worker": f.worker,
-        "t": f.t,
-    }
+def _finding_row(f: Finding) -> FindingRow:
+    return FindingRow(rule=f.rule, severity=f.severity, message=f.message, evidence=dict(f.evidence),
+                      advice=f.advice, first_step=f.first_step, last_step=f.last_step, worker=f.worker, t=f.t)
 
 
 def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = None) -> dict[str, Any]:
+    """The report of one run directory as JSON-ready values (:meth:`Report.as_json`)."""
+    return build_model(run_dir, on_step).as_json()
+
+
+def build_model(run_dir: str | Path, on_step: Callable[[Step], None] | None = None) -> Report:
     """The report of one run directory. Raises :class:`ReportError` when it holds no run.
     ``on_step`` sees every step record the run's figures are computed from (``compare``
     keeps the step times and losses).
@@ -123,7 +124,7 @@ def _monitor(on_step: Callable[[Step], None] | None, steps_of: str | None = None
 
 
 def _finish_report(monitor: Monitor, meta: dict[str, Any], run_dir: Path, running: bool,
-                   stats: Any) -> tuple[dict[str, Any], RunSnapshot]:
+                   stats: Any) -> tuple[Report, RunSnapshot]:
     """The report, and the one snapshot it was made from."""
     state, times = monitor.state, monitor.steps
     assert times is not None  # the report's monitor keeps the step figures
@@ -140,14 +141,14 @@ def _finish_report(monitor: Monitor, meta: dict[str, Any], run_dir: Path, runnin
     findings = sorted(snap.findings, key=lambda f: (-SEVERITY_RANK.get(f.severity, -1),
                                                     f.first_step if f.first_step is not None
                                                     else 1 << 62, f.rule))
-    report = {
-        "run": _run_section(snap, meta, run_dir, running),
-        "summary": _summary_section(snap, p50, p95, steps_per_s, times.examples_per_s(), stats),
-        "pipelines": _pipelines(snap),
-        "findings": [_finding_dict(f) for f in findings],
-        "ledger": _ledger_section(snap),
-    }
-    return _json_safe(report), snap
+    report = Report(
+        run=_run_section(snap, meta, run_dir, running),
+        summary=_summary_section(snap, p50, p95, steps_per_s, times.examples_per_s(), stats),
+        pipelines=_pipelines(snap),
+        findings=[_finding_row(f) for f in findings],
+        ledger=_ledger_section(snap),
+    )
+    return report, snap
 
 
 def _ledger_section(snap: RunSnapshot) -> dict[str, Any] | None:
@@ -222,7 +223,7 @@ def pipeline_groups(pipelines: Sequence[dict[str, Any]]) -> list[list[dict[str, 
 
 
 def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[WorkerDir],
-                        on_step: Callable[[Step], None] | None = None) -> dict[str, Any]:
+                        on_step: Callable[[Step], None] | None = None) -> Report:
     tagged, stats = read_group(workers)
     if not tagged and not meta:
         raise ReportError(f"{run_dir} holds no recording of any worker")
@@ -241,20 +242,20 @@ def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[Worke
     report, snap = _finish_report(monitor, meta, run_dir, running, stats)
     if running:  # the workers of a live run as of their last message, as a finished one's
         snap = monitor.snapshot(state.last_message_t or time.time())
-    report["run"]["id"] = meta.get("run_id") or run_dir.name
+    run = replace(report.run, id=meta.get("run_id") or run_dir.name)
     if isinstance(meta.get("exit_code"), int) and not running:
         # The launcher knows which worker failed first (the others' ends follow from it).
-        report["run"]["exit_code"] = meta["exit_code"]
+        run = replace(run, exit_code=meta["exit_code"])
     # Each worker's Step.loss is the mean over its own replicas; the job's loss (what
     # strategy.reduce(MEAN) gives every worker) is the mean over all replicas of one step.
-    rows = report["summary"]["replica_losses"]
-    if rows and len({r["step"] for r in rows}) == 1 and all(r["finite"] for r in rows):
-        report["summary"]["last_loss"] = mean_loss([r["loss"] for r in rows])  # the one mean
-    report["workers"] = _json_safe(_workers_section(snap, workers))
-    return report
+    summary = report.summary
+    rows = summary.replica_losses
+    if rows and len({r.step for r in rows}) == 1 and all(r.finite for r in rows):
+        summary = replace(summary, last_loss=mean_loss([r.loss for r in rows]))  # the one mean
+    return replace(report, run=run, summary=summary, workers=_workers_section(snap, workers))
 
 
-def _workers_section(snap: RunSnapshot, workers: list[WorkerDir]) -> list[dict[str, Any]]:
+def _workers_section(snap: RunSnapshot, workers: list[WorkerDir]) -> list[WorkerRow]:
     by_name = {v.name: v for v in snap.workers}
     codes = worker_exit_codes(snap)
     out = []
@@ -262,26 +263,26 @@ def _workers_section(snap: RunSnapshot, workers: list[WorkerDir]) -> list[dict[s
         v = by_name.get(w.name)
         wmeta = rundir.read_meta(w.path)
         rss = [h.rss_bytes for h in snap.host_memory if h.worker == w.name]
-        out.append({
-            "name": w.name,
-            "index": w.index,
-            "dir": str(w.path),
-            "host": v.host if v else wmeta.get("host", ""),
-            "pid": v.pid if v else wmeta.get("child_pid"),
-            "status": v.status if v else ("crashed" if wmeta.get("exit_code") not in (None, 0) else "waiting"),
-            "exit_code": codes.get(w.name, wmeta.get("exit_code")),
-            "stopped": bool(wmeta.get("stopped")),
-            "steps": v.step if v else 0,
-            "step_time_p50_s": v.step_p50_s if v else None,
-            "input_wait_share": v.input_wait_frac if v else None,
-            "rss_bytes": rss[0] if rss else None,
-            "replicas": [r.index for r in snap.replica_losses if r.worker == w.name],
-        })
+        out.append(WorkerRow(
+            name=w.name,
+            index=w.index,
+            dir=str(w.path),
+            host=v.host if v else wmeta.get("host", ""),
+            pid=v.pid if v else wmeta.get("child_pid"),
+            status=v.status if v else ("crashed" if wmeta.get("exit_code") not in (None, 0) else "waiting"),
+            exit_code=codes.get(w.name, wmeta.get("exit_code")),
+            stopped=bool(wmeta.get("stopped")),
+            steps=v.step if v else 0,
+            step_time_p50_s=v.step_p50_s if v else None,
+            input_wait_share=v.input_wait_frac if v else None,
+            rss_bytes=rss[0] if rss else None,
+            replicas=[r.index for r in snap.replica_losses if r.worker == w.name],
+        ))
     return out
 
 
 def _run_section(snap: RunSnapshot, meta: dict[str, Any], run_dir: Path,
-                 running: bool) -> dict[str, Any]:
+                 running: bool) -> RunInfo:
     start = snap.started_t if snap.started_t is not None else meta.get("started")
     end = snap.ended_t
     if end is None and not running:
@@ -291,92 +292,92 @@ def _run_section(snap: RunSnapshot, meta: dict[str, Any], run_dir: Path,
     if not running and status == "waiting" and meta.get("state") in ("finished", "stopped", "crashed"):
         status = meta["state"]  # no recording, but the launcher saw the end
     exit_code = snap.exit_code if snap.exit_code is not None else meta.get("exit_code")
-    return {
-        "id": snap.run_id or meta.get("run_id") or run_dir.name,
-        "dir": str(run_dir),
-        "script": snap.script or meta.get("script", ""),
-        "argv": list(snap.argv) or list(meta.get("argv", [])),
-        "host": snap.host or meta.get("host", ""),
-        "status": status,
-        "strategy": snap.strategy,
-        "strategies": [{"strategy": name, "replicas": replicas, "training_steps": steps}
-                       for name, replicas, steps in snap.strategies],
-        "replicas": snap.replicas,
-        "device_kind": snap.device_kind,
-        "devices": list(snap.devices),
-        "num_workers": snap.num_workers,
-        "tf_version": snap.tf_version,
-        "keras_version": snap.keras_version,
-        "mixed_precision": snap.mixed_precision,
-        "global_batch_size": snap.global_batch_size,
-        "start": start,
-        "end": end,
-        "duration_s": duration,
-        "exit_code": exit_code,
-        "exit_signal": snap.exit_signal,
-        "exception": snap.exception,
-        "traceback": snap.exception_traceback,
-        "lost_reason": snap.lost_reason,
-    }
+    return RunInfo(
+        id=snap.run_id or meta.get("run_id") or run_dir.name,
+        dir=str(run_dir),
+        script=snap.script or meta.get("script", ""),
+        argv=list(snap.argv) or list(meta.get("argv", [])),
+        host=snap.host or meta.get("host", ""),
+        status=status,
+        strategy=snap.strategy,
+        strategies=[StrategyUse(strategy=name, replicas=replicas, training_steps=steps)
+                    for name, replicas, steps in snap.strategies],
+        replicas=snap.replicas,
+        device_kind=snap.device_kind,
+        devices=list(snap.devices),
+        num_workers=snap.num_workers,
+        tf_version=snap.tf_version,
+        keras_version=snap.keras_version,
+        mixed_precision=snap.mixed_precision,
+        global_batch_size=snap.global_batch_size,
+        start=start,
+        end=end,
+        duration_s=duration,
+        exit_code=exit_code,
+        exit_signal=snap.exit_signal,
+        exception=snap.exception,
+        traceback=snap.exception_traceback,
+        lost_reason=snap.lost_reason,
+    )
 
 
 def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
-                     steps_per_s: float | None, examples_per_s: float | None, stats: Any) -> dict[str, Any]:
-    return {
-        "steps": snap.step,
-        "step_records": snap.steps_total,
-        "total_steps": snap.total_steps,
-        "step_time_p50_s": p50,
-        "step_time_p95_s": p95,
-        "steps_per_s": steps_per_s,
-        "examples_per_s": examples_per_s,
-        "input_wait_share": snap.input_wait_frac_total,
+                     steps_per_s: float | None, examples_per_s: float | None, stats: Any) -> Summary:
+    return Summary(
+        steps=snap.step,
+        step_records=snap.steps_total,
+        total_steps=snap.total_steps,
+        step_time_p50_s=p50,
+        step_time_p95_s=p95,
+        steps_per_s=steps_per_s,
+        examples_per_s=examples_per_s,
+        input_wait_share=snap.input_wait_frac_total,
         # the input-bound rule's own figures over every eligible step (docs/diagnostics.md)
-        "input_wait": None if snap.input_run is None else {
-            "share": snap.input_run.share,
-            "wait_per_step_s": snap.input_run.wait_per_step_s,
-            "step_time_s": snap.input_run.step_time_s,
-            "steps": snap.input_run.steps,
-            "verdict": snap.input_run.verdict,
-        },
-        "last_loss": snap.loss,  # the mean over replicas of the last step read
+        input_wait=None if snap.input_run is None else InputWait(
+            share=snap.input_run.share,
+            wait_per_step_s=snap.input_run.wait_per_step_s,
+            step_time_s=snap.input_run.step_time_s,
+            steps=snap.input_run.steps,
+            verdict=snap.input_run.verdict,
+        ),
+        last_loss=snap.loss,
         # the epoch as Keras prints it ("Epoch 3/3"), as the text says it
-        "keras_epoch_loss": None if (kl := keras_loss(snap)) is None else {
-            "epoch": kl.epoch + 1, "loss": kl.loss, "note": kl.note},
-        "retraces": [
+        keras_epoch_loss=None if (kl := keras_loss(snap)) is None else KerasEpochLoss(
+            epoch=kl.epoch + 1, loss=kl.loss, note=kl.note),
+        retraces=[
             # the function's own name (its display label says "(evaluation)"; the flag is here)
-            {"name": f.name, "traces": f.traces, "instances": f.instances,
-             "last_change": f.last_change, "last_step": f.last_step, "evaluation": f.evaluation}
+            Retraces(name=f.name, traces=f.traces, instances=f.instances,
+                     last_change=f.last_change, last_step=f.last_step, evaluation=f.evaluation)
             for f in snap.functions
         ],
-        "memory": {
-            "devices": [
-                {"worker": w, "device": d, "peak_bytes": peak,
-                 "limit_bytes": next((m.limit_bytes for m in snap.device_memory
-                                      if m.worker == w and m.device == d), None)}
+        memory=Memory(
+            devices=[
+                DevicePeak(worker=w, device=d, peak_bytes=peak,
+                           limit_bytes=next((m.limit_bytes for m in snap.device_memory
+                                             if m.worker == w and m.device == d), None))
                 for w, d, peak in snap.device_peaks
             ],
-            "host_rss_peak_bytes": snap.host_rss_peak_bytes,
-            "tpu_metrics_note": snap.tpu_metrics_note,  # why libtpu's HBM/duty cycle are absent
-        },
-        "replica_losses": [
-            {"index": r.index, "device": r.device, "worker": r.worker, "loss": r.loss,
-             "deviation": r.deviation, "finite": r.finite, "step": r.step}
+            host_rss_peak_bytes=snap.host_rss_peak_bytes,
+            tpu_metrics_note=snap.tpu_metrics_note,
+        ),
+        replica_losses=[
+            ReplicaLoss(index=r.index, device=r.device, worker=r.worker, loss=r.loss,
+                        deviation=r.deviation, finite=r.finite, step=r.step)
             for r in snap.replica_losses
         ],
-        "commands": [
-            {"id": c.id, "action": c.action, "status": c.status, "message": c.message,
-             "details": {k: _json_safe(v) for k, v in c.details.items()}, "t": c.t}
+        commands=[
+            CommandDone(id=c.id, action=c.action, status=c.status, message=c.message,
+                        details=dict(c.details), t=c.t)
             for c in snap.commands
         ],
-        "truncated_tail": snap.truncated_tail,
-        "recording_gaps": list(snap.recording_gaps),
-        "dropped_bytes": stats.dropped_bytes if stats else 0,
-        "malformed_lines": snap.malformed,
-        "unknown_lines": snap.unknown,
-        "messages": snap.messages,
-        "disabled_probes": dict(snap.disabled_probes),
-    }
+        truncated_tail=snap.truncated_tail,
+        recording_gaps=list(snap.recording_gaps),
+        dropped_bytes=stats.dropped_bytes if stats else 0,
+        malformed_lines=snap.malformed,
+        unknown_lines=snap.unknown,
+        messages=snap.messages,
+        disabled_probes=dict(snap.disabled_probes),
+    )
 
 
 # --- rendering -------------------------------------------------------------------------------
