@@ -73,8 +73,9 @@ def test_every_view_of_one_recording_agrees(tmp_path):
     line, text = progress_line(end), summary(end)
     panel_in = input_text(end).plain
     panel_loss = replica_loss_text(end, 10).plain
-    data = report.build_report(run_dir)
-    rep = report.render_text(data)
+    model = report.build_model(run_dir)
+    data = model.as_json()
+    rep = report.render_text(model)
     cmp = compare.compare([compare.load("A", run_dir), compare.load("B", run_dir)])
 
     # input wait: one figure

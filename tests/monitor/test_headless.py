@@ -258,8 +258,7 @@ def test_the_end_of_run_summary_gives_the_reports_whole_run_step_figures(tmp_pat
     out = io.StringIO()
     headless.follow(run_dir / "events.jsonl", lambda: False, out=out)
     (row,) = [line for line in out.getvalue().splitlines() if line.startswith("  steps ")]
-    data = report.build_report(run_dir)
-    rep = report.render_text(data)
+    rep = report.render_text(report.build_model(run_dir))
     p50, p95 = re.search(r"step time +p50 (\S+ \S+), p95 (\S+ \S+)", rep).groups()
     rate = re.search(r"speed +([\d.,]+) steps/s", rep).group(1)
     assert f"step p50 {p50}  p95 {p95}" in row and f"{rate} steps/s" in row, (row, rep)

@@ -65,7 +65,8 @@ def outputs(case: str, tmp: Path) -> dict[str, str]:
     from tpuwatch.console import report
 
     d = _run_dir(case, tmp)
-    data = report.build_report(d)
+    data = report.build_model(d)
+    assert report.build_report(d) == data.as_json()
     out = {"json": report.render_json(data) + "\n", "txt": report.render_text(data),
            "md": report.render_markdown(data)}
     return {k: v.replace(str(d), "<RUN>") for k, v in out.items()}

@@ -1,14 +1,16 @@
 """``tpuwatch report RUN``: what a run did, from its run directory.
 
-:func:`build_report` reads ``run.json`` and streams the whole recording through a
+:func:`build_model` reads ``run.json`` and streams the whole recording through a
 :class:`~tpuwatch.monitor.monitor.Monitor` (the run state, the diagnostics engine, the step figures),
-merging the engine's findings with any Finding messages recorded live. The result is a plain,
-JSON-ready dict (non-finite floats become the strings "NaN"/"Infinity", as on the wire)::
+merging the engine's findings with any Finding messages recorded live, into one typed
+:class:`~tpuwatch.console.report_model.Report`. :func:`render_text`, :func:`render_markdown` and
+:func:`render_json` render that model; :func:`build_report` is its JSON-ready form (non-finite
+floats become the strings "NaN"/"Infinity", as on the wire), which ``compare`` and
+``run --baseline`` read::
 
-    {"run": {...}, "summary": {...}, "findings": [...]}
+    {"run": {...}, "summary": {...}, "pipelines": [...], "findings": [...], "ledger": {...}}
 
-:func:`render_text` and :func:`render_markdown` format it; ``json.dumps(report)`` is the JSON
-form. ``tpuwatch ls`` lives in :mod:`tpuwatch.monitor.runs` (what each run is) and
+ ``tpuwatch ls`` lives in :mod:`tpuwatch.monitor.runs` (what each run is) and
 :mod:`tpuwatch.console.run_list` (its table).
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -36,6 +38,7 @@ from tpuwatch.console.report_model import (
     StrategyUse,
     Summary,
     WorkerRow,
+    json_safe,
 )
 from tpuwatch.monitor.diagnostics.pipeline_doctor import pipeline_notes
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
@@ -400,86 +403,86 @@ def _when(t: Any) -> str:
         return UNKNOWN
 
 
-def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
+def _lines(report: Report) -> list[tuple[str, str, list[str]]]:
     """(section title, key/value rows as "key\tvalue", extra lines) shared by both renderers."""
-    run, s, findings = report["run"], report["summary"], report["findings"]
-    outcome = run["status"]
-    if run.get("exit_code") is not None:
-        outcome += f" (exit {run['exit_code']})"
+    run, s, findings = report.run, report.summary, report.findings
+    outcome = run.status
+    if run.exit_code is not None:
+        outcome += f" (exit {run.exit_code})"
     # Names from the run are one line each: a newline or a tab in them would break the rows.
     rows_run = [
-        f"run\t{one_line(run['id'])}",
-        f"script\t{one_line(' '.join(run['argv']) or run['script'])}",
-        f"host\t{one_line(run['host'] or UNKNOWN)}",
+        f"run\t{one_line(run.id)}",
+        f"script\t{one_line(' '.join(run.argv) or run.script)}",
+        f"host\t{one_line(run.host or UNKNOWN)}",
         f"status\t{outcome}",
-        f"strategy\t{run['strategy'] or UNKNOWN}"
-        + (f", {units.replicas(run['replicas'])} on {run['device_kind']}" if run.get("replicas") else ""),
-        *(["strategies\t" + "; ".join(f"{s['strategy']} ({s['replicas']} replicas): {s['training_steps']:,} "
-                                         "training steps" for s in run["strategies"])]
-          if len(run.get("strategies") or ()) > 1 else []),
-        f"TensorFlow\t{run['tf_version'] or UNKNOWN}",
-        f"started\t{_when(run['start'])}",
-        f"ended\t{_when(run['end'])}",
-        f"duration\t{fmt_duration(_num(run['duration_s']))}",
+        f"strategy\t{run.strategy or UNKNOWN}"
+        + (f", {units.replicas(run.replicas)} on {run.device_kind}" if run.replicas else ""),
+        *(["strategies\t" + "; ".join(f"{u.strategy} ({u.replicas} replicas): {u.training_steps:,} "
+                                         "training steps" for u in run.strategies)]
+          if len(run.strategies) > 1 else []),
+        f"TensorFlow\t{run.tf_version or UNKNOWN}",
+        f"started\t{_when(run.start)}",
+        f"ended\t{_when(run.end)}",
+        f"duration\t{fmt_duration(_num(run.duration_s))}",
     ]
-    if run.get("exception"):
-        first = next((ln for ln in run["exception"].splitlines() if ln.strip()), "")
+    if run.exception:
+        first = next((ln for ln in run.exception.splitlines() if ln.strip()), "")
         rows_run.append(f"exception\t{first}")
-    if run.get("lost_reason"):
-        rows_run.append(f"lost\t{one_line(run['lost_reason'])}")
+    if run.lost_reason:
+        rows_run.append(f"lost\t{one_line(run.lost_reason)}")
     rows_sum = [
-        f"steps\t{s['steps']:,}" + (f" of {s['total_steps']:,}" if s.get("total_steps") else ""),
-        f"step time\tp50 {fmt_seconds(_num(s['step_time_p50_s']))}, "
-        f"p95 {fmt_seconds(_num(s['step_time_p95_s']))}",
-        f"speed\t{fmt_rate(_num(s['steps_per_s']))}"
-        + (f", {fmt_rate(_num(s['examples_per_s']), 'examples/s')}" if s.get("examples_per_s") is not None else "")
+        f"steps\t{s.steps:,}" + (f" of {s.total_steps:,}" if s.total_steps else ""),
+        f"step time\tp50 {fmt_seconds(_num(s.step_time_p50_s))}, "
+        f"p95 {fmt_seconds(_num(s.step_time_p95_s))}",
+        f"speed\t{fmt_rate(_num(s.steps_per_s))}"
+        + (f", {fmt_rate(_num(s.examples_per_s), 'examples/s')}" if s.examples_per_s is not None else "")
         + " (after the first step)",
-        f"input wait\t{units.percent(_num(s['input_wait_share']))} of step time"
-        + (f" ({s['input_wait']['verdict']})" if s.get("input_wait") else ""),
-        f"loss\t{units.loss(_num(s['last_loss']))} (last step, the mean over replicas)",
+        f"input wait\t{units.percent(_num(s.input_wait_share))} of step time"
+        + (f" ({s.input_wait.verdict})" if s.input_wait else ""),
+        f"loss\t{units.loss(_num(s.last_loss))} (last step, the mean over replicas)",
     ]
-    if s.get("keras_epoch_loss"):
-        k = s["keras_epoch_loss"]
-        rows_sum.append(f"Keras loss\tepoch {k['epoch']} mean {units.keras_value(_num(k['loss']))}"
-                        + (f" ({k['note']})" if k["note"] else ""))
-    mem = s["memory"]
-    if mem["devices"]:
-        top = max(mem["devices"], key=lambda d: d["peak_bytes"])
-        rows_sum.append(f"device peak\t{units.size(top['peak_bytes'])} on {top['device']}"
-                        + (f" of {units.size(top['limit_bytes'])}" if top["limit_bytes"] else ""))
-    rows_sum.append(f"host RSS peak\t{units.size(mem['host_rss_peak_bytes'])}")
-    if mem.get("tpu_metrics_note"):
-        rows_sum.append(f"TPU metrics\t{mem['tpu_metrics_note']}")
+    if s.keras_epoch_loss:
+        k = s.keras_epoch_loss
+        rows_sum.append(f"Keras loss\tepoch {k.epoch} mean {units.keras_value(_num(k.loss))}"
+                        + (f" ({k.note})" if k.note else ""))
+    mem = s.memory
+    if mem.devices:
+        top = max(mem.devices, key=lambda d: d.peak_bytes)
+        rows_sum.append(f"device peak\t{units.size(top.peak_bytes)} on {top.device}"
+                        + (f" of {units.size(top.limit_bytes)}" if top.limit_bytes else ""))
+    rows_sum.append(f"host RSS peak\t{units.size(mem.host_rss_peak_bytes)}")
+    if mem.tpu_metrics_note:
+        rows_sum.append(f"TPU metrics\t{mem.tpu_metrics_note}")
     health = []
-    if s["truncated_tail"]:
-        health.append(f"last line cut ({s['dropped_bytes']} bytes dropped)")
-    if s["malformed_lines"]:
-        health.append(f"{s['malformed_lines']} malformed lines")
-    if s["unknown_lines"]:
-        health.append(f"{s['unknown_lines']} lines of unknown kind")
-    health.extend(s.get("recording_gaps", ()))
+    if s.truncated_tail:
+        health.append(f"last line cut ({s.dropped_bytes} bytes dropped)")
+    if s.malformed_lines:
+        health.append(f"{s.malformed_lines} malformed lines")
+    if s.unknown_lines:
+        health.append(f"{s.unknown_lines} lines of unknown kind")
+    health.extend(s.recording_gaps)
     rows_sum.append(f"recording\t{'; '.join(health) or 'complete'}")
-    if s["disabled_probes"]:
+    if s.disabled_probes:
         rows_sum.append("disabled probes\t" + ", ".join(
-            f"{k} ({v})" for k, v in sorted(s["disabled_probes"].items())))
-    traces = [f"{function_label(r['name'], r['evaluation'])}: {r['traces']} trace(s), {r['instances']} object(s)"
-              + (f"; last change {r['last_change']}" if r["last_change"] else "")
-              for r in s["retraces"]]
-    losses = [f"replica {r['index']} ({(r['worker'] + ' ') if report.get('workers') else ''}"
-              f"{r['device'] or '?'}): {units.loss(_num(r['loss']))}"
-              + ("" if r["finite"] else "  NON-FINITE")
-              for r in s["replica_losses"]]
+            f"{k} ({v})" for k, v in sorted(s.disabled_probes.items())))
+    traces = [f"{function_label(r.name, r.evaluation)}: {r.traces} trace(s), {r.instances} object(s)"
+              + (f"; last change {r.last_change}" if r.last_change else "")
+              for r in s.retraces]
+    losses = [f"replica {r.index} ({(r.worker + ' ') if report.workers else ''}"
+              f"{r.device or '?'}): {units.loss(_num(r.loss))}"
+              + ("" if r.finite else "  NON-FINITE")
+              for r in s.replica_losses]
     out: list[tuple[str, str, list[str]]] = [("Run", "\n".join(rows_run), []), ("Summary", "\n".join(rows_sum), [])]
-    if report.get("workers"):
-        out.append(("Workers", "", [_worker_line(w) for w in report["workers"]]))
+    if report.workers:
+        out.append(("Workers", "", [_worker_line(w) for w in report.workers]))
     if traces:
         out.append(("Functions", "", traces))
-    pipes = [line for same in pipeline_groups(report.get("pipelines", ())) for line in pipeline_lines(same[0], same)]
+    pipes = [line for same in pipeline_groups(json_safe(report.pipelines)) for line in pipeline_lines(same[0], same)]
     if pipes:
         out.append(("Input pipeline", "", pipes))
     if losses:
         out.append(("Replica losses (last step)", "", losses))
-    lg = report.get("ledger")
+    lg = json_safe(report.ledger)
     if lg and lg.get("wall_s"):
         goodput = lg.get("goodput")
         head = (f"goodput {100 * goodput:.1f}% of {fmt_duration(_num(lg['wall_s']))} wall time"
@@ -494,11 +497,11 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         out.append(("Goodput", "", [head] + [
             f"{r['label']:<20}{r['seconds']:>10.2f} s {100 * r['share']:>6.1f}%"
             + (f"  -> finding {r['finding']}" if r["finding"] else "") for r in shown] + per_worker))
-    if s.get("commands"):
-        out.append(("Commands", "", [command_line(c) for c in s["commands"]]))
+    if s.commands:
+        out.append(("Commands", "", [command_line(json_safe(asdict(c))) for c in s.commands]))
     out.append(("Findings", "", [] if findings else ["none"]))
-    if run.get("traceback"):
-        out.append(("Traceback", "", run["traceback"].rstrip().splitlines()))
+    if run.traceback:
+        out.append(("Traceback", "", run.traceback.rstrip().splitlines()))
     return out
 
 
@@ -519,17 +522,17 @@ def command_line(c: dict[str, Any]) -> str:
     return line
 
 
-def _worker_line(w: dict[str, Any]) -> str:
-    state = w["status"]
-    if w.get("exit_code") is not None and state in ("finished", "stopped", "crashed"):
-        state += f" (exit {w['exit_code']}{', stopped' if w.get('stopped') else ''})"
-    return (f"{w['name']} on {w['host'] or UNKNOWN} pid {w['pid'] or UNKNOWN}: {state}; {w['steps']:,} steps, "
-            f"step p50 {fmt_seconds(_num(w['step_time_p50_s']))}, input wait "
-            f"{percent(_num(w['input_wait_share']))}, RSS {units.size(_num(w['rss_bytes']))}, "
-            f"replicas {','.join(map(str, w['replicas'])) or UNKNOWN}")
+def _worker_line(w: WorkerRow) -> str:
+    state = w.status
+    if w.exit_code is not None and state in ("finished", "stopped", "crashed"):
+        state += f" (exit {w.exit_code}{', stopped' if w.stopped else ''})"
+    return (f"{w.name} on {w.host or UNKNOWN} pid {w.pid or UNKNOWN}: {state}; {w.steps:,} steps, "
+            f"step p50 {fmt_seconds(_num(w.step_time_p50_s))}, input wait "
+            f"{percent(_num(w.input_wait_share))}, RSS {units.size(_num(w.rss_bytes))}, "
+            f"replicas {','.join(map(str, w.replicas)) or UNKNOWN}")
 
 
-def render_text(report: dict[str, Any]) -> str:
+def render_text(report: Report) -> str:
     """Plain text for a terminal (control characters from the run shown escaped)."""
     parts: list[str] = []
     for title, rows, extra in _lines(report):
@@ -540,18 +543,19 @@ def render_text(report: dict[str, Any]) -> str:
         for line in extra:
             parts.append(f"  {line}")
         if title == "Findings":
-            for f in report["findings"]:
+            for f in report.findings:
                 where = ""
-                if f["first_step"] is not None:
-                    where = f" (steps {f['first_step']}..{f['last_step']})" \
-                        if f["last_step"] not in (None, f["first_step"]) else f" (step {f['first_step']})"
-                parts.append(f"  [{f['severity']}] {f['rule']}{where}")
-                parts.append(f"      {f['message']}")
-                if f["advice"]:
-                    parts.append(f"      advice: {f['advice']}")
+                if f.first_step is not None:
+                    where = f" (steps {f.first_step}..{f.last_step})" \
+                        if f.last_step not in (None, f.first_step) else f" (step {f.first_step})"
+                parts.append(f"  [{f.severity}] {f.rule}{where}")
+                parts.append(f"      {f.message}")
+                if f.advice:
+                    parts.append(f"      advice: {f.advice}")
+                evidence = json_safe(f.evidence)
                 for label, key in EVIDENCE_FILES:
-                    if f["evidence"].get(key):
-                        parts.append(f"      {label}: {f['evidence'][key]}")
+                    if evidence.get(key):
+                        parts.append(f"      {label}: {evidence[key]}")
         parts.append("")
     return printable("\n".join(parts).rstrip() + "\n")
 
@@ -567,11 +571,10 @@ def _fence(lines: list[str]) -> str:
     return "`" * max(3, longest + 1)
 
 
-def render_markdown(report: dict[str, Any]) -> str:
+def render_markdown(report: Report) -> str:
     """GitHub-flavoured Markdown (tables), e.g. for an issue or a pull request; control
     characters from the run shown escaped (it is printed to a terminal as often as pasted)."""
-    run = report["run"]
-    parts = [f"# tpuwatch report: {run['id']}", ""]
+    parts = [f"# tpuwatch report: {report.run.id}", ""]
     for title, rows, extra in _lines(report):
         parts.append(f"## {title}")
         parts.append("")
@@ -588,27 +591,27 @@ def render_markdown(report: dict[str, Any]) -> str:
         for line in extra:
             parts.append(f"- {line}" if line != "none" else "None.")
         if title == "Findings":
-            for f in report["findings"]:
+            for f in report.findings:
                 steps = ""
-                if f["first_step"] is not None:
-                    steps = f" — from step {f['first_step']}"
-                parts.append(f"### {f['severity'].upper()}: {f['rule']}{steps}")
+                if f.first_step is not None:
+                    steps = f" — from step {f.first_step}"
+                parts.append(f"### {f.severity.upper()}: {f.rule}{steps}")
                 parts.append("")
-                parts.append(f["message"])
+                parts.append(f.message)
                 parts.append("")
-                if f["advice"]:
-                    parts.append(f"**Advice:** {f['advice']}")
+                if f.advice:
+                    parts.append(f"**Advice:** {f.advice}")
                     parts.append("")
-                if f["evidence"]:
+                if f.evidence:
                     parts.append("Evidence: " + ", ".join(
-                        f"`{k}={v}`" for k, v in f["evidence"].items()))
+                        f"`{k}={v}`" for k, v in json_safe(f.evidence).items()))
                     parts.append("")
         if extra:
             parts.append("")
     return printable("\n".join(parts).rstrip() + "\n")
 
 
-def render_json(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=2, allow_nan=False)
+def render_json(report: Report) -> str:
+    return json.dumps(report.as_json(), indent=2, allow_nan=False)
 
 
