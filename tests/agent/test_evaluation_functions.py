@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tpuwatch.console.headless import progress_line, summary
-from tpuwatch.monitor.diagnostics.feed import FindingsFeed
-from tpuwatch.monitor.state import RunState
+from tpuwatch.monitor.monitor import Monitor
 from tpuwatch.protocol import VARIABLES_MADE_CHANGE, Retrace
 from tpuwatch_testing import SCRIPTS
 
@@ -29,10 +28,12 @@ def test_fit_with_validation_lists_the_test_function_as_evaluation(run_agent):
     assert all(m.change in ("", VARIABLES_MADE_CHANGE) for m in train)
     assert evaluation and evaluation[-1].instances == 1 and evaluation[0].traces == 1
     assert all(m.change in ("", VARIABLES_MADE_CHANGE) for m in evaluation)
-    state, feed = RunState(), FindingsFeed(clock=lambda: 0.0)
-    feed.feed(state, r.messages)
-    feed.evaluate(state, state.last_message_t, force=True)
-    snap = state.snapshot(state.last_message_t)
+    monitor = Monitor(lambda: 0.0)
+    state, feed = monitor.state, monitor.feed
+    for m in r.messages:
+        monitor.take(m)
+    monitor.evaluate(state.last_message_t, force=True)
+    snap = monitor.snapshot(state.last_message_t)
     assert "retraces 0" in progress_line(snap)
     assert f"{name} (evaluation) 1 trace" in summary(snap)
     assert not [f for f in feed.engine.findings() if f.rule in ("retrace-storm", "function-recreated")]

@@ -213,7 +213,7 @@ def test_each_pipeline_says_what_keras_iterates_it_for(run_agent, tmp_path):
     latest = {m.dataset: m for m in run.messages if isinstance(m, protocol.Pipeline)}
     assert [latest[n].use for n in sorted(latest)] == ["train", "validation", "test", "predict", "predict",
                                                         "predict"], latest
-    text = report.render_text(report.build_report(run.run_dir))
+    text = report.render_text(report.build_model(run.run_dir))
     section = text.split("\nInput pipeline\n")[1].split("\n\n")[0]
     heads = [line.strip() for line in section.splitlines() if line.startswith("  dataset")]
     assert heads == ["datasets 1, 2, 3 (train, validation, test; iterator), 8, 2, 2 batches per pass",

@@ -4,17 +4,15 @@ samples of the training thread (no TensorFlow)."""
 from __future__ import annotations
 
 from tpuwatch import protocol
-from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.diagnostics.host_bound import CALLBACK_FIX, LOGGING_FIX, PIPELINE_FIX
-from tpuwatch.monitor.state import RunState
+from tpuwatch.monitor.monitor import Monitor
 from tpuwatch.protocol import Exit, Hello, HostSites, Step
 
 T0 = 1_750_000_000.0
 
 
 def _run(gap_s: float, sites: HostSites, steps: int = 100, step_s: float = 0.05) -> list[protocol.Finding]:
-    state = RunState()
-    feed = FindingsFeed(clock=lambda: state.last_message_t or 0.0, state=state)
+    monitor = Monitor(lambda: monitor.state.last_message_t or 0.0)
     msgs: list[protocol.Message] = [Hello(
         protocol_version=protocol.PROTOCOL_VERSION, agent_version="0.1.0", run_id="r", t=T0, pid=1, host="h",
         worker="h:1", python_version="3.11", tf_version="2.21.0", keras_version="3.15.0", script="train.py",
@@ -24,9 +22,10 @@ def _run(gap_s: float, sites: HostSites, steps: int = 100, step_s: float = 0.05)
         t += gap_s + step_s
         msgs.append(Step(step=i, t=t, step_time_s=step_s, input_wait_s=0.0, loss=1.0))
     msgs += [sites, Exit(t=t + 0.5, exit_code=0)]
-    feed.feed(state, msgs)
-    feed.evaluate(state, t + 0.5, force=True)
-    return [f for f in feed.engine.findings() if f.rule == "host-bound"]
+    for m in msgs:
+        monitor.take(m)
+    monitor.evaluate(t + 0.5, force=True)
+    return [f for f in monitor.feed.engine.findings() if f.rule == "host-bound"]
 
 
 def _sites(samples: int, rows: list[tuple[str, int, str, str, str, str, str]], script: int | None = None) -> HostSites:

@@ -205,7 +205,7 @@ def test_the_input_bound_finding_carries_the_culprit():
 
 def test_report_lists_the_pipeline_map(tmp_path):
     from tpuwatch import protocol
-    from tpuwatch.console.report import build_report, render_text
+    from tpuwatch.console.report import build_model, build_report, render_text
 
     p = pipe(SOURCE, ("map", "", "ds = ds.map(decode)"), BATCH, PREFETCH)
     hello = protocol.Hello(protocol_version=protocol.PROTOCOL_VERSION, agent_version="0.1.0", run_id="r", t=1.0,
@@ -216,7 +216,7 @@ def test_report_lists_the_pipeline_map(tmp_path):
     (d,) = report["pipelines"]
     assert [s["stage"] for s in d["stages"]] == ["from_tensor_slices", "map", "batch", "prefetch"]
     assert d["stages"][1]["site"] == "train.py:41"
-    text = render_text(report)
+    text = render_text(build_model(tmp_path))
     assert "Input pipeline" in text and "train.py:41" in text and ".map()   ds = ds.map(decode)" in text
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from monitor_recordings import DATA, mr, write_run
 
 from tpuwatch.console import compare
+from tpuwatch.console.report_model import DevicePeak, FindingRow, Memory, Report, RunInfo, Summary
 
 
 def _copy(tmp_path, name: str, fixture: str):
@@ -33,7 +34,7 @@ def test_a_slower_run_is_named_with_how_much_and_the_interval(tmp_path):
     assert d["significant"] and d["ci95_low_s"] > 0 and d["ci95_low_s"] <= d["difference_s"] <= d["ci95_high_s"]
     figs = {r["label"]: r["figures"] for r in data["runs"]}
     # the figures are the report's own for each run
-    assert figs["A"]["step_time_p50_s"] == compare.load("A", a).summary["step_time_p50_s"]
+    assert figs["A"]["step_time_p50_s"] == compare.load("A", a).summary.step_time_p50_s
     # one median: the difference is that of the p50s shown
     assert (d["base_median_s"], d["other_median_s"]) == (figs["A"]["step_time_p50_s"], figs["B"]["step_time_p50_s"])
     assert figs["B"]["input_wait_share"] > 0.5 > figs["A"]["input_wait_share"]
@@ -109,7 +110,7 @@ def test_wall_time_and_every_ledger_bucket_side_by_side_with_differences(tmp_pat
     runs = [compare.load("A", a), compare.load("B", b)]
     data = compare.compare(runs)
     for run, row in zip(runs, data["runs"]):
-        ledger = run.report["ledger"]
+        ledger = run.report.ledger
         assert row["figures"]["wall_time_s"] == ledger["wall_s"]
         assert row["figures"]["goodput"] == ledger["goodput"]
         for bucket, seconds in ledger["buckets_s"].items():
@@ -161,11 +162,22 @@ def test_max_regression_refuses_what_it_cannot_judge_in_one_line(tmp_path):
     assert r.returncode == 2 and r.stdout.strip().splitlines()[-1].endswith("has fewer than 2 step records")
 
 
-def _report(findings: list[dict], rss: int, device: int) -> dict:
-    return {"run": {"id": "r", "status": "finished", "script": "train.py"}, "ledger": {},
-            "summary": {"steps": 10, "memory": {"host_rss_peak_bytes": rss,
-                                                "devices": [{"device": "CPU:0", "peak_bytes": device}]}},
-            "findings": findings}
+def _report(findings: list[dict], rss: int, device: int) -> Report:
+    """A finished run of 10 steps with these findings and memory peaks, nothing else known."""
+    run = RunInfo(id="r", dir="", script="train.py", argv=[], host="", status="finished", strategy="",
+                  strategies=[], replicas=None, device_kind="", devices=[], num_workers=1, tf_version="",
+                  keras_version="", mixed_precision=None, global_batch_size=None, start=None, end=None,
+                  duration_s=None, exit_code=None, exit_signal=None, exception=None, traceback="", lost_reason=None)
+    summary = Summary(
+        steps=10, step_records=10, total_steps=None, step_time_p50_s=None, step_time_p95_s=None, steps_per_s=None,
+        examples_per_s=None, input_wait_share=None, input_wait=None, last_loss=None, keras_epoch_loss=None,
+        retraces=[], memory=Memory(devices=[DevicePeak(worker="", device="CPU:0", peak_bytes=device, limit_bytes=None)],
+                                   host_rss_peak_bytes=rss, tpu_metrics_note=""),
+        replica_losses=[], commands=[], truncated_tail=False, recording_gaps=[], dropped_bytes=0, malformed_lines=0,
+        unknown_lines=0, messages=0, disabled_probes={})
+    rows = [FindingRow(rule=f["rule"], severity=f["severity"], message=f["message"], evidence=f["evidence"], advice="",
+                       first_step=None, last_step=None, worker=f.get("worker", ""), t=0.0) for f in findings]
+    return Report(run=run, summary=summary, pipelines=[], findings=rows, ledger={})
 
 
 def test_memory_peaks_and_a_finding_that_changed_severity_and_size_are_shown(tmp_path):

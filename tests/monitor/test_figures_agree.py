@@ -12,7 +12,7 @@ from monitor_recordings import mr, write_run
 
 from tpuwatch.console import compare, report
 from tpuwatch.console.headless import progress_line, summary
-from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.monitor import Monitor
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import Config, Epoch, Exit, Message, Retrace
 from tpuwatch.ui.widgets.input_panel import input_text
@@ -46,11 +46,11 @@ def _recording() -> list[Message]:
 
 
 def _state(messages: list[Message]) -> RunState:
-    state = RunState()
-    feed = FindingsFeed(clock=lambda: state.last_message_t or 0.0)
-    feed.feed(state, messages)
-    feed.evaluate(state, state.last_message_t or 0.0, force=True)
-    return state
+    monitor = Monitor(lambda: monitor.state.last_message_t or 0.0)
+    for m in messages:
+        monitor.take(m)
+    monitor.evaluate(monitor.state.last_message_t or 0.0, force=True)
+    return monitor.state
 
 
 def test_every_view_of_one_recording_agrees(tmp_path):
@@ -73,8 +73,9 @@ def test_every_view_of_one_recording_agrees(tmp_path):
     line, text = progress_line(end), summary(end)
     panel_in = input_text(end).plain
     panel_loss = replica_loss_text(end, 10).plain
-    data = report.build_report(run_dir)
-    rep = report.render_text(data)
+    model = report.build_model(run_dir)
+    data = model.as_json()
+    rep = report.render_text(model)
     cmp = compare.compare([compare.load("A", run_dir), compare.load("B", run_dir)])
 
     # input wait: one figure

@@ -11,7 +11,7 @@ from monitor_recordings import DATA, encode_all, mr
 
 from tpuwatch import protocol
 from tpuwatch.console import headless
-from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.monitor import Monitor
 from tpuwatch.monitor.recording import read_all
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import Exit, Finding
@@ -19,10 +19,11 @@ from tpuwatch.protocol import Exit, Finding
 
 def snap_of(name: str):
     messages, stats = read_all(DATA / name)
-    s = RunState()
-    feed = FindingsFeed(clock=lambda: s.last_message_t or 0.0)
-    feed.feed(s, messages)
-    feed.evaluate(s, s.last_message_t or 0.0, force=True)
+    monitor = Monitor(lambda: monitor.state.last_message_t or 0.0)
+    s = monitor.state
+    for m in messages:
+        monitor.take(m)
+    monitor.evaluate(s.last_message_t or 0.0, force=True)
     s.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                       truncated_tail=stats.truncated_tail)
     return s.snapshot(s.last_message_t)
@@ -257,8 +258,7 @@ def test_the_end_of_run_summary_gives_the_reports_whole_run_step_figures(tmp_pat
     out = io.StringIO()
     headless.follow(run_dir / "events.jsonl", lambda: False, out=out)
     (row,) = [line for line in out.getvalue().splitlines() if line.startswith("  steps ")]
-    data = report.build_report(run_dir)
-    rep = report.render_text(data)
+    rep = report.render_text(report.build_model(run_dir))
     p50, p95 = re.search(r"step time +p50 (\S+ \S+), p95 (\S+ \S+)", rep).groups()
     rate = re.search(r"speed +([\d.,]+) steps/s", rep).group(1)
     assert f"step p50 {p50}  p95 {p95}" in row and f"{rate} steps/s" in row, (row, rep)

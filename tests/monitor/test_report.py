@@ -66,7 +66,8 @@ def test_report_json_shape_and_numbers(tmp_path):
     assert [r["finite"] for r in s["replica_losses"]] == [True, True, False, True]
     assert all(FINDING_KEYS <= set(f) for f in rep["findings"])
     assert "loss-nonfinite" in {f["rule"] for f in rep["findings"]}  # re-run by the engine
-    json.loads(report.render_json(rep))  # strict JSON (allow_nan=False would raise)
+    # strict JSON (allow_nan=False would raise), rendered from the model the dict came from
+    assert json.loads(report.render_json(report.build_model(tmp_path / "crashed"))) == rep
     assert json.loads(json.dumps(rep)) == rep
 
 
@@ -84,15 +85,16 @@ def test_report_of_a_truncated_dead_run_is_lost(tmp_path):
     d = run_from(tmp_path, "running_truncated.jsonl",
                  meta={"run_id": "r1", "script": "train.py", "child_pid": dead_pid(),
                        "started": mr.T0})
-    rep = report.build_report(d)
+    model = report.build_model(d)
+    rep = model.as_json()
     assert rep["run"]["status"] == "lost"
     assert rep["summary"]["truncated_tail"] is True and rep["summary"]["dropped_bytes"] > 0
-    text = report.render_text(rep)
+    text = report.render_text(model)
     assert "last line cut" in text and "lost" in text
 
 
 def test_renderers(tmp_path):
-    rep = report.build_report(run_from(tmp_path, "input_bound.jsonl"))
+    rep = report.build_model(run_from(tmp_path, "input_bound.jsonl"))
     text = report.render_text(rep)
     assert "status          finished (exit 0)" in text
     assert "input wait      80% of step time" in text
@@ -124,8 +126,8 @@ def test_text_and_markdown_list_the_commands(tmp_path):
                message="gs://nobucket does not exist; create it or pick another --logdir"),
     ]
     d = write_run(tmp_path / "r", msgs[:-1] + asked + [msgs[-1]])
-    rep = report.build_report(d)
-    assert [c["action"] for c in rep["summary"]["commands"]] == ["checkpoint", "profile", "stack_dump", "profile"]
+    rep = report.build_model(d)
+    assert [c.action for c in rep.summary.commands] == ["checkpoint", "profile", "stack_dump", "profile"]
     text, md = report.render_text(rep), report.render_markdown(rep)
     for out in (text, md):
         assert "/tmp/run/checkpoints/ckpt-1" in out  # the checkpoint's path, from its details
@@ -221,7 +223,7 @@ def test_markdown_traceback_holding_a_fence_stays_one_block(tmp_path):
     text = events.read_text()
     assert "loss is nan at step 150" in text
     events.write_text(text.replace('raise FloatingPointError(', 'raise FloatingPointError(```\\n## not a heading\\n```'))
-    md = report.render_markdown(report.build_report(d))
+    md = report.render_markdown(report.build_model(d))
     block = md[md.index("## Traceback"):]
     fence = block.splitlines()[2]
     assert set(fence) == {"`"} and len(fence) > 3, fence
@@ -235,7 +237,7 @@ def test_a_share_just_under_a_threshold_never_reads_as_the_threshold(tmp_path):
     msgs = [mr.hello(mr.T0), mr.topology(mr.T0),
             *mr.steps(200, t0=mr.T0 + 1, step_time_s=0.1, input_wait_frac=0.0452)]
     msgs.append(Exit(t=msgs[-1].t + 0.1, exit_code=0))
-    text = report.render_text(report.build_report(write_run(tmp_path / "run", msgs)))
+    text = report.render_text(report.build_model(write_run(tmp_path / "run", msgs)))
     (line,) = [x for x in text.splitlines() if x.strip().startswith("input wait ") and "step time" in x]
     assert "4.5% of step time (not input-bound)" in line, line
 
@@ -269,8 +271,8 @@ def test_input_section_groups_identical_pipelines_and_says_what_each_is_for(tmp_
     pipes = [_keras_pipeline(1, "train", 28), _keras_pipeline(2, "validation", 4), _keras_pipeline(3, "test", 4),
              *(_keras_pipeline(n, "predict", 1) for n in range(4, 17))]
     d = write_run(tmp_path / "r", msgs[:3] + pipes + msgs[3:])
-    rep = report.build_report(d)
-    assert [p["use"] for p in rep["pipelines"]] == ["train", "validation", "test"] + ["predict"] * 13
+    rep = report.build_model(d)
+    assert [p["use"] for p in rep.pipelines] == ["train", "validation", "test"] + ["predict"] * 13
     text = report.render_text(rep)
     section = text.split("\nInput pipeline\n")[1].split("\n\n")[0]
     heads = [line for line in section.splitlines() if line.startswith("  dataset")]

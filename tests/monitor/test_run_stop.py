@@ -70,9 +70,9 @@ def test_stop_chosen_in_attach_stops_training_and_lists_it_stopped(tmp_path, mon
         state.apply_all(read_all(launch.run_dir / rundir.EVENTS)[0])
         snap = state.snapshot()
         assert (snap.status, snap.exit_code) == ("stopped", 130)
-        from tpuwatch.console.report import build_report, render_text
+        from tpuwatch.console.report import build_model, render_text
 
-        assert "stopped (exit 130)" in render_text(build_report(launch.run_dir))
+        assert "stopped (exit 130)" in render_text(build_model(launch.run_dir))
     finally:
         if launch.alive():
             launch.proc.kill()

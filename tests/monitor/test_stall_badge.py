@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 from monitor_recordings import mr, step
 
-from tpuwatch.monitor.diagnostics.feed import FindingsFeed
-from tpuwatch.monitor.state import RunState
+from tpuwatch.monitor.monitor import Monitor
 from tpuwatch.protocol import Exit, HostSample, Step
 
 
@@ -26,15 +25,15 @@ def hang_after(last: int) -> tuple[list, float]:
 def test_the_badge_and_the_stall_finding_agree_through_a_hang(last):
     msgs, last_t = hang_after(last)
     clock = [last_t]
-    state = RunState(clock=lambda: clock[0])
-    feed = FindingsFeed(lambda: clock[0])
+    monitor = Monitor(lambda: clock[0])
+    state, feed = monitor.state, monitor.feed
     seen = set()
     i = 0
     for dt in range(0, 600, 3):  # a viewer evaluating about once a second, checked every 3 s
         now = last_t + dt + 0.25
         clock[0] = now
         while i < len(msgs) and getattr(msgs[i], "t", 0.0) <= now:
-            feed.feed(state, [msgs[i]])
+            monitor.take(msgs[i])
             i += 1
         feed.evaluate(state, now)
         snap = state.snapshot(now)
@@ -55,13 +54,14 @@ def test_a_step_after_the_hang_ends_the_stall_at_once():
     msgs, last_t = hang_after(150)
     msgs = msgs[:-1000]  # the hang lasts ~100 s
     clock = [last_t + 100]
-    state = RunState(clock=lambda: clock[0])
-    feed = FindingsFeed(lambda: clock[0])
-    feed.feed(state, msgs)
+    monitor = Monitor(lambda: clock[0])
+    state, feed = monitor.state, monitor.feed
+    for m in msgs:
+        monitor.take(m)
     feed.evaluate(state, clock[0])
     assert state.snapshot().status == "stalled"
     # The next step arrives; the findings are evaluated again only a second later.
-    feed.feed(state, [step(151, clock[0] + 0.1)])
+    monitor.take(step(151, clock[0] + 0.1))
     clock[0] += 0.2
     assert state.snapshot().status == "running"
 
@@ -72,9 +72,10 @@ def test_a_process_that_went_silent_altogether_is_stalled():
     msgs, last_t = hang_after(150)
     msgs = msgs[:-1190]  # samples for 5 s after the last step, then nothing
     clock = [last_t + 5]
-    state = RunState(clock=lambda: clock[0])
-    feed = FindingsFeed(lambda: clock[0])
-    feed.feed(state, msgs)
+    monitor = Monitor(lambda: clock[0])
+    state, feed = monitor.state, monitor.feed
+    for m in msgs:
+        monitor.take(m)
     for dt, status in ((30, "running"), (64, "running"), (66, "stalled"), (600, "stalled")):
         clock[0] = last_t + dt
         feed.evaluate(state, clock[0])

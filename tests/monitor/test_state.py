@@ -9,6 +9,7 @@ import pytest
 from monitor_recordings import DATA, mr, step
 
 from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.monitor.monitor import Monitor
 from tpuwatch.monitor.recording import read_all
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import (
@@ -35,6 +36,11 @@ class Clock:
         return self.t
 
 
+def _take(monitor: Monitor, messages: list) -> None:
+    for m in messages:
+        monitor.take(m)
+
+
 def state_of(name: str) -> RunState:
     messages, stats = read_all(DATA / name)
     s = RunState()
@@ -46,12 +52,12 @@ def state_of(name: str) -> RunState:
 
 def test_status_lifecycle_with_injected_clock():
     clock = Clock()
-    s = RunState(clock=clock)
-    feed = FindingsFeed(clock, every_s=0.0)  # "stalled" is the stall rule's verdict
+    monitor = Monitor(clock, every_s=0.0)  # "stalled" is the stall rule's verdict
+    s, feed = monitor.state, monitor.feed
     assert s.snapshot().status == "waiting"
-    feed.feed(s, [mr.hello(mr.T0)])
+    _take(monitor, [mr.hello(mr.T0)])
     assert s.snapshot().status == "starting"
-    feed.feed(s, [step(i, mr.T0 + 10 + i * 0.5, step_time_s=0.5) for i in range(1, 101)])
+    _take(monitor, [step(i, mr.T0 + 10 + i * 0.5, step_time_s=0.5) for i in range(1, 101)])
     last_t = mr.T0 + 10 + 100 * 0.5
     clock.t = last_t + 1
     feed.evaluate(s, clock.t)
@@ -63,7 +69,7 @@ def test_status_lifecycle_with_injected_clock():
     feed.evaluate(s, clock.t)
     snap = s.snapshot()
     assert snap.status == "stalled" and snap.now == clock.t
-    feed.feed(s, [step(101, clock.t, step_time_s=0.5)])
+    _take(monitor, [step(101, clock.t, step_time_s=0.5)])
     assert s.snapshot().status == "running"
     s.apply(Exit(t=clock.t + 1, exit_code=0))
     clock.t += 1000
@@ -77,10 +83,10 @@ def test_findings_the_feed_recorded_are_not_applied_again_when_read_back():
     from tpuwatch import protocol
 
     clock = Clock()
-    s = RunState(clock=clock)
     recorded: list[Finding] = []
-    feed = FindingsFeed(clock, every_s=0.0, on_new=recorded.extend)
-    feed.feed(s, [mr.hello(mr.T0), *(step(i, mr.T0 + 10 + i * 0.5, step_time_s=0.5) for i in range(1, 101))])
+    monitor = Monitor(clock, every_s=0.0, on_new=recorded.extend)
+    s, feed = monitor.state, monitor.feed
+    _take(monitor, [mr.hello(mr.T0), *(step(i, mr.T0 + 10 + i * 0.5, step_time_s=0.5) for i in range(1, 101))])
     clock.t = mr.T0 + 10 + 50 + 61
     feed.evaluate(s, clock.t)
     (stall,) = [f for f in recorded if f.rule == "stall"]
@@ -91,17 +97,17 @@ def test_findings_the_feed_recorded_are_not_applied_again_when_read_back():
     def as_read() -> Finding:  # the finding's line, as the recording gives it back
         return protocol.Decoder().decode(protocol.encode(stall).rstrip(b"\n"))
 
-    feed.feed(s, [as_read()])  # this feed's own line: skipped
+    assert not monitor.take(as_read())  # this feed's own line: skipped
     assert [f.message for f in s.snapshot().findings if f.rule == "stall"] == ["later"]
     assert not feed.read_back(as_read())  # once: a second copy is not this feed's line
 
 
 def test_stall_threshold_scales_with_slow_steps():
     clock = Clock()
-    s = RunState(clock=clock)
-    feed = FindingsFeed(clock, every_s=0.0)
-    feed.feed(s, [mr.hello()])
-    feed.feed(s, [step(i, mr.T0 + i * 10.0, step_time_s=10.0) for i in range(1, 21)])  # 20 x 10 s = 200 s
+    monitor = Monitor(clock, every_s=0.0)
+    s, feed = monitor.state, monitor.feed
+    _take(monitor, [mr.hello()])
+    _take(monitor, [step(i, mr.T0 + i * 10.0, step_time_s=10.0) for i in range(1, 21)])  # 20 x 10 s = 200 s
     clock.t = mr.T0 + 200 + 150
     feed.evaluate(s, clock.t)
     assert s.snapshot().status == "running"
@@ -489,12 +495,20 @@ def test_the_headless_summary_error_line_is_whole_lines_not_a_cut_message():
 # --- one record per worker -------------------------------------------------------
 
 
+def _feed(feed: FindingsFeed, s: RunState, messages: list) -> None:
+    """The state, then an engine given the state or one of its own (what ``Monitor.take`` does
+    with one given the state), so both kinds of engine can be asked."""
+    for m in messages:
+        s.apply(m)
+        feed.apply(m)
+
+
 def _restarted_then_hung(feed: FindingsFeed, s: RunState, clock: Clock) -> None:
     """200 steps, the step count restarted (a second loop from step 1) for 100 steps, then no
     step for 120 s."""
-    feed.feed(s, [mr.hello(mr.T0)] + [step(i, mr.T0 + 10 + i * 0.5, step_time_s=0.5) for i in range(1, 201)])
+    _feed(feed, s, [mr.hello(mr.T0)] + [step(i, mr.T0 + 10 + i * 0.5, step_time_s=0.5) for i in range(1, 201)])
     t = mr.T0 + 10 + 200 * 0.5
-    feed.feed(s, [step(i, t + i * 0.5, step_time_s=0.5) for i in range(1, 101)])
+    _feed(feed, s, [step(i, t + i * 0.5, step_time_s=0.5) for i in range(1, 101)])
     clock.t = t + 100 * 0.5 + 120
     feed.evaluate(s, clock.t)
 
@@ -519,7 +533,7 @@ def test_the_engine_beside_a_state_reads_the_states_worker_records():
     s = RunState(clock=clock)
     feed = FindingsFeed(clock, every_s=0.0, state=s)
     _restarted_then_hung(feed, s, clock)
-    feed.feed(s, [Exit(t=clock.t, exit_code=0)])
+    _feed(feed, s, [Exit(t=clock.t, exit_code=0)])
     (w,) = s.telemetry.workers.values()
     assert feed.engine.telemetry is s.telemetry and w.name == mr.hello(mr.T0).worker
     assert w.exit is not None and w.ended and w.step == 100 and w.records == 300

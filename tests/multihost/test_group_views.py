@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tpuwatch import protocol, rundir
 from tpuwatch.console.headless import follow_group
-from tpuwatch.console.report import build_report, render_text
+from tpuwatch.console.report import build_model, build_report, render_text
 from tpuwatch.monitor.group import GroupReader, read_group, worker_dirs
 from tpuwatch.monitor.runs import run_info
 from tpuwatch.protocol import DeviceSample, Exit, Hello, HostSample, Step, Topology
@@ -82,7 +82,8 @@ def test_reader_tags_every_message_with_its_worker(tmp_path):
 
 
 def test_report_merges_workers_with_global_replicas_and_the_straggler(tmp_path):
-    rep = build_report(make_group(tmp_path))
+    run = make_group(tmp_path)
+    rep = build_report(run)
     assert rep["run"]["id"] == "g" and rep["run"]["exit_code"] == 137 and rep["run"]["replicas"] == 4
     assert [(w["name"], w["host"], w["status"], w["exit_code"], w["replicas"]) for w in rep["workers"]] == [
         ("worker:0", "host0", "crashed", 143, [0, 1]), ("worker:1", "host1", "crashed", 137, [2, 3])]
@@ -93,7 +94,7 @@ def test_report_merges_workers_with_global_replicas_and_the_straggler(tmp_path):
     (f,) = [f for f in rep["findings"] if f["rule"] == "straggler-host"]
     assert f["worker"] == "worker:1" and f["evidence"]["metric"] == "input_wait"
     assert f["evidence"]["excess_ms"] == 59.0
-    text = render_text(rep)
+    text = render_text(build_model(run))
     assert "worker:1 on host1 pid 1001: crashed (exit 137)" in text and "replicas 2,3" in text
     assert "replica 3 (worker:1 CPU:1)" in text
     # the goodput ledger: per worker and merged (each bucket the workers' mean), summing to wall time

@@ -83,6 +83,6 @@ def test_dashboard_and_report_show_libtpu_numbers_then_the_reason(tmp_path, monk
     assert panel.splitlines()[-1].startswith("TPU metrics service unreachable on port")
     assert "TPU:3" in panel
 
-    text = report.render_text(report.build_report(run))
+    text = report.render_text(report.build_model(run))
     assert re.search(r"\n  TPU metrics +TPU metrics service unreachable on port \d+\n", text), text
     assert report.build_report(run)["summary"]["memory"]["tpu_metrics_note"].startswith("TPU metrics service")

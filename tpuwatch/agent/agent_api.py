@@ -89,8 +89,9 @@ class Agent(Protocol):
     #: thread); a tap that raises is dropped with its probe.
     step_taps: list[tuple[str, Callable[[list[tuple[Any, ...]]], None]]]
     _disabled: dict[str, str]
-    _pending: collections.deque[Command]
 
+    @property
+    def _pending(self) -> collections.deque[Command]: ...  # commands waiting for a safe point
     @property
     def phases(self) -> Phases: ...
     @property

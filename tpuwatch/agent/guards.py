@@ -5,7 +5,7 @@
 - **Full disk.** The script's stdout/stderr are ``output.log``. On ENOSPC a plain
   file object makes the script's own ``print`` raise, killing training. :class:`OutputGuard`
   puts the same file descriptors behind a writer that drops what does not fit and counts it;
-  the agent's recording says what was lost when space returns (``Agent._loss_note``). Only the
+  the agent's recording says what was lost when space returns (``RecordingWriter._loss_note``). Only the
   "no space" errors are swallowed: a closed pipe or a bad descriptor still raises as before.
   Cost: one Python-level ``write`` per print (~1 µs); nothing per step.
 - **fork().** A child made by ``os.fork`` (multiprocessing's fork start method, a script's own

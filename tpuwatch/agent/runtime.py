@@ -1,16 +1,17 @@
-"""The agent's core: the message buffer, the writer thread, probes that fail once, safe points.
+"""The agent's core: the message buffer, the agent's thread, probes that fail once, safe points.
 
 The training thread only ever appends to an in-memory deque (``Agent.emit``); a daemon thread
-encodes, appends to ``events.jsonl`` and flushes at the sample rate, and runs the periodic
-samplers. Nothing here blocks the training thread on I/O, and nothing raises into user code:
-a probe that fails is disabled and reported once (``Agent.probe_failed``).
+encodes it and hands the lines to the recording's writer (``recording_writer.RecordingWriter``)
+at the sample rate, and runs the periodic samplers (``sampler_set.SamplerSet``). Commands wait in
+``command_queue.CommandQueue`` for the training thread's next safe point. The Agent wires the
+three. Nothing here blocks the training thread on I/O, and nothing raises into user code: a
+probe that fails is disabled and reported once (``Agent.probe_failed``).
 """
 
 from __future__ import annotations
 
 import collections
 import os
-import sys
 import threading
 import time
 import traceback
@@ -19,8 +20,11 @@ from typing import TYPE_CHECKING, Any, Callable, TypeAlias
 
 from tpuwatch import protocol, rundir, settings
 from tpuwatch.agent import clocks
-from tpuwatch.agent.agent_api import CommandRefused, Handler, OutputLoss, Sampler, high_fd
-from tpuwatch.protocol import Command, CommandState, Event, Level, Message, Result
+from tpuwatch.agent.agent_api import Handler, OutputLoss, ResultListener, Sampler
+from tpuwatch.agent.command_queue import CommandQueue
+from tpuwatch.agent.recording_writer import RecordingWriter
+from tpuwatch.agent.sampler_set import SamplerSet
+from tpuwatch.protocol import Command, Event, Level, Message
 
 if TYPE_CHECKING:
     from tpuwatch.agent.pipeline_map import PipelineMap
@@ -63,33 +67,16 @@ class Agent:
         self.clock = clock
         self._buf: collections.deque[Buffered] = collections.deque()
         self._spilled = 0  # messages dropped because the buffer was full (said by _drain)
-        self._samplers: list[tuple[str, Sampler]] = []
-        self._disabled: dict[str, str] = {}
-        self._handlers: dict[str, tuple[Handler, bool, Callable[[Command], None] | None]] = {}
-        self._pending: collections.deque[Command] = collections.deque()
+        self._disabled: dict[str, str] = {}  # shared with the writer, the samplers (and the step probe)
+        self.samplers = SamplerSet(self._disabled, self.probe_failed)
+        self.commands = CommandQueue(self.emit, self.clock, lambda: self.global_step, self.probe_failed)
         self._shutdown_hooks: list[Callable[[], None]] = []
-        self._busy: set[str] = set()
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # set by stop() and flush(): the writer drains now
         self._flushed = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._events_path = run_dir / rundir.EVENTS
-        # Whole lines per write(2) with O_APPEND: the launcher appends findings to the same file,
-        # and appends of whole lines never interleave mid-line.
-        # Never through a planted link, nor into a file that is not this user's own (rundir); on a
-        # high descriptor, so a script that closes and reopens low ones never gets the stream.
-        self._fd = high_fd(rundir.open_append(self._events_path))
-        self._fd_identity = _identity(self._fd)
+        self.writer = RecordingWriter(run_dir, self.clock, self._disabled, lambda m: self._buf.appendleft(m))
         self.global_step = 0
-        # Full-disk accounting (see _write): what was dropped since the last note.
-        self._cut = False
-        self._lost_messages = 0
-        self._lost_bytes = 0
-        self._disk_full_since: float | None = None
-        self._output_lost_reported = 0
-        self._output_seen = 0
-        self.output_guard: OutputLoss | None = None  # set by guards.install
         # Fault injection for tests: the named probe raises the first time it does its work.
         self._fault = settings.TEST_FAIL_PROBE.get()
         self.server: Server | None = None  # set by the runner
@@ -102,8 +89,6 @@ class Agent:
         # Called on the agent thread with the Steps' fields written by one drain, in order (never
         # on the training thread); a tap that raises is dropped with its probe (its name, the tap).
         self.step_taps: list[tuple[str, Callable[[list[tuple[Any, ...]]], None]]] = []
-        # Command id -> called with (ok, message, details) when its Result is sent.
-        self._on_result: dict[str, Callable[[bool, str, dict[str, Any]], None]] = {}
         from tpuwatch.agent.phases import PhaseTracker
 
         self.phases = PhaseTracker(self)  # what the process is doing (no TensorFlow needed)
@@ -164,7 +149,17 @@ class Agent:
 
     def add_sampler(self, name: str, sampler: Sampler) -> None:
         """``sampler`` runs on the agent thread at the sample rate; it fails once, then stops."""
-        self._samplers.append((name, sampler))
+        self.samplers.add(name, sampler)
+
+    @property
+    def output_guard(self) -> OutputLoss | None:
+        """The script's output guard (set by guards.install): what a full disk dropped of the
+        output, said in the recording's notes."""
+        return self.writer.output_guard
+
+    @output_guard.setter
+    def output_guard(self, guard: OutputLoss | None) -> None:
+        self.writer.output_guard = guard
 
     # --- commands ---------------------------------------------------------------------------
 
@@ -177,92 +172,32 @@ class Agent:
         validate: Callable[[Command], None] | None = None,
     ) -> None:
         """Registers a command handler. ``validate`` runs on receipt and may raise CommandRefused."""
-        self._handlers[action] = (handler, at_step_boundary, validate)
+        self.commands.register(action, handler, at_step_boundary=at_step_boundary, validate=validate)
 
-    def submit(self, cmd: Command,
-               on_result: Callable[[bool, str, dict[str, Any]], None] | None = None) -> None:
+    def submit(self, cmd: Command, on_result: ResultListener | None = None) -> None:
         """Called by the transport when a viewer sends a command (any thread), or by the agent
         itself (the auto-profile); ``on_result`` is called with its Result's ok, message, details."""
-        if on_result is not None:
-            self._on_result[cmd.id] = on_result
-        entry = self._handlers.get(cmd.action)
-        if entry is None:
-            known = ", ".join(sorted(self._handlers)) or "none"
-            self._result(cmd, False, f"unknown action {cmd.action!r} (known: {known})")
-            return
-        handler, at_boundary, validate = entry
-        try:
-            if validate is not None:
-                validate(cmd)
-        except CommandRefused as e:
-            self._result(cmd, False, str(e))
-            return
-        except Exception as e:  # a validator bug must not kill the server thread
-            self._result(cmd, False, f"could not validate {cmd.action}: {type(e).__name__}: {e}")
-            return
-        with self._lock:
-            if cmd.action in self._busy:
-                self._result(cmd, False, f"a {cmd.action} is already queued or running; wait for its result")
-                return
-            self._busy.add(cmd.action)
-        if at_boundary:
-            self.emit(CommandState(t=self.clock(), id=cmd.id, action=cmd.action, state="queued", step=self.global_step))
-            self._pending.append(cmd)
-        else:
-            self._execute(cmd, handler)
+        self.commands.submit(cmd, on_result)
+
+    @property
+    def _pending(self) -> collections.deque[Command]:
+        """The commands waiting for a safe point (the step probe checks it once a call)."""
+        return self.commands.pending
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._pending)
+        return bool(self.commands.pending)
 
     def safe_point(self) -> None:
         """Runs queued commands. Called on the training thread between two steps."""
-        while self._pending:
-            try:
-                cmd = self._pending.popleft()
-            except IndexError:
-                return
-            self._execute(cmd, self._handlers[cmd.action][0])
-
-    def _execute(self, cmd: Command, handler: Handler) -> None:
-        self.emit(CommandState(t=self.clock(), id=cmd.id, action=cmd.action, state="running", step=self.global_step))
-        try:
-            message, details = handler(cmd)
-            ok = True
-        except CommandRefused as e:
-            message, details, ok = str(e), {}, False
-        except Exception as e:  # a handler's bug fails its command, never the training step that ran it
-            first = str(e).splitlines()[0] if str(e) else ""
-            message, details, ok = f"{cmd.action} failed: {type(e).__name__}: {first}", {}, False
-        except BaseException as e:  # Ctrl-C (or SystemExit) on the training thread mid-command: it goes
-            # on to the script as it would without tpuwatch; the command still gets its one Result
-            self.finish(cmd, False, f"{cmd.action} interrupted by {type(e).__name__} on the training thread; "
-                                    "nothing was kept")
-            raise
-        # A handler may finish asynchronously (a profile spans steps): it then returns None.
-        if message is not None:
-            self.finish(cmd, ok, message, details)
+        self.commands.safe_point()
 
     def finish(self, cmd: Command, ok: bool, message: str, details: dict[str, Any] | None = None) -> None:
         """Sends the one Result for ``cmd`` and frees its action."""
-        with self._lock:
-            self._busy.discard(cmd.action)
-        self._result(cmd, ok, message, details or {})
-
-    def _result(self, cmd: Command, ok: bool, message: str, details: dict[str, Any] | None = None) -> None:
-        plain = {k: v for k, v in (details or {}).items() if v is None or isinstance(v, (int, float, str, bool))}
-        self.emit(Result(t=self.clock(), id=cmd.id, action=cmd.action, ok=ok, message=message, details=plain))
-        listener = self._on_result.pop(cmd.id, None)
-        if listener is not None:
-            try:
-                listener(ok, message, plain)
-            except Exception as e:  # the listener's probe stops; the command has its Result
-                self.probe_failed(getattr(listener, "probe", "agent"), e)
+        self.commands.finish(cmd, ok, message, details)
 
     def fail_pending(self, reason: str) -> None:
-        while self._pending:
-            cmd = self._pending.popleft()
-            self.finish(cmd, False, reason)
+        self.commands.fail_pending(reason)
 
     def on_shutdown(self, hook: Callable[[], None]) -> None:
         """``hook`` runs once the script has returned, while the recording is still open (to end
@@ -274,16 +209,12 @@ class Agent:
         nothing and its end touches neither the parent's socket nor its recording."""
         self.forked = True
         self._buf = collections.deque(maxlen=0)  # emit() stays one append, into nothing
-        self._pending = collections.deque(maxlen=0)
+        self.commands.detach()
         self._shutdown_hooks = []
         server, self.server = self.server, None
         if server is not None:
             server.detach_after_fork()
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
-        self._fd = -1
+        self.writer.detach()
 
     def shutdown(self, reason: str) -> None:
         """The script has ended: fails queued commands, runs the shutdown hooks. Never raises."""
@@ -321,14 +252,7 @@ class Agent:
         self._drain()
 
     def _sample(self) -> None:
-        for name, sampler in self._samplers:
-            if name in self._disabled:
-                continue
-            try:
-                for msg in sampler():
-                    self._buf.append(msg)
-            except Exception as e:  # a sampler's bug stops that sampler (said once), not the agent thread
-                self.probe_failed(name, e)
+        self.samplers.sample(self._buf.append)
 
     def _drain(self) -> None:
         buf = self._buf
@@ -362,7 +286,7 @@ class Agent:
             if size >= _WRITE_CHUNK:
                 self._tap(steps)
                 steps = []
-                self._write(b"".join(lines))
+                self.writer.write(b"".join(lines))
                 lines, size = [], 0
         self._tap(steps)
         spilled = self._spilled
@@ -373,7 +297,7 @@ class Agent:
                 message=f"the agent's writer fell behind: {spilled} messages dropped (its buffer holds "
                         f"{MAX_BUFFERED:,}); the figures around here miss them")))
         if lines:
-            self._write(b"".join(lines), final)
+            self.writer.write(b"".join(lines), final)
         with self._flushed:
             self._flushed.notify_all()
 
@@ -389,114 +313,9 @@ class Agent:
                 self.step_taps.remove((name, tap))
                 self.probe_failed(name, e)
 
-    def _write(self, data: bytes, final: bool = False) -> None:
-        """Appends whole lines. On a full disk the lines are dropped and counted (never retried
-        from memory: the training must not grow); the next write that fits starts with a note of
-        what was lost. ``final``: the exit record is in ``data``, so the run directory's disk
-        reserve is given up for it if that is what it takes."""
-        if "recording" in self._disabled:
-            return
-        note = self._loss_note(final)
-        if note:
-            data = note + data
-        written = self._write_all(data)
-        if written < 0 and final and rundir.release_reserve(self.run_dir):
-            written = self._write_all(data)
-        if written >= 0:
-            self._disk_full_since = None
-            self._lost_messages = self._lost_bytes = 0
-            if note:
-                self._output_lost_reported = self._output_seen
-            return
-        lost = data.count(b"\n") - (note.count(b"\n") if note else 0)
-        self._lost_messages += lost
-        self._lost_bytes += len(data) - len(note)
-        if self._disk_full_since is None:
-            self._disk_full_since = self.clock()
-
-    def _check_fd(self) -> None:
-        """A script can close the recording's descriptor and open its own file on the same number
-        (``os.closerange``, ``dup2``): before each write (a batch, on the agent's thread, one
-        ``fstat``) the descriptor must still be the file the agent opened; if not, it is left to
-        the script and the recording is opened again."""
-        if _identity(self._fd) == self._fd_identity:
-            return
-        old = self._fd
-        try:
-            self._fd = high_fd(rundir.open_append(self._events_path, create=False))
-        except OSError as e:
-            self._fd = -1
-            self._disabled["recording"] = str(e)
-            return
-        self._fd_identity = _identity(self._fd)
-        self._cut = False  # the cut line, if any, is not ours to end any more
-        self._buf.appendleft(Event(t=self.clock(), level="warning", source="agent",
-                                   message=f"the script closed or reused the recording's descriptor {old}; "
-                                           "tpuwatch opened events.jsonl again (nothing was written into the "
-                                           "script's file)"))
-
-    def _write_all(self, data: bytes) -> int:
-        """Writes ``data``; the byte count, or -1 when the disk is full. A write the disk cut
-        short is taken back (truncated off) so the recording never holds half a line; if even
-        that fails, the next write first ends the cut line."""
-        self._check_fd()
-        if "recording" in self._disabled:
-            return 0
-        if self._cut:
-            data = b"\n" + data
-        view = memoryview(data)
-        written = 0
-        try:
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
-                written += n
-        except OSError as e:
-            if e.errno in rundir.DISK_FULL_ERRNOS:
-                if written:
-                    try:  # O_APPEND: our bytes are the file's last ones (the file is as before)
-                        os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
-                    except OSError:
-                        self._cut = True
-                return -1
-            # Anything else (the file system gone, ...): say so once on stderr and stop recording.
-            self._disabled["recording"] = str(e)
-            print(f"tpuwatch: cannot write {self._events_path}: {e}; the recording stops here", file=sys.stderr)
-            return 0
-        self._cut = False
-        return len(data)
-
-    def _output_guard_lost(self) -> int:
-        guard = self.output_guard
-        return guard.dropped_bytes if guard is not None else 0
-
-    def _loss_note(self, final: bool) -> bytes:
-        """The event saying what a full disk made the run lose since the last note ("" if nothing).
-        Output still being dropped waits for the next note (one note per full-disk episode, not
-        one per write), unless this is the last write."""
-        total = self._output_guard_lost()
-        settling, self._output_seen = total != self._output_seen, total
-        output = total - self._output_lost_reported
-        if settling and not final and not self._lost_messages:
-            output = 0
-        if not self._lost_messages and not output:
-            return b""
-        since = self._disk_full_since
-        if since is None and self.output_guard is not None:
-            since = self.output_guard.first_drop_t
-        parts = []
-        if self._lost_messages:
-            parts.append(f"{self._lost_messages:,} recorded message(s) ({self._lost_bytes:,} bytes)")
-        if output:
-            parts.append(f"{output:,} bytes of the script's output")
-        span = f" from {time.strftime('%H:%M:%S', time.localtime(since))}" if since else ""
-        return protocol.encode(Event(
-            t=self.clock(), level="warning", source=protocol.DISK_FULL_SOURCE,
-            message=f"the disk was full{span}: lost {' and '.join(parts)}; training went on"))
-
     @property
     def events_path(self) -> Path:
-        return self._events_path
+        return self.writer.events_path
 
     def flush(self, timeout: float = 2.0) -> None:
         """Waits until everything emitted so far is on disk (used at exit)."""
@@ -516,10 +335,7 @@ class Agent:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._drain()
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
+        self.writer.close()
         self.release_reserve()
         if self.server is not None:
             self.server.close()
@@ -540,14 +356,6 @@ class Agent:
             except OSError:
                 pass
         self.release_reserve()
-
-
-def _identity(fd: int) -> tuple[int, int] | None:
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def format_exception(exc: BaseException) -> str:

@@ -23,7 +23,7 @@ def main(ns: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         return error(str(e))
     try:
-        data = report.build_report(run_dir)
+        data = report.build_model(run_dir)
     except report.ReportError as e:
         return error(str(e))
     if ns.format == "json":

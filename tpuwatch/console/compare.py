@@ -1,7 +1,7 @@
 """``tpuwatch compare RUN_A RUN_B [...]``: runs side by side, each against the first.
 
 Every figure is the one ``tpuwatch report`` gives for that run (this module reads each run with
-:func:`~tpuwatch.console.report.build_report`), so a run's numbers are the same here as
+:func:`~tpuwatch.console.report.build_model`: each run's typed report), so a run's numbers are the same here as
 everywhere else. What compare adds:
 
 - the difference of the step-time medians with a 95 % confidence interval: a moving-block
@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuwatch.console.report import build_report
+from tpuwatch.console.report import build_model
+from tpuwatch.console.report_model import FindingRow, Report, RunInfo, Summary, json_safe
 from tpuwatch.monitor.diagnostics.robust_stats import median
 from tpuwatch.monitor.ledger import BUCKETS, LABELS
 from tpuwatch.protocol import Step
@@ -44,13 +45,10 @@ MARKS = "abcdefghij"
 
 
 @dataclass
-class RunData:
-    """One run's report and the step records compare needs beyond it."""
+class _Steps:
+    """The step records compare needs beyond a run's report (:attr:`RunData.times`,
+    :attr:`RunData.losses`), noted as the report is built."""
 
-    label: str  # "A", "B", ...
-    report: dict[str, Any]
-    # per-step time of each record, in order: the records the report's p50 is the median of, so
-    # the difference below is the difference of the medians shown
     times: list[float] = field(default_factory=list)
     losses: dict[int, float] = field(default_factory=dict)  # step -> loss (finite only)
 
@@ -59,20 +57,32 @@ class RunData:
         if m.loss is not None and math.isfinite(m.loss) and m.step not in self.losses:
             self.losses[m.step] = m.loss
 
-    @property
-    def run(self) -> dict[str, Any]:
-        return self.report["run"]
+
+@dataclass
+class RunData:
+    """One run's report and the step records compare needs beyond it."""
+
+    label: str  # "A", "B", ...
+    report: Report
+    # per-step time of each record, in order: the records the report's p50 is the median of, so
+    # the difference below is the difference of the medians shown
+    times: list[float] = field(default_factory=list)
+    losses: dict[int, float] = field(default_factory=dict)  # step -> loss (finite only)
 
     @property
-    def summary(self) -> dict[str, Any]:
-        return self.report["summary"]
+    def run(self) -> RunInfo:
+        return self.report.run
+
+    @property
+    def summary(self) -> Summary:
+        return self.report.summary
 
 
 def load(label: str, run_dir: Path) -> RunData:
     """Reads one run (raises :class:`~tpuwatch.console.report.ReportError` when it holds none)."""
-    data = RunData(label, {})
-    data.report = build_report(run_dir, on_step=data.on_step)
-    return data
+    steps = _Steps()
+    report = build_model(run_dir, on_step=steps.on_step)
+    return RunData(label, report, steps.times, steps.losses)
 
 
 # --- statistics ------------------------------------------------------------------------------
@@ -153,23 +163,22 @@ def _num(v: Any) -> float | None:
 #: (key, label, how to read the figure from a RunData, how to show it, a difference in seconds?)
 def _figures(r: RunData) -> dict[str, float | None]:
     s = r.summary
-    ledger = r.report.get("ledger") or {}
+    ledger = r.report.ledger or {}
     buckets = ledger.get("buckets_s") or {}
     wall = _num(ledger.get("wall_s"))  # the wall time the ledger's buckets add up to
-    memory = s.get("memory") or {}
-    peaks = [p for p in (_num(d.get("peak_bytes")) for d in memory.get("devices") or ()) if p is not None]
+    peaks = [p for p in (_num(d.peak_bytes) for d in s.memory.devices) if p is not None]
     return {
-        "wall_time_s": wall if wall is not None else _num(r.run.get("duration_s")),
+        "wall_time_s": wall if wall is not None else _num(r.run.duration_s),
         "goodput": _num(ledger.get("goodput")),
         **{f"ledger_{b}_s": _num(buckets.get(b)) for b in BUCKETS},
-        "step_time_p50_s": _num(s.get("step_time_p50_s")),
-        "step_time_p95_s": _num(s.get("step_time_p95_s")),
-        "steps_per_s": _num(s.get("steps_per_s")),
-        "examples_per_s": _num(s.get("examples_per_s")),
-        "input_wait_share": _num(s.get("input_wait_share")),
-        "steps": _num(s.get("steps")),
-        "last_loss": _num(s.get("last_loss")),
-        "host_rss_peak_bytes": _num(memory.get("host_rss_peak_bytes")),
+        "step_time_p50_s": _num(s.step_time_p50_s),
+        "step_time_p95_s": _num(s.step_time_p95_s),
+        "steps_per_s": _num(s.steps_per_s),
+        "examples_per_s": _num(s.examples_per_s),
+        "input_wait_share": _num(s.input_wait_share),
+        "steps": _num(s.steps),
+        "last_loss": _num(s.last_loss),
+        "host_rss_peak_bytes": _num(s.memory.host_rss_peak_bytes),
         "device_peak_bytes": max(peaks) if peaks else None,
     }
 
@@ -237,27 +246,27 @@ def _delta(key: str, base: float | None, other: float | None) -> str:
 def _settings(r: RunData) -> dict[str, str]:
     run = r.run
     return {
-        "script": str(run.get("script") or ""),
-        "argv": " ".join(run.get("argv") or ()),
-        "TensorFlow": str(run.get("tf_version") or ""),
-        "Keras": str(run.get("keras_version") or ""),
-        "strategy": str(run.get("strategy") or ""),
-        "replicas": "" if run.get("replicas") is None else str(run["replicas"]),
-        "workers": "" if run.get("num_workers") in (None, 1) else str(run["num_workers"]),
-        "device": str(run.get("device_kind") or ""),
-        "global batch": "" if run.get("global_batch_size") is None else str(run["global_batch_size"]),
-        "mixed precision": "" if run.get("mixed_precision") in (None, "") else str(run["mixed_precision"]),
-        "status": str(run.get("status") or ""),
+        "script": str(run.script or ""),
+        "argv": " ".join(run.argv),
+        "TensorFlow": str(run.tf_version or ""),
+        "Keras": str(run.keras_version or ""),
+        "strategy": str(run.strategy or ""),
+        "replicas": "" if run.replicas is None else str(run.replicas),
+        "workers": "" if run.num_workers in (None, 1) else str(run.num_workers),
+        "device": str(run.device_kind or ""),
+        "global batch": "" if run.global_batch_size is None else str(run.global_batch_size),
+        "mixed precision": "" if run.mixed_precision in (None, "") else str(run.mixed_precision),
+        "status": str(run.status or ""),
     }
 
 
-def _finding_keys(r: RunData) -> dict[tuple[str, str], dict[str, Any]]:
+def _finding_keys(r: RunData) -> dict[tuple[str, str], FindingRow]:
     """A run's findings by (rule, worker); the worker only where the run has several (one
     run's ``host:pid`` is never another's)."""
-    several = (r.run.get("num_workers") or 1) > 1
-    out: dict[tuple[str, str], dict[str, Any]] = {}
-    for f in r.report.get("findings", ()):
-        out.setdefault((f["rule"], (f.get("worker") or "") if several else ""), f)
+    several = (r.run.num_workers or 1) > 1
+    out: dict[tuple[str, str], FindingRow] = {}
+    for f in r.report.findings:
+        out.setdefault((f.rule, (f.worker or "") if several else ""), f)
     return out
 
 
@@ -271,13 +280,13 @@ _SIZES: dict[str, tuple[str, str]] = {
 }
 
 
-def _finding_size(f: dict[str, Any]) -> str:
+def _finding_size(f: FindingRow) -> str:
     """How large a finding is, in its rule's own figure ("+83 MiB/step"); "" for a rule without
     one. A host-memory finding from the time fit gives MB/min."""
-    key, form = _SIZES.get(f["rule"], ("", ""))
-    ev = f.get("evidence") or {}
+    key, form = _SIZES.get(f.rule, ("", ""))
+    ev = json_safe(f.evidence)  # as the JSON writes it ("NaN")
     v = ev.get(key) if key else None
-    if v is None and f["rule"] == "host-memory-growth" and ev.get("slope_mb_per_min") is not None:
+    if v is None and f.rule == "host-memory-growth" and ev.get("slope_mb_per_min") is not None:
         return f"+{ev['slope_mb_per_min']} MB/min"
     return form.format(v) if v is not None else ""
 
@@ -288,11 +297,11 @@ def compare(runs: list[RunData]) -> dict[str, Any]:
     figures = {r.label: _figures(r) for r in runs}
     notes: list[str] = []
     for r in runs:
-        status = r.run.get("status")
-        if not r.times and not r.summary.get("steps"):
+        status = r.run.status
+        if not r.times and not r.summary.steps:
             notes.append(f"{r.label} has no training steps: its step time, speed and losses are not compared")
         elif status in ("crashed", "lost"):
-            notes.append(f"{r.label} {status} after {r.summary.get('steps', 0):,} steps: its wall time and "
+            notes.append(f"{r.label} {status} after {r.summary.steps:,} steps: its wall time and "
                          "step count are not those of a whole run")
         elif status == "running":
             notes.append(f"{r.label} is still running: its figures are as of now")
@@ -332,8 +341,8 @@ def compare(runs: list[RunData]) -> dict[str, Any]:
             for key, f in mine.items():
                 if key not in theirs:
                     only.append({"only_in": who, "vs": r.label if who == base.label else base.label,
-                                 "rule": f["rule"], "severity": f["severity"], "worker": key[1],
-                                 "message": f["message"]})
+                                 "rule": f.rule, "severity": f.severity, "worker": key[1],
+                                 "message": f.message})
     changed = []
     for r in runs[1:]:
         other = _finding_keys(r)
@@ -342,18 +351,18 @@ def compare(runs: list[RunData]) -> dict[str, Any]:
             if g is None:
                 continue
             before, after = _finding_size(f), _finding_size(g)
-            if f["severity"] == g["severity"] and before == after:
+            if f.severity == g.severity and before == after:
                 continue
             changed.append({
-                "base": base.label, "other": r.label, "rule": f["rule"], "worker": key[1],
-                "base_severity": f["severity"], "other_severity": g["severity"],
+                "base": base.label, "other": r.label, "rule": f.rule, "worker": key[1],
+                "base_severity": f.severity, "other_severity": g.severity,
                 "base_size": before, "other_size": after,
-                "text": f"{f['rule']} {f['severity']}{' ' + before if before else ''} -> "
-                        f"{g['severity']}{' ' + after if after else ''}",
-                "base_message": f["message"], "other_message": g["message"]})
+                "text": f"{f.rule} {f.severity}{' ' + before if before else ''} -> "
+                        f"{g.severity}{' ' + after if after else ''}",
+                "base_message": f.message, "other_message": g.message})
     return {
-        "runs": [{"label": r.label, "id": r.run.get("id"), "dir": r.run.get("dir"),
-                  "status": r.run.get("status"), "figures": figures[r.label]} for r in runs],
+        "runs": [{"label": r.label, "id": r.run.id, "dir": r.run.dir,
+                  "status": r.run.status, "figures": figures[r.label]} for r in runs],
         "step_time_median_difference": medians,
         "findings_only_in_one": only,
         "findings_changed": changed,

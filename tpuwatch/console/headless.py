@@ -354,7 +354,7 @@ def follow_group(
         if monitor.evaluate(now):
             take([])
         if now >= next_print:
-            snap = state.snapshot(now)
+            snap = monitor.snapshot(now)
             # A line only when something moved: a run that has ended (while TensorFlow tears
             # down) or waits says so once, not every few seconds.
             key = (snap.step, snap.status, tuple(w.status for w in snap.workers), snap.phase, snap.phase_since,
@@ -381,7 +381,7 @@ def follow_group(
     if stats is not None:
         state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                               truncated_tail=stats.truncated_tail)
-    workers = state.snapshot(clock()).workers
+    workers = monitor.snapshot(clock()).workers
     for w in workers:
         if w.status not in ("finished", "crashed"):
             state.set_lost("the process ended without an exit record", worker=w.name)
@@ -390,7 +390,7 @@ def follow_group(
     end_t = state.last_message_t if state.last_message_t is not None else clock()
     monitor.evaluate(end_t, force=True)
     take([])
-    snap = state.snapshot(end_t)
+    snap = monitor.snapshot(end_t)
     say(summary(snap, monitor.steps, last_line(output_log) if output_log is not None else ""))
     if len(snap.workers) > 1:
         say(workers_line(snap))

@@ -133,7 +133,7 @@ class Relay:
         ended = not self.is_alive()
         if ended:
             self._take(self.source.finish())
-            workers = self.state.snapshot(self.clock()).workers
+            workers = self.monitor.snapshot(self.clock()).workers
             for w in workers:
                 if w.status not in ("finished", "crashed", "stopped"):
                     self.state.set_lost("the process ended without an exit record", worker=w.name)

@@ -1,38 +1,54 @@
 """``tpuwatch report RUN``: what a run did, from its run directory.
 
-:func:`build_report` reads ``run.json`` and streams the whole recording through
-:class:`~tpuwatch.monitor.state.RunState` and the diagnostics engine (when this build has one),
-merging the engine's findings with any Finding messages recorded live. The result is a plain,
-JSON-ready dict (non-finite floats become the strings "NaN"/"Infinity", as on the wire)::
+:func:`build_model` reads ``run.json`` and streams the whole recording through a
+:class:`~tpuwatch.monitor.monitor.Monitor` (the run state, the diagnostics engine, the step figures),
+merging the engine's findings with any Finding messages recorded live, into one typed
+:class:`~tpuwatch.console.report_model.Report`. :func:`render_text`, :func:`render_markdown` and
+:func:`render_json` render that model; :func:`build_report` is its JSON-ready form (non-finite
+floats become the strings "NaN"/"Infinity", as on the wire), which ``compare`` and
+``run --baseline`` read::
 
-    {"run": {...}, "summary": {...}, "findings": [...]}
+    {"run": {...}, "summary": {...}, "pipelines": [...], "findings": [...], "ledger": {...}}
 
-:func:`render_text` and :func:`render_markdown` format it; ``json.dumps(report)`` is the JSON
-form. ``tpuwatch ls`` lives in :mod:`tpuwatch.monitor.runs` (what each run is) and
+ ``tpuwatch ls`` lives in :mod:`tpuwatch.monitor.runs` (what each run is) and
 :mod:`tpuwatch.console.run_list` (its table).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tpuwatch import rundir, units
-from tpuwatch.monitor.diagnostics.feed import FindingsFeed
+from tpuwatch.console.report_model import (
+    CommandDone,
+    DevicePeak,
+    FindingRow,
+    InputWait,
+    KerasEpochLoss,
+    Memory,
+    ReplicaLoss,
+    Report,
+    Retraces,
+    RunInfo,
+    StrategyUse,
+    Summary,
+    WorkerRow,
+    json_safe,
+)
 from tpuwatch.monitor.diagnostics.pipeline_doctor import pipeline_notes
 from tpuwatch.monitor.group import WorkerDir, read_group, worker_dirs
 from tpuwatch.monitor.ledger import as_dict as ledger_dict
 from tpuwatch.monitor.ledger import note_of, teardown_lines
 from tpuwatch.monitor.ledger import rows as ledger_rows
+from tpuwatch.monitor.monitor import Monitor
 from tpuwatch.monitor.recording import iter_recording, recording_problem
 from tpuwatch.monitor.runs import run_alive
 from tpuwatch.monitor.snapshot import RunSnapshot, keras_loss, mean_loss, worker_exit_codes
-from tpuwatch.monitor.state import RunState
-from tpuwatch.monitor.stats import RunSteps
 from tpuwatch.printable import one_line, printable
 from tpuwatch.protocol import SEVERITY_RANK, Finding, Step
 from tpuwatch.units import (
@@ -53,31 +69,17 @@ class ReportError(ValueError):
 EVIDENCE_FILES = (("stacks", "stacks"), ("profile", "profile_path"))
 
 
-def _json_safe(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
-    if isinstance(v, dict):
-        return {str(k): _json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
-    return v
-
-
-def _finding_dict(f: Finding) -> dict[str, Any]:
-    return {
-        "rule": f.rule,
-        "severity": f.severity,
-        "message": f.message,
-        "evidence": dict(f.evidence),
-        "advice": f.advice,
-        "first_step": f.first_step,
-        "last_step": f.last_step,
-        "worker": f.worker,
-        "t": f.t,
-    }
+def _finding_row(f: Finding) -> FindingRow:
+    return FindingRow(rule=f.rule, severity=f.severity, message=f.message, evidence=dict(f.evidence),
+                      advice=f.advice, first_step=f.first_step, last_step=f.last_step, worker=f.worker, t=f.t)
 
 
 def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = None) -> dict[str, Any]:
+    """The report of one run directory as JSON-ready values (:meth:`Report.as_json`)."""
+    return build_model(run_dir, on_step).as_json()
+
+
+def build_model(run_dir: str | Path, on_step: Callable[[Step], None] | None = None) -> Report:
     """The report of one run directory. Raises :class:`ReportError` when it holds no run.
     ``on_step`` sees every step record the run's figures are computed from (``compare``
     keeps the step times and losses).
@@ -102,13 +104,13 @@ def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = N
                               f"{rundir.EVENTS}: nothing to report")
         raise ReportError(f"{run_dir} is not a tpuwatch run (no {rundir.EVENTS}, no {rundir.META})")
 
-    state = RunState()
-    diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0, state=state)
-    times = RunSteps(on_step)
+    monitor = _monitor(on_step)
+    state = monitor.state
     stats = None
     if events.is_file():
         messages, reader = iter_recording(events)
-        diag.feed(state, times.tap(messages))
+        for m in messages:
+            monitor.take(m)
         stats = reader.stats
         state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                               truncated_tail=stats.truncated_tail)
@@ -116,32 +118,41 @@ def build_report(run_dir: str | Path, on_step: Callable[[Step], None] | None = N
     running = not state.ended and run_alive(meta)
     if not state.ended and not running and state.last_message_t is not None:
         state.set_lost("the process is gone and left no exit record")
-    return _finish_report(state, diag, times, meta, run_dir, running, stats)
+    return _finish_report(monitor, meta, run_dir, running, stats)[0]
 
 
-def _finish_report(state: RunState, diag: FindingsFeed, times: "RunSteps", meta: dict[str, Any],
-                   run_dir: Path, running: bool, stats: Any) -> dict[str, Any]:
+def _monitor(on_step: Callable[[Step], None] | None, steps_of: str | None = None) -> Monitor:
+    """The run as the report reads it: its rules judge it by its own clock (its newest message)."""
+    monitor = Monitor(lambda: monitor.state.last_message_t or 0.0, on_step=on_step, steps_of=steps_of)
+    return monitor
+
+
+def _finish_report(monitor: Monitor, meta: dict[str, Any], run_dir: Path, running: bool,
+                   stats: Any) -> tuple[Report, RunSnapshot]:
+    """The report, and the one snapshot it was made from."""
+    state, times = monitor.state, monitor.steps
+    assert times is not None  # the report's monitor keeps the step figures
     # A finished run is described as of its last message; a live one as of now.
     now = time.time() if running or state.last_message_t is None else state.last_message_t
     end_t = state.last_message_t or 0.0
-    diag.evaluate(state, end_t, force=True)
-    for f in diag.engine.findings():  # current ones too, not only those new at the end
+    monitor.evaluate(end_t, force=True)
+    for f in monitor.feed.engine.findings():  # current ones too, not only those new at the end
         state.add_finding(f, f.worker)
-    snap = state.snapshot(now)
+    snap = monitor.snapshot(now)
 
     p50, p95 = times.percentiles()
     steps_per_s = times.steps_per_s()
     findings = sorted(snap.findings, key=lambda f: (-SEVERITY_RANK.get(f.severity, -1),
                                                     f.first_step if f.first_step is not None
                                                     else 1 << 62, f.rule))
-    report = {
-        "run": _run_section(snap, meta, run_dir, running),
-        "summary": _summary_section(snap, p50, p95, steps_per_s, times.examples_per_s(), stats),
-        "pipelines": _pipelines(snap),
-        "findings": [_finding_dict(f) for f in findings],
-        "ledger": _ledger_section(snap),
-    }
-    return _json_safe(report)
+    report = Report(
+        run=_run_section(snap, meta, run_dir, running),
+        summary=_summary_section(snap, p50, p95, steps_per_s, times.examples_per_s(), stats),
+        pipelines=_pipelines(snap),
+        findings=[_finding_row(f) for f in findings],
+        ledger=_ledger_section(snap),
+    )
+    return report, snap
 
 
 def _ledger_section(snap: RunSnapshot) -> dict[str, Any] | None:
@@ -222,71 +233,66 @@ def pipeline_groups(pipelines: Sequence[dict[str, Any]]) -> list[list[dict[str, 
 
 
 def _build_group_report(run_dir: Path, meta: dict[str, Any], workers: list[WorkerDir],
-                        on_step: Callable[[Step], None] | None = None) -> dict[str, Any]:
+                        on_step: Callable[[Step], None] | None = None) -> Report:
     tagged, stats = read_group(workers)
     if not tagged and not meta:
         raise ReportError(f"{run_dir} holds no recording of any worker")
-    state = RunState()
-    diag = FindingsFeed(clock=lambda: state.last_message_t or 0.0, state=state)
-    times = RunSteps(on_step)
-    primary = workers[0].name if workers else ""
-    tap = times.add
+    # every worker runs the same global steps: the figures are the first worker's
+    monitor = _monitor(on_step, steps_of=workers[0].name if workers else "")
+    state = monitor.state
     for name, m in tagged:
-        if type(m) is Step and name == primary:  # every worker runs the same global steps
-            tap(m)
-        state.apply(m, name)
-        diag.apply(m, name)
+        monitor.take(m, name)
     state.note_read_stats(malformed=stats.malformed, unknown=stats.unknown,
                           truncated_tail=stats.truncated_tail)
     alive = {w.name: run_alive(rundir.read_meta(w.path)) for w in workers}
     running = any(alive.values()) and not state.ended
-    for view in state.snapshot(state.last_message_t or time.time()).workers:
+    for view in monitor.snapshot(state.last_message_t or time.time()).workers:
         if view.status not in ("finished", "crashed") and not alive.get(view.name, False):
             state.set_lost("the process is gone and left no exit record", worker=view.name)
-    report = _finish_report(state, diag, times, meta, run_dir, running, stats)
-    snap_workers = state.snapshot(state.last_message_t or time.time()).workers
-    report["run"]["id"] = meta.get("run_id") or run_dir.name
+    report, snap = _finish_report(monitor, meta, run_dir, running, stats)
+    if running:  # the workers of a live run as of their last message, as a finished one's
+        snap = monitor.snapshot(state.last_message_t or time.time())
+    run = replace(report.run, id=meta.get("run_id") or run_dir.name)
     if isinstance(meta.get("exit_code"), int) and not running:
         # The launcher knows which worker failed first (the others' ends follow from it).
-        report["run"]["exit_code"] = meta["exit_code"]
+        run = replace(run, exit_code=meta["exit_code"])
     # Each worker's Step.loss is the mean over its own replicas; the job's loss (what
     # strategy.reduce(MEAN) gives every worker) is the mean over all replicas of one step.
-    rows = report["summary"]["replica_losses"]
-    if rows and len({r["step"] for r in rows}) == 1 and all(r["finite"] for r in rows):
-        report["summary"]["last_loss"] = mean_loss([r["loss"] for r in rows])  # the one mean
-    report["workers"] = _json_safe(_workers_section(snap_workers, workers, state))
-    return report
+    summary = report.summary
+    rows = summary.replica_losses
+    if rows and len({r.step for r in rows}) == 1 and all(r.finite for r in rows):
+        summary = replace(summary, last_loss=mean_loss([r.loss for r in rows]))  # the one mean
+    return replace(report, run=run, summary=summary, workers=_workers_section(snap, workers))
 
 
-def _workers_section(views: Any, workers: list[WorkerDir], state: RunState) -> list[dict[str, Any]]:
-    by_name = {v.name: v for v in views}
-    snap = state.snapshot(state.last_message_t or time.time())
+def _workers_section(snap: RunSnapshot, workers: list[WorkerDir]) -> list[WorkerRow]:
+    by_name = {v.name: v for v in snap.workers}
     codes = worker_exit_codes(snap)
     out = []
     for w in workers:
         v = by_name.get(w.name)
         wmeta = rundir.read_meta(w.path)
         rss = [h.rss_bytes for h in snap.host_memory if h.worker == w.name]
-        out.append({
-            "name": w.name,
-            "index": w.index,
-            "dir": str(w.path),
-            "host": v.host if v else wmeta.get("host", ""),
-            "pid": v.pid if v else wmeta.get("child_pid"),
-            "status": v.status if v else ("crashed" if wmeta.get("exit_code") not in (None, 0) else "waiting"),
-            "exit_code": codes.get(w.name, wmeta.get("exit_code")),
-            "stopped": bool(wmeta.get("stopped")),
-            "steps": v.step if v else 0,
-            "step_time_p50_s": v.step_p50_s if v else None,
-            "input_wait_share": v.input_wait_frac if v else None,
-            "rss_bytes": rss[0] if rss else None,
-            "replicas": [r.index for r in snap.replica_losses if r.worker == w.name],
-        })
+        out.append(WorkerRow(
+            name=w.name,
+            index=w.index,
+            dir=str(w.path),
+            host=v.host if v else wmeta.get("host", ""),
+            pid=v.pid if v else wmeta.get("child_pid"),
+            status=v.status if v else ("crashed" if wmeta.get("exit_code") not in (None, 0) else "waiting"),
+            exit_code=codes.get(w.name, wmeta.get("exit_code")),
+            stopped=bool(wmeta.get("stopped")),
+            steps=v.step if v else 0,
+            step_time_p50_s=v.step_p50_s if v else None,
+            input_wait_share=v.input_wait_frac if v else None,
+            rss_bytes=rss[0] if rss else None,
+            replicas=[r.index for r in snap.replica_losses if r.worker == w.name],
+        ))
     return out
 
 
 def _run_section(snap: RunSnapshot, meta: dict[str, Any], run_dir: Path,
-                 running: bool) -> dict[str, Any]:
+                 running: bool) -> RunInfo:
     start = snap.started_t if snap.started_t is not None else meta.get("started")
     end = snap.ended_t
     if end is None and not running:
@@ -296,92 +302,92 @@ def _run_section(snap: RunSnapshot, meta: dict[str, Any], run_dir: Path,
     if not running and status == "waiting" and meta.get("state") in ("finished", "stopped", "crashed"):
         status = meta["state"]  # no recording, but the launcher saw the end
     exit_code = snap.exit_code if snap.exit_code is not None else meta.get("exit_code")
-    return {
-        "id": snap.run_id or meta.get("run_id") or run_dir.name,
-        "dir": str(run_dir),
-        "script": snap.script or meta.get("script", ""),
-        "argv": list(snap.argv) or list(meta.get("argv", [])),
-        "host": snap.host or meta.get("host", ""),
-        "status": status,
-        "strategy": snap.strategy,
-        "strategies": [{"strategy": name, "replicas": replicas, "training_steps": steps}
-                       for name, replicas, steps in snap.strategies],
-        "replicas": snap.replicas,
-        "device_kind": snap.device_kind,
-        "devices": list(snap.devices),
-        "num_workers": snap.num_workers,
-        "tf_version": snap.tf_version,
-        "keras_version": snap.keras_version,
-        "mixed_precision": snap.mixed_precision,
-        "global_batch_size": snap.global_batch_size,
-        "start": start,
-        "end": end,
-        "duration_s": duration,
-        "exit_code": exit_code,
-        "exit_signal": snap.exit_signal,
-        "exception": snap.exception,
-        "traceback": snap.exception_traceback,
-        "lost_reason": snap.lost_reason,
-    }
+    return RunInfo(
+        id=snap.run_id or meta.get("run_id") or run_dir.name,
+        dir=str(run_dir),
+        script=snap.script or meta.get("script", ""),
+        argv=list(snap.argv) or list(meta.get("argv", [])),
+        host=snap.host or meta.get("host", ""),
+        status=status,
+        strategy=snap.strategy,
+        strategies=[StrategyUse(strategy=name, replicas=replicas, training_steps=steps)
+                    for name, replicas, steps in snap.strategies],
+        replicas=snap.replicas,
+        device_kind=snap.device_kind,
+        devices=list(snap.devices),
+        num_workers=snap.num_workers,
+        tf_version=snap.tf_version,
+        keras_version=snap.keras_version,
+        mixed_precision=snap.mixed_precision,
+        global_batch_size=snap.global_batch_size,
+        start=start,
+        end=end,
+        duration_s=duration,
+        exit_code=exit_code,
+        exit_signal=snap.exit_signal,
+        exception=snap.exception,
+        traceback=snap.exception_traceback,
+        lost_reason=snap.lost_reason,
+    )
 
 
 def _summary_section(snap: RunSnapshot, p50: float | None, p95: float | None,
-                     steps_per_s: float | None, examples_per_s: float | None, stats: Any) -> dict[str, Any]:
-    return {
-        "steps": snap.step,
-        "step_records": snap.steps_total,
-        "total_steps": snap.total_steps,
-        "step_time_p50_s": p50,
-        "step_time_p95_s": p95,
-        "steps_per_s": steps_per_s,
-        "examples_per_s": examples_per_s,
-        "input_wait_share": snap.input_wait_frac_total,
+                     steps_per_s: float | None, examples_per_s: float | None, stats: Any) -> Summary:
+    return Summary(
+        steps=snap.step,
+        step_records=snap.steps_total,
+        total_steps=snap.total_steps,
+        step_time_p50_s=p50,
+        step_time_p95_s=p95,
+        steps_per_s=steps_per_s,
+        examples_per_s=examples_per_s,
+        input_wait_share=snap.input_wait_frac_total,
         # the input-bound rule's own figures over every eligible step (docs/diagnostics.md)
-        "input_wait": None if snap.input_run is None else {
-            "share": snap.input_run.share,
-            "wait_per_step_s": snap.input_run.wait_per_step_s,
-            "step_time_s": snap.input_run.step_time_s,
-            "steps": snap.input_run.steps,
-            "verdict": snap.input_run.verdict,
-        },
-        "last_loss": snap.loss,  # the mean over replicas of the last step read
+        input_wait=None if snap.input_run is None else InputWait(
+            share=snap.input_run.share,
+            wait_per_step_s=snap.input_run.wait_per_step_s,
+            step_time_s=snap.input_run.step_time_s,
+            steps=snap.input_run.steps,
+            verdict=snap.input_run.verdict,
+        ),
+        last_loss=snap.loss,
         # the epoch as Keras prints it ("Epoch 3/3"), as the text says it
-        "keras_epoch_loss": None if (kl := keras_loss(snap)) is None else {
-            "epoch": kl.epoch + 1, "loss": kl.loss, "note": kl.note},
-        "retraces": [
+        keras_epoch_loss=None if (kl := keras_loss(snap)) is None else KerasEpochLoss(
+            epoch=kl.epoch + 1, loss=kl.loss, note=kl.note),
+        retraces=[
             # the function's own name (its display label says "(evaluation)"; the flag is here)
-            {"name": f.name, "traces": f.traces, "instances": f.instances,
-             "last_change": f.last_change, "last_step": f.last_step, "evaluation": f.evaluation}
+            Retraces(name=f.name, traces=f.traces, instances=f.instances,
+                     last_change=f.last_change, last_step=f.last_step, evaluation=f.evaluation)
             for f in snap.functions
         ],
-        "memory": {
-            "devices": [
-                {"worker": w, "device": d, "peak_bytes": peak,
-                 "limit_bytes": next((m.limit_bytes for m in snap.device_memory
-                                      if m.worker == w and m.device == d), None)}
+        memory=Memory(
+            devices=[
+                DevicePeak(worker=w, device=d, peak_bytes=peak,
+                           limit_bytes=next((m.limit_bytes for m in snap.device_memory
+                                             if m.worker == w and m.device == d), None))
                 for w, d, peak in snap.device_peaks
             ],
-            "host_rss_peak_bytes": snap.host_rss_peak_bytes,
-            "tpu_metrics_note": snap.tpu_metrics_note,  # why libtpu's HBM/duty cycle are absent
-        },
-        "replica_losses": [
-            {"index": r.index, "device": r.device, "worker": r.worker, "loss": r.loss,
-             "deviation": r.deviation, "finite": r.finite, "step": r.step}
+            host_rss_peak_bytes=snap.host_rss_peak_bytes,
+            tpu_metrics_note=snap.tpu_metrics_note,
+        ),
+        replica_losses=[
+            ReplicaLoss(index=r.index, device=r.device, worker=r.worker, loss=r.loss,
+                        deviation=r.deviation, finite=r.finite, step=r.step)
             for r in snap.replica_losses
         ],
-        "commands": [
-            {"id": c.id, "action": c.action, "status": c.status, "message": c.message,
-             "details": {k: _json_safe(v) for k, v in c.details.items()}, "t": c.t}
+        commands=[
+            CommandDone(id=c.id, action=c.action, status=c.status, message=c.message,
+                        details=dict(c.details), t=c.t)
             for c in snap.commands
         ],
-        "truncated_tail": snap.truncated_tail,
-        "recording_gaps": list(snap.recording_gaps),
-        "dropped_bytes": stats.dropped_bytes if stats else 0,
-        "malformed_lines": snap.malformed,
-        "unknown_lines": snap.unknown,
-        "messages": snap.messages,
-        "disabled_probes": dict(snap.disabled_probes),
-    }
+        truncated_tail=snap.truncated_tail,
+        recording_gaps=list(snap.recording_gaps),
+        dropped_bytes=stats.dropped_bytes if stats else 0,
+        malformed_lines=snap.malformed,
+        unknown_lines=snap.unknown,
+        messages=snap.messages,
+        disabled_probes=dict(snap.disabled_probes),
+    )
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -404,86 +410,86 @@ def _when(t: Any) -> str:
         return UNKNOWN
 
 
-def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
+def _lines(report: Report) -> list[tuple[str, str, list[str]]]:
     """(section title, key/value rows as "key\tvalue", extra lines) shared by both renderers."""
-    run, s, findings = report["run"], report["summary"], report["findings"]
-    outcome = run["status"]
-    if run.get("exit_code") is not None:
-        outcome += f" (exit {run['exit_code']})"
+    run, s, findings = report.run, report.summary, report.findings
+    outcome = run.status
+    if run.exit_code is not None:
+        outcome += f" (exit {run.exit_code})"
     # Names from the run are one line each: a newline or a tab in them would break the rows.
     rows_run = [
-        f"run\t{one_line(run['id'])}",
-        f"script\t{one_line(' '.join(run['argv']) or run['script'])}",
-        f"host\t{one_line(run['host'] or UNKNOWN)}",
+        f"run\t{one_line(run.id)}",
+        f"script\t{one_line(' '.join(run.argv) or run.script)}",
+        f"host\t{one_line(run.host or UNKNOWN)}",
         f"status\t{outcome}",
-        f"strategy\t{run['strategy'] or UNKNOWN}"
-        + (f", {units.replicas(run['replicas'])} on {run['device_kind']}" if run.get("replicas") else ""),
-        *(["strategies\t" + "; ".join(f"{s['strategy']} ({s['replicas']} replicas): {s['training_steps']:,} "
-                                         "training steps" for s in run["strategies"])]
-          if len(run.get("strategies") or ()) > 1 else []),
-        f"TensorFlow\t{run['tf_version'] or UNKNOWN}",
-        f"started\t{_when(run['start'])}",
-        f"ended\t{_when(run['end'])}",
-        f"duration\t{fmt_duration(_num(run['duration_s']))}",
+        f"strategy\t{run.strategy or UNKNOWN}"
+        + (f", {units.replicas(run.replicas)} on {run.device_kind}" if run.replicas else ""),
+        *(["strategies\t" + "; ".join(f"{u.strategy} ({u.replicas} replicas): {u.training_steps:,} "
+                                         "training steps" for u in run.strategies)]
+          if len(run.strategies) > 1 else []),
+        f"TensorFlow\t{run.tf_version or UNKNOWN}",
+        f"started\t{_when(run.start)}",
+        f"ended\t{_when(run.end)}",
+        f"duration\t{fmt_duration(_num(run.duration_s))}",
     ]
-    if run.get("exception"):
-        first = next((ln for ln in run["exception"].splitlines() if ln.strip()), "")
+    if run.exception:
+        first = next((ln for ln in run.exception.splitlines() if ln.strip()), "")
         rows_run.append(f"exception\t{first}")
-    if run.get("lost_reason"):
-        rows_run.append(f"lost\t{one_line(run['lost_reason'])}")
+    if run.lost_reason:
+        rows_run.append(f"lost\t{one_line(run.lost_reason)}")
     rows_sum = [
-        f"steps\t{s['steps']:,}" + (f" of {s['total_steps']:,}" if s.get("total_steps") else ""),
-        f"step time\tp50 {fmt_seconds(_num(s['step_time_p50_s']))}, "
-        f"p95 {fmt_seconds(_num(s['step_time_p95_s']))}",
-        f"speed\t{fmt_rate(_num(s['steps_per_s']))}"
-        + (f", {fmt_rate(_num(s['examples_per_s']), 'examples/s')}" if s.get("examples_per_s") is not None else "")
+        f"steps\t{s.steps:,}" + (f" of {s.total_steps:,}" if s.total_steps else ""),
+        f"step time\tp50 {fmt_seconds(_num(s.step_time_p50_s))}, "
+        f"p95 {fmt_seconds(_num(s.step_time_p95_s))}",
+        f"speed\t{fmt_rate(_num(s.steps_per_s))}"
+        + (f", {fmt_rate(_num(s.examples_per_s), 'examples/s')}" if s.examples_per_s is not None else "")
         + " (after the first step)",
-        f"input wait\t{units.percent(_num(s['input_wait_share']))} of step time"
-        + (f" ({s['input_wait']['verdict']})" if s.get("input_wait") else ""),
-        f"loss\t{units.loss(_num(s['last_loss']))} (last step, the mean over replicas)",
+        f"input wait\t{units.percent(_num(s.input_wait_share))} of step time"
+        + (f" ({s.input_wait.verdict})" if s.input_wait else ""),
+        f"loss\t{units.loss(_num(s.last_loss))} (last step, the mean over replicas)",
     ]
-    if s.get("keras_epoch_loss"):
-        k = s["keras_epoch_loss"]
-        rows_sum.append(f"Keras loss\tepoch {k['epoch']} mean {units.keras_value(_num(k['loss']))}"
-                        + (f" ({k['note']})" if k["note"] else ""))
-    mem = s["memory"]
-    if mem["devices"]:
-        top = max(mem["devices"], key=lambda d: d["peak_bytes"])
-        rows_sum.append(f"device peak\t{units.size(top['peak_bytes'])} on {top['device']}"
-                        + (f" of {units.size(top['limit_bytes'])}" if top["limit_bytes"] else ""))
-    rows_sum.append(f"host RSS peak\t{units.size(mem['host_rss_peak_bytes'])}")
-    if mem.get("tpu_metrics_note"):
-        rows_sum.append(f"TPU metrics\t{mem['tpu_metrics_note']}")
+    if s.keras_epoch_loss:
+        k = s.keras_epoch_loss
+        rows_sum.append(f"Keras loss\tepoch {k.epoch} mean {units.keras_value(_num(k.loss))}"
+                        + (f" ({k.note})" if k.note else ""))
+    mem = s.memory
+    if mem.devices:
+        top = max(mem.devices, key=lambda d: d.peak_bytes)
+        rows_sum.append(f"device peak\t{units.size(top.peak_bytes)} on {top.device}"
+                        + (f" of {units.size(top.limit_bytes)}" if top.limit_bytes else ""))
+    rows_sum.append(f"host RSS peak\t{units.size(mem.host_rss_peak_bytes)}")
+    if mem.tpu_metrics_note:
+        rows_sum.append(f"TPU metrics\t{mem.tpu_metrics_note}")
     health = []
-    if s["truncated_tail"]:
-        health.append(f"last line cut ({s['dropped_bytes']} bytes dropped)")
-    if s["malformed_lines"]:
-        health.append(f"{s['malformed_lines']} malformed lines")
-    if s["unknown_lines"]:
-        health.append(f"{s['unknown_lines']} lines of unknown kind")
-    health.extend(s.get("recording_gaps", ()))
+    if s.truncated_tail:
+        health.append(f"last line cut ({s.dropped_bytes} bytes dropped)")
+    if s.malformed_lines:
+        health.append(f"{s.malformed_lines} malformed lines")
+    if s.unknown_lines:
+        health.append(f"{s.unknown_lines} lines of unknown kind")
+    health.extend(s.recording_gaps)
     rows_sum.append(f"recording\t{'; '.join(health) or 'complete'}")
-    if s["disabled_probes"]:
+    if s.disabled_probes:
         rows_sum.append("disabled probes\t" + ", ".join(
-            f"{k} ({v})" for k, v in sorted(s["disabled_probes"].items())))
-    traces = [f"{function_label(r['name'], r['evaluation'])}: {r['traces']} trace(s), {r['instances']} object(s)"
-              + (f"; last change {r['last_change']}" if r["last_change"] else "")
-              for r in s["retraces"]]
-    losses = [f"replica {r['index']} ({(r['worker'] + ' ') if report.get('workers') else ''}"
-              f"{r['device'] or '?'}): {units.loss(_num(r['loss']))}"
-              + ("" if r["finite"] else "  NON-FINITE")
-              for r in s["replica_losses"]]
+            f"{k} ({v})" for k, v in sorted(s.disabled_probes.items())))
+    traces = [f"{function_label(r.name, r.evaluation)}: {r.traces} trace(s), {r.instances} object(s)"
+              + (f"; last change {r.last_change}" if r.last_change else "")
+              for r in s.retraces]
+    losses = [f"replica {r.index} ({(r.worker + ' ') if report.workers else ''}"
+              f"{r.device or '?'}): {units.loss(_num(r.loss))}"
+              + ("" if r.finite else "  NON-FINITE")
+              for r in s.replica_losses]
     out: list[tuple[str, str, list[str]]] = [("Run", "\n".join(rows_run), []), ("Summary", "\n".join(rows_sum), [])]
-    if report.get("workers"):
-        out.append(("Workers", "", [_worker_line(w) for w in report["workers"]]))
+    if report.workers:
+        out.append(("Workers", "", [_worker_line(w) for w in report.workers]))
     if traces:
         out.append(("Functions", "", traces))
-    pipes = [line for same in pipeline_groups(report.get("pipelines", ())) for line in pipeline_lines(same[0], same)]
+    pipes = [line for same in pipeline_groups(json_safe(report.pipelines)) for line in pipeline_lines(same[0], same)]
     if pipes:
         out.append(("Input pipeline", "", pipes))
     if losses:
         out.append(("Replica losses (last step)", "", losses))
-    lg = report.get("ledger")
+    lg = json_safe(report.ledger)
     if lg and lg.get("wall_s"):
         goodput = lg.get("goodput")
         head = (f"goodput {100 * goodput:.1f}% of {fmt_duration(_num(lg['wall_s']))} wall time"
@@ -499,11 +505,11 @@ def _lines(report: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
             f"{r['label']:<20}{r['seconds']:>10.2f} s {100 * r['share']:>6.1f}%"
             + (f"  -> finding {r['finding']}" if r["finding"] else "") for r in shown] + per_worker
             + _teardown_lines(lg.get("teardowns") or ())))
-    if s.get("commands"):
-        out.append(("Commands", "", [command_line(c) for c in s["commands"]]))
+    if s.commands:
+        out.append(("Commands", "", [command_line(json_safe(asdict(c))) for c in s.commands]))
     out.append(("Findings", "", [] if findings else ["none"]))
-    if run.get("traceback"):
-        out.append(("Traceback", "", run["traceback"].rstrip().splitlines()))
+    if run.traceback:
+        out.append(("Traceback", "", run.traceback.rstrip().splitlines()))
     return out
 
 
@@ -524,17 +530,17 @@ def command_line(c: dict[str, Any]) -> str:
     return line
 
 
-def _worker_line(w: dict[str, Any]) -> str:
-    state = w["status"]
-    if w.get("exit_code") is not None and state in ("finished", "stopped", "crashed"):
-        state += f" (exit {w['exit_code']}{', stopped' if w.get('stopped') else ''})"
-    return (f"{w['name']} on {w['host'] or UNKNOWN} pid {w['pid'] or UNKNOWN}: {state}; {w['steps']:,} steps, "
-            f"step p50 {fmt_seconds(_num(w['step_time_p50_s']))}, input wait "
-            f"{percent(_num(w['input_wait_share']))}, RSS {units.size(_num(w['rss_bytes']))}, "
-            f"replicas {','.join(map(str, w['replicas'])) or UNKNOWN}")
+def _worker_line(w: WorkerRow) -> str:
+    state = w.status
+    if w.exit_code is not None and state in ("finished", "stopped", "crashed"):
+        state += f" (exit {w.exit_code}{', stopped' if w.stopped else ''})"
+    return (f"{w.name} on {w.host or UNKNOWN} pid {w.pid or UNKNOWN}: {state}; {w.steps:,} steps, "
+            f"step p50 {fmt_seconds(_num(w.step_time_p50_s))}, input wait "
+            f"{percent(_num(w.input_wait_share))}, RSS {units.size(_num(w.rss_bytes))}, "
+            f"replicas {','.join(map(str, w.replicas)) or UNKNOWN}")
 
 
-def render_text(report: dict[str, Any]) -> str:
+def render_text(report: Report) -> str:
     """Plain text for a terminal (control characters from the run shown escaped)."""
     parts: list[str] = []
     for title, rows, extra in _lines(report):
@@ -545,18 +551,19 @@ def render_text(report: dict[str, Any]) -> str:
         for line in extra:
             parts.append(f"  {line}")
         if title == "Findings":
-            for f in report["findings"]:
+            for f in report.findings:
                 where = ""
-                if f["first_step"] is not None:
-                    where = f" (steps {f['first_step']}..{f['last_step']})" \
-                        if f["last_step"] not in (None, f["first_step"]) else f" (step {f['first_step']})"
-                parts.append(f"  [{f['severity']}] {f['rule']}{where}")
-                parts.append(f"      {f['message']}")
-                if f["advice"]:
-                    parts.append(f"      advice: {f['advice']}")
+                if f.first_step is not None:
+                    where = f" (steps {f.first_step}..{f.last_step})" \
+                        if f.last_step not in (None, f.first_step) else f" (step {f.first_step})"
+                parts.append(f"  [{f.severity}] {f.rule}{where}")
+                parts.append(f"      {f.message}")
+                if f.advice:
+                    parts.append(f"      advice: {f.advice}")
+                evidence = json_safe(f.evidence)
                 for label, key in EVIDENCE_FILES:
-                    if f["evidence"].get(key):
-                        parts.append(f"      {label}: {f['evidence'][key]}")
+                    if evidence.get(key):
+                        parts.append(f"      {label}: {evidence[key]}")
         parts.append("")
     return printable("\n".join(parts).rstrip() + "\n")
 
@@ -572,11 +579,10 @@ def _fence(lines: list[str]) -> str:
     return "`" * max(3, longest + 1)
 
 
-def render_markdown(report: dict[str, Any]) -> str:
+def render_markdown(report: Report) -> str:
     """GitHub-flavoured Markdown (tables), e.g. for an issue or a pull request; control
     characters from the run shown escaped (it is printed to a terminal as often as pasted)."""
-    run = report["run"]
-    parts = [f"# tpuwatch report: {run['id']}", ""]
+    parts = [f"# tpuwatch report: {report.run.id}", ""]
     for title, rows, extra in _lines(report):
         parts.append(f"## {title}")
         parts.append("")
@@ -593,27 +599,27 @@ def render_markdown(report: dict[str, Any]) -> str:
         for line in extra:
             parts.append(f"- {line}" if line != "none" else "None.")
         if title == "Findings":
-            for f in report["findings"]:
+            for f in report.findings:
                 steps = ""
-                if f["first_step"] is not None:
-                    steps = f" — from step {f['first_step']}"
-                parts.append(f"### {f['severity'].upper()}: {f['rule']}{steps}")
+                if f.first_step is not None:
+                    steps = f" — from step {f.first_step}"
+                parts.append(f"### {f.severity.upper()}: {f.rule}{steps}")
                 parts.append("")
-                parts.append(f["message"])
+                parts.append(f.message)
                 parts.append("")
-                if f["advice"]:
-                    parts.append(f"**Advice:** {f['advice']}")
+                if f.advice:
+                    parts.append(f"**Advice:** {f.advice}")
                     parts.append("")
-                if f["evidence"]:
+                if f.evidence:
                     parts.append("Evidence: " + ", ".join(
-                        f"`{k}={v}`" for k, v in f["evidence"].items()))
+                        f"`{k}={v}`" for k, v in json_safe(f.evidence).items()))
                     parts.append("")
         if extra:
             parts.append("")
     return printable("\n".join(parts).rstrip() + "\n")
 
 
-def render_json(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=2, allow_nan=False)
+def render_json(report: Report) -> str:
+    return json.dumps(report.as_json(), indent=2, allow_nan=False)
 
 

@@ -159,7 +159,7 @@ class SourceReader:
         snap: RunSnapshot | None = None
         # The state counts its news: a snapshot is built only when one is shown.
         if self._pacer.due((self.state.version, disk, backlog), time.monotonic()):
-            snap = self.state.snapshot(now=now)
+            snap = self.monitor.snapshot(now)
             if disk or backlog:
                 snap = replace(snap, disk_full=disk, catching_up=backlog)
         output, replay_output, too_long = self._read_output()

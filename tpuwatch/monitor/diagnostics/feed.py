@@ -1,7 +1,8 @@
 """Runs the diagnostics engine beside a :class:`~tpuwatch.monitor.state.RunState`.
 
-Every viewer (headless, dashboard, report) feeds the same messages to both, the state first,
-and evaluates the rules about once a second. Given the state (``FindingsFeed(state=...)``), the
+Every viewer (headless, dashboard, relay, report) feeds the same messages to both, the state
+first, and evaluates the rules about once a second, through one
+:class:`~tpuwatch.monitor.monitor.Monitor` (``Monitor.take``). Given the state (``FindingsFeed(state=...)``), the
 engine reads and updates the state's own worker records (``RunState.telemetry``: one record per
 worker, its facts noted once); findings land in the state, and, for the process that owns the run
 (``tpuwatch run``), in the recording too (``on_new``). The owner reads its own recording: the
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable
 
 from tpuwatch.monitor.diagnostics.engine import Engine
 from tpuwatch.protocol import Finding, Hello, Message
@@ -73,13 +74,6 @@ class FindingsFeed:
         if isinstance(msg, Hello) and worker is None:
             self._worker = msg.worker
         self.engine.apply(msg, worker if worker is not None else self._worker)
-
-    def feed(self, state: "RunState", messages: Iterable[Message]) -> None:
-        for msg in messages:
-            if self.read_back(msg):
-                continue
-            state.apply(msg)
-            self.apply(msg)
 
     def evaluate(self, state: "RunState", now: float, force: bool = False) -> list[Finding]:
         """Evaluates the rules (at most every ``every_s`` unless forced, or :data:`JOINED_EVALUATE_S`
