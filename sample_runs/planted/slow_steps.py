@@ -2,10 +2,13 @@
 captured during them.
 
 A custom loop (MirroredStrategy over ``--replicas`` logical CPUs) trains ``--steps`` steps
-(default 260) of ~10 ms. From step ``--slow-from`` (default 150) for ``--slow-steps`` steps
-(default 30) the script turns on an "auxiliary consistency loss" that multiplies a 384x384 matrix
-``--aux-iterations`` times (default 40) inside the compiled step, through a variable, so nothing
-retraces: each of those steps takes ~20x longer. The agent captures a profile while they last.
+(default 260) of ~16 ms (a hidden layer of ``--width`` units: enough work that the distributed
+batch's fetch, ~0.5 ms, is no input wait to speak of; with no hidden layer the steps took 3.5 ms
+on a fast day, the fetch 5-15 % of them, and the agent's input-bound capture took the slowdown's
+first steps). From step ``--slow-from`` (default 150) for ``--slow-steps`` steps (default 30)
+the script turns on an "auxiliary consistency loss" that multiplies a 384x384 matrix
+``--aux-iterations`` times (default 150) inside the compiled step, through a variable, so nothing
+retraces: each of those steps takes ~10x longer. The agent captures a profile while they last.
 """
 from __future__ import annotations
 
@@ -25,9 +28,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=260)
     p.add_argument("--slow-from", type=int, default=150)
     p.add_argument("--slow-steps", type=int, default=30)
-    p.add_argument("--aux-iterations", type=int, default=40)
+    p.add_argument("--aux-iterations", type=int, default=150)
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--batch-per-replica", type=int, default=32)
+    p.add_argument("--width", type=int, default=2048, help="hidden units: the normal step's work")
     args = p.parse_args()
     keras.utils.set_random_seed(0)
     strategy = make_strategy(args.replicas)
@@ -38,7 +42,8 @@ def main() -> int:
           .batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
     iterator = iter(strategy.experimental_distribute_dataset(ds))
     with strategy.scope():
-        model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                                  keras.layers.Dense(args.width, activation="relu"), keras.layers.Dense(10)])
         optimizer = keras.optimizers.SGD(0.01)
         optimizer.build(model.trainable_variables)
         loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)

@@ -78,7 +78,7 @@ def test_planted_script_yields_its_rule(tmp_path, script, args, rule, evidence):
      {"last_step": 50, "stalled_in": "input",
       "input_line": f"{_at('stall_input_fit.py', 'yield records.get(timeout=600)')}: "
                     "yield records.get(timeout=600)"}, ("warning",)),
-    # ~10 ms steps turn ~20x slower for 30 steps (a while loop inside the compiled step): a profile
+    # ~16 ms steps turn ~10x slower for 30 steps (a while loop inside the compiled step): a profile
     # captured during them, by the agent itself
     ("slow_steps.py", (), "slow-steps", {"first_slow_step": 150, "function": "train_step"}, ("warning",)),
     # ~2 MiB per step over 400 steps (5 s): host memory would run out within minutes
