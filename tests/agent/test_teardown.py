@@ -123,3 +123,29 @@ def test_a_deletion_whose_end_never_came_leaves_the_next_untimed_not_misnamed(tm
     time.sleep(0.4)
     drop_slowly(probe, 0.01)  # would otherwise close a 0.4 s "teardown" begun by the other
     assert not teardowns(agent) and probe.timed == 0
+
+
+def test_a_deletion_whose_end_never_came_is_not_reported_under_way_once_steps_run_again(tmp_path):
+    # A copy of the iterator shares its last attribute (copy.copy copies __dict__): the original's
+    # deletion began and its end never came. The sampler said "under way" every second for the
+    # rest of the run, and the ledger booked every later gap between steps as teardown.
+    agent = Agent(tmp_path, "r")
+    probe = TeardownProbe(agent, thread=threading.get_ident(), long_s=0.1, in_step=lambda: False)
+    probe.begin("OwnedIterator", -1)
+    time.sleep(0.15)
+    assert [m.under_way for m in probe()] == [True]  # nothing says yet that it is not a pause
+    agent.global_step += 1  # a step ran: the training thread is not inside that deletion
+    time.sleep(1.1)
+    assert probe() == []
+    drop_slowly(probe, 0.2)  # the next deletion is timed again
+    (msg,) = [m for m in teardowns(agent) if not m.under_way]
+    assert msg.t - msg.since >= 0.2
+
+
+def test_a_disabled_probe_reports_nothing_under_way(tmp_path):
+    agent = Agent(tmp_path, "r")
+    probe = TeardownProbe(agent, thread=threading.get_ident(), long_s=0.0, in_step=lambda: False)
+    probe.begin("OwnedIterator", -1)
+    probe.enabled = False  # stop() or a failure between the deletion's start and end
+    time.sleep(0.05)
+    assert probe() == []

@@ -11,7 +11,11 @@ So the probe times the deletion itself, on the thread that drops the iterator: w
 ``OwnedIterator`` or ``OwnedMultiDeviceIterator`` is made, it gets a ``weakref.finalize``
 (called as its last reference drops, before its attributes are freed) and one attribute set
 last, whose ``__del__`` runs after the resource attribute set before it is freed (CPython frees
-an instance's attributes in the order they were set). Both cost a clock read, once per iterator.
+an instance's attributes in its dict's key order: for instances that share their class's key
+table, the order the first instance set them; an iterator rebuilt from its components, which
+sets ``_components`` after, ends its timing early: missed, never misnamed). Both cost a clock
+read, once per iterator. A deletion whose end never comes (a copy of the iterator shares that
+attribute) is dropped once a step runs.
 A deletion on the training thread with no step call under way that lasts at least
 :data:`LONG_S` becomes one :class:`~tpuwatch.protocol.Teardown`, with the process's CPU time
 over it and the training thread's stack that the agent's thread sampled during it. The ledger
@@ -110,6 +114,7 @@ class TeardownProbe:
         # misnamed
         self._outer: int | None = None
         self._since: float | None = None  # unix time the outermost deletion under way began
+        self._step0 = 0  # the agent's step count when it began: a step since means it is over
         self._cpu0 = 0.0
         self._iterator = ""
         self._token = 0  # counts the deletions timed
@@ -140,6 +145,7 @@ class TeardownProbe:
             if self._in_step():
                 return  # inside a step call: step time, not a pause between steps
             self._outer = key
+            self._step0 = self.agent.global_step
             self._token += 1
             self._iterator = iterator
             self._cpu0 = self._cpu()
@@ -149,12 +155,12 @@ class TeardownProbe:
 
     def end(self, key: int) -> None:
         try:
-            if key != self._outer or not self.enabled or threading.get_ident() != self._thread:
+            if key != self._outer:
                 return
             self._outer = None
             since = self._since
             self._since = None
-            if since is None:
+            if since is None or not self.enabled or threading.get_ident() != self._thread:
                 return
             now = self._wall()
             self.timed += 1
@@ -181,7 +187,14 @@ class TeardownProbe:
         :data:`LONG_S`, a Teardown ``under_way`` every :data:`PROGRESS_EVERY_S`."""
         token = self._token
         since = self._since
-        if since is None:
+        if since is None or not self.enabled:
+            return []
+        if self.agent.global_step != self._step0:
+            # A step ran since it began, so the training thread is not inside it: its end never
+            # came (a copy of the iterator shares the attribute whose freeing ends it). Left
+            # untimed, never reported as a pause that goes on.
+            if self._token == token:
+                self._outer = self._since = None
             return []
         if self._stack_token != token:
             self._sample_stack(token)
