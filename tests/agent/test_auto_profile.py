@@ -464,3 +464,17 @@ def test_a_slowdown_that_begins_while_an_input_capture_is_measured_after_is_date
     ((cmd, _),) = agent.submitted
     assert cmd.action == "profile"
     assert any("3x slower or more from step 201" in m for _, m in agent.events), agent.events
+
+
+def test_the_steps_between_a_slow_captures_result_and_its_outcome_are_not_a_new_slowdown():
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _steps(auto, clock, 200, step, 0.010)
+    _steps(auto, clock, 5, step, 0.200, sample_every=1)
+    ((cmd, on_result),) = agent.submitted
+    _steps(auto, clock, 20, step, 0.210, sample_every=100)  # the capture's steps
+    on_result(True, "profile saved", {"path": "/r/profiles/p", "step": 206, "last_step": 225, "stopped_by": "steps"})
+    _steps(auto, clock, 8, step, 0.210, sample_every=100)  # before the next sample takes the outcome in
+    auto()
+    # not a new slowdown wanting its capture: the capture's own, taken in with its outcome
+    assert not auto._slow.want and auto._slow.run == 0 and auto.state == "idle"

@@ -224,9 +224,11 @@ class AutoProfile:
             sl.inside.append(row)
             return
         # Another capture's steps are slowed by the profiler, and so may be those of its reading
-        # (the parse shares the cores); its after-measurement's are plain steps: a slowdown that
-        # begins then is counted from its first step, and captured once the state is idle.
-        if step <= WARMUP_STEPS or self.state != "idle" and (self.state == "capturing" or self._reading()):
+        # (the parse shares the cores); an input capture's after-measurement's are plain steps: a
+        # slowdown that begins then is counted from its first step, and captured once the state
+        # is idle. A slow capture's steps until its outcome is taken in are that slowdown's.
+        if step <= WARMUP_STEPS or self.state != "idle" and (self.state == "capturing" or self._kind == "slow"
+                                                               or self._reading()):
             return
         med = sl.median
         if med is not None and step_time_s >= SLOW_FACTOR * med and step_time_s - med >= SLOW_MIN_EXTRA_S:
@@ -411,7 +413,7 @@ class AutoProfile:
             sl = self._slow
             # no call inside a capture that failed at once: the slow calls that set it off
             inside, before, first, fn = sl.inside or list(sl.run_rows), sl.before, sl.first, sl.function
-            sl.inside, sl.run = [], 0
+            sl.inside, sl.run, sl.want = [], 0, False
         if not inside or before is None:
             return
         slow = sl.means(inside)
