@@ -340,7 +340,7 @@ async def test_a_command_the_agent_never_took_frees_its_key_and_says_so(live_app
         await pilot.pause()
         text = screen_text(app)
         assert "profile sent…" not in text
-        assert "not taken" in text, text
+        assert "no answer from the agent" in text, text
         await pilot.press("p")  # pressed again: sent again
         await app.workers.wait_for_complete()
         assert len(sent) == 2 and sent[1].id != sent[0].id
@@ -361,4 +361,4 @@ async def test_a_command_the_agent_queued_stays_in_flight(live_app, sent) -> Non
         await pilot.press("p")  # still in flight: not sent twice
         await app.workers.wait_for_complete()
         assert len(sent) == 1
-        assert "not taken" not in screen_text(app)
+        assert "no answer from the agent" not in screen_text(app)

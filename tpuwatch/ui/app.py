@@ -384,8 +384,8 @@ class TpuwatchApp(App[str]):
                 if action is None:
                     continue
                 del self._sent[action]
-                message = (f"not taken by the agent in {COMMAND_ACK_S:g} s (it skips commands past 5 a "
-                           "second from all viewers together): press the key again")
+                message = (f"no answer from the agent in {COMMAND_ACK_S:g} s (it skips commands past 5 a "
+                           "second from all viewers together, without one): the key is free again")
                 self._reader.apply_local(partial(_untaken_result, cid, action, message))
                 self.notify(f"{action}: {message}", severity="warning", timeout=8)
                 self.pull()
