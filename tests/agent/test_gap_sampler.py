@@ -138,3 +138,22 @@ def test_the_fetch_of_the_next_batch_from_tf_data_is_not_the_scripts_time(tmp_pa
 
     _, msg = _sampled(tmp_path, loop)
     assert msg.samples == 60 and msg.script_samples <= 12, msg
+
+
+class _Keeper:
+    def on_train_batch_end(self, batch):
+        return (i * i for i in range(batch))
+
+
+def test_a_generator_expression_sampled_after_it_paused_is_charged_to_the_method_it_is_written_in():
+    # The agent's thread reads a frame the training thread has moved on from: a generator
+    # expression that paused (or ended) has no caller frame any more, so the walk outward found
+    # no callback: 'loop', 'WeightKeeper.on_train_batch_end.<locals>.<genexpr>' (1 run in 6)
+    from tpuwatch.agent.gap_sampler import role_of
+    from tpuwatch.agent.script_frames import library_roots
+
+    gen = _Keeper().on_train_batch_end(10)
+    next(gen)
+    frame = gen.gi_frame
+    assert frame.f_back is None
+    assert role_of(frame, library_roots()) == ("callback", "_Keeper.on_train_batch_end", "_Keeper.on_train_batch_end")

@@ -98,6 +98,16 @@ def _qualname(code: Any) -> str:
     return str(getattr(code, "co_qualname", code.co_name))  # Python 3.11 on; the bare name before
 
 
+def _written_in(code: Any) -> str | None:
+    """For a generator expression, a comprehension or a lambda: the qualified name of the
+    function it is written in (its own frame may have no caller left to walk to by the time the
+    agent's thread reads it: a paused generator's has none)."""
+    name = _qualname(code)
+    if code.co_name.startswith("<") and ".<locals>." in name:
+        return name.rsplit(".<locals>.", 1)[0]
+    return None
+
+
 def _site(f: Any) -> str:
     return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
 
@@ -117,8 +127,11 @@ def role_of(script_frame: Any, roots: tuple[str, ...]) -> tuple[str, str, str]:
                 return "generator", _qualname(code), _site(consumer) if consumer is not None else ""
             if code.co_name in CALLBACK_METHODS:
                 return "callback", _qualname(code), _qualname(code)
+            outer = _written_in(code)
+            if outer is not None and outer.rsplit(".", 1)[-1] in CALLBACK_METHODS:
+                return "callback", outer, outer
         f = f.f_back
-    return "loop", _qualname(script_frame.f_code), ""
+    return "loop", _written_in(script_frame.f_code) or _qualname(script_frame.f_code), ""
 
 
 class _Site:
