@@ -144,3 +144,36 @@ def test_a_run_whose_wait_is_never_read_has_no_input_share_past_the_bound_of_ste
     eng = run.engine()
     assert findings(eng, "input-bound") == []
     assert eng.input_figures().run is None and eng.input_figures().shown is None
+
+
+def _slowdown(run: SyntheticRun, first: int, n: int, slow_s: float, normal_s: float) -> None:
+    from tpuwatch.protocol import SlowSteps
+    run.emit(SlowSteps(t=run.t, path="/r/profiles/p", function="train_step", first_slow_step=first,
+                       step_from=first + 8, step_to=first + 13, slow_step_s=slow_s, normal_step_s=normal_s))
+
+
+def test_a_spread_that_a_captured_slowdown_accounts_for_is_evidence_of_slow_steps():
+    # slow_steps.py's shape: 30 of 260 steps 10x slower put the p95 inside the slowdown: it was
+    # said twice, as slow-steps and as step-time-jitter
+    run = SyntheticRun(step_time_s=0.016)
+    run.steps(150)
+    run.steps(30, step_time_s=0.18)
+    _slowdown(run, 151, 30, 0.18, 0.016)
+    run.steps(80)
+    eng = run.engine()
+    assert findings(eng, "step-time-jitter") == []
+    (f,) = findings(eng, "slow-steps")
+    assert "from the slowdown" in f.evidence["step_time_spread"], f.evidence
+
+
+def test_a_spread_beside_a_slowdown_that_does_not_account_for_it_stays_its_own_finding():
+    # a slowdown to 40 ms, but the spread's p95 is the 300 ms steps elsewhere
+    run = SyntheticRun(step_time_s=0.016)
+    run.steps(100)
+    run.steps(30, step_time_s=0.05)
+    _slowdown(run, 101, 30, 0.05, 0.016)
+    for _ in range(13):
+        run.steps(9)
+        run.steps(1, step_time_s=0.3)
+    eng = run.engine()
+    assert findings(eng, "step-time-jitter"), [f.rule for f in findings(eng)]

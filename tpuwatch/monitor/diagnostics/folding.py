@@ -3,7 +3,9 @@
 Applied by the engine to the rules' current findings: a rising step time that the input wait
 or spread (p95 over the median) that the input wait accounts for (the wait per step is at
 least half of the rise) becomes evidence of ``input-bound`` instead of a
-``step-time-jitter`` finding of its own. (Host memory that grew with traces is left out by
+``step-time-jitter`` finding of its own; so does a spread that a captured slowdown accounts for
+(``slow-steps`` of the same function, its slow steps at least half the p95 and its normal ones
+at most twice the median) become evidence of that ``slow-steps`` finding. (Host memory that grew with traces is left out by
 ``host-memory-growth`` itself and shown by ``retrace-storm``.)
 """
 
@@ -20,7 +22,8 @@ _EXPLAINED_SHARE = 0.5  # of the step-time rise, at least, that the input wait p
 
 def fold(current: dict[Key, Finding]) -> dict[Key, Finding]:
     """The findings left once folded (a new dict; the input is not changed)."""
-    out = dict(current)
+    out = _fold_into_slowdowns(dict(current))
+    current = dict(out)
     inputs = {f.worker: (k, f) for k, f in current.items() if f.rule == "input-bound"}
     for key, f in current.items():
         if f.rule != "step-time-jitter" or f.worker not in inputs:
@@ -44,4 +47,37 @@ def fold(current: dict[Key, Finding]) -> dict[Key, Finding]:
                       else ("step_time_spread", f"steps {f.first_step}..{f.last_step}: p95 {now} ms "
                                                 f"vs median {start} ms"))
         out[ikey] = replace(inp, evidence={**inp.evidence, what: text + ", from the input wait"})
+    return out
+
+
+def _ms(f: Finding, key: str) -> float | None:
+    v = f.evidence.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _fold_into_slowdowns(out: dict[Key, Finding]) -> dict[Key, Finding]:
+    slowdowns = [(k, f) for k, f in out.items() if f.rule == "slow-steps"]
+    if not slowdowns:
+        return out
+    for key, f in list(out.items()):
+        if f.rule != "step-time-jitter" or "rise_ratio" in f.evidence:
+            continue
+        p95, p50 = _ms(f, "p95_ms"), _ms(f, "p50_ms")
+        if p95 is None or p50 is None:
+            continue
+        explaining: list[tuple[float, Key]] = []
+        for k, s in slowdowns:
+            slow_ms, normal_ms = _ms(s, "slow_step_ms"), _ms(s, "normal_step_ms")
+            if (s.worker == f.worker and s.evidence.get("function") == f.evidence.get("function")
+                    and slow_ms is not None and normal_ms is not None
+                    and slow_ms >= _EXPLAINED_SHARE * p95 and normal_ms <= 2 * p50):
+                explaining.append((slow_ms, k))
+        if not explaining:
+            continue
+        skey = max(explaining)[1]
+        del out[key]
+        slow = out[skey]
+        out[skey] = replace(slow, evidence={**slow.evidence, "step_time_spread":
+                                            f"steps {f.first_step}..{f.last_step}: p95 {f.evidence['p95_ms']} ms "
+                                            f"vs median {f.evidence['p50_ms']} ms, from the slowdown"})
     return out
