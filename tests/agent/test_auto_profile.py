@@ -478,3 +478,31 @@ def test_the_steps_between_a_slow_captures_result_and_its_outcome_are_not_a_new_
     auto()
     # not a new slowdown wanting its capture: the capture's own, taken in with its outcome
     assert not auto._slow.want and auto._slow.run == 0 and auto.state == "idle"
+
+
+def test_a_slowdown_that_begins_inside_an_input_capture_is_dated_from_its_first_step_and_captured_at_once():
+    # slow_steps.py on a fast day: the input capture took steps 151-165, the slowdown began at
+    # 150; its steps were skipped (the profiler slows a capture's steps), the after-measurement
+    # ran 2 s more, and the slowdown was over before any capture of its own: no finding
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _steps(auto, clock, 200, step, 0.010)
+    auto.state, auto._kind = "capturing", "input"
+    _steps(auto, clock, 10, step, 0.200, sample_every=100)  # inside the input capture: held
+    auto.state, auto._after_t0, auto._phase = "after", clock.t, auto_profile._Sums()
+    _steps(auto, clock, 1, step, 0.200, sample_every=1)  # the first after it: the run goes on
+    ((cmd, _),) = agent.submitted  # no 2 s after-measurement first: the slowdown is captured now
+    assert cmd.action == "profile"
+    assert any("3x slower or more from step 201" in m for _, m in agent.events), agent.events
+
+
+def test_slow_looking_steps_inside_an_input_capture_alone_are_no_slowdown():
+    # the profiler slowed the capture's own steps; the steps after it are normal again
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _steps(auto, clock, 200, step, 0.010)
+    auto.state, auto._kind = "capturing", "input"
+    _steps(auto, clock, 10, step, 0.200, sample_every=100)
+    auto.state, auto._after_t0, auto._phase = "after", clock.t, auto_profile._Sums()
+    _steps(auto, clock, 60, step, 0.010, sample_every=1)
+    assert agent.submitted == [] and not auto._slow.want

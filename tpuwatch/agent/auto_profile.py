@@ -93,6 +93,9 @@ SLOW_STEPS = 5
 SLOW_MIN_EXTRA_S = 0.010
 NORMAL_KEPT = 101
 
+#: Calls held while another capture (or its reading) slows them, at most.
+HELD_MAX = 4 * CAPTURE_STEPS
+
 _NAMES = [f.name for f in fields(Step)]
 _STEP, _T, _TIME, _WAIT, _STEPS, _FN = (_NAMES.index(n) for n in ("step", "t", "step_time_s", "input_wait_s",
                                                                   "steps", "function"))
@@ -103,7 +106,7 @@ class _Slow:
     profile's lock)."""
 
     __slots__ = ("normal", "median", "function", "run", "first", "want", "traces", "prev_t", "inside", "before",
-                 "run_rows")
+                 "run_rows", "held")
 
     def __init__(self) -> None:
         #: (step time, input wait or None, host time between calls) per normal call, per step
@@ -118,12 +121,27 @@ class _Slow:
         self.inside: list[tuple[float, float | None, float]] = []  # the capture's calls
         self.run_rows: deque[tuple[float, float | None, float]] = deque(maxlen=SLOW_STEPS)  # the run's latest
         self.before: tuple[float, float | None, float] | None = None  # normal means when it began
+        #: (step, calls' steps, row) of the calls another capture slowed (its own and its reading's),
+        #: judged once it is over: slow ones just before a slowdown are its first calls
+        self.held: list[tuple[int, int, tuple[float, float | None, float]]] = []
 
     def means(self, rows: "Iterable[tuple[float, float | None, float]]") -> tuple[float, float | None, float]:
         rows = list(rows)
         waits = [w for _, w, _ in rows if w is not None]
         n = max(1, len(rows))
         return (sum(r[0] for r in rows) / n, sum(waits) / len(waits) if waits else None, sum(r[2] for r in rows) / n)
+
+
+def _trailing_slow(held: "list[tuple[int, int, tuple[float, float | None, float]]]",
+                   med: float) -> "list[tuple[int, int, tuple[float, float | None, float]]]":
+    """The held calls at the end of ``held`` that were slow by the trigger's measure, in order."""
+    out = []
+    for h in reversed(held):
+        t = h[2][0]
+        if not (t >= SLOW_FACTOR * med and t - med >= SLOW_MIN_EXTRA_S):
+            break
+        out.append(h)
+    return out[::-1]
 
 
 class _Sums:
@@ -223,18 +241,29 @@ class AutoProfile:
         if self.state == "capturing" and self._kind == "slow":
             sl.inside.append(row)
             return
-        # Another capture's steps are slowed by the profiler, and so may be those of its reading
-        # (the parse shares the cores); an input capture's after-measurement's are plain steps: a
-        # slowdown that begins then is counted from its first step, and captured once the state
-        # is idle. A slow capture's steps until its outcome is taken in are that slowdown's.
-        if step <= WARMUP_STEPS or self.state != "idle" and (self.state == "capturing" or self._kind == "slow"
-                                                               or self._reading()):
+        if step <= WARMUP_STEPS:
             return
+        if self.state != "idle" and self._kind == "slow":
+            return  # a slow capture's steps until its outcome is taken in: that slowdown's
+        if self.state == "capturing" or self.state != "idle" and self._reading():
+            # Another capture's steps are slowed by the profiler, and so may be those of its
+            # reading (the parse shares the cores): held, and judged by the steps after them
+            if len(sl.held) < HELD_MAX:
+                sl.held.append((step, k, row))
+            return
+        # An input capture's after-measurement's steps are plain steps: a slowdown that begins
+        # then, or inside the capture, is counted from its first step, captured at once.
+        held, sl.held = sl.held, []
         med = sl.median
-        if med is not None and step_time_s >= SLOW_FACTOR * med and step_time_s - med >= SLOW_MIN_EXTRA_S:
+        slow = med is not None and step_time_s >= SLOW_FACTOR * med and step_time_s - med >= SLOW_MIN_EXTRA_S
+        if slow:
             if sl.run == 0:
                 sl.first = step - k + 1
                 sl.run_rows.clear()
+                for h_step, h_k, h_row in _trailing_slow(held, med):  # type: ignore[arg-type]
+                    sl.first = min(sl.first, h_step - h_k + 1)
+                    sl.run += 1
+                    sl.run_rows.append(h_row)
             sl.run += 1
             sl.run_rows.append(row)
             if sl.run >= SLOW_STEPS:
@@ -260,9 +289,14 @@ class AutoProfile:
             self._window.popleft()
         if outcome is not None:
             self._on_outcome(outcome, now)
-        if (self.state == "after" and (now - self._after_t0 >= AFTER_S or self._phase.steps >= AFTER_STEPS)
+        if (self.state == "after" and (now - self._after_t0 >= AFTER_S or self._phase.steps >= AFTER_STEPS
+                                       or self._slow.want)
                 and not self._reading()):
-            msg = self._finish(self._phase.mean_step_s())
+            # a slowdown cuts the after-measurement short (its steps are no measure of the
+            # capture's cost): its own capture must fall inside it
+            msg = self._finish(None if self._slow.want else self._phase.mean_step_s())
+            if self._slow.want and self._may_capture(now, self._last_slow_t):
+                self._start(now, "slow")
             return [msg] if msg is not None else []
         self._sample_slow()
         if self._slow.want and self.state == "idle" and self._may_capture(now, self._last_slow_t):
