@@ -30,7 +30,10 @@ agent captures ``CAPTURE_STEPS`` of the slow steps the same way (within the same
 ``MIN_GAP_S`` apart from the previous slowdown's capture, not from an input capture's) and sends one
 :class:`~tpuwatch.protocol.SlowSteps`: the capture's path, and what a slow step spent (its time,
 input wait and the host time between calls) beside a normal one. Evaluation calls are no steps;
-warm-up steps are not judged.
+warm-up steps are not judged. The calls inside another capture (and its reading) are held, not
+judged (the profiler slows them): slow ones just before the calls of a slowdown are its first, so
+a slowdown that begins inside an input capture is dated from its first step; it then cuts that
+capture's after-measurement short, so its own capture falls inside it.
 
 The script's own profile wins: TF runs one profiler at a time, so a script (or library) that calls
 ``tf.profiler.experimental.start`` while an automatic capture runs would get an error. The start is
