@@ -34,6 +34,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from tpuwatch.agent import heap
 from tpuwatch.rundir import TEARDOWN_STACKS as STACKS_FILE
 
 DEFAULT_BOUND_S = 10.0
@@ -80,12 +81,16 @@ def flush_open_files() -> None:
     """Flushes every open Python file object (what finalization would do as it closes them)."""
     flush_std()
     try:
-        objects = gc.get_objects()
+        # another thread may be building a tuple: no other thread runs while the heap is walked
+        # (tpuwatch.agent.heap); the files are flushed after it
+        with heap.alone():
+            objects = gc.get_objects()
+            files = [o for o in objects if isinstance(o, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper))]
+            del objects
     except Exception:  # at exit, with memory short (MemoryError): finalization flushes them as it can
         return
-    for obj in objects:
-        if isinstance(obj, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
-            _flush(obj)
+    for obj in files:
+        _flush(obj)
 
 
 def _flush(stream: IO[Any] | None) -> None:

@@ -19,7 +19,7 @@ nothing (what they kept was freed with them) is dropped rather than sent as "not
 TensorFlow allocates a tensor's buffer (and its Python object) outside Python's allocator, so
 tracemalloc does not see a list of tensors grow. The window therefore also diffs the eager
 tensors the garbage collector tracks (TensorFlow's tensor counter read at its start; one
-``gc.get_objects()`` walk at its end, with the GIL held, once per window: tens of ms,
+``gc.get_objects()`` walk at its end, no other thread in Python meanwhile (:mod:`.heap`), once a window: tens of ms,
 ``bench/leak_tensor_pass.py``): the tensors alive at its end that were made after its start,
 their bytes, the list, dict or deque that holds most of them, the name it is bound to (a local
 of the script's running functions, a global of the script, or an attribute of an object one of
@@ -33,7 +33,6 @@ adds to that name (``NAME.append(`` / ``NAME[key] =``); that line is a site of k
 from __future__ import annotations
 
 import dataclasses
-import gc
 import linecache
 import os
 import re
@@ -44,6 +43,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from tpuwatch.agent import heap
 from tpuwatch.protocol import AllocationSites, Message
 
 if TYPE_CHECKING:
@@ -518,8 +518,7 @@ def _containers(roots: tuple[str, ...] | None = None) -> list[tuple[Any, int]]:
     script's names hold (its running frames' locals, its globals, their objects' attributes): a
     dict whose keys and values are all untracked (ints to NumPy arrays, a memo) is untracked by
     CPython itself, so no gc pass lists it."""
-    out = [(o, len(o)) for o in gc.get_objects()
-           if (type(o) is list or type(o) is dict) and len(o) >= _HOLDER_SAMPLE]
+    out = [(o, len(o)) for o in heap.objects_of((list, dict)) if len(o) >= _HOLDER_SAMPLE]
     seen = {id(o) for o, _ in out}
     for o in _script_held(roots if roots is not None else _library_roots()):
         if id(o) not in seen:
@@ -645,7 +644,7 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None,
         return sites
     t, mark = before
     new, containers = [], []
-    for o in gc.get_objects():  # one pass: the new tensors and the containers that could hold them
+    for o in heap.objects_of((t, list, dict, deque)):  # one pass: the new tensors and their possible holders
         tp = type(o)
         if tp is t:
             if o._id > mark:
