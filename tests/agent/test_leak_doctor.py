@@ -358,3 +358,33 @@ def test_a_window_that_saw_no_step_is_no_evidence_and_the_next_climb_opens_anoth
     assert sites.step_to > sites.step_from and sites.grown_bytes[0] >= 30 << 20
     assert sites.rss_grown_bytes is not None and sites.rss_grown_bytes > 0
     assert agent.emitted == []
+
+
+def test_a_very_fast_climb_opens_the_window_without_waiting_for_six_samples():
+    # leak_numpy_function_memo.py on a fast day: ~230 MiB a second over a 2 s training; six
+    # rising samples came after the training had ended: a finding with no line
+    import tracemalloc
+
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    try:
+        for _ in range(3):  # two climbs after the first sample: 2 x 56 MiB in 0.5 s
+            _rising(doctor, agent, t, rss, mib_per_sample=56)
+        assert tracemalloc.is_tracing()
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+
+
+def test_a_climb_of_a_few_samples_below_the_fast_rate_waits_for_six():
+    import tracemalloc
+
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    try:
+        for _ in range(leak_doctor.RISE_SAMPLES):
+            _rising(doctor, agent, t, rss, mib_per_sample=30)
+        assert not tracemalloc.is_tracing()
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()

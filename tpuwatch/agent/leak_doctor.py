@@ -3,7 +3,8 @@
 Runs on the agent thread at the sample rate and costs nothing until growth is suspected: it
 reads the process RSS from ``/proc/self/statm`` (no psutil import on this thread; see
 :mod:`tpuwatch.agent.memory`) and keeps a few seconds of it. Suspected: RSS rose at every sample
-of the last ``RISE_SAMPLES`` by at least ``RISE_MIN_BYTES`` in all, and the growth since training
+of the last ``RISE_SAMPLES`` by at least ``RISE_MIN_BYTES`` in all (or of the last ``FAST_SAMPLES`` by
+``FAST_RISE_BYTES``: a short run's training may end before six samples), and the growth since training
 began exceeds what the pipelines' caches and shuffle buffers hold (:mod:`.pipeline_map`) by
 ``BEYOND_HELD_BYTES``, with no tf.function traced meanwhile (graphs growing are the retrace
 finding's; tracing under tracemalloc ran 7x slower). Then, at most ``MAX_WINDOWS`` times a run and never while the script
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
 PROBE = "leak_doctor"
 RISE_SAMPLES = 6  # consecutive rising samples (3 s at 2 Hz)
 RISE_MIN_BYTES = 24 << 20
+# or a climb of this much over FAST_SAMPLES samples (0.5 s at 4 Hz: ~200 MiB a second)
+FAST_SAMPLES = 2
+FAST_RISE_BYTES = 96 << 20
 BEYOND_HELD_BYTES = 64 << 20
 WARMUP_STEPS = 10
 WINDOW_S = 3.0
@@ -169,15 +173,21 @@ class LeakDoctor:
         return getattr(profiler, "active", None) is not None
 
     def _suspected(self) -> bool:
-        pts = self._points
-        if len(pts) <= RISE_SAMPLES or pts[-1][1] == pts[0][1]:
-            return False  # too few samples, or no step since (a pause is not a leak)
+        pts = list(self._points)
+        # RISE_SAMPLES rising samples, or FAST_SAMPLES of a climb too fast to wait for more (a
+        # short run's training can be over before six samples are)
+        return any(len(pts) > n and self._rose(pts[-n - 1:], need)
+                   for n, need in ((RISE_SAMPLES, RISE_MIN_BYTES), (FAST_SAMPLES, FAST_RISE_BYTES)))
+
+    def _rose(self, pts: list[tuple[float, int, int, int]], need: int) -> bool:
+        if pts[-1][1] == pts[0][1]:
+            return False  # no step since (a pause is not a leak)
         if pts[-1][3] != pts[0][3]:
             return False  # TF traced meanwhile: graphs grow (the retrace finding's), and tracing
             # under tracemalloc is many times slower
-        if any(b[2] <= a[2] for a, b in zip(pts, list(pts)[1:])):
+        if any(b[2] <= a[2] for a, b in zip(pts, pts[1:])):
             return False
-        if pts[-1][2] - pts[0][2] < RISE_MIN_BYTES:
+        if pts[-1][2] - pts[0][2] < need:
             return False
         return pts[-1][2] - (self._base or 0) > self._held() + BEYOND_HELD_BYTES
 
