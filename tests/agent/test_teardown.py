@@ -149,3 +149,36 @@ def test_a_disabled_probe_reports_nothing_under_way(tmp_path):
     probe.enabled = False  # stop() or a failure between the deletion's start and end
     time.sleep(0.05)
     assert probe() == []
+
+
+def test_a_deletion_whose_end_never_came_is_dropped_once_the_thread_runs_on_without_a_step(tmp_path):
+    # An evaluation (no training step) went on after such a deletion began: its 8 s were booked
+    # as iterator teardown, out of 'evaluating'. A thread inside a deletion is blocked: its
+    # innermost frame stays where it is.
+    agent = Agent(tmp_path, "r")
+    stop = threading.Event()
+    ready = threading.Event()
+    holder: dict = {}
+
+    def evaluation() -> None:
+        holder["probe"] = probe = TeardownProbe(agent, thread=threading.get_ident(), long_s=0.3,
+                                                in_step=lambda: False)
+        probe.begin("OwnedIterator", -1)  # its end never comes
+        ready.set()
+        n = 0
+        while not stop.is_set():  # the evaluation's loop runs on: Python, no training step
+            n = sum(i for i in range(200)) + n % 7
+
+    thread = threading.Thread(target=evaluation)
+    thread.start()
+    try:
+        ready.wait(10)
+        probe = holder["probe"]
+        out = []
+        for _ in range(8):
+            out += probe()
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert out == [] and probe._since is None

@@ -49,6 +49,9 @@ PROBE = "teardown"
 LONG_S = 2.0
 #: Seconds between two reports of a deletion still under way.
 PROGRESS_EVERY_S = 1.0
+#: A thread that used the CPU for more than this share of the time since the deletion's first look
+#: is not inside it (a deletion waits for tf.data's threads, idle).
+BUSY_FRAC = 0.25
 #: Frames of the training thread's stack kept, innermost first.
 MAX_FRAMES = 6
 _MAX_CODE = 120
@@ -123,6 +126,9 @@ class TeardownProbe:
         self._stack_token = -1  # the deletion _stack and _site were sampled in
         self._roots: tuple[str, ...] | None = None
         self._next_progress = 0.0
+        self._where: tuple[Any, int] | None = None  # the training thread's top frame (code, f_lasti) seen
+        self._where_token = -1  # the deletion _where was seen in
+        self._where_cpu: tuple[float, float] | None = None  # (wall, the training thread's CPU) then
         self.timed = 0  # deletions timed (tests)
 
     def _agent_in_step(self) -> bool:
@@ -196,6 +202,13 @@ class TeardownProbe:
             if self._token == token:
                 self._outer = self._since = None
             return []
+        if self._moved_on(token):
+            # The training thread is not blocked where it was: a thread inside the deletion waits
+            # in C with its Python frames still (an evaluation's loop, with no training step, went
+            # on while a lost end left this one open: 8 s of it were booked as teardown)
+            if self._token == token:
+                self._outer = self._since = None
+            return []
         if self._stack_token != token:
             self._sample_stack(token)
         now = self._wall()
@@ -208,6 +221,33 @@ class TeardownProbe:
         sampled = self._stack_token == token
         return [Teardown(t=now, since=since, cpu_s=cpu_s, iterator=self._iterator, step=self.agent.global_step,
                          stack=self._stack if sampled else (), site=self._site if sampled else "", under_way=True)]
+
+    def _moved_on(self, token: int) -> bool:
+        """Whether the training thread runs on: its innermost Python frame, or its place in it,
+        changed since the first look during this deletion, or it used the CPU for more than
+        :data:`BUSY_FRAC` of the time since (a thread inside a deletion waits, idle)."""
+        frame = sys._current_frames().get(self._thread)  # type: ignore[arg-type]
+        where = (frame.f_code, frame.f_lasti) if frame is not None else None
+        del frame
+        cpu = self._thread_cpu()
+        now = self._wall()
+        if self._where_token != token:
+            self._where, self._where_token = where, token
+            self._where_cpu = (now, cpu) if cpu is not None else None
+            return False
+        if where != self._where:
+            return True
+        if cpu is not None and self._where_cpu is not None:
+            wall0, cpu0 = self._where_cpu
+            return now - wall0 > 0 and (cpu - cpu0) > BUSY_FRAC * (now - wall0)
+        return False
+
+    def _thread_cpu(self) -> float | None:
+        """The training thread's CPU seconds (Linux; None where a thread's clock cannot be read)."""
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(self._thread))  # type: ignore[arg-type]
+        except (AttributeError, OSError, OverflowError, TypeError):
+            return None
 
     def _sample_stack(self, token: int) -> None:
         if self._roots is None:
