@@ -140,11 +140,15 @@ def _trailing_slow(held: "list[tuple[int, int, tuple[float, float | None, float]
     """The held calls at the end of ``held`` that were slow by the trigger's measure, in order."""
     out = []
     for h in reversed(held):
-        t = h[2][0]
-        if not (t >= SLOW_FACTOR * med and t - med >= SLOW_MIN_EXTRA_S):
+        if not _is_slow(h[2][0], med):
             break
         out.append(h)
     return out[::-1]
+
+
+def _is_slow(step_time_s: float, med: float) -> bool:
+    """A call slow by the trigger's measure against the normal calls' median."""
+    return step_time_s >= SLOW_FACTOR * med and step_time_s - med >= SLOW_MIN_EXTRA_S
 
 
 class _Sums:
@@ -258,12 +262,11 @@ class AutoProfile:
         # then, or inside the capture, is counted from its first step, captured at once.
         held, sl.held = sl.held, []
         med = sl.median
-        slow = med is not None and step_time_s >= SLOW_FACTOR * med and step_time_s - med >= SLOW_MIN_EXTRA_S
-        if slow:
+        if med is not None and _is_slow(step_time_s, med):
             if sl.run == 0:
                 sl.first = step - k + 1
                 sl.run_rows.clear()
-                for h_step, h_k, h_row in _trailing_slow(held, med):  # type: ignore[arg-type]
+                for h_step, h_k, h_row in _trailing_slow(held, med):
                     sl.first = min(sl.first, h_step - h_k + 1)
                     sl.run += 1
                     sl.run_rows.append(h_row)

@@ -195,17 +195,12 @@ class TeardownProbe:
         since = self._since
         if since is None or not self.enabled:
             return []
-        if self.agent.global_step != self._step0:
-            # A step ran since it began, so the training thread is not inside it: its end never
-            # came (a copy of the iterator shares the attribute whose freeing ends it). Left
-            # untimed, never reported as a pause that goes on.
-            if self._token == token:
-                self._outer = self._since = None
-            return []
-        if self._moved_on(token):
-            # The training thread is not blocked where it was: a thread inside the deletion waits
-            # in C with its Python frames still (an evaluation's loop, with no training step, went
-            # on while a lost end left this one open: 8 s of it were booked as teardown)
+        if self.agent.global_step != self._step0 or self._moved_on(token):
+            # A step ran since it began, or the training thread is not blocked where it was (a
+            # thread inside the deletion waits in C, its Python frames still): it is not inside
+            # it, and its end never came (a copy of the iterator shares the attribute whose
+            # freeing ends it; an evaluation's loop, with no training step, went on meanwhile).
+            # Left untimed, never reported as a pause that goes on.
             if self._token == token:
                 self._outer = self._since = None
             return []
