@@ -14,6 +14,7 @@ MirroredStrategy over 4 logical CPU devices, a @tf.function step with strategy.r
 """
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -67,8 +68,9 @@ def hang_here():
 it = iter(strategy.experimental_distribute_dataset(ds))
 for step in range(1, a.steps + 1):
     loss = train_step(*next(it))
-    if a.ready:
-        Path(a.ready).write_text(str(step))
+    if a.ready:  # written whole then renamed: a test reading it never sees it half written
+        Path(a.ready + ".tmp").write_text(str(step))
+        os.replace(a.ready + ".tmp", a.ready)
     if a.hang_after and step == a.hang_after:
         print(f"hanging after step {step}", flush=True)
         hang_here()
