@@ -97,6 +97,9 @@ class Server:
         self.send_timeout_s = send_timeout_s()
         self._lock = threading.Lock()
         self._streams: list[threading.Thread] = []
+        # Viewer threads not yet streaming (their attach line on the way): close() waits for them
+        # too, or a viewer accepted just before the exit would lose the recording's end.
+        self._attaching: set[threading.Thread] = set()
         self._refusals_unreported = 0
         self._last_refusal_event = 0.0
         self._closing = threading.Event()
@@ -148,6 +151,7 @@ class Server:
         stay open) and never removes the socket file, which is the parent's."""
         self.unix_path = None
         self._closing.set()
+        self._attaching.clear()  # the parent's viewer threads: none runs in this process
         for sock, _ in self._listeners:
             try:
                 sock.close()
@@ -169,6 +173,12 @@ class Server:
             except OSError:
                 pass
         deadline = clocks.monotonic() + CLOSE_FLUSH_S
+        while clocks.monotonic() < deadline:
+            with self._lock:
+                attaching = [t for t in self._attaching if t.is_alive()]
+            if not attaching:
+                break
+            attaching[0].join(timeout=min(POLL_S, max(0.0, deadline - clocks.monotonic())))
         with self._lock:
             streams = list(self._streams)
         for t in streams:
@@ -195,7 +205,10 @@ class Server:
                     evict.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-            threading.Thread(target=self._serve, args=(conn, is_tcp, addr), name="tpuwatch-viewer", daemon=True).start()
+            serve = threading.Thread(target=self._serve, args=(conn, is_tcp, addr), name="tpuwatch-viewer", daemon=True)
+            with self._lock:
+                self._attaching.add(serve)
+            serve.start()
 
     def _count_refusal(self, why: str, peer: str) -> None:
         """Counts a refusal; one warning event a second at most says how many and the last why."""
@@ -268,16 +281,20 @@ class Server:
                 fold = hello.summary and self.summaries
                 stream = threading.Thread(target=self._stream, args=(conn, hello.offset, fold), name="tpuwatch-stream",
                                           daemon=True)
+                stream.start()
                 with self._lock:
                     self._streams = [t for t in self._streams if t.is_alive()]
                     self._streams.append(stream)
-                stream.start()
+            with self._lock:
+                self._attaching.discard(threading.current_thread())
             self._commands(conn, reader, peer, self._command_budget[is_tcp])
         except _TooLong:
             self._refuse(conn, "the first line is too long", peer)
         except OSError:
             pass  # the viewer went away: nothing to report, it can attach again
         finally:
+            with self._lock:
+                self._attaching.discard(threading.current_thread())
             if stream is not None and stream.is_alive():
                 if self._closing.is_set():
                     stream.join(CLOSE_FLUSH_S)  # let it send the end of the recording
