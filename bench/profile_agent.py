@@ -1,10 +1,12 @@
 """Where the agent's Python time per step goes: cProfile over a tiny-step MirroredStrategy custom
 loop (4 logical CPUs, ``next()`` inside the step) with every probe installed.
 
-    python bench/profile_agent.py [--steps 2000] [--top 25]
+    python bench/profile_agent.py [--steps 2000] [--top 25] [--agent-thread]
 
-Prints the tpuwatch functions by own time per step (µs), and the load average. A profile inflates
-small functions' times; read it for the ranking, and bench/overhead.py for the cost.
+Prints the tpuwatch functions by own time per step (µs), and the load average: on the training
+thread, or with ``--agent-thread`` on the agent's own thread (recording, sampling, the step taps),
+per recorded step. A profile inflates small functions' times; read it for the ranking, and
+bench/overhead.py for the cost.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--agent-thread", action="store_true", help="profile the agent's thread, not the training thread")
     a = p.parse_args()
 
     import tensorflow as tf
@@ -35,6 +38,18 @@ def main() -> None:
 
     agent = Agent(Path(tempfile.mkdtemp(prefix="tpuwatch-prof-")), "prof", sample_hz=4)
     patches = probes.install_all(agent, "prof", ["prof"], set())
+    prof = cProfile.Profile()
+    if a.agent_thread:
+        loop = agent._loop
+
+        def profiled_loop() -> None:
+            prof.enable()  # cProfile follows the thread that enabled it
+            try:
+                loop()
+            finally:
+                prof.disable()
+
+        agent._loop = profiled_loop  # type: ignore[method-assign]
     agent.start()
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
     with strategy.scope():
@@ -56,21 +71,36 @@ def main() -> None:
 
     for _ in range(50):
         step(it)
-    prof = cProfile.Profile()
-    prof.enable()
+    if a.agent_thread:
+        agent.flush()
+        prof.create_stats()
+        before = dict(pstats.Stats(prof).stats)
+    else:
+        prof.enable()
     for _ in range(a.steps):
         step(it)
-    prof.disable()
+    if a.agent_thread:
+        agent.flush()
+        agent.stop()  # its loop returns: the profile is complete
+    else:
+        prof.disable()
     stats = pstats.Stats(prof)
+    if a.agent_thread:  # the steps' share: what the warm-up's 50 steps cost taken out
+        for func, (cc, nc, tt, ct, callers) in list(stats.stats.items()):
+            b = before.get(func)
+            if b:
+                stats.stats[func] = (cc - b[0], nc - b[1], tt - b[2], ct - b[3], callers)
     rows = [(tt, cc, func) for func, (cc, nc, tt, ct, callers) in stats.stats.items() if "tpuwatch" in func[0]]
     rows.sort(reverse=True)
-    print(f"{a.steps} steps, load {os.getloadavg()[0]:.2f}; tpuwatch functions by own time per step:")
+    where = "the agent's thread" if a.agent_thread else "the training thread"
+    print(f"{a.steps} steps, load {os.getloadavg()[0]:.2f}; tpuwatch functions on {where} by own time per step:")
     for tt, calls, (path, line, name) in rows[: a.top]:
         print(f"  {tt / a.steps * 1e6:8.2f} µs  {calls / a.steps:6.2f} calls/step  {Path(path).name}:{line} {name}")
     total = sum(tt for tt, _, _ in rows)
     print(f"  {total / a.steps * 1e6:8.2f} µs  in all tpuwatch functions (own time)")
     patches.restore()
-    agent.stop()
+    if not a.agent_thread:
+        agent.stop()
 
 
 if __name__ == "__main__":

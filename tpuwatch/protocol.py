@@ -766,6 +766,9 @@ BY_KIND: dict[str, type[Message]] = {cls.kind: cls for cls in MESSAGE_TYPES}
 
 
 def _plain(value: Any) -> Any:
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:  # most fields: no ABC check
+        return value
     if isinstance(value, float):
         if value != value:
             return "NaN"
@@ -777,10 +780,17 @@ def _plain(value: Any) -> Any:
     return value
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def to_dict(msg: Message) -> dict[str, Any]:
+    cls = type(msg)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(msg))
     out: dict[str, Any] = {"kind": msg.kind}
-    for f in dataclasses.fields(msg):
-        out[f.name] = _plain(getattr(msg, f.name))
+    for name in names:
+        out[name] = _plain(getattr(msg, name))
     return out
 
 

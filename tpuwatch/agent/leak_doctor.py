@@ -1,21 +1,22 @@
 """The leak doctor: when host memory climbs during training, which lines of the script allocate it.
 
-Runs on the agent thread at the sample rate and costs nothing until growth is suspected: it
-reads the process RSS from ``/proc/self/statm`` (no psutil import on this thread; see
-:mod:`tpuwatch.agent.memory`) and keeps a few seconds of it. Suspected: RSS rose at every sample
-of the last ``RISE_SAMPLES`` by at least ``RISE_MIN_BYTES`` in all (or of the last ``FAST_SAMPLES`` by
-``FAST_RISE_BYTES``: a short run's training may end before six samples), and the growth since training
-began exceeds what the pipelines' caches and shuffle buffers hold (:mod:`.pipeline_map`) by
-``BEYOND_HELD_BYTES``, with no tf.function traced meanwhile (graphs growing are the retrace
-finding's; tracing under tracemalloc ran 7x slower). Then, at most ``MAX_WINDOWS`` times a run and never while the script
-traces allocations itself, ``tracemalloc`` runs for ``WINDOW_S`` seconds (from
-``MIN_WINDOW_S`` on, the window ends as soon as RSS grew ``ENOUGH_BYTES`` in it): a snapshot after
-the first sample, one at the end, diffed by traceback; each growing allocation is charged to the
-innermost frame of the script (outside TensorFlow, Keras, NumPy, tpuwatch and the standard
-library) and sent as one :class:`~tpuwatch.protocol.AllocationSites`, with the step time inside
-the window and just before it (the window's cost). A window still open when the script ends is
-closed by a shutdown hook; the script's frames have returned by then, and a diff that finds
-nothing (what they kept was freed with them) is dropped rather than sent as "nothing grew".
+Runs on the agent thread at the sample rate and costs nothing until growth is suspected: it reads
+the process RSS from ``/proc/self/statm``, kept open (:mod:`tpuwatch.agent.proc_stats`; no psutil
+import on this thread, see :mod:`tpuwatch.agent.memory`) and keeps a few seconds of it. Suspected:
+RSS rose at every sample of the last ``RISE_SAMPLES`` by at least ``RISE_MIN_BYTES`` in all (or of
+the last ``FAST_SAMPLES`` by ``FAST_RISE_BYTES``: a short run's training may end before six
+samples), and the growth since training began exceeds what the pipelines' caches and shuffle buffers
+hold (:mod:`.pipeline_map`) by ``BEYOND_HELD_BYTES``, with no tf.function traced meanwhile (graphs
+growing are the retrace finding's; tracing under tracemalloc ran 7x slower). Then, at most
+``MAX_WINDOWS`` times a run and never while the script traces allocations itself, ``tracemalloc``
+runs for ``WINDOW_S`` seconds (from ``MIN_WINDOW_S`` on, the window ends as soon as RSS grew
+``ENOUGH_BYTES`` in it): a snapshot after the first sample, one at the end, diffed by traceback;
+each growing allocation is charged to the innermost frame of the script (outside TensorFlow, Keras,
+NumPy, tpuwatch and the standard library) and sent as one
+:class:`~tpuwatch.protocol.AllocationSites`, with the step time inside the window and just before it
+(the window's cost). A window still open when the script ends is closed by a shutdown hook; the
+script's frames have returned by then, and a diff that finds nothing (what they kept was freed with
+them) is dropped rather than sent as "nothing grew".
 
 TensorFlow allocates a tensor's buffer (and its Python object) outside Python's allocator, so
 tracemalloc does not see a list of tensors grow. The window therefore also diffs the eager
@@ -44,7 +45,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from tpuwatch.agent import heap
+from tpuwatch.agent import heap, proc_stats
 from tpuwatch.protocol import AllocationSites, Message
 
 if TYPE_CHECKING:
@@ -73,21 +74,6 @@ MIN_GAP_S = 60.0  # between two windows
 TOP = 5
 _MIN_SITE_BYTES = 1 << 20  # sites that grew less are left out
 _MAX_CODE = 160
-
-
-def _rss_reader() -> Callable[[], int] | None:
-    try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        with open("/proc/self/statm", "rb") as f:
-            f.read()
-    except (OSError, ValueError, AttributeError):
-        return None
-
-    def rss() -> int:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * page
-
-    return rss
 
 
 def _library_roots() -> tuple[str, ...]:
@@ -689,7 +675,7 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None,
 
 def install(agent: "Agent", patches: "Patches") -> LeakDoctor | None:
     """Registers the doctor's sampler (patches nothing); None where RSS cannot be read cheaply."""
-    rss = _rss_reader()
+    rss = proc_stats.rss_reader()
     if rss is None:
         return None
     pm = getattr(agent, "pipeline_map", None)

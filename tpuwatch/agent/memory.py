@@ -1,7 +1,8 @@
 """Host and device memory samples, taken on the agent thread.
 
-Host: psutil (process RSS, available/total memory, process CPU), ~200 µs a call, so at most
-every ``host_interval_s``. Devices: ``tf.config.experimental.get_memory_info`` (current/peak,
+Host: process RSS, available/total memory, process CPU, from /proc through descriptors kept open
+(:mod:`tpuwatch.agent.proc_stats`, ~10 µs), or psutil where there is no /proc (~120 µs), every
+``host_interval_s``. Devices: ``tf.config.experimental.get_memory_info`` (current/peak,
 10-40 µs), only once the script has initialised TF's runtime: asking earlier would initialise
 it ourselves, and the script's later ``tf.config.set_logical_device_configuration`` would fail
 with "Virtual devices cannot be modified after being initialized" (``Context`` checks
@@ -18,7 +19,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
-from tpuwatch.agent import clocks
+from tpuwatch.agent import clocks, proc_stats
 from tpuwatch.protocol import DeviceSample, EventFact, HostSample, Message
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class MemorySampler:
 
         self._psutil = psutil
         self._tpu_metrics = tpu_metrics
+        self._proc = proc_stats.proc_stats()  # None: psutil answers
 
     def __call__(self) -> list[Message]:
         out: list[Message] = []
@@ -96,6 +98,18 @@ class MemorySampler:
     # --- host ------------------------------------------------------------------------------
 
     def host_sample(self) -> HostSample:
+        try:
+            load: float | None = os.getloadavg()[0]
+        except (AttributeError, OSError):  # Windows has none; a container may hide it
+            load = None
+        proc = self._proc
+        if proc is not None:
+            try:
+                available, total = proc.host_memory()
+                return HostSample(t=self.agent.clock(), rss_bytes=proc.rss(), available_bytes=available,
+                                  total_bytes=total, cpu_percent=proc.cpu_percent(), load_1m=load)
+            except (OSError, ValueError, IndexError):  # /proc went away (a sandbox): psutil from now on
+                self._proc = None
         psutil = self._psutil
         if self._process is None:
             self._process = psutil.Process(os.getpid())
@@ -104,10 +118,6 @@ class MemorySampler:
             rss = self._process.memory_info().rss
             cpu = self._process.cpu_percent(None)
         vm = psutil.virtual_memory()
-        try:
-            load: float | None = os.getloadavg()[0]
-        except (AttributeError, OSError):  # Windows has none; a container may hide it
-            load = None
         return HostSample(t=self.agent.clock(), rss_bytes=int(rss), available_bytes=int(vm.available),
                           total_bytes=int(vm.total), cpu_percent=float(cpu), load_1m=load)
 

@@ -1,0 +1,75 @@
+"""The agent's /proc reader (host samples, the leak doctor's RSS) gives psutil's figures: this
+process's RSS, the host's available and total memory, the process's CPU over the time since the
+last call; and a forked child reads its own RSS, not its parent's. Linux only (elsewhere psutil
+answers and the reader is None)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import psutil
+import pytest
+
+from tpuwatch.agent import proc_stats
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+
+
+def test_figures_equal_psutils():
+    stats = proc_stats.proc_stats()
+    assert stats is not None
+    me = psutil.Process()
+    assert abs(stats.rss() - me.memory_info().rss) <= 4 << 20
+    available, total = stats.host_memory()
+    vm = psutil.virtual_memory()
+    assert total == vm.total
+    assert abs(available - vm.available) <= 256 << 20  # other processes move it between the two reads
+
+
+def test_rss_follows_an_allocation():
+    stats = proc_stats.proc_stats()
+    before = stats.rss()
+    block = bytearray(200 << 20)  # written: resident
+    try:
+        assert stats.rss() - before >= 190 << 20
+    finally:
+        del block
+
+
+def test_cpu_percent_is_the_time_since_the_last_call():
+    stats = proc_stats.proc_stats()
+    assert stats.cpu_percent() == 0.0  # the first call only starts the measure, as psutil's
+    t0 = time.thread_time()
+    end = time.monotonic() + 0.4
+    while time.monotonic() < end:
+        pass
+    spun = time.thread_time() - t0
+    busy = stats.cpu_percent()
+    # The spin's own CPU over the 0.4 s is a floor (the box may preempt it); other threads add little.
+    assert spun / 0.4 * 100 - 10 <= busy <= 100 * (os.cpu_count() or 1)
+    time.sleep(0.3)
+    assert stats.cpu_percent() < 50.0  # sleeping: the other threads of a test process, no spin
+
+
+def test_a_forked_child_reads_its_own_rss():
+    stats = proc_stats.proc_stats()
+    parent = stats.rss()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: grows by 300 MiB, reports what the reader says
+        try:
+            block = bytearray(300 << 20)
+            os.write(w, str(stats.rss()).encode())
+            del block
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        child = int(os.read(r, 64))
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    assert child - parent >= 250 << 20  # the child's figure, with its 300 MiB
+    assert stats.rss() - parent < 100 << 20  # the parent's own, without them
