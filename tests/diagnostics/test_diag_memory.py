@@ -53,6 +53,25 @@ def test_short_run_leaking_per_step_is_found_against_steps():
     assert f.evidence["window_steps"] >= 300
 
 
+def test_the_growth_per_step_is_the_scripts_when_a_capture_ran_meanwhile():
+    # 2 MiB a step all along; the agent's own profile capture runs over 40 of the steps. The
+    # growth seen while it ran is left out (the profiler's buffers grow RSS too), and so are those
+    # steps: the figure stays 2 MiB a step (it read 1.4 in CI, the growth left out, not the steps)
+    from tpuwatch.protocol import CommandState, Result
+
+    run = SyntheticRun(step_time_s=0.01, time_noise=0.0, available_bytes=1 << 40,
+                       rss_bytes=lambda dt: int(600 * MiB + 2 * MiB * dt / 0.01))
+    run.steps(150)
+    run.emit(CommandState(t=run.t, id="auto-profile-1", action="profile", state="running", step=run.step))
+    run.steps(40)
+    run.emit(Result(t=run.t, id="auto-profile-1", action="profile", ok=True, message="captured",
+                    details={"path": "/r/profiles/plugins/profile/1", "step": 151, "steps": 40}))
+    run.steps(210)
+    (f,) = findings(run.engine(), "host-memory-growth")
+    assert 1.9 <= f.evidence["mib_per_step"] <= 2.1, f.evidence
+    assert 190 <= f.evidence["slope_mb_per_min"] / 60 <= 210, f.evidence  # 2 MiB every 10 ms
+
+
 def test_short_run_just_below_the_growth_floor_is_silent():
     # 0.12 MiB per step over ~340 judged steps: ~41 MB, below the 50 MB floor
     assert findings(short_leak(0.12).engine(), "host-memory-growth") == []

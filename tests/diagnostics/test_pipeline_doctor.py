@@ -139,11 +139,15 @@ def _assert_measured_the_same(report: dict, f: dict) -> None:
     assert (ev["measured_stage"], ev["measured_site"]) == (ev["culprit_stage"], ev["culprit_site"]), ev
     assert ev["measured_share_pct"] >= 50 and "measured_overrides" not in ev, ev
     assert f"measured: {ev['measured_share_pct']}% of the input pipeline's time" in f["advice"]
-    (result,) = [m for m in report["_events"] if m["kind"] == "result" and m["action"] == "profile"]
-    assert result["ok"] and result["details"]["path"] == ev["profile_path"], result
+    # The capture the finding cites (under load the agent may capture again: a first capture too
+    # short to measure the stages, or a slowdown's; at most three a run)
+    results = [m for m in report["_events"] if m["kind"] == "result" and m["action"] == "profile"]
+    assert 1 <= len(results) <= 3, results
+    (result,) = [r for r in results if (r.get("details") or {}).get("path") == ev["profile_path"]]
+    assert result["ok"], result
     assert list(Path(ev["profile_path"]).glob("*.xplane.pb"))
-    (stages,) = [m for m in report["_events"] if m["kind"] == "input_stages"]
-    assert stages["path"] == ev["profile_path"] and stages["step_time_before_s"] > 0, stages
+    (stages,) = [m for m in report["_events"] if m["kind"] == "input_stages" and m["path"] == ev["profile_path"]]
+    assert stages["step_time_before_s"] > 0, stages
     assert ev["auto_profile_step_time_ms_before"] > 0 and ev["auto_profile_step_time_ms_inside"] > 0
 
 

@@ -82,9 +82,11 @@ class HostMemoryGrowth(Rule):
         sel = [p for p in w.rss_points if p[0] >= start]
         if len(sel) < th.rss_min_points or sel[-1][0] - sel[0][0] < th.rss_min_span_s:
             return
-        pts = [(p[0], p[2]) for p in sel]  # growth with traces left out: the retrace finding's
+        # growth with traces (the retrace finding's) and automatic captures left out, over the
+        # time with them left out
+        pts = [(p[3], p[2]) for p in sel]
         slope_bps, up_share = theil_sen(_thin(pts))
-        span_s = pts[-1][0] - pts[0][0]
+        span_s = sel[-1][0] - sel[0][0]
         growth_mb = (pts[-1][1] - pts[0][1]) / MB
         if (slope_bps * 60 / MB < th.rss_warning_mb_per_min or growth_mb < th.rss_min_growth_mb
                 or up_share < th.rss_min_increasing_pairs or _levels_off(pts)):
@@ -105,17 +107,18 @@ class HostMemoryGrowth(Rule):
             elif w.rss_first_t is None or pts[-1][1] - w.rss_first_t < th.rss_first_epoch_wait_s:
                 return  # still in the first epoch: the cache may be filling
         sel = [p for p in pts if p[0] > first]
-        if len(sel) < th.rss_min_step_points or sel[-1][0] - sel[0][0] < th.rss_min_span_steps:
+        if len(sel) < th.rss_min_step_points or sel[-1][4] - sel[0][4] < th.rss_min_span_steps:
             return
-        # RSS with the growth between samples that saw a trace left out (traced graphs)
-        per_step, up_share = theil_sen(_thin([(p[0], p[3]) for p in sel]))
+        # RSS with the growth between samples that saw a trace (traced graphs) or an automatic
+        # capture (the profiler's buffers) left out, against the steps with theirs left out
+        per_step, up_share = theil_sen(_thin([(p[4], p[3]) for p in sel]))
         growth_mb = (sel[-1][3] - sel[0][3]) / MB
         span_s = sel[-1][1] - sel[0][1]
         if growth_mb < th.rss_min_growth_mb or up_share < th.rss_min_increasing_pairs or per_step <= 0:
             return
         if span_s <= 0:
             return
-        by_time = [(p[1], p[3]) for p in sel]
+        by_time = [(p[5], p[3]) for p in sel]
         slope_bps, _ = theil_sen(_thin(by_time))
         # a leak climbs at the same pace to the end; a warm-up (pools, caches) levels off:
         # the latest half must climb too, at least half as fast as the whole

@@ -154,14 +154,20 @@ class Worker:
     longest_quiet_s: float = 0.0
     longest_quiet_at: float | None = None  # where that stretch began
     # host memory: one point per bucket (latest RSS in it), bounded
-    #: (t, rss_bytes, untraced_bytes): ``untraced_bytes`` leaves out the growth between two
-    #: samples with a tf.function trace between them (traced graphs, the retrace finding's).
-    rss_points: deque[tuple[float, int, int]] = field(default_factory=deque)
+    #: (t, rss_bytes, untraced_bytes, counted_t): ``untraced_bytes`` leaves out the growth between
+    #: two samples with a tf.function trace between them (traced graphs, the retrace finding's) or
+    #: an automatic capture (the profiler's buffers); ``counted_t`` leaves out those intervals'
+    #: time, so that a slope over it is the growth's own pace.
+    rss_points: deque[tuple[float, int, int, float]] = field(default_factory=deque)
     rss_first_t: float | None = None
     rss_bucket_start_t: float = -math.inf
-    #: (step, t, rss_bytes, untraced_bytes) at host samples taken after a new step, bounded by
-    #: thinning.
-    rss_step_points: list[tuple[int, float, int, int]] = field(default_factory=list)
+    #: (step, t, rss_bytes, untraced_bytes, counted_steps, counted_t) at host samples taken after a
+    #: new step, bounded by thinning; ``counted_steps`` leaves out the steps of the intervals whose
+    #: growth is left out (a growth per step over them is the script's).
+    rss_step_points: list[tuple[int, float, int, int, int, float]] = field(default_factory=list)
+    rss_last_step: int = 0  # the step at the latest host sample
+    rss_left_out_steps: int = 0  # steps between samples whose growth is left out
+    rss_left_out_s: float = 0.0  # and their time
     traces_since_sample: int = 0  # traces since the latest host sample
     #: An automatic capture ran since the latest host sample: the growth until the next one is
     #: the profiler's buffers (hundreds of MB for 1 s of a CPU run), no leak.
@@ -473,7 +479,14 @@ class Worker:
         traced, self.traces_since_sample = self.traces_since_sample, 0
         captured, self.captured_since_sample = self.captured_since_sample, self.capturing
         grown = m.rss_bytes - self.rss_last if self.rss_last is not None else 0
-        self.rss_last = m.rss_bytes
+        step = self.step
+        left_out = captured or (traced and grown > 0)
+        if left_out and self.rss_last is not None and self.rss_points:
+            # the interval's steps and time go with its growth: a slope over what is left is the
+            # script's own pace
+            self.rss_left_out_steps += max(0, step - self.rss_last_step)
+            self.rss_left_out_s += max(0.0, m.t - self.rss_points[-1][0])
+        self.rss_last, self.rss_last_step = m.rss_bytes, step
         if captured:
             pass  # the profiler's own memory: neither the script's growth nor traced graphs
         elif traced and grown > 0:
@@ -482,20 +495,22 @@ class Worker:
         else:
             self.rss_untraced += grown
         untraced = self.rss_untraced
+        counted_t = m.t - self.rss_left_out_s
         if self.rss_points and m.t - self.rss_bucket_start_t < self.th.rss_bucket_s:
-            self.rss_points[-1] = (m.t, m.rss_bytes, untraced)  # same bucket: keep its latest sample
+            # same bucket: keep its latest sample
+            self.rss_points[-1] = (m.t, m.rss_bytes, untraced, counted_t)
         else:
             self.rss_bucket_start_t = m.t
-            self.rss_points.append((m.t, m.rss_bytes, untraced))
-        step = self.step
+            self.rss_points.append((m.t, m.rss_bytes, untraced, counted_t))
         if step > 0:
             pts = self.rss_step_points
+            point = (step, m.t, m.rss_bytes, untraced, step - self.rss_left_out_steps, counted_t)
             if pts and pts[-1][0] == step:
-                pts[-1] = (step, m.t, m.rss_bytes, untraced)
+                pts[-1] = point
             else:
                 if len(pts) >= self.th.rss_step_points:
                     del pts[1::2]  # keep every other point: the fit needs the shape, not all
-                pts.append((step, m.t, m.rss_bytes, untraced))
+                pts.append(point)
 
     def on_device(self, m: DeviceSample) -> None:
         if not all(0 <= b < _MAX_BYTES for b in (m.current_bytes, m.peak_bytes, m.limit_bytes or 0)):
