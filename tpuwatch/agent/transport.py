@@ -175,10 +175,13 @@ class Server:
         deadline = clocks.monotonic() + CLOSE_FLUSH_S
         while clocks.monotonic() < deadline:
             with self._lock:
-                attaching = [t for t in self._attaching if t.is_alive()]
+                attaching = [t for t in self._attaching if t.ident is None or t.is_alive()]  # not started yet, or running
             if not attaching:
                 break
-            attaching[0].join(timeout=min(POLL_S, max(0.0, deadline - clocks.monotonic())))
+            if attaching[0].ident is None:  # accepted, its thread about to start
+                time.sleep(POLL_S)
+            else:
+                attaching[0].join(timeout=min(POLL_S, max(0.0, deadline - clocks.monotonic())))
         with self._lock:
             streams = list(self._streams)
         for t in streams:
@@ -193,9 +196,11 @@ class Server:
             except OSError:
                 return
             conn = _high(conn)
+            serve = threading.Thread(target=self._serve, args=(conn, is_tcp, addr), name="tpuwatch-viewer", daemon=True)
             evict = None
-            if is_tcp:
-                with self._lock:
+            with self._lock:
+                self._attaching.add(serve)  # from now on close() waits for it (see close)
+                if is_tcp:
                     self._handshaking.append(conn)
                     if len(self._handshaking) > MAX_TCP_HANDSHAKES:
                         evict = self._handshaking.pop(0)
@@ -205,10 +210,14 @@ class Server:
                     evict.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-            serve = threading.Thread(target=self._serve, args=(conn, is_tcp, addr), name="tpuwatch-viewer", daemon=True)
-            with self._lock:
-                self._attaching.add(serve)
-            serve.start()
+            try:
+                serve.start()
+            except RuntimeError:  # no thread to be had (the process is at its limit): this viewer is refused
+                with self._lock:
+                    self._attaching.discard(serve)
+                    if conn in self._handshaking:
+                        self._handshaking.remove(conn)
+                conn.close()
 
     def _count_refusal(self, why: str, peer: str) -> None:
         """Counts a refusal; one warning event a second at most says how many and the last why."""
