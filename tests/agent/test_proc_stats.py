@@ -73,3 +73,27 @@ def test_a_forked_child_reads_its_own_rss():
         os.waitpid(pid, 0)
     assert child - parent >= 250 << 20  # the child's figure, with its 300 MiB
     assert stats.rss() - parent < 100 << 20  # the parent's own, without them
+
+
+def test_a_script_that_closes_low_descriptors_and_reuses_them_leaves_the_reader_right(tmp_path):
+    # The reader keeps its /proc files open on high descriptors: a script that closes 3..255 and
+    # opens its own files there never has the agent pread one of them.
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import os, psutil
+        from tpuwatch.agent import proc_stats
+        stats = proc_stats.proc_stats()
+        os.closerange(3, 256)
+        mine = [os.open({str(tmp_path / 'f')!r}, os.O_RDWR | os.O_CREAT) for _ in range(8)]
+        for fd in mine:
+            os.write(fd, b"9 9 9 9 9 9 9\\n" * 100)
+        rss, real = stats.rss(), psutil.Process().memory_info().rss
+        available, total = stats.host_memory()
+        assert abs(rss - real) <= 4 << 20, (rss, real)
+        assert total == psutil.virtual_memory().total, total
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]

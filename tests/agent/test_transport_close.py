@@ -65,3 +65,25 @@ def test_a_viewer_still_attaching_at_close_gets_the_exit_before_close_returns(tm
         assert got.endswith(protocol.encode(last)), got[-300:]
     finally:
         sock.close()
+
+
+def test_a_viewer_in_the_listen_backlog_at_close_gets_the_exit(tmp_path):
+    # The kernel completed the connection (connect() returned, the attach line sent) but nobody
+    # had accepted it yet when the agent closed: close() accepts it and sends the recording.
+    agent = _Agent(tmp_path)
+    last = protocol.Exit(t=time.time(), exit_code=0, source="agent")
+    agent.events_path.write_bytes(protocol.encode(protocol.Event(t=time.time(), level="info", source="test",
+                                                                 message="line")) + protocol.encode(last))
+    token = secrets.token_hex(16)
+    server = Server(agent, None, ("127.0.0.1", 0), token)  # not started: no thread accepts
+    sock = socket.create_connection(server.tcp_address, timeout=10)
+    try:
+        sock.sendall(protocol.encode(Attach(protocol_version=protocol.PROTOCOL_VERSION, offset=0, token=token,
+                                            viewer="test")))
+        server.close()
+        got = b""
+        while chunk := sock.recv(1 << 16):  # the agent closes the connection after the recording
+            got += chunk
+        assert got.endswith(protocol.encode(last)), got[-300:]
+    finally:
+        sock.close()

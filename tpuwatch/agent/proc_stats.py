@@ -19,6 +19,8 @@ import os
 import time
 from typing import Any, Callable
 
+from tpuwatch.agent.agent_api import high_fd
+
 _STATM = "/proc/self/statm"
 _MEMINFO = "/proc/meminfo"
 _READ = 8192
@@ -37,11 +39,22 @@ class _Fd:
     def read(self) -> bytes:
         pid = os.getpid()
         if self.pid != pid:
-            # A forked child's copy names its parent's /proc entry: open this process's own.
-            # (The parent's descriptor, inherited, is left for the parent's figures.)
-            self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            # A forked child's copy names its parent's /proc entry: open this process's own
+            # (closing the child's copy leaves the parent's open). High and close-on-exec, as
+            # every descriptor the agent keeps: a script that closes low descriptors and opens
+            # its own there never has the agent read its file.
+            self.close()
+            self.fd = high_fd(os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
             self.pid = pid
         return os.pread(self.fd, _READ, 0)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
 
 
 class ProcStats:
@@ -52,8 +65,13 @@ class ProcStats:
         self._statm = _Fd(_STATM)
         self._meminfo = _Fd(_MEMINFO)
         self._cpu_last: tuple[float, float] | None = None
-        self.rss()  # fails here (no /proc), not per sample
-        self.host_memory()
+        try:  # fails here (no /proc), not per sample
+            self.rss()
+            self.host_memory()
+        except BaseException:
+            self._statm.close()
+            self._meminfo.close()
+            raise
 
     def rss(self) -> int:
         return int(self._statm.read().split(None, 2)[1]) * self._page

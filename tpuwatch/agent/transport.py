@@ -160,9 +160,20 @@ class Server:
         self._listeners = []
 
     def close(self) -> None:
-        """Stops accepting viewers; live streams get the rest of the recording (up to CLOSE_FLUSH_S)."""
+        """Stops accepting viewers; every viewer connected by then gets the rest of the recording
+        (up to CLOSE_FLUSH_S): live streams, viewers still sending their attach line, and
+        connections the kernel completed that nobody had accepted yet (their ``connect()``
+        succeeded: a remote stop's follow-up stream)."""
         self._closing.set()
-        for sock, _ in self._listeners:
+        for sock, is_tcp in self._listeners:
+            try:
+                sock.setblocking(False)
+                while True:  # the listen backlog, until it is empty (BlockingIOError)
+                    conn, addr = sock.accept()
+                    conn.setblocking(True)
+                    self._take(conn, addr, is_tcp)
+            except OSError:
+                pass
             try:
                 sock.close()
             except OSError:
@@ -174,14 +185,11 @@ class Server:
                 pass
         deadline = clocks.monotonic() + CLOSE_FLUSH_S
         while clocks.monotonic() < deadline:
-            with self._lock:
-                attaching = [t for t in self._attaching if t.ident is None or t.is_alive()]  # not started yet, or running
+            with self._lock:  # each viewer's thread takes itself out (or _take, if it cannot start)
+                attaching = bool(self._attaching)
             if not attaching:
                 break
-            if attaching[0].ident is None:  # accepted, its thread about to start
-                time.sleep(POLL_S)
-            else:
-                attaching[0].join(timeout=min(POLL_S, max(0.0, deadline - clocks.monotonic())))
+            time.sleep(min(POLL_S, max(0.0, deadline - clocks.monotonic())))
         with self._lock:
             streams = list(self._streams)
         for t in streams:
@@ -195,29 +203,33 @@ class Server:
                 conn, addr = sock.accept()
             except OSError:
                 return
-            conn = _high(conn)
-            serve = threading.Thread(target=self._serve, args=(conn, is_tcp, addr), name="tpuwatch-viewer", daemon=True)
-            evict = None
+            self._take(conn, addr, is_tcp)
+
+    def _take(self, conn: socket.socket, addr: Any, is_tcp: bool) -> None:
+        """An accepted connection: registered for close() to wait for, then served by a thread."""
+        conn = _high(conn)
+        serve = threading.Thread(target=self._serve, args=(conn, is_tcp, addr), name="tpuwatch-viewer", daemon=True)
+        evict = None
+        with self._lock:
+            self._attaching.add(serve)  # from now on close() waits for it (see close)
+            if is_tcp:
+                self._handshaking.append(conn)
+                if len(self._handshaking) > MAX_TCP_HANDSHAKES:
+                    evict = self._handshaking.pop(0)
+        if evict is not None:
+            self._count_refusal("too many unauthenticated TCP connections; closed the oldest", "tcp")
+            try:  # its thread wakes from recv and ends
+                evict.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        try:
+            serve.start()
+        except RuntimeError:  # no thread to be had (the process is at its limit): this viewer is refused
             with self._lock:
-                self._attaching.add(serve)  # from now on close() waits for it (see close)
-                if is_tcp:
-                    self._handshaking.append(conn)
-                    if len(self._handshaking) > MAX_TCP_HANDSHAKES:
-                        evict = self._handshaking.pop(0)
-            if evict is not None:
-                self._count_refusal("too many unauthenticated TCP connections; closed the oldest", "tcp")
-                try:  # its thread wakes from recv and ends
-                    evict.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-            try:
-                serve.start()
-            except RuntimeError:  # no thread to be had (the process is at its limit): this viewer is refused
-                with self._lock:
-                    self._attaching.discard(serve)
-                    if conn in self._handshaking:
-                        self._handshaking.remove(conn)
-                conn.close()
+                self._attaching.discard(serve)
+                if conn in self._handshaking:
+                    self._handshaking.remove(conn)
+            conn.close()
 
     def _count_refusal(self, why: str, peer: str) -> None:
         """Counts a refusal; one warning event a second at most says how many and the last why."""

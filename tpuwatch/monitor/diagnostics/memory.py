@@ -80,8 +80,8 @@ class HostMemoryGrowth(Rule):
             return  # nothing new since the last check
         self._checked_at[w.name] = (w.rss_points[-1][0], w.allocations)
         sel = [p for p in w.rss_points if p[0] >= start]
-        if len(sel) < th.rss_min_points or sel[-1][0] - sel[0][0] < th.rss_min_span_s:
-            return
+        if len(sel) < th.rss_min_points or sel[-1][3] - sel[0][3] < th.rss_min_span_s:
+            return  # too short a stretch, the left-out intervals' time not counted
         # growth with traces (the retrace finding's) and automatic captures left out, over the
         # time with them left out
         pts = [(p[3], p[2]) for p in sel]
