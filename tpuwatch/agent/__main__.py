@@ -181,6 +181,7 @@ def _finish_python(code: int, sig: int | None, reason: str) -> tuple[int, int | 
 
 def _run_script(agent: Agent, ns: argparse.Namespace, target: str) -> tuple[int, int | None, str]:
     """Runs the script; returns its exit code, the signal that ended it (or None) and why."""
+    from tpuwatch.agent import stopper
     from tpuwatch.agent.runtime import format_exception
     from tpuwatch.protocol import ExceptionRaised
 
@@ -190,12 +191,16 @@ def _run_script(agent: Agent, ns: argparse.Namespace, target: str) -> tuple[int,
     reason = ""
     try:
         as_plain_python(ns.script)
-        if ns.module:
-            runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
-        else:
-            # `python x.py` compiles it (and names it in tracebacks, __file__) by its absolute path;
-            # sys.path is as_plain_python's
-            runpy.run_path(os.path.abspath(ns.script), run_name="__main__")
+        stopper.SCRIPT_RUNNING.set()  # a remote stop interrupts the script from now on
+        try:
+            if ns.module:
+                runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+            else:
+                # `python x.py` compiles it (and names it in tracebacks, __file__) by its absolute
+                # path; sys.path is as_plain_python's
+                runpy.run_path(os.path.abspath(ns.script), run_name="__main__")
+        finally:
+            stopper.SCRIPT_RUNNING.clear()
     except SystemExit as e:
         code = _exit_code(e.code)
     except KeyboardInterrupt:

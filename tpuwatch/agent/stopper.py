@@ -22,6 +22,13 @@ if TYPE_CHECKING:
 
 GRACE_INT_S = 15.0
 GRACE_TERM_S = 10.0
+#: Set while the script runs (``tpuwatch.agent.__main__`` sets it as the script starts and clears
+#: it as it ends). A stop asked for before then (a viewer that connects as soon as the agent
+#: listens) waits for the script: an interrupt during the agent's own start-up would end the
+#: process in the agent's code, with no exit recorded.
+SCRIPT_RUNNING = threading.Event()
+#: How long a stop asked for before the script started waits for it.
+START_WAIT_S = 120.0
 
 
 class Stopper:
@@ -44,7 +51,9 @@ class Stopper:
 
     def _escalate(self) -> None:
         pid = os.getpid()
-        os.kill(pid, signal.SIGINT)
+        SCRIPT_RUNNING.wait(START_WAIT_S)
+        if SCRIPT_RUNNING.is_set():  # not once the script has ended: the process is exiting already
+            os.kill(pid, signal.SIGINT)
         # The process ends (and this daemon thread with it) if the script honours the interrupt.
         for sig, wait_s in ((signal.SIGTERM, self.grace_int_s), (signal.SIGKILL, self.grace_term_s)):
             threading.Event().wait(wait_s)
