@@ -20,7 +20,8 @@ def test_a_stop_before_the_script_runs_waits_for_it(tmp_path):
     old = signal.signal(signal.SIGINT, lambda *a: got.set())
     stopper.SCRIPT_RUNNING.clear()
     try:
-        s = stopper.Stopper(agent, grace_int_s=60, grace_term_s=60)
+        # grace periods past any test run: the escalation thread never sends SIGTERM to pytest
+        s = stopper.Stopper(agent, grace_int_s=1e9, grace_term_s=1e9)
         s.handle(Command(id="c1", action="stop"))
         time.sleep(0.5)
         assert not got.is_set(), "interrupted before the script ran"
