@@ -53,6 +53,21 @@ class AgentRun:
         return [m for m in self.of(protocol.Event) if m.level in ("warning", "error")]
 
 
+class RecordingAgent:
+    """What the agent's transport ``Server`` needs from an agent: its recording
+    (``run_dir/events.jsonl``) and somewhere for events; commands are dropped."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.events_path = run_dir / "events.jsonl"
+        self.events: list[str] = []
+
+    def event(self, level: str, source: str, message: str) -> None:
+        self.events.append(message)
+
+    def submit(self, command) -> None:
+        pass
+
+
 def read_messages(path: Path) -> list:
     decoder = protocol.Decoder()
     out = []

@@ -10,29 +10,15 @@ import secrets
 import socket
 import threading
 import time
-from pathlib import Path
 
 from tpuwatch import protocol
 from tpuwatch.agent.transport import Server
 from tpuwatch.protocol import Attach
-
-
-class _Agent:
-    """What ``Server`` needs from an agent: its recording and somewhere for events."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.events_path = run_dir / "events.jsonl"
-        self.events: list[str] = []
-
-    def event(self, level: str, source: str, message: str) -> None:
-        self.events.append(message)
-
-    def submit(self, command) -> None:
-        pass
+from tpuwatch_testing import RecordingAgent
 
 
 def test_a_viewer_still_attaching_at_close_gets_the_exit_before_close_returns(tmp_path):
-    agent = _Agent(tmp_path)
+    agent = RecordingAgent(tmp_path)
     last = protocol.Exit(t=time.time(), exit_code=130, source="agent")
     agent.events_path.write_bytes(b"".join(protocol.encode(protocol.Event(t=time.time(), level="info", source="test",
                                                                           message=f"line {i}")) for i in range(50))
@@ -70,7 +56,7 @@ def test_a_viewer_still_attaching_at_close_gets_the_exit_before_close_returns(tm
 def test_a_viewer_in_the_listen_backlog_at_close_gets_the_exit(tmp_path):
     # The kernel completed the connection (connect() returned, the attach line sent) but nobody
     # had accepted it yet when the agent closed: close() accepts it and sends the recording.
-    agent = _Agent(tmp_path)
+    agent = RecordingAgent(tmp_path)
     last = protocol.Exit(t=time.time(), exit_code=0, source="agent")
     agent.events_path.write_bytes(protocol.encode(protocol.Event(t=time.time(), level="info", source="test",
                                                                  message="line")) + protocol.encode(last))

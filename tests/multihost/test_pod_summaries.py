@@ -25,25 +25,13 @@ from tpuwatch.monitor.diagnostics.feed import FindingsFeed
 from tpuwatch.monitor.state import RunState
 from tpuwatch.protocol import Exit, Step
 from tpuwatch.sources.remote_source import RemoteSource
+from tpuwatch_testing import RecordingAgent
 
 HOSTS = 4
 SLOW = 2  # the host whose input is slow
 REPLICAS = 2
 STEP_S = 0.02
 
-
-class _Host:
-    """What ``Server`` needs from an agent: its recording and somewhere for events."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.events_path = run_dir / "events.jsonl"
-        self.events: list[str] = []
-
-    def event(self, level: str, source: str, message: str) -> None:
-        self.events.append(message)
-
-    def submit(self, command) -> None:
-        pass
 
 
 def _loss(i: int, step: int, r: int) -> float:
@@ -59,7 +47,7 @@ class _Pod:
         for i in range(HOSTS):
             d = base / f"host{i}"
             d.mkdir()
-            host = _Host(d)
+            host = RecordingAgent(d)
             self.paths.append(host.events_path)
             f = open(host.events_path, "ab", buffering=0)
             f.write(b"".join(protocol.encode(m) for m in [
