@@ -5,6 +5,7 @@ answers and the reader is None)."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import time
@@ -15,6 +16,17 @@ import pytest
 from tpuwatch.agent import proc_stats
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+
+
+def _fresh_pages(size: int) -> mmap.mmap:
+    """``size`` bytes of memory this process never had, every page written: RSS grows by it.
+    Not a Python object: malloc may hand a large one memory that earlier tests freed and that is
+    still resident (the oldest-pair lane saw RSS unchanged after 200 MiB of bytes)."""
+    block = mmap.mmap(-1, size)
+    page = mmap.PAGESIZE
+    for offset in range(0, size, page):
+        block[offset] = 1
+    return block
 
 
 def test_figures_equal_psutils():
@@ -31,11 +43,11 @@ def test_figures_equal_psutils():
 def test_rss_follows_an_allocation():
     stats = proc_stats.proc_stats()
     before = stats.rss()
-    block = b"\x01" * (200 << 20)  # every page written: resident (a zeroed bytearray may not be)
+    block = _fresh_pages(200 << 20)
     try:
         assert stats.rss() - before >= 190 << 20
     finally:
-        del block
+        block.close()
 
 
 def test_cpu_percent_is_the_time_since_the_last_call():
@@ -58,20 +70,24 @@ def test_a_forked_child_reads_its_own_rss():
     parent = stats.rss()
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: grows by 300 MiB, reports what the reader says
+    if pid == 0:  # the child: grows by 300 MiB, reports what the reader says before and after
         try:
-            block = b"\x01" * (300 << 20)  # every page written: resident
-            os.write(w, str(stats.rss()).encode())
-            del block
+            start = stats.rss()
+            block = _fresh_pages(300 << 20)
+            os.write(w, f"{start} {stats.rss()}".encode())
+            block.close()
         finally:
             os._exit(0)
     os.close(w)
     try:
-        child = int(os.read(r, 64))
+        start, grown = map(int, os.read(r, 64).split())
     finally:
         os.close(r)
         os.waitpid(pid, 0)
-    assert child - parent >= 250 << 20  # the child's figure, with its 300 MiB
+    # The child's own figure moved with its 300 MiB (its parent's, which a stale descriptor reads,
+    # did not). The child's start is its own too: a forked child's RSS is not its parent's, since
+    # fork copies no page-table entries of the parent's file mappings (TF's libraries).
+    assert grown - start >= 250 << 20
     assert stats.rss() - parent < 100 << 20  # the parent's own, without them
 
 
