@@ -2,13 +2,14 @@
 
 A Keras ``fit`` on a tf.data pipeline whose ``.map(decode)`` runs a decode in Python through
 ``tf.numpy_function`` (most of it waiting, as a read of each image from a store does) without
-``num_parallel_calls``: every batch waits for 32 decodes in a row, about twice the step. The
+``num_parallel_calls``: every batch waits for 32 decodes in a row, about 1.6 times the step. The
 pipeline already ends with ``prefetch``; the fix is the map's
 ``num_parallel_calls=tf.data.AUTOTUNE``.
 
 The decode's wait is sized to this machine (the model's step timed eagerly before training),
 because the fix's effect depends on it: where AUTOTUNE has two cores, two decodes at a time take
-about the step's time and the prefetch buffer takes up the difference. With a fixed wait the same
+~0.8 of the step, and the prefetch buffer hides them. (At twice the step, two decodes at a time
+took the whole step: what was left of the wait, 6-27 %, was the box's noise.) With a fixed wait the same
 script was 45 % input-bound on one day's 2-core box and under 10 % on a slower day's.
 """
 from __future__ import annotations
@@ -60,8 +61,8 @@ def main() -> int:
     global READ_WAIT_S
     first = (raw[:32] / 255.0).astype(np.float32).reshape(32, 32, 32, 3)
     step_s = eager_step_seconds(model, first, labels[:32], loss)
-    # a batch's decodes: ~2 compiled steps (the compiled step is ~0.75x the eager pass here)
-    READ_WAIT_S = max(0.0005, 1.5 * step_s / 32 - 0.0005)
+    # a batch's decodes: ~1.6 compiled steps (the compiled step is ~0.75x the eager pass here)
+    READ_WAIT_S = max(0.0005, 1.2 * step_s / 32 - 0.0005)
 
     ds = tf.data.Dataset.from_tensor_slices((raw, labels))
     ds = ds.shuffle(4096).repeat()

@@ -108,9 +108,9 @@ def _apply_fix(tmp_path: Path, script: Path, finding: dict, site: str = "culprit
 
 @pytest.mark.alone
 @pytest.mark.parametrize("script, stage, has, cut", [
-    # a sequential .map, the pipeline ends with prefetch(2); measured alone (2026-11-26, load
-    # 0.3-1.2): 45 -> 8 %, 43 % -> none. Its decode was 2.9x the step before, and two decodes at a
-    # time (AUTOTUNE's most on 2 cores) could not hide it: 58 -> 36 % alone, 38 -> 29 % in CI
+    # a sequential .map, the pipeline ends with prefetch(2); its decode is ~1.6x the step, measured
+    # (2026-11-28, load 1.3-1.6): 54, 38, 40 % -> none. Two decodes at a time (AUTOTUNE's most on 2
+    # cores) must take under the step: at 2.9x the step 58 -> 36 %; at 2x, 45 -> 27 % in CI
     ("input_sequential_map.py", "map", "prefetch", 0.5),
     # shards fetched one at a time, each behind ~40 ms of latency (the edit must help on 2
     # cores). cycle_length=AUTOTUNE is the core count: 2 fetches at once here, so the wait gone
