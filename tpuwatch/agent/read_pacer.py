@@ -6,9 +6,8 @@ step on a 2-core box), so reads are paced by *training* time (the step calls' ti
 wait), not by the wall clock: a pause (evaluation, a checkpoint) does not make the next read due.
 A run's first :data:`READ_ALL_FIRST` records are read more often, so that a short run's
 diagnostics see its steps: every record while the reads so far cost at most :data:`READ_SHARE` of
-the training since the first call and at most :data:`READ_MAX_PER_RECORD_S` a record on average
-(measured: :meth:`ReadPacer.spent`), so every one where a read is cheap next to a step, and no
-more than those bounds allow where it is not. When training pauses, the
+the training since the first call (measured: :meth:`ReadPacer.spent`), so every one where a read
+is cheap next to a step, and no more than that share where it is not. When training pauses, the
 last step's losses, if its record went without them, are read if the wall clock says one is due.
 No TensorFlow here: the step probe asks, and reads.
 """
@@ -25,17 +24,10 @@ READ_ALL_FIRST = 256
 READ_SHARE = 0.01
 
 
-#: The most the reads of a run's first records may cost a record on average (the first record
-#: left out), whatever the step time: the agent's budget is 50 µs a step, its call wrapper takes
-#: 6-13 µs of it, and a 40 µs read after every ~40 ms step (0.1 %, within READ_SHARE) went over.
-READ_MAX_PER_RECORD_S = 30e-6
-
-
 #: After a run's first records, reads cost at most this share of the training time: the least
 #: training time between two reads is LOSS_EVERY_S, or a read's cost over this share where that is
 #: longer (the tiny custom step here, ~0.8 ms a read after a 7 ms step: one read a second, ~6 µs a
-#: step; a TPU's ~0.1 ms reads: four a second). And at most READ_MAX_PER_RECORD_S a record: at
-#: steps over 30 ms a read's cost over that bound is the longer (ReadPacer.records_between).
+#: step; a TPU's ~0.1 ms reads: four a second).
 STEADY_SHARE = 0.001
 
 
@@ -76,28 +68,15 @@ class ReadPacer:
         self.trained_s = 0.0
         self._first_s: float | None = None  # the first record's training time (its trace)
         self._spent_s = 0.0  # time the reads took so far
-        self._records = 0  # records made so far
         self._loss_read_trained = float("-inf")
-        self._loss_read_record = -(1 << 62)  # self._records at the last loss read
         self._loss_read_at = float("-inf")  # wall clock of the last loss read: pauses use it
         self._acc_read_trained = float("-inf")
-        self._acc_read_record = -(1 << 62)
 
     @classmethod
     def from_settings(cls) -> "ReadPacer":
         """The pace ``TPUWATCH_LOSS_EVERY_S`` asks for (see :func:`_loss_every_s`)."""
         every_s, first = _loss_every_s()
         return cls(every_s, first, STEADY_SHARE if first else None)
-
-    @property
-    def records_between(self) -> float:
-        """The fewest records between two reads now: a read's cost over READ_MAX_PER_RECORD_S
-        (a 0.5 ms read after a 100 ms step: every 17th record, not every 5th, which 0.1 % of the
-        training allows), or 0 where the pace is the user's."""
-        cost = self._read_cost
-        if cost is None or self.steady_share is None:
-            return 0.0
-        return cost / READ_MAX_PER_RECORD_S
 
     @property
     def pace_s(self) -> float:
@@ -115,10 +94,7 @@ class ReadPacer:
         if self.read_all_left <= 0:
             return False
         first = self._first_s
-        if first is None:
-            return True
-        budget = min(READ_SHARE * (self.trained_s - first), READ_MAX_PER_RECORD_S * max(0, self._records - 1))
-        return self._spent_s <= budget
+        return first is None or self._spent_s <= READ_SHARE * (self.trained_s - first)
 
     def trained(self, seconds: float) -> float:
         """A step's ``seconds`` of training (its wait for its batch included); the total so far."""
@@ -137,29 +113,24 @@ class ReadPacer:
 
     def recorded(self) -> None:
         """A record was made: one fewer of the first records left to read whatever the pace."""
-        self._records += 1
         if self.read_all_left > 0:
             self.read_all_left -= 1
 
     def loss_due(self, trained: float) -> bool:
         """The losses are to be read at training time ``trained`` (read_all aside)."""
-        return (trained - self._loss_read_trained >= self.pace_s
-                and self._records - self._loss_read_record >= self.records_between)
+        return trained - self._loss_read_trained >= self.pace_s
 
     def loss_read(self, trained: float, now: float) -> None:
         """The losses were read at training time ``trained``, wall clock ``now``."""
         self._loss_read_trained = trained
-        self._loss_read_record = self._records
         self._loss_read_at = now
 
     def acc_due(self, trained: float) -> bool:
         """The accumulator is to be read at training time ``trained`` (read_all aside)."""
-        return (trained - self._acc_read_trained >= self.pace_s
-                and self._records - self._acc_read_record >= self.records_between)
+        return trained - self._acc_read_trained >= self.pace_s
 
     def acc_read(self, trained: float) -> None:
         self._acc_read_trained = trained
-        self._acc_read_record = self._records
 
     def pause_read_due(self, now: float) -> bool:
         """Training paused at wall clock ``now``: a held-back loss may be read (at most one every
