@@ -83,7 +83,7 @@ def main() -> None:
     print("  added by op type: " + ", ".join(f"{op} {n:+d}" for op, n in added.most_common() if n))
     print("  by device: " + ", ".join(f"{d} {plain_devices[d]} -> {devices[d]}" for d in sorted(devices)))
     pairs = added["_Send"]
-    print(f"  {pairs:+d} send/receive pairs a step between devices (each crossing edge, control edges included)")
+    print(f"  {pairs:+d} send/receive pairs a step between devices added (each crossing edge, control edges included)")
 
 
 if __name__ == "__main__":
