@@ -33,7 +33,6 @@ REPLICAS = 2
 STEP_S = 0.02
 
 
-
 def _loss(i: int, step: int, r: int) -> float:
     return 3.0 / (1 + step / 50) + 0.001 * (i * REPLICAS + r)
 
