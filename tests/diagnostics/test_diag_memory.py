@@ -302,3 +302,28 @@ def test_a_later_window_that_found_nothing_never_hides_the_line_found():
     _empty_window(run, 2 * MiB, step_to=400)  # a retry that saw too little
     (f,) = findings(run.engine(), "host-memory-growth")
     assert f.evidence["grows_at"] == "train.py:48" and "allocated at train.py:48" in f.message
+
+
+def test_the_line_found_after_a_critical_verdict_is_kept_when_the_rate_then_slows():
+    # CI, 2026-11-28: a fast leak was judged critical before the leak doctor's window; its sites
+    # arrived while the steps slowed (the window's own cost, a busy host), the refit said warning,
+    # and the kept critical finding never got the line
+    holder: list[SyntheticRun] = []
+    run = SyntheticRun(step_time_s=0.007, time_noise=0.0, available_bytes=12 * GiB,
+                       rss_bytes=lambda dt: int(600 * MiB + 0.25 * MiB * holder[0].step))
+    holder.append(run)
+    run.steps(800)
+    eng = run.engine()
+    (before,) = findings(eng, "host-memory-growth")
+    assert before.severity == "critical" and "grows_at" not in before.evidence, before
+    run.emit(AllocationSites(t=run.t, window_s=3.0, step_from=700, step_to=800, step_time_inside_s=0.014,
+                             step_time_before_s=0.007, sites=("train.py:47",), grown_bytes=(25 * MiB,),
+                             blocks=(100,), kinds=("tensorflow",),
+                             code=("outputs_by_step[step] = logits.numpy()",)))
+    run.step_time_s = 0.05  # 0.25 MiB every 50 ms: 300 MB/min, ~40 min of the 12 GiB left
+    run.steps(1200)
+    run.feed(eng)
+    (f,) = findings(eng, "host-memory-growth")
+    assert f.evidence.get("grows_at") == "train.py:47", f
+    assert "allocated at train.py:47" in f.message and "outputs_by_step.clear()" in f.advice
+    assert f.severity == "critical"  # the worst it was: host memory ran out in minutes at that rate

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
-from tpuwatch.protocol import AllocationSites, Finding, Severity
+from tpuwatch.protocol import SEVERITY_RANK, AllocationSites, Finding, Severity
 
 from .robust_stats import sig, theil_sen
 from .rule import Rule
@@ -50,6 +51,10 @@ class HostMemoryGrowth(Rule):
         # after the last point (a window that closed as the run ended) are news too
         self._checked_at: dict[str, tuple[float, AllocationSites | None]] = {}
         self._steps_checked_at: dict[str, tuple[int, AllocationSites | None]] = {}
+        # worker -> the figures of the finding kept and the sites it was written with: sites that
+        # arrive later name its line even when no later fit reports (the rate slowed under the
+        # window's cost, or a refit's severity is below the kept one)
+        self._basis: dict[str, tuple[_Fit, AllocationSites | None]] = {}
 
     def _analysis_start(self, w: Worker) -> float | None:
         th = self.th
@@ -70,6 +75,9 @@ class HostMemoryGrowth(Rule):
             # the time fit last: when both see a leak, its numbers (over minutes) are the ones kept
             self._check_steps(w)
             self._check_time(w)
+            basis = self._basis.get(w.name)
+            if basis is not None and basis[1] is not w.allocations:
+                self._report(w, basis[0])
 
     def _check_time(self, w: Worker) -> None:
         th = self.th
@@ -91,8 +99,8 @@ class HostMemoryGrowth(Rule):
         if (slope_bps * 60 / MB < th.rss_warning_mb_per_min or growth_mb < th.rss_min_growth_mb
                 or up_share < th.rss_min_increasing_pairs or _levels_off(pts)):
             return
-        self._report(w, sel[-1][0], sel[-1][1], slope_bps, up_share, growth_mb,
-                     f"over {span_s / 60:.2g} min", {"window_min": sig(span_s / 60, 2)})
+        self._report(w, _Fit(sel[-1][0], sel[-1][1], slope_bps, up_share, growth_mb,
+                             f"over {span_s / 60:.2g} min", {"window_min": sig(span_s / 60, 2)}))
 
     def _check_steps(self, w: Worker) -> None:
         th = self.th
@@ -128,15 +136,19 @@ class HostMemoryGrowth(Rule):
                 or _levels_off(by_time)):
             return
         steps = sel[-1][0] - sel[0][0]
-        self._report(w, sel[-1][1], sel[-1][2], slope_bps, up_share, growth_mb,
-                     None, {"mib_per_step": sig(per_step / MB, 2),
-                                             "window_steps": steps,
-                                             "window_s": sig(span_s, 2)},
-                     per_step=per_step)
+        self._report(w, _Fit(sel[-1][1], sel[-1][2], slope_bps, up_share, growth_mb, None,
+                             {"mib_per_step": sig(per_step / MB, 2), "window_steps": steps,
+                              "window_s": sig(span_s, 2)}, per_step))
 
-    def _report(self, w: Worker, t: float, rss: int, slope_bps: float, up_share: float,
-                growth_mb: float, scope: str | None, extra: dict[str, float | int | str],
-                per_step: float | None = None) -> None:
+    def _report(self, w: Worker, fit: _Fit) -> None:
+        f = self._compose(w, fit)
+        kept = self._found.get(w.name)
+        if kept is None or SEVERITY_RANK[f.severity] >= SEVERITY_RANK[kept.severity]:
+            self._basis[w.name] = (fit, w.allocations)
+        self._keep(w.name, f)
+
+    def _compose(self, w: Worker, fit: _Fit) -> Finding:
+        t, rss, slope_bps, up_share, growth_mb, scope, extra, per_step = dataclasses.astuple(fit)
         th = self.th
         mb_per_min = slope_bps * 60 / MB
         exhaust_s = (w.available_bytes / slope_bps
@@ -166,15 +178,14 @@ class HostMemoryGrowth(Rule):
                 # expected while within what they hold; a leak beyond that is still a warning
                 evidence.update({"held_by_pipeline_mb": sig(bound / MB, 3),
                                  "grown_since_first_step_mb": sig(grown / MB, 3), "held_by": where})
-                self._keep(w.name, Finding(
+                return Finding(
                     t=t, rule=self.id, severity="info",
                     message=(f"host memory grows as the input pipeline fills its in-memory "
                              f"buffers ({where}: up to {bound / MB:.3g} MB): expected, not a leak"),
                     advice=("Nothing to fix while the data fits in host memory. To keep a large "
                             "cache out of RAM, give it a file: .cache(\"/path/to/cache\")"),
                     evidence=evidence, first_step=None, last_step=w.step or None, worker=w.name,
-                ))
-                return
+                )
         advice = ADVICE
         where = ""
         a = w.allocations
@@ -217,7 +228,7 @@ class HostMemoryGrowth(Rule):
                 seen = "" if a.rss_grown_bytes is None else f", host memory +{a.rss_grown_bytes / MB:.3g} MB"
                 advice = (f"The leak doctor's window ({a.window_s:.2g} s, steps {a.step_from}..{a.step_to}{seen}) "
                           "saw too little growth to name its line. " + ADVICE)
-        self._keep(w.name, Finding(
+        return Finding(
             t=t, rule=self.id, severity=severity,
             # the step fit's message leaves the growth so far to the evidence: it changes at
             # every sample and would re-announce the finding every second
@@ -225,7 +236,21 @@ class HostMemoryGrowth(Rule):
                      + (f" (+{growth_mb:.3g} MB {scope})" if scope else "") + where + tail),
             advice=advice, evidence=evidence,
             first_step=None, last_step=w.step or None, worker=w.name,
-        ))
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fit:
+    """One fit's figures, as a finding is written from them."""
+
+    t: float
+    rss: int
+    slope_bps: float
+    up_share: float
+    growth_mb: float
+    scope: str | None  # the time fit's span in words; None for the fit against steps
+    extra: dict[str, float | int | str]
+    per_step: float | None = None
 
 
 #: Of the growth the step fit expects over a window's steps, at least this share must show in the
