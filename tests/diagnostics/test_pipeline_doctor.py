@@ -185,7 +185,11 @@ def test_files_read_one_at_a_time_are_named_at_the_reader_line(tmp_path):
     # culprit was found (reading files without parallelism)
     script = PLANTED / "input_serial_files.py"
     before = run_and_report(tmp_path, script, name="before")
-    (f,) = findings(before, "input-bound")
+    # CI, 2026-11-28: no finding while another planted run shared the 2 cores (35 % here, quiet);
+    # the script's step is lighter since (~65 %), and a failure shows the run's input share
+    fs = findings(before, "input-bound")
+    assert len(fs) == 1, (before["summary"].get("input_wait"), before["ledger"])
+    (f,) = fs
     line = _line_of(script, "ds = tf.data.TFRecordDataset(files")
     assert (f["evidence"]["culprit_stage"], f["evidence"]["culprit_site"]) == ("tfrecord", f"input_serial_files.py:{line}")
     assert f["evidence"]["fix_code_new"].endswith('compression_type="GZIP", num_parallel_reads=tf.data.AUTOTUNE)')
@@ -292,12 +296,13 @@ def test_the_leak_finding_names_the_line_that_allocates_and_its_edit_ends_the_le
     (f,) = findings(report, "host-memory-growth")
     assert f["severity"] in ("warning", "critical"), f
     line = _line_of(PLANTED / script, line_text)
-    assert f["evidence"]["grows_at"] == f"{script}:{line}", f["evidence"]
+    windows = [m for m in report["_events"] if m["kind"] == "allocation_sites"]
+    assert f["evidence"].get("grows_at") == f"{script}:{line}", (f, windows)
     assert f["evidence"]["grows_at_kind"] == kind
     assert f"allocated at {script}:{line}" in f["message"] and line_text in f["advice"]
     # the window's cost is stated: the step time inside it and just before it
     assert f["evidence"]["leak_window_step_ms"] > 0 and f["evidence"]["step_ms_before_leak_window"] > 0
-    (sites,) = [m for m in report["_events"] if m["kind"] == "allocation_sites"]  # one window
+    (sites,) = windows  # one window
     assert sites["window_s"] <= 4
     # the line accounts for most of the growth: at least half of RSS's per step over the window's
     # steps (how many steps fit in it depends on the machine's load)
