@@ -42,7 +42,7 @@ def batches(steps):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=800)
     args = p.parse_args()
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential([

@@ -68,7 +68,7 @@ def test_a_loop_fed_by_a_numpy_generator_is_named_and_a_tf_data_pipeline_halves_
     # the advice applied to a copy: the same batches built by tf.data
     fixed = _edited_copy(tmp_path, script, [(_GENERATOR, _PIPELINE)])
     after = run_and_report(tmp_path, fixed, name="after")
-    assert after["summary"]["steps"] == before["summary"]["steps"] == 300
+    assert after["summary"]["steps"] == before["summary"]["steps"] == 800
     print(f"host between steps {host_share(before):.0%} -> {host_share(after):.0%} of the training time")
     assert host_share(after) <= host_share(before) / 2, (host_share(before), host_share(after))
     assert [g for g in findings(after, "host-bound") if g["evidence"]["culprit_role"] == "generator"] == []
