@@ -164,8 +164,7 @@ class InputWaitProbe:
     def _account(self, result: Any, optional: bool, t0: Any) -> Any:
         import tensorflow as tf
 
-        outputs = [t for t in tf.nest.flatten(result, expand_composites=True) if isinstance(t, tf.Tensor)]
-        with tf.control_dependencies(outputs), tf.device("/device:CPU:0"):
+        with tf.control_dependencies(_first_replica(result)), tf.device("/device:CPU:0"):
             t1 = tf.timestamp()
         values = [t1 - t0, tf.constant(1.0, tf.float64), tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)]
         if self.agent.enabled("examples"):
@@ -189,6 +188,24 @@ class InputWaitProbe:
         # timestamp: the accounting after it runs beside the step, off its critical path.
         self.probe.fetch_order.timed(tf.compat.v1.get_default_graph(), t1.op)
         return t1
+
+
+def _first_replica(result: Any) -> list[Any]:
+    """The fetched tensors the second timestamp waits for: a distributed batch's first replica's
+    part, all of any other batch.
+
+    A distributed batch is one part per replica, each made by its device's shard of one host
+    pipeline (a multi-device iterator), so the first part's arrival is the batch's; an edge from
+    every other replica's device to the host's timestamp was a send/receive pair each a step."""
+    import tensorflow as tf
+    from tensorflow.python.distribute import values as values_lib
+
+    waited: list[Any] = []
+    for leaf in tf.nest.flatten(result):  # distributed values stay whole
+        if isinstance(leaf, values_lib.DistributedValues) and leaf.values:
+            leaf = leaf.values[0]
+        waited.extend(t for t in tf.nest.flatten(leaf, expand_composites=True) if isinstance(t, tf.Tensor))
+    return waited
 
 
 def _on_tpu(it: Any) -> bool:
