@@ -2,8 +2,9 @@
 
 Keras 3 ``fit`` fetches input *inside* the compiled step (``iterator.get_next()`` /
 ``get_next_as_optional()`` in ``multi_step_on_iterator``), so the fetch is timed in-graph:
-``tf.timestamp()`` before it (no edge: it runs as the step starts) and after it (once every
-replica's part has arrived), and the difference added into
+``tf.timestamp()`` before it (no edge: it runs as the step starts) and after it (once the batch
+has arrived: a distributed batch's first replica's part, :func:`_first_replica`), and the
+difference added into
 the step probe's host-CPU accumulator (together with the examples fetched). The batch's
 consumers start after the second timestamp (:func:`_after`, and :mod:`.fetch_order` for a
 nested step function). Eager fetches
