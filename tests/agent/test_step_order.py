@@ -25,3 +25,17 @@ def test_ordering_fits_step_after_its_fetch_moves_no_data_between_devices():
     assert counts["disabled"] == "[]", counts
     assert int(counts["plain"]) > 0, counts
     assert int(counts["probed"]) == int(counts["plain"]), counts
+
+
+def test_a_custom_loops_fetch_is_timed_with_one_crossing_edge_per_other_replica():
+    """The fetch's second timestamp (on the host's CPU:0) waits for the first replica's part of
+    the batch only; each other replica's part waits for it (the gate that keeps the step from
+    starting ahead of the timestamp). It waited for every replica's part: 6 send/receive pairs a
+    step on 4 replicas, the probes' largest in-graph cost."""
+    out = subprocess.run([sys.executable, str(SCRIPTS / "loop_transfers.py")], capture_output=True, text=True,
+                         timeout=240, env=child_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert counts["disabled"] == "[]", counts
+    assert int(counts["plain"]) > 0, counts
+    assert int(counts["probed"]) - int(counts["plain"]) == 3, counts  # the gates of replicas 1-3
