@@ -40,7 +40,10 @@ class HostMemoryGrowth(Rule):
     exhaustion projects the slope (per second) onto the available host memory; under 30
     minutes is critical whatever the run's length. Growth between samples with a trace between
     them is left out (the retrace finding shows it); growth within what the pipeline's caches
-    and shuffle buffers hold is an info; the leak doctor's allocation sites name the line.
+    and shuffle buffers hold is an info; the leak doctor's allocation sites name the line. The
+    kept finding's figures are kept with it: sites that arrive later rewrite it with the line,
+    even when no later fit reports (the rate slowed while the window sampled) or one reports a
+    lower severity (which :meth:`_keep` does not take).
     """
 
     id = "host-memory-growth"
