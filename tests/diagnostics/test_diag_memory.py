@@ -327,3 +327,26 @@ def test_the_line_found_after_a_critical_verdict_is_kept_when_the_rate_then_slow
     assert f.evidence.get("grows_at") == "train.py:47", f
     assert "allocated at train.py:47" in f.message and "outputs_by_step.clear()" in f.advice
     assert f.severity == "critical"  # the worst it was: host memory ran out in minutes at that rate
+
+
+def test_the_line_is_kept_when_the_host_has_more_memory_free_by_the_time_it_arrives():
+    # the kept finding is rewritten from its own figures, the memory free when it was fitted
+    # included: with today's free memory it would be a warning, which the kept critical outranks
+    holder: list[SyntheticRun] = []
+    run = SyntheticRun(step_time_s=0.007, time_noise=0.0, available_bytes=12 * GiB,
+                       rss_bytes=lambda dt: int(600 * MiB + 0.25 * MiB * holder[0].step))
+    holder.append(run)
+    run.steps(800)
+    eng = run.engine()
+    (before,) = findings(eng, "host-memory-growth")
+    assert before.severity == "critical", before
+    run.available_bytes = 1 << 40  # another job on the host ended
+    run.emit(AllocationSites(t=run.t, window_s=3.0, step_from=700, step_to=800, step_time_inside_s=0.014,
+                             step_time_before_s=0.007, sites=("train.py:47",), grown_bytes=(25 * MiB,),
+                             blocks=(100,), kinds=("tensorflow",),
+                             code=("outputs_by_step[step] = logits.numpy()",)))
+    run.steps(200)
+    run.feed(eng)
+    (f,) = findings(eng, "host-memory-growth")
+    assert f.evidence.get("grows_at") == "train.py:47", f
+    assert f.severity == "critical" and f.evidence["available_mb"] == 12300, f.evidence

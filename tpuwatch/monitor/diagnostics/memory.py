@@ -80,6 +80,7 @@ class HostMemoryGrowth(Rule):
             self._check_time(w)
             basis = self._basis.get(w.name)
             if basis is not None and basis[1] is not w.allocations:
+                self._basis[w.name] = (basis[0], w.allocations)  # tried once per change of sites
                 self._report(w, basis[0])
 
     def _check_time(self, w: Worker) -> None:
@@ -103,7 +104,8 @@ class HostMemoryGrowth(Rule):
                 or up_share < th.rss_min_increasing_pairs or _levels_off(pts)):
             return
         self._report(w, _Fit(sel[-1][0], sel[-1][1], slope_bps, up_share, growth_mb,
-                             f"over {span_s / 60:.2g} min", {"window_min": sig(span_s / 60, 2)}))
+                             f"over {span_s / 60:.2g} min", {"window_min": sig(span_s / 60, 2)}, None,
+                             w.available_bytes))
 
     def _check_steps(self, w: Worker) -> None:
         th = self.th
@@ -141,7 +143,7 @@ class HostMemoryGrowth(Rule):
         steps = sel[-1][0] - sel[0][0]
         self._report(w, _Fit(sel[-1][1], sel[-1][2], slope_bps, up_share, growth_mb, None,
                              {"mib_per_step": sig(per_step / MB, 2), "window_steps": steps,
-                              "window_s": sig(span_s, 2)}, per_step))
+                              "window_s": sig(span_s, 2)}, per_step, w.available_bytes))
 
     def _report(self, w: Worker, fit: _Fit) -> None:
         f = self._compose(w, fit)
@@ -151,11 +153,11 @@ class HostMemoryGrowth(Rule):
         self._keep(w.name, f)
 
     def _compose(self, w: Worker, fit: _Fit) -> Finding:
-        t, rss, slope_bps, up_share, growth_mb, scope, extra, per_step = dataclasses.astuple(fit)
+        t, rss, slope_bps, up_share, growth_mb = fit.t, fit.rss, fit.slope_bps, fit.up_share, fit.growth_mb
+        scope, extra, per_step, available = fit.scope, fit.extra, fit.per_step, fit.available_bytes
         th = self.th
         mb_per_min = slope_bps * 60 / MB
-        exhaust_s = (w.available_bytes / slope_bps
-                     if w.available_bytes is not None and slope_bps > 0 else None)
+        exhaust_s = (available / slope_bps if available is not None and slope_bps > 0 else None)
         severity: Severity = ("critical" if exhaust_s is not None and exhaust_s < th.rss_critical_exhaust_s
                     else "warning")
         evidence: dict[str, float | int | str] = {
@@ -168,7 +170,7 @@ class HostMemoryGrowth(Rule):
         }
         tail = ""
         if exhaust_s is not None:
-            evidence["available_mb"] = sig((w.available_bytes or 0) / MB, 3)  # known: exhaust_s needs it
+            evidence["available_mb"] = sig((available or 0) / MB, 3)  # known: exhaust_s needs it
             evidence["minutes_to_exhaustion"] = sig(exhaust_s / 60, 2)
             tail = f"; host memory runs out in ~{_when(exhaust_s)} at this rate"
         rate = (f"+{per_step / MB:.2g} MiB per step, " if per_step is not None else "")
@@ -253,7 +255,8 @@ class _Fit:
     growth_mb: float
     scope: str | None  # the time fit's span in words; None for the fit against steps
     extra: dict[str, float | int | str]
-    per_step: float | None = None
+    per_step: float | None
+    available_bytes: int | None  # the host's available memory when fitted: the time to exhaustion's
 
 
 #: Of the growth the step fit expects over a window's steps, at least this share must show in the
