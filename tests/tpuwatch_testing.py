@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,3 +95,19 @@ def child_env(**extra: str) -> dict:
     env.setdefault("TPUWATCH_LOSS_EVERY_S", "0")
     env.update(extra)
     return env
+
+
+def run_and_report(tmp_path: Path, script: Path, *args: str, name: str = "run", options: tuple[str, ...] = ()) -> dict:
+    """``tpuwatch run --headless`` of ``script`` into ``tmp_path / name``, then ``tpuwatch report
+    --format json`` of it, with the recording's messages as ``_events``; ``options``: tpuwatch
+    run's own, before the script."""
+    run_dir = tmp_path / name
+    env = child_env(TPUWATCH_HOME=str(tmp_path / "home"))
+    run = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
+                          *options, str(script), *args], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = subprocess.run([sys.executable, "-m", "tpuwatch", "report", str(run_dir), "--format", "json"],
+                            capture_output=True, text=True, timeout=120, env=env, check=True)
+    data = json.loads(report.stdout)
+    data["_events"] = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return data

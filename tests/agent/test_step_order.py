@@ -3,15 +3,27 @@ moving the batch: each replica's data stays on its own device."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tpuwatch_testing import SCRIPTS, child_env
+from tpuwatch_testing import SCRIPTS, child_env, run_and_report
 
 pytestmark = pytest.mark.tf
+
+
+def _sends(script: Path) -> dict[str, str]:
+    """What a transfers script prints (``plain N``, ``probed N``, ``disabled [...]``), once it ran
+    with no probe disabled and the plain step sent something."""
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                         env=child_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert counts["disabled"] == "[]", counts
+    assert int(counts["plain"]) > 0, counts
+    return counts
 
 
 def test_ordering_fits_step_after_its_fetch_moves_no_data_between_devices():
@@ -19,12 +31,7 @@ def test_ordering_fits_step_after_its_fetch_moves_no_data_between_devices():
     device. Unplaced, they went to the default device, so every replica's batch made a round trip
     through device 0 each step (12 more transfers than the plain step here; on GPUs a copy of each
     replica's batch)."""
-    out = subprocess.run([sys.executable, str(SCRIPTS / "fit_transfers.py")], capture_output=True, text=True,
-                         timeout=240, env=child_env())
-    assert out.returncode == 0, out.stderr[-3000:]
-    counts = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
-    assert counts["disabled"] == "[]", counts
-    assert int(counts["plain"]) > 0, counts
+    counts = _sends(SCRIPTS / "fit_transfers.py")
     assert int(counts["probed"]) == int(counts["plain"]), counts
 
 
@@ -34,12 +41,7 @@ def test_a_custom_loops_fetch_is_timed_with_one_crossing_edge_per_other_replica_
     that keeps the step from starting ahead of the timestamp: one edge out to each). It waited
     for every replica's part: 6 send/receive pairs a step on 4 replicas, the probes' largest
     in-graph cost. With no wait at all it would be 3."""
-    out = subprocess.run([sys.executable, str(SCRIPTS / "loop_transfers.py")], capture_output=True, text=True,
-                         timeout=240, env=child_env())
-    assert out.returncode == 0, out.stderr[-3000:]
-    counts = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
-    assert counts["disabled"] == "[]", counts
-    assert int(counts["plain"]) > 0, counts
+    counts = _sends(SCRIPTS / "loop_transfers.py")
     assert int(counts["probed"]) - int(counts["plain"]) == 4, counts
 
 
@@ -48,14 +50,6 @@ def test_the_wait_for_a_batch_made_per_replica_is_the_wait_for_its_last_part(tmp
     pipeline, handed to the devices in turn. A timestamp waiting for the first part only read
     9.8 % input wait on this loop where plain TF spends ~90 % of each step waiting (4 x 4 ms of
     input a ~18 ms step); waiting for the last part reads 85-87 %, as waiting for all did."""
-    run_dir = tmp_path / "run"
-    env = child_env(TPUWATCH_HOME=str(tmp_path / "home"))
-    run = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
-                          "--no-auto-profile", str(SCRIPTS / "per_replica_input.py")],
-                         capture_output=True, text=True, timeout=240, env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    report = subprocess.run([sys.executable, "-m", "tpuwatch", "report", str(run_dir), "--format", "json"],
-                            capture_output=True, text=True, timeout=120, env=env, check=True)
-    summary = json.loads(report.stdout)["summary"]
+    summary = run_and_report(tmp_path, SCRIPTS / "per_replica_input.py", options=("--no-auto-profile",))["summary"]
     assert summary["steps"] == 120, summary
     assert summary["input_wait"]["share"] >= 0.6, summary["input_wait"]

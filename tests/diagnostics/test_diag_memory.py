@@ -3,6 +3,7 @@
 import pytest
 from diag_synthetic import GiB, MiB, SyntheticRun, findings
 
+from tpuwatch.monitor.diagnostics.engine import Engine
 from tpuwatch.monitor.diagnostics.memory import ADVICE
 from tpuwatch.protocol import AllocationSites, Pipeline
 
@@ -304,10 +305,9 @@ def test_a_later_window_that_found_nothing_never_hides_the_line_found():
     assert f.evidence["grows_at"] == "train.py:48" and "allocated at train.py:48" in f.message
 
 
-def test_the_line_found_after_a_critical_verdict_is_kept_when_the_rate_then_slows():
-    # CI, 2026-11-28: a fast leak was judged critical before the leak doctor's window; its sites
-    # arrived while the steps slowed (the window's own cost, a busy host), the refit said warning,
-    # and the kept critical finding never got the line
+def _critical_then_sites() -> tuple[SyntheticRun, Engine]:
+    """A fast leak (0.25 MiB every 7 ms step, 12 GiB free) judged critical with no line yet; then
+    the leak doctor's window names its line. The run and its engine, the sites not yet fed."""
     holder: list[SyntheticRun] = []
     run = SyntheticRun(step_time_s=0.007, time_noise=0.0, available_bytes=12 * GiB,
                        rss_bytes=lambda dt: int(600 * MiB + 0.25 * MiB * holder[0].step))
@@ -320,6 +320,14 @@ def test_the_line_found_after_a_critical_verdict_is_kept_when_the_rate_then_slow
                              step_time_before_s=0.007, sites=("train.py:47",), grown_bytes=(25 * MiB,),
                              blocks=(100,), kinds=("tensorflow",),
                              code=("outputs_by_step[step] = logits.numpy()",)))
+    return run, eng
+
+
+def test_the_line_found_after_a_critical_verdict_is_kept_when_the_rate_then_slows():
+    # CI, 2026-11-28: a fast leak was judged critical before the leak doctor's window; its sites
+    # arrived while the steps slowed (the window's own cost, a busy host), the refit said warning,
+    # and the kept critical finding never got the line
+    run, eng = _critical_then_sites()
     run.step_time_s = 0.05  # 0.25 MiB every 50 ms: 300 MB/min, ~40 min of the 12 GiB left
     run.steps(1200)
     run.feed(eng)
@@ -332,19 +340,8 @@ def test_the_line_found_after_a_critical_verdict_is_kept_when_the_rate_then_slow
 def test_the_line_is_kept_when_the_host_has_more_memory_free_by_the_time_it_arrives():
     # the kept finding is rewritten from its own figures, the memory free when it was fitted
     # included: with today's free memory it would be a warning, which the kept critical outranks
-    holder: list[SyntheticRun] = []
-    run = SyntheticRun(step_time_s=0.007, time_noise=0.0, available_bytes=12 * GiB,
-                       rss_bytes=lambda dt: int(600 * MiB + 0.25 * MiB * holder[0].step))
-    holder.append(run)
-    run.steps(800)
-    eng = run.engine()
-    (before,) = findings(eng, "host-memory-growth")
-    assert before.severity == "critical", before
+    run, eng = _critical_then_sites()
     run.available_bytes = 1 << 40  # another job on the host ended
-    run.emit(AllocationSites(t=run.t, window_s=3.0, step_from=700, step_to=800, step_time_inside_s=0.014,
-                             step_time_before_s=0.007, sites=("train.py:47",), grown_bytes=(25 * MiB,),
-                             blocks=(100,), kinds=("tensorflow",),
-                             code=("outputs_by_step[step] = logits.numpy()",)))
     run.steps(200)
     run.feed(eng)
     (f,) = findings(eng, "host-memory-growth")

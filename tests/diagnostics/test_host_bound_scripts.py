@@ -5,9 +5,9 @@ Real TensorFlow, real subprocesses (``tpuwatch run --headless``, then ``tpuwatch
 from __future__ import annotations
 
 import pytest
-from test_pipeline_doctor import _edited_copy, _line_of, findings, run_and_report
+from test_pipeline_doctor import _edited_copy, _line_of, findings
 
-from tpuwatch_testing import SAMPLES
+from tpuwatch_testing import SAMPLES, run_and_report
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 PLANTED = SAMPLES / "planted"

@@ -3,33 +3,16 @@ under `tpuwatch run --headless` and the findings are read back from `tpuwatch re
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tpuwatch.monitor.diagnostics.pipeline_doctor import AUTOTUNE
-from tpuwatch_testing import SAMPLES, child_env
+from tpuwatch_testing import SAMPLES, run_and_report
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 PLANTED = SAMPLES / "planted"
-
-
-def run_and_report(tmp_path: Path, script: Path, *args: str, name: str = "run", options: tuple[str, ...] = ()) -> dict:
-    """``options``: tpuwatch run's own, before the script."""
-    run_dir = tmp_path / name
-    env = child_env(TPUWATCH_HOME=str(tmp_path / "home"))
-    run = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
-                          *options, str(script), *args], capture_output=True, text=True, timeout=300, env=env)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    report = subprocess.run([sys.executable, "-m", "tpuwatch", "report", str(run_dir), "--format", "json"],
-                            capture_output=True, text=True, timeout=120, env=env, check=True)
-    data = json.loads(report.stdout)
-    data["_events"] = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    return data
 
 
 def findings(report: dict, rule: str) -> list[dict]:
