@@ -6,15 +6,17 @@ the distributed iterator and calls ``next()`` inside (the in-graph input-wait, s
 per-replica-loss probes all run). Step functions are traced ``--instances`` times each without the
 agent's patches (plain) and with them (instrumented, carrying the in-graph probes): two traces of
 one graph differ in speed by more than the probes cost (bench/_instances.py), so one of each
-cannot tell. Calls are interleaved in a random order each round, a few calls of each in a row:
-each instrumented function with the agent on, each plain one with the agent's step probe switched
-off (its call wrapper returns at its first line), and each instrumented one with it off (its
-in-graph probes alone). Each call is timed on its own and medians are compared: on a shared, noisy
-box a per-call median shrugs off the preemptions that make block averages swing by more than the
-effect being measured. The agent's thread (recording, sampling) runs throughout, and its CPU time
-is reported separately.
+cannot tell, and the median over a few still moves by about that much from set to set: the
+default is ten traces of each, where three gave A/A floors of 17-99 µs at the tiny step (the
+floor, below, is what tells whether there were enough). Calls are interleaved in a random order
+each round, a few calls of each in a row: each instrumented function with the agent on, each
+plain one with the agent's step probe switched off (its call wrapper returns at its first line),
+and each instrumented one with it off (its in-graph probes alone). Each call is timed on its own
+and medians are compared: on a shared, noisy box a per-call median shrugs off the preemptions
+that make block averages swing by more than the effect being measured. The agent's thread
+(recording, sampling) runs throughout, and its CPU time is reported separately.
 
-    python bench/overhead.py [--width 1024] [--rounds 150] [--big-rounds 8] [--run 8] [--instances 3]
+    python bench/overhead.py [--width 1024] [--rounds 50] [--big-rounds 8] [--run 8] [--instances 10]
 
 Prints, for a ~20 ms step (``--width``) and for a tiny step (where the fixed cost is easiest to see):
 
@@ -95,13 +97,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--width", type=int, default=1024, help="hidden units of the ~20 ms model")
     p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=150, help="interleaved rounds of the tiny step (one call of each variant)")
+    p.add_argument("--rounds", type=int, default=50, help="interleaved rounds of the tiny step (one call of each variant)")
     p.add_argument("--big-rounds", type=int, default=8, help="interleaved rounds of the ~20 ms step")
     p.add_argument("--run", type=int, default=8, help="calls of one variant in a row within a round")
     p.add_argument("--thread-calls", type=int, default=2000,
                    help="agent-on calls in a row after the rounds, for the agent thread's CPU a step")
-    p.add_argument("--instances", type=int, default=3,
-                   help="traces of each variant (two traces of one graph differ in speed: bench/_instances.py)")
+    p.add_argument("--instances", type=int, default=10,
+                   help="traces of each variant (two traces of one graph differ in speed: bench/_instances.py); "
+                        "the floor narrows with more of them")
     a = p.parse_args()
 
     import tensorflow as tf
