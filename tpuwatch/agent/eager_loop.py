@@ -88,6 +88,11 @@ class EagerLoop:
     def stepped(self) -> None:
         """A step of any kind was recorded: eager gradients before it belonged to it (or to
         nothing), and no eager step is the last one."""
+        if self.start is None and self.loss is None and not (self.gradients or self.fetches or self._last):
+            # Nothing eager since the last step (a tf.function loop): all is as this leaves it.
+            # No tape opened (its start), no gradient (its window's variables), no update of an
+            # eager step (the last-step state is set only with _last).
+            return
         self.clear_window()
         self.fetches = 0
         self._last = False
@@ -151,6 +156,7 @@ class EagerLoop:
             return
         cycle = self._step_updates or 1
         probe = self.probe
+        probe._steady = None  # what it worked out assumed the pacer as it was
         pacer = probe.pacer
         read_all = pacer.read_all
         pacer.recorded()

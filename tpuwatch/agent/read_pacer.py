@@ -116,6 +116,16 @@ class ReadPacer:
         if self.read_all_left > 0:
             self.read_all_left -= 1
 
+    def quiet_until(self, acc: bool) -> float:
+        """The training time before which no read is due: neither the losses nor, with ``acc``,
+        the accumulator (``-inf`` while the run's first records may all be read)."""
+        if self.read_all_left > 0:
+            return float("-inf")
+        until = self._loss_read_trained
+        if acc and self._acc_read_trained < until:
+            until = self._acc_read_trained
+        return until + self.pace_s
+
     def loss_due(self, trained: float) -> bool:
         """The losses are to be read at training time ``trained`` (read_all aside)."""
         return trained - self._loss_read_trained >= self.pace_s

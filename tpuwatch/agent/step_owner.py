@@ -36,6 +36,7 @@ class StepOwner(Protocol):
     accumulator: Any
     acc_last: Any
     read_accumulator: Callable[[], Any]
+    _steady: Any  # the step probe's steady record: reset when the pacer changes outside it
 
     @property
     def trace(self) -> _Trace: ...

@@ -81,6 +81,10 @@ class StepProbe:
         self._unread: tuple[dict[str, Any], int] | None = None  # (flags, step) of a record sent without losses
         self._acc_unread_steps = 0  # training steps since the accumulator was last read
         self._last_strategy: Any = None
+        # The steady record (see record): (flags, trace generation, steps a call added to the
+        # accumulator's unread count, steps a call, losses kept, training time before which no
+        # read is due); None when none applies.
+        self._steady: tuple[dict[str, Any], int, int, int, bool, float] | None = None
         # Graph -> training steps traced into it that run once per call (see count_training_runs).
         self._implicit_runs: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._gradient_graphs: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -156,6 +160,9 @@ class StepProbe:
         strategy_run = self.strategy_run
         trace = self.trace
         eager_function = self.eager_function
+        # The last top-level function called, weakly, and its flags: a loop calls one function
+        # over and over, and a weak-dict lookup is a Python call and a new weak reference each.
+        last: list[Any] = [None, None]
 
         def __call__(fn: Any, *args: Any, **kwargs: Any) -> Any:
             if trace.current_top is not None or strategy_run.depth or not executing_eagerly():
@@ -190,18 +197,24 @@ class StepProbe:
             if "steps" in disabled:
                 return original(fn, *args, **kwargs)
             # A top-level eager call: a step boundary if this is a step function. Per call this
-            # path does one weak-dict lookup; the first call of each function does the rest.
-            try:
-                known: dict[str, Any] | None = trace.flags.get(fn)
-            except TypeError:  # not weak-referenceable: never a step function
-                return original(fn, *args, **kwargs)
-            if known is None or "_name" not in known:
-                for prepare in probe.before_first_call:
-                    prepare()
-                if known is None:
-                    known = trace.flags[fn] = {}
-                known["_name"] = _name_of(fn)
-            flags = known
+            # path does one weak-dict lookup (none when the function is the last one's); the first
+            # call of each function does the rest.
+            last_ref = last[0]
+            if last_ref is not None and last_ref() is fn:
+                flags = last[1]
+            else:
+                try:
+                    known: dict[str, Any] | None = trace.flags.get(fn)
+                except TypeError:  # not weak-referenceable: never a step function
+                    return original(fn, *args, **kwargs)
+                if known is None or "_name" not in known:
+                    for prepare in probe.before_first_call:
+                        prepare()
+                    if known is None:
+                        known = trace.flags[fn] = {}
+                    known["_name"] = _name_of(fn)
+                flags = known
+                last[0], last[1] = weakref.ref(fn), flags
             was_step = "training" in flags
             if was_step and pending:
                 agent.safe_point()
@@ -250,6 +263,24 @@ class StepProbe:
     def record(self, flags: dict[str, Any], call_s: float, now: float, eagerly: bool = False) -> None:
         """Emits one Step for a finished step call (on the training thread; no I/O); ``eagerly``:
         the call ran eagerly (``tf.config.run_functions_eagerly``)."""
+        # The steady record: the same function as the last record, its flags unchanged since, no
+        # eager fetch since, and no read due. What the general path below would work out for it
+        # is known from that last record (see _arm), so it is not worked out again: most of a
+        # long run's records take this path, right after TensorFlow returns, on the training
+        # thread, where the general path's Python ran at 10-15 us.
+        steady = self._steady
+        if steady is not None and steady[0] is flags and not eagerly:
+            _, generation, acc_steps, steps, keeps_loss, quiet_until = steady
+            pacer = self.pacer
+            trained = pacer.trained_s + call_s
+            if (trained < quiet_until and generation == self.trace.generation and self.eager_wait_s == 0.0
+                    and self.eager_examples is None):
+                pacer.trained_s = trained
+                self._acc_unread_steps += acc_steps
+                self._emit(flags["_name"], steps, call_s / steps, None, None, None)
+                self._unread = (flags, self.agent.global_step) if keeps_loss else None
+                return
+        self._steady = None
         steps = flags.get("implicit_runs", 0)
         wait_s = self.eager_wait_s
         measured_wait = wait_s > 0.0
@@ -326,6 +357,26 @@ class StepProbe:
         # A record without its losses: they stay in the loss variables until the next training
         # step, and are read if training pauses first (read_unread_losses).
         self._unread = (flags, self.agent.global_step) if losses is None and "loss" in flags and not eagerly else None
+        if not eagerly:
+            self._arm(flags)
+
+    def _arm(self, flags: dict[str, Any]) -> None:
+        """After a general record of ``flags``: its next records take the steady path while
+        nothing this one worked out changes (see record)."""
+        acc = self.accumulator is not None and "acc" in flags
+        if "acc_runs" in flags and acc:
+            return  # its step count is in the accumulator: read after every call
+        implicit = steps = flags.get("implicit_runs", 0)
+        if steps <= 0:
+            if "runs" in flags:
+                return  # counted in the graph, not a fixed number a call
+            steps = 1
+        strategy = flags.get("strategy")
+        last = self._last_strategy
+        if "_read" not in flags or last is None or (strategy is not None and strategy is not last):
+            return
+        self._steady = (flags, self.trace.generation, implicit if acc else 0, steps, "loss" in flags,
+                        self.pacer.quiet_until(acc))
 
     def first_strategy_if_none(self) -> None:
         """A step trained on the current strategy: announced if no step has named one yet."""

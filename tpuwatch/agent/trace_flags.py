@@ -30,6 +30,9 @@ class TraceFlags:
         self.tracing: list[tuple[Any, Any]] = []
         self.current_top: Any = None  # the top-level Function being called now
         self.training_marks = 0  # how many times "training" was marked (a run trains if it grows)
+        # Bumped on every flag written: what a record worked out from a function's flags holds
+        # while this is unchanged (the step probe's steady records).
+        self.generation = 0
         self._strategy_run = strategy_run  # an eager strategy.run has no function: it keeps its own
 
     def mark(self, key: str, value: Any = True) -> None:
@@ -50,6 +53,7 @@ class TraceFlags:
             if flags is None:
                 flags = self.flags[fn] = {}
             flags[key] = value
+            self.generation += 1
         except TypeError:  # not weak-referenceable: never a step function
             pass
 

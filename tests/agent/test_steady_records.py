@@ -1,0 +1,142 @@
+"""The step probe's steady records: a loop's record that reads nothing takes a short path on the
+training thread. It must give exactly what the general path gives: the same Steps (steps, times,
+waits, losses, examples), the same reads at the same records, the same held-back loss.
+
+The probe is driven record by record, as the call wrapper drives it, with clocks that advance by
+fixed amounts (no TensorFlow: the flags are what a trace leaves, the losses a reader's). Two probes
+are fed the same run, one of them never taking the short path, and everything they emit compared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpuwatch.agent.accumulator import EXAMPLES, FETCHES, RUNS, SLOTS, WAIT_S
+from tpuwatch.agent.runtime import Agent
+from tpuwatch.agent.steps import StepProbe
+
+
+class _Fn:
+    """A tf.function stand-in: a weak-referenceable key for the probe's flags."""
+
+
+class _Strategy:
+    pass
+
+
+class _Run:
+    """One probe and what it emitted and read."""
+
+    def __init__(self, tmp_path, general_only: bool) -> None:
+        self.now = 1000.0
+        tmp_path.mkdir()
+        self.agent = Agent(tmp_path, "t", clock=lambda: self.now)
+        probe = self.probe = StepProbe(self.agent)
+        self.agent.step_probe = probe
+        probe.perf = lambda: self.now  # a read "takes" no time: the pace is the same for both
+        self.reads: list[int] = []
+        self.general = 0  # records the general path made
+
+        def read(flags: dict[str, Any]) -> tuple[float, ...] | None:
+            if "loss" not in flags:
+                return None
+            self.reads.append(self.agent.global_step)
+            if len(self.reads) == 259:  # a read that got nothing: tried again at the next record
+                return None
+            return (0.5 + self.agent.global_step, 1.5 + self.agent.global_step)
+
+        probe.loss_reader = read
+        self.strategies: list[int] = []  # the global step at each strategy announced as training's
+        probe.on_training_strategy = lambda strategy: self.strategies.append(self.agent.global_step)
+        # The in-graph accumulator: each step fetched its batch in the graph (64 examples, a wait
+        # that grows with the step number); read as a list, as the probe reads the variable.
+        self.fetched = [0.0] * SLOTS
+        self.acc_reads: list[int] = []
+        probe.accumulator = "variable"
+
+        def read_accumulator() -> Any:
+            self.acc_reads.append(self.agent.global_step)
+            values = list(self.fetched)
+            return type("Values", (), {"tolist": lambda _: values})()
+
+        probe.read_accumulator = read_accumulator
+        arm = probe._arm
+
+        def counted_arm(flags: dict[str, Any]) -> None:
+            self.general += 1
+            if not general_only:
+                arm(flags)
+
+        probe._arm = counted_arm  # type: ignore[method-assign]
+        self.strategy = _Strategy()
+        self.step_fn, self.other_fn, self.eval_fn = _Fn(), _Fn(), _Fn()
+        training = {"training": True, "runs": True, "implicit_runs": 1, "loss": "slot", "strategy": self.strategy,
+                    "acc": True}
+        for fn, flags, name in ((self.step_fn, training, "train_step"), (self.other_fn, training, "warmup_step"),
+                                (self.eval_fn, {}, "test_step")):
+            for key, value in flags.items():
+                probe.trace.flag(fn, key, value)
+            probe.trace.flags.setdefault(fn, {})["_name"] = name
+
+    def call(self, fn: _Fn, call_s: float) -> None:
+        """A top-level call of ``fn`` that took ``call_s``, recorded as the call wrapper does."""
+        self.now += call_s
+        flags = self.probe.trace.flags[fn]
+        if "training" in flags:
+            step = self.agent.global_step
+            self.fetched[WAIT_S] += 0.0001 * (step % 5)
+            self.fetched[FETCHES] += 1
+            self.fetched[EXAMPLES] += 64
+            assert self.fetched[RUNS] == 0  # its steps are counted without the accumulator
+            self.probe.record(flags, call_s, self.now)
+        else:
+            self.probe.read_unread_losses(self.now)
+
+    def emitted(self) -> list[Any]:
+        return list(self.agent._buf)
+
+
+def _drive(run: _Run) -> None:
+    """A run: its first records (all read), a long steady stretch, an eager fetch between two steps,
+    a retrace that changes the function's flags (another strategy), an evaluation pause, and steps
+    whose time varies."""
+    for i in range(300):
+        run.call(run.step_fn, 0.002 + 0.0001 * (i % 7))
+    for i in range(200):
+        if i in (20, 81, 150):  # a batch fetched eagerly between two steps
+            run.probe.eager_wait_s, run.probe.eager_examples = 0.0005, 64
+        if i == 120:  # one fetched eagerly, too fast to time
+            run.probe.eager_examples = 64
+        if i == 100:  # one fetched eagerly with no examples counted (a generator's)
+            run.probe.eager_wait_s = 0.0004
+        if i == 60:
+            # Another training function's first call: its losses are read (its first record), the
+            # accumulator only when due: the two reads' paces part.
+            run.call(run.other_fn, 0.003)
+        run.call(run.step_fn, 0.003)
+    run.probe.trace.flag(run.step_fn, "strategy", _Strategy())  # retraced under another strategy
+    for _ in range(200):
+        run.call(run.step_fn, 0.003)
+    run.now += 5.0  # an evaluation: its first call may read the held-back loss (the wall clock's pace)
+    run.call(run.eval_fn, 0.1)
+    for _ in range(400):
+        run.call(run.step_fn, 0.001)
+
+
+def test_a_steady_record_emits_what_the_general_path_would(tmp_path):
+    fast, general = _Run(tmp_path / "a", general_only=False), _Run(tmp_path / "b", general_only=True)
+    _drive(fast)
+    _drive(general)
+    assert fast.agent.global_step == general.agent.global_step == 1101
+    assert fast.reads == general.reads
+    assert fast.acc_reads == general.acc_reads
+    assert fast.strategies == general.strategies and len(fast.strategies) == 2  # the first, the retrace's
+    assert len(fast.reads) > 10  # the pace read the losses now and then, not at every record
+    assert fast.emitted() == general.emitted()
+    for run in (fast, general):  # the last step's losses held back, for the same step
+        assert run.probe._unread == (run.probe.trace.flags[run.step_fn], 1101)
+    assert fast.probe._acc_unread_steps == general.probe._acc_unread_steps
+    # Most records took the short path: the general path made the first 256, the reads, and the
+    # records after each change.
+    assert general.general == 1101
+    assert fast.general < 256 + len(fast.reads) + 10
