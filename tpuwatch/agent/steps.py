@@ -160,9 +160,11 @@ class StepProbe:
         strategy_run = self.strategy_run
         trace = self.trace
         eager_function = self.eager_function
-        # The last top-level function called, weakly, and its flags: a loop calls one function
-        # over and over, and a weak-dict lookup is a Python call and a new weak reference each.
-        last: list[Any] = [None, None]
+        # The last top-level function called, weakly, with its flags, as one tuple (read and
+        # replaced whole: another thread's call never sees one function with another's flags): a
+        # loop calls one function over and over, and a weak-dict lookup is a Python call and a new
+        # weak reference each.
+        last: list[tuple[Any, dict[str, Any]] | None] = [None]
 
         def __call__(fn: Any, *args: Any, **kwargs: Any) -> Any:
             if trace.current_top is not None or strategy_run.depth or not executing_eagerly():
@@ -199,9 +201,9 @@ class StepProbe:
             # A top-level eager call: a step boundary if this is a step function. Per call this
             # path does one weak-dict lookup (none when the function is the last one's); the first
             # call of each function does the rest.
-            last_ref = last[0]
-            if last_ref is not None and last_ref() is fn:
-                flags = last[1]
+            seen = last[0]
+            if seen is not None and seen[0]() is fn:
+                flags = seen[1]
             else:
                 try:
                     known: dict[str, Any] | None = trace.flags.get(fn)
@@ -214,7 +216,7 @@ class StepProbe:
                         known = trace.flags[fn] = {}
                     known["_name"] = _name_of(fn)
                 flags = known
-                last[0], last[1] = weakref.ref(fn), flags
+                last[0] = (weakref.ref(fn), flags)
             was_step = "training" in flags
             if was_step and pending:
                 agent.safe_point()
