@@ -116,15 +116,15 @@ class ReadPacer:
         if self.read_all_left > 0:
             self.read_all_left -= 1
 
-    def quiet_until(self, acc: bool) -> float:
-        """The training time before which no read is due: neither the losses nor, with ``acc``,
-        the accumulator (``-inf`` while the run's first records may all be read)."""
+    def last_reads(self, acc: bool) -> tuple[float, float, float] | None:
+        """``(losses read at, accumulator read at, pace)`` in training time, so that a caller can
+        tell that no read is due exactly as :meth:`loss_due` and :meth:`acc_due` would (``trained -
+        at < pace`` for both; the losses' time twice without ``acc``); None while the run's first
+        records may all be read."""
         if self.read_all_left > 0:
-            return float("-inf")
-        until = self._loss_read_trained
-        if acc and self._acc_read_trained < until:
-            until = self._acc_read_trained
-        return until + self.pace_s
+            return None
+        loss_at = self._loss_read_trained
+        return loss_at, self._acc_read_trained if acc else loss_at, self.pace_s
 
     def loss_due(self, trained: float) -> bool:
         """The losses are to be read at training time ``trained`` (read_all aside)."""

@@ -82,9 +82,9 @@ class StepProbe:
         self._acc_unread_steps = 0  # training steps since the accumulator was last read
         self._last_strategy: Any = None
         # The steady record (see record): (flags, trace generation, steps a call added to the
-        # accumulator's unread count, steps a call, losses kept, training time before which no
-        # read is due); None when none applies.
-        self._steady: tuple[dict[str, Any], int, int, int, bool, float] | None = None
+        # accumulator's unread count, steps a call, losses kept, and the pacer's last reads: the
+        # losses' and the accumulator's training time and the pace); None when none applies.
+        self._steady: tuple[dict[str, Any], int, int, int, bool, float, float, float] | None = None
         # Graph -> training steps traced into it that run once per call (see count_training_runs).
         self._implicit_runs: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._gradient_graphs: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -266,17 +266,19 @@ class StepProbe:
         """Emits one Step for a finished step call (on the training thread; no I/O); ``eagerly``:
         the call ran eagerly (``tf.config.run_functions_eagerly``)."""
         # The steady record: the same function as the last record, its flags unchanged since, no
-        # eager fetch since, and no read due. What the general path below would work out for it
-        # is known from that last record (see _arm), so it is not worked out again: most of a
-        # long run's records take this path, right after TensorFlow returns, on the training
-        # thread, where the general path's Python ran at 10-15 us.
+        # eager fetch since, and no read due (tested as loss_due and acc_due test it). What the
+        # general path below would work out for it is known from that last record (see _arm, which
+        # mirrors the general path's step count and reads: a change to one is a change to both),
+        # so it is not worked out again. A loop with one step function and its losses read takes
+        # this path for most records, right after TensorFlow returns, on the training thread,
+        # where the general path's Python ran at 10-15 us.
         steady = self._steady
         if steady is not None and steady[0] is flags and not eagerly:
-            _, generation, acc_steps, steps, keeps_loss, quiet_until = steady
+            _, generation, acc_steps, steps, keeps_loss, loss_at, acc_at, pace = steady
             pacer = self.pacer
             trained = pacer.trained_s + call_s
-            if (trained < quiet_until and generation == self.trace.generation and self.eager_wait_s == 0.0
-                    and self.eager_examples is None):
+            if (trained - loss_at < pace and trained - acc_at < pace and generation == self.trace.generation
+                    and self.eager_wait_s == 0.0 and self.eager_examples is None):
                 pacer.trained_s = trained
                 self._acc_unread_steps += acc_steps
                 self._emit(flags["_name"], steps, call_s / steps, None, None, None)
@@ -375,10 +377,10 @@ class StepProbe:
             steps = 1
         strategy = flags.get("strategy")
         last = self._last_strategy
-        if "_read" not in flags or last is None or (strategy is not None and strategy is not last):
+        reads = self.pacer.last_reads(acc)
+        if reads is None or "_read" not in flags or last is None or (strategy is not None and strategy is not last):
             return
-        self._steady = (flags, self.trace.generation, implicit if acc else 0, steps, "loss" in flags,
-                        self.pacer.quiet_until(acc))
+        self._steady = (flags, self.trace.generation, implicit if acc else 0, steps, "loss" in flags, *reads)
 
     def first_strategy_if_none(self) -> None:
         """A step trained on the current strategy: announced if no step has named one yet."""
