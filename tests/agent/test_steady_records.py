@@ -104,9 +104,10 @@ class _Run:
 
 
 def _drive(run: _Run) -> None:
-    """A run: its first records (all read), a long steady stretch, an eager fetch between two steps,
-    a retrace that changes the function's flags (another strategy), an evaluation pause, and steps
-    whose time varies."""
+    """A run: its first 256 records (read as often as their budget allows), a steady stretch with
+    eager fetches between steps and another function's first call, a retrace that changes the
+    function's flags (another strategy), an evaluation pause, steps whose time varies, and a third
+    function whose first reads get nothing."""
     for i in range(300):
         run.call(run.step_fn, 0.002 + 0.0001 * (i % 7))
     for i in range(200):
