@@ -1,7 +1,7 @@
 """What the gap sampler costs: one look at the training thread's stack from another thread
 (``sys._current_frames``, the walk to the script's innermost frame, the line's role and kind),
 while that thread runs Python ``--depth`` frames deep (a Keras callback inside ``fit`` is ~60).
-The sampler runs on the agent's thread at the sample rate (4 a second by default, 20 at most), so
+The sampler runs on the agent's thread 20 times a second (more if the agent samples faster), so
 its CPU per second is the per-sample time times the rate; nothing runs on the training thread.
 Also the training thread's own loop with the sampler beside it at 20 Hz vs without (its only cost
 there: the GIL, ~the per-sample time, 20 times a second). Prints numbers; no asserts.

@@ -157,3 +157,27 @@ def test_a_generator_expression_sampled_after_it_paused_is_charged_to_the_method
     frame = gen.gi_frame
     assert frame.f_back is None
     assert role_of(frame, library_roots()) == ("callback", "_Keeper.on_train_batch_end", "_Keeper.on_train_batch_end")
+
+
+def test_the_agent_looks_between_steps_20_times_a_second_whatever_its_own_rate(tmp_path):
+    # At the agent's 4 Hz, 1.5 s between steps over a 300-step fit (a callback reading the weights
+    # every batch) gave 1 to 7 samples: the host-bound rule, which wants 4 with half of them in
+    # the script, named the callback in some runs and said nothing in others.
+    from tpuwatch.agent import gap_sampler
+
+    agent = Agent(run_dir=tmp_path, run_id="t", sample_hz=4)
+    stop = threading.Event()
+    worker = threading.Thread(target=callback_loop, args=(stop,), daemon=True)
+    worker.start()
+    sampler = gap_sampler.install(agent, None)  # type: ignore[arg-type]  (it patches nothing)
+    steps = itertools.count()
+    sampler._state, sampler._step, sampler._thread = (lambda: "gap"), (lambda: next(steps)), worker.ident
+    agent.start()
+    try:
+        time.sleep(1.0)
+    finally:
+        agent.stop()
+        stop.set()
+        worker.join(10)
+    assert sampler.samples >= 12, sampler.samples  # 20 expected; 4 at the agent's own rate
+    assert agent.sample_interval_s == 0.25

@@ -77,3 +77,14 @@ def test_quiet_below_the_share_without_script_lines_or_without_samples():
     # Keras' own code between steps (no frame of the script's on most samples): nothing to name
     assert _run(gap_s=0.15, sites=_sites(60, GENERATOR[:1], script=20)) == []
     assert _run(gap_s=0.15, sites=_sites(3, GENERATOR[:1], script=3)) == []  # 0.75 s of samples
+
+
+def test_under_a_second_between_steps_is_named_when_the_samples_say_where():
+    # A 300-step fit whose callback read the weights every batch spent 0.98-1.75 s between steps
+    # (30-42 % of its training) from run to run; below 1 s it got no finding. At 20 samples a
+    # second, half a second of host time is ten samples: enough to name a line.
+    callback = [("train.py:27", 12, "tensor read", "callback", "WeightDrift.on_train_batch_end", "",
+                 "weights = self.model.get_weights()")]
+    (f,) = _run(gap_s=0.007, step_s=0.01, sites=_sites(14, callback))  # 0.69 s between steps, 41 %
+    assert f.evidence["culprit_function"] == "WeightDrift.on_train_batch_end"
+    assert _run(gap_s=0.003, step_s=0.004, sites=_sites(6, callback)) == []  # 0.3 s: too little to name

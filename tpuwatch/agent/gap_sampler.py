@@ -1,13 +1,13 @@
 """Where the time between steps goes: the training thread's stack, sampled from the agent's thread.
 
-At the agent's sample rate (``TPUWATCH_SAMPLE_HZ``) the agent's thread reads the training (main)
-thread's current frame (``sys._current_frames``) and, when the process is training and no step
-call is under way (the step probe's ``current_top`` is None between top-level calls), charges
-the sample to the innermost frame of the script's on that stack. Nothing runs on the training
-thread: no tracing hook, no profiler, no per-step work; the step probe's attribute is only read.
-The counts go out as :class:`~tpuwatch.protocol.HostSites` every few seconds while they change,
-and once more when the script ends; the ``host-bound`` rule reads them beside the goodput
-ledger's *host between steps*.
+:data:`SAMPLE_HZ` times a second (or at the agent's sample rate, ``TPUWATCH_SAMPLE_HZ``, when that
+is faster) the agent's thread reads the training (main) thread's current frame
+(``sys._current_frames``) and, when the process is training and no step call is under way (the step
+probe's ``current_top`` is None between top-level calls), charges the sample to the innermost frame
+of the script's on that stack. Nothing runs on the training thread: no tracing hook, no profiler,
+no per-step work; the step probe's attribute is only read. The counts go out as
+:class:`~tpuwatch.protocol.HostSites` every few seconds while they change, and once more when the
+script ends; the ``host-bound`` rule reads them beside the goodput ledger's *host between steps*.
 
 What a sample says about its line (``kinds``): the library frames inside it and the line's
 text (NumPy's C functions leave no Python frame, so ``np.`` on the line is NumPy's work);
@@ -34,6 +34,12 @@ if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
 
 PROBE = "gap_sampler"
+#: Looks a second at the training thread. The host-bound rule wants a few samples between steps
+#: with most of them on one line: at the agent's 4 Hz, the 1.5 s between steps of a 300-step fit
+#: whose callback reads the weights every batch gave 1 to 7 samples, and the finding came and
+#: went from run to run; at 20 a second the same run gives ~30. A look costs ~7 µs of the agent
+#: thread (`bench/gap_sampler_cost.py`), ~1 µs when a step is under way (nothing to walk).
+SAMPLE_HZ = 20.0
 #: Seconds between two HostSites messages while the counts change.
 EMIT_EVERY_S = 5.0
 #: Sites sent per message, most samples first.
@@ -174,6 +180,7 @@ class GapSampler:
         self._sent = (0, 0)  # (samples, step_samples) at the last message
         self._next_emit = 0.0
         self._lock = threading.Lock()  # the agent thread's samples vs close() at the script's end
+        self.interval_s = min(1.0 / SAMPLE_HZ, agent.sample_interval_s)
 
     def _agent_state(self) -> str:
         agent = self.agent
@@ -248,7 +255,7 @@ class GapSampler:
         top = sorted(((k, s) for k, s in self._sites.items() if s.count), key=lambda kv: -kv[1].count)[:TOP]
         return [HostSites(
             t=self.agent.clock(), samples=self.samples, script_samples=self.script_samples,
-            step_samples=self.step_samples, sample_interval_s=self.agent.sample_interval_s,
+            step_samples=self.step_samples, sample_interval_s=self.interval_s,
             sites=tuple(f"{os.path.basename(path)}:{line}" for (path, line), _ in top),
             counts=tuple(s.count for _, s in top),
             kinds=tuple(s.kinds.most_common(1)[0][0] for _, s in top),
@@ -264,8 +271,8 @@ class GapSampler:
 
 
 def install(agent: "Agent", patches: "Patches") -> GapSampler:
-    """Registers the sampler on the agent's thread (patches nothing)."""
+    """Registers the sampler on the agent's thread at :data:`SAMPLE_HZ` (patches nothing)."""
     sampler = GapSampler(agent)
-    agent.add_sampler(PROBE, sampler)
+    agent.add_sampler(PROBE, sampler, every_s=sampler.interval_s)
     agent.on_shutdown(sampler.close)
     return sampler

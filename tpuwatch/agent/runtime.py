@@ -147,9 +147,10 @@ class Agent:
     def disabled_probes(self) -> dict[str, str]:
         return dict(self._disabled)
 
-    def add_sampler(self, name: str, sampler: Sampler) -> None:
-        """``sampler`` runs on the agent thread at the sample rate; it fails once, then stops."""
-        self.samplers.add(name, sampler)
+    def add_sampler(self, name: str, sampler: Sampler, every_s: float | None = None) -> None:
+        """``sampler`` runs on the agent thread at the sample rate (or every ``every_s`` seconds,
+        when that is sooner); it fails once, then stops."""
+        self.samplers.add(name, sampler, every_s if every_s is not None and every_s < self.sample_interval_s else None)
 
     @property
     def output_guard(self) -> OutputLoss | None:
@@ -237,17 +238,23 @@ class Agent:
         self._thread.start()
 
     def _loop(self) -> None:
-        next_sample = 0.0
+        next_sample = next_drain = 0.0
+        drain_every = min(self.sample_interval_s, 1.0)
+        woke = False
         while not self._stop.is_set():
             now = clocks.monotonic()
             if now >= next_sample:
                 self._sample()
                 next_sample = now + self.sample_interval_s
-            self._drain()
+            next_fast = self.samplers.sample_fast(now, self._buf.append)
             # One drain a sample period, at least one a second (each is a write(2) and a
             # descriptor check, ~90 µs here, which at 10 a second cost a tiny step 5 µs of the
-            # agent thread's CPU), or at once when flush() or stop() asks.
-            self._wake.wait(min(self.sample_interval_s, 1.0))
+            # agent thread's CPU), or at once when flush() or stop() asks; never one for each
+            # look of a faster sampler.
+            if woke or now >= next_drain:
+                self._drain()
+                next_drain = now + drain_every
+            woke = self._wake.wait(max(0.0, min(next_sample, next_fast, next_drain) - clocks.monotonic()))
             self._wake.clear()
         self._drain()
 

@@ -1,8 +1,9 @@
-"""The agent's periodic samplers, run on the agent's thread at the sample rate."""
+"""The agent's periodic samplers, run on the agent's thread at the sample rate (or at their own,
+faster one)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from tpuwatch.agent.agent_api import Sampler
 from tpuwatch.protocol import Message
@@ -14,20 +15,41 @@ class SamplerSet:
 
     def __init__(self, disabled: dict[str, str], probe_failed: Callable[[str, BaseException], None]) -> None:
         self._samplers: list[tuple[str, Sampler]] = []
+        # [name, sampler, seconds between two calls, when the next is due]
+        self._fast: list[list[Any]] = []
         self._disabled = disabled
         self._probe_failed = probe_failed
 
-    def add(self, name: str, sampler: Sampler) -> None:
-        """``sampler`` runs on the agent thread at the sample rate; it fails once, then stops."""
-        self._samplers.append((name, sampler))
+    def add(self, name: str, sampler: Sampler, every_s: float | None = None) -> None:
+        """``sampler`` runs on the agent thread at the sample rate, or every ``every_s`` seconds
+        when that is given (see :meth:`sample_fast`); it fails once, then stops."""
+        if every_s is None:
+            self._samplers.append((name, sampler))
+        else:
+            self._fast.append([name, sampler, every_s, 0.0])
 
     def sample(self, append: Callable[[Message], None]) -> None:
-        """Runs every sampler still enabled, handing each message it gives to ``append``."""
+        """Runs every sampler at the sample rate still enabled, handing each message it gives to
+        ``append``."""
         for name, sampler in self._samplers:
-            if name in self._disabled:
-                continue
-            try:
-                for msg in sampler():
-                    append(msg)
-            except Exception as e:  # a sampler's bug stops that sampler (said once), not the agent thread
-                self._probe_failed(name, e)
+            self._run(name, sampler, append)
+
+    def sample_fast(self, now: float, append: Callable[[Message], None]) -> float:
+        """Runs the samplers with a rate of their own that are due at ``now``; returns when the
+        next one is due (infinity when there is none)."""
+        due = float("inf")
+        for entry in self._fast:
+            if now >= entry[3]:
+                entry[3] = now + entry[2]
+                self._run(entry[0], entry[1], append)
+            due = min(due, entry[3])
+        return due
+
+    def _run(self, name: str, sampler: Sampler, append: Callable[[Message], None]) -> None:
+        if name in self._disabled:
+            return
+        try:
+            for msg in sampler():
+                append(msg)
+        except Exception as e:  # a sampler's bug stops that sampler (said once), not the agent thread
+            self._probe_failed(name, e)
