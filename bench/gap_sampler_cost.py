@@ -1,10 +1,12 @@
 """What the gap sampler costs: one look at the training thread's stack from another thread
 (``sys._current_frames``, the walk to the script's innermost frame, the line's role and kind),
 while that thread runs Python ``--depth`` frames deep (a Keras callback inside ``fit`` is ~60).
-The sampler runs on the agent's thread 20 times a second (more if the agent samples faster), so
-its CPU per second is the per-sample time times the rate; nothing runs on the training thread.
-Also the training thread's own loop with the sampler beside it at 20 Hz vs without (its only cost
-there: the GIL, ~the per-sample time, 20 times a second). Prints numbers; no asserts.
+The sampler runs on the agent's thread 20 times a second while its looks find the training
+thread between steps, else at the agent's rate (4 by default), so its CPU per second is the
+per-sample time plus a wake of the agent's thread (also timed: a thread waiting on an Event with
+a timeout, its CPU per wake from /proc's schedstat) times the rate; nothing runs on the training
+thread. Also the training thread's own loop with the sampler beside it at 20 Hz vs without (its
+only cost there: the GIL, ~the per-sample time, 20 times a second). Prints numbers; no asserts.
 
     python bench/gap_sampler_cost.py [--samples 2000] [--depth 60]
 """
@@ -92,7 +94,36 @@ def main() -> None:
         print(f"training thread's loop with the sampler at 20 Hz beside it: {ratio:.3f}x alone "
               f"(median of {args.repeats}; {statistics.median(alone) * 1e3:.0f} ms alone)")
         agent.stop()
+    wake = _wake_cpu_s(0.05, 3.0)
+    print(f"a wake of a thread waiting with a timeout: {wake * 1e6:.1f} us of CPU; with a look, at 20 Hz "
+          f"{(wake + us / 1e6) * 20 * 100:.3f} % of a core, at 4 Hz {(wake + us / 1e6) * 4 * 100:.3f} %")
     print(f"load average {os.getloadavg()[0]:.2f}")
+
+
+def _wake_cpu_s(period: float, seconds: float) -> float:
+    """CPU a wake of a thread that waits on an Event with a timeout ``period`` (Linux schedstat)."""
+    stop, event, wakes = threading.Event(), threading.Event(), [0]
+
+    def loop() -> None:
+        while not stop.is_set():
+            event.wait(period)
+            wakes[0] += 1
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    time.sleep(0.2)
+
+    def cpu() -> float:
+        with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+
+    c0, n0 = cpu(), wakes[0]
+    time.sleep(seconds)
+    c1, n1 = cpu(), wakes[0]
+    stop.set()
+    event.set()
+    t.join()
+    return (c1 - c0) / max(1, n1 - n0)
 
 
 if __name__ == "__main__":

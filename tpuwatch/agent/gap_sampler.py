@@ -1,11 +1,11 @@
 """Where the time between steps goes: the training thread's stack, sampled from the agent's thread.
 
-:data:`SAMPLE_HZ` times a second (or at the agent's sample rate, ``TPUWATCH_SAMPLE_HZ``, when that
-is faster) the agent's thread reads the training (main) thread's current frame
-(``sys._current_frames``) and, when the process is training and no step call is under way (the step
-probe's ``current_top`` is None between top-level calls), charges the sample to the innermost frame
-of the script's on that stack. Nothing runs on the training thread: no tracing hook, no profiler,
-no per-step work; the step probe's attribute is only read. The counts go out as
+:data:`SAMPLE_HZ` times a second while it finds the training thread between steps (else at the
+agent's sample rate, ``TPUWATCH_SAMPLE_HZ``) the agent's thread reads the training (main) thread's
+current frame (``sys._current_frames``) and, when the process is training and no step call is under
+way (the step probe's ``current_top`` is None between top-level calls), charges the sample to the
+innermost frame of the script's on that stack. Nothing runs on the training thread: no tracing
+hook, no profiler, no per-step work; the step probe's attribute is only read. The counts go out as
 :class:`~tpuwatch.protocol.HostSites` every few seconds while they change, and once more when the
 script ends; the ``host-bound`` rule reads them beside the goodput ledger's *host between steps*.
 
@@ -34,12 +34,21 @@ if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
 
 PROBE = "gap_sampler"
-#: Looks a second at the training thread. The host-bound rule wants a few samples between steps
-#: with most of them on one line: at the agent's 4 Hz, the 1.5 s between steps of a 300-step fit
-#: whose callback reads the weights every batch gave 1 to 7 samples, and the finding came and
-#: went from run to run; at 20 a second the same run gives ~30. A look costs ~7 µs of the agent
-#: thread (`bench/gap_sampler_cost.py`), ~1 µs when a step is under way (nothing to walk).
+#: Looks a second at the training thread while recent looks find it between steps. The
+#: host-bound rule wants a few samples between steps with most of them on one line: at the
+#: agent's 4 Hz, the 1.5 s between steps of a 300-step fit whose callback reads the weights every
+#: batch gave 1 to 7 samples, and the finding came and went from run to run; at 20 a second the
+#: same run gives ~30. A look costs 2.5-7 µs of the agent thread (`bench/gap_sampler_cost.py`),
+#: but the wake for it ~125 µs of CPU here: where the looks find steps under way (a healthy run),
+#: the sampler looks at the agent's own rate.
 SAMPLE_HZ = 20.0
+#: One of the last :data:`RECENT` looks found the training thread between steps: look at
+#: :data:`SAMPLE_HZ` (with 29 % of a run's time between steps, 9 looks in 10 are at that rate;
+#: with 2 %, 1 in 7). Two of 8 left the 300-step fit above at 4 Hz in one run of four (3 samples);
+#: one of 8 gave it 9-36 samples in four runs.
+RECENT = 8
+FAST_AFTER = 1
+_RECENT_MASK = (1 << RECENT) - 1
 #: Seconds between two HostSites messages while the counts change.
 EMIT_EVERY_S = 5.0
 #: Sites sent per message, most samples first.
@@ -181,6 +190,7 @@ class GapSampler:
         self._next_emit = 0.0
         self._lock = threading.Lock()  # the agent thread's samples vs close() at the script's end
         self.interval_s = min(1.0 / SAMPLE_HZ, agent.sample_interval_s)
+        self._recent = 0  # one bit a look, the latest lowest: 1 when it found the thread between steps
 
     def _agent_state(self) -> str:
         agent = self.agent
@@ -198,10 +208,18 @@ class GapSampler:
             self._next_emit = now + EMIT_EVERY_S
             return self._message()
 
+    def next_look_s(self) -> float:
+        """Seconds to the next look: :data:`SAMPLE_HZ`'s while recent looks found the training
+        thread between steps, else the agent's sample period."""
+        if bin(self._recent).count("1") >= FAST_AFTER:
+            return self.interval_s
+        return self.agent.sample_interval_s
+
     def sample(self) -> None:
         """One look at the training thread (on the agent's thread)."""
         state = self._state()
         step = self._step()
+        self._recent = ((self._recent << 1) | (state == "gap")) & _RECENT_MASK
         if step != self._gap_step:
             self._commit()  # a step ended the gap: its samples were time between steps
             self._gap_step = step
@@ -271,8 +289,8 @@ class GapSampler:
 
 
 def install(agent: "Agent", patches: "Patches") -> GapSampler:
-    """Registers the sampler on the agent's thread at :data:`SAMPLE_HZ` (patches nothing)."""
+    """Registers the sampler on the agent's thread, looking as often as it asks (patches nothing)."""
     sampler = GapSampler(agent)
-    agent.add_sampler(PROBE, sampler, every_s=sampler.interval_s)
+    agent.add_sampler(PROBE, sampler, every_s=sampler.next_look_s)
     agent.on_shutdown(sampler.close)
     return sampler

@@ -147,10 +147,10 @@ class Agent:
     def disabled_probes(self) -> dict[str, str]:
         return dict(self._disabled)
 
-    def add_sampler(self, name: str, sampler: Sampler, every_s: float | None = None) -> None:
-        """``sampler`` runs on the agent thread at the sample rate (or every ``every_s`` seconds,
-        when that is sooner); it fails once, then stops."""
-        self.samplers.add(name, sampler, every_s if every_s is not None and every_s < self.sample_interval_s else None)
+    def add_sampler(self, name: str, sampler: Sampler, every_s: float | Callable[[], float] | None = None) -> None:
+        """``sampler`` runs on the agent thread at the sample rate, or every ``every_s`` seconds
+        (a function: asked after each call); it fails once, then stops."""
+        self.samplers.add(name, sampler, every_s)
 
     @property
     def output_guard(self) -> OutputLoss | None:

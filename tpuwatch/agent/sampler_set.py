@@ -15,14 +15,15 @@ class SamplerSet:
 
     def __init__(self, disabled: dict[str, str], probe_failed: Callable[[str, BaseException], None]) -> None:
         self._samplers: list[tuple[str, Sampler]] = []
-        # [name, sampler, seconds between two calls, when the next is due]
+        # [name, sampler, seconds between two calls (or what gives them, after each call), when the next is due]
         self._fast: list[list[Any]] = []
         self._disabled = disabled
         self._probe_failed = probe_failed
 
-    def add(self, name: str, sampler: Sampler, every_s: float | None = None) -> None:
+    def add(self, name: str, sampler: Sampler, every_s: float | Callable[[], float] | None = None) -> None:
         """``sampler`` runs on the agent thread at the sample rate, or every ``every_s`` seconds
-        when that is given (see :meth:`sample_fast`); it fails once, then stops."""
+        when that is given (a function: asked after each call; see :meth:`sample_fast`); it fails
+        once, then stops."""
         if every_s is None:
             self._samplers.append((name, sampler))
         else:
@@ -40,8 +41,9 @@ class SamplerSet:
         due = float("inf")
         for entry in self._fast:
             if now >= entry[3]:
-                entry[3] = now + entry[2]
                 self._run(entry[0], entry[1], append)
+                every = entry[2]
+                entry[3] = now + (every if isinstance(every, float) else every())
             due = min(due, entry[3])
         return due
 
