@@ -196,3 +196,17 @@ def test_a_training_thread_found_in_its_steps_is_looked_at_at_the_agents_own_rat
     # there is no host time to locate.
     looks = _looks_in_a_second(tmp_path, "step")
     assert looks <= 8, looks  # 4 expected; 20 at the fast rate
+
+
+def test_the_interval_it_reports_is_the_mean_time_between_its_looks(tmp_path):
+    # Its pace changes with what it finds: a fixed figure (the fast one, or the agent's) would be
+    # wrong for most runs' evidence.
+    times = iter([10.0, 10.05, 10.1, 10.35, 10.6, 10.85, 10.85])
+    agent = Agent(run_dir=tmp_path, run_id="t", sample_hz=4)
+    steps = itertools.count()
+    sampler = GapSampler(agent, state=lambda: "step", step=lambda: next(steps), clock=lambda: next(times))
+    for _ in range(6):
+        sampler.sample()
+    sampler.samples = 1  # something to send
+    (msg,) = sampler._message()
+    assert msg.sample_interval_s == 0.17  # 0.85 s over 5 intervals

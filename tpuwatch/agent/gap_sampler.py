@@ -191,6 +191,8 @@ class GapSampler:
         self._lock = threading.Lock()  # the agent thread's samples vs close() at the script's end
         self.interval_s = min(1.0 / SAMPLE_HZ, agent.sample_interval_s)
         self._recent = 0  # one bit a look, the latest lowest: 1 when it found the thread between steps
+        self._looks = 0
+        self._first_look = self._last_look = 0.0
 
     def _agent_state(self) -> str:
         agent = self.agent
@@ -202,7 +204,7 @@ class GapSampler:
     def __call__(self) -> list[HostSites]:
         with self._lock:
             self.sample()
-            now = self._clock()
+            now = self._last_look
             if now < self._next_emit:
                 return []
             self._next_emit = now + EMIT_EVERY_S
@@ -217,6 +219,10 @@ class GapSampler:
 
     def sample(self) -> None:
         """One look at the training thread (on the agent's thread)."""
+        self._last_look = now = self._clock()
+        if not self._looks:
+            self._first_look = now
+        self._looks += 1
         state = self._state()
         step = self._step()
         self._recent = ((self._recent << 1) | (state == "gap")) & _RECENT_MASK
@@ -273,12 +279,18 @@ class GapSampler:
         top = sorted(((k, s) for k, s in self._sites.items() if s.count), key=lambda kv: -kv[1].count)[:TOP]
         return [HostSites(
             t=self.agent.clock(), samples=self.samples, script_samples=self.script_samples,
-            step_samples=self.step_samples, sample_interval_s=self.interval_s,
+            step_samples=self.step_samples, sample_interval_s=self._mean_interval_s(),
             sites=tuple(f"{os.path.basename(path)}:{line}" for (path, line), _ in top),
             counts=tuple(s.count for _, s in top),
             kinds=tuple(s.kinds.most_common(1)[0][0] for _, s in top),
             roles=tuple(s.role for _, s in top), functions=tuple(s.function for _, s in top),
             callers=tuple(s.caller for _, s in top), code=tuple(s.code for _, s in top))]
+
+    def _mean_interval_s(self) -> float:
+        """The mean time between two looks so far (its pace follows what it finds)."""
+        if self._looks < 2:
+            return self.agent.sample_interval_s
+        return round((self._last_look - self._first_look) / (self._looks - 1), 4)
 
     def close(self) -> None:
         """The script has ended: the last counts, if they changed since the last message (the
