@@ -56,6 +56,8 @@ def main() -> None:
     p.add_argument("--replicas", default="1,2,4")
     p.add_argument("--steps", type=int, default=300)
     a = p.parse_args()
+    if a.rounds < 2:
+        p.error("--rounds must be 2 or more: the A/A floor compares the plain runs' two halves")
     rng = random.Random(0)
     for replicas in (int(r) for r in a.replicas.split(",")):
         runs: dict[bool, list[float]] = {False: [], True: []}

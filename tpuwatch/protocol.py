@@ -334,7 +334,7 @@ class HostSites(Message):
     samples: int
     script_samples: int
     step_samples: int
-    sample_interval_s: float  # the mean time between two looks (their pace follows what they find)
+    sample_interval_s: float  # the samples' mean spacing, from the look before each (the looks' pace varies)
     sites: tuple[str, ...]  # "train.py:71"
     counts: tuple[int, ...]
     kinds: tuple[str, ...]

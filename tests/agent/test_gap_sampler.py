@@ -198,15 +198,15 @@ def test_a_training_thread_found_in_its_steps_is_looked_at_at_the_agents_own_rat
     assert looks <= 8, looks  # 4 expected; 20 at the fast rate
 
 
-def test_the_interval_it_reports_is_the_mean_time_between_its_looks(tmp_path):
+def test_the_interval_it_reports_is_the_spacing_of_its_samples_between_steps(tmp_path):
     # Its pace changes with what it finds: a fixed figure (the fast one, or the agent's) would be
-    # wrong for most runs' evidence.
-    times = iter([10.0, 10.05, 10.1, 10.35, 10.6, 10.85, 10.85])
+    # wrong for most runs' evidence, and so would the mean over every look (4 a second in steps).
+    times = iter([10.0, 10.25, 10.5, 10.55, 10.6, 10.85])
+    states = iter(["off", "step", "gap", "gap", "gap", "step"])
     agent = Agent(run_dir=tmp_path, run_id="t", sample_hz=4)
     steps = itertools.count()
-    sampler = GapSampler(agent, state=lambda: "step", step=lambda: next(steps), clock=lambda: next(times))
+    sampler = GapSampler(agent, state=lambda: next(states), step=lambda: next(steps), clock=lambda: next(times))
     for _ in range(6):
         sampler.sample()
-    sampler.samples = 1  # something to send
     (msg,) = sampler._message()
-    assert msg.sample_interval_s == 0.17  # 0.85 s over 5 intervals
+    assert msg.samples == 3 and msg.sample_interval_s == 0.1167  # (0.25 + 0.05 + 0.05) / 3

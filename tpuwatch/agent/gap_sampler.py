@@ -38,14 +38,15 @@ PROBE = "gap_sampler"
 #: host-bound rule wants a few samples between steps with most of them on one line: at the
 #: agent's 4 Hz, the 1.5 s between steps of a 300-step fit whose callback reads the weights every
 #: batch gave 1 to 7 samples, and the finding came and went from run to run; at 20 a second the
-#: same run gives ~30. A look costs 2.5-7 µs of the agent thread (`bench/gap_sampler_cost.py`),
+#: same run gave 9-36 in four runs. A look costs 2.5-7 µs of the agent thread (`bench/gap_sampler_cost.py`),
 #: but the wake for it ~125 µs of CPU here: where the looks find steps under way (a healthy run),
 #: the sampler looks at the agent's own rate.
 SAMPLE_HZ = 20.0
 #: One of the last :data:`RECENT` looks found the training thread between steps: look at
-#: :data:`SAMPLE_HZ` (with 29 % of a run's time between steps, 9 looks in 10 are at that rate;
-#: with 2 %, 1 in 7). Two of 8 left the 300-step fit above at 4 Hz in one run of four (3 samples);
-#: one of 8 gave it 9-36 samples in four runs.
+#: :data:`SAMPLE_HZ` (were the looks independent of where a step is: with 29 % of a run's time
+#: between steps, ~9 looks in 10 are at that rate; with 2 %, ~1 in 7). Two of 8 left the
+#: 300-step fit above at 4 Hz in one run of four (3 samples); one of 8 gave it 9-36 samples in
+#: four runs.
 RECENT = 8
 FAST_AFTER = 1
 _RECENT_MASK = (1 << RECENT) - 1
@@ -191,8 +192,9 @@ class GapSampler:
         self._lock = threading.Lock()  # the agent thread's samples vs close() at the script's end
         self.interval_s = min(1.0 / SAMPLE_HZ, agent.sample_interval_s)
         self._recent = 0  # one bit a look, the latest lowest: 1 when it found the thread between steps
-        self._looks = 0
-        self._first_look = self._last_look = 0.0
+        self._last_look = 0.0
+        self._gap_looks = 0  # looks that found the thread between steps, after an earlier look
+        self._gap_spacing_s = 0.0  # the time from the look before each of those to it, summed
 
     def _agent_state(self) -> str:
         agent = self.agent
@@ -219,12 +221,12 @@ class GapSampler:
 
     def sample(self) -> None:
         """One look at the training thread (on the agent's thread)."""
-        self._last_look = now = self._clock()
-        if not self._looks:
-            self._first_look = now
-        self._looks += 1
+        before, self._last_look = self._last_look, self._clock()
         state = self._state()
         step = self._step()
+        if state == "gap" and before:
+            self._gap_looks += 1
+            self._gap_spacing_s += self._last_look - before
         self._recent = ((self._recent << 1) | (state == "gap")) & _RECENT_MASK
         if step != self._gap_step:
             self._commit()  # a step ended the gap: its samples were time between steps
@@ -287,10 +289,11 @@ class GapSampler:
             callers=tuple(s.caller for _, s in top), code=tuple(s.code for _, s in top))]
 
     def _mean_interval_s(self) -> float:
-        """The mean time between two looks so far (its pace follows what it finds)."""
-        if self._looks < 2:
+        """The mean spacing of the samples between steps: from the look before each to it (the
+        pace follows what the looks find)."""
+        if not self._gap_looks:
             return self.agent.sample_interval_s
-        return round((self._last_look - self._first_look) / (self._looks - 1), 4)
+        return round(self._gap_spacing_s / self._gap_looks, 4)
 
     def close(self) -> None:
         """The script has ended: the last counts, if they changed since the last message (the

@@ -255,7 +255,8 @@ class Agent:
                 self._drain()
                 next_drain = now + drain_every
             woke = self._wake.wait(max(0.0, min(next_sample, next_fast, next_drain) - clocks.monotonic()))
-            self._wake.clear()
+            if woke:  # a flush() asked after a timed-out wait stays asked until the next pass drains
+                self._wake.clear()
         self._drain()
 
     def _sample(self) -> None:

@@ -8,6 +8,9 @@ from typing import Any, Callable
 from tpuwatch.agent.agent_api import Sampler
 from tpuwatch.protocol import Message
 
+#: The shortest pace a sampler may ask for (the agent's thread never spins).
+MIN_PACE_S = 0.01
+
 
 class SamplerSet:
     """Named samplers; one that raises is disabled through ``probe_failed`` (said once) and
@@ -40,10 +43,18 @@ class SamplerSet:
         next one is due (infinity when there is none)."""
         due = float("inf")
         for entry in self._fast:
+            name = entry[0]
+            if name in self._disabled:
+                continue  # no more wakes for it
             if now >= entry[3]:
-                self._run(entry[0], entry[1], append)
+                self._run(name, entry[1], append)
                 every = entry[2]
-                entry[3] = now + (every if isinstance(every, float) else every())
+                try:
+                    pace = float(every() if callable(every) else every)
+                except Exception as e:  # its pace's bug stops that sampler, not the agent thread
+                    self._probe_failed(name, e)
+                    continue
+                entry[3] = now + max(pace, MIN_PACE_S)
             due = min(due, entry[3])
         return due
 
