@@ -47,7 +47,11 @@ class LiveRun:
         assert outcome.result is not None, (action, args, outcome, self.output())
         return outcome
 
-    def stop(self, timeout: float = 60) -> int:
+    def stop(self, timeout: float = 120) -> int:
+        # Past 60 s: leaving its loop deletes the script's tf.data iterator, which joins the
+        # pipeline's autotune thread; that thread sleeps for its optimization period (doubling up
+        # to 60 s) and is not always woken at once, in plain runs too (docs/usage.md, "iterator
+        # teardown"). A 1,441-step run here took 59.4 s to leave its `break`.
         self.stop_file.touch()
         try:
             return self.proc.wait(timeout)
