@@ -4,7 +4,7 @@ while that thread runs Python ``--depth`` frames deep (a Keras callback inside `
 The sampler runs on the agent's thread 20 times a second while its looks find the training
 thread between steps, else at the agent's rate (4 by default), so its CPU per second is the
 per-sample time plus a wake of the agent's thread (also timed: a thread waiting on an Event with
-a timeout, its CPU per wake from /proc's schedstat) times the rate; nothing runs on the training
+a timeout, its CPU per wake from its own CPU clock) times the rate; nothing runs on the training
 thread. Also the training thread's own loop with the sampler beside it at 20 Hz vs without (its
 only cost there: the GIL, ~the per-sample time, 20 times a second). Prints numbers; no asserts.
 
@@ -101,7 +101,8 @@ def main() -> None:
 
 
 def _wake_cpu_s(period: float, seconds: float) -> float:
-    """CPU a wake of a thread that waits on an Event with a timeout ``period`` (Linux schedstat)."""
+    """CPU a wake of a thread that waits on an Event with a timeout ``period`` (its own CPU clock,
+    as bench/overhead.py reads the agent thread's)."""
     stop, event, wakes = threading.Event(), threading.Event(), [0]
 
     def loop() -> None:
@@ -113,13 +114,10 @@ def _wake_cpu_s(period: float, seconds: float) -> float:
     t.start()
     time.sleep(0.2)
 
-    def cpu() -> float:
-        with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
-            return int(f.read().split()[0]) / 1e9
-
-    c0, n0 = cpu(), wakes[0]
+    clock = time.pthread_getcpuclockid(t.ident)  # type: ignore[arg-type]  (started: it has one)
+    c0, n0 = time.clock_gettime(clock), wakes[0]
     time.sleep(seconds)
-    c1, n1 = cpu(), wakes[0]
+    c1, n1 = time.clock_gettime(clock), wakes[0]
     stop.set()
     event.set()
     t.join()
