@@ -38,18 +38,16 @@ PROBE = "gap_sampler"
 #: host-bound rule wants a few samples between steps with most of them on one line: at the
 #: agent's 4 Hz, the 1.5 s between steps of a 300-step fit whose callback reads the weights every
 #: batch gave 1 to 7 samples, and the finding came and went from run to run; at 20 a second the
-#: same run gave 9-36 in four runs. A look costs 2.5-7 µs of the agent thread (`bench/gap_sampler_cost.py`),
-#: but the wake for it ~125 µs of CPU here: where the looks find steps under way (a healthy run),
-#: the sampler looks at the agent's own rate.
+#: same run gave 9-36 in four runs. A look costs 2.5-7 µs of the agent thread
+#: (`bench/gap_sampler_cost.py`), but the wake for it ~125 µs of CPU here: where the looks find
+#: steps under way (a healthy run), the sampler looks at the agent's own rate.
 SAMPLE_HZ = 20.0
 #: One of the last :data:`RECENT` looks found the training thread between steps: look at
 #: :data:`SAMPLE_HZ` (were the looks independent of where a step is: with 29 % of a run's time
-#: between steps, ~9 looks in 10 are at that rate; with 2 %, ~1 in 7). Two of 8 left the
+#: between steps, ~9 looks in 10 are at that rate; with 2 %, ~1 in 7). Asking two of 8 left the
 #: 300-step fit above at 4 Hz in one run of four (3 samples); one of 8 gave it 9-36 samples in
 #: four runs.
 RECENT = 8
-FAST_AFTER = 1
-_RECENT_MASK = (1 << RECENT) - 1
 #: Seconds between two HostSites messages while the counts change.
 EMIT_EVERY_S = 5.0
 #: Sites sent per message, most samples first.
@@ -191,7 +189,7 @@ class GapSampler:
         self._next_emit = 0.0
         self._lock = threading.Lock()  # the agent thread's samples vs close() at the script's end
         self.interval_s = min(1.0 / SAMPLE_HZ, agent.sample_interval_s)
-        self._recent = 0  # one bit a look, the latest lowest: 1 when it found the thread between steps
+        self._fast_looks_left = 0  # RECENT after a look that found the thread between steps, then one fewer a look
         self._last_look = 0.0
         self._gap_looks = 0  # looks that found the thread between steps, after an earlier look
         self._gap_spacing_s = 0.0  # the time from the look before each of those to it, summed
@@ -215,7 +213,7 @@ class GapSampler:
     def next_look_s(self) -> float:
         """Seconds to the next look: :data:`SAMPLE_HZ`'s while recent looks found the training
         thread between steps, else the agent's sample period."""
-        if bin(self._recent).count("1") >= FAST_AFTER:
+        if self._fast_looks_left:
             return self.interval_s
         return self.agent.sample_interval_s
 
@@ -224,10 +222,13 @@ class GapSampler:
         before, self._last_look = self._last_look, self._clock()
         state = self._state()
         step = self._step()
-        if state == "gap" and before:
-            self._gap_looks += 1
-            self._gap_spacing_s += self._last_look - before
-        self._recent = ((self._recent << 1) | (state == "gap")) & _RECENT_MASK
+        if state == "gap":
+            self._fast_looks_left = RECENT
+            if before:
+                self._gap_looks += 1
+                self._gap_spacing_s += self._last_look - before
+        elif self._fast_looks_left:
+            self._fast_looks_left -= 1
         if step != self._gap_step:
             self._commit()  # a step ended the gap: its samples were time between steps
             self._gap_step = step

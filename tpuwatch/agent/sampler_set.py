@@ -3,7 +3,7 @@ faster one)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from tpuwatch.agent.agent_api import Sampler
 from tpuwatch.protocol import Message
@@ -12,14 +12,23 @@ from tpuwatch.protocol import Message
 MIN_PACE_S = 0.01
 
 
+class _Paced:
+    """A sampler with a pace of its own: seconds between two calls, or a function of the sampler's
+    asked after each call; ``due``: when the next call is (agent clock)."""
+
+    __slots__ = ("name", "sampler", "every_s", "due")
+
+    def __init__(self, name: str, sampler: Sampler, every_s: float | Callable[[], float]) -> None:
+        self.name, self.sampler, self.every_s, self.due = name, sampler, every_s, 0.0
+
+
 class SamplerSet:
     """Named samplers; one that raises is disabled through ``probe_failed`` (said once) and
     skipped from then on, as is one whose probe is in ``disabled`` (the agent's, shared)."""
 
     def __init__(self, disabled: dict[str, str], probe_failed: Callable[[str, BaseException], None]) -> None:
         self._samplers: list[tuple[str, Sampler]] = []
-        # [name, sampler, seconds between two calls (or what gives them, after each call), when the next is due]
-        self._fast: list[list[Any]] = []
+        self._paced: list[_Paced] = []
         self._disabled = disabled
         self._probe_failed = probe_failed
 
@@ -30,7 +39,7 @@ class SamplerSet:
         if every_s is None:
             self._samplers.append((name, sampler))
         else:
-            self._fast.append([name, sampler, every_s, 0.0])
+            self._paced.append(_Paced(name, sampler, every_s))
 
     def sample(self, append: Callable[[Message], None]) -> None:
         """Runs every sampler at the sample rate still enabled, handing each message it gives to
@@ -42,20 +51,19 @@ class SamplerSet:
         """Runs the samplers with a rate of their own that are due at ``now``; returns when the
         next one is due (infinity when there is none)."""
         due = float("inf")
-        for entry in self._fast:
-            name = entry[0]
-            if name in self._disabled:
+        for paced in self._paced:
+            if paced.name in self._disabled:
                 continue  # no more wakes for it
-            if now >= entry[3]:
-                self._run(name, entry[1], append)
-                every = entry[2]
+            if now >= paced.due:
+                self._run(paced.name, paced.sampler, append)
+                every = paced.every_s
                 try:
                     pace = float(every() if callable(every) else every)
                 except Exception as e:  # its pace's bug stops that sampler, not the agent thread
-                    self._probe_failed(name, e)
+                    self._probe_failed(paced.name, e)
                     continue
-                entry[3] = now + max(pace, MIN_PACE_S)
-            due = min(due, entry[3])
+                paced.due = now + max(pace, MIN_PACE_S)
+            due = min(due, paced.due)
         return due
 
     def _run(self, name: str, sampler: Sampler, append: Callable[[Message], None]) -> None:
