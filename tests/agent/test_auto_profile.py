@@ -260,6 +260,22 @@ def test_nothing_is_captured_while_tracemalloc_traces():
     assert len(agent.submitted) == 1
 
 
+def test_nothing_is_captured_while_a_light_leak_window_samples():
+    # the leak doctor's first window runs without tracemalloc: a capture meanwhile would grow RSS
+    # with the profiler's buffers, which the window would take for the leak's
+    class Doctor:
+        window_open = True
+
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    agent.leak_doctor = Doctor()
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _play(auto, clock, 4, 0.3, step)
+    assert agent.submitted == []
+    agent.leak_doctor.window_open = False
+    _play(auto, clock, 1, 0.3, step)
+    assert len(agent.submitted) == 1
+
+
 def test_a_capture_cut_short_is_not_measured(monkeypatch):
     """The script ended, or started a profile of its own, a few steps into the capture: too
     little to name a stage (it could override the pick by settings)."""

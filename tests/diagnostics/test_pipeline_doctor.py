@@ -257,15 +257,17 @@ def _line_of(script: Path, text: str) -> int:
     return n
 
 
+# The kind is what the container holds, from the light window's diff (no tracemalloc): NumPy
+# arrays, the copies .numpy() and get_weights() make too, or tensors.
 @pytest.mark.parametrize("script, line_text, kind", [
     ("host_memory_growth_short.py", "kept.append(np.full(", "numpy"),  # a list of arrays kept per step
-    ("leak_weight_history.py", "self.snapshots.append(self.model.get_weights())", "tensorflow"),  # a callback
-    ("leak_dict_cache.py", "outputs_by_step[step] = logits.numpy()", "tensorflow"),  # a dict cache
+    ("leak_weight_history.py", "self.snapshots.append(self.model.get_weights())", "numpy"),  # a callback
+    ("leak_dict_cache.py", "outputs_by_step[step] = logits.numpy()", "numpy"),  # a dict cache
     # a list of the tensors a step returned: TF's buffers, which tracemalloc does not see
     ("leak_tensor_list.py", "all_logits.append(logits)", "tensors"),
     # under MirroredStrategy: a callback's NumPy copies of the weights (2 replicas, fit), and a
     # custom loop's list of the PerReplica logits strategy.run returned
-    ("leak_mirrored_weights.py", "self.seen.append(self.model.get_weights())", "tensorflow"),
+    ("leak_mirrored_weights.py", "self.seen.append(self.model.get_weights())", "numpy"),
     ("leak_replica_logits.py", "outputs.append(logits)", "tensors"),
     # a memo on tf.data's threads (tf.numpy_function): the line that keeps each batch, not the one
     # that made it

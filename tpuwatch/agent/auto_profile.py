@@ -7,7 +7,9 @@ on the training thread) into per-sample sums, and at the sample rate the wait ov
 time (xprof's "moderately input-bound", the ``input-bound`` rule's info threshold; the rule's own
 figure is the one every view quotes, this is only the trigger) and ends when a full window falls
 below it. Once per episode (at most ``MAX_CAPTURES`` a run, ``MIN_GAP_S`` apart, never while
-another capture runs nor while tracemalloc traces (the leak doctor's window: both slow the steps),
+another capture runs nor while the leak doctor's window samples (with tracemalloc both slow the
+steps; without, the profiler's buffers would grow RSS under the window) or the script runs
+tracemalloc itself,
 never when the training fetches distributed batches eagerly: that fetch is the wait, whatever
 the stages; never when several workers train one job: a capture on one host slows every host's
 collectives, and a MultiWorkerMirroredStrategy worker whose script ended inside a capture died by
@@ -328,6 +330,8 @@ class AutoProfile:
         previous capture of the same trigger: an input capture does not hold back a slowdown's)."""
         return (self._captures < MAX_CAPTURES and now - last_t >= MIN_GAP_S and self.profiler.active is None
                 and not tracemalloc.is_tracing()  # the leak doctor's window (or the script's) slows the steps
+                # a light window does not, but the profiler's buffers would grow RSS under it
+                and not getattr(getattr(self.agent, "leak_doctor", None), "window_open", False)
                 and getattr(self.agent, "num_workers", 1) <= 1  # see the module's docstring
                 and self._room())
 

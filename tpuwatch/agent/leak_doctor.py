@@ -8,15 +8,21 @@ the last ``FAST_SAMPLES`` by ``FAST_RISE_BYTES``: a short run's training may end
 samples), and the growth since training began exceeds what the pipelines' caches and shuffle buffers
 hold (:mod:`.pipeline_map`) by ``BEYOND_HELD_BYTES``, with no tf.function traced meanwhile (graphs
 growing are the retrace finding's; tracing under tracemalloc ran 7x slower). Then, at most
-``MAX_WINDOWS`` times a run and never while the script traces allocations itself, ``tracemalloc``
-runs for ``WINDOW_S`` seconds (from ``MIN_WINDOW_S`` on, the window ends as soon as RSS grew
-``ENOUGH_BYTES`` in it): a snapshot after the first sample, one at the end, diffed by traceback;
-each growing allocation is charged to the innermost frame of the script (outside TensorFlow, Keras,
-NumPy, tpuwatch and the standard library) and sent as one
-:class:`~tpuwatch.protocol.AllocationSites`, with the step time inside the window and just before it
-(the window's cost). A window still open when the script ends is closed by a shutdown hook; the
-script's frames have returned by then, and a diff that finds nothing (what they kept was freed with
-them) is dropped rather than sent as "nothing grew".
+``MAX_WINDOWS`` times a run and never while the script traces allocations itself, a window samples
+for ``WINDOW_S`` seconds (from ``MIN_WINDOW_S`` on, it ends as soon as RSS grew ``ENOUGH_BYTES`` in
+it), and its sites are sent as one :class:`~tpuwatch.protocol.AllocationSites`, with the step time
+inside the window and just before it (the window's cost).
+
+Each window is *light* first: two passes over the objects, at its start and its end (below), and
+nothing in between, so the steps inside it run at their own speed. When its first site is a line of
+the script that holds at least ``EXPLAINED_SHARE`` of what RSS grew meanwhile, that is the answer.
+Otherwise (and while RSS still climbed) a second window follows at once with ``tracemalloc`` on,
+which every allocation of the script's Python pays for (1.5-2.7x a small step): a snapshot after
+its first sample, one at the end, diffed by traceback; each growing allocation is charged to the
+innermost frame of the script (outside TensorFlow, Keras, NumPy, tpuwatch and the standard library).
+A window still open when the script ends is closed by a shutdown hook; the script's frames have
+returned by then, and a diff that finds nothing (what they kept was freed with them) is dropped
+rather than sent as "nothing grew".
 
 TensorFlow allocates a tensor's buffer (and its Python object) outside Python's allocator, so
 tracemalloc does not see a list of tensors grow. The window therefore also diffs the eager
@@ -29,7 +35,9 @@ those names; found walking down from them, never with ``gc.get_referrers``, whic
 every object and crashed the interpreter once under TensorFlow), and the script's line that
 adds to that name (``NAME.append(`` / ``NAME[key] =``); that line is a site of kind
 ``"tensors"`` (``"scalar tensors"`` when every one is a scalar, such as a loss), or a site
-``""`` when the line is not found.
+``""`` when the line is not found. The same end pass diffs the lengths of the lists and dicts held
+at the start, and charges the one that gained the most bytes (NumPy arrays, ``get_weights()``
+copies, Python objects) to the line that adds to its name (kind ``"numpy"`` or ``"python"``).
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ MIN_WINDOW_S = 1.0
 ENOUGH_BYTES = 2 * RISE_MIN_BYTES
 FRAMES = 8  # frames kept per allocation: enough to climb from NumPy code to the script's (cost grows with it)
 MAX_WINDOWS = 2
+# of RSS's growth in a light window, what its first site must hold for tracemalloc's to be skipped
+EXPLAINED_SHARE = 0.5
 MAX_RETRIES = 3  # windows with no evidence (no step ran, nothing grew) that do not count, a run
 MIN_GAP_S = 60.0  # between two windows
 TOP = 5
@@ -116,6 +126,11 @@ class LeakDoctor:
         self._roots: tuple[str, ...] | None = None
         self._site_files: list[str] = []
         self._lock = threading.Lock()  # the agent thread's samples vs close() at the script's end
+
+    @property
+    def window_open(self) -> bool:
+        """A window is under way (light or with tracemalloc)."""
+        return self._window is not None
 
     def __call__(self) -> Iterable[Message]:
         with self._lock:
@@ -185,17 +200,27 @@ class LeakDoctor:
             return
         first_t, first_step, _, _ = self._points[0]
         before = (now - first_t) / (step - first_step) if step > first_step else None
+        self._windows += 1
+        self._last_window_t = now
+        self._start(now, step, before, light=True)
+
+    def _start(self, now: float, step: int, before: float | None, light: bool) -> None:
+        """A window from the next sample on: ``light``, the tensor and container diffs only (no
+        cost between its two passes); else with tracemalloc too, which the script's Python pays
+        for every allocation (1.5-2.7x the step time at a small step)."""
+        import tracemalloc
+
         # Python called from TensorFlow's threads (tf.numpy_function, py_function, from_generator)
         # can free NumPy buffers while tracemalloc stops: this Python then dies by SIGSEGV (seen
         # with a tf.numpy_function map, tracemalloc started and stopped on another thread, no
-        # tpuwatch at all). Such a window diffs tensors and containers only.
-        light = _python_on_tf_threads()
+        # tpuwatch at all). Such a script only ever gets light windows.
+        only_light = _python_on_tf_threads()
+        light = light or only_light
         if not light:
             tracemalloc.start(FRAMES)
-        self._windows += 1
-        self._last_window_t = now
         self._window = {"t0": now, "step0": step, "before": before, "snap": None, "tensors": None,
-                        "light": light, "started": False, "containers": []}
+                        "light": light, "escalate": light and not only_light, "started": False,
+                        "containers": []}
 
     def close(self) -> None:
         """The script has ended (a shutdown hook): a window still open ends now, with what it
@@ -262,14 +287,22 @@ class LeakDoctor:
         if self._roots is None:
             self._roots = _library_roots()
         found = sites
+        ambiguous: set[str] = set()  # sites named by a container's name that other lines add to too
         try:
-            found = _with_tensors(found, w["tensors"], self._roots, self._site_files)
+            found = _with_tensors(found, w["tensors"], self._roots, self._site_files, ambiguous)
         except Exception as e:  # noqa: BLE001  (a TF without what the pass reads: the Python sites still go)
             self.agent.probe_failed(PROBE + ".tensors", e)
         try:
-            found = _with_containers(found, w.pop("containers"), self._roots, self._site_files)
+            found = _with_containers(found, w.pop("containers"), self._roots, self._site_files, ambiguous)
         except Exception as e:  # noqa: BLE001  (a container that cannot be read: the other sites still go)
             self.agent.probe_failed(PROBE + ".containers", e)
+        if (w["escalate"] and not early and not _explains(found, ambiguous)
+                and (found.rss_grown_bytes or 0) >= RISE_MIN_BYTES):
+            # the light window named no line, or not one line alone, for most of what grew:
+            # tracemalloc's window follows at once (the growth is established), and its sites are
+            # the ones sent
+            self._start(now, step, w["before"], light=False)
+            return ()
         if not found.sites:
             self._retry()  # nothing to charge: if the growth goes on, look again (not 60 s later)
         return (found,)
@@ -479,19 +512,32 @@ def _names(container: Any, frames: list[Any]) -> list[str]:
     return names
 
 
-def _adding_line(names: list[str], files: list[str]) -> tuple[str, int] | None:
-    """The first line of ``files`` that adds to one of ``names``: ``NAME.append(`` and kin, or
-    ``NAME[key] = `` (``self.NAME`` matches too)."""
+def _adding_line(names: list[str], files: list[str]) -> tuple[tuple[str, int] | None, bool]:
+    """(the first line of ``files`` that adds to one of ``names``: ``NAME.append(`` and kin, or
+    ``NAME[key] = `` (``self.NAME`` matches too); whether it is the only such line)."""
     if not names:
-        return None
+        return None, False
     alt = "|".join(re.escape(n) for n in dict.fromkeys(names))
     pattern = re.compile(rf"(?<![\w])(?:{alt})\s*(?:\.\s*(?:append|extend|insert|appendleft|add|setdefault|update)\s*\("
                          rf"|\[[^\]]+\]\s*=(?!=))")
+    first = None
     for f in files:
         for n, line in enumerate(linecache.getlines(f), start=1):
             if pattern.search(line.split("#", 1)[0]):
-                return f, n
-    return None
+                if first is not None:
+                    return first, False
+                first = (f, n)
+    return first, first is not None
+
+
+def _explains(found: AllocationSites, ambiguous: set[str]) -> bool:
+    """Whether the window's first site is a line of the script, the only one that adds to its
+    container, that holds at least ``EXPLAINED_SHARE`` of what RSS grew meanwhile (unknown growth:
+    at least such a site)."""
+    if not found.sites or not found.sites[0] or found.sites[0] in ambiguous:
+        return False
+    grown = found.rss_grown_bytes
+    return grown is None or found.grown_bytes[0] >= EXPLAINED_SHARE * grown
 
 
 def _python_on_tf_threads() -> bool:
@@ -567,13 +613,14 @@ def _item_bytes(item: Any) -> tuple[int, bool]:
     return sys.getsizeof(item), False
 
 
-def _with_containers(sites: AllocationSites, start: list[tuple[Any, int]],
-                     roots: tuple[str, ...], site_files: list[str]) -> AllocationSites:
+def _with_containers(sites: AllocationSites, start: list[tuple[Any, int]], roots: tuple[str, ...],
+                     site_files: list[str], ambiguous: set[str] | None = None) -> AllocationSites:
     """``sites`` with the list or dict that gained the most bytes in the window charged to the
     line that adds to it: NumPy arrays whose buffers TensorFlow allocated (``get_weights()``
     under a strategy) and Python allocations on TensorFlow's threads are invisible to
     tracemalloc, or it did not run. Entries added at the end (a list's append, a dict's new keys,
-    which keep insertion order); their bytes from up to ``_HOLDER_SAMPLE`` of them."""
+    which keep insertion order); their bytes from up to ``_HOLDER_SAMPLE`` of them. A site whose
+    line is the first of several that add to the container's names goes into ``ambiguous``."""
     grew: list[tuple[int, int, bool, Any]] = []  # (bytes gained, entries gained, NumPy's, container)
     for o, n0 in start:
         gained = len(o) - n0
@@ -588,16 +635,18 @@ def _with_containers(sites: AllocationSites, start: list[tuple[Any, int]],
     del start
     # the largest whose line is found: TensorFlow's and Keras' own containers have none
     grew.sort(key=lambda g: -g[0])
-    where = None
+    where, unique = None, False
     best_bytes, best_n, best_numpy = 0, 0, False
     for best_bytes, best_n, best_numpy, holder in grew[:_HOLDER_TRIES]:  # noqa: B007  (the one found is kept)
-        where = _line_of_holder(holder, roots, site_files)
+        where, unique = _line_of_holder(holder, roots, site_files)
         if where is not None:
             break
     del grew
     if where is None:
         return sites
     site = f"{os.path.basename(where[0])}:{where[1]}"
+    if not unique and ambiguous is not None:
+        ambiguous.add(site)
     if site in sites.sites:
         return sites  # tracemalloc or the tensor pass named it already
     code = linecache.getline(where[0], where[1]).strip()[:_MAX_CODE]
@@ -609,10 +658,12 @@ def _with_containers(sites: AllocationSites, start: list[tuple[Any, int]],
                                code=tuple(r[4] for r in rows))
 
 
-def _line_of_holder(holder: Any, roots: tuple[str, ...], site_files: list[str]) -> tuple[str, int] | None:
-    """The script's line that adds to ``holder``: the names it is bound to, from the script's
-    running frames, its globals or an object they hold; the first line of the files the window
-    saw growing, the running frames' and the script's that adds to one of them."""
+def _line_of_holder(holder: Any, roots: tuple[str, ...],
+                    site_files: list[str]) -> tuple[tuple[str, int] | None, bool]:
+    """(the script's line that adds to ``holder``, whether no other line could): the names it is
+    bound to, from the script's running frames, its globals or an object they hold; the first line
+    of the files the window saw growing, the running frames', the script's and its other modules'
+    that adds to one of them."""
     files = list(site_files)
     frames = []
     for top in sys._current_frames().values():
@@ -626,16 +677,35 @@ def _line_of_holder(holder: Any, roots: tuple[str, ...], site_files: list[str]) 
     main = getattr(sys.modules.get("__main__"), "__file__", None)
     if main:
         files.append(os.path.abspath(main))
+    files += _script_modules(roots)
     try:
         return _adding_line(_names(holder, frames), list(dict.fromkeys(files)))
     finally:
         del frames
 
 
-def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None,
-                  roots: tuple[str, ...], site_files: list[str]) -> AllocationSites:
+_MAX_MODULES = 200  # the script's own modules searched for a line that adds to a name
+
+
+def _script_modules(roots: tuple[str, ...]) -> list[str]:
+    """The files of the modules the script imported from outside the libraries (its own)."""
+    out = []
+    for m in list(sys.modules.values()):  # a copy: the script may import meanwhile
+        f = getattr(m, "__file__", None)
+        if isinstance(f, str) and f.endswith(".py"):
+            f = os.path.abspath(f)
+            if not f.startswith(roots) and f != __file__:
+                out.append(f)
+                if len(out) >= _MAX_MODULES:
+                    break
+    return out
+
+
+def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None, roots: tuple[str, ...],
+                  site_files: list[str], ambiguous: set[str] | None = None) -> AllocationSites:
     """``sites`` with the eager tensors that grew in the window charged to the line that keeps
-    them (first: tensors are what a step's allocations are when the script keeps them)."""
+    them (first: tensors are what a step's allocations are when the script keeps them); a line
+    that is the first of several adding to the holder's names goes into ``ambiguous``."""
     if before is None:
         return sites
     t, mark = before
@@ -657,8 +727,10 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None,
     big = [c for c in containers if len(c) >= count // 4]
     holder = _holder(big, sample)
     del containers, big, sample
-    where = _line_of_holder(holder, roots, site_files) if holder is not None else None
+    where, unique = _line_of_holder(holder, roots, site_files) if holder is not None else (None, False)
     site = f"{os.path.basename(where[0])}:{where[1]}" if where else ""
+    if site and not unique and ambiguous is not None:
+        ambiguous.add(site)
     code = linecache.getline(where[0], where[1]).strip()[:_MAX_CODE] if where else ""
     kind = "scalar tensors" if scalars else "tensors"
     rows = [(site, grown, count, kind, code)] + [

@@ -92,6 +92,8 @@ def install_tf_probes(agent: "Agent", patches: Patches, disabled: set[str]) -> N
             agent.retrace_probe = installed  # the leak doctor leaves growth with traces alone
         elif name == "pipeline_map":
             agent.pipeline_map = installed  # the leak doctor reads what the pipelines hold
+        elif name == "leak_doctor":
+            agent.leak_doctor = installed  # the auto-profile waits while its window samples
         elif name == "commands":
             agent.profiler = installed.profiler  # the auto-profile captures through it
 

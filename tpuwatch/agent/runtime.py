@@ -27,6 +27,7 @@ from tpuwatch.agent.sampler_set import SamplerSet
 from tpuwatch.protocol import Command, Event, Level, Message
 
 if TYPE_CHECKING:
+    from tpuwatch.agent.leak_doctor import LeakDoctor
     from tpuwatch.agent.pipeline_map import PipelineMap
     from tpuwatch.agent.profiler import Profiler
     from tpuwatch.agent.retraces import RetraceProbe
@@ -84,6 +85,7 @@ class Agent:
         self.step_probe: StepProbe | None = None  # set by probes.install_all
         self.retrace_probe: RetraceProbe | None = None  # set by probes.install_all (the leak doctor reads it)
         self.pipeline_map: PipelineMap | None = None  # set by probes.install_tf_probes (the leak doctor reads it)
+        self.leak_doctor: LeakDoctor | None = None  # set by probes.install_tf_probes (the auto-profile reads it)
         self.profiler: Profiler | None = None  # set by probes.install_tf_probes (the auto-profile captures through it)
         self.num_workers = 1  # of the strategy announced last (environment)
         # Called on the agent thread with the Steps' fields written by one drain, in order (never
