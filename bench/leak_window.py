@@ -2,9 +2,10 @@
 ``tpuwatch run --headless --no-auto-profile``, each window's step time inside it over the step
 time just before it (both from the window's own ``AllocationSites``), with the line it named.
 
-The first window of a run is light (no tracemalloc: a pass over the objects at its start and at
-its end); a second one with tracemalloc follows only when the light one named no single line for
-most of what grew (see tpuwatch/agent/leak_doctor.py). Both kinds are printed, marked.
+Every window is light first (no tracemalloc: a pass over the objects at its start and at its end);
+one with tracemalloc follows only when the light one named no single line for half of what grew
+(see tpuwatch/agent/leak_doctor.py), and then only its sites are sent: a line marked
+"tracemalloc" is such a follow-up (the light window before it is not printed).
 
     python bench/leak_window.py [--rounds 2] [--scripts leak_dict_cache.py,...]
 

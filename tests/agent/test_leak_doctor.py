@@ -4,6 +4,8 @@ container holding them, its name and the line that adds to it. Real TensorFlow, 
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -185,7 +187,9 @@ def _leaky_module(tmp_path, monkeypatch, name: str, source: str, kept: str = "ke
 
     (tmp_path / f"{name}.py").write_text("import numpy as np\n\n" + source.replace("KEPT", kept))
     monkeypatch.syspath_prepend(str(tmp_path))
-    return importlib.import_module(name)
+    module = importlib.import_module(name)
+    monkeypatch.setitem(sys.modules, name, module)  # gone after the test: no other test's file
+    return module
 
 
 def _window_open(doctor, agent, t, rss) -> None:
@@ -472,3 +476,96 @@ def test_growth_no_one_line_explains_gets_tracemallocs_window(tmp_path, monkeypa
     (sites,) = found
     line = next(i for i, text in enumerate(source.splitlines(), start=3) if "# 2 MiB a step" in text)
     assert sites.sites[0] == f"leaky_{name.replace(' ', '_')}.py:{line}", sites
+
+
+_CLOSURE = ("def make_keeper():\n"
+            "    KEPT = []\n"
+            "    def keep(n):\n"
+            "        for _ in range(n):\n"
+            "            KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n"
+            "    return keep\n")
+
+
+@pytest.mark.parametrize("meanwhile", ["the script starts tracemalloc", "a tf.function is traced"])
+def test_no_tracemalloc_window_follows_when_a_window_could_not_open(tmp_path, monkeypatch, meanwhile):
+    # what _open asks of any window holds for the one after a light window too: the script's own
+    # tracemalloc is left alone (a start would do nothing, our stop would end the script's), and
+    # tracing under tracemalloc is ~7x slower
+    import tracemalloc
+
+    keep = _leaky_module(tmp_path, monkeypatch, "leaky_guarded", _CLOSURE, "kept_by_closure").make_keeper()
+    agent, t, rss, traces = _Agent(), [0.0], [1 << 30], [0]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], traces=lambda: traces[0])
+    try:
+        for _ in range(leak_doctor.RISE_SAMPLES + 1):
+            keep(15)
+            _rising(doctor, agent, t, rss)
+        assert doctor.window_open and not tracemalloc.is_tracing()
+        _rising(doctor, agent, t, rss)  # the light window's first pass
+        if meanwhile == "the script starts tracemalloc":
+            tracemalloc.start()
+        else:
+            traces[0] += 1
+        found: list = []
+        while doctor.window_open and t[0] < 20:
+            keep(15)
+            found += _rising(doctor, agent, t, rss)
+        script_traces = tracemalloc.is_tracing()
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+    assert found == [] and not doctor.window_open  # the closure's list has no name: nothing to send
+    assert script_traces == (meanwhile == "the script starts tracemalloc")
+
+
+def test_a_light_windows_line_stands_when_tracemallocs_window_sees_no_step(tmp_path, monkeypatch):
+    # the light window named the one line that adds to the list, but RSS grew more than it
+    # holds: tracemalloc's window follows; no step runs in it (an evaluation began), so what the
+    # light window found is what is sent
+    import tracemalloc
+
+    leaky = _leaky_module(tmp_path, monkeypatch, "leaky_partial",
+                          "def keep(KEPT, n):\n"
+                          "    for _ in range(n):\n"
+                          "        KEPT.append(np.ones(1 << 16))  # 0.5 MiB a step\n", "kept_partly")
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    kept_partly: list = []
+    traced = False
+    try:
+        for _ in range(leak_doctor.RISE_SAMPLES + 2):  # 30 MiB a sample of RSS, 7.5 MiB of it kept
+            leaky.keep(kept_partly, 15)
+            _rising(doctor, agent, t, rss)
+        while not tracemalloc.is_tracing() and t[0] < 20:
+            leaky.keep(kept_partly, 15)
+            assert _rising(doctor, agent, t, rss) == []
+        traced = tracemalloc.is_tracing()
+        found: list = []
+        while doctor.window_open and t[0] < 40:  # no step: the time goes by, RSS does not climb
+            t[0] += 0.5
+            found += doctor()
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+    assert traced
+    (sites,) = found
+    assert sites.sites[0] == "leaky_partial.py:5" and sites.grown_bytes[0] < 0.5 * (sites.rss_grown_bytes or 0)
+
+
+def test_the_agent_holds_its_leak_doctor_for_the_auto_profile(tmp_path):
+    # the auto-profile reads agent.leak_doctor.window_open: without the reference it would capture
+    # under a light window, and no test of its own would notice
+    import tensorflow  # noqa: F401  (imported: the probes install at once)
+
+    from tpuwatch.agent import post_import, probes
+    from tpuwatch.agent.runtime import Agent
+
+    agent = Agent(tmp_path, "t")
+    patches = probes.install_all(agent, "t.py", ["t.py"], set())
+    try:
+        assert isinstance(agent.leak_doctor, leak_doctor.LeakDoctor)
+        assert "leak_doctor" not in agent.disabled_probes
+    finally:
+        probes.uninstall(patches)
+        post_import.cancel_all()
+        agent.stop()

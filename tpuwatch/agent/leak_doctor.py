@@ -15,11 +15,14 @@ inside the window and just before it (the window's cost).
 
 Each window is *light* first: two passes over the objects, at its start and its end (below), and
 nothing in between, so the steps inside it run at their own speed. When its first site is a line of
-the script that holds at least ``EXPLAINED_SHARE`` of what RSS grew meanwhile, that is the answer.
-Otherwise (and while RSS still climbed) a second window follows at once with ``tracemalloc`` on,
-which every allocation of the script's Python pays for (1.5-2.7x a small step): a snapshot after
-its first sample, one at the end, diffed by traceback; each growing allocation is charged to the
-innermost frame of the script (outside TensorFlow, Keras, NumPy, tpuwatch and the standard library).
+the script, the only one that could add to its container's names, that holds at least
+``EXPLAINED_SHARE`` of what RSS grew meanwhile, that is the answer. Otherwise, while RSS still
+climbed by ``RISE_MIN_BYTES`` and what ``_open`` asks still holds, a second window follows at once
+with ``tracemalloc`` on, which every allocation of the script's Python pays for (1.5-2.7x a small
+step): a snapshot after its first sample, one at the end, diffed by traceback; each growing
+allocation is charged to the innermost frame of the script (outside TensorFlow, Keras, NumPy,
+tpuwatch and the standard library). A light window that found nothing and is not followed sends
+nothing; one whose only line held too little is sent if tracemalloc's finds nothing.
 A window still open when the script ends is closed by a shutdown hook; the script's frames have
 returned by then, and a diff that finds nothing (what they kept was freed with them) is dropped
 rather than sent as "nothing grew".
@@ -50,6 +53,7 @@ import sys
 import sysconfig
 import threading
 import time
+import types
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -204,10 +208,12 @@ class LeakDoctor:
         self._last_window_t = now
         self._start(now, step, before, light=True)
 
-    def _start(self, now: float, step: int, before: float | None, light: bool) -> None:
+    def _start(self, now: float, step: int, before: float | None, light: bool,
+               light_found: AllocationSites | None = None) -> None:
         """A window from the next sample on: ``light``, the tensor and container diffs only (no
         cost between its two passes); else with tracemalloc too, which the script's Python pays
-        for every allocation (1.5-2.7x the step time at a small step)."""
+        for every allocation (1.5-2.7x the step time at a small step). ``light_found``: what the
+        light window before it found, sent if this one finds nothing."""
         import tracemalloc
 
         # Python called from TensorFlow's threads (tf.numpy_function, py_function, from_generator)
@@ -220,7 +226,15 @@ class LeakDoctor:
             tracemalloc.start(FRAMES)
         self._window = {"t0": now, "step0": step, "before": before, "snap": None, "tensors": None,
                         "light": light, "escalate": light and not only_light, "started": False,
-                        "containers": []}
+                        "containers": [], "traces": self._traces(), "light_found": light_found}
+
+    def _may_follow(self, w: dict[str, Any]) -> bool:
+        """Whether tracemalloc's window may follow the light window ``w`` now: what ``_open``
+        asks of any window (the script does not trace allocations itself, no profile is captured,
+        no tf.function traced meanwhile)."""
+        import tracemalloc
+
+        return not tracemalloc.is_tracing() and not self._profiling() and self._traces() == w["traces"]
 
     def close(self) -> None:
         """The script has ended (a shutdown hook): a window still open ends now, with what it
@@ -231,12 +245,15 @@ class LeakDoctor:
                 return
             if not w["started"] or self.agent.global_step <= w["step1"]:
                 # no first snapshot yet, or no training step since it: nothing to charge to the
-                # training (what the script's teardown allocates is no leak)
+                # training (what the script's teardown allocates is no leak); what a light window
+                # before this one found still goes
                 import tracemalloc
 
                 if not w["light"]:
                     tracemalloc.stop()
                 self._window = None
+                if w["light_found"] is not None:
+                    self.agent.emit(w["light_found"], force=True)
                 return
             for msg in self._advance(self._clock(), self.agent.global_step, early=True):
                 if isinstance(msg, AllocationSites) and not msg.sites:
@@ -274,6 +291,8 @@ class LeakDoctor:
             # no step ran while it sampled (an epoch boundary, an evaluation, a save): no evidence
             # either way; it does not count, and the next steps that climb open another
             del end, w["containers"]
+            if w["light_found"] is not None:
+                return (w["light_found"],)  # what the light window before it found still goes
             self._retry()
             return ()
         inside = (now - w["t0"]) / (step - w["step0"]) if step > w["step0"] else None
@@ -296,13 +315,21 @@ class LeakDoctor:
             found = _with_containers(found, w.pop("containers"), self._roots, self._site_files, ambiguous)
         except Exception as e:  # noqa: BLE001  (a container that cannot be read: the other sites still go)
             self.agent.probe_failed(PROBE + ".containers", e)
-        if (w["escalate"] and not early and not _explains(found, ambiguous)
-                and (found.rss_grown_bytes or 0) >= RISE_MIN_BYTES):
-            # the light window named no line, or not one line alone, for most of what grew:
-            # tracemalloc's window follows at once (the growth is established), and its sites are
-            # the ones sent
-            self._start(now, step, w["before"], light=False)
-            return ()
+        if w["escalate"] and not early and not _explains(found, ambiguous):
+            if (found.rss_grown_bytes or 0) >= RISE_MIN_BYTES and self._may_follow(w):
+                # the light window named no line, or not one line alone, for most of what grew:
+                # tracemalloc's window follows at once (the growth is established); its sites are
+                # the ones sent, these if it finds none and they name one line alone
+                kept = found if found.sites and found.sites[0] and found.sites[0] not in ambiguous else None
+                self._start(now, step, w["before"], light=False, light_found=kept)
+                return ()
+            if not found.sites:
+                # nothing to charge, and tracemalloc did not look: no "native memory" claim
+                self._retry()
+                return ()
+        light_found = w["light_found"]
+        if not found.sites and light_found is not None:
+            found = light_found  # tracemalloc's window found nothing: the light one's sites stand
         if not found.sites:
             self._retry()  # nothing to charge: if the growth goes on, look again (not 60 s later)
         return (found,)
@@ -487,13 +514,13 @@ def _inner(item: Any) -> tuple[Any, ...] | list[Any]:
     return _replica_values(item)
 
 
-def _names(container: Any, frames: list[Any]) -> list[str]:
+def _names(container: Any, frames: list[Any], every: bool = False) -> list[str]:
     """The names ``container`` is bound to: a local of one of ``frames`` (the script's running
     functions), else a global of the script, else an attribute of an object one of those holds
-    (``self.history``, ``h.losses``). Only downward from the script's own names: no
-    ``gc.get_referrers``."""
+    (``self.history``, ``h.losses``); ``every``: all of them, whatever binds it first. Only
+    downward from the script's own names: no ``gc.get_referrers``."""
     names = [k for f in frames for k, v in f.f_locals.items() if v is container]
-    if names:
+    if names and not every:
         return names
     main = sys.modules.get("__main__")
     modules = {id(f.f_globals): f.f_globals for f in frames}  # the globals of the script's modules
@@ -502,7 +529,7 @@ def _names(container: Any, frames: list[Any]) -> list[str]:
     scopes = [dict(f.f_locals) for f in frames] + [dict(g) for g in modules.values()]
     for scope in scopes:
         names += [k for k, v in scope.items() if v is container and isinstance(k, str)]
-    if names:
+    if names and not every:
         return names
     for scope in scopes:
         for v in scope.values():
@@ -512,22 +539,31 @@ def _names(container: Any, frames: list[Any]) -> list[str]:
     return names
 
 
-def _adding_line(names: list[str], files: list[str]) -> tuple[tuple[str, int] | None, bool]:
+def _adding_line(names: list[str], files: list[str],
+                 aliases: list[str] | None = None) -> tuple[tuple[str, int] | None, bool]:
     """(the first line of ``files`` that adds to one of ``names``: ``NAME.append(`` and kin, or
-    ``NAME[key] = `` (``self.NAME`` matches too); whether it is the only such line)."""
+    ``NAME[key] = `` (``self.NAME`` matches too); whether no other line of them could add to
+    ``names`` or ``aliases`` (other names of the same container): for that count a line's
+    comments and strings count too, and ``NAME +=``, ``NAME |=`` and ``heappush(NAME`` add as
+    well, so a doubt counts as another line)."""
     if not names:
         return None, False
     alt = "|".join(re.escape(n) for n in dict.fromkeys(names))
     pattern = re.compile(rf"(?<![\w])(?:{alt})\s*(?:\.\s*(?:append|extend|insert|appendleft|add|setdefault|update)\s*\("
                          rf"|\[[^\]]+\]\s*=(?!=))")
-    first = None
+    every = "|".join(re.escape(n) for n in dict.fromkeys([*names, *(aliases or ())]))
+    could = re.compile(rf"(?<![\w])(?:{every})\s*(?:\.\s*(?:append|extend|insert|appendleft|add|setdefault|update)\s*\("
+                       rf"|\[[^\]]+\]\s*=(?!=)|[+|]=)|heappush\s*\(\s*(?:{every})\b")
+    first, others = None, 0
     for f in files:
         for n, line in enumerate(linecache.getlines(f), start=1):
-            if pattern.search(line.split("#", 1)[0]):
-                if first is not None:
-                    return first, False
+            if first is None and pattern.search(line.split("#", 1)[0]):
                 first = (f, n)
-    return first, first is not None
+            elif could.search(line):
+                others += 1
+            if first is not None and others:
+                return first, False
+    return first, first is not None and not others
 
 
 def _explains(found: AllocationSites, ambiguous: set[str]) -> bool:
@@ -677,28 +713,48 @@ def _line_of_holder(holder: Any, roots: tuple[str, ...],
     main = getattr(sys.modules.get("__main__"), "__file__", None)
     if main:
         files.append(os.path.abspath(main))
-    files += _script_modules(roots)
+    modules, complete = _script_modules(roots)
+    files += modules
     try:
-        return _adding_line(_names(holder, frames), list(dict.fromkeys(files)))
+        where, unique = _adding_line(_names(holder, frames), list(dict.fromkeys(files)),
+                                     _names(holder, frames, every=True))
+        return where, unique and complete
     finally:
         del frames
 
 
-_MAX_MODULES = 200  # the script's own modules searched for a line that adds to a name
+_MAX_MODULES = 50  # the script's own modules searched for a line that adds to a name
+# (len(sys.modules), the script's modules' files, all of them): read once while no module is added
+_modules_seen: tuple[int, list[str], bool] = (0, [], True)
 
 
-def _script_modules(roots: tuple[str, ...]) -> list[str]:
-    """The files of the modules the script imported from outside the libraries (its own)."""
-    out = []
+def _script_modules(roots: tuple[str, ...]) -> tuple[list[str], bool]:
+    """(the files of the modules the script imported from outside the libraries (its own), at
+    most ``_MAX_MODULES``; whether that is all of them). Each module's own ``__dict__`` is read,
+    never an attribute: a lazily loaded module (TensorFlow's ``LazyLoader``, importlib's) would
+    import on this thread."""
+    global _modules_seen
+    n = len(sys.modules)
+    if _modules_seen[0] == n:
+        return _modules_seen[1], _modules_seen[2]
+    out: list[str] = []
+    complete = True
     for m in list(sys.modules.values()):  # a copy: the script may import meanwhile
-        f = getattr(m, "__file__", None)
+        if not isinstance(m, types.ModuleType):
+            continue
+        try:
+            f = object.__getattribute__(m, "__dict__").get("__file__")
+        except Exception:  # noqa: BLE001  (a module object of some other making: left out)
+            continue
         if isinstance(f, str) and f.endswith(".py"):
             f = os.path.abspath(f)
             if not f.startswith(roots) and f != __file__:
-                out.append(f)
                 if len(out) >= _MAX_MODULES:
+                    complete = False
                     break
-    return out
+                out.append(f)
+    _modules_seen = (n, out, complete)
+    return out, complete
 
 
 def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None, roots: tuple[str, ...],
