@@ -213,7 +213,7 @@ def test_a_window_still_open_when_the_script_ends_reports_what_it_saw(tmp_path, 
                           "    for _ in range(n):\n"
                           "        KEPT.append(np.ones(1 << 18))  # 2 MiB a step, kept\n", "kept_to_the_end")
     agent, t, rss = _Agent(), [0.0], [1 << 30]
-    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], script_dir=str(tmp_path))
     kept_to_the_end: list = [np.ones(1) for _ in range(20)]  # what earlier steps kept
     try:
         _window_open(doctor, agent, t, rss)
@@ -244,7 +244,7 @@ def test_a_window_cut_short_after_the_scripts_frames_returned_claims_nothing(tmp
                           "    for _ in range(n):\n"
                           "        kept.append(np.ones(1 << 18))  # 2 MiB a step, kept until main returns\n")
     agent, t, rss = _Agent(), [0.0], [1 << 30]
-    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], script_dir=str(tmp_path))
     try:
         _window_open(doctor, agent, t, rss)
         leaky.main(20)  # the training ran on and the script returned: its list is gone
@@ -428,7 +428,7 @@ def test_a_line_the_light_window_names_alone_costs_no_tracemalloc(tmp_path, monk
                           "    for _ in range(n):\n"
                           "        KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n", "saved_batches")
     agent, t, rss = _Agent(), [0.0], [1 << 30]
-    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], script_dir=str(tmp_path))
     saved_batches: list = []
     try:
         found, traced = _until_found(doctor, agent, t, rss, lambda: leaky.keep(saved_batches, 15),
@@ -466,7 +466,7 @@ def test_growth_no_one_line_explains_gets_tracemallocs_window(tmp_path, monkeypa
     leaky = _leaky_module(tmp_path, monkeypatch, f"leaky_{name.replace(' ', '_')}", source, "history")
     keep = leaky.make_keeper()
     agent, t, rss = _Agent(), [0.0], [1 << 30]
-    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], script_dir=str(tmp_path))
     try:
         found, traced = _until_found(doctor, agent, t, rss, lambda: keep(15), 3 * leak_doctor.WINDOW_S)
     finally:
@@ -495,7 +495,8 @@ def test_no_tracemalloc_window_follows_when_a_window_could_not_open(tmp_path, mo
 
     keep = _leaky_module(tmp_path, monkeypatch, "leaky_guarded", _CLOSURE, "kept_by_closure").make_keeper()
     agent, t, rss, traces = _Agent(), [0.0], [1 << 30], [0]
-    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], traces=lambda: traces[0])
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], traces=lambda: traces[0],
+                                    script_dir=str(tmp_path))
     try:
         for _ in range(leak_doctor.RISE_SAMPLES + 1):
             keep(15)
@@ -529,7 +530,7 @@ def test_a_light_windows_line_stands_when_tracemallocs_window_sees_no_step(tmp_p
                           "    for _ in range(n):\n"
                           "        KEPT.append(np.ones(1 << 16))  # 0.5 MiB a step\n", "kept_partly")
     agent, t, rss = _Agent(), [0.0], [1 << 30]
-    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], script_dir=str(tmp_path))
     kept_partly: list = []
     traced = False
     try:
@@ -569,3 +570,33 @@ def test_the_agent_holds_its_leak_doctor_for_the_auto_profile(tmp_path):
         probes.uninstall(patches)
         post_import.cancel_all()
         agent.stop()
+
+
+def test_only_the_scripts_own_folder_is_searched_for_other_lines(tmp_path, monkeypatch):
+    # CI: in a process that had imported every test module (each outside the libraries), the
+    # search for other lines adding to the same name went through all of them and gave up at its
+    # cap: every light window was followed by tracemalloc's. A module from elsewhere that adds to a
+    # list of the same name is not the script's
+    import tracemalloc
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    leaky = _leaky_module(project, monkeypatch, "leaky_own",
+                          "def keep(KEPT, n):\n"
+                          "    for _ in range(n):\n"
+                          "        KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n", "batches_seen")
+    _leaky_module(elsewhere, monkeypatch, "unrelated_helper",
+                  "def note(KEPT, x):\n    KEPT.append(x)\n", "batches_seen")
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], script_dir=str(project))
+    batches_seen: list = []
+    try:
+        found, traced = _until_found(doctor, agent, t, rss, lambda: leaky.keep(batches_seen, 15),
+                                     2 * leak_doctor.WINDOW_S)
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+    assert not traced
+    (sites,) = found
+    assert sites.sites[0] == "leaky_own.py:5"

@@ -114,8 +114,11 @@ def _kind(path: str) -> str:
 
 class LeakDoctor:
     def __init__(self, agent: "Agent", rss: Callable[[], int], clock: Callable[[], float] = time.monotonic,
-                 held: Callable[[], int] = lambda: 0, traces: Callable[[], int] = lambda: 0) -> None:
+                 held: Callable[[], int] = lambda: 0, traces: Callable[[], int] = lambda: 0,
+                 script_dir: str | None = None) -> None:
         self.agent = agent
+        # where the script's own modules are (None: the folder of __main__'s file, the script)
+        self._script_dir = script_dir
         self._rss = rss
         self._clock = clock
         self._held = held
@@ -308,11 +311,12 @@ class LeakDoctor:
         found = sites
         ambiguous: set[str] = set()  # sites named by a container's name that other lines add to too
         try:
-            found = _with_tensors(found, w["tensors"], self._roots, self._site_files, ambiguous)
+            found = _with_tensors(found, w["tensors"], self._roots, self._site_files, ambiguous, self._script_dir)
         except Exception as e:  # noqa: BLE001  (a TF without what the pass reads: the Python sites still go)
             self.agent.probe_failed(PROBE + ".tensors", e)
         try:
-            found = _with_containers(found, w.pop("containers"), self._roots, self._site_files, ambiguous)
+            found = _with_containers(found, w.pop("containers"), self._roots, self._site_files, ambiguous,
+                                     self._script_dir)
         except Exception as e:  # noqa: BLE001  (a container that cannot be read: the other sites still go)
             self.agent.probe_failed(PROBE + ".containers", e)
         if w["escalate"] and not early and not _explains(found, ambiguous):
@@ -650,7 +654,8 @@ def _item_bytes(item: Any) -> tuple[int, bool]:
 
 
 def _with_containers(sites: AllocationSites, start: list[tuple[Any, int]], roots: tuple[str, ...],
-                     site_files: list[str], ambiguous: set[str] | None = None) -> AllocationSites:
+                     site_files: list[str], ambiguous: set[str] | None = None,
+                     script_dir: str | None = None) -> AllocationSites:
     """``sites`` with the list or dict that gained the most bytes in the window charged to the
     line that adds to it: NumPy arrays whose buffers TensorFlow allocated (``get_weights()``
     under a strategy) and Python allocations on TensorFlow's threads are invisible to
@@ -674,7 +679,7 @@ def _with_containers(sites: AllocationSites, start: list[tuple[Any, int]], roots
     where, unique = None, False
     best_bytes, best_n, best_numpy = 0, 0, False
     for best_bytes, best_n, best_numpy, holder in grew[:_HOLDER_TRIES]:  # noqa: B007  (the one found is kept)
-        where, unique = _line_of_holder(holder, roots, site_files)
+        where, unique = _line_of_holder(holder, roots, site_files, script_dir)
         if where is not None:
             break
     del grew
@@ -694,12 +699,12 @@ def _with_containers(sites: AllocationSites, start: list[tuple[Any, int]], roots
                                code=tuple(r[4] for r in rows))
 
 
-def _line_of_holder(holder: Any, roots: tuple[str, ...],
-                    site_files: list[str]) -> tuple[tuple[str, int] | None, bool]:
+def _line_of_holder(holder: Any, roots: tuple[str, ...], site_files: list[str],
+                    script_dir: str | None = None) -> tuple[tuple[str, int] | None, bool]:
     """(the script's line that adds to ``holder``, whether no other line could): the names it is
     bound to, from the script's running frames, its globals or an object they hold; the first line
     of the files the window saw growing, the running frames', the script's and its other modules'
-    that adds to one of them."""
+    (under ``script_dir``, by default the script's folder) that adds to one of them."""
     files = list(site_files)
     frames = []
     for top in sys._current_frames().values():
@@ -713,7 +718,8 @@ def _line_of_holder(holder: Any, roots: tuple[str, ...],
     main = getattr(sys.modules.get("__main__"), "__file__", None)
     if main:
         files.append(os.path.abspath(main))
-    modules, complete = _script_modules(roots)
+    under = script_dir if script_dir is not None else os.path.dirname(os.path.abspath(main)) if main else None
+    modules, complete = _script_modules(roots, under) if under else ([], True)
     files += modules
     try:
         where, unique = _adding_line(_names(holder, frames), list(dict.fromkeys(files)),
@@ -724,19 +730,20 @@ def _line_of_holder(holder: Any, roots: tuple[str, ...],
 
 
 _MAX_MODULES = 50  # the script's own modules searched for a line that adds to a name
-# (len(sys.modules), the script's modules' files, all of them): read once while no module is added
-_modules_seen: tuple[int, list[str], bool] = (0, [], True)
+# (len(sys.modules), the folder, its modules' files, all of them): read once while no module is added
+_modules_seen: tuple[int, str, list[str], bool] = (0, "", [], True)
 
 
-def _script_modules(roots: tuple[str, ...]) -> tuple[list[str], bool]:
-    """(the files of the modules the script imported from outside the libraries (its own), at
-    most ``_MAX_MODULES``; whether that is all of them). Each module's own ``__dict__`` is read,
-    never an attribute: a lazily loaded module (TensorFlow's ``LazyLoader``, importlib's) would
-    import on this thread."""
+def _script_modules(roots: tuple[str, ...], under: str) -> tuple[list[str], bool]:
+    """(the files of the modules imported from the folder ``under`` (the script's own) and
+    outside the libraries, at most ``_MAX_MODULES``; whether that is all of them). Each module's
+    own ``__dict__`` is read, never an attribute: a lazily loaded module (TensorFlow's
+    ``LazyLoader``, importlib's) would import on this thread."""
     global _modules_seen
     n = len(sys.modules)
-    if _modules_seen[0] == n:
-        return _modules_seen[1], _modules_seen[2]
+    under = os.path.join(os.path.abspath(under), "")
+    if _modules_seen[0] == n and _modules_seen[1] == under:
+        return _modules_seen[2], _modules_seen[3]
     out: list[str] = []
     complete = True
     for m in list(sys.modules.values()):  # a copy: the script may import meanwhile
@@ -748,17 +755,18 @@ def _script_modules(roots: tuple[str, ...]) -> tuple[list[str], bool]:
             continue
         if isinstance(f, str) and f.endswith(".py"):
             f = os.path.abspath(f)
-            if not f.startswith(roots) and f != __file__:
+            if f.startswith(under) and not f.startswith(roots) and f != __file__:
                 if len(out) >= _MAX_MODULES:
                     complete = False
                     break
                 out.append(f)
-    _modules_seen = (n, out, complete)
+    _modules_seen = (n, under, out, complete)
     return out, complete
 
 
 def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None, roots: tuple[str, ...],
-                  site_files: list[str], ambiguous: set[str] | None = None) -> AllocationSites:
+                  site_files: list[str], ambiguous: set[str] | None = None,
+                  script_dir: str | None = None) -> AllocationSites:
     """``sites`` with the eager tensors that grew in the window charged to the line that keeps
     them (first: tensors are what a step's allocations are when the script keeps them); a line
     that is the first of several adding to the holder's names goes into ``ambiguous``."""
@@ -783,7 +791,8 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None, roots
     big = [c for c in containers if len(c) >= count // 4]
     holder = _holder(big, sample)
     del containers, big, sample
-    where, unique = _line_of_holder(holder, roots, site_files) if holder is not None else (None, False)
+    where, unique = (_line_of_holder(holder, roots, site_files, script_dir) if holder is not None
+                     else (None, False))
     site = f"{os.path.basename(where[0])}:{where[1]}" if where else ""
     if site and not unique and ambiguous is not None:
         ambiguous.add(site)
