@@ -5,6 +5,8 @@ comes with it (not with tpuwatch), so the tests with arrays are marked ``tf``.""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from tpuwatch.agent import leak_doctor
@@ -124,3 +126,31 @@ def test_a_dict_the_garbage_collector_does_not_track_is_found_through_the_script
             if line.strip() == "memo[len(memo)] = out"]
     assert found.sites == (f"test_leak_storing_line.py:{n}",) and found.kinds == ("numpy",)
     assert found.grown_bytes[0] >= 30 * 512 * 512 * 4
+
+
+def test_the_scripts_names_are_read_without_running_their_objects_code():
+    # a lazily loaded module (importlib's LazyLoader, TensorFlow's) imports on any attribute read,
+    # a proxy runs its own code: the agent's thread reads objects' own __dict__ only
+    touched = []
+
+    class Lazy:
+        def __getattribute__(self, name):
+            touched.append(name)
+            return object.__getattribute__(self, name)
+
+        def __getattr__(self, name):
+            touched.append(name)
+            raise AttributeError(name)
+
+    lazy_module_like = Lazy()
+    kept = [bytearray(8) for _ in range(20)]
+    lazy_module_like.kept = kept
+    touched.clear()
+    roots = leak_doctor._library_roots()
+    held = leak_doctor._script_held(roots)
+    assert any(h is kept for h in held)  # found through the object's own dict
+    frame = sys._getframe()
+    assert "kept" in leak_doctor._names(kept, [frame], every=True)
+    assert leak_doctor._replica_values(lazy_module_like) == ()
+    assert touched == []
+    del lazy_module_like, frame

@@ -498,12 +498,25 @@ def _holder(candidates: list[Any], sample: list[Any]) -> Any:
     return best if most * 2 >= len(sample) else None
 
 
+def _own_dict(obj: Any) -> dict[str, Any] | None:
+    """``obj``'s own ``__dict__``, read without its class's attribute hooks (a lazily loaded
+    module would import on the agent's thread, a proxy would run its code; ``isinstance`` would
+    ask ``__class__``); None for a class, or an object without one."""
+    if issubclass(type(obj), type):
+        return None
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except Exception:  # noqa: BLE001  (no __dict__: slots, a C object)
+        return None
+    return d if type(d) is dict else None
+
+
 def _replica_values(item: Any) -> tuple[Any, ...]:
     """A tf.distribute value's per-replica tensors (``PerReplica._values``: a strategy's step
     returns one per output), read from the instance's own dict (no attribute lookup that could
     run the object's code); () for anything else."""
-    d = getattr(item, "__dict__", None) if not isinstance(item, type) else None
-    values = d.get("_values") if type(d) is dict else None
+    d = _own_dict(item)
+    values = d.get("_values") if d is not None else None
     return values if type(values) is tuple and len(values) <= _HOLDER_SAMPLE else ()
 
 
@@ -537,9 +550,9 @@ def _names(container: Any, frames: list[Any], every: bool = False) -> list[str]:
         return names
     for scope in scopes:
         for v in scope.values():
-            d = getattr(v, "__dict__", None) if not isinstance(v, type) else None
-            if type(d) is dict:
-                names += [k for k, a in d.items() if a is container and isinstance(k, str)]
+            d = _own_dict(v)
+            if d is not None:
+                names += [k for k, a in list(d.items()) if a is container and isinstance(k, str)]
     return names
 
 
@@ -631,9 +644,9 @@ def _script_held(roots: tuple[str, ...]) -> list[Any]:
         for v in scope.values():
             if (type(v) is list or type(v) is dict) and len(v) >= _HOLDER_SAMPLE:
                 found.append(v)
-            elif not isinstance(v, type):
-                d = getattr(v, "__dict__", None)
-                if type(d) is dict:
+            else:
+                d = _own_dict(v)
+                if d is not None:
                     # a copy first: the training thread may set an attribute meanwhile
                     found += [a for a in list(d.values())
                               if (type(a) is list or type(a) is dict) and len(a) >= _HOLDER_SAMPLE]
