@@ -192,6 +192,24 @@ def _leaky_module(tmp_path, monkeypatch, name: str, source: str, kept: str = "ke
     return module
 
 
+def _keeping_module(tmp_path, monkeypatch, name: str, kept: str, elements: int = 1 << 18):
+    """A script module whose ``keep(kept, n)`` appends ``n`` arrays of ``elements`` float64s (2 MiB
+    by default) to the list ``kept`` at its line 5."""
+    return _leaky_module(tmp_path, monkeypatch, name,
+                         "def keep(KEPT, n):\n"
+                         "    for _ in range(n):\n"
+                         f"        KEPT.append(np.ones({elements}))  # a step's array, kept\n", kept)
+
+
+# a list only a closure holds: no name of the script's is bound to it
+_CLOSURE = ("def make_keeper():\n"
+            "    KEPT = []\n"
+            "    def keep(n):\n"
+            "        for _ in range(n):\n"
+            "            KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n"
+            "    return keep\n")
+
+
 def _window_open(doctor, agent, t, rss) -> None:
     """Samples until the window opens, and one more: its first snapshot."""
     import tracemalloc
@@ -208,16 +226,13 @@ def test_a_window_still_open_when_the_script_ends_reports_what_it_saw(tmp_path, 
     import tracemalloc
 
     # (a name no other line of these files adds to: the light window names its one line)
-    leaky = _leaky_module(tmp_path, monkeypatch, "leaky_script",
-                          "def fill(KEPT, n):\n"
-                          "    for _ in range(n):\n"
-                          "        KEPT.append(np.ones(1 << 18))  # 2 MiB a step, kept\n", "kept_to_the_end")
+    leaky = _keeping_module(tmp_path, monkeypatch, "leaky_script", "kept_to_the_end")
     agent, t, rss = _Agent(), [0.0], [1 << 30]
     doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], script_dir=str(tmp_path))
     kept_to_the_end: list = [np.ones(1) for _ in range(20)]  # what earlier steps kept
     try:
         _window_open(doctor, agent, t, rss)
-        leaky.fill(kept_to_the_end, 20)
+        leaky.keep(kept_to_the_end, 20)
         agent.global_step += 20  # the steps that kept them
         t[0] += 1.0  # the script ends 1 s in
         doctor.close()
@@ -423,10 +438,7 @@ def test_a_line_the_light_window_names_alone_costs_no_tracemalloc(tmp_path, monk
     # the answer, and tracemalloc never runs
     import tracemalloc
 
-    leaky = _leaky_module(tmp_path, monkeypatch, "leaky_light",
-                          "def keep(KEPT, n):\n"
-                          "    for _ in range(n):\n"
-                          "        KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n", "saved_batches")
+    leaky = _keeping_module(tmp_path, monkeypatch, "leaky_light", "saved_batches")
     agent, t, rss = _Agent(), [0.0], [1 << 30]
     doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], script_dir=str(tmp_path))
     saved_batches: list = []
@@ -443,13 +455,7 @@ def test_a_line_the_light_window_names_alone_costs_no_tracemalloc(tmp_path, monk
 
 
 @pytest.mark.parametrize("source, name", [
-    # a list only a closure holds: no name of the script's is bound to it
-    ("def make_keeper():\n"
-     "    KEPT = []\n"
-     "    def keep(n):\n"
-     "        for _ in range(n):\n"
-     "            KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n"
-     "    return keep\n", "closure"),
+    (_CLOSURE, "closure"),
     # a name that two lines add to: the first is not the one that grows
     ("KEPT = []\n"
      "def note(x):\n"
@@ -476,14 +482,6 @@ def test_growth_no_one_line_explains_gets_tracemallocs_window(tmp_path, monkeypa
     (sites,) = found
     line = next(i for i, text in enumerate(source.splitlines(), start=3) if "# 2 MiB a step" in text)
     assert sites.sites[0] == f"leaky_{name.replace(' ', '_')}.py:{line}", sites
-
-
-_CLOSURE = ("def make_keeper():\n"
-            "    KEPT = []\n"
-            "    def keep(n):\n"
-            "        for _ in range(n):\n"
-            "            KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n"
-            "    return keep\n")
 
 
 @pytest.mark.parametrize("meanwhile", ["the script starts tracemalloc", "a tf.function is traced"])
@@ -525,10 +523,7 @@ def test_a_light_windows_line_stands_when_tracemallocs_window_sees_no_step(tmp_p
     # light window found is what is sent
     import tracemalloc
 
-    leaky = _leaky_module(tmp_path, monkeypatch, "leaky_partial",
-                          "def keep(KEPT, n):\n"
-                          "    for _ in range(n):\n"
-                          "        KEPT.append(np.ones(1 << 16))  # 0.5 MiB a step\n", "kept_partly")
+    leaky = _keeping_module(tmp_path, monkeypatch, "leaky_partial", "kept_partly", elements=1 << 16)  # 0.5 MiB
     agent, t, rss = _Agent(), [0.0], [1 << 30]
     doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], script_dir=str(tmp_path))
     kept_partly: list = []
@@ -582,10 +577,7 @@ def test_only_the_scripts_own_folder_is_searched_for_other_lines(tmp_path, monke
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir()
     elsewhere.mkdir()
-    leaky = _leaky_module(project, monkeypatch, "leaky_own",
-                          "def keep(KEPT, n):\n"
-                          "    for _ in range(n):\n"
-                          "        KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n", "batches_seen")
+    leaky = _keeping_module(project, monkeypatch, "leaky_own", "batches_seen")
     _leaky_module(elsewhere, monkeypatch, "unrelated_helper",
                   "def note(KEPT, x):\n    KEPT.append(x)\n", "batches_seen")
     agent, t, rss = _Agent(), [0.0], [1 << 30]

@@ -531,29 +531,30 @@ def _inner(item: Any) -> tuple[Any, ...] | list[Any]:
     return _replica_values(item)
 
 
-def _names(container: Any, frames: list[Any], every: bool = False) -> list[str]:
-    """The names ``container`` is bound to: a local of one of ``frames`` (the script's running
-    functions), else a global of the script, else an attribute of an object one of those holds
-    (``self.history``, ``h.losses``); ``every``: all of them, whatever binds it first. Only
-    downward from the script's own names: no ``gc.get_referrers``."""
-    names = [k for f in frames for k, v in f.f_locals.items() if v is container]
-    if names and not every:
-        return names
+def _names(container: Any, frames: list[Any]) -> tuple[list[str], list[str]]:
+    """(the names that bind ``container`` first, every name that binds it): a local of one of
+    ``frames`` (the script's running functions), else a global of the script, else an attribute
+    of an object one of those holds (``self.history``, ``h.losses``). Only downward from the
+    script's own names: no ``gc.get_referrers``."""
     main = sys.modules.get("__main__")
     modules = {id(f.f_globals): f.f_globals for f in frames}  # the globals of the script's modules
     if main is not None:
         modules.setdefault(id(vars(main)), vars(main))
     scopes = [dict(f.f_locals) for f in frames] + [dict(g) for g in modules.values()]
-    for scope in scopes:
-        names += [k for k, v in scope.items() if v is container and isinstance(k, str)]
-    if names and not every:
-        return names
+    local = [k for f in frames for k, v in f.f_locals.items() if v is container]
+    bound = [k for scope in scopes for k, v in scope.items() if v is container and isinstance(k, str)]
+    held = []
     for scope in scopes:
         for v in scope.values():
             d = _own_dict(v)
             if d is not None:
-                names += [k for k, a in list(d.items()) if a is container and isinstance(k, str)]
-    return names
+                held += [k for k, a in list(d.items()) if a is container and isinstance(k, str)]
+    return (local or bound or held), local + bound + held
+
+
+# what follows a container's name on a line that adds to it: a call of one of its adding methods,
+# or a store into it (not a comparison)
+_ADDS = r"\.\s*(?:append|extend|insert|appendleft|add|setdefault|update)\s*\(|\[[^\]]+\]\s*=(?!=)"
 
 
 def _adding_line(names: list[str], files: list[str],
@@ -566,11 +567,9 @@ def _adding_line(names: list[str], files: list[str],
     if not names:
         return None, False
     alt = "|".join(re.escape(n) for n in dict.fromkeys(names))
-    pattern = re.compile(rf"(?<![\w])(?:{alt})\s*(?:\.\s*(?:append|extend|insert|appendleft|add|setdefault|update)\s*\("
-                         rf"|\[[^\]]+\]\s*=(?!=))")
+    pattern = re.compile(rf"(?<![\w])(?:{alt})\s*(?:{_ADDS})")
     every = "|".join(re.escape(n) for n in dict.fromkeys([*names, *(aliases or ())]))
-    could = re.compile(rf"(?<![\w])(?:{every})\s*(?:\.\s*(?:append|extend|insert|appendleft|add|setdefault|update)\s*\("
-                       rf"|\[[^\]]+\]\s*=(?!=)|[+|]=)|heappush\s*\(\s*(?:{every})\b")
+    could = re.compile(rf"(?<![\w])(?:{every})\s*(?:{_ADDS}|[+|]=)|heappush\s*\(\s*(?:{every})\b")
     first, others = None, 0
     for f in files:
         for n, line in enumerate(linecache.getlines(f), start=1):
@@ -735,8 +734,8 @@ def _line_of_holder(holder: Any, roots: tuple[str, ...], site_files: list[str],
     modules, complete = _script_modules(roots, under) if under else ([], True)
     files += modules
     try:
-        where, unique = _adding_line(_names(holder, frames), list(dict.fromkeys(files)),
-                                     _names(holder, frames, every=True))
+        first, every = _names(holder, frames)
+        where, unique = _adding_line(first, list(dict.fromkeys(files)), every)
         return where, unique and complete
     finally:
         del frames
