@@ -8,12 +8,14 @@ dataset fetches it when iterated: a ``tf.numpy_function`` that sleeps, then ``np
 the Keras ``fit`` waits for a fetch although the pipeline ends with ``prefetch``. The fix reads several shards at once:
 ``cycle_length=tf.data.AUTOTUNE, num_parallel_calls=tf.data.AUTOTUNE``.
 
-The latency is sized to this machine (the model's step timed eagerly before training: a fetch is
-about 1.6 compiled steps), because the fix's effect depends on it: where AUTOTUNE has two cores,
-two fetches at a time hide the wait only if the step is longer than half a fetch (at two steps a
-fetch, the wait left after the edit, 13-27 %, was the box's noise). With a fixed
-40 ms the same script was 43 % input-bound on one day's 2-core box and under 10 % on a slower
-day's.
+The latency is sized to this machine (the model's step timed eagerly before training), because
+the fix's effect depends on it: where AUTOTUNE has two cores, two fetches at a time hide the wait
+only if a fetch takes under two steps. Its sleep is ~1.15 compiled steps; the fetch as a whole
+takes ~1.7-1.9 (the sleep wakes late while training holds both cores, then the load), measured
+(2026-11-29, load 0.3-1.0): 39, 42, 44, 48 % input wait -> no finding after the edit, 4 of 4. At
+a sleep of ~1.6 steps the fetch took ~2.4: 58-65 % -> 8-15 % here, and 50 -> 31 % in CI, as every
+other step waited for the next pair of fetches. With a fixed 40 ms the same script was 43 %
+input-bound on one day's 2-core box and under 10 % on a slower day's.
 """
 from __future__ import annotations
 
@@ -76,9 +78,9 @@ def main() -> int:
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     global LATENCY_S
     x = np.random.default_rng(1).random((PER_SHARD, FEATURES), dtype=np.float32)
-    # a fetch: ~1.6 compiled steps (the compiled step, its Adam update of 4M weights included, is
-    # ~1.55x the eager forward and backward pass here)
-    LATENCY_S = 2.5 * eager_step_seconds(model, x, np.zeros(PER_SHARD, np.int64), loss)
+    # the fetch's sleep: ~1.15 compiled steps (the compiled step, its Adam update of 4M weights
+    # included, is ~1.55x the eager forward and backward pass here)
+    LATENCY_S = 1.8 * eager_step_seconds(model, x, np.zeros(PER_SHARD, np.int64), loss)
     with tempfile.TemporaryDirectory() as tmp:
         files = tf.data.Dataset.from_tensor_slices(write_shards(tmp, args.shards))
         ds = files.interleave(load_shard, cycle_length=1)

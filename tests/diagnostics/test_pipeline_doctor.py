@@ -95,10 +95,10 @@ def _apply_fix(tmp_path: Path, script: Path, finding: dict, site: str = "culprit
     # (2026-11-28, load 1.3-1.6): 54, 38, 40 % -> none. Two decodes at a time (AUTOTUNE's most on 2
     # cores) must take under the step: at 2.9x the step 58 -> 36 %; at 2x, 45 -> 27 % in CI
     ("input_sequential_map.py", "map", "prefetch", 0.5),
-    # shards fetched one at a time, each behind ~1.6 steps of latency (the edit must help on 2
-    # cores). cycle_length=AUTOTUNE is the core count: 2 fetches at once here, so the wait gone
-    # needs the step longer than half a fetch; measured (2026-11-28, load 0.7-1.3) 50, 51, 52 % ->
-    # none, 10, 5 % (at 2 steps a fetch: 61-68 -> 13-27 %, 42 -> 27 % in CI)
+    # shards fetched one at a time, each fetch ~1.7-1.9 steps (the edit must help on 2 cores).
+    # cycle_length=AUTOTUNE is the core count: 2 fetches at once here, so the wait gone needs the
+    # step longer than half a fetch; measured (2026-11-29, load 0.3-1.0) 39, 42, 44, 48 % -> none
+    # 4 of 4 (at ~2.4 steps a fetch: 58-65 -> 8-15 %, and 50 -> 31 % in CI)
     ("input_interleave_one.py", "interleave", "prefetch", 0.5),
 ])
 def test_the_proposed_edit_removes_the_input_wait(tmp_path, script, stage, has, cut):
