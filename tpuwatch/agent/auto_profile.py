@@ -100,6 +100,11 @@ NORMAL_KEPT = 101
 
 #: Calls held while another capture (or its reading) slows them, at most.
 HELD_MAX = 4 * CAPTURE_STEPS
+#: A capture's Result can come before the agent's drain has tapped the steps it held (20 steps of
+#: 2 ms take 40 ms; the drains are ~4 a second): its outcome waits for them at most this many
+#: samples, its steps kept by number meanwhile, at most ROWS_MAX calls.
+OUTCOME_WAITS = 8
+ROWS_MAX = 4096
 
 _NAMES = [f.name for f in fields(Step)]
 _STEP, _T, _TIME, _WAIT, _STEPS, _FN = (_NAMES.index(n) for n in ("step", "t", "step_time_s", "input_wait_s",
@@ -198,9 +203,15 @@ class AutoProfile:
         self._captures = 0
         self._last_t = -1e18
         self._said_failure = False
-        # one capture in flight: "capturing" until its Result, "after" while the step time after
-        # it is taken; _phase holds that part's steps
+        # one capture in flight: "capturing" until its outcome is taken in (its Result, once the
+        # steps it held are tapped), "after" while the step time after it is taken
         self.state = "idle"
+        # (step, step time, wait, steps a call) of each call tapped since the capture began, until
+        # its outcome sorts them by number into the steps inside it and after it (_phase)
+        self._rows: list[tuple[int, float, float | None, int]] = []
+        self._capture_last: int | None = None  # the first step of the capture's last call, once known
+        self._tapped = 0  # the newest step tapped
+        self._waits = 0  # samples the outcome waited for the capture's steps
         self._phase = _Sums()
         self._before: float | None = None
         self._inside: float | None = None
@@ -229,13 +240,19 @@ class AutoProfile:
         """The Steps' fields written by one drain of the agent's buffer (``Agent.step_taps``)."""
         with self._lock:
             bucket = self._bucket
-            phase = self._phase if self.state != "idle" else None
+            track = self.state != "idle"
+            rows, phase, last = self._rows, self._phase, self._capture_last
             for f in steps:
                 step, step_time_s, wait_s, k = f[_STEP], f[_TIME], f[_WAIT], f[_STEPS]
                 if step > WARMUP_STEPS:
                     bucket.add(step, step_time_s, wait_s, k)
-                if phase is not None:
-                    phase.add(step, step_time_s, wait_s, k)
+                if track:
+                    if last is not None:  # the capture's steps are known: the ones after it
+                        if step - k + 1 > last:
+                            phase.add(step, step_time_s, wait_s, k)
+                    elif len(rows) < ROWS_MAX:
+                        rows.append((step, step_time_s, wait_s, k))
+                self._tapped = step
                 self._tap_slow(step, f[_T], step_time_s, wait_s, k, f[_FN])
 
     def _tap_slow(self, step: int, t: float, step_time_s: float, wait_s: float | None, k: int, fn: str) -> None:
@@ -295,8 +312,9 @@ class AutoProfile:
             self._window.append((now, bucket))
         while self._window and now - self._window[0][0] > WINDOW_S:
             self._window.popleft()
-        if outcome is not None:
-            self._on_outcome(outcome, now)
+        if outcome is not None and not self._on_outcome(outcome, now):
+            with self._lock:  # its steps are not all tapped yet: taken in at a later sample
+                self._outcome = self._outcome or outcome
         if (self.state == "after" and (now - self._after_t0 >= AFTER_S or self._phase.steps >= AFTER_STEPS
                                        or self._slow.want)
                 and not self._reading()):
@@ -382,6 +400,7 @@ class AutoProfile:
             self.state = "capturing"
             self._kind = kind
             self._phase = _Sums()
+            self._rows, self._capture_last, self._waits = [], None, 0
             sl = self._slow
             sl.want, sl.inside = False, []
             sl.before = sl.means(sl.normal) if sl.normal else None
@@ -401,29 +420,47 @@ class AutoProfile:
 
     def _result(self, ok: bool, message: str, details: dict[str, Any]) -> None:
         """The profile's Result (any thread: the profiler's helper, the training thread, this one)."""
-        with self._lock:  # the steps from here on are after the capture
+        with self._lock:  # taken in by the next sample (once the steps it held are tapped)
             self._outcome = (ok, message, details)
-            self._inside_steps, self._phase = self._phase, _Sums()
-            self.state = "after" if ok else "idle"
 
-    def _on_outcome(self, outcome: tuple[bool, str, dict[str, Any]], now: float) -> None:
+    def _on_outcome(self, outcome: tuple[bool, str, dict[str, Any]], now: float, final: bool = False) -> bool:
+        """The capture's outcome taken in; False while the steps it held are not all tapped yet
+        (``final``: the script has ended, what was tapped is all there is)."""
         ok, message, details = outcome
         if self._kind == "slow":
             self._slow_outcome(ok, message, details)
-            return
+            return True
         if not ok:
+            with self._lock:
+                self.state = "idle"
             if not self._said_failure:  # said once; a later episode may try again
                 self._said_failure = True
                 self.agent.event("warning", PROBE, f"auto-profile: no capture ({message})")
-            return
+            return True
         stopped_by = details.get("stopped_by")
         if stopped_by not in FULL_LENGTH:
             self.agent.event("info", PROBE, f"auto-profile: the capture was cut short ({stopped_by}): "
                                             "too short to measure the stages")
             with self._lock:
                 self.state = "idle"
-            return
-        inside = self._inside_steps
+            return True
+        first, last = details.get("step"), details.get("last_step")
+        # its first step, and its last call's first step
+        span = (int(first), int(last)) if isinstance(first, (int, float)) and isinstance(last, (int, float)) else None
+        if span is not None and self._tapped < span[1] and not final and self._waits < OUTCOME_WAITS:
+            self._waits += 1
+            return False
+        with self._lock:  # the steps by number: the capture's, and those after it so far
+            inside, after = _Sums(), _Sums()
+            for step, step_time_s, wait_s, k in self._rows:
+                if span is None or span[0] <= step - k + 1 <= span[1]:  # no numbers: all so far
+                    inside.add(step, step_time_s, wait_s, k)
+                elif step - k + 1 > span[1]:
+                    after.add(step, step_time_s, wait_s, k)
+            self._rows = []
+            self._capture_last = span[1] if span is not None else -1
+            self._inside_steps, self._phase = inside, after
+            self.state = "after"
         capture_s = float(details["capture_s"]) if isinstance(details.get("capture_s"), (int, float)) else 0.0
         if capture_s > 0 and inside.time_s < PAUSED_FRAC * capture_s:
             self.agent.event("info", PROBE, f"auto-profile: the capture held {inside.steps} step"
@@ -435,18 +472,17 @@ class AutoProfile:
             if self._episode:
                 self._want = True
                 self._last_t = now - MIN_GAP_S + RETRY_GAP_S
-            return
+            return True
         self._inside = inside.mean_step_s()
         self._after_t0 = now
         path = str(details.get("local_path") or details.get("path") or "")
-        first, last = details.get("step"), details.get("last_step")
-        step_from = int(first) if isinstance(first, (int, float)) else 0
+        step_from = span[0] if span is not None else 0
         # the last call's own steps too (steps_per_execution: a call runs several)
-        step_to = (int(last) + max(1, self._inside_steps.last_k) - 1 if isinstance(last, (int, float))
-                   else step_from)
+        step_to = span[1] + max(1, inside.last_k) - 1 if span is not None else step_from
         self._reader = threading.Thread(target=self._read, args=(path, capture_s, step_from, step_to),
                                         name="tpuwatch-auto-profile-read", daemon=True)
         self._reader.start()
+        return True
 
     def _slow_outcome(self, ok: bool, message: str, details: dict[str, Any]) -> None:
         """The slow steps' capture is in (or failed): one SlowSteps, nothing read here (the
@@ -492,6 +528,7 @@ class AutoProfile:
             measured, self._measured = self._measured, None
             self.state = "idle"
             self._phase = _Sums()
+            self._rows, self._capture_last = [], None
         if measured is None:
             return None
         path, capture_s, step_from, step_to, times = measured
@@ -536,7 +573,7 @@ class AutoProfile:
         with self._lock:
             outcome, self._outcome = self._outcome, None
         if outcome is not None:
-            self._on_outcome(outcome, self._clock())
+            self._on_outcome(outcome, self._clock(), final=True)
         reader = self._reader
         if reader is not None:
             reader.join(READ_WAIT_AT_EXIT_S)  # bounded: the script has ended, its exit waits
