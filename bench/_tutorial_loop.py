@@ -21,21 +21,13 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--steps", type=int, default=300, help="steps in all, over the epochs")
-    p.add_argument("--epochs", type=int, default=3)
-    a = p.parse_args()
-
+def build(strategy, per_epoch: int):
+    """The tutorial's pieces under ``strategy``: its distributed dataset of ``per_epoch`` batches
+    of 16 examples a replica, and its ``train_step`` (a Python function, for ``tf.function``)."""
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * a.replicas)
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(a.replicas)])
     per_replica = 16
     global_batch = per_replica * strategy.num_replicas_in_sync
-    per_epoch = a.steps // a.epochs
     images = tf.random.uniform([global_batch * per_epoch, 28, 28, 1], seed=1)
     labels = tf.random.uniform([global_batch * per_epoch], maxval=10, dtype=tf.int64, seed=2)
     dataset = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(1024).batch(global_batch)
@@ -64,9 +56,26 @@ def main() -> None:
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    @tf.function
     def train_step(inputs):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=(inputs,)), axis=None)
+
+    return dist_dataset, train_step
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--steps", type=int, default=300, help="steps in all, over the epochs")
+    p.add_argument("--epochs", type=int, default=3)
+    a = p.parse_args()
+
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * a.replicas)
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(a.replicas)])
+    dist_dataset, step = build(strategy, a.steps // a.epochs)
+    train_step = tf.function(step)
 
     within = []
     steps = 0

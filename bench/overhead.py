@@ -14,7 +14,9 @@ plain one with the agent's step probe switched off (its call wrapper returns at 
 and each instrumented one with it off (its in-graph probes alone). Each call is timed on its own
 and medians are compared: on a shared, noisy box a per-call median shrugs off the preemptions
 that make block averages swing by more than the effect being measured. The agent's thread
-(recording, sampling) runs throughout, and its CPU time is reported separately.
+(recording, sampling) runs throughout, and its CPU time is reported separately. The auto-profile
+is off (``--auto-profile`` keeps it on): this loop waits for its input, so it would capture
+profiles, a phase of its own with its own bench (``bench/auto_profile_cost.py``).
 
     python bench/overhead.py [--width 1024] [--rounds 50] [--big-rounds 8] [--run 8] [--instances 10]
 
@@ -35,7 +37,9 @@ Prints, for a ~20 ms step (``--width``) and for a tiny step (where the fixed cos
   included), by type;
 - the training thread's CPU in the agent's Python a call (the call wrapper and record with
   TensorFlow's call replaced by nothing, plus the periodic reads' share), and the agent thread's
-  CPU a step over a run of agent-on calls (judged against 20 µs);
+  CPU a step over a run of agent-on calls (judged against 20 µs), the part of it spent in garbage
+  collections that fell to that thread, and the kinds of messages it recorded meanwhile (steps and
+  samples aside: what else it did);
 - a verdict on the 50 µs budget on this box: *missed* when the training thread's CPU in the
   agent's Python alone (a lower bound of the cost) is over it; otherwise *unresolved* when other processes
   used more than a tenth of the box's CPU during the measurement (their work, not the agent, then
@@ -48,11 +52,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
+import json
 import os
 import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -105,6 +112,9 @@ def main() -> None:
     p.add_argument("--instances", type=int, default=10,
                    help="traces of each variant (two traces of one graph differ in speed: bench/_instances.py); "
                         "the floor narrows with more of them")
+    p.add_argument("--auto-profile", action="store_true",
+                   help="keep the auto-profile on: its captures (this loop waits for its input) then fall inside "
+                        "the steady state measured here; their cost is bench/auto_profile_cost.py's")
     a = p.parse_args()
 
     import tensorflow as tf
@@ -116,11 +126,12 @@ def main() -> None:
 
     run_dir = Path(tempfile.mkdtemp(prefix="tpuwatch-bench-"))
     agent = Agent(run_dir, "bench", sample_hz=4)
-    patches = probes.install_all(agent, "bench", ["bench"], set())
+    # The steady state: no auto-profile capture (a phase of its own, at most 3 a run)
+    patches = probes.install_all(agent, "bench", ["bench"], set() if a.auto_profile else {"auto_profile"})
     agent.start()
     # Made with the agent installed, as in a script run by tpuwatch (it prepares its variables).
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(a.replicas)])
-    agent_thread = next(t for t in __import__("threading").enumerate() if t.name == "tpuwatch-agent")
+    agent_thread = next(t for t in threading.enumerate() if t.name == "tpuwatch-agent")
 
     for label, width, rounds in (("~20 ms step", a.width, a.big_rounds), ("tiny step", 8, a.rounds)):
         step, it = custom_loop(strategy, a.replicas, width)
@@ -231,12 +242,17 @@ def main() -> None:
         interleaved_steps = agent.global_step - steps0
         # The agent thread's CPU a step in a run of agent-on calls (in the interleaved rounds its
         # per-second work, sampling and drains, went on through the other variants' calls too).
+        collections_run = _GcOnThread(agent_thread.ident)
+        gc.callbacks.append(collections_run)
+        wall0 = time.time()
         cpu0, steps0 = _thread_cpu(agent_thread), agent.global_step
         for _ in range(a.thread_calls if width == 8 else max(a.thread_calls // 20, 20)):
             instrumented[0](it)
         agent.flush()
         agent_cpu = _thread_cpu(agent_thread) - cpu0
         recorded = agent.global_step - steps0
+        gc.callbacks.remove(collections_run)
+        written = _kinds_written(run_dir, wall0)
         # The training thread's CPU in the agent's Python a call: the call wrapper and record with
         # TensorFlow's call replaced by nothing (no read due), plus the periodic reads' share
         # (record's mean CPU over its median, from the interleaved rounds). Its wall time, above,
@@ -285,7 +301,10 @@ def main() -> None:
         print(f"{'':>12}  in-graph ops the probes add: {ops_text}")
         thread_s = agent_cpu / max(recorded, 1)
         print(f"{'':>12}  agent thread: {thread_s * 1e6:.1f} µs CPU a step: "
-              f"{'MET' if thread_s <= THREAD_BUDGET_S else 'MISSED'} (<= {THREAD_BUDGET_S * 1e6:.0f} µs)")
+              f"{'MET' if thread_s <= THREAD_BUDGET_S else 'MISSED'} (<= {THREAD_BUDGET_S * 1e6:.0f} µs); "
+              f"of it in the process's garbage collections that fell to it "
+              f"{collections_run.cpu_s / max(recorded, 1) * 1e6:.1f} µs ({collections_run.describe()}); "
+              f"what it wrote meanwhile: {', '.join(f'{k} {n}' for k, n in written.most_common()) or 'nothing'}")
         print(f"{'':>12}  verdict on this box: {verdict(added_s, floor_s, python_cpu_s, others_share)}: "
               f"<= {BUDGET_S * 1e6:.0f} µs/step (added {added_s * 1e6:+.1f} ± {floor_s * 1e6:.1f} µs, Python alone "
               f"{python_cpu_s * 1e6:.1f} µs of CPU; other processes {others_share:.0%} of {cores} cores, "
@@ -306,6 +325,47 @@ def _others_share(proc: psutil.Process, since: tuple, cores: int) -> float:
     own = proc.cpu_times()
     others = (_busy_s(psutil.cpu_times()) - sys0) - ((own.user + own.system) - own0)
     return max(0.0, others) / max((time.monotonic() - wall0) * cores, 1e-9)
+
+
+class _GcOnThread:
+    """The garbage collections one thread ran, and their CPU. Python runs a collection on whichever
+    thread's allocation crosses the threshold, so a full one (every object of a TensorFlow process:
+    tens of milliseconds) lands on the agent's thread now and then, counted in its CPU."""
+
+    def __init__(self, ident: int | None) -> None:
+        self.ident = ident
+        self.cpu_s = 0.0
+        self.by_generation: collections.Counter[int] = collections.Counter()
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if threading.get_ident() != self.ident:
+            return
+        if phase == "start":
+            self._start = time.thread_time()  # the collecting thread's own CPU clock
+        else:
+            self.cpu_s += time.thread_time() - self._start
+            self.by_generation[info["generation"]] += 1
+
+    def describe(self) -> str:
+        return ", ".join(f"{n} of generation {g}" for g, n in sorted(self.by_generation.items())) or "none"
+
+
+def _kinds_written(run_dir: Path, since: float) -> collections.Counter[str]:
+    """Kinds of the messages the agent recorded since ``since`` (wall clock), steps and samples left out."""
+    kinds: collections.Counter[str] = collections.Counter()
+    try:
+        lines = (run_dir / "events.jsonl").read_text().splitlines()
+    except OSError:
+        return kinds
+    for line in lines:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if message.get("t", 0) >= since and message.get("kind") not in ("step", "host_sample", "device_sample"):
+            kinds[message.get("kind", "?")] += 1
+    return kinds
 
 
 def _thread_cpu(thread) -> float:

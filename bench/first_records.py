@@ -1,0 +1,129 @@
+"""What a run's first records cost next to the rest: the TensorFlow tutorial's custom loop
+(``bench/_tutorial_loop.py``), in one process and on one trace of its step, at 1, 2 and 4 replicas.
+
+For a run's first records the agent reads every replica's loss and the in-graph accumulator after
+each step, while those reads cost at most a hundredth of the training (``agent/read_pacer.py``);
+after them, at most every 0.25 s of training. ``bench/short_run.py`` compares whole runs, a process
+against a process, and single runs of one variant swing by 10-25 % here: its floors are wider
+than the 2 % target. Here the variants share one process and one trace of the step (traced with
+the agent, so its in-graph probes run in every variant: what they cost is ``bench/overhead.py``'s
+figure), so what differs is only the agent's Python on the training thread and its reads:
+
+- ``first``: the agent on, with a fresh pacer: every record of the epoch is one of a run's first;
+- ``steady``: the agent on, past the first records (a fresh pacer that reads at the steady pace);
+- ``off`` and ``off2``: the agent's call wrapper and fetch timing switched off; two sets, whose
+  difference is the A/A floor.
+
+Each variant runs whole epochs of ``--steps`` steps (``for batch in dist_dataset``, the step call,
+and the ``float(loss)`` the tutorial logs), one epoch of each in a shuffled order each round; an
+epoch's figure is its median iteration time (its first left out: the iterator's start), a
+variant's the median over its epochs. Each replica count runs in a process of its own (logical
+devices are fixed when TensorFlow starts).
+
+    python bench/first_records.py [--rounds 8] [--replicas 1,2,4] [--steps 100]
+
+Prints, per replica count: each variant's figure, first / off and steady / off with the A/A floor
+(off2 / off), and a verdict on first / off <= 1.02 by the rule of ``bench/short_run.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from short_run import TARGET, verdict  # noqa: E402
+
+VARIANTS = ("first", "steady", "off", "off2")
+
+
+def one(replicas: int, rounds: int, steps: int) -> None:
+    os.environ.pop("TPUWATCH_LOSS_EVERY_S", None)  # the default pacing, as users run it
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    from _tutorial_loop import build
+
+    from tpuwatch.agent import probes
+    from tpuwatch.agent.read_pacer import ReadPacer
+    from tpuwatch.agent.runtime import Agent
+
+    agent = Agent(Path(tempfile.mkdtemp(prefix="tpuwatch-bench-")), "bench", sample_hz=4)
+    patches = probes.install_all(agent, "bench", ["bench"], set())
+    agent.start()
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+    dist_dataset, step = build(strategy, steps)
+    train_step = tf.function(step)
+    probe, disabled, perf = agent.step_probe, agent._disabled, time.perf_counter
+
+    def epoch(variant: str) -> float:
+        if variant.startswith("off"):
+            disabled["steps"] = disabled["input_wait"] = "bench"
+        else:
+            probe.pacer = ReadPacer.from_settings()
+            probe._steady = None
+            if variant == "steady":
+                probe.pacer.read_all_left = 0
+        times = []
+        last = perf()
+        for i, batch in enumerate(dist_dataset):
+            float(train_step(batch))
+            now = perf()
+            if i:
+                times.append(now - last)
+            last = now
+        disabled.pop("steps", None)
+        disabled.pop("input_wait", None)
+        return statistics.median(times)
+
+    for variant in VARIANTS:  # warm-up: the trace, and every variant once
+        epoch(variant)
+    figures: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    order = list(VARIANTS)
+    rng = random.Random(replicas)
+    load0 = os.getloadavg()[0]
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for variant in order:
+            figures[variant].append(epoch(variant))
+    med = {v: statistics.median(f) for v, f in figures.items()}
+    floor = med["off2"] / med["off"]
+    ratio = med["first"] / med["off"]
+    print(f"{replicas} replica(s): first {med['first'] * 1e3:.3f} ms, steady {med['steady'] * 1e3:.3f} ms, "
+          f"off {med['off'] * 1e3:.3f} ms, off2 {med['off2'] * 1e3:.3f} ms; first/off {ratio:.4f}, "
+          f"steady/off {med['steady'] / med['off']:.4f}, A/A floor off2/off {floor:.4f} "
+          f"({rounds} epochs of {steps} steps each; load {load0:.2f}->{os.getloadavg()[0]:.2f}): "
+          f"{verdict(ratio, floor)} (target first/off <= {TARGET})", flush=True)
+    patches.restore()
+    agent.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=8, help="epochs of each variant")
+    p.add_argument("--replicas", default="1,2,4")
+    p.add_argument("--steps", type=int, default=100, help="steps an epoch")
+    p.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: this replica count
+    a = p.parse_args()
+    if a.one:
+        one(a.one, a.rounds, a.steps)
+        return
+    for replicas in a.replicas.split(","):
+        subprocess.run([sys.executable, __file__, "--one", replicas, "--rounds", str(a.rounds),
+                        "--steps", str(a.steps)], check=True, timeout=1800)
+
+
+if __name__ == "__main__":
+    main()
