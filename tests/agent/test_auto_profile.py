@@ -423,6 +423,27 @@ def test_a_short_captures_steps_count_as_inside_it_when_they_are_tapped_after_it
     assert auto._inside == pytest.approx(0.0065)
 
 
+
+def test_a_captures_calls_of_several_steps_are_sorted_by_their_first_step():
+    """steps_per_execution=4: a Step's number is its call's last step, the Result's its calls'
+    first steps. The calls from the capture's first to its last are inside; later ones after."""
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    while not agent.submitted:
+        _play(auto, clock, 0.25, 0.3, step, step_time_s=0.0025)
+    ((_, on_result),) = agent.submitted
+    first = step[0] + 1
+    calls = [step_values(step=first + 4 * i + 3, t=clock.t, step_time_s=0.004 if i < 5 else 0.002,
+                         input_wait_s=0.001, loss=None, steps=4) for i in range(8)]
+    on_result(True, "captured", {"local_path": "/tmp", "step": first, "steps": 5, "last_step": first + 16,
+                                 "capture_s": 0.08, "stopped_by": "steps"})
+    for row in calls:
+        auto.tap(row)
+    auto()
+    assert auto.state == "after" and auto._reader is not None
+    assert (auto._inside_steps.steps, auto._phase.steps) == (20, 12)
+    assert auto._inside == pytest.approx(0.004) and auto._phase.mean_step_s() == pytest.approx(0.002)
+
 def test_a_captures_outcome_waits_for_its_steps_a_bounded_time():
     """Steps the Result names that never come (the training stopped for good right after it):
     the outcome is taken in after OUTCOME_WAITS samples with what was tapped."""
@@ -478,6 +499,51 @@ def test_steps_twenty_times_slower_get_one_capture_of_them_and_a_slow_steps_mess
     _steps(auto, clock, 30, step, 0.200, sample_every=1)
     assert len(agent.submitted) == 1
 
+
+
+def test_a_slow_captures_steps_tapped_after_its_result_are_its_own():
+    """The slowdown's capture: its Result before its steps were tapped left its SlowSteps with the
+    slow calls that set it off (the capture's own were counted as ordinary calls after it)."""
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _steps(auto, clock, 200, step, 0.010)
+    _steps(auto, clock, 5, step, 0.200, sample_every=1)
+    ((_, on_result),) = agent.submitted
+    on_result(True, "profile saved", {"path": "/r/profiles/p", "step": 206, "last_step": 225, "stopped_by": "steps"})
+    auto()  # a sample before the drain that taps the capture's steps
+    assert not [m for m in agent.emitted if m.kind == "slow_steps"]
+    _steps(auto, clock, 20, step, 0.260, sample_every=100)  # the capture's steps, one drain
+    _steps(auto, clock, 5, step, 0.010, sample_every=100)  # and steps after it, in the same drain
+    auto()
+    (msg,) = [m for m in agent.emitted if m.kind == "slow_steps"]
+    assert (msg.step_from, msg.step_to) == (206, 225)
+    assert msg.slow_step_s == pytest.approx(0.26) and msg.normal_step_s == pytest.approx(0.010)
+
+
+def test_at_the_scripts_end_a_captures_steps_still_in_the_agents_buffer_are_measured(monkeypatch):
+    """The script ended right after a short capture: its steps were still in the agent's buffer
+    when the shutdown hook took the outcome in ("held 0 steps ... capturing again" at exit, and no
+    measurement). The hook drains the buffer first."""
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    times = tf_data_trace.IteratorTimes(names=("Root", "Root::Map"), self_s=(0.001, 0.05), calls=(20, 20),
+                                        busy_s=(0.06, 0.05), root_s=0.06, events=40)
+    monkeypatch.setattr(tf_data_trace, "find_capture", lambda path: path)
+    monkeypatch.setattr(tf_data_trace, "read", lambda path: times)
+    while not agent.submitted:
+        _play(auto, clock, 0.25, 0.3, step, step_time_s=0.0025)
+    ((_, on_result),) = agent.submitted
+    first = step[0] + 1
+    buffered = [step_values(step=first + i, t=clock.t, step_time_s=0.0065, input_wait_s=0.002, loss=None)
+                for i in range(20)]
+    agent.flush = lambda: [auto.tap(row) for row in buffered]  # the agent's drain taps them
+    on_result(True, "captured", {"local_path": "/tmp", "step": first, "steps": 20, "last_step": first + 19,
+                                 "capture_s": 0.13, "stopped_by": "steps"})
+    auto.shutdown()
+    assert not any("held" in m for _, m in agent.events), agent.events
+    (m,) = [m for m in agent.emitted if isinstance(m, InputStages)]
+    assert (m.step_from, m.step_to) == (first, first + 19)
+    assert m.step_time_inside_s == pytest.approx(0.0065)
 
 def test_an_input_capture_just_before_does_not_hold_back_a_slowdowns_but_the_budget_is_shared():
     agent, clock, step = FakeAgent(), Clock(), [0]

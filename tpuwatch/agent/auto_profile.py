@@ -105,6 +105,7 @@ HELD_MAX = 4 * CAPTURE_STEPS
 #: samples, its steps kept by number meanwhile, at most ROWS_MAX calls.
 OUTCOME_WAITS = 8
 ROWS_MAX = 4096
+EXIT_TAP_WAIT_S = 0.5  # at the script's end, how long the capture's steps may take to be tapped
 
 _NAMES = [f.name for f in fields(Step)]
 _STEP, _T, _TIME, _WAIT, _STEPS, _FN = (_NAMES.index(n) for n in ("step", "t", "step_time_s", "input_wait_s",
@@ -210,6 +211,7 @@ class AutoProfile:
         # its outcome sorts them by number into the steps inside it and after it (_phase)
         self._rows: list[tuple[int, float, float | None, int]] = []
         self._capture_last: int | None = None  # the first step of the capture's last call, once known
+        self._result_last: int | None = None  # the same, from the Result (set on the profiler's thread)
         self._tapped = 0  # the newest step tapped
         self._waits = 0  # samples the outcome waited for the capture's steps
         self._phase = _Sums()
@@ -240,7 +242,7 @@ class AutoProfile:
         """The Steps' fields written by one drain of the agent's buffer (``Agent.step_taps``)."""
         with self._lock:
             bucket = self._bucket
-            track = self.state != "idle"
+            track = self.state != "idle" and self._kind == "input"
             rows, phase, last = self._rows, self._phase, self._capture_last
             for f in steps:
                 step, step_time_s, wait_s, k = f[_STEP], f[_TIME], f[_WAIT], f[_STEPS]
@@ -265,7 +267,9 @@ class AutoProfile:
             sl.function, sl.run, sl.median = fn, 0, None
             sl.normal.clear()
         if self.state == "capturing" and self._kind == "slow":
-            sl.inside.append(row)
+            end = self._result_last
+            if end is None or step - k + 1 <= end:  # after its Result, only the capture's own calls
+                sl.inside.append(row)
             return
         if step <= WARMUP_STEPS:
             return
@@ -274,8 +278,9 @@ class AutoProfile:
         if self.state == "capturing" or self.state != "idle" and self._reading():
             # Another capture's steps are slowed by the profiler, and so may be those of its
             # reading (the parse shares the cores): held, and judged by the steps after them
-            if len(sl.held) < HELD_MAX:
-                sl.held.append((step, k, row))
+            sl.held.append((step, k, row))
+            if len(sl.held) > HELD_MAX:  # the newest: a slowdown's first calls are the last held
+                del sl.held[0]
             return
         # An input capture's after-measurement's steps are plain steps: a slowdown that begins
         # then, or inside the capture, is counted from its first step, captured at once.
@@ -400,7 +405,7 @@ class AutoProfile:
             self.state = "capturing"
             self._kind = kind
             self._phase = _Sums()
-            self._rows, self._capture_last, self._waits = [], None, 0
+            self._rows, self._capture_last, self._result_last, self._waits = [], None, None, 0
             sl = self._slow
             sl.want, sl.inside = False, []
             sl.before = sl.means(sl.normal) if sl.normal else None
@@ -420,13 +425,21 @@ class AutoProfile:
 
     def _result(self, ok: bool, message: str, details: dict[str, Any]) -> None:
         """The profile's Result (any thread: the profiler's helper, the training thread, this one)."""
+        last = details.get("last_step")
         with self._lock:  # taken in by the next sample (once the steps it held are tapped)
             self._outcome = (ok, message, details)
+            self._result_last = int(last) if isinstance(last, (int, float)) else None
 
     def _on_outcome(self, outcome: tuple[bool, str, dict[str, Any]], now: float, final: bool = False) -> bool:
         """The capture's outcome taken in; False while the steps it held are not all tapped yet
         (``final``: the script has ended, what was tapped is all there is)."""
         ok, message, details = outcome
+        first, last = details.get("step"), details.get("last_step")
+        # its first step, and its last call's first step
+        span = (int(first), int(last)) if isinstance(first, (int, float)) and isinstance(last, (int, float)) else None
+        if ok and span is not None and self._tapped < span[1] and not final and self._waits < OUTCOME_WAITS:
+            self._waits += 1
+            return False
         if self._kind == "slow":
             self._slow_outcome(ok, message, details)
             return True
@@ -444,12 +457,6 @@ class AutoProfile:
             with self._lock:
                 self.state = "idle"
             return True
-        first, last = details.get("step"), details.get("last_step")
-        # its first step, and its last call's first step
-        span = (int(first), int(last)) if isinstance(first, (int, float)) and isinstance(last, (int, float)) else None
-        if span is not None and self._tapped < span[1] and not final and self._waits < OUTCOME_WAITS:
-            self._waits += 1
-            return False
         with self._lock:  # the steps by number: the capture's, and those after it so far
             inside, after = _Sums(), _Sums()
             for step, step_time_s, wait_s, k in self._rows:
@@ -460,21 +467,22 @@ class AutoProfile:
             self._rows = []
             self._capture_last = span[1] if span is not None else -1
             self._inside_steps, self._phase = inside, after
-            self.state = "after"
         capture_s = float(details["capture_s"]) if isinstance(details.get("capture_s"), (int, float)) else 0.0
         if capture_s > 0 and inside.time_s < PAUSED_FRAC * capture_s:
             self.agent.event("info", PROBE, f"auto-profile: the capture held {inside.steps} step"
                                             f"{'' if inside.steps == 1 else 's'} of {inside.time_s:.2f} s in "
                                             f"{capture_s:.2f} s (the training stood still): too little to measure "
-                                            "the stages; capturing again")
+                                            f"the stages{'' if final else '; capturing again'}")
             with self._lock:
                 self.state = "idle"
-            if self._episode:
+            if self._episode and not final:
                 self._want = True
                 self._last_t = now - MIN_GAP_S + RETRY_GAP_S
             return True
         self._inside = inside.mean_step_s()
-        self._after_t0 = now
+        with self._lock:  # one change: a sample on the agent thread sees "after" with its start
+            self._after_t0 = now
+            self.state = "after"
         path = str(details.get("local_path") or details.get("path") or "")
         step_from = span[0] if span is not None else 0
         # the last call's own steps too (steps_per_execution: a call runs several)
@@ -570,6 +578,14 @@ class AutoProfile:
     def shutdown(self) -> None:
         """After the profiler's own shutdown (it ends a capture still running): what was
         measured is sent, its step time after the capture as far as there was one."""
+        with self._lock:
+            pending = self._result_last if self._outcome is not None else None
+        if pending is not None and self._tapped < pending:
+            # the capture's steps may still be in the agent's buffer: drained, then tapped
+            self.agent.flush()
+            deadline = time.monotonic() + EXIT_TAP_WAIT_S
+            while self._tapped < pending and time.monotonic() < deadline:
+                time.sleep(0.01)
         with self._lock:
             outcome, self._outcome = self._outcome, None
         if outcome is not None:
