@@ -210,6 +210,17 @@ _CLOSURE = ("def make_keeper():\n"
             "    return keep\n")
 
 
+# a name that two lines add to, the first not the one that grows
+_TWO_LINES = ("KEPT = []\n"
+              "def note(x):\n"
+              "    KEPT.append(float(x))\n"
+              "def make_keeper():\n"
+              "    def keep(n):\n"
+              "        for _ in range(n):\n"
+              "            KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n"
+              "    return keep\n")
+
+
 def _window_open(doctor, agent, t, rss) -> None:
     """Samples until the window opens, and one more: its first snapshot."""
     import tracemalloc
@@ -456,15 +467,7 @@ def test_a_line_the_light_window_names_alone_costs_no_tracemalloc(tmp_path, monk
 
 @pytest.mark.parametrize("source, name", [
     (_CLOSURE, "closure"),
-    # a name that two lines add to: the first is not the one that grows
-    ("KEPT = []\n"
-     "def note(x):\n"
-     "    KEPT.append(float(x))\n"
-     "def make_keeper():\n"
-     "    def keep(n):\n"
-     "        for _ in range(n):\n"
-     "            KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n"
-     "    return keep\n", "two lines"),
+    (_TWO_LINES, "two lines"),
 ], ids=["closure", "two lines"])
 def test_growth_no_one_line_explains_gets_tracemallocs_window(tmp_path, monkeypatch, source, name):
     import tracemalloc
@@ -482,6 +485,48 @@ def test_growth_no_one_line_explains_gets_tracemallocs_window(tmp_path, monkeypa
     (sites,) = found
     line = next(i for i, text in enumerate(source.splitlines(), start=3) if "# 2 MiB a step" in text)
     assert sites.sites[0] == f"leaky_{name.replace(' ', '_')}.py:{line}", sites
+
+
+
+
+@pytest.mark.parametrize("end", ["the script ends", "a tf.function is traced"])
+def test_a_light_window_no_tracemalloc_can_follow_names_no_line_that_others_add_to_too(tmp_path, monkeypatch, end):
+    """A light window cut short by the script's end, or whose tracemalloc window may not follow,
+    sent the first line adding to the list: here ``note``'s, which does not grow it. Another line
+    adds to the same name, so no line alone is the one to change: nothing is named."""
+    import tracemalloc
+
+    leaky = _leaky_module(tmp_path, monkeypatch, "leaky_two_ends",
+                          "def note(KEPT, x):\n"
+                          "    KEPT.append(float(x))\n"
+                          "def keep(KEPT, n):\n"
+                          "    for _ in range(n):\n"
+                          "        KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n", "appended_twice")
+    agent, t, rss, traces = _Agent(), [0.0], [1 << 30], [0]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], traces=lambda: traces[0],
+                                    script_dir=str(tmp_path))
+    appended_twice: list = [np.ones(1) for _ in range(20)]
+    leaky.note(appended_twice, 1.0)
+    found: list = []
+    try:
+        _window_open(doctor, agent, t, rss)
+        leaky.keep(appended_twice, 20)
+        if end == "the script ends":
+            agent.global_step += 20
+            t[0] += 1.0
+            doctor.close()
+            found = agent.emitted
+        else:
+            traces[0] += 1
+            while doctor.window_open and t[0] < 20:
+                leaky.keep(appended_twice, 15)
+                found += _rising(doctor, agent, t, rss)
+        traced = tracemalloc.is_tracing()
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+    assert not traced
+    assert [s.sites for s in found if isinstance(s, AllocationSites) and s.sites] == [], found
 
 
 @pytest.mark.parametrize("meanwhile", ["the script starts tracemalloc", "a tf.function is traced"])

@@ -331,6 +331,14 @@ class LeakDoctor:
                 # nothing to charge, and tracemalloc did not look: no "native memory" claim
                 self._retry()
                 return ()
+        if w["light"] and ambiguous.intersection(found.sites):
+            # no tracemalloc looked, nor will: a line that other lines add to the same name too is
+            # not the one to change (the first of them is often not the one that grows)
+            found = _without(found, ambiguous)
+            if not found.sites:
+                if not early:
+                    self._retry()
+                return ()
         light_found = w["light_found"]
         if not found.sites and light_found is not None:
             found = light_found  # tracemalloc's window found nothing: the light one's sites stand
@@ -580,6 +588,14 @@ def _adding_line(names: list[str], files: list[str],
             if first is not None and others:
                 return first, False
     return first, first is not None and not others
+
+
+def _without(found: AllocationSites, sites: set[str]) -> AllocationSites:
+    """``found`` less the rows of ``sites``."""
+    rows = [r for r in zip(found.sites, found.grown_bytes, found.blocks, found.kinds, found.code) if r[0] not in sites]
+    return dataclasses.replace(found, sites=tuple(r[0] for r in rows), grown_bytes=tuple(r[1] for r in rows),
+                               blocks=tuple(r[2] for r in rows), kinds=tuple(r[3] for r in rows),
+                               code=tuple(r[4] for r in rows))
 
 
 def _explains(found: AllocationSites, ambiguous: set[str]) -> bool:
