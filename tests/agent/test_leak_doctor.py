@@ -489,44 +489,82 @@ def test_growth_no_one_line_explains_gets_tracemallocs_window(tmp_path, monkeypa
 
 
 
-@pytest.mark.parametrize("end", ["the script ends", "a tf.function is traced"])
+_TWO_ENDS = ("def note(KEPT, x):\n"
+             "    KEPT.append(float(x))\n"
+             "def keep(KEPT, n):\n"
+             "    for _ in range(n):\n"
+             "        KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n"
+             "def keep_tensors(HELD, n):\n"
+             "    import tensorflow as tf\n"
+             "    for _ in range(n):\n"
+             "        HELD.append(tf.ones((128, 128)))  # 64 KiB a step\n")
+
+
+@pytest.mark.parametrize("end", ["the script ends", "a tf.function is traced", "a smaller line is left"])
 def test_a_light_window_no_tracemalloc_can_follow_names_no_line_that_others_add_to_too(tmp_path, monkeypatch, end):
     """A light window cut short by the script's end, or whose tracemalloc window may not follow,
     sent the first line adding to the list: here ``note``'s, which does not grow it. Another line
-    adds to the same name, so no line alone is the one to change: nothing is named."""
+    adds to the same name, so no line alone is the one to change: nothing is named (nor a smaller
+    line left after it, which holds little of what grew)."""
     import tracemalloc
 
-    leaky = _leaky_module(tmp_path, monkeypatch, "leaky_two_ends",
-                          "def note(KEPT, x):\n"
-                          "    KEPT.append(float(x))\n"
-                          "def keep(KEPT, n):\n"
-                          "    for _ in range(n):\n"
-                          "        KEPT.append(np.ones(1 << 18))  # 2 MiB a step\n", "appended_twice")
+    import tensorflow  # noqa: F401  (loaded before the window opens: its tensor pass runs)
+
+    name = "leaky_two_ends_" + "".join(c for c in end if c.isalpha())  # a module of its own per case
+    leaky = _leaky_module(tmp_path, monkeypatch, name, _TWO_ENDS.replace("HELD", "held_tensors"), "appended_twice")
     agent, t, rss, traces = _Agent(), [0.0], [1 << 30], [0]
     doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], traces=lambda: traces[0],
                                     script_dir=str(tmp_path))
     appended_twice: list = [np.ones(1) for _ in range(20)]
+    held_tensors: list = []
     leaky.note(appended_twice, 1.0)
     found: list = []
+    traced = False
     try:
         _window_open(doctor, agent, t, rss)
         leaky.keep(appended_twice, 20)
-        if end == "the script ends":
-            agent.global_step += 20
-            t[0] += 1.0
-            doctor.close()
-            found = agent.emitted
-        else:
+        if end == "a tf.function is traced":
             traces[0] += 1
             while doctor.window_open and t[0] < 20:
                 leaky.keep(appended_twice, 15)
                 found += _rising(doctor, agent, t, rss)
+                traced = traced or tracemalloc.is_tracing()
+        else:
+            if end == "a smaller line is left":
+                leaky.keep_tensors(held_tensors, 24)  # 1.5 MiB, by a line no other adds to that name
+            agent.global_step += 20
+            t[0] += 1.0
+            rss[0] += 40 << 20
+            doctor.close()
+            found = agent.emitted
+        traced = traced or tracemalloc.is_tracing()
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+    assert not traced and not doctor.window_open
+    assert found == [] and agent.emitted == [], found
+
+
+def test_a_window_that_can_only_be_light_and_found_nothing_claims_no_native_memory(tmp_path, monkeypatch):
+    """Where Python runs on TensorFlow's threads every window is light and none follows: one that
+    found nothing sent its empty sites, which the monitor reads as "native memory" without
+    tracemalloc's look."""
+    import tracemalloc
+
+    monkeypatch.setattr(leak_doctor, "_python_on_tf_threads", lambda: True)
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0], script_dir=str(tmp_path))
+    found: list = []
+    try:
+        _window_open(doctor, agent, t, rss)
+        while doctor.window_open and t[0] < 20:
+            found += _rising(doctor, agent, t, rss)  # RSS climbs; nothing the script holds grows
         traced = tracemalloc.is_tracing()
     finally:
         if tracemalloc.is_tracing():
             tracemalloc.stop()
-    assert not traced
-    assert [s.sites for s in found if isinstance(s, AllocationSites) and s.sites] == [], found
+    assert not traced and not doctor.window_open
+    assert found == [], found
 
 
 @pytest.mark.parametrize("meanwhile", ["the script starts tracemalloc", "a tf.function is traced"])

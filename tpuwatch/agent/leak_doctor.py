@@ -324,22 +324,25 @@ class LeakDoctor:
                 # the light window named no line, or not one line alone, for most of what grew:
                 # tracemalloc's window follows at once (the growth is established); its sites are
                 # the ones sent, these if it finds none and they name one line alone
-                kept = found if found.sites and found.sites[0] and found.sites[0] not in ambiguous else None
+                kept = (_without(found, ambiguous) if found.sites and found.sites[0] and found.sites[0] not in ambiguous
+                        else None)
                 self._start(now, step, w["before"], light=False, light_found=kept)
                 return ()
-            if not found.sites:
+        light_found = w["light_found"]
+        if w["light"]:
+            # No tracemalloc looked, nor will. A line that other lines add to the same name too is
+            # not the one to change (the first of them is often not the one that grows); where it
+            # was the first site, the next is named only if it holds most of what grew.
+            if ambiguous.intersection(found.sites):
+                first_dropped = found.sites[0] in ambiguous
+                found = _without(found, ambiguous)
+                if first_dropped and not _explains(found, set()):
+                    found = _without(found, set(found.sites))
+            if not found.sites and light_found is None:
                 # nothing to charge, and tracemalloc did not look: no "native memory" claim
-                self._retry()
-                return ()
-        if w["light"] and ambiguous.intersection(found.sites):
-            # no tracemalloc looked, nor will: a line that other lines add to the same name too is
-            # not the one to change (the first of them is often not the one that grows)
-            found = _without(found, ambiguous)
-            if not found.sites:
                 if not early:
                     self._retry()
                 return ()
-        light_found = w["light_found"]
         if not found.sites and light_found is not None:
             found = light_found  # tracemalloc's window found nothing: the light one's sites stand
         if not found.sites:
