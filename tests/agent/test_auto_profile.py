@@ -391,6 +391,21 @@ def test_a_capture_the_training_paused_through_is_taken_again_soon(monkeypatch):
 
 
 
+def _short_capture(auto: AutoProfile, clock: Clock, step: list[int]):
+    """2.5 ms steps waiting for input until a capture is asked for: (its Result's callback, the
+    capture's first step, its 20 steps of 6.5 ms, and the Result's details for them), the steps
+    not yet tapped."""
+    while not auto.agent.submitted:
+        _play(auto, clock, 0.25, 0.3, step, step_time_s=0.0025)
+    ((_, on_result),) = auto.agent.submitted
+    first = step[0] + 1
+    rows = [step_values(step=first + i, t=clock.t, step_time_s=0.0065, input_wait_s=0.002, loss=None)
+            for i in range(20)]
+    details = {"local_path": "/tmp", "step": first, "steps": 20, "last_step": first + 19, "capture_s": 0.13,
+               "stopped_by": "steps"}
+    return on_result, first, rows, details
+
+
 @pytest.mark.parametrize("tapped_before_result", [0, 6])
 def test_a_short_captures_steps_count_as_inside_it_when_they_are_tapped_after_its_result(
         monkeypatch, tapped_before_result):
@@ -402,16 +417,10 @@ def test_a_short_captures_steps_count_as_inside_it_when_they_are_tapped_after_it
     auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
     read = []
     monkeypatch.setattr(tf_data_trace, "read", lambda path: read.append(path))
-    while not agent.submitted:
-        _play(auto, clock, 0.25, 0.3, step, step_time_s=0.0025)
-    ((_, on_result),) = agent.submitted
-    first = step[0] + 1
-    rows = [step_values(step=first + i, t=clock.t, step_time_s=0.0065, input_wait_s=0.002, loss=None)
-            for i in range(20)]
+    on_result, first, rows, details = _short_capture(auto, clock, step)
     for row in rows[:tapped_before_result]:
         auto.tap(row)
-    on_result(True, "captured", {"local_path": "/tmp", "step": first, "steps": 20, "last_step": first + 19,
-                                 "capture_s": 0.13, "stopped_by": "steps"})
+    on_result(True, "captured", details)
     auto()  # a sample between the Result and the drain that taps the rest
     for row in rows[tapped_before_result:]:
         auto.tap(row)
@@ -530,15 +539,9 @@ def test_at_the_scripts_end_a_captures_steps_still_in_the_agents_buffer_are_meas
                                         busy_s=(0.06, 0.05), root_s=0.06, events=40)
     monkeypatch.setattr(tf_data_trace, "find_capture", lambda path: path)
     monkeypatch.setattr(tf_data_trace, "read", lambda path: times)
-    while not agent.submitted:
-        _play(auto, clock, 0.25, 0.3, step, step_time_s=0.0025)
-    ((_, on_result),) = agent.submitted
-    first = step[0] + 1
-    buffered = [step_values(step=first + i, t=clock.t, step_time_s=0.0065, input_wait_s=0.002, loss=None)
-                for i in range(20)]
+    on_result, first, buffered, details = _short_capture(auto, clock, step)
     agent.flush = lambda: [auto.tap(row) for row in buffered]  # the agent's drain taps them
-    on_result(True, "captured", {"local_path": "/tmp", "step": first, "steps": 20, "last_step": first + 19,
-                                 "capture_s": 0.13, "stopped_by": "steps"})
+    on_result(True, "captured", details)
     auto.shutdown()
     assert not any("held" in m for _, m in agent.events), agent.events
     (m,) = [m for m in agent.emitted if isinstance(m, InputStages)]

@@ -593,12 +593,23 @@ def _adding_line(names: list[str], files: list[str],
     return first, first is not None and not others
 
 
-def _without(found: AllocationSites, sites: set[str]) -> AllocationSites:
-    """``found`` less the rows of ``sites``."""
-    rows = [r for r in zip(found.sites, found.grown_bytes, found.blocks, found.kinds, found.code) if r[0] not in sites]
+_Row = tuple[str, int, int, str, str]  # a site's (line, grown bytes, blocks, kind, code)
+
+
+def _rows(found: AllocationSites) -> list[_Row]:
+    return list(zip(found.sites, found.grown_bytes, found.blocks, found.kinds, found.code))
+
+
+def _with_rows(found: AllocationSites, rows: list[_Row]) -> AllocationSites:
+    """``found`` with ``rows`` as its sites, the rest of it as it is."""
     return dataclasses.replace(found, sites=tuple(r[0] for r in rows), grown_bytes=tuple(r[1] for r in rows),
                                blocks=tuple(r[2] for r in rows), kinds=tuple(r[3] for r in rows),
                                code=tuple(r[4] for r in rows))
+
+
+def _without(found: AllocationSites, sites: set[str]) -> AllocationSites:
+    """``found`` less the rows of ``sites``."""
+    return _with_rows(found, [r for r in _rows(found) if r[0] not in sites])
 
 
 def _explains(found: AllocationSites, ambiguous: set[str]) -> bool:
@@ -722,12 +733,8 @@ def _with_containers(sites: AllocationSites, start: list[tuple[Any, int]], roots
     if site in sites.sites:
         return sites  # tracemalloc or the tensor pass named it already
     code = linecache.getline(where[0], where[1]).strip()[:_MAX_CODE]
-    rows = [(site, best_bytes, best_n, "numpy" if best_numpy else "python", code)] + list(
-        zip(sites.sites, sites.grown_bytes, sites.blocks, sites.kinds, sites.code))
-    rows = sorted(rows, key=lambda r: -r[1])[:TOP]
-    return dataclasses.replace(sites, sites=tuple(r[0] for r in rows), grown_bytes=tuple(r[1] for r in rows),
-                               blocks=tuple(r[2] for r in rows), kinds=tuple(r[3] for r in rows),
-                               code=tuple(r[4] for r in rows))
+    rows = [(site, best_bytes, best_n, "numpy" if best_numpy else "python", code), *_rows(sites)]
+    return _with_rows(sites, sorted(rows, key=lambda r: -r[1])[:TOP])
 
 
 def _line_of_holder(holder: Any, roots: tuple[str, ...], site_files: list[str],
@@ -830,15 +837,9 @@ def _with_tensors(sites: AllocationSites, before: tuple[type, int] | None, roots
     code = linecache.getline(where[0], where[1]).strip()[:_MAX_CODE] if where else ""
     kind = "scalar tensors" if scalars else "tensors"
     rows = [(site, grown, count, kind, code)] + [
-        row for row in zip(sites.sites, sites.grown_bytes, sites.blocks, sites.kinds, sites.code)
+        row for row in _rows(sites)
         if not site or row[0] != site]  # the line's own Python growth (the list's array) is in the tensors'
-    rows = sorted(rows, key=lambda r: -r[1])[:TOP]
-    return AllocationSites(
-        t=sites.t, window_s=sites.window_s, step_from=sites.step_from, step_to=sites.step_to,
-        step_time_inside_s=sites.step_time_inside_s, step_time_before_s=sites.step_time_before_s,
-        sites=tuple(r[0] for r in rows), grown_bytes=tuple(r[1] for r in rows),
-        blocks=tuple(r[2] for r in rows), kinds=tuple(r[3] for r in rows), code=tuple(r[4] for r in rows),
-        traced_bytes=sites.traced_bytes, rss_grown_bytes=sites.rss_grown_bytes)
+    return _with_rows(sites, sorted(rows, key=lambda r: -r[1])[:TOP])
 
 
 def install(agent: "Agent", patches: "Patches") -> LeakDoctor | None:
