@@ -518,6 +518,70 @@ def test_steps_twenty_times_slower_get_one_capture_of_them_and_a_slow_steps_mess
 
 
 
+def test_a_slowdown_that_goes_on_past_the_gap_between_captures_is_captured_once():
+    """The bundled sample: steps 12x slower from step 595, captured at 613-619; the slowdown went
+    on, and 60 s later (MIN_GAP_S) its calls, still counted against the median from before it,
+    were a second slowdown "from step 621", captured again with the run's last capture. After a
+    slowdown's capture the slow pace is the run's normal; a new slowdown is one against it."""
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _steps(auto, clock, 200, step, 0.010)
+    _steps(auto, clock, 5, step, 0.200, sample_every=1)
+    ((_, on_result),) = agent.submitted
+    _steps(auto, clock, 20, step, 0.210, sample_every=100)  # the capture's steps
+    on_result(True, "profile saved", {"path": "/r/profiles/p", "step": 206, "last_step": 225, "stopped_by": "steps"})
+    auto()
+    assert len([m for m in agent.emitted if m.kind == "slow_steps"]) == 1
+    captured_t = clock.t
+    _steps(auto, clock, 400, step, 0.200, sample_every=1)  # the same slowdown, 80 s more
+    assert clock.t - captured_t > auto_profile.MIN_GAP_S + 15
+    assert len(agent.submitted) == 1 and len([m for m in agent.emitted if m.kind == "slow_steps"]) == 1
+    # back to the old pace long enough to be the normal again; then a new slowdown is captured
+    _steps(auto, clock, 150, step, 0.010)
+    clock.t += auto_profile.MIN_GAP_S
+    _steps(auto, clock, 5, step, 0.200, sample_every=1)
+    assert len(agent.submitted) == 2
+    assert any(f"from step {step[0] - 4}" in m for _, m in agent.events), agent.events
+
+
+def test_a_slowdown_that_is_input_wait_is_captured_then_its_stages_are():
+    """The bundled sample: its steps turn slow from step 595 because their input does. Where the
+    slowdown's trigger fires first, its capture comes first, and the input episode that begins
+    meanwhile gets its own capture after it: both are measured, the slowdown once."""
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _steps(auto, clock, 200, step, 0.010)
+    for _ in range(5):  # slow, and nearly all of it waiting for the batch
+        step[0] += 1
+        clock.t += 0.2
+        auto.tap(step_values(step=step[0], t=clock.t, step_time_s=0.2, input_wait_s=0.19, loss=None,
+                             function="train_step"))
+    clock.t += 0.25
+    auto()
+    ((cmd, on_result),) = agent.submitted
+    assert any("slower or more" in m for _, m in agent.events), agent.events
+    first = step[0] + 1
+    for _ in range(20):  # the capture's steps: the input episode begins meanwhile
+        step[0] += 1
+        clock.t += 0.2
+        auto.tap(step_values(step=step[0], t=clock.t, step_time_s=0.2, input_wait_s=0.19, loss=None,
+                             function="train_step"))
+        clock.t += 0.05
+        auto()
+    on_result(True, "profile saved", {"path": "/r/profiles/p", "step": first, "last_step": first + 19,
+                                      "stopped_by": "steps"})
+    for _ in range(20):
+        step[0] += 1
+        clock.t += 0.2
+        auto.tap(step_values(step=step[0], t=clock.t, step_time_s=0.2, input_wait_s=0.19, loss=None,
+                             function="train_step"))
+        clock.t += 0.05
+        auto()
+    assert [m.kind for m in agent.emitted].count("slow_steps") == 1
+    assert len(agent.submitted) == 2, agent.events
+    assert any("waits for input" in m for _, m in agent.events), agent.events
+
+
 def test_a_slow_captures_steps_tapped_after_its_result_are_its_own():
     """The slowdown's capture: its Result before its steps were tapped left its SlowSteps with the
     slow calls that set it off (the capture's own were counted as ordinary calls after it)."""

@@ -504,6 +504,12 @@ class AutoProfile:
             sl.inside, sl.run, sl.want = [], 0, False
         if not inside or before is None:
             return
+        with self._lock:
+            # Captured and said: from here the slow pace is the run's normal, learnt anew, so
+            # the same slowdown going on is not a new one once MIN_GAP_S has passed; a slowdown
+            # against that pace, or against the old one once the steps are back to it, is.
+            sl.normal.clear()
+            sl.median = None
         slow = sl.means(inside)
         first_step, last = details.get("step"), details.get("last_step")
         step_from = int(first_step) if isinstance(first_step, (int, float)) else 0
