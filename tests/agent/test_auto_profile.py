@@ -144,6 +144,26 @@ def test_one_capture_per_input_bound_episode_through_the_profile_command():
     assert len([1 for lvl, _ in agent.events if lvl == "warning"]) == 1  # said once
 
 
+def test_an_input_bound_episode_is_seen_where_the_wait_is_read_every_tenth_step():
+    """Past a run's first records the in-graph wait is read at the read pace: a record that reads
+    it carries the mean wait of every step since the last read; the others carry none. At 150 ms
+    steps (the bundled sample's input-bound part) a 3 s window then held two records with a wait:
+    fewer than MIN_STEPS, and the episode was never judged."""
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    for i in range(200):
+        step[0] += 1
+        clock.t += 0.15
+        auto.tap(step_values(step=step[0], t=clock.t, step_time_s=0.15,
+                             input_wait_s=0.12 if i % 10 == 9 else None, loss=None))
+        if i % 2:
+            auto()
+        if agent.submitted:
+            break
+    assert len(agent.submitted) == 1 and step[0] <= 60, step
+    assert any("waits for input" in m for _, m in agent.events), agent.events
+
+
 def test_nothing_is_captured_when_the_wait_is_the_eager_fetch_of_distributed_batches():
     agent, clock, step = FakeAgent(), Clock(), [0]
     auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]

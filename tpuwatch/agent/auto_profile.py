@@ -70,6 +70,9 @@ MIN_WAIT_S = figures.INPUT_MIN_WAIT_S  # mean wait per step below this is timer 
 WARMUP_STEPS = 20  # the first steps trace and compile
 WINDOW_S = 3.0
 MIN_STEPS = 8  # steps that measured their wait in the window, to judge it
+#: The most steps without a wait of their own that the next wait read is taken to cover (a read
+#: that found no fetch since the last one covers none, and nothing says so in its Step)
+UNREAD_MAX = 256
 #: A capture's length: enough steps to sum each stage's time over, and no more: the profiler's
 #: buffers grow with the events (1 s of 7 ms CPU steps, 149 of them, took ~450 MB of RSS, which
 #: the allocator kept: it hid a leak's growth after it and looked like one itself).
@@ -174,13 +177,16 @@ class _Sums:
         self.last_k = 1  # steps in the newest call (steps_per_execution)
         self.eager_fetches = 0  # distributed batches fetched eagerly meanwhile
 
-    def add(self, step: int, step_time_s: float, wait_s: float | None, k: int) -> None:
+    def add(self, step: int, step_time_s: float, wait_s: float | None, k: int,
+            back: tuple[int, float] = (0, 0.0)) -> None:
+        """One call of ``k`` steps; ``back``: (steps, their time) of the calls just before it that
+        carried no wait, which ``wait_s``, a mean since the last read, covers too."""
         self.steps += k
         self.time_s += step_time_s * k
         if wait_s is not None:
-            self.measured += k
-            self.measured_time_s += step_time_s * k
-            self.wait_s += wait_s * k
+            self.measured += k + back[0]
+            self.measured_time_s += step_time_s * k + back[1]
+            self.wait_s += wait_s * (k + back[0])
         if self.first is None:
             self.first = step
         self.last = step
@@ -197,6 +203,9 @@ class AutoProfile:
         self._clock = clock
         self._lock = threading.Lock()
         self._bucket = _Sums()  # steps tapped since the last sample
+        #: (steps, their time) tapped since the last one that carried its wait: the next wait read
+        #: is their mean too (the in-graph wait is read at the read pace, its sum since the last)
+        self._unread: tuple[int, float] = (0, 0.0)
         self._window: deque[tuple[float, _Sums]] = deque()
         self._fetches = 0  # the step probe's eager distributed fetches at the last sample
         self._episode = False
@@ -244,10 +253,15 @@ class AutoProfile:
             bucket = self._bucket
             track = self.state != "idle" and self._kind == "input"
             rows, phase, last = self._rows, self._phase, self._capture_last
+            unread_steps, unread_s = self._unread
             for f in steps:
                 step, step_time_s, wait_s, k = f[_STEP], f[_TIME], f[_WAIT], f[_STEPS]
                 if step > WARMUP_STEPS:
-                    bucket.add(step, step_time_s, wait_s, k)
+                    bucket.add(step, step_time_s, wait_s, k, (unread_steps, unread_s))
+                    if wait_s is not None:
+                        unread_steps, unread_s = 0, 0.0
+                    elif unread_steps < UNREAD_MAX:
+                        unread_steps, unread_s = unread_steps + k, unread_s + step_time_s * k
                 if track:
                     if last is not None:  # the capture's steps are known: the ones after it
                         if step - k + 1 > last:
@@ -256,6 +270,7 @@ class AutoProfile:
                         rows.append((step, step_time_s, wait_s, k))
                 self._tapped = step
                 self._tap_slow(step, f[_T], step_time_s, wait_s, k, f[_FN])
+            self._unread = (unread_steps, unread_s)
 
     def _tap_slow(self, step: int, t: float, step_time_s: float, wait_s: float | None, k: int, fn: str) -> None:
         """One call for the slow-steps trigger (under the lock)."""
