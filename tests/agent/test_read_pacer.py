@@ -15,7 +15,7 @@ def test_the_first_records_are_all_read_then_by_training_time():
         trained = pacer.trained(0.1)  # a 100 ms step
         pacer.recorded()
         if read_all or pacer.loss_due(trained):
-            pacer.loss_read(trained, now=float(i))
+            pacer.loss_read(trained, now=float(i), step=i + 1)
             reads.append(i)
     # Records 0 and 1 whatever the pace; then every third 100 ms step (0.3 s >= 0.25 s of training).
     assert reads == [0, 1, 4, 7, 10]
@@ -26,7 +26,7 @@ def test_a_pause_is_not_training_time():
     pacer = ReadPacer(every_s=0.25, read_all_first=0)
     trained = pacer.trained(0.1)
     assert pacer.loss_due(trained)  # never read yet
-    pacer.loss_read(trained, now=100.0)
+    pacer.loss_read(trained, now=100.0, step=1)
     # Ten wall-clock seconds of evaluation later, the next 0.1 s step is still not due...
     assert not pacer.loss_due(pacer.trained(0.1))
     # ...but a pause may read a held-back loss: the wall clock says so.
@@ -65,7 +65,7 @@ def _first_records(step_s: float, read_s: float, records: int = 100) -> tuple[li
         trained = pacer.trained(3.0 if i == 0 else step_s)
         pacer.recorded()
         if read_all or pacer.loss_due(trained):
-            pacer.loss_read(trained, now=float(i))
+            pacer.loss_read(trained, now=float(i), step=i + 1)
             pacer.spent(read_s)
             spent += read_s if i else 0.0  # the first record's read is paid beside its trace
             reads.append(i)
@@ -96,7 +96,7 @@ def test_after_the_first_records_reads_cost_at_most_a_thousandth_of_the_training
             trained = pacer.trained(0.007)
             pacer.recorded()
             if pacer.loss_due(trained):
-                pacer.loss_read(trained, now=float(i))
+                pacer.loss_read(trained, now=float(i), step=i + 1)
                 pacer.spent(read_s)
                 reads.append(trained)
         gaps = [b - a for a, b in zip(reads[2:], reads[3:])]  # once the cost is known
@@ -111,3 +111,51 @@ def test_a_pace_set_by_the_user_holds_whatever_a_read_costs(monkeypatch):
     pacer.trained(0.007)
     pacer.spent(0.5)
     assert pacer.pace_s == 0.25
+
+
+def _steady_reads(step_s: float, read_s: float, steps: int) -> list[float]:
+    """The training times of the reads after a run's first records, ``step_s`` steps, each read
+    costing ``read_s``."""
+    pacer = ReadPacer(every_s=read_pacer.LOSS_EVERY_S, read_all_first=0, steady_share=read_pacer.STEADY_SHARE)
+    reads = []
+    for i in range(steps):
+        trained = pacer.trained(step_s)
+        pacer.recorded()
+        if pacer.loss_due(trained):
+            pacer.loss_read(trained, now=float(i), step=i + 1)
+            pacer.spent(read_s)
+            reads.append(trained)
+    return reads
+
+
+def test_at_long_steps_reads_cost_at_most_ten_microseconds_a_step():
+    """A thousandth of the training is 27 µs a step at a 27 ms step, 100 µs at a 100 ms step: over
+    the 50 µs budget with the rest of the agent. Four replicas' losses and the accumulator read in
+    0.27 ms after a 27 ms step (this box) were read every ~10 steps, ~30 µs a step."""
+    for step_s, read_s in ((0.027, 0.00027), (0.020, 0.0004)):
+        reads = _steady_reads(step_s, read_s, 3000)
+        gaps = [b - a for a, b in zip(reads[3:], reads[4:])]  # once the cost and step are known
+        assert min(gaps) >= read_s * step_s / read_pacer.READ_STEP_S - 1e-9, (step_s, min(gaps))
+        assert max(gaps) < read_s * step_s / read_pacer.READ_STEP_S + step_s + 1e-9
+        assert read_s / (min(gaps) / step_s) <= read_pacer.READ_STEP_S + 1e-12  # per step, on average
+
+
+def test_at_long_steps_a_read_is_made_at_least_once_a_second_of_training():
+    """A 0.35 ms read after a 150 ms step (the bundled sample's input-bound part) would wait 5 s of
+    training for ten µs a step: the input-bound rule's 30 s window would hold 6 reads of the
+    wait, not the 20 it needs, and the loss shown would lag as long. Once a second of training
+    holds both (35 µs a step at 150 ms steps, under the thousandth's 150 µs)."""
+    for step_s, read_s in ((0.150, 0.00035), (1.0, 0.002)):
+        reads = _steady_reads(step_s, read_s, 400)
+        gaps = [b - a for a, b in zip(reads[3:], reads[4:])]
+        assert min(gaps) >= read_pacer.MAX_PACE_S - 1e-9, (step_s, min(gaps))
+        assert max(gaps) < max(read_pacer.MAX_PACE_S + step_s, read_s / read_pacer.STEADY_SHARE) + 1e-9
+        assert 30.0 / max(gaps) >= 20 or step_s >= 1.0
+
+
+def test_at_the_tiny_step_the_share_of_the_training_sets_the_pace():
+    """A 2.3 ms step, ~1 ms a read: ten µs a step would read every 0.23 s; a thousandth of the
+    training, every second, as before."""
+    reads = _steady_reads(0.0023, 0.001, 3000)
+    gaps = [b - a for a, b in zip(reads[3:], reads[4:])]
+    assert abs(min(gaps) - 0.001 / read_pacer.STEADY_SHARE) < 0.0024

@@ -171,7 +171,7 @@ class EagerLoop:
                 began = probe.perf()
                 losses = (float(tf.reduce_mean(tf.cast(target, tf.float32)).numpy()),)
                 pacer.spent(probe.perf() - began)
-                pacer.loss_read(trained, now)
+                pacer.loss_read(trained, now, self.agent.global_step + 1)
             except Exception as e:
                 self.agent.probe_failed("replica_loss", e)
         probe.first_strategy_if_none()

@@ -7,7 +7,10 @@ wait), not by the wall clock: a pause (evaluation, a checkpoint) does not make t
 A run's first :data:`READ_ALL_FIRST` records are read more often, so that a short run's
 diagnostics see its steps: every record while the reads so far cost at most :data:`READ_SHARE` of
 the training since the first call (measured: :meth:`ReadPacer.spent`), so every one where a read
-is cheap next to a step, and no more than that share where it is not. When training pauses, the
+is cheap next to a step, and no more than that share where it is not. After them, a read is made
+at most every :data:`LOSS_EVERY_S` of training, and no more often than keeps the reads within
+:data:`STEADY_SHARE` of the training and within :data:`READ_STEP_S` a step on average (at long
+steps, and at least once every :data:`MAX_PACE_S` of training). When training pauses, the
 last step's losses, if its record went without them, are read if the wall clock says one is due.
 No TensorFlow here: the step probe asks, and reads.
 """
@@ -29,6 +32,21 @@ READ_SHARE = 0.01
 #: longer (the tiny custom step here, ~0.8 ms a read after a 7 ms step: one read a second, ~6 µs a
 #: step; a TPU's ~0.1 ms reads: four a second).
 STEADY_SHARE = 0.001
+
+
+#: After a run's first records, reads cost at most this much a training step on average: the
+#: least training time between two reads is also a read's cost over this, times the step time
+#: (where that is longer than STEADY_SHARE's pace: steps longer than READ_STEP_S / STEADY_SHARE,
+#: 10 ms). A share of the training alone is over the 50 µs budget a step at long steps (0.1 % of a
+#: 50 ms step is 50 µs): a 0.27 ms read (four replicas' losses and the accumulator after a 27 ms
+#: step, this project's 2-core box) was made every ~10 steps, ~30 µs a step; now every ~27.
+READ_STEP_S = 10e-6
+
+
+#: The most training time between two reads that READ_STEP_S may ask for: a loss shown is at most
+#: this old in training time, and the ``input-bound`` rule's 30 s window holds the 20 reads of the
+#: in-graph wait it needs (a 0.35 ms read once a second is 35 µs a step at 100 ms steps).
+MAX_PACE_S = 1.0
 
 
 #: The least training time between two reads after a run's first READ_ALL_FIRST records: a 4 Hz
@@ -64,6 +82,8 @@ class ReadPacer:
         self.every_s = every_s
         self.steady_share = steady_share  # None: every_s is the pace, whatever a read costs
         self._read_cost: float | None = None  # what a read costs, smoothed (from spent())
+        self._step_s: float | None = None  # training time a step between two loss reads, smoothed
+        self._loss_read_step = 0  # the step the last loss read was made after
         self.read_all_left = read_all_first  # records still read whatever the pace
         self.trained_s = 0.0
         self._first_s: float | None = None  # the first record's training time (its trace)
@@ -81,11 +101,13 @@ class ReadPacer:
     @property
     def pace_s(self) -> float:
         """The least training time between two reads now: ``every_s``, or longer where the reads
-        cost more than ``steady_share`` of it."""
+        cost more than ``steady_share`` of it, or more than READ_STEP_S a step (up to MAX_PACE_S)."""
         cost, share = self._read_cost, self.steady_share
         if cost is None or share is None:
             return self.every_s
-        return max(self.every_s, cost / share)
+        step_s = self._step_s
+        per_step = min(cost * step_s / READ_STEP_S, MAX_PACE_S) if step_s is not None else 0.0
+        return max(self.every_s, cost / share, per_step)
 
     @property
     def read_all(self) -> bool:
@@ -130,10 +152,17 @@ class ReadPacer:
         """The losses are to be read at training time ``trained`` (read_all aside)."""
         return trained - self._loss_read_trained >= self.pace_s
 
-    def loss_read(self, trained: float, now: float) -> None:
-        """The losses were read at training time ``trained``, wall clock ``now``."""
+    def loss_read(self, trained: float, now: float, step: int) -> None:
+        """The losses were read at training time ``trained``, wall clock ``now``, after the run's
+        ``step``-th step."""
+        since, last = step - self._loss_read_step, self._loss_read_trained
+        if since > 0 and last != float("-inf") and trained > last:
+            per = (trained - last) / since
+            step_s = self._step_s
+            self._step_s = per if step_s is None else step_s + 0.2 * (per - step_s)
         self._loss_read_trained = trained
         self._loss_read_at = now
+        self._loss_read_step = step
 
     def acc_due(self, trained: float) -> bool:
         """The accumulator is to be read at training time ``trained`` (read_all aside)."""

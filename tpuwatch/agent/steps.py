@@ -346,7 +346,7 @@ class StepProbe:
             losses = reader(flags)
             read_s += perf() - began
             if losses is not None:
-                pacer.loss_read(trained, now)
+                pacer.loss_read(trained, now, self.agent.global_step + steps)
                 if not eagerly:
                     flags["_read"] = True
         if read_s:
