@@ -206,8 +206,10 @@ def test_lost_run_says_why() -> None:
 
 
 def test_a_loss_left_behind_by_the_run_is_marked_stale() -> None:
-    """A frozen loss was shown as current for 125 steps. A loss a second of training
-    behind the run says so; one a few steps behind (sampled every 10 ms) does not."""
+    """A frozen loss was shown as current for 125 steps. A loss over two seconds behind the run
+    says so; one a few steps behind (sampled every 10 ms) does not, nor one a second and a half
+    behind (the agent reads them at least once a second of training, at the step that reaches
+    it, and the host's time between steps is in the rate)."""
     from tpuwatch.ui.widgets.replica_loss_panel import replica_loss_text
 
     rows = tuple(ReplicaLoss(index=i, device=f"CPU:{i}", worker="w", loss=2.0 + i / 10, deviation=0.0,
@@ -218,6 +220,7 @@ def test_a_loss_left_behind_by_the_run_is_marked_stale() -> None:
     fresh = replica_loss_text(replace(base, step=103), 8).plain
     stale = replica_loss_text(replace(base, step=225), 8).plain
     assert "step 100" in fresh and "stale" not in fresh
+    assert "stale" not in replica_loss_text(replace(base, step=175), 8).plain
     assert "step 100" in stale and "stale: no loss since" in stale
 
 

@@ -307,7 +307,8 @@ class StepProbe:
                 began = perf()
                 acc = self.read_accumulator().tolist()  # Python floats: cheaper than numpy scalars
                 read_s = perf() - began
-                pacer.acc_read(trained)
+                # (a loop's steps, counted in the graph, are known only from this read)
+                pacer.acc_read(trained, None if "acc_runs" in flags else self.agent.global_step + max(steps, 1))
                 last = self.acc_last
                 self.acc_last = acc
                 pending, self._acc_unread_steps = self._acc_unread_steps, 0

@@ -40,14 +40,19 @@ def loss_state(s: RunSnapshot) -> str | None:
     return None
 
 
+#: Seconds behind the run (at its step rate) past which the losses shown are marked stale. The
+#: agent reads them at least once a second of training once a run is under way (every 0.25-1 s,
+#: as a read's cost allows, and the step that reaches it): up to a second and a step behind is
+#: normal, and the rate counts the host's time between steps too.
+LOSS_STALE_S = 2.0
+
+
 def loss_stale(s: RunSnapshot) -> bool:
-    """The losses shown belong to a step more than a second of training behind the run's (the
-    agent samples them at 4 Hz once a run is under way: a few steps behind is normal, a second is
-    not)."""
+    """The losses shown belong to a step more than LOSS_STALE_S behind the run's."""
     if s.loss_step is None or s.loss_step >= s.step:
         return False
     rate = s.steps_per_s or 0.0
-    return rate <= 0 or (s.step - s.loss_step) / rate > 1.0
+    return rate <= 0 or (s.step - s.loss_step) / rate > LOSS_STALE_S
 
 
 def short_worker(name: str) -> str:
