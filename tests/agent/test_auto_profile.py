@@ -164,6 +164,23 @@ def test_an_input_bound_episode_is_seen_where_the_wait_is_read_every_tenth_step(
     assert any("waits for input" in m for _, m in agent.events), agent.events
 
 
+def test_a_wait_read_covers_only_its_own_step_functions_steps():
+    """A 150 ms step waiting 5 ms (3 %: not input-bound), its wait read every tenth call, between
+    calls of a 10 ms function with no fetch (a GAN's other step, a helper): counting that one's
+    steps at the wait read made the wait 6 % of the step time, an episode, a capture."""
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    for i in range(400):
+        for fn, step_s, wait in (("train_step", 0.15, 0.005 if i % 10 == 9 else None), ("other", 0.01, None)):
+            step[0] += 1
+            clock.t += step_s
+            auto.tap(step_values(step=step[0], t=clock.t, step_time_s=step_s, input_wait_s=wait, loss=None,
+                                 function=fn))
+        if i % 2:
+            auto()
+    assert agent.submitted == [], agent.events
+
+
 def test_nothing_is_captured_when_the_wait_is_the_eager_fetch_of_distributed_batches():
     agent, clock, step = FakeAgent(), Clock(), [0]
     auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
@@ -600,6 +617,20 @@ def test_a_slowdown_that_is_input_wait_is_captured_then_its_stages_are():
     assert [m.kind for m in agent.emitted].count("slow_steps") == 1
     assert len(agent.submitted) == 2, agent.events
     assert any("waits for input" in m for _, m in agent.events), agent.events
+
+
+def test_a_slowdown_whose_capture_failed_may_be_captured_later():
+    agent, clock, step = FakeAgent(), Clock(), [0]
+    auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
+    _steps(auto, clock, 200, step, 0.010)
+    _steps(auto, clock, 5, step, 0.200, sample_every=1)
+    ((_, on_result),) = agent.submitted
+    on_result(False, "cannot start the profiler", {})
+    auto()
+    (msg,) = [m for m in agent.emitted if m.kind == "slow_steps"]
+    assert msg.error == "cannot start the profiler"
+    _steps(auto, clock, 400, step, 0.200, sample_every=1)  # the same slowdown, 80 s more
+    assert len(agent.submitted) == 2
 
 
 def test_a_slow_captures_steps_tapped_after_its_result_are_its_own():

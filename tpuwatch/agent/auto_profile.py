@@ -73,6 +73,8 @@ MIN_STEPS = 8  # steps that measured their wait in the window, to judge it
 #: The most steps without a wait of their own that the next wait read is taken to cover (a read
 #: that found no fetch since the last one covers none, and nothing says so in its Step)
 UNREAD_MAX = 256
+UNREAD_FUNCTIONS = 16  # step functions kept track of (a script that makes one a call: the first 16)
+_NONE_UNREAD = (0, 0.0)
 #: A capture's length: enough steps to sum each stage's time over, and no more: the profiler's
 #: buffers grow with the events (1 s of 7 ms CPU steps, 149 of them, took ~450 MB of RSS, which
 #: the allocator kept: it hid a leak's growth after it and looked like one itself).
@@ -203,9 +205,10 @@ class AutoProfile:
         self._clock = clock
         self._lock = threading.Lock()
         self._bucket = _Sums()  # steps tapped since the last sample
-        #: (steps, their time) tapped since the last one that carried its wait: the next wait read
-        #: is their mean too (the in-graph wait is read at the read pace, its sum since the last)
-        self._unread: tuple[int, float] = (0, 0.0)
+        #: step function -> (steps, their time) tapped since its last one that carried its wait:
+        #: its next wait read is their mean too (the in-graph wait is read at the read pace, its
+        #: sum since the last read)
+        self._unread: dict[str, tuple[int, float]] = {}
         self._window: deque[tuple[float, _Sums]] = deque()
         self._fetches = 0  # the step probe's eager distributed fetches at the last sample
         self._episode = False
@@ -253,15 +256,17 @@ class AutoProfile:
             bucket = self._bucket
             track = self.state != "idle" and self._kind == "input"
             rows, phase, last = self._rows, self._phase, self._capture_last
-            unread_steps, unread_s = self._unread
+            unread = self._unread
             for f in steps:
                 step, step_time_s, wait_s, k = f[_STEP], f[_TIME], f[_WAIT], f[_STEPS]
                 if step > WARMUP_STEPS:
-                    bucket.add(step, step_time_s, wait_s, k, (unread_steps, unread_s))
+                    fn = f[_FN]  # each step function's reads cover its own steps
+                    back = unread.get(fn, _NONE_UNREAD)
+                    bucket.add(step, step_time_s, wait_s, k, back)
                     if wait_s is not None:
-                        unread_steps, unread_s = 0, 0.0
-                    elif unread_steps < UNREAD_MAX:
-                        unread_steps, unread_s = unread_steps + k, unread_s + step_time_s * k
+                        unread.pop(fn, None)
+                    elif back[0] < UNREAD_MAX and (fn in unread or len(unread) < UNREAD_FUNCTIONS):
+                        unread[fn] = (back[0] + k, back[1] + step_time_s * k)
                 if track:
                     if last is not None:  # the capture's steps are known: the ones after it
                         if step - k + 1 > last:
@@ -270,7 +275,6 @@ class AutoProfile:
                         rows.append((step, step_time_s, wait_s, k))
                 self._tapped = step
                 self._tap_slow(step, f[_T], step_time_s, wait_s, k, f[_FN])
-            self._unread = (unread_steps, unread_s)
 
     def _tap_slow(self, step: int, t: float, step_time_s: float, wait_s: float | None, k: int, fn: str) -> None:
         """One call for the slow-steps trigger (under the lock)."""
@@ -517,14 +521,16 @@ class AutoProfile:
             # no call inside a capture that failed at once: the slow calls that set it off
             inside, before, first, fn = sl.inside or list(sl.run_rows), sl.before, sl.first, sl.function
             sl.inside, sl.run, sl.want = [], 0, False
+            if ok and inside and before is not None:
+                # Captured and said: from here the slow pace is the run's normal, learnt anew, so
+                # the same slowdown going on is not a new one once MIN_GAP_S has passed; a
+                # slowdown against that pace, or against the old one once the steps are back to
+                # it, is. (A capture that failed leaves the old median: the slowdown going on may
+                # be captured later, within the run's budget.)
+                sl.normal.clear()
+                sl.median = None
         if not inside or before is None:
             return
-        with self._lock:
-            # Captured and said: from here the slow pace is the run's normal, learnt anew, so
-            # the same slowdown going on is not a new one once MIN_GAP_S has passed; a slowdown
-            # against that pace, or against the old one once the steps are back to it, is.
-            sl.normal.clear()
-            sl.median = None
         slow = sl.means(inside)
         first_step, last = details.get("step"), details.get("last_step")
         step_from = int(first_step) if isinstance(first_step, (int, float)) else 0
