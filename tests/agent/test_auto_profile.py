@@ -518,12 +518,12 @@ def test_a_captures_outcome_waits_for_its_steps_a_bounded_time():
 
 
 def _steps(auto: AutoProfile, clock: Clock, n: int, step: list[int], step_time_s: float,
-           between_s: float = 0.001, sample_every: int = 5) -> list:
+           between_s: float = 0.001, sample_every: int = 5, wait_s: float = 0.0002) -> list:
     out = []
     for i in range(n):
         step[0] += 1
         clock.t += step_time_s + between_s
-        auto.tap(step_values(step=step[0], t=clock.t, step_time_s=step_time_s, input_wait_s=0.0002, loss=None,
+        auto.tap(step_values(step=step[0], t=clock.t, step_time_s=step_time_s, input_wait_s=wait_s, loss=None,
                              function="train_step"))
         if i % sample_every == sample_every - 1:
             out.extend(auto())
@@ -588,32 +588,16 @@ def test_a_slowdown_that_is_input_wait_is_captured_then_its_stages_are():
     agent, clock, step = FakeAgent(), Clock(), [0]
     auto = AutoProfile(agent, agent.profiler, clock=clock)  # type: ignore[arg-type]
     _steps(auto, clock, 200, step, 0.010)
-    for _ in range(5):  # slow, and nearly all of it waiting for the batch
-        step[0] += 1
-        clock.t += 0.2
-        auto.tap(step_values(step=step[0], t=clock.t, step_time_s=0.2, input_wait_s=0.19, loss=None,
-                             function="train_step"))
-    clock.t += 0.25
-    auto()
+    # slow, and nearly all of it waiting for the batch: one sample after five of them
+    _steps(auto, clock, 5, step, 0.2, between_s=0.0, wait_s=0.19)
     ((cmd, on_result),) = agent.submitted
     assert any("slower or more" in m for _, m in agent.events), agent.events
     first = step[0] + 1
-    for _ in range(20):  # the capture's steps: the input episode begins meanwhile
-        step[0] += 1
-        clock.t += 0.2
-        auto.tap(step_values(step=step[0], t=clock.t, step_time_s=0.2, input_wait_s=0.19, loss=None,
-                             function="train_step"))
-        clock.t += 0.05
-        auto()
+    # the capture's steps: the input episode begins meanwhile
+    _steps(auto, clock, 20, step, 0.2, between_s=0.05, sample_every=1, wait_s=0.19)
     on_result(True, "profile saved", {"path": "/r/profiles/p", "step": first, "last_step": first + 19,
                                       "stopped_by": "steps"})
-    for _ in range(20):
-        step[0] += 1
-        clock.t += 0.2
-        auto.tap(step_values(step=step[0], t=clock.t, step_time_s=0.2, input_wait_s=0.19, loss=None,
-                             function="train_step"))
-        clock.t += 0.05
-        auto()
+    _steps(auto, clock, 20, step, 0.2, between_s=0.05, sample_every=1, wait_s=0.19)
     assert [m.kind for m in agent.emitted].count("slow_steps") == 1
     assert len(agent.submitted) == 2, agent.events
     assert any("waits for input" in m for _, m in agent.events), agent.events
