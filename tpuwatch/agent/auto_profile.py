@@ -180,7 +180,7 @@ class _Sums:
         self.eager_fetches = 0  # distributed batches fetched eagerly meanwhile
 
     def add(self, step: int, step_time_s: float, wait_s: float | None, k: int,
-            back: tuple[int, float] = (0, 0.0)) -> None:
+            back: tuple[int, float] = _NONE_UNREAD) -> None:
         """One call of ``k`` steps; ``back``: (steps, their time) of the calls just before it that
         carried no wait, which ``wait_s``, a mean since the last read, covers too."""
         self.steps += k
