@@ -115,6 +115,7 @@ class SyntheticRun:
         function: str = "train_step",
         examples: int | None = None,
         epoch: int | None = None,
+        losses_every: int = 1,  # the losses read on every this-many-th step only (the agent's pace)
     ) -> None:
         for _ in range(n):
             self.step += 1
@@ -136,9 +137,10 @@ class SyntheticRun:
                     r = wi * self.local_replicas + li
                     v = clean * (1.0 + self.rng.gauss(0.0, self.loss_noise))
                     losses.append(loss(s, r, v) if loss else v)
-                mean = sum(losses) / len(losses)
-                self.emit(Step(step=s, t=self.t, step_time_s=st, input_wait_s=wait, loss=mean,
-                               replica_losses=tuple(losses), steps=1,
+                read = s % losses_every == 0
+                self.emit(Step(step=s, t=self.t, step_time_s=st, input_wait_s=wait,
+                               loss=sum(losses) / len(losses) if read else None,
+                               replica_losses=tuple(losses) if read else (), steps=1,
                                examples=examples, function=function, epoch=epoch), name)
 
     def retrace(self, function: str, traces: int, instances: int = 1, change: str = "",

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 from diag_synthetic import SyntheticRun, findings
 
 
@@ -16,6 +17,31 @@ def test_nan_on_one_replica_is_critical_and_names_replica_and_step():
     assert f.first_step == 120 and f.last_step == 149
     assert "learning rate" in f.advice and "loss scal" in f.advice.lower()
     assert "replica 2" in f.message and "step 120" in f.message
+
+
+def test_nan_between_two_reads_says_the_step_it_was_read_at_and_the_last_finite_read():
+    # Losses read on every 5th step (the agent's pace on a short run's dear reads): replica 1 goes
+    # NaN at step 12, every replica at 13. The first read that sees it is step 15's, every replica
+    # non-finite: the finding must not say the loss went non-finite at step 15 on all at once
+    run = SyntheticRun()
+    run.steps(11, losses_every=5)
+    run.steps(1, loss=lambda s, r, v: math.nan if r == 1 else v, losses_every=5)
+    run.steps(20, loss=lambda s, r, v: math.nan, losses_every=5)
+    (f,) = findings(run.engine(), "loss-nonfinite")
+    assert f.evidence["first_step"] == 15 and f.evidence["last_finite_step"] == 10
+    assert f.evidence["replica"] == "all"
+    assert "between step 10 and step 15" in f.message and "from step 15" not in f.message
+    assert "TPUWATCH_LOSS_EVERY_S=0" in f.advice  # to tell which replica went first
+
+
+def test_nan_on_one_replica_between_two_reads_names_it_and_the_steps():
+    run = SyntheticRun()
+    run.steps(9, losses_every=5)
+    run.steps(20, loss=lambda s, r, v: math.nan if r == 2 else v, losses_every=5)
+    (f,) = findings(run.engine(), "loss-nonfinite")
+    assert f.evidence["replica"] == 2 and f.evidence["first_step"] == 10
+    assert f.evidence["last_finite_step"] == 5
+    assert "replica 2" in f.message and "between step 5 and step 10" in f.message
 
 
 def test_inf_on_second_worker_uses_global_replica_index():
@@ -65,6 +91,38 @@ def test_single_outlier_step_is_silent():
 
 def test_too_few_steps_is_silent():
     assert findings(skewed(2.0, n=40).engine(), "replica-loss-skew") == []
+
+
+def test_skew_read_on_every_fifth_step_of_an_80_step_run_fires():
+    # The agent's default pace reads a short run's losses on some steps only (within a hundredth
+    # of its training): 16 reads over 80 steps are as persistent a gap as 80 reads
+    run = SyntheticRun()
+    run.steps(80, loss=lambda s, r, v: v * 8 if r == 2 else v, losses_every=5)
+    (f,) = findings(run.engine(), "replica-loss-skew")
+    assert f.evidence["replica"] == 2 and f.evidence["window_steps"] == 16
+    assert (f.first_step, f.last_step) == (5, 80)
+
+
+def test_sparse_reads_over_too_few_steps_are_silent():
+    # 20 reads, but of 40 steps only: the gap has not been seen over 50 steps
+    run = SyntheticRun()
+    run.steps(40, loss=lambda s, r, v: v * 2 if r == 1 else v, losses_every=2)
+    assert findings(run.engine(), "replica-loss-skew") == []
+
+
+def test_too_few_reads_are_silent_however_many_steps_they_span():
+    # 11 reads over 110 steps: too few values to tell a persistent gap from noise
+    run = SyntheticRun()
+    run.steps(110, loss=lambda s, r, v: v * 2 if r == 1 else v, losses_every=10)
+    assert findings(run.engine(), "replica-loss-skew") == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_noisy_replicas_read_sparsely_are_silent(seed):
+    # 10 % per-replica noise, read on every 5th step of a 100-step run: 20 values a replica
+    run = SyntheticRun(loss_noise=0.10, seed=seed)
+    run.steps(100, losses_every=5)
+    assert findings(run.engine(), "replica-loss-skew") == []
 
 
 def test_tiny_losses_are_silent():

@@ -5,6 +5,7 @@ healthy scripts yield no warning or critical finding. Real TensorFlow, real subp
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,14 @@ def _at(script: str, code: str) -> str:
     return f"{script}:{line}"
 
 
-def _run_and_report(tmp_path: Path, script: str, *args: str, timeout: float = 420) -> dict:
+def _run_and_report(tmp_path: Path, script: str, *args: str, timeout: float = 420,
+                    default_pace: bool = False) -> dict:
+    """``default_pace``: the agent reads losses at its own pace, as users run it (the tests' child
+    environment reads them after every step call)."""
     run_dir = tmp_path / "run"
     env = child_env(TPUWATCH_HOME=str(tmp_path / "home"))
+    if default_pace:
+        env.pop("TPUWATCH_LOSS_EVERY_S", None)
     run = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--headless", "--run-dir", str(run_dir),
                           str(PLANTED / script), *args], capture_output=True, text=True, timeout=timeout, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -37,6 +43,7 @@ def _run_and_report(tmp_path: Path, script: str, *args: str, timeout: float = 42
                             capture_output=True, text=True, timeout=120, env=env, check=True)
     data = json.loads(report.stdout)
     data["_headless"] = run.stderr
+    data["_stdout"] = run.stdout
     return data
 
 
@@ -134,6 +141,33 @@ def _check_planted(tmp_path, script, args, rule, evidence, severities) -> dict:
     events = (tmp_path / "run" / "events.jsonl").read_text()
     assert f'"rule":"{rule}"' in events
     return report
+
+
+def test_a_persistent_skew_is_found_at_the_default_pace(tmp_path):
+    """As users run it: the agent reads a short run's losses after every step only where a read is
+    cheap next to the step (within a hundredth of the training), here on ~17 of the 80 steps; the
+    rule judges the steps that were read."""
+    report = _run_and_report(tmp_path, "replica_loss_skew.py", default_pace=True)
+    (f,) = [f for f in report["findings"] if f["rule"] == "replica-loss-skew"]
+    assert f["evidence"]["replica"] == 2, f["evidence"]
+
+
+def test_a_nan_between_two_reads_is_said_as_read_at_the_default_pace(tmp_path):
+    """The loss goes NaN on replica 1 at step 12 (the script prints it), on every replica after. At
+    the default pace step 12's losses may not be read: the finding then says the steps it went
+    non-finite between, never a later step as the first."""
+    report = _run_and_report(tmp_path, "loss_nonfinite.py", default_pace=True)
+    printed = [int(n) for n, loss in re.findall(r"^step (\d+)  loss (\S+)$", report["_stdout"], re.M)
+               if loss in ("nan", "inf", "-inf")]
+    assert printed and printed[0] == 12, report["_stdout"][-2000:]
+    (f,) = [f for f in report["findings"] if f["rule"] == "loss-nonfinite"]
+    ev = f["evidence"]
+    if "last_finite_step" in ev:  # step 12 was not read
+        assert ev["last_finite_step"] < 12 < ev["first_step"] or ev["first_step"] == 12, ev
+        assert f"between step {ev['last_finite_step']} and step {ev['first_step']}" in f["message"], f["message"]
+        assert "TPUWATCH_LOSS_EVERY_S=0" in f["advice"]
+    else:  # every step read up to it
+        assert ev["first_step"] == 12 and ev["replica"] == 1, ev
 
 
 @pytest.mark.parametrize("script, args", [

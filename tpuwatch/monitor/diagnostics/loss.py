@@ -106,6 +106,9 @@ class NonFinite:
     origin_device: str = ""
     together: set[int] = field(default_factory=set)  # replicas bad at the first bad step
     replicas: int = 0  # this worker's replicas at the first bad step
+    #: The last step before first_step whose losses were read, all finite, where the steps between
+    #: them were not read (the agent reads some steps only): it went non-finite between the two.
+    last_finite: int | None = None
 
 
 class LossNonfinite(Rule):
@@ -140,7 +143,11 @@ class LossNonfinite(Rule):
                 nf = NonFinite(msg.step, msg.t, off + i, w.device_of(i), _fmt(rl[i]))
             else:
                 nf = NonFinite(msg.step, msg.t, None, "", _fmt(loss if loss is not None else math.nan))
-            dep = departure(self.recent.pop(w.name, []), self.th.skew_origin_ratio)
+            recent = self.recent.pop(w.name, None)
+            last_read = recent[-1][0] if recent else 0
+            if msg.step - last_read > 1:
+                nf.last_finite = last_read
+            dep = departure(recent or [], self.th.skew_origin_ratio)
             if dep is not None:
                 nf.origin, nf.origin_replica = dep, off + dep.column
                 nf.origin_device = w.device_of(dep.column)
@@ -178,10 +185,18 @@ class LossNonfinite(Rule):
             if dep is not None:
                 evidence.update(origin_replica=nf.origin_replica, origin_device=nf.origin_device,
                                 origin_from_step=dep.from_step, origin_ratio=sig(min(dep.ratio, 1e300), 2))
+            when, read, steps = f"from step {nf.first_step}", "", f"step {nf.first_step}"
+            if nf.last_finite is not None:
+                evidence["last_finite_step"] = nf.last_finite
+                when = (f"between step {nf.last_finite} and step {nf.first_step}" if nf.last_finite
+                        else f"within its first {nf.first_step} steps") + " (the steps between were not read)"
+                steps = f"steps {nf.last_finite + 1}-{nf.first_step}"
+                read = ("Set TPUWATCH_LOSS_EVERY_S=0 to read every step's losses and see the step, and "
+                        "the replica, it began on. ")
             self._keep(name, Finding(
                 t=nf.first_t, rule=self.id, severity="critical",
-                message=f"loss is {nf.value} on {where} from step {nf.first_step}{also}{origin}",
-                advice=look + (f"Look at step {nf.first_step} on {where}: lower the learning rate or add "
+                message=f"loss is {nf.value} on {where} {when}{also}{origin}",
+                advice=look + read + (f"Look at {steps} on {where}: lower the learning rate or add "
                         "gradient clipping (clipnorm); check that batch's data for NaN/Inf or "
                         "empty inputs (tf.debugging.check_numerics, "
                         "tf.debugging.enable_check_numerics()); with float16 use loss "
@@ -197,7 +212,8 @@ class ReplicaLossSkew(Rule):
     Per step, each replica's gap to the median of all replicas; over the window, the
     mean gap must be large in absolute terms, relative to the loss, and relative to its own
     standard error over time (a z-score over many steps), with a consistent sign. Needs three
-    or more replicas (with two there is no telling which one is off) and finite losses.
+    or more replicas (with two there is no telling which one is off), finite losses, and 12 steps
+    read over 50 of the run's (the agent does not read every step's losses).
     """
 
     id = "replica-loss-skew"
@@ -299,7 +315,7 @@ class ReplicaLossSkew(Rule):
         keep = max(th.skew_min_steps, _MAX_VALUES_PER_CHECK // max(n_rep, 1))
         if len(rows) > keep:
             steps, rows = steps[-keep:], rows[-keep:]
-        if n_rep < 3 or len(rows) < th.skew_min_steps:
+        if n_rep < 3 or len(rows) < th.skew_min_reads or steps[-1] - steps[0] + 1 < th.skew_min_steps:
             return
         n = len(rows)
         gaps = [[0.0] * n for _ in range(n_rep)]

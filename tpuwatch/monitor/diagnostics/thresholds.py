@@ -114,9 +114,14 @@ class Thresholds:
     device_critical_frac: float = 0.98
 
     # --- replica-loss-skew ---------------------------------------------------------------
-    #: Steps (aligned across all replicas) kept and required.
+    #: Steps with every replica's loss (aligned across workers) kept; the steps of the run those
+    #: reads must span (first to last), and the reads required. The agent reads a short run's
+    #: losses on some steps only where a read is dear next to a step (within a hundredth of the
+    #: training: 17 of 80 steps of the planted 6 ms step here), and at most a few times a second
+    #: after its first records: a gap is judged on the steps that were read, over 50 of the run's.
     skew_window_steps: int = 512
     skew_min_steps: int = 50
+    skew_min_reads: int = 12
     #: The mean gap to the other replicas' median must beat all three: absolute, relative to
     #: the loss scale, and its own standard error (a z-score over time, not over 3 peers).
     skew_min_abs_gap: float = 0.01
