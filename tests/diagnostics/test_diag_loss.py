@@ -3,7 +3,9 @@
 import math
 
 import pytest
-from diag_synthetic import SyntheticRun, findings
+from diag_synthetic import T0, SyntheticRun, findings
+
+from tpuwatch.protocol import Step, StepLoss
 
 
 def test_nan_on_one_replica_is_critical_and_names_replica_and_step():
@@ -42,6 +44,31 @@ def test_nan_on_one_replica_between_two_reads_names_it_and_the_steps():
     assert f.evidence["replica"] == 2 and f.evidence["first_step"] == 10
     assert f.evidence["last_finite_step"] == 5
     assert "replica 2" in f.message and "between step 5 and step 10" in f.message
+
+
+def test_nan_inside_a_call_of_several_steps_says_the_call_not_the_reads():
+    # steps_per_execution=8: every record is read, and each holds the last of its call's 8 steps
+    run = SyntheticRun()
+    for call in range(1, 6):
+        bad = call >= 4
+        losses = tuple(math.nan if bad else 0.5 for _ in range(4))
+        run.emit(Step(step=8 * call, t=T0 + call, step_time_s=0.05, input_wait_s=None,
+                      loss=math.nan if bad else 0.5, replica_losses=losses, steps=8))
+    (f,) = findings(run.engine(), "loss-nonfinite")
+    assert f.evidence["first_step"] == 32 and f.evidence["last_finite_step"] == 24
+    assert "between step 24 and step 32 (one call ran them" in f.message
+    assert "TPUWATCH_LOSS_EVERY_S" not in f.advice  # reading more often would not show them
+
+
+def test_nan_seen_only_when_training_paused_is_found():
+    # The last record of an epoch went without its losses; they were read when training paused
+    # (StepLoss), and they are NaN: the only read of that step
+    run = SyntheticRun()
+    run.steps(12, losses_every=5)
+    run.emit(StepLoss(t=run.t + 0.1, step=12, loss=math.nan, replica_losses=(0.5, math.nan, 0.5, 0.5)))
+    (f,) = findings(run.engine(), "loss-nonfinite")
+    assert f.evidence["replica"] == 1 and f.evidence["first_step"] == 12
+    assert f.evidence["last_finite_step"] == 10 and "between step 10 and step 12" in f.message
 
 
 def test_inf_on_second_worker_uses_global_replica_index():
@@ -95,7 +122,7 @@ def test_too_few_steps_is_silent():
 
 def test_skew_read_on_every_fifth_step_of_an_80_step_run_fires():
     # The agent's default pace reads a short run's losses on some steps only (within a hundredth
-    # of its training): 16 reads over 80 steps are as persistent a gap as 80 reads
+    # of its training): 16 reads over 80 steps show as persistent a gap as 80 reads
     run = SyntheticRun()
     run.steps(80, loss=lambda s, r, v: v * 8 if r == 2 else v, losses_every=5)
     (f,) = findings(run.engine(), "replica-loss-skew")
@@ -111,18 +138,29 @@ def test_sparse_reads_over_too_few_steps_are_silent():
 
 
 def test_too_few_reads_are_silent_however_many_steps_they_span():
-    # 11 reads over 110 steps: too few values to tell a persistent gap from noise
+    # 15 reads over 150 steps: too few values to tell a persistent gap from noise
     run = SyntheticRun()
-    run.steps(110, loss=lambda s, r, v: v * 2 if r == 1 else v, losses_every=10)
+    run.steps(150, loss=lambda s, r, v: v * 2 if r == 1 else v, losses_every=10)
     assert findings(run.engine(), "replica-loss-skew") == []
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_noisy_replicas_read_sparsely_are_silent(seed):
-    # 10 % per-replica noise, read on every 5th step of a 100-step run: 20 values a replica
-    run = SyntheticRun(loss_noise=0.10, seed=seed)
-    run.steps(100, losses_every=5)
+def test_reads_bunched_in_a_few_steps_of_the_span_are_silent():
+    # 20 reads on steps 1-20 and two more at 60 and 100: the span is 100 steps, but the gap was
+    # seen over 20 of them (the steps every worker read can fall like this at the default pace)
+    run = SyntheticRun()
+    run.steps(20, loss=lambda s, r, v: v * 2 if r == 1 else v)
+    run.steps(80, loss=lambda s, r, v: v * 2 if r == 1 else v, losses_every=40)
     assert findings(run.engine(), "replica-loss-skew") == []
+
+
+@pytest.mark.parametrize("noise", [0.10, 0.50])
+def test_noisy_replicas_read_sparsely_are_silent(noise):
+    # 10 % and 50 % per-replica noise (small per-replica batches), read on every 5th step of a
+    # 100-step run (20 values a replica), over 50 runs
+    for seed in range(50):
+        run = SyntheticRun(loss_noise=noise, seed=seed)
+        run.steps(100, losses_every=5)
+        assert findings(run.engine(), "replica-loss-skew") == [], seed
 
 
 def test_tiny_losses_are_silent():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from tpuwatch import rundir
 from tpuwatch.console import report
 from tpuwatch.monitor.recording import read_all
 from tpuwatch.monitor.runs import list_runs
-from tpuwatch.protocol import Exit, Finding
+from tpuwatch.protocol import Exit, Finding, Step
 
 RUN_KEYS = {"id", "dir", "script", "argv", "host", "status", "strategy", "replicas", "device_kind",
             "devices", "num_workers", "tf_version", "keras_version", "mixed_precision",
@@ -229,6 +230,21 @@ def test_markdown_traceback_holding_a_fence_stays_one_block(tmp_path):
     assert set(fence) == {"`"} and len(fence) > 3, fence
     body = block.split(fence)[1]
     assert "## not a heading" in body and "```" in body
+
+
+def test_a_nan_between_two_reads_is_headed_with_the_steps_it_went_between(tmp_path):
+    # Losses read on every 5th step (the agent's pace where a read is dear): finite at step 10,
+    # NaN at step 15. The heading said "from step 15", the first step it was seen.
+    msgs: list = [mr.hello(mr.T0), mr.topology(mr.T0)]
+    for n in range(1, 21):
+        read = n % 5 == 0
+        value = 0.5 if n <= 10 else math.nan
+        msgs.append(Step(step=n, t=mr.T0 + 1 + n * 0.1, step_time_s=0.1, input_wait_s=None,
+                         loss=value if read else None, replica_losses=(value,) * 4 if read else ()))
+    msgs.append(Exit(t=msgs[-1].t + 0.1, exit_code=0))
+    md = report.render_markdown(report.build_model(write_run(tmp_path / "run", msgs)))
+    assert "### CRITICAL: loss-nonfinite — steps 11-15" in md, md
+    assert "between step 10 and step 15 (the steps between were not read)" in md
 
 
 def test_a_share_just_under_a_threshold_never_reads_as_the_threshold(tmp_path):

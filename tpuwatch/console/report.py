@@ -602,7 +602,9 @@ def render_markdown(report: Report) -> str:
             for f in report.findings:
                 steps = ""
                 if f.first_step is not None:
-                    steps = f" — from step {f.first_step}"
+                    last_finite = f.evidence.get("last_finite_step")  # loss-nonfinite between two reads
+                    steps = (f" — steps {last_finite + 1}-{f.first_step}" if isinstance(last_finite, int)
+                             else f" — from step {f.first_step}")
                 parts.append(f"### {f.severity.upper()}: {f.rule}{steps}")
                 parts.append("")
                 parts.append(f.message)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence, TypeAlias, cast
 
 from tpuwatch.figures import quantile
-from tpuwatch.protocol import Finding, Message, Step
+from tpuwatch.protocol import Finding, Message, Step, StepLoss
 
 from .robust_stats import sig
 from .rule import Rule
@@ -107,15 +107,20 @@ class NonFinite:
     together: set[int] = field(default_factory=set)  # replicas bad at the first bad step
     replicas: int = 0  # this worker's replicas at the first bad step
     #: The last step before first_step whose losses were read, all finite, where the steps between
-    #: them were not read (the agent reads some steps only): it went non-finite between the two.
+    #: them went unseen: it went non-finite between the two.
     last_finite: int | None = None
+    #: Records between them were not read (the agent reads some only); else one call ran those
+    #: steps (steps_per_execution, a loop inside the step), and only its last step's loss is seen.
+    unread: bool = False
 
 
 class LossNonfinite(Rule):
     """NaN or Inf in the loss of any replica (or the mean). Critical at once: it never heals."""
 
     id = "loss-nonfinite"
-    observes = (Step,)
+    #: StepLoss: the losses of a record sent without them, read when training paused (an epoch's
+    #: or the run's end, evaluation): the only read of its step
+    observes = (Step, StepLoss)
 
     def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
@@ -124,7 +129,7 @@ class LossNonfinite(Rule):
         self.recent: dict[str, deque[tuple[int, tuple[float, ...]]]] = {}
 
     def observe(self, msg: Message, w: Worker, tel: Telemetry) -> None:
-        msg = cast(Step, msg)  # observes = (Step,)
+        msg = cast("Step | StepLoss", msg)  # observes = (Step, StepLoss)
         loss, rl = msg.loss, msg.replica_losses
         # sum() of finite values is finite; NaN or Inf anywhere makes it non-finite (fast path)
         if (loss is None or math.isfinite(loss)) and (not rl or math.isfinite(sum(rl))):
@@ -147,6 +152,7 @@ class LossNonfinite(Rule):
             last_read = recent[-1][0] if recent else 0
             if msg.step - last_read > 1:
                 nf.last_finite = last_read
+                nf.unread = msg.step - (msg.steps if isinstance(msg, Step) else 1) > last_read
             dep = departure(recent or [], self.th.skew_origin_ratio)
             if dep is not None:
                 nf.origin, nf.origin_replica = dep, off + dep.column
@@ -189,10 +195,14 @@ class LossNonfinite(Rule):
             if nf.last_finite is not None:
                 evidence["last_finite_step"] = nf.last_finite
                 when = (f"between step {nf.last_finite} and step {nf.first_step}" if nf.last_finite
-                        else f"within its first {nf.first_step} steps") + " (the steps between were not read)"
+                        else f"within its first {nf.first_step} steps")
                 steps = f"steps {nf.last_finite + 1}-{nf.first_step}"
-                read = ("Set TPUWATCH_LOSS_EVERY_S=0 to read every step's losses and see the step, and "
-                        "the replica, it began on. ")
+                if nf.unread:
+                    when += " (the steps between were not read)"
+                    read = ("Set TPUWATCH_LOSS_EVERY_S=0 to read the losses after every step call and see "
+                            "the call, and the replica, it began in. ")
+                else:
+                    when += " (one call ran them: only its last step's loss is seen)"
             self._keep(name, Finding(
                 t=nf.first_t, rule=self.id, severity="critical",
                 message=f"loss is {nf.value} on {where} {when}{also}{origin}",
@@ -212,12 +222,12 @@ class ReplicaLossSkew(Rule):
     Per step, each replica's gap to the median of all replicas; over the window, the
     mean gap must be large in absolute terms, relative to the loss, and relative to its own
     standard error over time (a z-score over many steps), with a consistent sign. Needs three
-    or more replicas (with two there is no telling which one is off), finite losses, and 12 steps
-    read over 50 of the run's (the agent does not read every step's losses).
+    or more replicas (with two there is no telling which one is off), finite losses, and 16 steps
+    read, spread over 50 of the run's (the agent does not read every step's losses).
     """
 
     id = "replica-loss-skew"
-    observes = (Step,)
+    observes = (Step, StepLoss)  # StepLoss: see LossNonfinite
 
     def __init__(self, th: Thresholds) -> None:
         super().__init__(th)
@@ -225,7 +235,7 @@ class ReplicaLossSkew(Rule):
         self._went_nonfinite: set[str] = set()
 
     def observe(self, msg: Message, w: Worker, tel: Telemetry) -> None:
-        msg = cast(Step, msg)  # observes = (Step,)
+        msg = cast("Step | StepLoss", msg)  # observes = (Step, StepLoss)
         rl = msg.replica_losses
         if rl:
             ring = self.rings.get(w.name)
@@ -316,6 +326,10 @@ class ReplicaLossSkew(Rule):
         if len(rows) > keep:
             steps, rows = steps[-keep:], rows[-keep:]
         if n_rep < 3 or len(rows) < th.skew_min_reads or steps[-1] - steps[0] + 1 < th.skew_min_steps:
+            return
+        middle = (steps[0] + steps[-1]) / 2
+        early = sum(1 for s in steps if s <= middle)
+        if min(early, len(steps) - early) < th.skew_min_reads // 4:  # most reads in a few steps
             return
         n = len(rows)
         gaps = [[0.0] * n for _ in range(n_rep)]

@@ -115,13 +115,17 @@ class Thresholds:
 
     # --- replica-loss-skew ---------------------------------------------------------------
     #: Steps with every replica's loss (aligned across workers) kept; the steps of the run those
-    #: reads must span (first to last), and the reads required. The agent reads a short run's
-    #: losses on some steps only where a read is dear next to a step (within a hundredth of the
-    #: training: 17 of 80 steps of the planted 6 ms step here), and at most a few times a second
-    #: after its first records: a gap is judged on the steps that were read, over 50 of the run's.
+    #: reads must span (first to last), and the reads required, a quarter of them in each half of
+    #: the span. The agent reads a short run's losses on some steps only where a read is dear next
+    #: to a step (within a hundredth of the training: 17 of 80 steps of a planted 6 ms step here),
+    #: and at most every 0.25 s of training after its first records: a gap is judged on the steps
+    #: that were read, spread over 50 of the run's. 16 reads: z >= 5 over 15 degrees of freedom
+    #: alone passes a replica's noise about 8 times in 100,000 a check, and with the gap's floors
+    #: and its same sign no synthetic run of 10-100 % noise read 20 times got a finding, at 6 reads
+    #: as at 20 (tests/diagnostics/test_diag_loss.py).
     skew_window_steps: int = 512
     skew_min_steps: int = 50
-    skew_min_reads: int = 12
+    skew_min_reads: int = 16
     #: The mean gap to the other replicas' median must beat all three: absolute, relative to
     #: the loss scale, and its own standard error (a z-score over time, not over 3 peers).
     skew_min_abs_gap: float = 0.01
