@@ -5,7 +5,9 @@ MirroredStrategy each worker's pipeline hands replica r the batches r, r+R, r+2R
 so the pipeline corrupts every batch whose index is ``--bad-replica`` (default 2) modulo R: their
 labels are replaced by random ones, as if that shard were mislabelled. That replica's loss stays
 at or above ln(10) = 2.30 (measured 2.3-3.7) while the others fall below 0.3, for all ``--steps``
-(default 80: the rule wants 16 steps with every replica's loss, over 50 steps).
+(default 80: the rule wants 16 steps with every replica's loss, over 50 steps; where the agent reads
+losses at its default pace rather than after every call, a few of 80 tiny steps are read: run 300
+steps of ``--batch-per-replica 128``).
 """
 from __future__ import annotations
 

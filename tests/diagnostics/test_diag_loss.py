@@ -121,8 +121,8 @@ def test_too_few_steps_is_silent():
 
 
 def test_skew_read_on_every_fifth_step_of_an_80_step_run_fires():
-    # The agent's default pace reads a short run's losses on some steps only (within a hundredth
-    # of its training): 16 reads over 80 steps show as persistent a gap as 80 reads
+    # The agent's default pace reads a short run's losses on some steps only (where a read is dear
+    # next to a step): 16 reads over 80 steps show as persistent a gap as 80 reads
     run = SyntheticRun()
     run.steps(80, loss=lambda s, r, v: v * 8 if r == 2 else v, losses_every=5)
     (f,) = findings(run.engine(), "replica-loss-skew")
