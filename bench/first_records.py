@@ -11,6 +11,9 @@ figure), so what differs is only the agent's Python on the training thread and i
 
 - ``first``: the agent on, with a fresh pacer: every record of the epoch is one of a run's first;
 - ``steady``: the agent on, past the first records (a fresh pacer that reads at the steady pace);
+- ``every``: the agent on, reading after every call (as ``TPUWATCH_LOSS_EVERY_S=0``): against
+  ``steady``, what a read costs the training in all over its own time, which the first records'
+  budget counts (``READ_COST_FACTOR``);
 - ``off`` and ``off2``: the agent's call wrapper and fetch timing switched off; two sets, whose
   difference is the A/A floor.
 
@@ -28,7 +31,13 @@ devices are fixed when TensorFlow starts).
 
 Prints, per replica count, by the median and by the mean iteration: each variant's figure, first /
 off and steady / off with the A/A floor (off2 / off), and a verdict on first / off <= 1.02 by the
-rule of ``bench/short_run.py``; and what the reads of the last ``first`` epoch took.
+rule of ``bench/short_run.py``; what the reads of the last ``first`` epoch took, against the
+budget the pacer holds them to (their time times ``READ_COST_FACTOR`` within ``READ_SHARE`` of the
+training after the epoch's first call); and, for ``first``, ``steady`` and ``every``, the means
+over their epochs of the reads a record and their time, the agent's record (its reads in it) and
+the step call alone: what reading every record costs in all (``every``'s mean iteration over
+``steady``'s) over what its reads took beyond ``steady``'s, the figure ``READ_COST_FACTOR`` stands
+for.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ sys.path.insert(0, str(HERE))
 
 from short_run import TARGET, verdict  # noqa: E402
 
-VARIANTS = ("first", "steady", "off", "off2")
+VARIANTS = ("first", "steady", "every", "off", "off2")
 
 
 def one(replicas: int, rounds: int, steps: int) -> None:
@@ -62,7 +71,7 @@ def one(replicas: int, rounds: int, steps: int) -> None:
     from _tutorial_loop import build
 
     from tpuwatch.agent import probes
-    from tpuwatch.agent.read_pacer import ReadPacer
+    from tpuwatch.agent.read_pacer import READ_COST_FACTOR, READ_SHARE, ReadPacer
     from tpuwatch.agent.runtime import Agent
 
     agent = Agent(Path(tempfile.mkdtemp(prefix="tpuwatch-bench-")), "bench", sample_hz=4)
@@ -74,27 +83,60 @@ def one(replicas: int, rounds: int, steps: int) -> None:
     train_step = tf.function(step)
     probe, disabled, perf = agent.step_probe, agent._disabled, time.perf_counter
     first_pacer = [probe.pacer]  # the last first-records epoch's
+    # what an epoch's records, reads and calls took: [records, record s, reads, read s]
+    tally = [0, 0.0, 0, 0.0]
+    record, read_losses, read_acc = probe.record, probe.loss_reader, probe.read_accumulator
+
+    def timed_record(*args: object, **kwargs: object) -> None:
+        began = perf()
+        record(*args, **kwargs)
+        tally[0] += 1
+        tally[1] += perf() - began
+
+    def timed_read(read: object) -> object:
+        def reader(*args: object) -> object:
+            began = perf()
+            try:
+                return read(*args)  # type: ignore[operator]
+            finally:
+                tally[2] += 1
+                tally[3] += perf() - began
+        return reader
+
+    probe.record = timed_record
+    probe.loss_reader = timed_read(read_losses)
+    if read_acc is not None:
+        probe.read_accumulator = timed_read(read_acc)
+    parts: dict[str, list[tuple[float, float, float, float, float]]] = {"first": [], "steady": [], "every": []}
 
     def epoch(variant: str) -> tuple[float, float]:
         if variant.startswith("off"):
             disabled["steps"] = disabled["input_wait"] = "bench"
         else:
-            probe.pacer = ReadPacer.from_settings()
+            probe.pacer = ReadPacer(0.0, 0) if variant == "every" else ReadPacer.from_settings()
             probe._steady = None
             if variant == "steady":
                 probe.pacer.read_all_left = 0
-            else:
+            elif variant == "first":
                 first_pacer[0] = probe.pacer
-        times = []
+        times, calls = [], []
+        tally[:] = [0, 0.0, 0, 0.0]
         last = perf()
         for i, batch in enumerate(dist_dataset):
-            float(train_step(batch))
+            began = perf()
+            loss = train_step(batch)
+            calls.append(perf() - began)  # the call and its record
+            float(loss)
             now = perf()
             if i:
                 times.append(now - last)
             last = now
         disabled.pop("steps", None)
         disabled.pop("input_wait", None)
+        if variant in parts and tally[0]:
+            n = tally[0]
+            parts[variant].append((statistics.fmean(times), tally[2] / n, tally[3] / n, tally[1] / n,
+                                   statistics.fmean(calls[1:]) - tally[1] / n))
         return statistics.median(times), statistics.fmean(times)
 
     for variant in VARIANTS:  # warm-up: the trace, and every variant once
@@ -119,8 +161,23 @@ def one(replicas: int, rounds: int, steps: int) -> None:
               f"first/off {ratio:.4f}, steady/off {fig['steady'] / fig['off']:.4f}, A/A floor off2/off {floor:.4f} "
               f"({load}): {verdict(ratio, floor)} (target first/off <= {TARGET})", flush=True)
     reads = first_pacer[0]
+    budget = READ_SHARE * (reads.trained_s - (reads._first_s or 0.0))
     print(f"{'':>12}the last first-records epoch: its reads took {reads._spent_s * 1e3:.1f} ms of "
-          f"{reads.trained_s * 1e3:.0f} ms of training", flush=True)
+          f"{reads.trained_s * 1e3:.0f} ms of training; counted at {READ_COST_FACTOR:g}x, "
+          f"{READ_COST_FACTOR * reads._spent_s * 1e3:.1f} ms of a {budget * 1e3:.1f} ms budget", flush=True)
+    mean = {v: [statistics.fmean(col) for col in zip(*rows)] for v, rows in parts.items() if rows}
+    if len(mean) == 3:
+        for v in ("first", "steady", "every"):
+            it, nreads, read_s, rec_s, call_s = mean[v]
+            print(f"{'':>12}{v}: {nreads:.2f} reads a record, {read_s * 1e6:.0f} us of reads; the record "
+                  f"{rec_s * 1e6:.0f} us; the call alone {call_s * 1e3:.3f} ms; the iteration {it * 1e3:.3f} ms",
+                  flush=True)
+        extra_reads = mean["every"][2] - mean["steady"][2]
+        extra = mean["every"][0] - mean["steady"][0]
+        if extra_reads > 0:
+            print(f"{'':>12}reading every record cost {extra * 1e6:.0f} us a record over steady's for "
+                  f"{extra_reads * 1e6:.0f} us more of reads: {extra / extra_reads:.1f}x the reads' time "
+                  f"(READ_COST_FACTOR {READ_COST_FACTOR:g})", flush=True)
     patches.restore()
     agent.stop()
 

@@ -1,7 +1,7 @@
 """What the agent's reads cost right after a step call, where they happen.
 
 The agent reads each replica's loss and its step accumulator on the training thread after a step
-call (every call of a run's first 256, then at most every 0.25 s of training). This times those
+call (a run's first 256 calls within 1 % of the training, then at most every 0.25 s of training). This times those
 reads right after a real MirroredStrategy step (4 logical CPUs; bench/_custom_loop.py, as
 bench/overhead.py), beside the same reads in a loop with no training between them,
 and one eager ``Identity`` as the floor of any eager op at that moment. Prints medians and the

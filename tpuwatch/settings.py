@@ -81,8 +81,9 @@ VIEWER_TIMEOUT_S = Variable("TPUWATCH_VIEWER_TIMEOUT_S", "30", "Seconds a viewer
 TEARDOWN_S = Variable("TPUWATCH_TEARDOWN_S", "10", "Seconds the agent lets TensorFlow tear down at interpreter "
                       "exit before it ends the process; 0 turns the guard off.")
 LOSS_EVERY_S = Variable("TPUWATCH_LOSS_EVERY_S", "", "Least seconds of training between two reads of the "
-                        "replicas' losses and fit's in-graph input wait. Unset: every step call of a run's first 256, "
-                        "then at most every 0.25 s; set, it applies from the first call (0: every call).")
+                        "replicas' losses and fit's in-graph input wait. Unset: every step call of a run's first "
+                        "256 while the reads cost at most 1 % of the training, then at most every 0.25 s; set, it "
+                        "applies from the first call (0: every call).")
 STALL_STACKS_S = Variable("TPUWATCH_STALL_STACKS_S", "", "Seconds without a step after which the agent takes "
                          "every thread's stack by itself (once per stall, into <run_dir>/stacks/). Unset: the stall "
                          "rule's limit for a gap, by the run's own cadence (300 x the p95 step interval, at least 10 s, "

@@ -29,14 +29,19 @@ READ_ALL_FIRST = 256
 READ_SHARE = 0.01
 
 
-#: What the first records' reads cost the training, over what the reads themselves took: they
-#: slow the step calls too, not only the one after a read. Measured on this project's 2-core box
-#: (the TF tutorial's loop, six epochs of first records against six after them): at 4 replicas a
-#: read took 0.29 ms and the calls beside the reads 0.52 ms a record longer, ~3.6 times the reads'
-#: time in all; at 2 replicas ~2 times; plain TensorFlow reading four replicas' losses after
-#: every step, 2.3 times. Counting each read at its time alone, the first records cost 1.03-1.05x
-#: at 2 and 4 replicas (bench/first_records.py). Budgeting each read with the next call's time
-#: over the calls that followed none measured ~0 (the calls are slower throughout): a factor.
+#: What the first records' reads cost the training in all, over what the reads themselves took:
+#: they slow the step calls beside them too, not only the one after a read. Measured on this
+#: project's 2-core CPU box (the TF tutorial's loop, epochs of first records against epochs after
+#: them): at 4 replicas ~0.20 ms of reads a record (0.29 ms a read, on 68 of 99 records) and the
+#: calls 0.52 ms a record longer, ~3.6 times the reads' time in all; at 2 replicas ~2 times; plain
+#: TensorFlow reading four replicas' losses after every step, 2.3 times; reading after every call
+#: against the steady pace (bench/first_records.py's ``every``), 2.8 times at 4 replicas.
+#: Counting each read at its time alone, the first records cost 1.04-1.06x at 2 and 4 replicas
+#: (1.03x at 1). Budgeting each read with the next call's time over the calls that
+#: followed none measured ~0 (the calls are slower throughout): a factor, 3, within what was
+#: measured. Not measured on a TPU (where a read is a transfer, likely nearer 1: the reads there
+#: are then rarer than they need be), nor applied to the reads after the first records, whose
+#: budgets (STEADY_SHARE, READ_STEP_S) count a read at its own time.
 READ_COST_FACTOR = 3.0
 
 

@@ -290,8 +290,8 @@ class StepProbe:
         measured_wait = wait_s > 0.0
         examples = self.eager_examples
         # One of the run's first records: every sampled value is read while the reads cost at most
-        # a hundredth of the training (a short run's diagnostics see its steps); later ones at
-        # most every pacer.every_s of training.
+        # a hundredth of the training, each counted at READ_COST_FACTOR times its time (a short
+        # run's diagnostics see its steps); later ones at most every pacer.every_s of training.
         pacer = self.pacer
         perf = self.perf
         read_all = pacer.read_all

@@ -117,8 +117,9 @@ class Thresholds:
     #: Steps with every replica's loss (aligned across workers) kept; the steps of the run those
     #: reads must span (first to last), and the reads required, a quarter of them in each half of
     #: the span. The agent reads a short run's losses on some steps only where a read is dear next
-    #: to a step (within a hundredth of the training: 17 of 80 steps of a planted 6 ms step here),
-    #: and at most every 0.25 s of training after its first records: a gap is judged on the steps
+    #: to a step (within a hundredth of the training, a read counted at three times its time: a few
+    #: of the 80 steps of a planted 6 ms step here), and at most every 0.25 s of training after its
+    #: first records: a gap is judged on the steps
     #: that were read, spread over 50 of the run's. 16 reads: z >= 5 over 15 degrees of freedom
     #: alone passes a replica's noise about 8 times in 100,000 a check, and with the gap's floors
     #: and its same sign no synthetic run of 10-100 % noise read 20 times got a finding, at 6 reads
