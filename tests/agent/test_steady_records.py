@@ -77,10 +77,13 @@ class _Run:
         probe._arm = counted_arm  # type: ignore[method-assign]
         self.strategy = _Strategy()
         self.step_fn, self.other_fn, self.late_fn, self.eval_fn = _Fn(), _Fn(), _Fn(), _Fn()
+        self.eager_fn = _Fn()  # the tutorial's step: its batch fetched eagerly, no in-graph fetch
         training = {"training": True, "runs": True, "implicit_runs": 1, "loss": "slot", "strategy": self.strategy,
                     "acc": True}
+        no_acc = {k: v for k, v in training.items() if k != "acc"}
         for fn, flags, name in ((self.step_fn, training, "train_step"), (self.other_fn, training, "warmup_step"),
-                                (self.late_fn, training, "finetune_step"), (self.eval_fn, {}, "test_step")):
+                                (self.late_fn, training, "finetune_step"), (self.eval_fn, {}, "test_step"),
+                                (self.eager_fn, no_acc, "distributed_train_step")):
             for key, value in flags.items():
                 probe.trace.flag(fn, key, value)
             probe.trace.flags.setdefault(fn, {})["_name"] = name
@@ -89,12 +92,13 @@ class _Run:
         """A top-level call of ``fn`` that took ``call_s``, recorded as the call wrapper does."""
         self.now += call_s
         flags = self.probe.trace.flags[fn]
-        if "training" in flags:
+        if "training" in flags and "acc" in flags:
             step = self.agent.global_step
             self.fetched[WAIT_S] += 0.0001 * (step % 5)
             self.fetched[FETCHES] += 1
             self.fetched[EXAMPLES] += 64
             assert self.fetched[RUNS] == 0  # its steps are counted without the accumulator
+        if "training" in flags:
             self.probe.record(flags, call_s, self.now)
         else:
             self.probe.read_unread_losses(self.now)
@@ -155,3 +159,24 @@ def test_a_steady_record_emits_what_the_general_path_would(tmp_path):
     after = [step for step in fast.general if step >= 256]
     reads_after = {step for step in fast.reads + fast.acc_reads if step >= 256}
     assert len(after) <= len(reads_after) + 12, (after, sorted(reads_after))
+
+
+def test_a_loop_fetching_every_batch_eagerly_takes_the_steady_path(tmp_path):
+    """The tutorial's loop (``for batch in dist_dataset: train_step(batch)``): every step's batch is
+    fetched eagerly, its wait and examples charged to the step's record. Past the first records,
+    only the records that read take the general path, and every record says what the general
+    path would: the wait and the examples of its own fetch."""
+    fast, general = _Run(tmp_path / "a", general_only=False), _Run(tmp_path / "b", general_only=True)
+    for run in (fast, general):
+        for i in range(1500):
+            run.probe.eager_wait_s = (0.0001, 0.0002, 0.0004)[i % 3]  # the fetch before each step, timed
+            if i % 50 != 7:  # a batch whose size is not static: no examples counted
+                run.probe.eager_examples = 64
+            run.call(run.eager_fn, 0.002 + 0.0001 * (i % 5))
+    assert fast.agent.global_step == general.agent.global_step == 1500
+    assert fast.reads == general.reads and len(fast.reads) > 10, fast.reads
+    assert fast.emitted() == general.emitted()
+    steps = [m for m in fast.emitted() if isinstance(m, tuple)]
+    assert [s[3] for s in steps[:3]] == [0.0001, 0.0002, 0.0004]  # each step's own fetch (input_wait_s)
+    after = [step for step in fast.general if step >= 256]
+    assert len(after) <= len({step for step in fast.reads if step >= 256}) + 2, after

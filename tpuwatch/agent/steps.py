@@ -265,23 +265,26 @@ class StepProbe:
     def record(self, flags: dict[str, Any], call_s: float, now: float, eagerly: bool = False) -> None:
         """Emits one Step for a finished step call (on the training thread; no I/O); ``eagerly``:
         the call ran eagerly (``tf.config.run_functions_eagerly``)."""
-        # The steady record: the same function as the last record, its flags unchanged since, no
-        # eager fetch since, and no read due (tested as loss_due and acc_due test it). What the
-        # general path below would work out for it is known from that last record (see _arm, which
-        # mirrors the general path's step count and reads: a change to one is a change to both),
-        # so it is not worked out again. A loop with one step function and its losses read takes
-        # this path for most records, right after TensorFlow returns, on the training thread,
-        # where the general path's Python ran at 10-15 us.
+        # The steady record: the same function as the last record, its flags unchanged since, and
+        # no read due (tested as loss_due and acc_due test it). What the general path below would
+        # work out for it is known from that last record (see _arm, which mirrors the general
+        # path's step count and reads: a change to one is a change to both), so it is not worked
+        # out again; a batch fetched eagerly before the call (the tutorial's ``for batch in
+        # dist_dataset``) adds its wait and examples as the general path would. A loop with one
+        # step function and its losses read takes this path for most records, right after
+        # TensorFlow returns, on the training thread, where the general path's Python ran at
+        # 10-15 us after the tiny step and ~40 us after the tutorial's 14 ms step.
         steady = self._steady
         if steady is not None and steady[0] is flags and not eagerly:
             _, generation, acc_steps, steps, keeps_loss, loss_at, acc_at, pace = steady
             pacer = self.pacer
-            trained = pacer.trained_s + call_s
-            if (trained - loss_at < pace and trained - acc_at < pace and generation == self.trace.generation
-                    and self.eager_wait_s == 0.0 and self.eager_examples is None):
+            wait_s = self.eager_wait_s
+            trained = pacer.trained_s + (call_s + wait_s)  # as pacer.trained adds it
+            if trained - loss_at < pace and trained - acc_at < pace and generation == self.trace.generation:
                 pacer.trained_s = trained
                 self._acc_unread_steps += acc_steps
-                self._emit(flags["_name"], steps, call_s / steps, None, None, None)
+                self._emit(flags["_name"], steps, (call_s + wait_s) / steps, wait_s / steps if wait_s > 0.0 else None,
+                           None, self.eager_examples)
                 self._unread = (flags, self.agent.global_step) if keeps_loss else None
                 return
         self._steady = None
