@@ -304,8 +304,8 @@ def test_the_keras_that_trains_is_reported_under_the_legacy_flag(tmp_path, env):
 
 
 def test_sampled_losses_carry_their_step(tmp_path):
-    """By default losses are read at most every 10 ms of training: the records that
-    carry one carry that step's own loss, and the rest carry none (never an old value)."""
+    """Losses read at most every 50 ms of training: the records that carry one carry that step's
+    own loss, and the rest carry none (never an old value)."""
     run = run_corpus(tmp_path, "custom_loop_tutorial.py", "--replicas", "2", "--epochs", "3", "--batches", "8",
                      env={"TPUWATCH_LOSS_EVERY_S": "0.05"})
     assert run.returncode == 0, run.describe()
@@ -319,6 +319,11 @@ def test_sampled_losses_carry_their_step(tmp_path):
             assert s.loss == pytest.approx(printed[s.step], rel=1e-5)
         else:
             assert s.loss is None
+    # Every step's batch was fetched eagerly: each record carries its fetch's wait and examples,
+    # those without a read (the steady records) too.
+    assert all(s.input_wait_s is not None and s.input_wait_s > 0 for s in recorded), [s.input_wait_s for s in recorded]
+    assert {s.examples for s in recorded} == {recorded[0].examples} and recorded[0].examples, \
+        [s.examples for s in recorded]
 
 
 @pytest.mark.parametrize("shape,expected", [
