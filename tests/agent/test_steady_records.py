@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tpuwatch.agent.accumulator import EXAMPLES, FETCHES, RUNS, SLOTS, WAIT_S
 from tpuwatch.agent.runtime import Agent
 from tpuwatch.agent.steps import StepProbe
@@ -38,7 +40,7 @@ class _Run:
         probe.perf = lambda: self.now
         self.reads: list[int] = []
         self.late_failures = 3
-        self.general: list[int] = []  # the global step before each record the general path made
+        self.general: list[int] = []  # the global step after each record the general path made
 
         def read(flags: dict[str, Any]) -> tuple[float, ...] | None:
             if "loss" not in flags:
@@ -77,13 +79,18 @@ class _Run:
         probe._arm = counted_arm  # type: ignore[method-assign]
         self.strategy = _Strategy()
         self.step_fn, self.other_fn, self.late_fn, self.eval_fn = _Fn(), _Fn(), _Fn(), _Fn()
-        self.eager_fn = _Fn()  # the tutorial's step: its batch fetched eagerly, no in-graph fetch
+        # Steps whose batch is fetched eagerly before the call (the tutorial's loop): one training
+        # step a call, no in-graph fetch; two a call (a step unrolled twice); two a call with an
+        # in-graph fetch too (its second batch fetched inside).
+        self.eager_fns = {"one": _Fn(), "two": _Fn(), "two_acc": _Fn()}
         training = {"training": True, "runs": True, "implicit_runs": 1, "loss": "slot", "strategy": self.strategy,
                     "acc": True}
         no_acc = {k: v for k, v in training.items() if k != "acc"}
         for fn, flags, name in ((self.step_fn, training, "train_step"), (self.other_fn, training, "warmup_step"),
                                 (self.late_fn, training, "finetune_step"), (self.eval_fn, {}, "test_step"),
-                                (self.eager_fn, no_acc, "distributed_train_step")):
+                                (self.eager_fns["one"], no_acc, "distributed_train_step"),
+                                (self.eager_fns["two"], {**no_acc, "implicit_runs": 2}, "unrolled_step"),
+                                (self.eager_fns["two_acc"], {**training, "implicit_runs": 2}, "half_fetched_step")):
             for key, value in flags.items():
                 probe.trace.flag(fn, key, value)
             probe.trace.flags.setdefault(fn, {})["_name"] = name
@@ -151,6 +158,7 @@ def test_a_steady_record_emits_what_the_general_path_would(tmp_path):
     for run in (fast, general):  # the last step's losses held back, for the same step
         assert run.probe._unread == (run.probe.trace.flags[run.late_fn], 1401)
     assert fast.probe._acc_unread_steps == general.probe._acc_unread_steps
+    assert fast.probe.pacer.trained_s == general.probe.pacer.trained_s  # added up alike, to the bit
     # The steady pace was the one a read's cost sets (0.5 s of training, not the least 0.25 s).
     assert fast.probe.pacer.pace_s > 1.5 * fast.probe.pacer.every_s
     # Past the first 256, the general path made only the records that read, and one or two after
@@ -161,22 +169,41 @@ def test_a_steady_record_emits_what_the_general_path_would(tmp_path):
     assert len(after) <= len(reads_after) + 12, (after, sorted(reads_after))
 
 
-def test_a_loop_fetching_every_batch_eagerly_takes_the_steady_path(tmp_path):
+@pytest.mark.parametrize("kind", ["one", "two", "two_acc"])
+def test_a_loop_fetching_every_batch_eagerly_takes_the_steady_path(tmp_path, kind):
     """The tutorial's loop (``for batch in dist_dataset: train_step(batch)``): every step's batch is
     fetched eagerly, its wait and examples charged to the step's record. Past the first records,
     only the records that read take the general path, and every record says what the general
-    path would: the wait and the examples of its own fetch."""
+    path would: the wait and the examples of its own fetch (per step where a call runs two)."""
     fast, general = _Run(tmp_path / "a", general_only=False), _Run(tmp_path / "b", general_only=True)
+    fn = fast.eager_fns[kind]
+    per_call = 2 if kind.startswith("two") else 1
+    expected: dict[int, tuple[float | None, int | None]] = {}  # the global step before a call -> (wait, examples)
     for run in (fast, general):
         for i in range(1500):
-            run.probe.eager_wait_s = (0.0001, 0.0002, 0.0004)[i % 3]  # the fetch before each step, timed
-            if i % 50 != 7:  # a batch whose size is not static: no examples counted
-                run.probe.eager_examples = 64
-            run.call(run.eager_fn, 0.002 + 0.0001 * (i % 5))
-    assert fast.agent.global_step == general.agent.global_step == 1500
+            wait_s, examples = (0.0001, 0.0002, 0.0004)[i % 3], 64  # the fetch before each call, timed
+            if i % 50 == 7:  # a batch whose size is not static: no examples counted
+                examples = None
+            if i % 40 == 11:  # a fetch too fast to time
+                wait_s = 0.0
+            if run is fast:
+                expected[run.agent.global_step] = (wait_s / per_call if wait_s else None, examples)
+            run.probe.eager_wait_s, run.probe.eager_examples = wait_s, examples
+            run.call(run.eager_fns[kind], 0.002 + 0.0001 * (i % 5))
+    assert fast.agent.global_step == general.agent.global_step == 1500 * per_call
     assert fast.reads == general.reads and len(fast.reads) > 10, fast.reads
+    assert fast.acc_reads == general.acc_reads
     assert fast.emitted() == general.emitted()
-    steps = [m for m in fast.emitted() if isinstance(m, tuple)]
-    assert [s[3] for s in steps[:3]] == [0.0001, 0.0002, 0.0004]  # each step's own fetch (input_wait_s)
-    after = [step for step in fast.general if step >= 256]
-    assert len(after) <= len({step for step in fast.reads if step >= 256}) + 2, after
+    assert fast.probe.pacer.trained_s == general.probe.pacer.trained_s  # added up alike, to the bit
+    assert fast.probe._acc_unread_steps == general.probe._acc_unread_steps
+    assert fast.probe._unread == (fast.probe.trace.flags[fn], 1500 * per_call)
+    assert general.probe._unread == (general.probe.trace.flags[general.eager_fns[kind]], 1500 * per_call)
+    # The steady records, each with its own fetch's wait and examples.
+    general_records = set(fast.general)  # the global step after each (its _arm runs after its Step)
+    steady = [s for s in fast.emitted() if isinstance(s, tuple) and s[0] not in general_records]
+    assert len(steady) > 1000
+    assert all((s[3], s[7]) == expected[s[0] - s[6]] and s[6] == per_call for s in steady), steady[:5]
+    first = 256 * per_call  # the steps of the run's first 256 records
+    after = [step for step in fast.general if step > first]
+    reads_after = {step for step in fast.reads + fast.acc_reads if step >= first}
+    assert len(after) <= len(reads_after) + 2, (after, sorted(reads_after))

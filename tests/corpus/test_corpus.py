@@ -320,7 +320,8 @@ def test_sampled_losses_carry_their_step(tmp_path):
         else:
             assert s.loss is None
     # Every step's batch was fetched eagerly: each record carries its fetch's wait and examples,
-    # those without a read (the steady records) too.
+    # those without a read too (most of them take the steady path: tests/agent/test_steady_records.py
+    # checks which).
     assert all(s.input_wait_s is not None and s.input_wait_s > 0 for s in recorded), [s.input_wait_s for s in recorded]
     assert {s.examples for s in recorded} == {recorded[0].examples} and recorded[0].examples, \
         [s.examples for s in recorded]
