@@ -182,6 +182,17 @@ def test_epoch_loop_inside_one_function(tmp_path):
     assert all(s.examples == 32 for s in run.steps), run.steps
 
 
+def test_fit_running_several_steps_a_call_counts_each_steps_examples(tmp_path):
+    """``steps_per_execution=4`` on one device: Keras fetches each next batch inside its loop with
+    ``get_next_as_optional`` (counted with no branch: their size is fixed); an epoch of 10 batches
+    ends with a call of 2 steps whose last fetch finds the data run out and holds no examples."""
+    run = run_corpus(tmp_path, "fit_callbacks.py", "--replicas", "1", "--steps-per-execution", "4",
+                     "--epochs", "2", "--steps", "10")
+    assert run.returncode == 0, run.describe()
+    assert sum(s.steps for s in run.steps) == 20 and {s.steps for s in run.steps} == {4, 2}, run.steps
+    assert all(s.examples == 8 for s in run.steps), [(s.step, s.steps, s.examples) for s in run.steps]
+
+
 @pytest.mark.parametrize("eagerly", [False, True], ids=["graph", "run_functions_eagerly"])
 def test_fit_with_validation_callbacks_and_a_reloaded_model(tmp_path, eagerly):
     """Validation and evaluation steps are not training steps; a model reloaded and evaluated
