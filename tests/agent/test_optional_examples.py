@@ -58,3 +58,38 @@ def test_batches_whose_size_varies_are_counted_through_a_branch(tmp_path):
     assert held == [True, True, True, False]
     assert len(branches) == 1
     assert (acc[FETCHES], acc[EXAMPLES]) == (4.0, 20.0)
+
+
+class _Optional:
+    def __init__(self, spec) -> None:
+        self.element_spec = spec
+
+
+class _NoSpec:
+    @property
+    def element_spec(self):
+        raise NotImplementedError("no spec")
+
+
+def test_the_examples_a_spec_fixes():
+    """The batch size of the spec's first element (dict keys in tf.nest's order), summed over a
+    distributed value's replicas; None wherever the value itself must be asked."""
+    import tensorflow as tf
+    from tensorflow.python.distribute.values import PerReplicaSpec
+
+    from tpuwatch.agent.input_wait import _static_spec_examples
+
+    def examples(spec):
+        return _static_spec_examples(_Optional(spec))
+
+    assert examples((tf.TensorSpec([8, 3]), tf.TensorSpec([8]))) == 8
+    assert examples(PerReplicaSpec(tf.TensorSpec([8, 3]), tf.TensorSpec([8, 3]))) == 16
+    assert examples((PerReplicaSpec(tf.TensorSpec([4, 3]), tf.TensorSpec([4, 3])), tf.TensorSpec([1]))) == 8
+    assert examples({"b": tf.TensorSpec([None]), "a": tf.TensorSpec([8])}) == 8  # "a" first
+    assert examples({"a": tf.TensorSpec([None]), "b": tf.TensorSpec([8])}) is None
+    assert examples(tf.RaggedTensorSpec([8, None], tf.float32)) == 8  # its rows
+    assert examples(PerReplicaSpec(tf.TensorSpec([None, 3]), tf.TensorSpec([None, 3]))) is None
+    for open_spec in (tf.TensorSpec([]), tf.TensorSpec(None), (), None):
+        assert examples(open_spec) is None, open_spec
+    assert _static_spec_examples(_NoSpec()) is None
+    assert _static_spec_examples(object()) is None

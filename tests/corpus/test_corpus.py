@@ -184,8 +184,10 @@ def test_epoch_loop_inside_one_function(tmp_path):
 
 def test_fit_running_several_steps_a_call_counts_each_steps_examples(tmp_path):
     """``steps_per_execution=4`` on one device: Keras fetches each next batch inside its loop with
-    ``get_next_as_optional`` (counted with no branch: their size is fixed); an epoch of 10 batches
-    ends with a call of 2 steps whose last fetch finds the data run out and holds no examples."""
+    ``get_next_as_optional`` (their size is fixed: counted with no branch, which
+    tests/agent/test_optional_examples.py checks in the graph); an epoch of 10 batches ends with a
+    call of 2 steps whose last fetch finds the data run out and holds no examples (counted as a
+    batch, that call would show 12 a step)."""
     run = run_corpus(tmp_path, "fit_callbacks.py", "--replicas", "1", "--steps-per-execution", "4",
                      "--epochs", "2", "--steps", "10")
     assert run.returncode == 0, run.describe()

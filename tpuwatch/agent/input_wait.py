@@ -67,25 +67,28 @@ def _static_spec_examples(optional: Any) -> int | None:
     ``steps_per_execution`` > 1 (it fetches the next batch with ``get_next_as_optional``). Two ops
     a fetch instead of a branch; at the tiny ``steps_per_execution=8`` step of
     bench/fit_overhead.py the in-graph figure did not move beyond its noise (+13.6 µs a step
-    before, +15.3 and +20.4 after). A distributed dataset's spec leaves the batch dimension open
-    on CPU devices, and the branch stays there."""
+    before, +15.3 and +20.4 after). A distributed iterator over a finite dataset pads the
+    replicas left without data through a ``tf.cond`` of its own, which leaves the batch dimension
+    open in the spec (on any device): the branch stays there; over a repeated dataset the spec
+    is static. Anything unexpected in the spec: None, and the branch."""
     import tensorflow as tf
 
     try:
         flat = tf.nest.flatten(optional.element_spec)
-    except Exception:  # not TensorFlow's Optional: the branch, which asks the value itself
-        return None
-    if not flat:
-        return None
-    parts = getattr(flat[0], "_value_specs", None)  # a PerReplicaSpec's, one a replica
-    specs = list(parts) if isinstance(parts, tuple) else [flat[0]]
-    total = 0
-    for spec in specs:
-        shape = getattr(spec, "shape", None)
-        if shape is None or shape.rank in (None, 0) or shape[0] is None:
+        if not flat:
             return None
-        total += int(shape[0])
-    return total
+        parts = getattr(flat[0], "_value_specs", None)  # a PerReplicaSpec's, one a replica
+        specs = list(parts) if isinstance(parts, tuple) else [flat[0]]
+        total = 0
+        for spec in specs:
+            shape = getattr(spec, "shape", None)
+            size = tf.compat.dimension_value(shape[0]) if shape is not None and shape.rank else None
+            if size is None:
+                return None
+            total += int(size)
+        return total
+    except Exception:  # not TensorFlow's Optional, or a spec of another kind: the branch asks the value
+        return None
 
 
 def _static_examples(value: Any) -> int | None:
