@@ -74,19 +74,7 @@ def _static_spec_examples(optional: Any) -> int | None:
     import tensorflow as tf
 
     try:
-        flat = tf.nest.flatten(optional.element_spec)
-        if not flat:
-            return None
-        parts = getattr(flat[0], "_value_specs", None)  # a PerReplicaSpec's, one a replica
-        specs = list(parts) if isinstance(parts, tuple) else [flat[0]]
-        total = 0
-        for spec in specs:
-            shape = getattr(spec, "shape", None)
-            size = tf.compat.dimension_value(shape[0]) if shape is not None and shape.rank else None
-            if size is None:
-                return None
-            total += int(size)
-        return total
+        return _first_batch(tf.nest.flatten(optional.element_spec), "_value_specs")  # a PerReplicaSpec's
     except Exception:  # not TensorFlow's Optional, or a spec of another kind: the branch asks the value
         return None
 
@@ -94,14 +82,20 @@ def _static_spec_examples(optional: Any) -> int | None:
 def _static_examples(value: Any) -> int | None:
     import tensorflow as tf
 
-    flat = tf.nest.flatten(value)
+    return _first_batch(tf.nest.flatten(value), "values")  # a PerReplica's
+
+
+def _first_batch(flat: list[Any], parts_attr: str) -> int | None:
+    """The static first dimension of the first of ``flat`` (tensors or their specs), summed over
+    a distributed one's parts (its ``parts_attr``, a tuple, one a replica); None where one is
+    not static."""
     if not flat:
         return None
-    parts = getattr(flat[0], "values", None)
-    tensors = list(parts) if isinstance(parts, tuple) else [flat[0]]
+    parts = getattr(flat[0], parts_attr, None)
+    items = list(parts) if isinstance(parts, tuple) else [flat[0]]
     total = 0
-    for t in tensors:
-        shape = getattr(t, "shape", None)
+    for item in items:
+        shape = getattr(item, "shape", None)
         if shape is None or shape.rank in (None, 0) or shape[0] is None:
             return None
         total += int(shape[0])
