@@ -74,10 +74,18 @@ def test_the_growth_per_step_is_the_scripts_when_a_capture_ran_meanwhile():
 
 
 def test_short_run_just_below_the_growth_floor_is_silent():
-    # 0.12 MiB per step over ~340 judged steps: ~41 MB, below the 50 MB floor
-    assert findings(short_leak(0.12).engine(), "host-memory-growth") == []
-    (f,) = findings(short_leak(0.18).engine(), "host-memory-growth")
-    assert f.evidence["growth_mb"] >= 50
+    # 0.25 MiB per step over ~340 judged steps: ~85 MB, below the step fit's 100 MB floor
+    assert findings(short_leak(0.25).engine(), "host-memory-growth") == []
+    (f,) = findings(short_leak(0.35).engine(), "host-memory-growth")
+    assert f.evidence["growth_mb"] >= 100
+
+
+def test_a_few_seconds_of_warm_up_climbing_steadily_is_no_leak():
+    # CI, the planted numpy_function memo with its edit applied (the leak gone): RSS climbed
+    # +50 MB over 638 steps of ~15 ms, every pair of samples increasing, and read as a leak of
+    # 0.079 MiB a step. Not seen in 10 runs here, loaded or not (flat from 1 s on); growth like it (allocator
+    # arenas, autotuned buffers) is under the step fit's floor
+    assert findings(short_leak(0.079, steps=700, step_s=0.015).engine(), "host-memory-growth") == []
 
 
 def test_short_run_that_would_exhaust_memory_within_minutes_is_critical():

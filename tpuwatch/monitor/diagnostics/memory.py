@@ -127,7 +127,7 @@ class HostMemoryGrowth(Rule):
         per_step, up_share = theil_sen(_thin([(p[4], p[3]) for p in sel]))
         growth_mb = (sel[-1][3] - sel[0][3]) / MB
         span_s = sel[-1][1] - sel[0][1]
-        if growth_mb < th.rss_min_growth_mb or up_share < th.rss_min_increasing_pairs or per_step <= 0:
+        if growth_mb < th.rss_min_step_growth_mb or up_share < th.rss_min_increasing_pairs or per_step <= 0:
             return
         if span_s <= 0:
             return
