@@ -7,7 +7,10 @@ has arrived: a distributed batch's last replica's part, :func:`_last_replica`), 
 difference added into
 the step probe's host-CPU accumulator (together with the examples fetched). The batch's
 consumers start after the second timestamp (:func:`_after`, and :mod:`.fetch_order` for a
-nested step function). Eager fetches
+nested step function). A graph that fetches more than once (Keras 3.3's unrolled
+``steps_per_execution``, a Python loop over a call's steps) fetches each next batch after the
+previous fetch's count is added: when the data runs out, the fetch that raises aborts the call
+with every earlier fetch counted, and the steps that ran are known (``record_cut_short``). Eager fetches
 (``for x in dist_dataset``, ``next(iterator)``) are timed with ``perf_counter`` and charged to the
 next step. Only the outermost fetch is timed: a distributed iterator's ``get_next`` calls the
 per-worker iterators' ``get_next`` underneath.
@@ -15,7 +18,9 @@ per-worker iterators' ``get_next`` underneath.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch.agent import accumulator
@@ -107,6 +112,8 @@ class InputWaitProbe:
         self.agent = agent
         self.probe = probe
         self._depth = threading.local()
+        # graph -> the accumulator add of its latest fetch: the graph's next fetch runs after it
+        self._counted: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def make_wrapper(self, optional: bool,
                      distributed: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -172,10 +179,14 @@ class InputWaitProbe:
             return original(it, *args, **kwargs)
         # No control edge from t0 to the fetch: it has no inputs, so it runs as the step (or loop
         # iteration) starts, like the fetch; an edge to every replica's fetch put a cross-device
-        # hop on every step's critical path.
-        result = original(it, *args, **kwargs)
+        # hop on every step's critical path. A second fetch in the graph waits for the first's
+        # count (see the module's docstring); an Optional never raises, a TPU's is left as built.
+        graph = tf.compat.v1.get_default_graph()
+        counted = None if optional else self._counted.get(graph)
+        with tf.control_dependencies([counted]) if counted is not None else contextlib.nullcontext():
+            result = original(it, *args, **kwargs)
         try:
-            t1 = self._account(result, optional, t0)
+            t1 = self._account(result, optional, t0, None if optional or _on_tpu(it) else graph)
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
             return result
@@ -187,7 +198,9 @@ class InputWaitProbe:
             self.agent.probe_failed(PROBE, e)
             return result
 
-    def _account(self, result: Any, optional: bool, t0: Any) -> Any:
+    def _account(self, result: Any, optional: bool, t0: Any, graph: Any) -> Any:
+        """Adds the fetch's wait, count and examples to the accumulator; returns the second
+        timestamp. ``graph``: where a next fetch must wait for this one's count (None: nowhere)."""
         import tensorflow as tf
 
         with tf.control_dependencies(_last_replica(result)), tf.device("/device:CPU:0"):
@@ -211,7 +224,9 @@ class InputWaitProbe:
                     values[EXAMPLES] = tf.cast(examples, tf.float64)
             except Exception as e:
                 self.agent.probe_failed("examples", e)
-        accumulator.add_vector(self.probe, values)
+        added = accumulator.add_vector(self.probe, values)
+        if graph is not None:
+            self._counted[graph] = added
         # A tf.function called after this fetch in the same graph (Keras' step on the batch) runs
         # after the fetch is timed: TF would otherwise start that call first and take the second
         # timestamp only when a thread frees up, counting step time as input wait. Only the

@@ -150,6 +150,7 @@ class StepProbe:
         agent = self.agent
         from tensorflow.python import pywrap_tfe
         from tensorflow.python.eager import context
+        from tensorflow.python.framework.errors_impl import OutOfRangeError
 
         executing_eagerly = context.executing_eagerly
         tape_set_is_empty = pywrap_tfe.TFE_Py_TapeSetIsEmpty
@@ -232,6 +233,18 @@ class StepProbe:
                         result = original(fn, *args, **kwargs)
                 else:
                     result = original(fn, *args, **kwargs)
+            except OutOfRangeError:
+                # The data ran out inside the call, after the steps that found a batch trained
+                # (a loop called until its dataset ends; Keras 3.3's steps_per_execution)
+                end = perf()
+                trace.current_top = None
+                eager_function.active = False
+                if "training" in flags:
+                    try:
+                        probe.record_cut_short(flags, end - start, end, eagerly)
+                    except Exception as e:
+                        agent.probe_failed("steps", e)
+                raise
             finally:
                 trace.current_top = None
                 eager_function.active = False
@@ -262,9 +275,36 @@ class StepProbe:
 
     # --- records --------------------------------------------------------------------------------
 
-    def record(self, flags: dict[str, Any], call_s: float, now: float, eagerly: bool = False) -> None:
+    def record_cut_short(self, flags: dict[str, Any], call_s: float, now: float, eagerly: bool) -> None:
+        """A step call raised ``OutOfRangeError``: its data ran out after some of its steps
+        trained. Those are recorded: a loop's by its count in the accumulator, a fixed number a
+        call by the batches its steps fetched (each fetch in a graph runs after the previous
+        fetch's count is added, so the fetch that found no batch aborted the call with the
+        others counted; :mod:`.input_wait`). A call whose steps nothing in the graph counts is
+        not recorded (how many ran is not known). The optimizer's ``iterations`` is no measure:
+        its increment needs no batch, and TensorFlow may run it for a step whose fetch failed."""
+        if eagerly:
+            self.record(flags, call_s, now, eagerly=True)  # its steps were counted as they ran
+            return
+        if self.accumulator is None or "acc" not in flags or self.acc_last is None:
+            return
+        ran = 0  # a loop's count is the accumulator's (its iterations run one after another)
+        if "acc_runs" not in flags:
+            acc = self.read_accumulator().tolist()
+            per_step = flags.get("_fetches_per_step", 1.0)
+            fetched = (acc[FETCHES] - self.acc_last[FETCHES]) / per_step - self._acc_unread_steps
+            ran = max(0, min(int(fetched + 0.5), flags.get("implicit_runs", 0)))
+            if ran == 0:  # its first fetch found no batch: it trained nothing
+                self.read_unread_losses(now)
+                return
+        self._steady = None
+        self.record(flags, call_s, now, ran=ran)
+
+    def record(self, flags: dict[str, Any], call_s: float, now: float, eagerly: bool = False,
+               ran: int | None = None) -> None:
         """Emits one Step for a finished step call (on the training thread; no I/O); ``eagerly``:
-        the call ran eagerly (``tf.config.run_functions_eagerly``)."""
+        the call ran eagerly (``tf.config.run_functions_eagerly``); ``ran``: the training steps
+        a call cut short ran, besides those the accumulator counts (record_cut_short)."""
         # The steady record: the same function as the last record, its flags unchanged since, and
         # no read due (tested as loss_due and acc_due test it). What the general path below would
         # work out for it is known from that last record (see _arm, which mirrors the general
@@ -288,7 +328,7 @@ class StepProbe:
                 self._unread = (flags, self.agent.global_step) if keeps_loss else None
                 return
         self._steady = None
-        steps = flags.get("implicit_runs", 0)
+        steps = flags.get("implicit_runs", 0) if ran is None else ran
         wait_s = self.eager_wait_s
         measured_wait = wait_s > 0.0
         examples = self.eager_examples
@@ -306,7 +346,7 @@ class StepProbe:
             # Read after every call when the call's step count is in there (a loop); otherwise it
             # holds only input wait and examples, which are sampled like losses: a read gives
             # their sum since the last one, spread over the steps in between.
-            if "acc_runs" in flags or read_all or pacer.acc_due(trained):
+            if "acc_runs" in flags or read_all or ran is not None or pacer.acc_due(trained):
                 began = perf()
                 acc = self.read_accumulator().tolist()  # Python floats: cheaper than numpy scalars
                 read_s = perf() - began
@@ -319,6 +359,8 @@ class StepProbe:
                     steps += int(round(acc[RUNS] - last[RUNS]))
                     if steps > 0 and acc[FETCHES] > last[FETCHES]:
                         waited_over = steps + pending
+                        if ran is None:  # the batches a step fetches: a call cut short counts by them
+                            flags["_fetches_per_step"] = (acc[FETCHES] - last[FETCHES]) / waited_over
                         wait_s += (acc[WAIT_S] - last[WAIT_S]) * steps / waited_over
                         measured_wait = True
                         d_ex = acc[EXAMPLES] - last[EXAMPLES]
