@@ -74,10 +74,19 @@ def test_the_growth_per_step_is_the_scripts_when_a_capture_ran_meanwhile():
 
 
 def test_short_run_just_below_the_growth_floor_is_silent():
-    # 0.25 MiB per step over ~340 judged steps: ~85 MB, below the step fit's 100 MB floor
-    assert findings(short_leak(0.25).engine(), "host-memory-growth") == []
-    (f,) = findings(short_leak(0.35).engine(), "host-memory-growth")
+    # 0.25 MiB per step over ~340 judged steps: ~85 MB, below the step fit's 100 MB floor, with
+    # hours of memory left at that pace
+    assert findings(short_leak(0.25, available_bytes=1 << 40).engine(), "host-memory-growth") == []
+    (f,) = findings(short_leak(0.35, available_bytes=1 << 40).engine(), "host-memory-growth")
     assert f.evidence["growth_mb"] >= 100
+
+
+def test_short_run_below_the_floor_that_would_exhaust_memory_soon_is_critical():
+    # ~85 MB, at 1.5 GB/min: 12 GiB available runs out in ~8 min. Under the time fit's 50 MB floor
+    # it stays silent whatever the pace
+    (f,) = findings(short_leak(0.25, available_bytes=12 * GiB).engine(), "host-memory-growth")
+    assert f.severity == "critical" and 50 <= f.evidence["growth_mb"] < 100, f.evidence
+    assert findings(short_leak(0.12, available_bytes=2 * GiB).engine(), "host-memory-growth") == []
 
 
 def test_a_few_seconds_of_warm_up_climbing_steadily_is_no_leak():

@@ -127,7 +127,7 @@ class HostMemoryGrowth(Rule):
         per_step, up_share = theil_sen(_thin([(p[4], p[3]) for p in sel]))
         growth_mb = (sel[-1][3] - sel[0][3]) / MB
         span_s = sel[-1][1] - sel[0][1]
-        if growth_mb < th.rss_min_step_growth_mb or up_share < th.rss_min_increasing_pairs or per_step <= 0:
+        if growth_mb < th.rss_min_growth_mb or up_share < th.rss_min_increasing_pairs or per_step <= 0:
             return
         if span_s <= 0:
             return
@@ -140,6 +140,10 @@ class HostMemoryGrowth(Rule):
                 or late_bps * 60 / MB < th.rss_warning_mb_per_min or late_bps < 0.5 * slope_bps
                 or _levels_off(by_time)):
             return
+        available = w.available_bytes
+        if growth_mb < th.rss_min_step_growth_mb and (
+                available is None or available / slope_bps >= th.rss_critical_exhaust_s):
+            return  # as much as a warm-up climbs, unless memory runs out soon at its pace
         steps = sel[-1][0] - sel[0][0]
         self._report(w, _Fit(sel[-1][1], sel[-1][2], slope_bps, up_share, growth_mb, None,
                              {"mib_per_step": sig(per_step / MB, 2), "window_steps": steps,

@@ -92,7 +92,9 @@ class Thresholds:
     #: The step fit's growth floor, above the time fit's: seconds of a run can climb steadily
     #: while allocator arenas and autotuned buffers warm up (+50 MB over 638 steps, 10 s, every
     #: sample higher, with no leak in the script), where minutes level off. Leaks planted in short
-    #: runs grow 300-900 MB; a slower one is the time fit's once the run has minutes.
+    #: runs grow 300-900 MB; a slower one is the time fit's once the run has minutes. Growth
+    #: between the two floors that would exhaust the host's memory within
+    #: ``rss_critical_exhaust_s`` is reported all the same (critical).
     rss_min_step_growth_mb: float = 100.0
     rss_min_step_points: int = 6
     rss_step_points: int = 240  # bounded: thinned by half when full
