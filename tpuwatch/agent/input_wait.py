@@ -7,10 +7,12 @@ has arrived: a distributed batch's last replica's part, :func:`_last_replica`), 
 difference added into
 the step probe's host-CPU accumulator (together with the examples fetched). The batch's
 consumers start after the second timestamp (:func:`_after`, and :mod:`.fetch_order` for a
-nested step function). A graph that fetches more than once (Keras 3.3's unrolled
-``steps_per_execution``, a Python loop over a call's steps) fetches each next batch after the
-previous fetch's count is added: when the data runs out, the fetch that raises aborts the call
-with every earlier fetch counted, and the steps that ran are known (``record_cut_short``). Eager fetches
+nested step function). A tf.function that fetches from a plain iterator more than once (Keras
+3.3's unrolled ``steps_per_execution``, a Python loop over a call's steps) fetches each next batch
+after the previous fetch's count is added: when the data runs out, the fetch that raises aborts
+the call with every earlier fetch counted, and the steps handed a batch are known
+(``record_cut_short``). A distributed iterator's fetch is left as built (the edge would reach
+every replica's device), and so is a TPU's. Eager fetches
 (``for x in dist_dataset``, ``next(iterator)``) are timed with ``perf_counter`` and charged to the
 next step. Only the outermost fetch is timed: a distributed iterator's ``get_next`` calls the
 per-worker iterators' ``get_next`` underneath.
@@ -112,8 +114,9 @@ class InputWaitProbe:
         self.agent = agent
         self.probe = probe
         self._depth = threading.local()
-        # graph -> the accumulator add of its latest fetch: the graph's next fetch runs after it
-        self._counted: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        # tf.function graph -> the name of the accumulator add of its latest plain fetch: the
+        # graph's next plain fetch runs after it (a name: an op would keep its graph alive)
+        self._counted: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
     def make_wrapper(self, optional: bool,
                      distributed: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -135,7 +138,7 @@ class InputWaitProbe:
                         result = this._eager(original, optional, it, args, kwargs)
                         this._fetched(it)
                         return result
-                    return this._traced(original, optional, it, args, kwargs)
+                    return this._traced(original, optional, it, args, kwargs, distributed)
                 finally:
                     this._depth.n = 0
 
@@ -167,7 +170,8 @@ class InputWaitProbe:
                 self.agent.probe_failed("examples", e)
         return result
 
-    def _traced(self, original: Callable[..., Any], optional: bool, it: Any, args: Any, kwargs: Any) -> Any:
+    def _traced(self, original: Callable[..., Any], optional: bool, it: Any, args: Any, kwargs: Any,
+                distributed: bool = False) -> Any:
         try:
             import tensorflow as tf
 
@@ -179,14 +183,26 @@ class InputWaitProbe:
             return original(it, *args, **kwargs)
         # No control edge from t0 to the fetch: it has no inputs, so it runs as the step (or loop
         # iteration) starts, like the fetch; an edge to every replica's fetch put a cross-device
-        # hop on every step's critical path. A second fetch in the graph waits for the first's
-        # count (see the module's docstring); an Optional never raises, a TPU's is left as built.
-        graph = tf.compat.v1.get_default_graph()
-        counted = None if optional else self._counted.get(graph)
-        with tf.control_dependencies([counted]) if counted is not None else contextlib.nullcontext():
+        # hop on every step's critical path. A second plain fetch in a tf.function waits for the
+        # first's count (see the module's docstring); an Optional never raises.
+        graph = None
+        after: Any = contextlib.nullcontext()
+        try:
+            if not optional and not distributed and not _on_tpu(it):
+                from tensorflow.python.framework.func_graph import FuncGraph
+
+                graph = tf.compat.v1.get_default_graph()
+                if not isinstance(graph, FuncGraph):
+                    graph = None  # TF1 graph mode: sess.run of one fetch would pull the other
+                elif graph in self._counted:
+                    after = tf.control_dependencies([graph.get_operation_by_name(self._counted[graph])])
+        except Exception as e:
+            self.agent.probe_failed(PROBE, e)
+            graph, after = None, contextlib.nullcontext()
+        with after:
             result = original(it, *args, **kwargs)
         try:
-            t1 = self._account(result, optional, t0, None if optional or _on_tpu(it) else graph)
+            t1 = self._account(result, optional, t0, graph)
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
             return result
@@ -226,7 +242,7 @@ class InputWaitProbe:
                 self.agent.probe_failed("examples", e)
         added = accumulator.add_vector(self.probe, values)
         if graph is not None:
-            self._counted[graph] = added
+            self._counted[graph] = added.name
         # A tf.function called after this fetch in the same graph (Keras' step on the batch) runs
         # after the fetch is timed: TF would otherwise start that call first and take the second
         # timestamp only when a thread frees up, counting step time as input wait. Only the

@@ -233,17 +233,20 @@ class StepProbe:
                         result = original(fn, *args, **kwargs)
                 else:
                     result = original(fn, *args, **kwargs)
-            except OutOfRangeError:
-                # The data ran out inside the call, after the steps that found a batch trained
-                # (a loop called until its dataset ends; Keras 3.3's steps_per_execution)
+            except (OutOfRangeError, StopIteration):
+                # The data ran out inside the call, after the steps handed a batch (a loop called
+                # until its dataset ends; Keras 3.3's steps_per_execution; StopIteration: next()
+                # on a function running eagerly)
                 end = perf()
                 trace.current_top = None
                 eager_function.active = False
-                if "training" in flags:
-                    try:
+                try:
+                    if "training" in flags:
                         probe.record_cut_short(flags, end - start, end, eagerly)
-                    except Exception as e:
-                        agent.probe_failed("steps", e)
+                    elif not (probe.eager_loop.applying or not tape_set_is_empty()):
+                        probe.other_call_ended(flags, start, end)
+                except Exception as e:
+                    agent.probe_failed("steps", e)
                 raise
             finally:
                 trace.current_top = None
@@ -257,44 +260,55 @@ class StepProbe:
             elif probe.eager_loop.applying or not tape_set_is_empty():
                 pass  # a helper inside an eager loop's step (its forward pass, tf_keras' XLA update)
             else:
-                # Evaluation, prediction, setup: neither their time nor their in-graph fetches
-                # belong to a training step. Training paused: the last step's losses may be due.
-                fetched_s, probe.eager_wait_s = probe.eager_wait_s, 0.0
-                probe.eager_examples = None
                 try:
-                    agent.phases.other_call(flags["_name"], start - fetched_s)  # its batch's fetch too
-                    if probe.accumulator is not None and "acc" in flags:
-                        probe.acc_last = probe.read_accumulator().tolist()
-                        probe._acc_unread_steps = 0
-                    probe.read_unread_losses(end)
+                    probe.other_call_ended(flags, start, end)
                 except Exception as e:
                     agent.probe_failed("steps", e)
             return result
 
         return __call__
 
+    def other_call_ended(self, flags: dict[str, Any], start: float, end: float) -> None:
+        """A top-level call of evaluation, prediction or setup ended (or ran out of data): neither
+        its time nor its in-graph fetches belong to a training step. Training paused: the last
+        step's losses may be due."""
+        fetched_s, self.eager_wait_s = self.eager_wait_s, 0.0
+        self.eager_examples = None
+        self.agent.phases.other_call(flags["_name"], start - fetched_s)  # its batch's fetch too
+        if self.accumulator is not None and "acc" in flags:
+            self.acc_last = self.read_accumulator().tolist()
+            self._acc_unread_steps = 0
+        self.read_unread_losses(end)
+
     # --- records --------------------------------------------------------------------------------
 
     def record_cut_short(self, flags: dict[str, Any], call_s: float, now: float, eagerly: bool) -> None:
-        """A step call raised ``OutOfRangeError``: its data ran out after some of its steps
-        trained. Those are recorded: a loop's by its count in the accumulator, a fixed number a
-        call by the batches its steps fetched (each fetch in a graph runs after the previous
-        fetch's count is added, so the fetch that found no batch aborted the call with the
-        others counted; :mod:`.input_wait`). A call whose steps nothing in the graph counts is
-        not recorded (how many ran is not known). The optimizer's ``iterations`` is no measure:
-        its increment needs no batch, and TensorFlow may run it for a step whose fetch failed."""
+        """A step call ran out of data (``OutOfRangeError``) after some of its steps were handed
+        a batch. Those are recorded: a loop's by its count in the accumulator (its iterations
+        run one after another), a fixed number a call by the batches its steps fetched: a plain
+        iterator's fetch in a graph runs after the previous fetch's count is added, so the fetch
+        that found no batch aborted the call with the others counted (:mod:`.input_wait`); a
+        distributed iterator's fetches are not ordered so, and the last may not be counted yet.
+        Whether TensorFlow ran the last step's update before the abort is its own: the step had
+        its batch. A call whose steps nothing in the graph counts is not recorded (how many ran
+        is not known). The optimizer's ``iterations`` is no measure: its increment needs no
+        batch, and TensorFlow ran it for steps whose fetch failed."""
         if eagerly:
             self.record(flags, call_s, now, eagerly=True)  # its steps were counted as they ran
             return
         if self.accumulator is None or "acc" not in flags or self.acc_last is None:
             return
-        ran = 0  # a loop's count is the accumulator's (its iterations run one after another)
+        ran = 0  # a loop's count is the accumulator's
         if "acc_runs" not in flags:
             acc = self.read_accumulator().tolist()
+            # the function's fetches a step (1 until a whole call has shown it); a step whose
+            # first fetch of two found a batch and whose second did not is not counted
             per_step = flags.get("_fetches_per_step", 1.0)
             fetched = (acc[FETCHES] - self.acc_last[FETCHES]) / per_step - self._acc_unread_steps
-            ran = max(0, min(int(fetched + 0.5), flags.get("implicit_runs", 0)))
+            ran = max(0, min(int(fetched + 1e-6), flags.get("implicit_runs", 0)))
             if ran == 0:  # its first fetch found no batch: it trained nothing
+                self.eager_wait_s = 0.0
+                self.eager_examples = None
                 self.read_unread_losses(now)
                 return
         self._steady = None
@@ -371,6 +385,8 @@ class StepProbe:
         counted = "runs" in flags
         if eagerly:  # no graph counted them
             steps, counted = self.eager_function.steps(), True
+            if examples and steps > 1:  # the call's steps fetched their batches as it ran: a step's
+                examples = int(round(examples / steps))
         if steps <= 0:
             if counted:  # its training steps are counted, and this call ran none
                 self.eager_wait_s = 0.0

@@ -8,7 +8,8 @@ metric after every call (``call N steps K training_loss X``), as the guide print
 With ``--batches N`` the dataset is finite (no ``repeat``) and the loop calls until it runs out,
 as loops over a finite dataset do: the call that finds no batch raises ``OutOfRangeError``, after
 the steps that found one trained. ``--unrolled`` runs the steps of a call in a Python loop (the
-function traces each step: a fixed number a call) instead of ``tf.range``. Prints the batches
+function traces each step: a fixed number a call) instead of ``tf.range``; ``--replicas 0`` trains
+on the default strategy (a plain iterator); ``--eagerly`` runs the functions eagerly. Prints the batches
 the data held (one step each) and the optimizer's iterations, which count more: the increment
 needs no batch, and TensorFlow ran it for steps whose fetch failed.
 """
@@ -23,6 +24,7 @@ p.add_argument("--calls", type=int, default=3)
 p.add_argument("--steps-per-call", type=int, default=4)
 p.add_argument("--batches", type=int, default=0, help="a finite dataset of this many batches, called until it runs out")
 p.add_argument("--unrolled", action="store_true", help="a Python loop over the call's steps")
+p.add_argument("--eagerly", action="store_true", help="tf.config.run_functions_eagerly(True)")
 a = p.parse_args()
 
 try:
@@ -31,10 +33,15 @@ try:
     tf.tpu.experimental.initialize_tpu_system(resolver)
     strategy = tf.distribute.TPUStrategy(resolver)
 except (ValueError, tf.errors.NotFoundError) as e:
-    print(f"No TPU ({type(e).__name__}); using MirroredStrategy")
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * a.replicas)
-    strategy = tf.distribute.MirroredStrategy()
+    if not a.replicas:
+        print(f"No TPU ({type(e).__name__}); using the default strategy")
+        strategy = tf.distribute.get_strategy()
+    else:
+        print(f"No TPU ({type(e).__name__}); using MirroredStrategy")
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * a.replicas)
+        strategy = tf.distribute.MirroredStrategy()
+tf.config.run_functions_eagerly(a.eagerly)
 
 per_replica_batch_size = 16
 batch_size = per_replica_batch_size * strategy.num_replicas_in_sync
@@ -97,7 +104,7 @@ if a.batches:
     while True:
         try:
             train_multiple_steps(train_iterator, tf.convert_to_tensor(a.steps_per_call))
-        except tf.errors.OutOfRangeError:
+        except (tf.errors.OutOfRangeError, StopIteration):  # StopIteration: run eagerly
             break
         calls += 1
     print(f"ran out of data after {calls} whole calls; {a.batches} batches; "
