@@ -202,6 +202,18 @@ def test_calls_until_the_data_runs_out_count_the_last_calls_steps(tmp_path, loop
     assert all(s.examples == 16 * max(replicas, 1) for s in run.steps), run.steps
 
 
+def test_a_step_of_two_fetches_is_counted_once_and_only_when_both_found_a_batch(tmp_path):
+    """Each step fetches from two iterators (4 steps a call); the second runs out first: the last
+    call's third step found its first batch and not its second, and never ran. Counted: 10, each
+    step by its two fetches (4 + 4 + 2), not 11 (21 fetches rounded) nor 21."""
+    run = run_corpus(tmp_path, "two_iterators_loop.py", "--batches", "11", "--noise-batches", "10")
+    assert run.returncode == 0, run.describe()
+    (both,) = [int(n) for (n,) in run.printed(r"(\d+) steps had both batches")]
+    assert [s.steps for s in run.steps] == [4, 4, 2] and both == 10, run.steps
+    # a step's examples are its two batches', the half step's batch left out
+    assert all(s.examples == 16 for s in run.steps), run.steps
+
+
 def test_epoch_loop_inside_one_function(tmp_path):
     """``for x in dist_dataset`` inside a tf.function: the examples probe must not break."""
     run = run_corpus(tmp_path, "epoch_in_function.py", "--epochs", "2", "--batches", "5")

@@ -375,6 +375,9 @@ class StepProbe:
                         waited_over = steps + pending
                         if ran is None:  # the batches a step fetches: a call cut short counts by them
                             flags["_fetches_per_step"] = (acc[FETCHES] - last[FETCHES]) / waited_over
+                        else:  # a step cut short between its fetches fetched too: its share is its own
+                            waited_over = max(waited_over, (acc[FETCHES] - last[FETCHES])
+                                              / flags.get("_fetches_per_step", 1.0))
                         wait_s += (acc[WAIT_S] - last[WAIT_S]) * steps / waited_over
                         measured_wait = True
                         d_ex = acc[EXAMPLES] - last[EXAMPLES]
