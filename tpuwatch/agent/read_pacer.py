@@ -10,9 +10,10 @@ the training since the first call (their time, measured: :meth:`ReadPacer.spent`
 :data:`READ_COST_FACTOR`: what they slow the steps beside), so every one where a read is cheap next
 to a step, and no more than that share where it is not. After them, a read is made
 at most every :data:`LOSS_EVERY_S` of training, and no more often than keeps the reads within
-:data:`STEADY_SHARE` of the training and within :data:`READ_STEP_S` a step on average (at long
-steps, but at least once every :data:`MAX_PACE_S` of training and a step where a read costs
-under 1 ms). When training pauses, the
+:data:`STEADY_SHARE` of the training and within :data:`READ_STEP_S` a step on average, each read
+counted at :data:`READ_COST_FACTOR` times its time there too (at long steps, but at least once
+every :data:`MAX_PACE_S` of training and a step where a read costs under a third of a
+millisecond). When training pauses, the
 last step's losses, if its record went without them, are read if the wall clock says one is due.
 No TensorFlow here: the step probe asks, and reads.
 """
@@ -40,32 +41,38 @@ READ_SHARE = 0.01
 #: (1.03x at 1). Budgeting each read with the next call's time over the calls that
 #: followed none measured ~0 (the calls are slower throughout): a factor, 3, within what was
 #: measured. Not measured on a TPU (where a read is a transfer, likely nearer 1: the reads there
-#: are then rarer than they need be), nor applied to the reads after the first records, whose
-#: budgets (STEADY_SHARE, READ_STEP_S) count a read at its own time.
+#: are then rarer than they need be). The reads after the first records are budgeted (STEADY_SHARE,
+#: READ_STEP_S) at this factor too: counted at their own time, a 0.33 ms read after the tiny 3.3 ms
+#: step was made three times a second, ~3 µs a step of its own and ~10 µs in all. (Among the first
+#: records, the reads beyond READ_SHARE's are paced at their own time: a short run's rules, the
+#: replica skew's 16 reads in particular, need its steps read.)
 READ_COST_FACTOR = 3.0
 
 
 #: After a run's first records, reads cost at most this share of the training time: the least
-#: training time between two reads is LOSS_EVERY_S, or a read's cost over this share where that is
-#: longer (the tiny custom step here, ~0.8 ms a read after a 7 ms step: one read a second, ~6 µs a
-#: step; a TPU's ~0.1 ms reads: four a second).
+#: training time between two reads is LOSS_EVERY_S, or a read's cost (times READ_COST_FACTOR)
+#: over this share where that is longer (the tiny custom step here, ~0.33 ms a read after a
+#: 3.3 ms step: one read a second, ~3 µs a step in all; a TPU's ~0.05 ms reads: four a second).
 STEADY_SHARE = 0.001
 
 
 #: After a run's first records, reads cost at most this much a training step on average: the
-#: least training time between two reads is also a read's cost over this, times the step time
-#: (where that is longer than STEADY_SHARE's pace: steps longer than READ_STEP_S / STEADY_SHARE,
-#: 10 ms). A share of the training alone is over the 50 µs budget a step at long steps (0.1 % of a
-#: 50 ms step is 50 µs): a 0.27 ms read (four replicas' losses and the accumulator after a 27 ms
-#: step, this project's 2-core box) was made every ~10 steps, ~30 µs a step; now every ~27.
+#: least training time between two reads is also a read's cost (times READ_COST_FACTOR) over
+#: this, times the step time (where that is longer than STEADY_SHARE's pace: steps longer than
+#: READ_STEP_S / STEADY_SHARE, 10 ms). A share of the training alone is over the 50 µs budget a
+#: step at long steps (0.1 % of a 50 ms step is 50 µs): a 0.27 ms read (four replicas' losses and
+#: the accumulator after a 27 ms step, this project's 2-core box) was made every ~10 steps, ~30 µs
+#: a step of its own; now once a second of training (MAX_PACE_S), every ~37 steps.
 READ_STEP_S = 10e-6
 
 
 #: The most training time between two reads that READ_STEP_S may ask for (a read is made at the
 #: first step that reaches it: at most this and a step apart; STEADY_SHARE asks for more only
-#: where a read costs over 1 ms): the loss shown stays within the dashboard's stale limit, and
-#: the ``input-bound`` rule's 30 s window holds the 20 reads of the in-graph wait it needs at
-#: steps up to ~0.5 s (a 0.35 ms read once a second is 35 µs a step at 100 ms steps).
+#: where a read costs over 1/3 ms, 1 ms counted at READ_COST_FACTOR): the loss shown stays
+#: within the dashboard's stale limit, and the ``input-bound`` rule's 30 s window holds the 20
+#: reads of the in-graph wait it needs at steps up to ~0.5 s (a 0.3 ms read once a second is
+#: 30 µs a step of its own at 100 ms steps); where reads are dearer, that rule reaches further
+#: back for its 20.
 MAX_PACE_S = 1.0
 
 
@@ -121,10 +128,15 @@ class ReadPacer:
     @property
     def pace_s(self) -> float:
         """The least training time between two reads now: ``every_s``, or longer where the reads
-        cost more than ``steady_share`` of it, or more than READ_STEP_S a step (up to MAX_PACE_S)."""
+        cost more than ``steady_share`` of it, or more than READ_STEP_S a step (up to MAX_PACE_S),
+        each read counted at READ_COST_FACTOR times its own time once the first records are
+        over (while they last, the share read_all leaves is read at this pace, each read at its
+        own time: a short run's rules need its steps read)."""
         cost, share = self._read_cost, self.steady_share
         if cost is None or share is None:
             return self.every_s
+        if self.read_all_left <= 0:  # after the first records: a read at what it costs in all
+            cost *= READ_COST_FACTOR  # (during them, a short run's rules need the steps read)
         step_s = self._step_s
         per_step = min(cost * step_s / READ_STEP_S, MAX_PACE_S) if step_s is not None else 0.0
         return max(self.every_s, cost / share, per_step)
