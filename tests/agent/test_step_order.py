@@ -36,11 +36,14 @@ def test_ordering_fits_step_after_its_fetch_moves_no_data_between_devices():
 
 
 def test_a_custom_loops_fetch_is_timed_with_one_crossing_edge_per_other_replica_and_one_in():
-    """The fetch's second timestamp (on the host's CPU:0) waits for the last replica's part of
-    the batch only (one edge in, from CPU:3); each other replica's part waits for it (the gate
-    that keeps the step from starting ahead of the timestamp: one edge out to each). It waited
-    for every replica's part: 6 send/receive pairs a step on 4 replicas, the probes' largest
-    in-graph cost. With no wait at all it would be 3."""
+    """The fetch's second timestamp, on the last replica's device (CPU:3), waits for that
+    replica's part of the batch only; the other replicas' parts wait for it (the gate that keeps
+    the step from starting ahead of the timestamp): one edge out to CPU:1 and CPU:2, and to the
+    host's CPU:0 its value, for the wait, which CPU:0's part waits for; and one edge in, the first
+    timestamp's order before the second (TF orders stateful ops). It waited for every replica's
+    part: 6 send/receive pairs a step on 4 replicas, the probes' largest in-graph cost. With the
+    second timestamp on the host it was 4 as well, two hops between the last part and the other
+    replicas' steps (CPU:3 to the host, the host to each), where there is one now."""
     counts = _sends(SCRIPTS / "loop_transfers.py")
     assert int(counts["probed"]) - int(counts["plain"]) == 4, counts
 

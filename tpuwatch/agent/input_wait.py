@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from tpuwatch.agent.steps import StepProbe
 
 PROBE = "input_wait"
+HOST = "/device:CPU:0"
 
 
 def _examples_in(value: Any) -> Any:
@@ -202,26 +203,34 @@ class InputWaitProbe:
         with after:
             result = original(it, *args, **kwargs)
         try:
-            t1 = self._account(result, optional, t0, graph)
+            # The batch's consumers wait for the second timestamp (_after), but an Optional's
+            # (never a custom loop's), a TPU's, and a Keras step's (fetch_order orders its nested
+            # step function instead)
+            gated = not (optional or _on_tpu(it) or _in_keras_step())
+            devices = _replica_cpus(it, result) if gated else None
+            t1, waited = self._account(result, optional, t0, graph, devices[-1] if devices else HOST)
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
             return result
-        if optional or _on_tpu(it) or _in_keras_step():
+        if not gated:
             return result
         try:
-            return _after(result, t1)
+            return _after(result, t1, _gates(devices, t1, waited) if devices else None)
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
             return result
 
-    def _account(self, result: Any, optional: bool, t0: Any, graph: Any) -> Any:
+    def _account(self, result: Any, optional: bool, t0: Any, graph: Any, device: str) -> tuple[Any, Any]:
         """Adds the fetch's wait, count and examples to the accumulator; returns the second
-        timestamp. ``graph``: where a next fetch must wait for this one's count (None: nowhere)."""
+        timestamp, taken on ``device``, and the wait (on the host). ``graph``: where a next fetch
+        must wait for this one's count (None: nowhere)."""
         import tensorflow as tf
 
-        with tf.control_dependencies(_last_replica(result)), tf.device("/device:CPU:0"):
+        with tf.control_dependencies(_last_replica(result)), tf.device(device):
             t1 = tf.timestamp()
-        values = [t1 - t0, tf.constant(1.0, tf.float64), tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)]
+        with tf.device(HOST):
+            waited = t1 - t0
+        values = [waited, tf.constant(1.0, tf.float64), tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)]
         if self.agent.enabled("examples"):
             try:
                 if optional:
@@ -248,7 +257,7 @@ class InputWaitProbe:
         # timestamp only when a thread frees up, counting step time as input wait. Only the
         # timestamp: the accounting after it runs beside the step, off its critical path.
         self.probe.fetch_order.timed(tf.compat.v1.get_default_graph(), t1.op)
-        return t1
+        return t1, waited
 
 
 def _last_replica(result: Any) -> list[Any]:
@@ -270,6 +279,46 @@ def _last_replica(result: Any) -> list[Any]:
             leaf = leaf.values[-1]
         waited.extend(t for t in tf.nest.flatten(leaf, expand_composites=True) if isinstance(t, tf.Tensor))
     return waited
+
+
+def _replica_cpus(it: Any, result: Any) -> tuple[str, ...] | None:
+    """The devices of a distributed batch's parts, in order, where each is a CPU of this host (a
+    MirroredStrategy over logical CPUs) and there are several; else None. The second timestamp is
+    then taken on the last one, beside the part it waits for: that replica's gates wait for an op
+    of its own device's graph, the other replicas' for one hop from it, where it was a hop to the
+    host's ``CPU:0`` and one back. (TensorFlow has no timestamp op on an accelerator: there it
+    stays on the host.)"""
+    import tensorflow as tf
+    from tensorflow.python.distribute import values as values_lib
+    from tensorflow.python.framework import device as device_lib
+
+    strategy = getattr(it, "_strategy", None)
+    if strategy is None:
+        return None
+    devices = tuple(getattr(strategy.extended, "worker_devices", ()) or ())
+    if len(devices) < 2:
+        return None
+    for leaf in tf.nest.flatten(result):  # distributed values stay whole
+        if isinstance(leaf, values_lib.DistributedValues) and len(leaf.values) != len(devices):
+            return None
+    specs = [device_lib.DeviceSpec.from_string(d) for d in devices]
+    if any((spec.device_type or "").upper() != "CPU" or spec.job not in (None, "localhost") for spec in specs):
+        return None
+    return devices
+
+
+def _gates(devices: tuple[str, ...], t1: Any, waited: Any) -> list[Any]:
+    """What each replica's part waits for: the second timestamp, or on the host's CPU:0 the wait
+    computed from it there (the same moment, with no second edge into that device)."""
+    from tensorflow.python.framework import device as device_lib
+
+    host = device_lib.DeviceSpec.from_string(HOST)
+    out = []
+    for d in devices:
+        spec = device_lib.DeviceSpec.from_string(d)
+        on_host = spec.device_type == host.device_type and (spec.device_index or 0) == host.device_index
+        out.append(waited if on_host else t1)
+    return out
 
 
 def _on_tpu(it: Any) -> bool:
@@ -306,23 +355,34 @@ def _in_keras_step() -> bool:
     return False
 
 
-def _after(result: Any, t1: Any) -> Any:
+def _after(result: Any, t1: Any, by_replica: list[Any] | None = None) -> Any:
     """The fetched batch as its consumers get it: each tensor through an ``Identity`` that waits
-    for the second timestamp, colocated with the tensor (no copy, no device hop). The ops of a
+    for the second timestamp (``by_replica``: a distributed batch's parts each for what
+    :func:`_gates` gives), colocated with the tensor (no copy, no device hop). The ops of a
     custom loop's step (``strategy.run(step_fn, args=(next(it),))``, no nested tf.function to
     gate) then start once the fetch is timed; without it, one replica's step began as soon as
     its own part arrived and the timestamp waited for a free thread behind it: a cached pipeline
     read 33-35 % wait on 22 ms steps whose fetch costs ~0.9 ms (2 logical CPUs)."""
     import tensorflow as tf
+    from tensorflow.python.distribute import values as values_lib
     from tensorflow.python.framework import ops
 
-    def gated(value: Any) -> Any:
+    def gated(value: Any, gate: Any) -> Any:
         if not isinstance(value, tf.Tensor):
             return value
-        with ops.colocate_with(value.op), tf.control_dependencies([t1]):
+        with ops.colocate_with(value.op), tf.control_dependencies([gate]):
             return tf.identity(value)
 
-    return tf.nest.map_structure(gated, result, expand_composites=True)
+    def leaf_after(leaf: Any) -> Any:
+        if by_replica is not None and isinstance(leaf, values_lib.DistributedValues):
+            flat = tf.nest.flatten(leaf, expand_composites=True)  # the parts' tensors, part by part
+            per, rest = divmod(len(flat), len(by_replica))
+            if per and not rest:
+                return tf.nest.pack_sequence_as(
+                    leaf, [gated(v, by_replica[i // per]) for i, v in enumerate(flat)], expand_composites=True)
+        return tf.nest.map_structure(lambda v: gated(v, t1), leaf, expand_composites=True)
+
+    return tf.nest.pack_sequence_as(result, [leaf_after(leaf) for leaf in tf.nest.flatten(result)])
 
 
 def install(agent: "Agent", patches: "Patches", probe: "StepProbe") -> InputWaitProbe:
