@@ -180,7 +180,7 @@ def test_a_loop_fetching_every_batch_eagerly_takes_the_steady_path(tmp_path, kin
     per_call = 2 if kind.startswith("two") else 1
     expected: dict[int, tuple[float | None, int | None]] = {}  # the global step before a call -> (wait, examples)
     for run in (fast, general):
-        for i in range(1500):
+        for i in range(4000):  # reads ~once a second of training past the first records: enough of them
             wait_s, examples = (0.0001, 0.0002, 0.0004)[i % 3], 64  # the fetch before each call, timed
             if i % 50 == 7:  # a batch whose size is not static: no examples counted
                 examples = None
@@ -190,14 +190,14 @@ def test_a_loop_fetching_every_batch_eagerly_takes_the_steady_path(tmp_path, kin
                 expected[run.agent.global_step] = (wait_s / per_call if wait_s else None, examples)
             run.probe.eager_wait_s, run.probe.eager_examples = wait_s, examples
             run.call(run.eager_fns[kind], 0.002 + 0.0001 * (i % 5))
-    assert fast.agent.global_step == general.agent.global_step == 1500 * per_call
+    assert fast.agent.global_step == general.agent.global_step == 4000 * per_call
     assert fast.reads == general.reads and len(fast.reads) > 10, fast.reads
     assert fast.acc_reads == general.acc_reads
     assert fast.emitted() == general.emitted()
     assert fast.probe.pacer.trained_s == general.probe.pacer.trained_s  # added up alike, to the bit
     assert fast.probe._acc_unread_steps == general.probe._acc_unread_steps
-    assert fast.probe._unread == (fast.probe.trace.flags[fn], 1500 * per_call)
-    assert general.probe._unread == (general.probe.trace.flags[general.eager_fns[kind]], 1500 * per_call)
+    assert fast.probe._unread == (fast.probe.trace.flags[fn], 4000 * per_call)
+    assert general.probe._unread == (general.probe.trace.flags[general.eager_fns[kind]], 4000 * per_call)
     # The steady records, each with its own fetch's wait and examples.
     general_records = set(fast.general)  # the global step after each (its _arm runs after its Step)
     steady = [s for s in fast.emitted() if isinstance(s, tuple) and s[0] not in general_records]
