@@ -216,7 +216,11 @@ class InputWaitProbe:
             return result
         try:
             return _after(result, t1, _gates(devices, t1, waited) if devices else None)
-        except Exception as e:
+        except Exception as e:  # the gates on t1 alone, as where the timestamp is the host's
+            try:
+                return _after(result, t1)
+            except Exception:
+                pass
             self.agent.probe_failed(PROBE, e)
             return result
 
@@ -283,11 +287,19 @@ def _last_replica(result: Any) -> list[Any]:
 
 def _replica_cpus(it: Any, result: Any) -> tuple[str, ...] | None:
     """The devices of a distributed batch's parts, in order, where each is a CPU of this host (a
-    MirroredStrategy over logical CPUs) and there are several; else None. The second timestamp is
-    then taken on the last one, beside the part it waits for: that replica's gates wait for an op
-    of its own device's graph, the other replicas' for one hop from it, where it was a hop to the
-    host's ``CPU:0`` and one back. (TensorFlow has no timestamp op on an accelerator: there it
-    stays on the host.)"""
+    MirroredStrategy over logical CPUs), there are several, and the parts are fetched to them;
+    else None, as on anything unexpected (the host's timestamp is the fallback, never the probe
+    turned off). The second timestamp is then taken on the last one, beside the part it waits
+    for: that replica's gates wait for an op of its own device's graph, the other replicas' for
+    one hop from it, where it was a hop to the host's ``CPU:0`` and one back. (TensorFlow has no
+    timestamp op on an accelerator: there it stays on the host.)"""
+    try:
+        return _cpu_devices(it, result)
+    except Exception:  # a strategy with no worker_devices, a device string TF parses otherwise
+        return None
+
+
+def _cpu_devices(it: Any, result: Any) -> tuple[str, ...] | None:
     import tensorflow as tf
     from tensorflow.python.distribute import values as values_lib
     from tensorflow.python.framework import device as device_lib
@@ -295,7 +307,10 @@ def _replica_cpus(it: Any, result: Any) -> tuple[str, ...] | None:
     strategy = getattr(it, "_strategy", None)
     if strategy is None:
         return None
-    devices = tuple(getattr(strategy.extended, "worker_devices", ()) or ())
+    options = getattr(it, "_options", None)
+    if options is not None and not getattr(options, "experimental_fetch_to_device", True):
+        return None  # the parts stay on the host (InputOptions): so does the timestamp
+    devices = tuple(strategy.extended.worker_devices)
     if len(devices) < 2:
         return None
     for leaf in tf.nest.flatten(result):  # distributed values stay whole
