@@ -158,12 +158,13 @@ def test_at_long_steps_reads_cost_at_most_ten_microseconds_a_step():
 
 
 def test_at_long_steps_a_read_is_made_once_a_second_of_training_and_a_step():
-    """A 0.35 ms read after a 150 ms step (the bundled sample's input-bound part) would wait 5 s of
-    training for ten µs a step: the input-bound rule's 30 s window would hold 6 reads of the
-    wait, not the 20 it needs, and the loss shown would lag as long. Once a second of training
-    and a step holds both (35 µs a step at 150 ms steps, under the thousandth's 150 µs, or 105 µs
-    counted at READ_COST_FACTOR, under its 450); a read that costs more than a third of a
-    millisecond, a millisecond so counted, keeps to the thousandth."""
+    """A 0.3 ms read after a 150 ms step (the bundled sample's input-bound part), counted at
+    READ_COST_FACTOR times its time, would wait 13.5 s of training for ten µs a step: the
+    input-bound rule's 30 s window would hold 2 reads of the wait, not the 20 it needs, and the
+    loss shown would lag as long. Once a second of training and a step holds both (30 µs a step
+    of its own at 150 ms steps, 90 µs counted at the factor, under the thousandth's 150 µs); a
+    read that costs more than a third of a millisecond, a millisecond so counted, keeps to the
+    thousandth."""
     factor = read_pacer.READ_COST_FACTOR
     for step_s, read_s, pace_s in ((0.150, 0.0003, read_pacer.MAX_PACE_S), (0.5, 0.0003, read_pacer.MAX_PACE_S),
                                    (0.150, 0.00035, factor * 0.00035 / read_pacer.STEADY_SHARE),
@@ -177,17 +178,20 @@ def test_at_long_steps_a_read_is_made_once_a_second_of_training_and_a_step():
 
 def test_the_step_time_comes_from_the_accumulators_reads_too():
     """A loop whose accumulator is read and whose losses never are (no loss found in its step)
-    kept the thousandth's pace: ~27 µs a step at 27 ms steps."""
+    kept the thousandth's pace: ~27 µs a step at 27 ms steps. (A 0.1 ms read: the thousandth's
+    pace, 0.3 s counted at READ_COST_FACTOR, is under the step-time pace, 0.81 s.)"""
     pacer = ReadPacer(every_s=read_pacer.LOSS_EVERY_S, read_all_first=0, steady_share=read_pacer.STEADY_SHARE)
     reads = []
     for i in range(3000):
         trained = pacer.trained(0.027)
         if pacer.acc_due(trained):
             pacer.acc_read(trained, step=i + 1)
-            pacer.spent(0.00027)
+            pacer.spent(0.0001)
             reads.append(trained)
     gaps = [b - a for a, b in zip(reads[3:], reads[4:])]
-    assert min(gaps) >= 0.00027 * 0.027 / read_pacer.READ_STEP_S - 1e-9
+    step_pace = read_pacer.READ_COST_FACTOR * 0.0001 * 0.027 / read_pacer.READ_STEP_S
+    assert step_pace > read_pacer.READ_COST_FACTOR * 0.0001 / read_pacer.STEADY_SHARE
+    assert min(gaps) >= step_pace - 1e-9
 
 
 def test_a_loops_accumulator_read_before_its_step_count_is_known_measures_no_step_time():

@@ -52,7 +52,8 @@ READ_COST_FACTOR = 3.0
 #: After a run's first records, reads cost at most this share of the training time: the least
 #: training time between two reads is LOSS_EVERY_S, or a read's cost (times READ_COST_FACTOR)
 #: over this share where that is longer (the tiny custom step here, ~0.33 ms a read after a
-#: 3.3 ms step: one read a second, ~3 µs a step in all; a TPU's ~0.05 ms reads: four a second).
+#: 3.3 ms step: one read a second, ~3 µs a step in all; a TPU host's ~0.1 ms a replica, 0.8 ms
+#: for 8: one every 2.4 s, the factor being unmeasured there).
 STEADY_SHARE = 0.001
 
 
