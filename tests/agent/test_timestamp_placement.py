@@ -27,7 +27,8 @@ def test_parts_on_this_hosts_cpus_are_timed_on_the_last_ones_device():
     from tpuwatch.agent.input_wait import _replica_cpus
 
     devices = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(3))
-    assert _replica_cpus(_iterator(devices), _batch(3)) == devices
+    # each with whether it is the host's CPU:0, whose part waits for the wait computed there
+    assert _replica_cpus(_iterator(devices), _batch(3)) == tuple(zip(devices, (True, False, False)))
 
 
 @pytest.mark.parametrize("devices, parts, options", [
@@ -58,3 +59,18 @@ def test_a_strategy_that_cannot_say_its_devices_keeps_the_hosts_timestamp():
 
     it = types.SimpleNamespace(_strategy=types.SimpleNamespace(extended=Extended()), _options=None)
     assert _replica_cpus(it, _batch(2)) is None
+
+
+def test_a_private_module_that_moved_keeps_the_hosts_timestamp(monkeypatch):
+    """TensorFlow's private ``framework.device`` gone (another version): the placement falls back
+    to the host's timestamp instead of raising into the probe, which would turn it off."""
+    import sys
+
+    from tensorflow.python import framework
+
+    from tpuwatch.agent.input_wait import _replica_cpus
+
+    monkeypatch.delattr(framework, "device", raising=False)
+    monkeypatch.setitem(sys.modules, "tensorflow.python.framework.device", None)  # its import fails
+    devices = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(2))
+    assert _replica_cpus(_iterator(devices), _batch(2)) is None

@@ -207,15 +207,15 @@ class InputWaitProbe:
             # (never a custom loop's), a TPU's, and a Keras step's (fetch_order orders its nested
             # step function instead)
             gated = not (optional or _on_tpu(it) or _in_keras_step())
-            devices = _replica_cpus(it, result) if gated else None
-            t1, waited = self._account(result, optional, t0, graph, devices[-1] if devices else HOST)
+            parts = _replica_cpus(it, result) if gated else None
+            t1, waited = self._account(result, optional, t0, graph, parts[-1][0] if parts else HOST)
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
             return result
         if not gated:
             return result
         try:
-            return _after(result, t1, _gates(devices, t1, waited) if devices else None)
+            return _after(result, t1, _gates(parts, t1, waited) if parts else None)
         except Exception as e:  # the gates on t1 alone, as where the timestamp is the host's
             try:
                 return _after(result, t1)
@@ -285,55 +285,48 @@ def _last_replica(result: Any) -> list[Any]:
     return waited
 
 
-def _replica_cpus(it: Any, result: Any) -> tuple[str, ...] | None:
-    """The devices of a distributed batch's parts, in order, where each is a CPU of this host (a
-    MirroredStrategy over logical CPUs), there are several, and the parts are fetched to them;
-    else None, as on anything unexpected (the host's timestamp is the fallback, never the probe
-    turned off). The second timestamp is then taken on the last one, beside the part it waits
-    for: that replica's gates wait for an op of its own device's graph, the other replicas' for
-    one hop from it, where it was a hop to the host's ``CPU:0`` and one back. (TensorFlow has no
-    timestamp op on an accelerator: there it stays on the host.)"""
+def _replica_cpus(it: Any, result: Any) -> tuple[tuple[str, bool], ...] | None:
+    """The devices of a distributed batch's parts, in order, each with whether it is the host's
+    ``CPU:0``, where each is a CPU of this host (a MirroredStrategy over logical CPUs), there are
+    several, and the parts are fetched to them; else None, as on anything unexpected (the host's
+    timestamp is the fallback, never the probe turned off). The second timestamp is then taken on
+    the last one, beside the part it waits for: that replica's gates wait for an op of its own
+    device's graph, the other replicas' for one hop from it, where it was a hop to the host's
+    ``CPU:0`` and one back. (TensorFlow has no timestamp op on an accelerator: there it stays on
+    the host.)"""
     try:
-        return _cpu_devices(it, result)
+        import tensorflow as tf
+        from tensorflow.python.distribute import values as values_lib
+        from tensorflow.python.framework import device as device_lib
+
+        strategy = getattr(it, "_strategy", None)
+        if strategy is None:
+            return None
+        options = getattr(it, "_options", None)
+        if options is not None and not getattr(options, "experimental_fetch_to_device", True):
+            return None  # the parts stay on the host (InputOptions): so does the timestamp
+        devices = tuple(strategy.extended.worker_devices)
+        if len(devices) < 2:
+            return None
+        for leaf in tf.nest.flatten(result):  # distributed values stay whole
+            if isinstance(leaf, values_lib.DistributedValues) and len(leaf.values) != len(devices):
+                return None
+        host = device_lib.DeviceSpec.from_string(HOST)
+        parts = []
+        for d in devices:
+            spec = device_lib.DeviceSpec.from_string(d)
+            if (spec.device_type or "").upper() != "CPU" or spec.job not in (None, "localhost"):
+                return None
+            parts.append((d, spec.device_type == host.device_type and (spec.device_index or 0) == host.device_index))
+        return tuple(parts)
     except Exception:  # a strategy with no worker_devices, a device string TF parses otherwise
         return None
 
 
-def _cpu_devices(it: Any, result: Any) -> tuple[str, ...] | None:
-    import tensorflow as tf
-    from tensorflow.python.distribute import values as values_lib
-    from tensorflow.python.framework import device as device_lib
-
-    strategy = getattr(it, "_strategy", None)
-    if strategy is None:
-        return None
-    options = getattr(it, "_options", None)
-    if options is not None and not getattr(options, "experimental_fetch_to_device", True):
-        return None  # the parts stay on the host (InputOptions): so does the timestamp
-    devices = tuple(strategy.extended.worker_devices)
-    if len(devices) < 2:
-        return None
-    for leaf in tf.nest.flatten(result):  # distributed values stay whole
-        if isinstance(leaf, values_lib.DistributedValues) and len(leaf.values) != len(devices):
-            return None
-    specs = [device_lib.DeviceSpec.from_string(d) for d in devices]
-    if any((spec.device_type or "").upper() != "CPU" or spec.job not in (None, "localhost") for spec in specs):
-        return None
-    return devices
-
-
-def _gates(devices: tuple[str, ...], t1: Any, waited: Any) -> list[Any]:
+def _gates(parts: tuple[tuple[str, bool], ...], t1: Any, waited: Any) -> list[Any]:
     """What each replica's part waits for: the second timestamp, or on the host's CPU:0 the wait
     computed from it there (the same moment, with no second edge into that device)."""
-    from tensorflow.python.framework import device as device_lib
-
-    host = device_lib.DeviceSpec.from_string(HOST)
-    out = []
-    for d in devices:
-        spec = device_lib.DeviceSpec.from_string(d)
-        on_host = spec.device_type == host.device_type and (spec.device_index or 0) == host.device_index
-        out.append(waited if on_host else t1)
-    return out
+    return [waited if on_host else t1 for _, on_host in parts]
 
 
 def _on_tpu(it: Any) -> bool:
