@@ -95,6 +95,7 @@ def test_requested_checkpoints_never_rotate_the_scripts_own_out(tmp_path):
     assert [g["iterations"] for g in restored] == [r.details["step"] for r in results]
 
 
+@pytest.mark.usefixtures("sigint_default")  # SIGINT must reach the processes it starts
 def test_ctrl_c_during_a_checkpoint_save_still_gives_its_one_result_and_no_partial_files(tmp_path):
     """SIGINT (Ctrl-C on the training's terminal, or a stop) lands while a requested checkpoint is
     being written: the script gets its KeyboardInterrupt as it would without tpuwatch, the command
@@ -134,6 +135,7 @@ def test_ctrl_c_during_a_checkpoint_save_still_gives_its_one_result_and_no_parti
     assert not list(own_dir.rglob("*_temp*")), sorted(p.name for p in own_dir.rglob("*"))
 
 
+@pytest.mark.usefixtures("sigint_default")  # SIGINT must reach the processes it starts
 def test_ctrl_c_on_tpuwatch_checkpoint_says_the_run_still_does_it(tmp_path):
     """Ctrl-C while `tpuwatch checkpoint` waits for a queued save: one line saying the request
     stays with the run and where its one Result goes, exit 130. Before: a bare exit 130."""
