@@ -402,6 +402,51 @@ def test_a_killed_output_pump_never_breaks_the_script(tmp_path):
     assert any("output pump" in m for m in said), said
 
 
+SLEEPS = """
+import sys, time
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("delay_s, workers", [(0.0, None), (0.05, None), (0.0, "2")])
+def test_a_ctrl_c_while_the_training_starts_reaches_it(tmp_path, delay_s, workers):
+    """Ctrl-C as ``tpuwatch run --headless`` starts the training (its output log made, the
+    script started just after): the training gets the SIGINT and tpuwatch says so and exits with
+    its code. Before: tpuwatch's own handler was set only after the launch, so a SIGINT in those
+    ~0.1 s ended tpuwatch with 130 and nothing said, and the training (its own session) ran on,
+    orphaned; a loaded CI box once took so long there that the test above saw it."""
+    script = write_script(tmp_path / "sleeps.py", SLEEPS)
+    run_dir = tmp_path / "run"
+    group = ["--workers", workers] if workers else []
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch", "run", "--headless", *group, "--run-dir", str(run_dir),
+                             str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    pids: list[int] = []
+    try:
+        first_log = run_dir / "worker-0" / "output.log" if workers else run_dir / "output.log"
+        wait_for(lambda: first_log.exists() or proc.poll() is not None, 60, "the run's output log", interval=0.001)
+        time.sleep(delay_s)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for d in [run_dir, *sorted(run_dir.glob("worker-*"))]:
+            pid = meta(d).get("child_pid")
+            if pid:
+                pids.append(pid)
+        left = [pid for pid in pids if not _exited(pid)]
+        for pid in left:  # never leave one behind, whatever the outcome
+            os.kill(pid, signal.SIGKILL)
+    assert pids, err
+    assert left == [], f"training processes still running after tpuwatch ended: {left}; {err}"
+    assert "sending SIGINT" in err, err
+    # The training's own end: 130 (its KeyboardInterrupt, or killed by SIGINT before Python's
+    # handler was set), or 1 where the SIGINT landed in Python's own start-up imports (a
+    # KeyboardInterrupt traceback from importlib, exit 1, as under plain python).
+    assert proc.returncode in (130, 1), err
+
+
 def _exited(pid: int) -> bool:
     """Every thread of ``pid`` is past the point where the kernel closes its descriptors: it is
     gone, or a zombie with no other thread left. An empty cmdline alone is not that: the first

@@ -20,18 +20,34 @@ def run_group(ns: argparse.Namespace, env: dict[str, str] | None, outlets: Outle
     if ns.workers is None:
         return error("--worker-grace needs --workers N")
     grace = group_launch.DEFAULT_GRACE_S if ns.worker_grace is None else ns.worker_grace
+    launched: list = []
+
+    def every_worker() -> list:
+        if not launched:
+            return []
+        group = launched[0]
+        for name in group.names:
+            group.mark_stopping(name)
+        return [w.process for w in group.workers]
+
+    # From before the launch: a Ctrl-C while the workers start reaches them (interrupts.py)
+    forwarding = forward_interrupts("every worker", every_worker)
     try:
         group = group_launch.start_group(ns.script, ns.args, ns.workers, module=ns.module, run_dir=ns.run_dir,
                                          python=ns.python, listen=ns.listen, sample_hz=ns.sample_hz, env=env,
                                          grace_s=grace)
     except launcher.LaunchError as e:
         return error(str(e))
+    launched.append(group)
+    forwarding.catch_up()
     merger = group_launch.OutputMerger(group).start()
     supervisor = group_launch.Supervisor(group, say=say).start()
     headless = ns.headless or not sys.stdout.isatty()
     outlets.start(group.run_dir, group.alive, quiet=not headless)
     try:
-        if headless:
+        # The dashboard's Ctrl-C is a key, its stop the dashboard's own; workers stopped as they
+        # started have their end followed headless.
+        if headless or not forwarding.hand_over():
             return _run_group_headless(group, supervisor, merger, ns.every)
         return _run_group_dashboard(group, supervisor, merger)
     finally:
@@ -47,13 +63,6 @@ def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
     pids = ", ".join(f"{n} pid {w.pid}" for n, w in zip(group.names, group.workers))
     say(f"run {group.run_id}: {len(group.workers)} workers ({pids}), recording in {group.run_dir}")
     done, copier = start_copier(group.run_dir / rundir.OUTPUT)
-
-    def every_worker() -> list:
-        for name in group.names:
-            group.mark_stopping(name)
-        return [w.process for w in group.workers]
-
-    forward_interrupts("every worker", every_worker)
     dirs = {w.name: w.path for w in groups.worker_dirs(group.run_dir) or []}
 
     def record(findings) -> None:

@@ -112,14 +112,21 @@ def main(ns: argparse.Namespace) -> int:
     try:
         if ns.workers is not None or ns.worker_grace is not None:
             return group.run_group(ns, env, outlets)
+        # From before the launch: a Ctrl-C while the training starts reaches it (interrupts.py)
+        launched: list = []
+        forwarding = forward_interrupts("the training process group", lambda: [x.process for x in launched])
         try:
             launch = launcher.start(ns.script, ns.args, module=ns.module, run_dir=ns.run_dir, python=ns.python,
                                     listen=ns.listen, sample_hz=ns.sample_hz, env=env)
         except launcher.LaunchError as e:
             return error(str(e))
+        launched.append(launch)
+        forwarding.catch_up()
         headless = ns.headless or not sys.stdout.isatty()
         outlets.start(launch.run_dir, launch.alive, quiet=not headless)
-        if headless:
+        # The dashboard's Ctrl-C is a key, its stop the dashboard's own; a training stopped as it
+        # started has its end followed headless.
+        if headless or not forwarding.hand_over():
             return _run_headless(launch, ns.every, baseline)
         return _run_dashboard(launch, baseline)
     finally:
@@ -159,7 +166,6 @@ def _run_headless(launch, every_s: float, baseline=None) -> int:
     print(one_line(f"tpuwatch: run {launch.run_id} (pid {launch.pid}), recording in {launch.run_dir}"),
           file=sys.stderr)
     done, copier = start_copier(launch.run_dir / rundir.OUTPUT)
-    forward_interrupts("the training process group", lambda: [launch.process])
     codes: list[int] = []
     headless.follow(launch.run_dir / rundir.EVENTS, launch.alive, out=sys.stderr, every_s=every_s,
                     on_end=lambda: codes.append(launcher.finish(launch)), record_findings=True, baseline=baseline)
