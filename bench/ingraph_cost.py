@@ -42,6 +42,11 @@ VARIANTS = {
 # fetch is timed (fetch_order.gate): what that ordering costs (it is what makes fit's input wait true).
 UNORDERED = "all, step not ordered"
 VARIANTS[UNORDERED] = ()
+# All probes, but the fetched batch is handed to the step as fetched, with no Identity waiting for
+# the second timestamp (input_wait._after): what the gates cost (they are what keeps a custom
+# loop's replicas from starting before the fetch is timed, so that its wait is read true).
+UNGATED = "all, batch not gated"
+VARIANTS[UNGATED] = ()
 
 
 def main() -> None:
@@ -58,9 +63,10 @@ def main() -> None:
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * a.replicas)
-    from tpuwatch.agent import fetch_order, probes
+    from tpuwatch.agent import fetch_order, input_wait, probes
 
     ordered = fetch_order.gate
+    gated = input_wait._after
     from tpuwatch.agent.runtime import Agent
 
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(a.replicas)])
@@ -103,8 +109,11 @@ def main() -> None:
                 agent._disabled.update({name: "bench" for name in disabled})
             if label == UNORDERED:
                 fetch_order.gate = lambda fetched, new_ops: None
+            if label == UNGATED:
+                input_wait._after = lambda result, t1, by_replica=None: result
             fn(it)
             fetch_order.gate = ordered
+            input_wait._after = gated
             # The graph traced by that call (asked for while the same patches are active).
             graph_def = traced_graph(fn).as_graph_def()
             agent._disabled.clear()
