@@ -56,12 +56,13 @@ def test_a_ctrl_c_before_the_process_exists_is_sent_once_it_does(capsys):
 @pytest.mark.usefixtures("sigint_default", "restored_handlers")
 def test_no_ctrl_c_hands_the_handlers_back_and_catch_up_sends_nothing():
     process = _Process()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     forwarding = forward_interrupts("the training", lambda: [process])
+    assert signal.getsignal(signal.SIGINT) is not before[signal.SIGINT]
     forwarding.catch_up()
     assert process.signals == [] and not forwarding.interrupted
     assert forwarding.hand_over()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
 @pytest.mark.usefixtures("restored_handlers")
@@ -75,3 +76,31 @@ def test_a_training_started_while_it_is_installed_keeps_its_hangup():
                             capture_output=True, text=True, timeout=60, check=True).stdout
     ignored = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
     assert not ignored & (1 << (signal.SIGHUP - 1)), hex(ignored)
+
+
+@pytest.mark.tf
+@pytest.mark.usefixtures("sigint_default")
+def test_a_sigint_before_the_dashboard_has_the_terminal_stops_the_training(tmp_path, monkeypatch):
+    """``tpuwatch run`` on a terminal hands Ctrl-C to the dashboard, where it is a key once Textual
+    has the terminal; a SIGINT before that (Textual still importing) raised KeyboardInterrupt out of
+    the dashboard, and ``tpuwatch run`` ended with 130 with the training running on, orphaned."""
+    from tpuwatch.commands import dashboard, run
+    from tpuwatch.control import launcher
+    from tpuwatch_testing import child_env
+
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    launch = launcher.start(str(script), [], run_dir=tmp_path / "run", env=child_env())
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dashboard, "show", interrupted)
+    try:
+        code = run._run_dashboard(launch)
+    finally:
+        if launch.alive():
+            launch.proc.kill()
+            launch.proc.wait()
+            pytest.fail("the training was left running")
+    assert code == 130

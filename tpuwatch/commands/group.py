@@ -86,7 +86,10 @@ def _run_group_headless(group, supervisor, merger, every_s: float) -> int:
 
 
 def _run_group_dashboard(group, supervisor, merger) -> int:
-    choice = dashboard.show(group.run_dir, live=True, owner=True)
+    try:
+        choice = dashboard.show(group.run_dir, live=True, owner=True)
+    except KeyboardInterrupt:  # a SIGINT before the dashboard had the terminal (then Ctrl-C is its key)
+        choice = "stop"
     if choice == "stop" and group.alive():
         from tpuwatch.control.run_stop import record_stop_request
 

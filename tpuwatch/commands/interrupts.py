@@ -84,6 +84,7 @@ def forward_interrupts(what: str, targets: Callable[[], list]) -> Forwarding:
             if not processes:
                 missed = True
                 return
+            missed = False  # this one reaches them: catch_up has nothing left to send
         signal_all(level, processes)
 
     def signal_all(level: int, processes: list) -> None:

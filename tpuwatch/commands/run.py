@@ -229,7 +229,10 @@ def _run_dashboard(launch, baseline=None) -> int:
         finish_once()
 
     threading.Thread(target=watch, name="tpuwatch-wait-child", daemon=True).start()
-    choice = dashboard.show(launch.run_dir, live=True, owner=True, baseline=baseline)
+    try:
+        choice = dashboard.show(launch.run_dir, live=True, owner=True, baseline=baseline)
+    except KeyboardInterrupt:  # a SIGINT before the dashboard had the terminal (then Ctrl-C is its key)
+        choice = "stop"
     if choice == "stop" and launch.alive():
         with lock:  # the watcher then finds the end recorded, and writes nothing twice
             if not codes:

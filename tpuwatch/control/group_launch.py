@@ -84,7 +84,8 @@ class GroupLaunch:
     started: float
     grace_s: float = DEFAULT_GRACE_S
     ends: dict[str, WorkerEnd] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # re-entrant: a second Ctrl-C's handler may run on the main thread inside mark_stopping
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _stopping: set[str] = field(default_factory=set, repr=False)
 
     @property
