@@ -373,6 +373,35 @@ def test_saves_and_new_iterators_progress_while_they_last_but_a_hang_after_them_
     assert f.evidence["last_step"] == 60 and "resumed at step 61" in f.message
 
 
+def test_an_iterator_teardown_between_steps_is_no_stall_live_or_ended():
+    """TensorFlow deleting a tf.data iterator at an epoch boundary (the agent's Teardown, sent every
+    second while it lasts, then once it ends) is named work, as the ledger books it: under load it
+    took 25 s and more on a 2-core box, which the stall rule counted as a hang."""
+    from tpuwatch.protocol import Teardown
+
+    run = SyntheticRun()
+    run.steps(50)
+    since = run.t
+    _phase(run, "host", since)
+    for _ in range(40):
+        run.advance(1.0)
+        run.emit(Teardown(t=run.t, since=since, cpu_s=0.1, iterator="OwnedMultiDeviceIterator",
+                          step=run.step, under_way=True))
+    eng = run.engine()
+    assert findings(eng, "stall") == []  # live, while it lasts
+    run.emit(Teardown(t=run.t, since=since, cpu_s=0.1, iterator="OwnedMultiDeviceIterator", step=run.step))
+    run.advance(0.5)
+    run.steps(10)
+    run.feed(eng)
+    assert findings(eng, "stall") == []
+    _phase(run, "host", run.t)
+    run.advance(40.0)  # a real hang between two steps still is one
+    run.steps(10)
+    run.feed(eng)
+    (f,) = findings(eng, "stall")
+    assert f.evidence["last_step"] == 60 and f.evidence["long_gaps"] == 1
+
+
 def test_every_stall_episode_stays_in_the_finding():
     # A live episode reported while it lasted stays listed once it ends, beside later ones.
     run = SyntheticRun()

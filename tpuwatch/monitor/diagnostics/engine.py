@@ -39,6 +39,7 @@ from tpuwatch.protocol import (
     Result,
     Retrace,
     Step,
+    Teardown,
     Topology,
 )
 
@@ -192,6 +193,8 @@ class Engine:
             w.on_epoch(msg)
         elif isinstance(msg, Phase):
             w.on_phase(msg)
+        elif isinstance(msg, Teardown):
+            w.on_teardown(msg)
         elif isinstance(msg, Topology):
             tel.on_topology(msg)
         elif isinstance(msg, Config):

@@ -34,7 +34,8 @@ class Stall(Rule):
 
     A gap is judged by its phases (the agent's ``Phase`` messages): what counts against the limit
     is its longest stretch with nothing progressing. A checkpoint save, a new iterator over a
-    distributed dataset or a trace progress while they last; an evaluation progresses while its
+    distributed dataset, TensorFlow deleting an iterator (the agent's ``Teardown``, which the
+    ledger books as *teardown*) or a trace progress while they last; an evaluation progresses while its
     calls keep coming (an evaluation whose calls stop is quiet, so it can stall); host time
     between steps is quiet. A recording without phases is judged by the whole gap, as before.
 

@@ -36,6 +36,7 @@ from tpuwatch.protocol import (
     Pipeline,
     StackDump,
     Step,
+    Teardown,
     Topology,
 )
 
@@ -414,6 +415,13 @@ class Worker:
             self.quiet_since = m.t if m.phase == "evaluating" else None
         elif self.quiet_since is None:
             self.quiet_since = max(m.since, self.last_step_t or m.since)
+
+    def on_teardown(self, m: Teardown) -> None:
+        """TensorFlow deleting an iterator progresses while it lasts (named work: the ledger books
+        it as *teardown*, never *stalled*); after it the script is quiet until its next step or
+        phase."""
+        self._close_quiet(m.since)
+        self.quiet_since = None if m.under_way else m.t
 
     def on_trace_begun(self, t: float) -> None:
         """A trace began (a Retrace): tracing and compiling progress for up to
