@@ -83,14 +83,15 @@ def test_default_strategy_plain_dataset(run_agent):
 
 @pytest.mark.parametrize("mode", ["fit", "custom"])
 def test_input_wait_separates_a_starved_pipeline_from_a_fast_one(run_agent, mode):
-    # Steps of ~25-35 ms, like real ones: a 4-replica eager fetch costs ~2 ms even when the
-    # data is ready, which is no starvation at realistic step times. The slow
-    # pipeline takes 400 ms a batch, well beyond a step even on a loaded box (at 200 ms, steps
-    # slowed to ~150-200 ms by load left almost no wait), so prefetching cannot hide it.
-    # While the first step compiles, the distributed iterator buffers a batch per device (4
-    # here), so the slow run is judged after those: its steady state.
+    # A 4-replica eager fetch costs ~2 ms even when the data is ready, and 8-13 ms on a loaded
+    # 2-core box: no starvation at realistic step times, so the fast run's steps are ~50-200 ms
+    # (2,048 units; at 1,024 units a CI box's ~16 ms steps spent 20 % in that fetch). The slow
+    # pipeline takes 400 ms a batch, well beyond its ~20-60 ms steps even on a loaded box (at
+    # 200 ms, steps slowed to ~150-200 ms by load left almost no wait), so prefetching cannot
+    # hide it. While the first step compiles, the distributed iterator buffers a batch per
+    # device (4 here), so the slow run is judged after those: its steady state.
     slow = run_agent(LOOPS, "--mode", mode, "--input", "slow", "--sleep-ms", "400", "--steps", "16", "--width", "1024")
-    fast = run_agent(LOOPS, "--mode", mode, "--input", "fast", "--steps", "14", "--width", "1024")
+    fast = run_agent(LOOPS, "--mode", mode, "--input", "fast", "--steps", "14", "--width", "2048")
     assert slow.returncode == 0 and fast.returncode == 0, slow.output + fast.output
     assert _wait_share(slow, skip=8) > 0.5, [(s.step_time_s, s.input_wait_s) for s in slow.steps]
     assert _wait_share(fast) < 0.2, [(s.step_time_s, s.input_wait_s) for s in fast.steps]
