@@ -8,14 +8,14 @@ dataset fetches it when iterated: a ``tf.numpy_function`` that sleeps, then ``np
 the Keras ``fit`` waits for a fetch although the pipeline ends with ``prefetch``. The fix reads several shards at once:
 ``cycle_length=tf.data.AUTOTUNE, num_parallel_calls=tf.data.AUTOTUNE``.
 
-The latency is sized to this machine (the model's step timed eagerly before training), because
-the fix's effect depends on it: where AUTOTUNE has two cores, two fetches at a time hide the wait
-only if a fetch takes under two steps. Its sleep is ~1.15 compiled steps; the fetch as a whole
-takes ~1.7-1.9 (the sleep wakes late while training holds both cores, then the load), measured
-(2026-11-29, load 0.3-1.0): 39, 42, 44, 48 % input wait -> no finding after the edit, 4 of 4. At
-a sleep of ~1.6 steps the fetch took ~2.4: 58-65 % -> 8-15 % here, and 50 -> 31 % in CI, as every
-other step waited for the next pair of fetches. With a fixed 40 ms the same script was 43 %
-input-bound on one day's 2-core box and under 10 % on a slower day's.
+The latency is sized to this machine (``fit``'s first eight steps timed with it off, by a
+callback), because the fix's effect depends on it: where AUTOTUNE has two cores, two fetches at a
+time hide the wait only if a fetch takes under two steps. Its sleep is ~1.3 of those steps;
+measured (2026-11-30, load 2.0-2.6, TF 2.21 and 2.16): 26, 33, 30, 26 % input wait -> no finding
+after the edit, 4 of 4. Sized from an eager pass timed before training (0.6x to 0.9x the compiled
+step, by TensorFlow's version and the moment), a fetch came to 1.7-2.4 steps, and 50 % -> 31 %
+in CI, as every other step waited for the next pair of fetches. With a fixed 40 ms the same
+script was 43 % input-bound on one day's 2-core box and under 10 % on a slower day's.
 """
 from __future__ import annotations
 
@@ -30,11 +30,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide C++ INFO/WARNING chat
 import keras
 import numpy as np
 import tensorflow as tf
-from training_setup import eager_step_seconds
+from training_setup import SizeByFirstSteps
 
 FEATURES = 64
 PER_SHARD = 64
-LATENCY_S = 0.04  # set in main() from the machine's speed
+LATENCY_S = 0.0  # set from fit's first steps (SizeByFirstSteps)
 
 
 def write_shards(directory: str, shards: int) -> list[str]:
@@ -48,7 +48,8 @@ def write_shards(directory: str, shards: int) -> list[str]:
 
 
 def fetch_shard(path: bytes) -> np.ndarray:
-    time.sleep(LATENCY_S)  # the storage service's latency before the first byte
+    if LATENCY_S:
+        time.sleep(LATENCY_S)  # the storage service's latency before the first byte
     return np.load(path.decode())
 
 
@@ -76,18 +77,18 @@ def main() -> int:
         keras.layers.Dense(2),
     ])
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    global LATENCY_S
-    x = np.random.default_rng(1).random((PER_SHARD, FEATURES), dtype=np.float32)
-    # the fetch's sleep: ~1.15 compiled steps (the compiled step, its Adam update of 4M weights
-    # included, is ~1.55x the eager forward and backward pass here)
-    LATENCY_S = 1.8 * eager_step_seconds(model, x, np.zeros(PER_SHARD, np.int64), loss)
+
+    def size(step_s: float) -> None:
+        global LATENCY_S
+        LATENCY_S = 1.3 * step_s  # the fetch's sleep: ~1.3 steps
+
     with tempfile.TemporaryDirectory() as tmp:
         files = tf.data.Dataset.from_tensor_slices(write_shards(tmp, args.shards))
         ds = files.interleave(load_shard, cycle_length=1)
         ds = ds.batch(64).prefetch(tf.data.AUTOTUNE)
 
         model.compile(optimizer="adam", loss=loss)
-        model.fit(ds, epochs=args.epochs, verbose=2)
+        model.fit(ds, epochs=args.epochs, verbose=2, callbacks=[SizeByFirstSteps(size)])
     return 0
 
 

@@ -6,11 +6,15 @@ A Keras ``fit`` on a tf.data pipeline whose ``.map(decode)`` runs a decode in Py
 pipeline already ends with ``prefetch``; the fix is the map's
 ``num_parallel_calls=tf.data.AUTOTUNE``.
 
-The decode's wait is sized to this machine (the model's step timed eagerly before training),
-because the fix's effect depends on it: where AUTOTUNE has two cores, two decodes at a time take
-~0.8 of the step, and the prefetch buffer hides them. (At twice the step, two decodes at a time
-took the whole step: what was left of the wait, 6-27 %, was the box's noise.) With a fixed wait the same
-script was 45 % input-bound on one day's 2-core box and under 10 % on a slower day's.
+The decode's wait is sized to this machine (``fit``'s first steps timed with the wait off, by a
+callback), because the fix's effect depends on it: where AUTOTUNE has two cores, two decodes at a
+time take ~0.8 of the step, and the prefetch buffer hides them. (At twice the step, two decodes at
+a time took the whole step: what was left of the wait, 6-29 %, was the box's noise. Sized from an
+eager pass timed before training, the decodes came to twice the step where the compiled step was
+0.6x the eager pass, not the 0.75x assumed: 52 % -> 29 % in CI.) Measured (2026-11-30, load
+0.8-2.0, TF 2.21 and 2.16, two of them beside a busy process): 40, 41, 43, 40, 43, 41, 40 % ->
+none, none, 13 %, none, none, none, none. With a fixed wait the same script was 45 % input-bound
+on one day's 2-core box and under 10 % on a slower day's.
 """
 from __future__ import annotations
 
@@ -24,13 +28,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide C++ INFO/WARNING chat
 import keras
 import numpy as np
 import tensorflow as tf
-from training_setup import eager_step_seconds
+from training_setup import SizeByFirstSteps
 
-READ_WAIT_S = 0.001  # set in main() from the machine's speed
+READ_WAIT_S = 0.0  # set from fit's first steps (SizeByFirstSteps)
 
 
 def decode_bytes(raw: np.ndarray) -> np.ndarray:
-    time.sleep(READ_WAIT_S)  # stands for the wait of reading the image
+    if READ_WAIT_S:
+        time.sleep(READ_WAIT_S)  # stands for the wait of reading the image
     return (raw.astype(np.float32) / 255.0).reshape(32, 32, 3)
 
 
@@ -58,11 +63,11 @@ def main() -> int:
         keras.layers.Dense(10),
     ])
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    global READ_WAIT_S
-    first = (raw[:32] / 255.0).astype(np.float32).reshape(32, 32, 32, 3)
-    step_s = eager_step_seconds(model, first, labels[:32], loss)
-    # a batch's decodes: ~1.6 compiled steps (the compiled step is ~0.75x the eager pass here)
-    READ_WAIT_S = max(0.0005, 1.2 * step_s / 32 - 0.0005)
+
+    def size(step_s: float) -> None:
+        global READ_WAIT_S
+        READ_WAIT_S = max(0.0005, 1.6 * step_s / 32 - 0.0005)  # a batch's decodes: ~1.6 steps
+
 
     ds = tf.data.Dataset.from_tensor_slices((raw, labels))
     ds = ds.shuffle(4096).repeat()
@@ -71,7 +76,8 @@ def main() -> int:
     ds = ds.prefetch(2)
 
     model.compile(optimizer="adam", loss=loss)
-    model.fit(ds, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, verbose=2)
+    model.fit(ds, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, verbose=2,
+              callbacks=[SizeByFirstSteps(size)])
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -38,17 +39,23 @@ def synthetic_mnist(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return (0.5 * templates[labels] + 0.5 * noise).astype(np.float32), labels.astype(np.int64)
 
 
-def eager_step_seconds(model, x: np.ndarray, y: np.ndarray, loss_fn) -> float:
-    """The model's forward and backward pass on one batch, run eagerly (the fastest of three after
-    a warm-up): a measure of this machine's speed at this model, taken before training starts and
-    outside any tf.function. On CPU it takes about the compiled step's time for dense layers, ~1.3x
-    for convolutions."""
-    best = float("inf")
-    for i in range(4):
-        start = time.perf_counter()
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        tape.gradient(loss, model.trainable_variables)
-        if i:
-            best = min(best, time.perf_counter() - start)
-    return best
+class SizeByFirstSteps(keras.callbacks.Callback):
+    """Calls ``size(step_s)`` once, with the median time between the ends of ``fit``'s first
+    ``steps`` batches (after the first, which traces): the compiled step on this machine, under
+    this load and this TensorFlow, with the planted wait still off. A wait sized to it holds its
+    ratio to the step where an eager pass timed before training was 0.6x to 0.9x the compiled step,
+    by TensorFlow's version and the moment."""
+
+    def __init__(self, size, steps: int = 8) -> None:
+        super().__init__()
+        self._size = size
+        self._steps = steps
+        self._ends: list[float] = []
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        if len(self._ends) >= self._steps:
+            return
+        self._ends.append(time.perf_counter())
+        if len(self._ends) == self._steps:
+            gaps = sorted(b - a for a, b in zip(self._ends, self._ends[1:]))
+            self._size(gaps[len(gaps) // 2])

@@ -91,13 +91,14 @@ def _apply_fix(tmp_path: Path, script: Path, finding: dict, site: str = "culprit
 
 @pytest.mark.alone
 @pytest.mark.parametrize("script, stage, has, cut", [
-    # a sequential .map, the pipeline ends with prefetch(2); its decode is ~1.6x the step, measured
-    # (2026-11-28, load 1.3-1.6): 54, 38, 40 % -> none. Two decodes at a time (AUTOTUNE's most on 2
-    # cores) must take under the step: at 2.9x the step 58 -> 36 %; at 2x, 45 -> 27 % in CI
+    # a sequential .map, the pipeline ends with prefetch(2); its decode is ~1.6x the step (timed
+    # by fit's first steps), measured (2026-11-30, load 0.8-2.0, both TF pairs): 40-43 % -> none
+    # 6 of 7, 13 % once. Two decodes at a time (AUTOTUNE's most on 2 cores) must take under the
+    # step: at 2.9x the step 58 -> 36 %; at 2x, 45 -> 27 % and 52 -> 29 % in CI
     ("input_sequential_map.py", "map", "prefetch", 0.5),
-    # shards fetched one at a time, each fetch ~1.7-1.9 steps (the edit must help on 2 cores).
+    # shards fetched one at a time, each fetch's sleep ~1.3 steps (the edit must help on 2 cores).
     # cycle_length=AUTOTUNE is the core count: 2 fetches at once here, so the wait gone needs the
-    # step longer than half a fetch; measured (2026-11-29, load 0.3-1.0) 39, 42, 44, 48 % -> none
+    # step longer than half a fetch; measured (2026-11-30, load 2.0-2.6) 26, 33, 30, 26 % -> none
     # 4 of 4 (at ~2.4 steps a fetch: 58-65 -> 8-15 %, and 50 -> 31 % in CI)
     ("input_interleave_one.py", "interleave", "prefetch", 0.5),
 ])
