@@ -1,5 +1,6 @@
 """What the planted scripts share and no finding is about: a strategy over this machine's
-devices and an MNIST-shaped synthetic data set (no downloads). Each planted script keeps in its
+devices, an MNIST-shaped synthetic data set (no downloads) and a callback that sizes a planted
+wait by the training's first steps. Each planted script keeps in its
 own lines what its finding names (the pipeline, the tf.function, the training loop), so the
 file:line a finding quotes is the script's.
 
@@ -48,6 +49,8 @@ class SizeByFirstSteps(keras.callbacks.Callback):
 
     def __init__(self, size, steps: int = 8) -> None:
         super().__init__()
+        if steps < 3:
+            raise ValueError(f"steps={steps}: the first traces, so at least 3 are needed")
         self._size = size
         self._steps = steps
         self._ends: list[float] = []
@@ -59,3 +62,8 @@ class SizeByFirstSteps(keras.callbacks.Callback):
         if len(self._ends) == self._steps:
             gaps = sorted(b - a for a, b in zip(self._ends, self._ends[1:]))
             self._size(gaps[len(gaps) // 2])
+
+    def on_train_end(self, logs=None) -> None:
+        if len(self._ends) < self._steps:
+            print(f"planted: fit ran {len(self._ends)} steps, under the {self._steps} that size its "
+                  "wait; nothing was planted", flush=True)

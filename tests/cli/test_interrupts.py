@@ -93,18 +93,18 @@ def test_a_sigint_before_the_dashboard_has_the_terminal_stops_the_training(tmp_p
     ready = tmp_path / "ready"
     script.write_text(f"import pathlib, time\npathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)\n")
     launch = launcher.start(str(script), [], run_dir=tmp_path / "run", env=child_env())
-    # the script's own line runs: a SIGINT in the child's start (the agent importing TensorFlow)
-    # ends it with 1 where Python's KeyboardInterrupt at the script's line ends it with 130
-    deadline = time.monotonic() + 120
-    while not ready.exists() and launch.alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert ready.exists(), "the script never started"
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(dashboard, "show", interrupted)
     try:
+        # the script's own line runs: a SIGINT in the child's start (the agent importing
+        # TensorFlow) ends it with 1 where KeyboardInterrupt at the script's line ends it with 130
+        deadline = time.monotonic() + 120
+        while not ready.exists() and launch.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "the script never started"
         code = run._run_dashboard(launch)
     finally:
         if launch.alive():

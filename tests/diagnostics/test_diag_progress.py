@@ -373,33 +373,91 @@ def test_saves_and_new_iterators_progress_while_they_last_but_a_hang_after_them_
     assert f.evidence["last_step"] == 60 and "resumed at step 61" in f.message
 
 
-def test_an_iterator_teardown_between_steps_is_no_stall_live_or_ended():
-    """TensorFlow deleting a tf.data iterator at an epoch boundary (the agent's Teardown, sent every
-    second while it lasts, then once it ends) is named work, as the ledger books it: under load it
-    took 25 s and more on a 2-core box, which the stall rule counted as a hang."""
+def _teardown(run: SyntheticRun, since: float, seconds: int, ended: bool = True) -> None:
+    """TensorFlow deleting an iterator for ``seconds``: the agent's Teardown every second while it
+    lasts, then once it ends."""
     from tpuwatch.protocol import Teardown
 
+    for _ in range(seconds):
+        run.advance(1.0)
+        run.emit(Teardown(t=run.t, since=since, cpu_s=0.1, iterator="OwnedMultiDeviceIterator",
+                          step=run.step, under_way=True))
+    if ended:
+        run.emit(Teardown(t=run.t, since=since, cpu_s=0.1, iterator="OwnedMultiDeviceIterator", step=run.step))
+
+
+def test_an_iterator_teardown_between_steps_is_no_stall_live_or_ended():
+    """TensorFlow deleting a tf.data iterator at an epoch boundary is named work, as the ledger
+    books it: under load it took 25 s and more on a 2-core box, which the stall rule counted as a
+    hang."""
     run = SyntheticRun()
     run.steps(50)
     since = run.t
     _phase(run, "host", since)
-    for _ in range(40):
-        run.advance(1.0)
-        run.emit(Teardown(t=run.t, since=since, cpu_s=0.1, iterator="OwnedMultiDeviceIterator",
-                          step=run.step, under_way=True))
+    _teardown(run, since, 90, ended=False)  # past the 60 s live floor
     eng = run.engine()
     assert findings(eng, "stall") == []  # live, while it lasts
-    run.emit(Teardown(t=run.t, since=since, cpu_s=0.1, iterator="OwnedMultiDeviceIterator", step=run.step))
+    _teardown(run, since, 0)
     run.advance(0.5)
     run.steps(10)
     run.feed(eng)
-    assert findings(eng, "stall") == []
+    assert findings(eng, "stall") == []  # ended: past the 10 s limit of a gap that ended
     _phase(run, "host", run.t)
     run.advance(40.0)  # a real hang between two steps still is one
     run.steps(10)
     run.feed(eng)
     (f,) = findings(eng, "stall")
     assert f.evidence["last_step"] == 60 and f.evidence["long_gaps"] == 1
+
+
+def test_a_teardown_that_never_ends_is_a_stall_after_300_s():
+    # a deletion waiting on a tf.numpy_function that never returns: progress for 300 s, as a trace
+    run = SyntheticRun()
+    run.steps(50)
+    since = run.t
+    _phase(run, "host", since)
+    _teardown(run, since, 290, ended=False)
+    eng = run.engine()
+    assert findings(eng, "stall") == []
+    _teardown(run, since, 80, ended=False)
+    run.feed(eng)
+    (f,) = findings(eng, "stall")
+    assert f.evidence["ongoing"] == 1 and 65 <= f.evidence["quiet_s"] <= 75
+
+
+def test_a_late_look_at_a_teardown_that_ended_hides_no_hang():
+    """The agent's thread can send its last look at a teardown (under way) after the message that
+    it ended, even after the next step: the hang that follows is still one."""
+    from tpuwatch.protocol import Teardown
+
+    run = SyntheticRun()
+    run.steps(50)
+    since = run.t
+    _phase(run, "host", since)
+    _teardown(run, since, 5)
+    late = Teardown(t=run.t - 0.5, since=since, cpu_s=0.1, iterator="OwnedMultiDeviceIterator",
+                    step=run.step, under_way=True)
+    run.emit(late)  # after its end
+    run.steps(5)
+    run.emit(late)  # after the next step
+    run.advance(40.0)  # a hang between two training steps: no phase message
+    run.steps(5)
+    eng = run.engine()
+    (f,) = findings(eng, "stall")
+    assert f.evidence["last_step"] == 55 and f.evidence["gap_s"] >= 40
+
+
+def test_a_teardown_inside_a_new_iterator_leaves_it_progressing():
+    run = SyntheticRun()
+    run.steps(50)
+    _phase(run, "iterator", run.t, detail="DistributedDataset.__iter__")
+    since = run.t
+    _teardown(run, since, 5)  # the old iterator dropped while the new one is made
+    run.advance(40.0)  # the new iterator still being made (its first batches fetched)
+    _phase(run, "host", run.t)
+    run.steps(10)
+    eng = run.engine()
+    assert findings(eng, "stall") == []
 
 
 def test_every_stall_episode_stays_in_the_finding():

@@ -33,11 +33,11 @@ class Stall(Rule):
     the last planned step (Config.total_steps) the script is finishing, not stalled.
 
     A gap is judged by its phases (the agent's ``Phase`` messages): what counts against the limit
-    is its longest stretch with nothing progressing. A checkpoint save, a new iterator over a
-    distributed dataset, TensorFlow deleting an iterator (the agent's ``Teardown``, which the
-    ledger books as *teardown*) or a trace progress while they last; an evaluation progresses while its
-    calls keep coming (an evaluation whose calls stop is quiet, so it can stall); host time
-    between steps is quiet. A recording without phases is judged by the whole gap, as before.
+    is its longest stretch with nothing progressing. A checkpoint save or a new iterator over a
+    distributed dataset progress while they last; TensorFlow deleting an iterator (the agent's
+    ``Teardown``, which the ledger books as *teardown*) or a trace for up to 300 s after it
+    began; an evaluation while its calls keep coming (an evaluation whose calls stop is quiet,
+    so it can stall); host time between steps is quiet. A recording without phases is judged by the whole gap, as before.
 
     "Lives": the agent's sampler keeps sending samples (then the gap is measured up to the
     latest message, on the agent's clock, so a replay or a remote viewer with a skewed clock
@@ -199,8 +199,8 @@ class Stall(Rule):
             evidence["phase"] = w.phase.phase
         if quiet is not None and quiet < gap - 0.5:
             evidence["quiet_s"] = sig(quiet, 2)
-            state += (f"; {finding_duration(gap - quiet)} of it in evaluations, saves or new iterators "
-                      f"that progressed, {finding_duration(quiet)} with nothing progressing")
+            state += (f"; {finding_duration(gap - quiet)} of it in evaluations, saves, new iterators, "
+                      f"iterator teardowns or traces that progressed, {finding_duration(quiet)} with nothing progressing")
         gaps = self.gaps.get(w.name, [])
         if gaps:
             evidence["long_gaps"] = len(gaps)

@@ -113,6 +113,7 @@ class Worker:
     #: The agent's current phase (None before any Phase message: an older agent).
     phase: Phase | None = None
     phase_new: bool = False  # the newest Phase began a phase (not an evaluation's progress)
+    teardown_seen: tuple[float, float] | None = None  # (since, t) of the newest Teardown taken
     #: Its agent's sampler reports (host or device samples): silence then means no progress.
     samples_seen: bool = False
     #: The stacks its agent took by itself when steps stopped (StackDump reason "stall"), newest last.
@@ -418,10 +419,24 @@ class Worker:
 
     def on_teardown(self, m: Teardown) -> None:
         """TensorFlow deleting an iterator progresses while it lasts (named work: the ledger books
-        it as *teardown*, never *stalled*); after it the script is quiet until its next step or
-        phase."""
-        self._close_quiet(m.since)
-        self.quiet_since = None if m.under_way else m.t
+        it as *teardown*), for up to ``stall_boundary_min_s`` after it began, as a trace does: a
+        deletion that waits on a ``tf.numpy_function`` that never returns is a hang. After it the
+        script is quiet until its next step or phase, unless a save or a new iterator it ended
+        inside still progresses. A message older than the newest step, or than the newest one
+        of the same teardown, says nothing new (the agent's thread can send its last look late)."""
+        seen = self.teardown_seen
+        last_step_t = self.last_step_t
+        if (last_step_t is not None and m.t < last_step_t) or (
+                seen is not None and seen[0] == m.since and m.t <= seen[1]):
+            return
+        if seen is None or seen[0] != m.since:
+            self._close_quiet(m.since)
+        self.teardown_seen = (m.since, m.t)
+        self.quiet_since = m.since + self.th.stall_boundary_min_s
+        if not m.under_way:
+            self._close_quiet(m.t)  # what lasted past the bound
+            within = self.phase is not None and self.phase.phase in ("checkpointing", "iterator")
+            self.quiet_since = None if within else m.t
 
     def on_trace_begun(self, t: float) -> None:
         """A trace began (a Retrace): tracing and compiling progress for up to
