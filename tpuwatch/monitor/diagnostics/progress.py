@@ -37,7 +37,8 @@ class Stall(Rule):
     distributed dataset progress while they last; TensorFlow deleting an iterator (the agent's
     ``Teardown``, which the ledger books as *teardown*) or a trace for up to 300 s after it
     began; an evaluation while its calls keep coming (an evaluation whose calls stop is quiet,
-    so it can stall); host time between steps is quiet. A recording without phases is judged by the whole gap, as before.
+    so it can stall); host time between steps is quiet. A recording without phases is judged by
+    the whole gap, as before.
 
     "Lives": the agent's sampler keeps sending samples (then the gap is measured up to the
     latest message, on the agent's clock, so a replay or a remote viewer with a skewed clock
@@ -200,7 +201,8 @@ class Stall(Rule):
         if quiet is not None and quiet < gap - 0.5:
             evidence["quiet_s"] = sig(quiet, 2)
             state += (f"; {finding_duration(gap - quiet)} of it in evaluations, saves, new iterators, "
-                      f"iterator teardowns or traces that progressed, {finding_duration(quiet)} with nothing progressing")
+                      f"iterator teardowns or traces that progressed, {finding_duration(quiet)} "
+                      "with nothing progressing")
         gaps = self.gaps.get(w.name, [])
         if gaps:
             evidence["long_gaps"] = len(gaps)
