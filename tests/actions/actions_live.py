@@ -48,10 +48,11 @@ class LiveRun:
         return outcome
 
     def stop(self, timeout: float = 120) -> int:
-        # Past 60 s: leaving its loop deletes the script's tf.data iterator, which joins the
-        # pipeline's autotune thread; that thread sleeps for its optimization period (doubling up
-        # to 60 s) and is not always woken at once, in plain runs too (docs/usage.md, "iterator
-        # teardown"). A 1,441-step run here took 59.4 s to leave its `break`.
+        # Leaving its loop deletes the script's tf.data iterator. With autotune on, that joins the
+        # pipeline's autotune thread, which sleeps for its optimization period (doubling up to
+        # 60 s) and is not always woken at once, in plain runs too (docs/usage.md, "iterator
+        # teardown"): a 1,441-step run here took 59.4 s to leave its `break`, and one in a loaded
+        # full lane over 180 s. The trainer turns autotune off.
         self.stop_file.touch()
         try:
             return self.proc.wait(timeout)

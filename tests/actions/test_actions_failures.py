@@ -83,7 +83,8 @@ def test_a_queued_checkpoint_says_why_it_waits_and_gives_up_at_its_timeout(tmp_p
             time.sleep(0.1)
         assert late is not None and late.ok and late.details["step"] >= 1, run.output()
     finally:
-        # the stop lands in a 20 s sleep; then the loop's `break` deletes the tf.data iterator,
-        # which joins tf.data's autotune thread, whose sleep grows towards 60 s in an iterator this
-        # old (TensorFlow's own pause: >70 s in a full test lane, 2026-11-29, killed at 90)
+        # the stop lands in a 20 s sleep; then the loop's `break` deletes the tf.data iterator
+        # (with tf.data's autotune thread, whose sleep grows towards 60 s in an iterator this old,
+        # that took >70 s in a full test lane, then >180 s in one with a busy process beside it:
+        # the trainer turns autotune off)
         run.stop(timeout=180)

@@ -45,6 +45,12 @@ def make_model():
 x = tf.random.normal([64 * 8, 8])
 y = tf.reduce_sum(x, axis=1, keepdims=True)
 ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(64, drop_remainder=True).repeat()
+# No autotune thread: deleting the iterator at the end joins it, and it sleeps for its optimization
+# period (doubling up to 60 s); on a loaded box leaving the loop took over 180 s. The tests here
+# are about the agent's actions, not that pause (tests/diagnostics/test_planted_teardown.py is).
+options = tf.data.Options()
+options.autotune.enabled = False
+ds = ds.with_options(options)
 
 with strategy.scope():
     model = make_model()
