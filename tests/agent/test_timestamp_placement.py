@@ -1,6 +1,7 @@
-"""Where a custom loop's in-graph fetch takes its second timestamp (input_wait._replica_cpus): on
-the last replica's device only for parts fetched to this host's CPUs; the host's CPU:0 on anything
-else, never the probe turned off for an unexpected strategy or device."""
+"""Where a custom loop's in-graph fetch takes its timestamps (input_wait._replica_cpus, decided
+before the fetch, and _one_part_a_device, of the batch it fetched): on the last replica's device
+only for parts fetched to this host's CPUs; the host's CPU:0 on anything else, never the probe
+turned off for an unexpected strategy or device."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ def _iterator(devices, options=None):
     return types.SimpleNamespace(_strategy=types.SimpleNamespace(extended=extended), _options=options)
 
 
+def _placed(it, batch):
+    from tpuwatch.agent.input_wait import _one_part_a_device, _replica_cpus
+
+    devices = _replica_cpus(it)
+    return devices if devices and _one_part_a_device(devices, batch) else None
+
+
 def _batch(parts: int):
     import tensorflow as tf
     from tensorflow.python.distribute import values as values_lib
@@ -24,11 +32,9 @@ def _batch(parts: int):
 
 
 def test_parts_on_this_hosts_cpus_are_timed_on_the_last_ones_device():
-    from tpuwatch.agent.input_wait import _replica_cpus
-
     devices = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(3))
-    # each with whether it is the host's CPU:0, whose part waits for the wait computed there
-    assert _replica_cpus(_iterator(devices), _batch(3)) == tuple(zip(devices, (True, False, False)))
+    # each with whether it is the host's CPU:0, whose part waits for what the host adds of the wait
+    assert _placed(_iterator(devices), _batch(3)) == tuple(zip(devices, (True, False, False)))
 
 
 @pytest.mark.parametrize("devices, parts, options", [
@@ -42,23 +48,19 @@ def test_parts_on_this_hosts_cpus_are_timed_on_the_last_ones_device():
     (("not a device string",), 1, None),
 ])
 def test_anything_else_keeps_the_hosts_timestamp(devices, parts, options):
-    from tpuwatch.agent.input_wait import _replica_cpus
-
-    assert _replica_cpus(_iterator(devices, options), _batch(parts)) is None
+    assert _placed(_iterator(devices, options), _batch(parts)) is None
 
 
 def test_a_strategy_that_cannot_say_its_devices_keeps_the_hosts_timestamp():
     """The base strategy's ``worker_devices`` raises (NotImplementedError, RuntimeError): the
     placement falls back, where it turned the input-wait probe off for the run."""
-    from tpuwatch.agent.input_wait import _replica_cpus
-
     class Extended:
         @property
         def worker_devices(self):
             raise NotImplementedError("worker_devices not supported")
 
     it = types.SimpleNamespace(_strategy=types.SimpleNamespace(extended=Extended()), _options=None)
-    assert _replica_cpus(it, _batch(2)) is None
+    assert _placed(it, _batch(2)) is None
 
 
 def test_a_private_module_that_moved_keeps_the_hosts_timestamp(monkeypatch):
@@ -68,9 +70,7 @@ def test_a_private_module_that_moved_keeps_the_hosts_timestamp(monkeypatch):
 
     from tensorflow.python import framework
 
-    from tpuwatch.agent.input_wait import _replica_cpus
-
     monkeypatch.delattr(framework, "device", raising=False)
     monkeypatch.setitem(sys.modules, "tensorflow.python.framework.device", None)  # its import fails
     devices = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(2))
-    assert _replica_cpus(_iterator(devices), _batch(2)) is None
+    assert _placed(_iterator(devices), _batch(2)) is None

@@ -72,13 +72,14 @@ def add_constant(probe: "StepOwner", slot: int, value: float) -> None:
     probe.mark("acc")
 
 
-def add_vector(probe: "StepOwner", values: list[Any]) -> Any:
+def add_vector(probe: "StepOwner", values: list[Any]) -> tuple[Any, Any]:
     """Adds ``values`` (one float64 scalar tensor per slot) from inside a traced function; returns
-    the op."""
+    the op and the vector it adds (on the host CPU)."""
     import tensorflow as tf
 
     acc = ensure(probe)
     with tf.device("/device:CPU:0"):
-        op = acc.assign_add(tf.stack(values), read_value=False)
+        delta = tf.stack(values)
+        op = acc.assign_add(delta, read_value=False)
     probe.mark("acc")
-    return op
+    return op, delta

@@ -177,7 +177,15 @@ class InputWaitProbe:
             import tensorflow as tf
 
             self.agent.inject_fault(PROBE)
-            with tf.device("/device:CPU:0"):
+            # The batch's consumers wait for the second timestamp (_after), but an Optional's
+            # (never a custom loop's), a TPU's, and a Keras step's (fetch_order orders its nested
+            # step function instead)
+            gated = not (optional or _on_tpu(it) or _in_keras_step())
+            devices = _replica_cpus(it) if gated else None
+            # Where the replicas are CPUs, both timestamps and the wait are the last replica's
+            # (_replica_cpus): TensorFlow runs its stateful ops in the order they were made, so
+            # the first comes before the second, an edge within that device's graph
+            with tf.device(devices[-1][0] if devices else HOST):
                 t0 = tf.timestamp()
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
@@ -203,19 +211,15 @@ class InputWaitProbe:
         with after:
             result = original(it, *args, **kwargs)
         try:
-            # The batch's consumers wait for the second timestamp (_after), but an Optional's
-            # (never a custom loop's), a TPU's, and a Keras step's (fetch_order orders its nested
-            # step function instead)
-            gated = not (optional or _on_tpu(it) or _in_keras_step())
-            parts = _replica_cpus(it, result) if gated else None
-            t1, waited = self._account(result, optional, t0, graph, parts[-1][0] if parts else HOST)
+            parts = devices if devices and _one_part_a_device(devices, result) else None
+            t1, on_host = self._account(result, optional, t0, graph, parts[-1][0] if parts else HOST)
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
             return result
         if not gated:
             return result
         try:
-            return _after(result, t1, _gates(parts, t1, waited) if parts else None)
+            return _after(result, t1, _gates(parts, t1, on_host) if parts else None)
         except Exception as e:  # the gates on t1 alone, as where the timestamp is the host's
             try:
                 return _after(result, t1)
@@ -226,13 +230,14 @@ class InputWaitProbe:
 
     def _account(self, result: Any, optional: bool, t0: Any, graph: Any, device: str) -> tuple[Any, Any]:
         """Adds the fetch's wait, count and examples to the accumulator; returns the second
-        timestamp, taken on ``device``, and the wait (on the host). ``graph``: where a next fetch
-        must wait for this one's count (None: nowhere)."""
+        timestamp, taken on ``device`` (the wait too, beside it), and what the accumulator adds
+        (on the host, made once the wait is there). ``graph``: where a next fetch must wait for
+        this one's count (None: nowhere)."""
         import tensorflow as tf
 
         with tf.control_dependencies(_last_replica(result)), tf.device(device):
             t1 = tf.timestamp()
-        with tf.device(HOST):
+        with tf.device(device):  # one value to the host, where t1 and t0 were two
             waited = t1 - t0
         values = [waited, tf.constant(1.0, tf.float64), tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)]
         if self.agent.enabled("examples"):
@@ -253,7 +258,7 @@ class InputWaitProbe:
                     values[EXAMPLES] = tf.cast(examples, tf.float64)
             except Exception as e:
                 self.agent.probe_failed("examples", e)
-        added = accumulator.add_vector(self.probe, values)
+        added, delta = accumulator.add_vector(self.probe, values)
         if graph is not None:
             self._counted[graph] = added.name
         # A tf.function called after this fetch in the same graph (Keras' step on the batch) runs
@@ -261,7 +266,7 @@ class InputWaitProbe:
         # timestamp only when a thread frees up, counting step time as input wait. Only the
         # timestamp: the accounting after it runs beside the step, off its critical path.
         self.probe.fetch_order.timed(tf.compat.v1.get_default_graph(), t1.op)
-        return t1, waited
+        return t1, delta
 
 
 def _last_replica(result: Any) -> list[Any]:
@@ -285,18 +290,16 @@ def _last_replica(result: Any) -> list[Any]:
     return waited
 
 
-def _replica_cpus(it: Any, result: Any) -> tuple[tuple[str, bool], ...] | None:
-    """The devices of a distributed batch's parts, in order, each with whether it is the host's
-    ``CPU:0``, where each is a CPU of this host (a MirroredStrategy over logical CPUs), there are
-    several, and the parts are fetched to them; else None, as on anything unexpected (the host's
-    timestamp is the fallback, never the probe turned off). The second timestamp is then taken on
-    the last one, beside the part it waits for: that replica's gates wait for an op of its own
-    device's graph, the other replicas' for one hop from it, where it was a hop to the host's
-    ``CPU:0`` and one back. (TensorFlow has no timestamp op on an accelerator: there it stays on
-    the host.)"""
+def _replica_cpus(it: Any) -> tuple[tuple[str, bool], ...] | None:
+    """The devices ``it`` fetches a distributed batch's parts to, in order, each with whether it
+    is the host's ``CPU:0``, where each is a CPU of this host (a MirroredStrategy over logical
+    CPUs), there are several, and the parts are fetched to them; else None, as on anything
+    unexpected (the host's timestamps are the fallback, never the probe turned off). Both
+    timestamps and the wait are then the last one's, beside the part the second waits for: that
+    replica's gates wait for an op of its own device's graph, the other replicas' for one hop
+    from it, and the wait goes to the host as one value. (TensorFlow has no timestamp op on an
+    accelerator: there they stay on the host.)"""
     try:
-        import tensorflow as tf
-        from tensorflow.python.distribute import values as values_lib
         from tensorflow.python.framework import device as device_lib
 
         strategy = getattr(it, "_strategy", None)
@@ -304,13 +307,10 @@ def _replica_cpus(it: Any, result: Any) -> tuple[tuple[str, bool], ...] | None:
             return None
         options = getattr(it, "_options", None)
         if options is not None and not getattr(options, "experimental_fetch_to_device", True):
-            return None  # the parts stay on the host (InputOptions): so does the timestamp
+            return None  # the parts stay on the host (InputOptions): so do the timestamps
         devices = tuple(strategy.extended.worker_devices)
         if len(devices) < 2:
             return None
-        for leaf in tf.nest.flatten(result):  # distributed values stay whole
-            if isinstance(leaf, values_lib.DistributedValues) and len(leaf.values) != len(devices):
-                return None
         host = device_lib.DeviceSpec.from_string(HOST)
         parts = []
         for d in devices:
@@ -323,10 +323,23 @@ def _replica_cpus(it: Any, result: Any) -> tuple[tuple[str, bool], ...] | None:
         return None
 
 
-def _gates(parts: tuple[tuple[str, bool], ...], t1: Any, waited: Any) -> list[Any]:
-    """What each replica's part waits for: the second timestamp, or on the host's CPU:0 the wait
-    computed from it there (the same moment, with no second edge into that device)."""
-    return [waited if on_host else t1 for _, on_host in parts]
+def _one_part_a_device(devices: tuple[tuple[str, bool], ...], result: Any) -> bool:
+    """Every distributed value of the fetched batch has one part for each of ``devices``."""
+    try:
+        import tensorflow as tf
+        from tensorflow.python.distribute import values as values_lib
+
+        return all(len(leaf.values) == len(devices) for leaf in tf.nest.flatten(result)  # distributed values stay whole
+                   if isinstance(leaf, values_lib.DistributedValues))
+    except Exception:
+        return False
+
+
+def _gates(parts: tuple[tuple[str, bool], ...], t1: Any, on_host: Any) -> list[Any]:
+    """What each replica's part waits for: the second timestamp, or on the host's CPU:0 what the
+    accumulator adds, made there from the wait (after the same moment, with no second edge into
+    that device)."""
+    return [on_host if host else t1 for _, host in parts]
 
 
 def _on_tpu(it: Any) -> bool:
