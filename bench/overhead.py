@@ -30,7 +30,8 @@ Prints, for a ~20 ms step (``--width``) and for a tiny step (where the fixed cos
   smaller than it says nothing;
 - the in-graph part (instrumented traces with the agent off) and the Python part (the agent on vs
   off for the same trace, so free of the trace spread);
-- the Python time per call timed directly: each instrumented call's wall time minus the time the
+- the Python time per call timed directly, in agent-on calls after the rounds (timing ``record``
+  inside the A/B's calls lengthened them): each instrumented call's wall time minus the time the
   agent's wrapper measured inside TensorFlow's own ``__call__`` (wrapper, bookkeeping and
   ``record`` together), and ``record`` alone;
 - the ops the probes add to the step's graph (instrumented minus plain trace, nested functions
@@ -203,7 +204,6 @@ def main() -> None:
             python_calls.append(elapsed - inside_tf[0])
             return elapsed
 
-        probe.record = timed_record
         for i in range(a.instances):
             variants[("agent", i)] = (instrumented[i], True)
             variants[("agent2", i)] = (instrumented2[i], True)
@@ -215,9 +215,6 @@ def main() -> None:
                 once(fn, active)
         # Steady state: the agent reads every record of a run's first 256 (see read_pacer.READ_ALL_FIRST).
         agent.step_probe.pacer.read_all_left = 0
-        record_calls.clear()  # the warm-up's records were read every call: not the steady state
-        record_cpu.clear()
-        python_calls.clear()
         times: dict[tuple[str, int], list[float]] = {key: [] for key in variants}
         proc = psutil.Process()
         cpu0 = _thread_cpu(agent_thread)
@@ -234,14 +231,20 @@ def main() -> None:
                 # A few calls in a row: the agent's reads keep their real cadence (at most one
                 # every 0.25 s of training), which single interleaved calls would not.
                 fn, active = variants[key]
-                if active:
-                    times[key].extend(once_agent(fn) for _ in range(a.run))
-                else:
-                    times[key].extend(once(fn, False) for _ in range(a.run))
+                times[key].extend(once(fn, active) for _ in range(a.run))
         others_share = _others_share(proc, since, cores)
         agent.flush()
         interleaved_cpu = _thread_cpu(agent_thread) - cpu0
         interleaved_steps = agent.global_step - steps0
+        # The training thread's time in the agent's Python, timed around record and TensorFlow's
+        # call, in agent-on calls of their own: the timing (two clock reads of each kind, two
+        # appends a call) stays out of the A/B above, whose agent-on calls it lengthened.
+        probe.record = timed_record
+        for _ in range(max(rounds // 2, 1)):
+            for i in rng.sample(range(a.instances), a.instances):
+                for _ in range(a.run):
+                    once_agent(instrumented[i])
+        del probe.record
         # The agent thread's CPU a step in a run of agent-on calls (in the interleaved rounds its
         # per-second work, sampling and drains, went on through the other variants' calls too).
         collections_run = _GcOnThread(agent_thread.ident)
@@ -260,18 +263,16 @@ def main() -> None:
         written = _kinds_written(run_dir, wall0)
         # The training thread's CPU in the agent's Python a call: the call wrapper and record with
         # TensorFlow's call replaced by nothing (no read due), plus the periodic reads' share
-        # (record's mean CPU over its median, from the interleaved rounds). Its wall time, above,
+        # (record's mean CPU over its median, from the timed agent-on calls). Its wall time, above,
         # also holds the time TensorFlow's own threads (tf.data refilling its buffers) had the
         # core meanwhile, which they would have taken in a plain run too.
         bare = probe.make_call_wrapper(lambda fn, *args, **kwargs: None)
-        del probe.record
         probe.pacer.every_s, every_s = float("inf"), probe.pacer.every_s
         cpu = thread_time()
         for _ in range(2000):
             bare(instrumented[0], it)
         bare_cpu = (thread_time() - cpu) / 2000
         probe.pacer.every_s = every_s
-        probe.record = timed_record
         reads_cpu = statistics.fmean(record_cpu) - statistics.median(record_cpu) if record_cpu else 0.0
         python_cpu_s = bare_cpu + max(reads_cpu, 0.0)
         med = _instances.medians(times)
@@ -317,7 +318,6 @@ def main() -> None:
               f"<= {BUDGET_S * 1e6:.0f} µs/step (added {added_s * 1e6:+.1f} ± {floor_s * 1e6:.1f} µs, Python alone "
               f"{python_cpu_s * 1e6:.1f} µs of CPU; other processes {others_share:.0%} of {cores} cores, "
               f"load {os.getloadavg()[0]:.2f})")
-        del probe.record
     patches.resume()
     patches.restore()
     agent.stop()
