@@ -245,6 +245,7 @@ def main() -> None:
                 for _ in range(a.run):
                     once_agent(instrumented[i])
         del probe.record
+        agent.flush()  # their records drained before the agent thread's run below
         # The agent thread's CPU a step in a run of agent-on calls (in the interleaved rounds its
         # per-second work, sampling and drains, went on through the other variants' calls too).
         collections_run = _GcOnThread(agent_thread.ident)

@@ -1,7 +1,8 @@
 """Where a custom loop's in-graph fetch takes its timestamps (input_wait._replica_cpus, decided
 before the fetch, and _one_part_a_device, of the batch it fetched): on the last replica's device
-only for parts fetched to this host's CPUs; the host's CPU:0 on anything else, never the probe
-turned off for an unexpected strategy or device."""
+only for parts fetched to this host's CPUs; the host's CPU:0 on anything else (the second
+timestamp and the wait, where only the batch's parts do not match), never the probe turned off
+for an unexpected strategy or device."""
 
 from __future__ import annotations
 

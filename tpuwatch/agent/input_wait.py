@@ -183,8 +183,10 @@ class InputWaitProbe:
             gated = not (optional or _on_tpu(it) or _in_keras_step())
             devices = _replica_cpus(it) if gated else None
             # Where the replicas are CPUs, both timestamps and the wait are the last replica's
-            # (_replica_cpus): TensorFlow runs its stateful ops in the order they were made, so
-            # the first comes before the second, an edge within that device's graph
+            # (_replica_cpus): in a tf.function TensorFlow runs its stateful ops in the order
+            # they were made, so the first comes before the second, an edge within that device's
+            # graph. (A batch whose parts turn out not to be one a device: the second and the
+            # wait are the host's, the first stays there.)
             with tf.device(devices[-1][0] if devices else HOST):
                 t0 = tf.timestamp()
         except Exception as e:
@@ -294,7 +296,8 @@ def _replica_cpus(it: Any) -> tuple[tuple[str, bool], ...] | None:
     """The devices ``it`` fetches a distributed batch's parts to, in order, each with whether it
     is the host's ``CPU:0``, where each is a CPU of this host (a MirroredStrategy over logical
     CPUs), there are several, and the parts are fetched to them; else None, as on anything
-    unexpected (the host's timestamps are the fallback, never the probe turned off). Both
+    unexpected (the host's timestamps are the fallback, never the probe turned off; a batch
+    that is not one part a device takes the host's second timestamp, :func:`_one_part_a_device`). Both
     timestamps and the wait are then the last one's, beside the part the second waits for: that
     replica's gates wait for an op of its own device's graph, the other replicas' for one hop
     from it, and the wait goes to the host as one value. (TensorFlow has no timestamp op on an
@@ -337,8 +340,9 @@ def _one_part_a_device(devices: tuple[tuple[str, bool], ...], result: Any) -> bo
 
 def _gates(parts: tuple[tuple[str, bool], ...], t1: Any, on_host: Any) -> list[Any]:
     """What each replica's part waits for: the second timestamp, or on the host's CPU:0 what the
-    accumulator adds, made there from the wait (after the same moment, with no second edge into
-    that device)."""
+    accumulator adds, made there from the wait and the examples (after the same moment: the
+    examples of a batch whose size is not static are counted from parts made before the last;
+    with no second edge into that device)."""
     return [on_host if host else t1 for _, host in parts]
 
 
