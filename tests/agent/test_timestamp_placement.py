@@ -21,8 +21,7 @@ def _iterator(devices, options=None):
 def _placed(it, batch):
     from tpuwatch.agent.input_wait import _one_part_a_device, _replica_cpus
 
-    devices = _replica_cpus(it)
-    return devices if devices and _one_part_a_device(devices, batch) else None
+    return _one_part_a_device(_replica_cpus(it), batch)
 
 
 def _batch(parts: int):

@@ -213,7 +213,7 @@ class InputWaitProbe:
         with after:
             result = original(it, *args, **kwargs)
         try:
-            parts = devices if devices and _one_part_a_device(devices, result) else None
+            parts = _one_part_a_device(devices, result)
             t1, on_host = self._account(result, optional, t0, graph, parts[-1][0] if parts else HOST)
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
@@ -326,16 +326,21 @@ def _replica_cpus(it: Any) -> tuple[tuple[str, bool], ...] | None:
         return None
 
 
-def _one_part_a_device(devices: tuple[tuple[str, bool], ...], result: Any) -> bool:
-    """Every distributed value of the fetched batch has one part for each of ``devices``."""
+def _one_part_a_device(devices: tuple[tuple[str, bool], ...] | None,
+                       result: Any) -> tuple[tuple[str, bool], ...] | None:
+    """``devices`` (of :func:`_replica_cpus`) where every distributed value of the fetched batch
+    has one part for each of them, else None."""
+    if not devices:
+        return None
     try:
         import tensorflow as tf
         from tensorflow.python.distribute import values as values_lib
 
-        return all(len(leaf.values) == len(devices) for leaf in tf.nest.flatten(result)  # distributed values stay whole
+        fits = all(len(leaf.values) == len(devices) for leaf in tf.nest.flatten(result)  # distributed values stay whole
                    if isinstance(leaf, values_lib.DistributedValues))
     except Exception:
-        return False
+        return None
+    return devices if fits else None
 
 
 def _gates(parts: tuple[tuple[str, bool], ...], t1: Any, on_host: Any) -> list[Any]:
