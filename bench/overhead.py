@@ -18,9 +18,12 @@ that make block averages swing by more than the effect being measured. The agent
 is off (``--auto-profile`` keeps it on): this loop waits for its input, so it would capture
 profiles, a phase of its own with its own bench (``bench/auto_profile_cost.py``).
 
-    python bench/overhead.py [--width 1024] [--rounds 50] [--big-rounds 8] [--run 8] [--instances 10]
+    python bench/overhead.py [--width N] [--rounds 50] [--big-rounds 8] [--run 8] [--instances 10]
 
-Prints, for a ~20 ms step (``--width``) and for a tiny step (where the fixed cost is easiest to see):
+Prints, for a ~20 ms step and for a tiny step (where the fixed cost is easiest to see). The ~20 ms
+step's width is sized on the box it runs on (plain steps timed from 1024 hidden units, the width
+scaled by the square root of the time, at most twice): the same 1024 units took 21-26 ms a step on
+one 2-core box and 60 ms on another. ``--width`` fixes it instead.
 
 - the A/B: the ratio (instrumented / plain step time, medians over instances) and the added
   microseconds per step;
@@ -94,6 +97,33 @@ def verdict(added_s: float, floor_s: float, python_s: float, others_share: float
     return "UNRESOLVED (the A/A floor is wider than the distance to the budget)"
 
 
+def sized_width(strategy, replicas: int, patches, target_s: float = 20e-3) -> int:
+    """Hidden units for a plain step of about ``target_s`` on this box: from 1024, scaled by the
+    square root of the time (the hidden layer's work grows with its square), at most twice."""
+    import tensorflow as tf
+
+    width = 1024
+    for _ in range(2):
+        step, it = custom_loop(strategy, replicas, width)
+        patches.suspend()
+        try:
+            fn = tf.function(step)
+            for _ in range(5):
+                fn(it)
+            times = []
+            for _ in range(15):
+                start = time.perf_counter()
+                fn(it)
+                times.append(time.perf_counter() - start)
+        finally:
+            patches.resume()
+        sized = min(4096, max(64, int(round(width * (target_s / statistics.median(times)) ** 0.5 / 32)) * 32))
+        if abs(sized - width) <= width // 10:
+            break
+        width = sized
+    return width
+
+
 def graph_ops(fn, it) -> collections.Counter:
     """Op types of ``fn``'s trace for ``it``, the functions it calls included."""
     graph = fn.get_concrete_function(it).graph.as_graph_def()
@@ -105,7 +135,8 @@ def graph_ops(fn, it) -> collections.Counter:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--width", type=int, default=1024, help="hidden units of the ~20 ms model")
+    p.add_argument("--width", type=int, default=None,
+                   help="hidden units of the ~20 ms model (default: sized to a ~20 ms plain step on this box)")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--rounds", type=int, default=50, help="interleaved rounds of the tiny step (one call of each variant)")
     p.add_argument("--big-rounds", type=int, default=8, help="interleaved rounds of the ~20 ms step")
@@ -136,7 +167,8 @@ def main() -> None:
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(a.replicas)])
     agent_thread = next(t for t in threading.enumerate() if t.name == "tpuwatch-agent")
 
-    for label, width, rounds in (("~20 ms step", a.width, a.big_rounds), ("tiny step", 8, a.rounds)):
+    big_width = a.width or sized_width(strategy, a.replicas, patches)
+    for label, width, rounds in (("~20 ms step", big_width, a.big_rounds), ("tiny step", 8, a.rounds)):
         step, it = custom_loop(strategy, a.replicas, width)
 
         # Two sets of each, traced alike: the second set is the A/A floor's (bench/_instances.py).
@@ -285,7 +317,7 @@ def main() -> None:
         floor_s = max(abs(aa_plain_s), abs(aa_agent_s))
         python_direct_s = statistics.median(python_calls)
         in_record = (statistics.median(record_calls), statistics.fmean(record_calls)) if record_calls else (0.0, 0.0)
-        print(f"{label:>12}: plain {plain_s * 1e3:8.3f} ms/step   with agent {agent_s * 1e3:8.3f} ms/step   "
+        print(f"{label:>12}: width {width}, plain {plain_s * 1e3:8.3f} ms/step   with agent {agent_s * 1e3:8.3f} ms/step   "
               f"ratio {agent_s / plain_s:6.4f}   added {added_s * 1e6:+7.1f} µs/step   "
               f"(medians over {a.instances} traces of each, {rounds} interleaved runs of {a.run} calls; "
               f"load {load0:.2f}->{os.getloadavg()[0]:.2f})")
@@ -305,7 +337,9 @@ def main() -> None:
         print(f"{'':>12}  the training thread's CPU in the agent's Python: {python_cpu_s * 1e6:.1f} µs a call "
               f"(call wrapper and record {bare_cpu * 1e6:.1f} µs, the periodic reads' share "
               f"{max(reads_cpu, 0.0) * 1e6:.1f} µs)")
-        print(f"{'':>12}  in-graph ops the probes add: {ops_text}")
+        print(f"{'':>12}  in-graph ops the probes add to the function's graph: {ops_text} (what TensorFlow "
+              f"runs, its graph split by device with send/receive pairs between them and Grappler's "
+              f"rewrites, differs: bench/ingraph_ops.py counts that)")
         thread_s = agent_cpu / max(recorded, 1)
         print(f"{'':>12}  agent thread: {thread_s * 1e6:.1f} µs CPU a step: "
               f"{'MET' if thread_s <= THREAD_BUDGET_S else 'MISSED'} (<= {THREAD_BUDGET_S * 1e6:.0f} µs); "
