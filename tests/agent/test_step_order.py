@@ -57,3 +57,20 @@ def test_the_wait_for_a_batch_made_per_replica_is_the_wait_for_its_last_part(tmp
     summary = run_and_report(tmp_path, SCRIPTS / "per_replica_input.py", options=("--no-auto-profile",))["summary"]
     assert summary["steps"] == 120, summary
     assert summary["input_wait"]["share"] >= 0.6, summary["input_wait"]
+
+
+def test_a_custom_loop_that_reduces_its_losses_keeps_them_with_one_write_on_the_host():
+    """Where the replicas are this host's CPUs and the step hands each replica's loss to
+    ``strategy.reduce`` (the tutorials' shape), the reduction already copies each loss to the
+    host: the probe stacks those copies into one variable there, and adds no transfer. It wrote
+    one variable a replica, beside each (4 writes and 4 more inputs a step on 4 replicas). A step
+    that returns its losses unreduced has them written on the host too, from the copies its
+    outputs make. Either way the agent reads what the step computed, replica by replica."""
+    out = subprocess.run([sys.executable, str(SCRIPTS / "loss_writes.py")], capture_output=True, text=True,
+                         timeout=240, env=child_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = {line.split(" ", 1)[0]: line.split()[1:] for line in out.stdout.splitlines() if line.strip()}
+    assert lines["disabled"] == ["[]"], lines
+    for step in ("reduced", "kept"):
+        fields = dict(zip(lines[step][0::2], lines[step][1::2]))
+        assert fields == {"host": "1", "replicas": "0", "sends": "0", "match": "True"}, (step, fields)

@@ -11,6 +11,12 @@ a loss-scale optimizer made (mixed precision: Keras 3's ``scale_loss``, tf_keras
 Where it is kept:
 - traced (inside a tf.function): assigned into a variable with ``synchronization=ON_READ,
   aggregation=NONE`` made in cross-replica context, then read per replica after the step;
+- traced, where the replicas are this host's CPUs (a MirroredStrategy over logical CPUs) and the
+  function's ``strategy.run`` returns each replica's loss to a ``strategy.reduce`` (or to the
+  caller): stacked into one host variable from the copies the reduction makes on the host (one
+  write and no transfer a step; the per-replica variable took a write and an input a replica).
+  The losses wait in ``_pending`` until the run's result or the reduction says which; a run whose
+  replicas did not return their losses writes them per replica as it returns;
 - eager: the value is kept directly.
 
 What it means: the tutorials' custom loops scale each replica's loss by ``1/global batch``
@@ -66,9 +72,53 @@ class LossSlot:
         self.replicas = int(strategy.num_replicas_in_sync)
         self.components = tuple(strategy.experimental_local_results(self.var))
         self._read = accumulator.fast_reader(self.components)
+        # Where the replicas are this host's CPUs, a step that hands its losses to
+        # strategy.reduce keeps them here instead, stacked on the host (see ReplicaLossProbe.reduced).
+        self.host: Any = None
+        self._read_host: Callable[[], list[Any]] | None = None
+        if len(self.components) > 1 and _local_cpus(strategy):
+            from tensorflow.python.ops import resource_variable_ops
 
-    def read(self) -> tuple[float, ...]:
+            with tf.init_scope(), tf.device(HOST):
+                self.host = resource_variable_ops.ResourceVariable(
+                    tf.zeros([len(self.components)], tf.float32), trainable=False, name="tpuwatch_replica_losses")
+            self._read_host = accumulator.fast_reader([self.host])
+
+    def read(self, on_host: bool = False) -> tuple[float, ...]:
+        if on_host and self._read_host is not None:
+            return tuple(float(v) for v in self._read_host()[0])
         return tuple(float(v) for v in self._read())
+
+
+HOST = "/device:CPU:0"
+
+
+def _local_cpus(strategy: Any) -> bool:
+    """Every replica of ``strategy`` is a CPU of this host (a MirroredStrategy over logical CPUs):
+    its ``strategy.reduce`` copies each replica's value to the host's CPU, where a stack of the
+    same tensors reuses that copy (TensorFlow sends a tensor to a device once)."""
+    try:
+        from tensorflow.python.framework import device as device_lib
+
+        devices = tuple(strategy.extended.worker_devices)
+        for d in devices:
+            spec = device_lib.DeviceSpec.from_string(d)
+            if (spec.device_type or "").upper() != "CPU" or spec.job not in (None, "localhost"):
+                return False
+        return len(devices) > 1
+    except Exception:  # a strategy with no worker_devices, a device string TF parses otherwise
+        return False
+
+
+def _static_replica_id(ctx: Any) -> int | None:
+    """The replica's index in its strategy's sync group, where the trace knows it, else None."""
+    import tensorflow as tf
+
+    try:
+        rid = tf.get_static_value(ctx.replica_id_in_sync_group)
+        return None if rid is None else int(rid)
+    except Exception:  # not a tensor TensorFlow can fold
+        return None
 
 
 def _first_float(value: Any) -> Any:
@@ -112,6 +162,11 @@ class ReplicaLossProbe:
         self._in_run = threading.local()
         # The loss tensors captured while tracing, to recognise them in strategy.reduce.
         self._captured: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        # Graph -> {replica id: (slot, loss)}: losses kept but not yet written (see ran); graph ->
+        # strategy.runs being traced in it; graphs whose losses wait for a strategy.reduce.
+        self._pending: "weakref.WeakKeyDictionary[Any, dict[int, tuple[LossSlot, Any]]]" = weakref.WeakKeyDictionary()
+        self._runs: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self._awaiting: "weakref.WeakSet[Any]" = weakref.WeakSet()
         # Loss-scaled tensors (id -> the scaled tensor, id -> the loss it was made from).
         self._scaled: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._unscaled: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
@@ -128,7 +183,7 @@ class ReplicaLossProbe:
             return None
         try:
             scale = scale_for(flags, slot.replicas)
-            return tuple(v * scale for v in slot.read())
+            return tuple(v * scale for v in slot.read(flags.get("loss_on_host", False)))
         except Exception as e:
             self.agent.probe_failed(PROBE, e)
             return None
@@ -256,7 +311,12 @@ class ReplicaLossProbe:
         if slot is None:  # made in cross-replica context by the strategy.run wrapper or prepare
             return
         value = loss if loss.shape.rank == 0 else tf.reduce_mean(loss)
-        slot.var.assign(tf.cast(value, tf.float32))  # a later assign in the graph runs later
+        replica = _static_replica_id(ctx) if slot.host is not None and graph in self._runs else None
+        if replica is not None and getattr(graph, "experimental_acd_manager", None) is not None:
+            # Written once it is known where: see ran.
+            self._pending.setdefault(graph, {})[replica] = (slot, value)
+        else:
+            slot.var.assign(tf.cast(value, tf.float32))  # a later assign in the graph runs later
         done[graph] = of_variables
         self._captured[id(loss)] = loss
         probe.trace.mark("loss", slot)
@@ -323,7 +383,20 @@ class ReplicaLossProbe:
             agent.probe_failed(PROBE, e)
         if not eager:
             marks = probe.trace.training_marks
-            result = original(strategy, fn, args, kwargs, options)
+            graph = current_graph()
+            runs = self._runs
+            runs[graph] = runs.get(graph, 0) + 1
+            try:
+                result = original(strategy, fn, args, kwargs, options)
+            finally:
+                runs[graph] -= 1
+                if not runs[graph]:
+                    del runs[graph]
+            if self._pending:
+                try:
+                    self.ran(graph, result)
+                except Exception as e:
+                    agent.probe_failed(PROBE, e)
             if probe.trace.training_marks != marks:  # its replicas computed gradients: a training step
                 try:
                     probe.count_training_runs(current_graph())
@@ -374,11 +447,80 @@ class ReplicaLossProbe:
                             if this._captured.get(id(part)) is part:
                                 this.probe.trace.mark("loss_reduce", kind)
                                 break
+                if this._pending:
+                    this.reduced(strategy, value)
             except Exception as e:
                 this.agent.probe_failed(PROBE, e)
             return original(strategy, reduce_op, value, *args, **kwargs)
 
         return reduce
+
+    def ran(self, graph: Any, result: Any) -> None:
+        """A ``strategy.run`` traced in ``graph`` returned ``result``. Where every replica's loss
+        kept in it is also what that replica returned, it waits for a ``strategy.reduce`` of
+        them (:meth:`reduced`), with the host's variable taken into the graph now (a variable
+        first used after the function's body ended would be an input TensorFlow does not pass).
+        Otherwise the losses are written now, beside each replica, as a capture inside the
+        replica writes them."""
+        import tensorflow as tf
+        from tensorflow.python.distribute import values as values_lib
+        from tensorflow.python.framework.func_graph import FuncGraph
+
+        pending = self._pending.get(graph)
+        if not pending or graph in self._awaiting:
+            return
+        slot = next(iter(pending.values()))[0]
+        returned: list[set[int]] = [set() for _ in slot.components]
+        for leaf in tf.nest.flatten(result):  # distributed values stay whole
+            parts = leaf.values if isinstance(leaf, values_lib.DistributedValues) else ()
+            if len(parts) == len(returned):
+                for i, part in enumerate(parts):
+                    returned[i].add(id(part))
+        # A loop's body or a branch is left as before: losses a body returns are no body's output.
+        top = not isinstance(getattr(graph, "outer_graph", None), FuncGraph)
+        if top and len(pending) == len(returned) and all(id(loss) in returned[i] for i, (_, loss) in pending.items()):
+            graph.capture(slot.host.handle)
+            self._awaiting.add(graph)
+            return
+        del self._pending[graph]
+        for rid, (kept_in, loss) in sorted(pending.items()):
+            component = kept_in.components[rid]
+            with tf.device(component.device):
+                component.assign(tf.cast(loss, tf.float32), read_value=False)
+        self.probe.trace.mark("loss_on_host", False)
+
+    def reduced(self, strategy: Any, value: Any) -> None:
+        """``strategy.reduce`` of ``value`` is being traced: where its parts are the losses this
+        graph kept for every replica (the tutorials' ``strategy.reduce(SUM, strategy.run(...))``),
+        they are written stacked on the host, from the copies the reduction makes there: one
+        write and no transfer a step, where one write a replica took a variable each."""
+        graph = current_graph()
+        if graph not in self._awaiting:
+            return
+        parts = strategy.experimental_local_results(value)
+        pending = self._pending.get(graph) or {}
+        if len(parts) != len(pending) or any(pending.get(i, (None, None))[1] is not p for i, p in enumerate(parts)):
+            return
+        self.written(graph)
+
+    def written(self, graph: Any) -> None:
+        """The losses ``graph`` keeps for a reduction are written, stacked on the host: as the
+        reduction is traced, or as the function ends if none took them (a step that returns its
+        replicas' losses: TensorFlow brings its outputs to the host; one that drops them pays a
+        transfer a replica)."""
+        import tensorflow as tf
+
+        if graph is None or graph not in self._awaiting:
+            return
+        self._awaiting.discard(graph)
+        pending = self._pending.pop(graph, None)
+        if not pending:
+            return
+        slot = next(iter(pending.values()))[0]
+        with tf.device(HOST):
+            slot.host.assign(tf.stack([tf.cast(loss, tf.float32) for _, (_, loss) in sorted(pending.items())]),
+                             read_value=False)
+        self.probe.trace.mark("loss_on_host", True)
 
     # --- Keras --------------------------------------------------------------------------------
 
@@ -446,6 +588,22 @@ def install(agent: "Agent", patches: "Patches", probe: "StepProbe",
         return __init__
 
     patches.wrap(distribute_lib.StrategyBase, "__init__", make_init)
+    from tensorflow.python.framework import auto_control_deps
+
+    def make_exit(original: Callable[..., Any]) -> Callable[..., Any]:
+        # A graph's automatic control dependencies are worked out as its function ends: the losses
+        # it kept and no reduction took are written just before, so that they run with the step.
+        def __exit__(acd: Any, kind: Any, value: Any, tb: Any) -> Any:
+            if kind is None and rl._pending:
+                try:
+                    rl.written(getattr(acd, "_graph", None))
+                except Exception as e:
+                    agent.probe_failed(PROBE, e)
+            return original(acd, kind, value, tb)
+
+        return __exit__
+
+    patches.wrap(auto_control_deps.AutomaticControlDependencies, "__exit__", make_exit)
     # Strategies that override run(): patch them too (each class's own definition only).
     for module_name, class_names in (
         ("tensorflow.python.distribute.tpu_strategy", ("TPUStrategyV2", "TPUStrategy", "TPUStrategyV1")),
