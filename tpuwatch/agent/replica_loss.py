@@ -12,11 +12,13 @@ Where it is kept:
 - traced (inside a tf.function): assigned into a variable with ``synchronization=ON_READ,
   aggregation=NONE`` made in cross-replica context, then read per replica after the step;
 - traced, where the replicas are this host's CPUs (a MirroredStrategy over logical CPUs) and the
-  function's ``strategy.run`` returns each replica's loss to a ``strategy.reduce`` (or to the
-  caller): stacked into one host variable from the copies the reduction makes on the host (one
-  write and no transfer a step; the per-replica variable took a write and an input a replica).
-  The losses wait in ``_pending`` until the run's result or the reduction says which; a run whose
-  replicas did not return their losses writes them per replica as it returns;
+  function's own ``strategy.run`` returns each replica's loss to a ``strategy.reduce``:
+  stacked into one host variable from the copies the reduction makes on the host (one write and
+  no transfer a step; the per-replica variable took a write and an input a replica). The losses
+  wait in ``_pending`` until the run's result or the reduction says which; a run whose replicas
+  did not return their losses writes them per replica as it returns. Returned losses that no
+  reduction takes are stacked on the host as the function ends: free where the function returns
+  them (here its outputs came to the host), a transfer a replica where it drops them;
 - eager: the value is kept directly.
 
 What it means: the tutorials' custom loops scale each replica's loss by ``1/global batch``
@@ -42,7 +44,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch.agent import accumulator
-from tpuwatch.agent.steps import current_graph
+from tpuwatch.agent.steps import _initialising_wrapper, current_graph
 
 if TYPE_CHECKING:
     from tpuwatch.agent.agent_api import Agent
@@ -114,6 +116,9 @@ def _static_replica_id(ctx: Any) -> int | None:
     """The replica's index in its strategy's sync group, where the trace knows it, else None."""
     import tensorflow as tf
 
+    known = getattr(ctx, "_replica_id_in_sync_group", None)  # the int the public tensor is made of
+    if isinstance(known, int):
+        return known
     try:
         rid = tf.get_static_value(ctx.replica_id_in_sync_group)
         return None if rid is None else int(rid)
@@ -388,6 +393,9 @@ class ReplicaLossProbe:
             runs[graph] = runs.get(graph, 0) + 1
             try:
                 result = original(strategy, fn, args, kwargs, options)
+            except BaseException:
+                self.dropped(graph)
+                raise
             finally:
                 runs[graph] -= 1
                 if not runs[graph]:
@@ -476,8 +484,12 @@ class ReplicaLossProbe:
             if len(parts) == len(returned):
                 for i, part in enumerate(parts):
                     returned[i].add(id(part))
-        # A loop's body or a branch is left as before: losses a body returns are no body's output.
-        top = not isinstance(getattr(graph, "outer_graph", None), FuncGraph)
+        # Only a top-level function's own graph (as steps.count_training_runs tells it, TF's
+        # initialising wrapper included, whose trace every later call runs): a loop's body, a
+        # branch or a nested function keeps the writes beside each replica.
+        outer = getattr(graph, "outer_graph", None)
+        top = isinstance(graph, FuncGraph) and not getattr(graph, "is_control_flow_graph", False) and (
+            not getattr(outer, "building_function", False) or _initialising_wrapper(outer))
         if top and len(pending) == len(returned) and all(id(loss) in returned[i] for i, (_, loss) in pending.items()):
             graph.capture(slot.host.handle)
             self._awaiting.add(graph)
@@ -502,6 +514,12 @@ class ReplicaLossProbe:
         if len(parts) != len(pending) or any(pending.get(i, (None, None))[1] is not p for i, p in enumerate(parts)):
             return
         self.written(graph)
+
+    def dropped(self, graph: Any) -> None:
+        """A trace of ``graph`` raised: what it kept is let go (it holds the graph's tensors)."""
+        if graph is not None:
+            self._pending.pop(graph, None)
+            self._awaiting.discard(graph)
 
     def written(self, graph: Any) -> None:
         """The losses ``graph`` keeps for a reduction are written, stacked on the host: as the
@@ -594,9 +612,12 @@ def install(agent: "Agent", patches: "Patches", probe: "StepProbe",
         # A graph's automatic control dependencies are worked out as its function ends: the losses
         # it kept and no reduction took are written just before, so that they run with the step.
         def __exit__(acd: Any, kind: Any, value: Any, tb: Any) -> Any:
-            if kind is None and rl._pending:
+            if rl._pending:
                 try:
-                    rl.written(getattr(acd, "_graph", None))
+                    if kind is None:
+                        rl.written(getattr(acd, "_graph", None))
+                    else:  # the trace failed: nothing of it runs
+                        rl.dropped(getattr(acd, "_graph", None))
                 except Exception as e:
                     agent.probe_failed(PROBE, e)
             return original(acd, kind, value, tb)

@@ -7,7 +7,8 @@ called a few times; prints, per step, ``<step> host N replicas N sends N match B
 writes (``AssignVariableOp``) the probes add to the partition graphs TF runs on the host's CPU:0
 and on the other devices, the ``_Send``s they add over the same step traced without the probes,
 and whether the agent's read of the last call's losses equals the step's own per-replica values.
-Then ``disabled [...]``."""
+Then ``left N M``: what the probe still holds of a trace that raised after its ``strategy.run``
+(it holds that graph's tensors), and ``disabled [...]``."""
 
 import sys
 import tempfile
@@ -88,6 +89,19 @@ for name, fn in (("reduced", reduced), ("kept", kept)):
         and len(read) == len(own)
     print(name, "host", added[("AssignVariableOp", "host")], "replicas", added[("AssignVariableOp", "replica")],
           "sends", added[("_Send", "host")] + added[("_Send", "replica")], "match", match, flush=True)
+
+
+def broken(batch):
+    per = strategy.run(replica_step, args=batch)
+    raise ValueError(f"the script's own error, after {per}")
+
+
+try:
+    tf.function(broken)(next(it))
+except ValueError:
+    pass
+loss_probe = agent.step_probe.loss_reader.__self__
+print("left", len(loss_probe._pending), len(loss_probe._awaiting))  # a failed trace's losses let go
 print("disabled", sorted(agent.disabled_probes))
 probes.uninstall(patches)
 post_import.cancel_all()
