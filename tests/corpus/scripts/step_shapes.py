@@ -11,7 +11,7 @@ step count is its optimizer's ``iterations``, printed after every call as ``call
 --shape lazy_state   the step makes a variable on its first call from its learning-rate argument
                      (as an optimizer built lazily does: TensorFlow then traces the step a second
                      time, inside a ``cond`` that initialises the variable on first use); a plain
-                     SGD update by hand
+                     SGD update by hand; it returns its replicas' losses unreduced
 """
 
 import argparse
@@ -170,12 +170,14 @@ elif a.shape == "lazy_state":
         if "lr_scale" not in state:  # made from an argument: TF cannot lift its initializer
             state["lr_scale"] = tf.Variable(lr_scale, trainable=False)
         x, y = next(iterator)
-        strategy.run(replica_sgd_step, args=(x, y))
+        per_replica = strategy.run(replica_sgd_step, args=(x, y))
         iterations.assign_add(1)
+        return per_replica  # each replica's loss, unreduced (the script averages them to log)
 
     for call in range(a.calls):
-        train_step(iterator, tf.constant(0.5))
-        print(f"call {call + 1} iterations {int(iterations.numpy())}", flush=True)
+        losses = strategy.experimental_local_results(train_step(iterator, tf.constant(0.5)))
+        loss = sum(float(v) for v in losses) / len(losses)
+        print(f"call {call + 1} iterations {int(iterations.numpy())} loss {loss!r}", flush=True)
 
 else:
     raise SystemExit(f"unknown --shape {a.shape}")
