@@ -214,6 +214,27 @@ def is_tpu_strategy(strategy: Any) -> bool:
     return any(cls.__name__ in _TPU_STRATEGY_CLASSES for cls in type(strategy).__mro__)
 
 
+def local_cpu_replicas(strategy: Any) -> tuple[tuple[str, bool], ...] | None:
+    """``strategy``'s replica devices, in order, each with whether it is the host's ``CPU:0``,
+    where every one is a CPU of this host (a MirroredStrategy over logical CPUs) and there are
+    several; else None, as on anything unexpected."""
+    try:
+        from tensorflow.python.framework import device as device_lib
+
+        devices = tuple(strategy.extended.worker_devices)
+        if len(devices) < 2:
+            return None
+        parts = []
+        for d in devices:
+            spec = device_lib.DeviceSpec.from_string(d)
+            if (spec.device_type or "").upper() != "CPU" or spec.job not in (None, "localhost"):
+                return None
+            parts.append((d, (spec.device_index or 0) == 0))
+        return tuple(parts)
+    except Exception:  # a strategy with no worker_devices, a device string TF parses otherwise
+        return None
+
+
 def _replica_devices(strategy: Any) -> tuple[str, ...]:
     try:
         devices = tuple(strategy.extended.worker_devices)

@@ -302,28 +302,15 @@ def _replica_cpus(it: Any) -> tuple[tuple[str, bool], ...] | None:
     replica's gates wait for an op of its own device's graph, the other replicas' for one hop
     from it, and the wait goes to the host as one value. (TensorFlow has no timestamp op on an
     accelerator: there they stay on the host.)"""
-    try:
-        from tensorflow.python.framework import device as device_lib
+    from tpuwatch.agent.environment import local_cpu_replicas
 
-        strategy = getattr(it, "_strategy", None)
-        if strategy is None:
-            return None
-        options = getattr(it, "_options", None)
-        if options is not None and not getattr(options, "experimental_fetch_to_device", True):
-            return None  # the parts stay on the host (InputOptions): so do the timestamps
-        devices = tuple(strategy.extended.worker_devices)
-        if len(devices) < 2:
-            return None
-        host = device_lib.DeviceSpec.from_string(HOST)
-        parts = []
-        for d in devices:
-            spec = device_lib.DeviceSpec.from_string(d)
-            if (spec.device_type or "").upper() != "CPU" or spec.job not in (None, "localhost"):
-                return None
-            parts.append((d, spec.device_type == host.device_type and (spec.device_index or 0) == host.device_index))
-        return tuple(parts)
-    except Exception:  # a strategy with no worker_devices, a device string TF parses otherwise
+    strategy = getattr(it, "_strategy", None)
+    if strategy is None:
         return None
+    options = getattr(it, "_options", None)
+    if options is not None and not getattr(options, "experimental_fetch_to_device", True):
+        return None  # the parts stay on the host (InputOptions): so do the timestamps
+    return local_cpu_replicas(strategy)
 
 
 def _one_part_a_device(devices: tuple[tuple[str, bool], ...] | None,

@@ -44,6 +44,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpuwatch.agent import accumulator
+from tpuwatch.agent.environment import local_cpu_replicas
 from tpuwatch.agent.steps import _initialising_wrapper, current_graph
 
 if TYPE_CHECKING:
@@ -74,11 +75,12 @@ class LossSlot:
         self.replicas = int(strategy.num_replicas_in_sync)
         self.components = tuple(strategy.experimental_local_results(self.var))
         self._read = accumulator.fast_reader(self.components)
-        # Where the replicas are this host's CPUs, a step that hands its losses to
+        # Where the replicas are this host's CPUs (its strategy.reduce copies each replica's value
+        # to the host's CPU, where a stack of the same tensors reuses the copy), a step that hands its losses to
         # strategy.reduce keeps them here instead, stacked on the host (see ReplicaLossProbe.reduced).
         self.host: Any = None
         self._read_host: Callable[[], list[Any]] | None = None
-        if len(self.components) > 1 and _local_cpus(strategy):
+        if len(self.components) > 1 and local_cpu_replicas(strategy) is not None:
             from tensorflow.python.ops import resource_variable_ops
 
             with tf.init_scope(), tf.device(HOST):
@@ -93,23 +95,6 @@ class LossSlot:
 
 
 HOST = "/device:CPU:0"
-
-
-def _local_cpus(strategy: Any) -> bool:
-    """Every replica of ``strategy`` is a CPU of this host (a MirroredStrategy over logical CPUs):
-    its ``strategy.reduce`` copies each replica's value to the host's CPU, where a stack of the
-    same tensors reuses that copy (TensorFlow sends a tensor to a device once)."""
-    try:
-        from tensorflow.python.framework import device as device_lib
-
-        devices = tuple(strategy.extended.worker_devices)
-        for d in devices:
-            spec = device_lib.DeviceSpec.from_string(d)
-            if (spec.device_type or "").upper() != "CPU" or spec.job not in (None, "localhost"):
-                return False
-        return len(devices) > 1
-    except Exception:  # a strategy with no worker_devices, a device string TF parses otherwise
-        return False
 
 
 def _static_replica_id(ctx: Any) -> int | None:
