@@ -5,8 +5,9 @@ The script first writes its training data as GZIP-compressed TFRecord shards to 
 directory (synthetic 128x128 images), then trains a Keras ``fit`` on
 ``tf.data.TFRecordDataset(files, compression_type="GZIP")``: without ``num_parallel_reads`` one
 thread reads and inflates the shards in turn, slower than the step. The parse ``.map`` is already
-parallel and the pipeline ends with ``prefetch``; the fix is
-``num_parallel_reads=tf.data.AUTOTUNE`` (several shards read and inflated at once).
+parallel (it also keeps every fourth pixel, so the step's cost does not grow with what is read) and
+the pipeline ends with ``prefetch``; the fix is ``num_parallel_reads=tf.data.AUTOTUNE`` (several
+shards read and inflated at once).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def parse(record):
         "label": tf.io.FixedLenFeature([], tf.int64),
     })
     image = tf.reshape(tf.io.decode_raw(features["image"], tf.uint8), (SIDE, SIDE, 3))
-    return image, features["label"]
+    return image[::4, ::4], features["label"]  # a cheap downscale to 32x32
 
 
 def main() -> int:
@@ -69,10 +70,9 @@ def main() -> int:
         ds = ds.batch(32).prefetch(tf.data.AUTOTUNE)
 
         model = keras.Sequential([
-            keras.Input((SIDE, SIDE, 3), dtype="uint8"),
+            keras.Input((SIDE // 4, SIDE // 4, 3), dtype="uint8"),
             keras.layers.Rescaling(1 / 255),
-            keras.layers.AveragePooling2D(4),  # a light step: reading stays the bottleneck on a busy host
-            keras.layers.Conv2D(16, 3, strides=2, activation="relu"),
+            keras.layers.Conv2D(16, 3, strides=2, activation="relu"),  # a light step: reading is the bottleneck
             keras.layers.GlobalAveragePooling2D(),
             keras.layers.Dense(10),
         ])
