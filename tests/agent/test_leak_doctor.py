@@ -412,6 +412,53 @@ def test_a_very_fast_climb_opens_the_window_without_waiting_for_six_samples():
             tracemalloc.stop()
 
 
+@pytest.mark.parametrize("sample_hz, mib_per_s, opens_within_s", [
+    (4, 8, 4.0),  # the agent's default rate: 0.25 MiB a step at ~30 ms steps
+    (20, 8, 4.0),  # --sample-hz 20: the rule reads the same
+    (4, 3, 10.0),  # a slower leak climbs as surely over a longer run of rising points
+])
+def test_a_steady_climb_opens_the_window_at_any_sample_rate(sample_hz, mib_per_s, opens_within_s):
+    # CI, 2026-12-01: leak_dict_cache.py (0.26 MiB a step) beside another TF run, its steps slower:
+    # the rule asked 24 MiB over six samples, and at the agent's 4 Hz that is 1.5 s (16 MiB/s):
+    # no window opened and the finding came without its line
+    import tracemalloc
+
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    dt = 1.0 / sample_hz
+    try:
+        while not doctor.window_open and t[0] < 30:
+            t[0] += dt
+            agent.global_step += 1
+            rss[0] += int(mib_per_s * dt * (1 << 20))
+            list(doctor())
+        # the growth beyond what the pipelines hold (64 MiB) comes first, then the rising run
+        assert doctor.window_open and t[0] <= 64 / mib_per_s + opens_within_s, t[0]
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+
+
+def test_a_climb_that_pauses_waits_for_a_new_run_of_rising_points():
+    # RSS that stands still between two climbs is no steady leak: each climb is judged alone
+    import tracemalloc
+
+    agent, t, rss = _Agent(), [0.0], [1 << 30]
+    doctor = leak_doctor.LeakDoctor(agent, rss=lambda: rss[0], clock=lambda: t[0])
+    try:
+        rss[0] += 200 << 20  # well beyond what the pipelines hold
+        for i in range(40):  # 20 s at 2 Hz: 2 s climbing 4 MiB a point, 1 s still, again
+            t[0] += 0.5
+            agent.global_step += 10
+            if i % 6 < 4:
+                rss[0] += 4 << 20
+            list(doctor())
+            assert not doctor.window_open, i
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+
+
 def test_a_climb_of_a_few_samples_below_the_fast_rate_waits_for_six():
     import tracemalloc
 

@@ -2,12 +2,14 @@
 
 Runs on the agent thread at the sample rate and costs nothing until growth is suspected: it reads
 the process RSS from ``/proc/self/statm``, kept open (:mod:`tpuwatch.agent.proc_stats`; no psutil
-import on this thread, see :mod:`tpuwatch.agent.memory`) and keeps a few seconds of it. Suspected:
-RSS rose at every sample of the last ``RISE_SAMPLES`` by at least ``RISE_MIN_BYTES`` in all (or of
-the last ``FAST_SAMPLES`` by ``FAST_RISE_BYTES``: a short run's training may end before six
-samples), and the growth since training began exceeds what the pipelines' caches and shuffle buffers
-hold (:mod:`.pipeline_map`) by ``BEYOND_HELD_BYTES``, with no tf.function traced meanwhile (graphs
-growing are the retrace finding's; tracing under tracemalloc ran 7x slower). Then, at most
+import on this thread, see :mod:`tpuwatch.agent.memory`) as points ``POINT_S`` apart, whatever the
+agent's sample rate, and keeps ``MAX_POINTS`` of them. Suspected: RSS rose at every point of a run of
+at least ``RISE_SAMPLES`` (3 s) and by at least ``RISE_MIN_BYTES`` over the whole run (up to 10 s:
+a slower leak, as slower steps make one, climbs as surely), or by ``FAST_RISE_BYTES`` over the last
+``FAST_SAMPLES`` (a short run's training may end before six points), and the growth since
+training began exceeds what the pipelines' caches and shuffle buffers hold (:mod:`.pipeline_map`)
+by ``BEYOND_HELD_BYTES``, with no tf.function traced meanwhile (graphs growing are the retrace
+finding's; tracing under tracemalloc ran 7x slower). Then, at most
 ``MAX_WINDOWS`` times a run and never while the script traces allocations itself, a window samples
 for ``WINDOW_S`` seconds (from ``MIN_WINDOW_S`` on, it ends as soon as RSS grew ``ENOUGH_BYTES`` in
 it), and its sites are sent as one :class:`~tpuwatch.protocol.AllocationSites`, with the step time
@@ -67,11 +69,13 @@ if TYPE_CHECKING:
     from tpuwatch.agent.patches import Patches
 
 PROBE = "leak_doctor"
-RISE_SAMPLES = 6  # consecutive rising samples (3 s at 2 Hz)
+POINT_S = 0.5  # RSS points this far apart (the agent samples at 4 Hz by default, 0.5-20 Hz by --sample-hz)
+RISE_SAMPLES = 6  # rising points in a row, at least (3 s)
+MAX_POINTS = 20  # the longest run of rising points judged (10 s): 24 MiB over it is 2.4 MiB a second
 RISE_MIN_BYTES = 24 << 20
-# or a climb of this much over FAST_SAMPLES samples (0.5 s at 4 Hz: ~200 MiB a second)
-FAST_SAMPLES = 2
-FAST_RISE_BYTES = 96 << 20
+# or a climb of this much over the last FAST_SAMPLES points (0.5 s: ~100 MiB a second)
+FAST_SAMPLES = 1
+FAST_RISE_BYTES = 48 << 20
 BEYOND_HELD_BYTES = 64 << 20
 WARMUP_STEPS = 10
 WINDOW_S = 3.0
@@ -124,7 +128,7 @@ class LeakDoctor:
         self._held = held
         self._traces = traces
         # (t, step, rss, traces so far)
-        self._points: deque[tuple[float, int, int, int]] = deque(maxlen=RISE_SAMPLES + 1)
+        self._points: deque[tuple[float, int, int, int]] = deque(maxlen=MAX_POINTS + 1)
         self._base: int | None = None  # RSS once training was under way
         self._windows = 0
         self._retries = 0  # windows that found no evidence and did not count
@@ -166,6 +170,8 @@ class LeakDoctor:
             self._points.clear()
             self._base = None
             return ()
+        if self._points and now - self._points[-1][0] < 0.9 * POINT_S:  # (the agent's pace jitters)
+            return ()
         rss = self._rss()
         if self._base is None:
             self._base = rss
@@ -182,10 +188,15 @@ class LeakDoctor:
 
     def _suspected(self) -> bool:
         pts = list(self._points)
-        # RISE_SAMPLES rising samples, or FAST_SAMPLES of a climb too fast to wait for more (a
-        # short run's training can be over before six samples are)
-        return any(len(pts) > n and self._rose(pts[-n - 1:], need)
-                   for n, need in ((RISE_SAMPLES, RISE_MIN_BYTES), (FAST_SAMPLES, FAST_RISE_BYTES)))
+        # the run of points since RSS last stood still or fell, or TF last traced
+        k = len(pts) - 1
+        while k > 0 and pts[k][2] > pts[k - 1][2] and pts[k][3] == pts[k - 1][3]:
+            k -= 1
+        rising = pts[k:]
+        # RISE_SAMPLES rising points at least, or FAST_SAMPLES of a climb too fast to wait for more
+        # (a short run's training can be over before six points are)
+        return ((len(rising) > RISE_SAMPLES and self._rose(rising, RISE_MIN_BYTES))
+                or (len(rising) > FAST_SAMPLES and self._rose(rising[-FAST_SAMPLES - 1:], FAST_RISE_BYTES)))
 
     def _rose(self, pts: list[tuple[float, int, int, int]], need: int) -> bool:
         if pts[-1][1] == pts[0][1]:
